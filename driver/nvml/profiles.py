@@ -1,0 +1,359 @@
+"""Simulated machine profiles: which GPUs a simulated node has and what NVML reports for them.
+
+A profile is chosen explicitly by a setting: a built-in name (`builtin_profile_names`) or the path
+of a JSON/YAML file with the same shape as an entry of ``machine_profiles.json``::
+
+    name: my-node                      # optional, defaults to the file name without extension
+    description: ...                   # optional
+    driverVersion: "580.95.05"
+    cudaDriverVersion: 13000
+    models: {MyGpu: {...}}             # optional, extra models shaped like gpu_models.json
+    faults: {init: DRIVER_NOT_LOADED}  # optional, NVML errors of system-level calls
+    gpus:
+      - model: H100-SXM5-80GB          # key in gpu_models.json or in `models`
+        busId: "00000000:1B:00.0"      # NVML form; 0000:1b:00.0 is accepted too
+        minor: 0                       # optional, default = index
+        numaNode: 0                    # optional, CPU NUMA node from sysfs; null or -1 = none
+        pcieRoot: pci0000:18           # optional
+        uuid: GPU-...                  # optional, default derived from (profile, node, index)
+        migMode: [0, 0]                # optional, [current, pending] for MIG-capable models
+        gpuNumaNodeId: 1               # optional, nvmlDeviceGetNumaNodeId; absent = NotSupported
+        addressingMode: HMM            # optional, None|HMM|ATS; absent = NotSupported
+        faults: {device_get_memory_info: NOT_SUPPORTED}   # optional, per-call NVML errors
+
+GPUs are enumerated in PCI bus order, as NVML does, whatever order the file lists them in.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from importlib import resources
+from pathlib import Path
+from typing import Final, TypeVar
+
+import yaml
+from gpu_dra.driver.nvml.interface import NvmlLibrary, return_code_by_name
+
+_T = TypeVar("_T")
+_D = TypeVar("_D")
+
+_UUID_NAMESPACE: Final = uuid.UUID("6f1d4c1e-5a8b-4c53-9a3e-2b7d0c9e4f10")
+_NVML_BUS_ID = re.compile(r"^([0-9a-fA-F]{4,8}):([0-9a-fA-F]{2}):([0-9a-fA-F]{2})\.([0-7])$")
+_GPU_UUID = re.compile(r"^GPU-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
+_PCIE_ROOT = re.compile(r"^pci[0-9a-f]{4,}:[0-9a-f]{2}$")
+_ADDRESSING_MODES: Final = {"None": 0, "HMM": 1, "ATS": 2}
+_GPU_FIELDS: Final = frozenset(
+    {"model", "busId", "minor", "numaNode", "pcieRoot", "uuid", "migMode"}
+    | {"gpuNumaNodeId", "addressingMode", "faults"}
+)
+_CALLS: Final = frozenset(name for name in dir(NvmlLibrary) if not name.startswith("_"))
+_DEVICE_CALLS: Final = frozenset(name for name in _CALLS if name.startswith("device_get_"))
+
+
+class ProfileError(ValueError):
+    """A simulated machine profile is unknown or malformed; the message says what to fix."""
+
+
+@dataclass(frozen=True)
+class GpuModel:
+    """What NVML reports for one GPU model."""
+
+    key: str
+    name: str
+    architecture: int
+    brand: int
+    cuda_compute_capability: tuple[int, int]
+    memory_total_mib: int | None  # None: nvmlDeviceGetMemoryInfo is NotSupported
+    pci_device_id: int
+    pci_subsystem_id: int
+    mig_capable: bool
+
+
+@dataclass(frozen=True)
+class SimulatedGpu:
+    """One GPU of a simulated machine, at NVML index `index`."""
+
+    index: int
+    model: GpuModel
+    uuid: str
+    minor: int
+    bus_id: str  # NVML form, 00000000:1B:00.0
+    numa_node: int | None
+    pcie_root: str | None
+    mig_mode: tuple[int, int]
+    gpu_numa_node_id: int | None
+    addressing_mode: int | None
+    faults: tuple[tuple[str, int], ...] = ()
+
+    def fault(self, call: str) -> int | None:
+        """The NVML return code injected for `call`, if any."""
+        return dict(self.faults).get(call)
+
+
+@dataclass(frozen=True)
+class MachineProfile:
+    """A simulated node: system facts and its GPUs in NVML index order."""
+
+    name: str
+    description: str
+    node_name: str
+    driver_version: str
+    cuda_driver_version: int
+    gpus: tuple[SimulatedGpu, ...]
+    faults: tuple[tuple[str, int], ...] = ()
+
+    def fault(self, call: str) -> int | None:
+        """The NVML return code injected for the system-level `call`, if any."""
+        return dict(self.faults).get(call)
+
+
+def builtin_profile_names() -> list[str]:
+    """Names accepted by `load_profile` besides file paths."""
+    return sorted(_builtin_profiles())
+
+
+def load_profile(spec: str, node_name: str) -> MachineProfile:
+    """The profile named `spec` (built-in) or stored at path `spec` (.json, .yaml, .yml).
+
+    UUIDs not given by the profile are derived from (profile name, `node_name`, index): stable
+    across restarts and different on every node.
+    """
+    if not node_name:
+        raise ProfileError("a node name is required to derive the simulated GPU UUIDs")
+    builtins = _builtin_profiles()
+    if spec in builtins:
+        return parse_profile(builtins[spec], name=spec, node_name=node_name)
+    path = Path(spec)
+    if path.suffix not in (".json", ".yaml", ".yml") and "/" not in spec:
+        raise ProfileError(
+            f"unknown simulated machine profile {spec!r}: use one of "
+            f"{', '.join(builtin_profile_names())} or the path of a .json/.yaml profile file"
+        )
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as error:
+        raise ProfileError(f"cannot read simulated machine profile {spec!r}: {error}") from error
+    try:
+        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except (ValueError, yaml.YAMLError) as error:
+        raise ProfileError(f"simulated machine profile {spec!r} is not valid: {error}") from error
+    if not isinstance(data, dict):
+        raise ProfileError(f"simulated machine profile {spec!r} must be a mapping")
+    name = data.get("name", path.stem)
+    if not isinstance(name, str) or not name:
+        raise ProfileError(f"{spec}: name must be a non-empty string")
+    return parse_profile(data, name=name, node_name=node_name)
+
+
+def parse_profile(data: dict[str, object], *, name: str, node_name: str) -> MachineProfile:
+    """Validate a decoded profile document (see the module docstring for its shape)."""
+    where = f"profile {name!r}"
+    models = dict(_builtin_models())
+    extra = _optional(data, "models", dict, where, {})
+    for key, raw in extra.items():
+        models[str(key)] = _parse_model(str(key), raw, f"{where}: models.{key}")
+    raw_gpus = _field(data, "gpus", list, where)
+    parsed = [_parse_gpu(raw, models, f"{where}: gpus[{i}]") for i, raw in enumerate(raw_gpus)]
+    parsed.sort(key=_bus_sort_key)
+    gpus = tuple(_place(gpu, index, name, node_name) for index, gpu in enumerate(parsed))
+    _check_unique(gpus, where)
+    version = _field(data, "driverVersion", str, where)
+    if not re.fullmatch(r"\d+\.\d+(\.\d+)?", version):
+        raise ProfileError(f"{where}: driverVersion {version!r} is not like 580.95.05")
+    return MachineProfile(
+        name=name,
+        description=_optional(data, "description", str, where, ""),
+        node_name=node_name,
+        driver_version=version,
+        cuda_driver_version=_field(data, "cudaDriverVersion", int, where),
+        gpus=gpus,
+        faults=_parse_faults(data.get("faults", {}), _CALLS - _DEVICE_CALLS, where),
+    )
+
+
+def nvml_bus_id(bus_id: str) -> str:
+    """Canonical NVML form ``%08X:%02X:%02X.%X`` of a PCI bus id given in either form."""
+    match = _NVML_BUS_ID.match(bus_id)
+    if match is None:
+        raise ProfileError(f"PCI bus id {bus_id!r} is not like 00000000:1B:00.0")
+    domain, bus, device, function = (int(part, 16) for part in match.groups())
+    return f"{domain:08X}:{bus:02X}:{device:02X}.{function:X}"
+
+
+def _bus_sort_key(gpu: SimulatedGpu) -> tuple[int, ...]:
+    return tuple(int(part, 16) for part in re.split(r"[:.]", gpu.bus_id))
+
+
+def _place(gpu: SimulatedGpu, index: int, profile: str, node: str) -> SimulatedGpu:
+    """Give a parsed GPU its NVML index and the defaults that depend on it."""
+    derived = f"GPU-{uuid.uuid5(_UUID_NAMESPACE, f'{profile}/{node}/{index}')}"
+    return replace(
+        gpu,
+        index=index,
+        uuid=gpu.uuid or derived,
+        minor=index if gpu.minor < 0 else gpu.minor,
+    )
+
+
+def _parse_gpu(raw: object, models: dict[str, GpuModel], where: str) -> SimulatedGpu:
+    """A GPU entry; index is 0, and minor -1 / uuid "" when left to `_place`."""
+    if not isinstance(raw, dict):
+        raise ProfileError(f"{where}: must be a mapping")
+    unknown = sorted(set(raw) - _GPU_FIELDS)
+    if unknown:
+        raise ProfileError(f"{where}: unknown fields {unknown}; known: {sorted(_GPU_FIELDS)}")
+    key = _field(raw, "model", str, where)
+    if key not in models:
+        raise ProfileError(f"{where}: unknown model {key!r}; known models: {sorted(models)}")
+    model = models[key]
+    numa = _optional(raw, "numaNode", int, where, -1)
+    root = _optional(raw, "pcieRoot", str, where, None)
+    if root is not None and not _PCIE_ROOT.match(root):
+        raise ProfileError(f"{where}: pcieRoot {root!r} is not like pci0000:64")
+    gpu_uuid = _optional(raw, "uuid", str, where, "")
+    if gpu_uuid and not _GPU_UUID.match(gpu_uuid):
+        raise ProfileError(f"{where}: uuid {gpu_uuid!r} is not like GPU-<lower-case UUID>")
+    mode = _optional(raw, "addressingMode", str, where, None)
+    if mode is not None and mode not in _ADDRESSING_MODES:
+        raise ProfileError(f"{where}: addressingMode must be one of {list(_ADDRESSING_MODES)}")
+    mig_mode = (0, 0)
+    if "migMode" in raw:
+        mig_mode = _parse_mig_mode(raw["migMode"], model, where)
+    return SimulatedGpu(
+        index=0,
+        model=model,
+        uuid=gpu_uuid,
+        minor=_non_negative(_optional(raw, "minor", int, where, -1), "minor", where, allow=-1),
+        bus_id=_reword(nvml_bus_id, _field(raw, "busId", str, where), where),
+        numa_node=numa if numa >= 0 else None,
+        pcie_root=root,
+        mig_mode=mig_mode,
+        gpu_numa_node_id=_optional(raw, "gpuNumaNodeId", int, where, None),
+        addressing_mode=None if mode is None else _ADDRESSING_MODES[mode],
+        faults=_parse_faults(raw.get("faults", {}), _DEVICE_CALLS, where),
+    )
+
+
+def _parse_mig_mode(raw: object, model: GpuModel, where: str) -> tuple[int, int]:
+    if not model.mig_capable:
+        raise ProfileError(f"{where}: migMode given but {model.key} has no MIG support")
+    if (
+        not isinstance(raw, list)
+        or len(raw) != 2
+        or not all(isinstance(v, int) and v in (0, 1) for v in raw)
+    ):
+        raise ProfileError(f"{where}: migMode must be [current, pending], each 0 or 1")
+    return (raw[0], raw[1])
+
+
+def _parse_faults(raw: object, calls: frozenset[str], where: str) -> tuple[tuple[str, int], ...]:
+    if not isinstance(raw, dict):
+        raise ProfileError(f"{where}: faults must map call names to NVML errors")
+    faults = []
+    for call, error in raw.items():
+        if call not in calls:
+            raise ProfileError(f"{where}: faults: unknown call {call!r}; known: {sorted(calls)}")
+        if isinstance(error, bool) or not isinstance(error, int | str):
+            raise ProfileError(f"{where}: faults.{call} must be an NVML error name or code")
+        try:
+            code = error if isinstance(error, int) else return_code_by_name(error)
+        except KeyError:
+            raise ProfileError(
+                f"{where}: faults.{call}: unknown NVML error {error!r} (e.g. NOT_SUPPORTED)"
+            ) from None
+        faults.append((str(call), code))
+    return tuple(faults)
+
+
+def _parse_model(key: str, raw: object, where: str) -> GpuModel:
+    if not isinstance(raw, dict):
+        raise ProfileError(f"{where}: must be a mapping")
+    cc = _field(raw, "cudaComputeCapability", list, where)
+    if len(cc) != 2 or not all(isinstance(v, int) for v in cc):
+        raise ProfileError(f"{where}: cudaComputeCapability must be [major, minor]")
+    memory = _optional(raw, "memoryTotalMiB", int, where, None)
+    return GpuModel(
+        key=key,
+        name=_field(raw, "name", str, where),
+        architecture=_field(raw, "architecture", int, where),
+        brand=_field(raw, "brand", int, where),
+        cuda_compute_capability=(cc[0], cc[1]),
+        memory_total_mib=memory,
+        pci_device_id=_reword(_hex32, _field(raw, "pciDeviceId", str, where), where),
+        pci_subsystem_id=_reword(_hex32, _field(raw, "pciSubSystemId", str, where), where),
+        mig_capable=_field(raw, "migCapable", bool, where),
+    )
+
+
+def _check_unique(gpus: tuple[SimulatedGpu, ...], where: str) -> None:
+    for label, values in (
+        ("busId", [gpu.bus_id for gpu in gpus]),
+        ("uuid", [gpu.uuid for gpu in gpus]),
+        ("minor", [str(gpu.minor) for gpu in gpus]),
+    ):
+        duplicates = sorted({value for value in values if values.count(value) > 1})
+        if duplicates:
+            raise ProfileError(f"{where}: duplicate {label}: {', '.join(duplicates)}")
+
+
+def _field(raw: dict[str, object], key: str, kind: type[_T], where: str) -> _T:
+    """The required field `key`, checked to be a `kind` (bool never passes for int)."""
+    if key not in raw:
+        raise ProfileError(f"{where}: missing field {key!r}")
+    return _checked(raw[key], key, kind, where)
+
+
+def _optional(raw: dict[str, object], key: str, kind: type[_T], where: str, default: _D) -> _T | _D:
+    """The optional field `key`; `default` when absent or null."""
+    value = raw.get(key)
+    return default if value is None else _checked(value, key, kind, where)
+
+
+def _checked(value: object, key: str, kind: type[_T], where: str) -> _T:
+    if isinstance(value, kind) and (kind is bool or not isinstance(value, bool)):
+        return value
+    names = {dict: "a mapping", list: "a list", str: "a string", int: "an integer"}
+    raise ProfileError(f"{where}: {key} must be {names.get(kind, kind.__name__)}, not {value!r}")
+
+
+def _reword(parse: Callable[[str], _T], value: str, where: str) -> _T:
+    try:
+        return parse(value)
+    except ValueError as error:
+        raise ProfileError(f"{where}: {error}") from error
+
+
+def _hex32(value: str) -> int:
+    if not re.fullmatch(r"0x[0-9a-fA-F]{8}", value):
+        raise ValueError(f"{value!r} is not a 32-bit hex id like 0x233010DE")
+    return int(value, 16)
+
+
+def _non_negative(value: int, key: str, where: str, allow: int = 0) -> int:
+    if value < 0 and value != allow:
+        raise ProfileError(f"{where}: {key} must not be negative")
+    return value
+
+
+def _builtin_profiles() -> dict[str, dict[str, object]]:
+    data = _package_json("machine_profiles.json")
+    return {key: value for key, value in data.items() if not key.startswith("_")}
+
+
+def _builtin_models() -> dict[str, GpuModel]:
+    data = _package_json("gpu_models.json")
+    return {
+        key: _parse_model(key, raw, f"gpu_models.json: {key}")
+        for key, raw in data.items()
+        if not key.startswith("_")
+    }
+
+
+def _package_json(file_name: str) -> dict[str, dict[str, object]]:
+    text = resources.files(__package__).joinpath(file_name).read_text(encoding="utf-8")
+    data: dict[str, dict[str, object]] = json.loads(text)
+    return data

@@ -1,0 +1,151 @@
+"""`NvmlLibrary` on the real libnvidia-ml through pynvml: the only module that calls pynvml.
+
+The library is looked up under the configured driver root (``/`` on hosts with the driver
+installed, ``/run/nvidia/driver`` with the GPU Operator, a mount such as ``/driver-root`` in a
+container) and handed to pynvml before the first ``nvmlInit``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from pathlib import Path, PurePosixPath
+from typing import TYPE_CHECKING, Final, cast
+
+import pynvml
+from gpu_dra.driver.nvml.interface import DeviceHandle, MemoryInfo, NvmlLibrary, PciInfo, nvml_error
+
+NVML_LIBRARY_NAME: Final = "libnvidia-ml.so.1"
+
+LIBRARY_DIRS: Final = (
+    "usr/lib64",
+    "usr/lib/x86_64-linux-gnu",
+    "usr/lib/aarch64-linux-gnu",
+    "usr/lib",
+    "lib64",
+    "lib/x86_64-linux-gnu",
+    "lib/aarch64-linux-gnu",
+    "lib",
+)
+"""Directories, relative to the driver root, searched in order for ``libnvidia-ml.so.1``."""
+
+_MAX_SYMLINKS: Final = 40
+
+
+def find_nvml_library(driver_root: Path) -> Path | None:
+    """The first ``libnvidia-ml.so.1`` under `driver_root` (see `LIBRARY_DIRS`), or None.
+
+    A symlink at the library path is followed inside the root: an absolute target such as
+    ``/usr/lib/libnvidia-ml.so.580.95.05`` means ``<driver_root>/usr/lib/...``.
+    """
+    for directory in LIBRARY_DIRS:
+        found = _resolve_in_root(driver_root, driver_root / directory / NVML_LIBRARY_NAME)
+        if found is not None:
+            return found
+    return None
+
+
+def _resolve_in_root(root: Path, path: Path) -> Path | None:
+    for _ in range(_MAX_SYMLINKS):
+        if path.is_symlink():
+            target = PurePosixPath(os.readlink(path))
+            path = root / target.relative_to("/") if target.is_absolute() else path.parent / target
+        elif path.is_file():
+            return path
+        else:
+            return None
+    return None
+
+
+def load_nvml_library(driver_root: Path) -> None:
+    """Make pynvml use the ``libnvidia-ml.so.1`` of `driver_root` (no-op once one is loaded).
+
+    With driver root ``/`` and nothing found in `LIBRARY_DIRS`, pynvml's own lookup (the dynamic
+    linker's search path) is used. Otherwise raises ``NVMLError_LibraryNotFound`` with a note
+    naming the directories searched.
+    """
+    if pynvml.nvmlLib is not None:
+        return
+    path = find_nvml_library(driver_root)
+    if path is None:
+        if driver_root == Path("/"):
+            return
+        error = nvml_error(pynvml.NVML_ERROR_LIBRARY_NOT_FOUND)
+        searched = ", ".join(str(driver_root / directory) for directory in LIBRARY_DIRS)
+        error.add_note(f"{NVML_LIBRARY_NAME} not found under driver root {driver_root}: {searched}")
+        raise error
+    with pynvml.libLoadLock:
+        if pynvml.nvmlLib is None:
+            pynvml.nvmlLib = ctypes.CDLL(str(path))
+
+
+class RealNvml:
+    """pynvml with driver-root aware library loading."""
+
+    def __init__(self, driver_root: Path = Path("/")) -> None:
+        self.driver_root = driver_root
+
+    def init(self) -> None:
+        load_nvml_library(self.driver_root)
+        pynvml.nvmlInit()
+
+    def init_with_flags(self, flags: int) -> None:
+        load_nvml_library(self.driver_root)
+        pynvml.nvmlInitWithFlags(flags)
+
+    def shutdown(self) -> None:
+        pynvml.nvmlShutdown()
+
+    def system_get_driver_version(self) -> str:
+        return str(pynvml.nvmlSystemGetDriverVersion())
+
+    def system_get_cuda_driver_version(self) -> int:
+        return int(pynvml.nvmlSystemGetCudaDriverVersion())
+
+    def device_get_count(self) -> int:
+        return int(pynvml.nvmlDeviceGetCount())
+
+    def device_get_handle_by_index(self, index: int) -> DeviceHandle:
+        return cast(DeviceHandle, pynvml.nvmlDeviceGetHandleByIndex(index))
+
+    def device_get_handle_by_uuid(self, uuid: str) -> DeviceHandle:
+        return cast(DeviceHandle, pynvml.nvmlDeviceGetHandleByUUID(uuid))
+
+    def device_get_uuid(self, handle: DeviceHandle) -> str:
+        return str(pynvml.nvmlDeviceGetUUID(handle))
+
+    def device_get_name(self, handle: DeviceHandle) -> str:
+        return str(pynvml.nvmlDeviceGetName(handle))
+
+    def device_get_brand(self, handle: DeviceHandle) -> int:
+        return int(pynvml.nvmlDeviceGetBrand(handle))
+
+    def device_get_architecture(self, handle: DeviceHandle) -> int:
+        return int(pynvml.nvmlDeviceGetArchitecture(handle))
+
+    def device_get_cuda_compute_capability(self, handle: DeviceHandle) -> tuple[int, int]:
+        major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(handle)
+        return int(major), int(minor)
+
+    def device_get_minor_number(self, handle: DeviceHandle) -> int:
+        return int(pynvml.nvmlDeviceGetMinorNumber(handle))
+
+    def device_get_pci_info(self, handle: DeviceHandle) -> PciInfo:
+        return cast(PciInfo, pynvml.nvmlDeviceGetPciInfo(handle))
+
+    def device_get_memory_info(self, handle: DeviceHandle) -> MemoryInfo:
+        return cast(MemoryInfo, pynvml.nvmlDeviceGetMemoryInfo(handle))
+
+    def device_get_numa_node_id(self, handle: DeviceHandle) -> int:
+        return int(pynvml.nvmlDeviceGetNumaNodeId(handle))
+
+    def device_get_addressing_mode(self, handle: DeviceHandle) -> int:
+        return int(pynvml.nvmlDeviceGetAddressingMode(handle))
+
+    def device_get_mig_mode(self, handle: DeviceHandle) -> list[int]:
+        current, pending = pynvml.nvmlDeviceGetMigMode(handle)
+        return [int(current), int(pending)]
+
+
+if TYPE_CHECKING:
+    _conforms_to_nvml: type[NvmlLibrary] = RealNvml
