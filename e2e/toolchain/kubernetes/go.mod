@@ -3,11 +3,6 @@ module github.com/gpu-dra/gpu-dra/e2e/toolchain/kubernetes
 go 1.26.0
 
 require (
-	k8s.io/kubectl v0.0.0
-	k8s.io/kubernetes v1.37.1
-)
-
-require (
 	cel.dev/expr v0.25.1 // indirect
 	cyphar.com/go-pathrs v0.2.5 // indirect
 	github.com/Azure/go-ansiterm v0.0.0-20250102033503-faa5f7b0171c // indirect
@@ -42,6 +37,7 @@ require (
 	github.com/go-errors/errors v1.4.2 // indirect
 	github.com/go-logr/logr v1.4.3 // indirect
 	github.com/go-logr/stdr v1.2.2 // indirect
+	github.com/go-logr/zapr v1.3.0 // indirect
 	github.com/go-openapi/jsonpointer v1.0.0 // indirect
 	github.com/go-openapi/jsonreference v1.0.0 // indirect
 	github.com/go-openapi/swag v0.27.1 // indirect
@@ -164,7 +160,9 @@ require (
 	k8s.io/kube-openapi v0.0.0-20260721132016-d427ff9ee9ad // indirect
 	k8s.io/kube-proxy v0.0.0 // indirect
 	k8s.io/kube-scheduler v0.0.0 // indirect
+	k8s.io/kubectl v0.0.0 // indirect
 	k8s.io/kubelet v0.37.1 // indirect
+	k8s.io/kubernetes v1.37.1 // indirect
 	k8s.io/metrics v0.37.1 // indirect
 	k8s.io/mount-utils v0.0.0 // indirect
 	k8s.io/pod-security-admission v0.0.0 // indirect
@@ -212,3 +210,13 @@ replace (
 	k8s.io/pod-security-admission => k8s.io/pod-security-admission v0.37.1
 	k8s.io/streaming => k8s.io/streaming v0.37.1
 )
+
+tool k8s.io/kubernetes/cmd/kube-apiserver
+
+tool k8s.io/kubernetes/cmd/kube-controller-manager
+
+tool k8s.io/kubernetes/cmd/kube-scheduler
+
+tool k8s.io/kubernetes/cmd/kubelet
+
+tool k8s.io/kubernetes/cmd/kubectl
