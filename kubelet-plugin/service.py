@@ -1,0 +1,280 @@
+"""DRAPlugin gRPC servicers (v1 and v1beta1): protobuf <-> domain translation.
+
+Both services are backed by one :class:`ClaimCallHandler`, which owns the rules the kubelet
+depends on:
+
+* every requested claim UID gets an entry in the response (a UID the preparer forgot is
+  filled with an error), and no UID that was not requested;
+* per-claim failures, preparer exceptions and deadline overruns become per-claim errors;
+  the RPC itself never fails for them (a gRPC error makes the kubelet discard everything);
+* each call gets a deadline below the kubelet's 45 s, so a hung prepare is reported as a
+  per-claim error instead of a kubelet-side timeout;
+* an empty request returns an empty map without calling the preparer (liveness probes).
+
+v1beta1 responses are the v1 responses without ``Device.share_id``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import TypeAlias, TypeVar
+
+import grpc
+from gpu_dra.kubelet_plugin._generated.dra.v1 import api_pb2 as v1
+from gpu_dra.kubelet_plugin._generated.dra.v1 import api_pb2_grpc as v1_grpc
+from gpu_dra.kubelet_plugin._generated.dra.v1beta1 import api_pb2 as v1beta1
+from gpu_dra.kubelet_plugin._generated.dra.v1beta1 import api_pb2_grpc as v1beta1_grpc
+from gpu_dra.kubelet_plugin.preparer import ClaimPreparer, ClaimRef, PrepareResult
+
+log = logging.getLogger(__name__)
+
+KUBELET_CALL_TIMEOUT_S = 45.0
+"""The kubelet's per-call deadline for NodePrepareResources / NodeUnprepareResources."""
+
+DEFAULT_CALL_TIMEOUT_S = 40.0
+"""Default time the preparer gets per call; must stay below :data:`KUBELET_CALL_TIMEOUT_S`."""
+
+DEADLINE_MARGIN_S = 1.0
+"""Time kept back from the client's own deadline to build and send the response."""
+
+_Result = TypeVar("_Result")
+_PreparerMethod: TypeAlias = Callable[[Sequence[ClaimRef]], Awaitable[Mapping[str, _Result]]]
+_FailureFactory: TypeAlias = Callable[[str], _Result]
+
+
+class ClaimCallHandler:
+    """Version-independent handling of prepare/unprepare batches around a ClaimPreparer."""
+
+    def __init__(
+        self, preparer: ClaimPreparer, *, call_timeout_s: float = DEFAULT_CALL_TIMEOUT_S
+    ) -> None:
+        if not 0 < call_timeout_s < KUBELET_CALL_TIMEOUT_S:
+            raise ValueError(
+                f"call_timeout_s={call_timeout_s} must be > 0 and below the kubelet's "
+                f"{KUBELET_CALL_TIMEOUT_S:.0f}s deadline"
+            )
+        self._preparer = preparer
+        self._call_timeout_s = call_timeout_s
+
+    def _budget(self, client_time_remaining: float | None) -> float:
+        if client_time_remaining is None:
+            return self._call_timeout_s
+        return max(0.0, min(self._call_timeout_s, client_time_remaining - DEADLINE_MARGIN_S))
+
+    async def prepare(
+        self, claims: Sequence[ClaimRef], *, client_time_remaining: float | None = None
+    ) -> dict[str, PrepareResult]:
+        """Prepare a batch; the result has exactly one entry per distinct requested UID."""
+        unique = _unique_claims(claims)
+        if not unique:
+            return {}
+        budget = self._budget(client_time_remaining)
+        outcome = await self._call(
+            "prepare", self._preparer.prepare, unique, budget, PrepareResult.failure
+        )
+        return {
+            claim.uid: _pick(
+                "prepare", outcome, claim, PrepareResult.failure, lambda r: r.error is None
+            )
+            for claim in unique
+        }
+
+    async def unprepare(
+        self, claims: Sequence[ClaimRef], *, client_time_remaining: float | None = None
+    ) -> dict[str, str | None]:
+        """Unprepare a batch; ``None`` per UID means success."""
+        unique = _unique_claims(claims)
+        if not unique:
+            return {}
+        budget = self._budget(client_time_remaining)
+
+        def failure(message: str) -> str | None:
+            return message
+
+        outcome = await self._call("unprepare", self._preparer.unprepare, unique, budget, failure)
+        return {
+            claim.uid: _pick("unprepare", outcome, claim, failure, lambda r: r is None)
+            for claim in unique
+        }
+
+    async def _call(
+        self,
+        operation: str,
+        method: _PreparerMethod[_Result],
+        claims: list[ClaimRef],
+        budget: float,
+        failure: _FailureFactory[_Result],
+    ) -> Mapping[str, _Result]:
+        uids = ",".join(c.uid for c in claims)
+        log.info(
+            "%s start claims=%d claim_uids=%s budget_s=%.1f", operation, len(claims), uids, budget
+        )
+        deadline = asyncio.timeout(budget)
+        try:
+            async with deadline:
+                outcome = await method(claims)
+        except Exception as err:
+            if deadline.expired():
+                log.error("%s timed out claim_uids=%s budget_s=%.1f", operation, uids, budget)
+                message = (
+                    f"{operation} did not finish within {budget:.1f}s "
+                    "(driver-side deadline below the kubelet's); the kubelet will retry"
+                )
+            else:
+                # Never let a preparer bug become a gRPC error: the kubelet would discard the
+                # whole response. Report it on every claim of the batch instead.
+                log.exception("%s raised claim_uids=%s", operation, uids)
+                message = f"{operation} failed: {type(err).__name__}: {err}"
+            return {c.uid: failure(message) for c in claims}
+        extra = sorted(set(outcome) - {c.uid for c in claims})
+        if extra:
+            log.warning("%s returned unrequested claims, dropped claim_uids=%s", operation, extra)
+        return outcome
+
+
+def _unique_claims(claims: Sequence[ClaimRef]) -> list[ClaimRef]:
+    """Claims in request order, one per UID (the response map has one entry per UID)."""
+    seen: dict[str, ClaimRef] = {}
+    for claim in claims:
+        seen.setdefault(claim.uid, claim)
+    return list(seen.values())
+
+
+def _pick(
+    operation: str,
+    outcome: Mapping[str, _Result],
+    claim: ClaimRef,
+    failure: _FailureFactory[_Result],
+    succeeded: Callable[[_Result], bool],
+) -> _Result:
+    if claim.uid not in outcome:
+        log.error(
+            "%s returned no result claim_uid=%s namespace=%s name=%s",
+            operation,
+            claim.uid,
+            claim.namespace,
+            claim.name,
+        )
+        return failure(f"{operation} returned no result for this claim (driver bug); retrying")
+    result = outcome[claim.uid]
+    log.info(
+        "%s done claim_uid=%s namespace=%s name=%s ok=%s",
+        operation,
+        claim.uid,
+        claim.namespace,
+        claim.name,
+        succeeded(result),
+    )
+    return result
+
+
+def _client_time_remaining(context: grpc.aio.ServicerContext[object, object]) -> float | None:
+    # grpc returns None when the client set no deadline (the stubs say float).
+    remaining: float | None = context.time_remaining()
+    return remaining
+
+
+class DRAPluginV1Servicer(v1_grpc.DRAPluginServicer):
+    """``k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin`` (kubelet 1.34+), with ``share_id``."""
+
+    def __init__(self, handler: ClaimCallHandler) -> None:
+        self._handler = handler
+
+    async def NodePrepareResources(  # noqa: N802 (gRPC method name)
+        self,
+        request: v1.NodePrepareResourcesRequest,
+        context: grpc.aio.ServicerContext[object, object],
+    ) -> v1.NodePrepareResourcesResponse:
+        claims = [ClaimRef(c.namespace, c.uid, c.name) for c in request.claims]
+        results = await self._handler.prepare(
+            claims, client_time_remaining=_client_time_remaining(context)
+        )
+        response = v1.NodePrepareResourcesResponse()
+        for uid, result in results.items():
+            entry = response.claims[uid]
+            if result.error is not None:
+                entry.error = result.error
+                continue
+            for device in result.devices:
+                message = entry.devices.add(
+                    request_names=device.request_names,
+                    pool_name=device.pool_name,
+                    device_name=device.device_name,
+                    cdi_device_ids=device.cdi_device_ids,
+                )
+                if device.share_id is not None:
+                    message.share_id = device.share_id
+        return response
+
+    async def NodeUnprepareResources(  # noqa: N802 (gRPC method name)
+        self,
+        request: v1.NodeUnprepareResourcesRequest,
+        context: grpc.aio.ServicerContext[object, object],
+    ) -> v1.NodeUnprepareResourcesResponse:
+        claims = [ClaimRef(c.namespace, c.uid, c.name) for c in request.claims]
+        results = await self._handler.unprepare(
+            claims, client_time_remaining=_client_time_remaining(context)
+        )
+        response = v1.NodeUnprepareResourcesResponse()
+        for uid, error in results.items():
+            entry = response.claims[uid]
+            if error:
+                entry.error = error
+        return response
+
+
+class DRAPluginV1beta1Servicer(v1beta1_grpc.DRAPluginServicer):
+    """``k8s.io.kubelet.pkg.apis.dra.v1beta1.DRAPlugin`` (kubelet 1.32+), no ``share_id``."""
+
+    def __init__(self, handler: ClaimCallHandler) -> None:
+        self._handler = handler
+
+    async def NodePrepareResources(  # noqa: N802 (gRPC method name)
+        self,
+        request: v1beta1.NodePrepareResourcesRequest,
+        context: grpc.aio.ServicerContext[object, object],
+    ) -> v1beta1.NodePrepareResourcesResponse:
+        claims = [ClaimRef(c.namespace, c.uid, c.name) for c in request.claims]
+        results = await self._handler.prepare(
+            claims, client_time_remaining=_client_time_remaining(context)
+        )
+        response = v1beta1.NodePrepareResourcesResponse()
+        for uid, result in results.items():
+            entry = response.claims[uid]
+            if result.error is not None:
+                entry.error = result.error
+                continue
+            for device in result.devices:
+                entry.devices.add(
+                    request_names=device.request_names,
+                    pool_name=device.pool_name,
+                    device_name=device.device_name,
+                    cdi_device_ids=device.cdi_device_ids,
+                )
+        return response
+
+    async def NodeUnprepareResources(  # noqa: N802 (gRPC method name)
+        self,
+        request: v1beta1.NodeUnprepareResourcesRequest,
+        context: grpc.aio.ServicerContext[object, object],
+    ) -> v1beta1.NodeUnprepareResourcesResponse:
+        claims = [ClaimRef(c.namespace, c.uid, c.name) for c in request.claims]
+        results = await self._handler.unprepare(
+            claims, client_time_remaining=_client_time_remaining(context)
+        )
+        response = v1beta1.NodeUnprepareResourcesResponse()
+        for uid, error in results.items():
+            entry = response.claims[uid]
+            if error:
+                entry.error = error
+        return response
+
+
+def add_dra_services(server: grpc.aio.Server, handler: ClaimCallHandler) -> None:
+    """Register the v1 and v1beta1 DRAPlugin services, both backed by ``handler``."""
+    v1_grpc.add_DRAPluginServicer_to_server(DRAPluginV1Servicer(handler), server)  # type: ignore[no-untyped-call]
+    v1beta1_grpc.add_DRAPluginServicer_to_server(  # type: ignore[no-untyped-call]
+        DRAPluginV1beta1Servicer(handler), server
+    )
