@@ -7,6 +7,7 @@ written for it work unchanged (``shared/reference/nvidia-compat.md`` §4).
 
 from __future__ import annotations
 
+import json
 from typing import Final, Literal
 
 from pydantic import BaseModel, ConfigDict
@@ -35,3 +36,8 @@ class StrictModel(BaseModel):
         validate_by_name=True,
         serialize_by_alias=True,
     )
+
+    def __hash__(self) -> int:
+        # Pydantic's frozen hash fails on dict fields (per-device limits); hash the canonical JSON,
+        # which is equal exactly when the objects are.
+        return hash((type(self), json.dumps(self.model_dump(mode="json"), sort_keys=True)))

@@ -379,3 +379,11 @@ def test_error_carries_claim_and_structured_problems() -> None:
     assert not error.retryable
     [problem] = error.problems
     assert (problem.config, problem.field) == (ENTRY, "parameters.sharing.strategy")
+
+
+def test_configs_are_hashable_and_equal_by_value_whatever_the_map_order() -> None:
+    first = decode_parameters(gpu(mps(defaultPerDevicePinnedMemoryLimit={"0": "1Gi", "1": "2Gi"})))
+    second = decode_parameters(gpu(mps(defaultPerDevicePinnedMemoryLimit={"1": "2Gi", "0": "1Gi"})))
+    assert first == second
+    assert hash(first) == hash(second)
+    assert len({first, second, GpuConfig(), MigDeviceConfig()}) == 3
