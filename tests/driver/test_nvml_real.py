@@ -1,0 +1,91 @@
+"""The pynvml backend: driver-root library lookup, and (on a lent GPU machine) real discovery."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import pynvml
+import pytest
+from gpu_dra.driver.discovery import discover_gpus
+from gpu_dra.driver.nvml.real import (
+    NVML_LIBRARY_NAME,
+    RealNvml,
+    find_nvml_library,
+    load_nvml_library,
+)
+from gpu_dra.driver.nvml.sysfs import SysfsPciTopology
+
+
+def _library(root: Path, directory: str, name: str = NVML_LIBRARY_NAME) -> Path:
+    path = root / directory / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"\x7fELF")
+    return path
+
+
+@pytest.mark.parametrize(
+    "directory", ["usr/lib/x86_64-linux-gnu", "usr/lib64", "usr/lib", "usr/lib/aarch64-linux-gnu"]
+)
+def test_library_is_found_in_the_common_lib_dirs_of_the_driver_root(tmp_path, directory):
+    assert find_nvml_library(tmp_path) is None
+    path = _library(tmp_path, directory)
+    assert find_nvml_library(tmp_path) == path
+
+
+def test_lib64_is_preferred_over_lib(tmp_path):
+    _library(tmp_path, "usr/lib")
+    preferred = _library(tmp_path, "usr/lib64")
+    assert find_nvml_library(tmp_path) == preferred
+
+
+def test_versioned_library_behind_a_relative_symlink_is_found(tmp_path):
+    target = _library(tmp_path, "usr/lib/x86_64-linux-gnu", "libnvidia-ml.so.580.95.05")
+    (target.parent / NVML_LIBRARY_NAME).symlink_to(target.name)
+    assert find_nvml_library(tmp_path) == target
+
+
+def test_absolute_symlink_is_resolved_inside_the_driver_root(tmp_path):
+    target = _library(tmp_path, "usr/lib64", "libnvidia-ml.so.580.95.05")
+    link = tmp_path / "usr/lib/x86_64-linux-gnu" / NVML_LIBRARY_NAME
+    link.parent.mkdir(parents=True)
+    link.symlink_to("/usr/lib64/libnvidia-ml.so.580.95.05")
+    # /usr/lib64 outside the root may or may not exist; the root's copy must win.
+    assert find_nvml_library(tmp_path) == target
+
+
+def test_dangling_symlink_and_symlink_loops_are_not_found(tmp_path):
+    directory = tmp_path / "usr/lib64"
+    directory.mkdir(parents=True)
+    (directory / NVML_LIBRARY_NAME).symlink_to("libnvidia-ml.so.missing")
+    (tmp_path / "lib64").mkdir()
+    (tmp_path / "lib64" / NVML_LIBRARY_NAME).symlink_to(NVML_LIBRARY_NAME)
+    assert find_nvml_library(tmp_path) is None
+
+
+@pytest.mark.skipif(pynvml.nvmlLib is not None, reason="libnvidia-ml already loaded in-process")
+def test_missing_library_under_a_driver_root_raises_library_not_found_naming_it(tmp_path):
+    with pytest.raises(pynvml.NVMLError_LibraryNotFound) as raised:
+        load_nvml_library(tmp_path / "driver-root")
+    assert pynvml.nvmlLib is None
+    notes = " ".join(getattr(raised.value, "__notes__", []))
+    assert str(tmp_path / "driver-root") in notes
+    assert NVML_LIBRARY_NAME in notes
+
+
+def _has_gpu() -> bool:
+    return find_nvml_library(Path("/")) is not None and os.path.exists("/dev/nvidiactl")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _has_gpu(), reason="needs an NVIDIA GPU and libnvidia-ml")
+def test_real_gpus_are_discovered_with_nvml_formats():
+    gpus = discover_gpus(RealNvml(Path("/")), SysfsPciTopology())
+    assert gpus
+    for gpu in gpus:
+        assert re.match(r"^GPU-[0-9a-f]{8}(-[0-9a-f]{4}){3}-[0-9a-f]{12}$", gpu.uuid)
+        assert re.match(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$", gpu.pci_bus_id)
+        assert re.match(r"^\d+\.\d+(\.\d+)?$", gpu.driver_version)
+        assert gpu.cuda_driver_version >= 11000
+        assert gpu.memory_bytes is None or gpu.memory_bytes % (1024 * 1024) == 0
