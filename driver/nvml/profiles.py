@@ -26,6 +26,7 @@ GPUs are enumerated in PCI bus order, as NVML does, whatever order the file list
 
 from __future__ import annotations
 
+import inspect
 import json
 import re
 import uuid
@@ -50,8 +51,14 @@ _GPU_FIELDS: Final = frozenset(
     {"model", "busId", "minor", "numaNode", "pcieRoot", "uuid", "migMode"}
     | {"gpuNumaNodeId", "addressingMode", "faults"}
 )
+_PROFILE_FIELDS: Final = frozenset(
+    {"name", "description", "driverVersion", "cudaDriverVersion", "models", "faults", "gpus"}
+)
+# Calls taking a device handle get per-GPU faults; the others (init, counts, lookups) per profile.
 _CALLS: Final = frozenset(name for name in dir(NvmlLibrary) if not name.startswith("_"))
-_DEVICE_CALLS: Final = frozenset(name for name in _CALLS if name.startswith("device_get_"))
+_DEVICE_CALLS: Final = frozenset(
+    name for name in _CALLS if "handle" in inspect.signature(getattr(NvmlLibrary, name)).parameters
+)
 
 
 class ProfileError(ValueError):
@@ -152,6 +159,9 @@ def load_profile(spec: str, node_name: str) -> MachineProfile:
 def parse_profile(data: dict[str, object], *, name: str, node_name: str) -> MachineProfile:
     """Validate a decoded profile document (see the module docstring for its shape)."""
     where = f"profile {name!r}"
+    unknown = sorted(key for key in set(data) - _PROFILE_FIELDS if not key.startswith("_"))
+    if unknown:
+        raise ProfileError(f"{where}: unknown fields {unknown}; known: {sorted(_PROFILE_FIELDS)}")
     models = dict(_builtin_models())
     extra = _optional(data, "models", dict, where, {})
     for key, raw in extra.items():

@@ -216,3 +216,16 @@ def test_driver_version_must_look_like_an_nvidia_version():
 )
 def test_bus_ids_are_stored_in_the_nvml_form(given, canonical):
     assert nvml_bus_id(given) == canonical
+
+
+def test_unknown_top_level_fields_are_rejected():
+    with pytest.raises(ProfileError, match=re.escape("unknown fields ['gpu']")):
+        parse_profile(_doc(gpu=[]), name="bad", node_name="n")
+
+
+def test_faults_of_calls_without_a_handle_belong_to_the_profile_not_a_gpu():
+    gpu = {"model": "L4", "busId": "00000000:01:00.0", "faults": {"device_get_count": 3}}
+    with pytest.raises(ProfileError, match="unknown call 'device_get_count'"):
+        parse_profile(_doc(gpus=[gpu]), name="bad", node_name="n")
+    profile = parse_profile(_doc(faults={"device_get_count": 3}), name="ok", node_name="n")
+    assert profile.fault("device_get_count") == 3

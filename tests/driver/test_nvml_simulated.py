@@ -181,3 +181,21 @@ def test_simulated_pci_topology_answers_for_profile_gpus_only():
     assert host.pci.numa_node("0000:bd:00.0") == 5
     assert host.pci.pcie_root("0000:99:00.0") is None
     assert host.pci.numa_node("0000:99:00.0") is None
+
+
+def test_profile_level_fault_hits_system_calls():
+    profile = parse_profile(
+        {
+            "driverVersion": "580.95.05",
+            "cudaDriverVersion": 13000,
+            "faults": {"device_get_count": "UNKNOWN"},
+            "gpus": [{"model": "L4", "busId": "00000000:01:00.0"}],
+        },
+        name="flaky",
+        node_name="node-a",
+    )
+    nvml = SimulatedNvml(profile)
+    nvml.init()
+    with pytest.raises(pynvml.NVMLError_Unknown):
+        nvml.device_get_count()
+    assert nvml.device_get_name(nvml.device_get_handle_by_index(0)) == "NVIDIA L4"
