@@ -73,7 +73,8 @@ class MigDeviceName:
         return cls(parent_minor, mig_profile_slug(profile), gi_profile_id, placement_start)
 
     def __str__(self) -> str:
-        return f"gpu-{self.parent_minor}-mig-{self.profile}-{self.gi_profile_id}-{self.placement_start}"
+        parent, profile = self.parent_minor, self.profile
+        return f"gpu-{parent}-mig-{profile}-{self.gi_profile_id}-{self.placement_start}"
 
 
 DeviceName = GpuDeviceName | MigDeviceName
