@@ -1,0 +1,370 @@
+"""The prepared-claims checkpoint: atomic, boot-aware, forward compatible, loud when corrupt."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import stat
+import threading
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+from gpu_dra.kubelet_plugin.checkpoint import (
+    SCHEMA_VERSION,
+    Checkpoint,
+    CheckpointCorruptError,
+    CheckpointEntry,
+    CheckpointError,
+    CheckpointLockTimeoutError,
+    CheckpointVersionError,
+    ClaimPhase,
+    read_boot_id,
+)
+from gpu_dra.kubelet_plugin.preparer import ClaimRef, PreparedDevice
+
+UID_A = "0b6a1e3c-8f43-4a55-9a0e-2f7d1c9b8a01"
+UID_B = "5d2c9f71-3e8a-4b6d-8c1f-6a4e2b0d9c02"
+
+DEVICE = PreparedDevice(
+    request_names=("gpu",),
+    pool_name="node-a",
+    device_name="gpu-0",
+    cdi_device_ids=(f"k8s.gpu.nvidia.com/claim={UID_A}-gpu-0",),
+    share_id="share-1",
+)
+
+
+class Boot:
+    """A node whose boot ID a test can change (a reboot)."""
+
+    def __init__(self, boot_id: str = "boot-1") -> None:
+        self.id = boot_id
+
+    def __call__(self) -> str:
+        return self.id
+
+
+def entry(
+    uid: str = UID_A,
+    phase: ClaimPhase = ClaimPhase.PREPARE_COMPLETED,
+    devices: tuple[PreparedDevice, ...] = (DEVICE,),
+    state: dict[str, Any] | None = None,
+) -> CheckpointEntry:
+    return CheckpointEntry(
+        claim=ClaimRef("default", uid, f"claim-{uid[:4]}"),
+        phase=phase,
+        devices=devices,
+        state=state if state is not None else {"mps": {"daemon": "mps-1"}, "migCreated": [3]},
+    )
+
+
+def opened(data_dir: Path, boot: Boot | None = None, **kwargs: Any) -> Checkpoint:
+    checkpoint = Checkpoint(data_dir, boot_id=boot or Boot(), **kwargs)
+    checkpoint.load()
+    return checkpoint
+
+
+def on_disk(data_dir: Path) -> dict[str, Any]:
+    loaded: dict[str, Any] = json.loads((data_dir / "checkpoint.json").read_text())
+    return loaded
+
+
+def test_missing_checkpoint_loads_empty_and_creates_nothing(tmp_path: Path) -> None:
+    result = Checkpoint(tmp_path / "data", boot_id=Boot()).load()
+    assert result.entries == {}
+    assert result.discarded_boot_id is None
+    assert not (tmp_path / "data" / "checkpoint.json").exists()
+
+
+def test_entries_survive_a_plugin_restart(tmp_path: Path) -> None:
+    first = opened(tmp_path)
+    first.put(entry(UID_A))
+    first.put(entry(UID_B, ClaimPhase.PREPARE_STARTED, devices=(), state={}))
+
+    restarted = Checkpoint(tmp_path, boot_id=Boot())
+    assert restarted.load().entries == {
+        UID_A: entry(UID_A),
+        UID_B: entry(UID_B, ClaimPhase.PREPARE_STARTED, devices=(), state={}),
+    }
+    assert restarted.get(UID_A) == entry(UID_A)
+    assert restarted.get("unknown") is None
+
+
+def test_file_records_version_boot_id_phase_devices_and_opaque_state(tmp_path: Path) -> None:
+    opened(tmp_path).put(entry(UID_A))
+    document = on_disk(tmp_path)
+    assert document["version"] == SCHEMA_VERSION
+    assert document["nodeBootID"] == "boot-1"
+    assert document["claims"][UID_A] == {
+        "namespace": "default",
+        "name": f"claim-{UID_A[:4]}",
+        "phase": "PrepareCompleted",
+        "devices": [
+            {
+                "requestNames": ["gpu"],
+                "poolName": "node-a",
+                "deviceName": "gpu-0",
+                "cdiDeviceIDs": [f"k8s.gpu.nvidia.com/claim={UID_A}-gpu-0"],
+                "shareID": "share-1",
+            }
+        ],
+        "state": {"mps": {"daemon": "mps-1"}, "migCreated": [3]},
+    }
+    assert stat.S_IMODE((tmp_path / "checkpoint.json").stat().st_mode) == 0o600
+
+
+def test_phase_change_replaces_the_entry(tmp_path: Path) -> None:
+    checkpoint = opened(tmp_path)
+    checkpoint.put(entry(UID_A, ClaimPhase.PREPARE_STARTED, devices=()))
+    checkpoint.put(replace(entry(UID_A), state={"done": True}))
+    stored = checkpoint.get(UID_A)
+    assert stored is not None
+    assert stored.phase is ClaimPhase.PREPARE_COMPLETED
+    assert stored.state == {"done": True}
+
+
+def test_remove_drops_only_that_claim_and_reports_unknown_uids(tmp_path: Path) -> None:
+    checkpoint = opened(tmp_path)
+    checkpoint.put(entry(UID_A))
+    checkpoint.put(entry(UID_B))
+    assert checkpoint.remove(UID_A) is True
+    assert checkpoint.remove(UID_A) is False
+    assert set(checkpoint.all()) == {UID_B}
+
+
+# --- atomicity ------------------------------------------------------------------------
+
+
+def test_update_replaces_the_file_instead_of_rewriting_it_in_place(tmp_path: Path) -> None:
+    checkpoint = opened(tmp_path)
+    checkpoint.put(entry(UID_A))
+    path = tmp_path / "checkpoint.json"
+    with path.open("rb") as reader_of_old_version:
+        checkpoint.put(entry(UID_B))
+        # A reader that opened the file before the update still sees the complete old file.
+        old = json.loads(reader_of_old_version.read())
+    assert set(old["claims"]) == {UID_A}
+    assert set(on_disk(tmp_path)["claims"]) == {UID_A, UID_B}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint.json", "checkpoint.lock"]
+
+
+def test_failed_update_leaves_the_previous_checkpoint_intact(tmp_path: Path) -> None:
+    checkpoint = opened(tmp_path)
+    checkpoint.put(entry(UID_A))
+    before = (tmp_path / "checkpoint.json").read_bytes()
+    with pytest.raises(ValueError, match="not JSON"):
+        checkpoint.put(entry(UID_B, state={"handle": object()}))
+    assert (tmp_path / "checkpoint.json").read_bytes() == before
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+
+
+# --- boot ID --------------------------------------------------------------------------
+
+
+def test_checkpoint_from_an_earlier_boot_is_discarded_and_reported(tmp_path: Path) -> None:
+    boot = Boot("boot-1")
+    opened(tmp_path, boot).put(entry(UID_A))
+
+    boot.id = "boot-2"
+    after_reboot = Checkpoint(tmp_path, boot_id=boot)
+    result = after_reboot.load()
+    assert result.entries == {}
+    assert result.discarded_boot_id == "boot-1"
+    assert result.discarded_claims == (UID_A,)
+    assert result.boot_id == "boot-2"
+    assert after_reboot.all() == {}
+    assert on_disk(tmp_path)["nodeBootID"] == "boot-2"
+    assert on_disk(tmp_path)["claims"] == {}
+
+
+def test_same_boot_keeps_all_entries(tmp_path: Path) -> None:
+    opened(tmp_path, Boot("boot-1")).put(entry(UID_A))
+    result = Checkpoint(tmp_path, boot_id=Boot("boot-1")).load()
+    assert set(result.entries) == {UID_A}
+    assert result.discarded_boot_id is None
+
+
+def test_checkpoint_without_boot_id_is_adopted_for_this_boot(tmp_path: Path) -> None:
+    (tmp_path / "checkpoint.json").write_text(
+        json.dumps(
+            {
+                "version": 1,
+                "claims": {
+                    UID_A: {"namespace": "ns", "name": "c", "phase": "PrepareCompleted"},
+                },
+            }
+        )
+    )
+    result = Checkpoint(tmp_path, boot_id=Boot("boot-7")).load()
+    assert set(result.entries) == {UID_A}
+    assert on_disk(tmp_path)["nodeBootID"] == "boot-7"
+
+
+def test_empty_boot_id_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(CheckpointError, match="boot ID is empty"):
+        Checkpoint(tmp_path, boot_id=Boot("")).load()
+
+
+def test_default_boot_id_comes_from_the_kernel() -> None:
+    if not Path("/proc/sys/kernel/random/boot_id").exists():
+        pytest.skip("no /proc boot_id here")
+    assert len(read_boot_id()) == 36
+
+
+# --- compatibility --------------------------------------------------------------------
+
+
+def test_fields_from_a_newer_writer_are_kept_when_rewriting(tmp_path: Path) -> None:
+    newer = {
+        "version": SCHEMA_VERSION,
+        "nodeBootID": "boot-1",
+        "futureTopLevel": {"anything": [1, 2]},
+        "claims": {
+            UID_A: {
+                "namespace": "default",
+                "name": "train",
+                "phase": "PrepareCompleted",
+                "devices": [
+                    {
+                        "requestNames": [],
+                        "poolName": "node-a",
+                        "deviceName": "gpu-1",
+                        "cdiDeviceIDs": [],
+                        "futureDeviceField": "x",
+                    }
+                ],
+                "state": {},
+                "futureClaimField": {"healthCheck": True},
+            }
+        },
+    }
+    (tmp_path / "checkpoint.json").write_text(json.dumps(newer))
+    checkpoint = opened(tmp_path)
+    stored = checkpoint.get(UID_A)
+    assert stored is not None
+    assert stored.devices == (PreparedDevice((), "node-a", "gpu-1", ()),)
+
+    checkpoint.put(entry(UID_B))
+    rewritten = on_disk(tmp_path)
+    assert rewritten["futureTopLevel"] == {"anything": [1, 2]}
+    assert rewritten["claims"][UID_A]["futureClaimField"] == {"healthCheck": True}
+    assert set(rewritten["claims"]) == {UID_A, UID_B}
+
+
+def test_older_checkpoint_without_optional_fields_still_loads(tmp_path: Path) -> None:
+    (tmp_path / "checkpoint.json").write_text(
+        json.dumps(
+            {
+                "version": 1,
+                "nodeBootID": "boot-1",
+                "claims": {
+                    UID_A: {
+                        "namespace": "default",
+                        "name": "train",
+                        "phase": "PrepareStarted",
+                        "devices": [{"poolName": "node-a", "deviceName": "gpu-0"}],
+                    }
+                },
+            }
+        )
+    )
+    stored = opened(tmp_path).get(UID_A)
+    assert stored == CheckpointEntry(
+        claim=ClaimRef("default", UID_A, "train"),
+        phase=ClaimPhase.PREPARE_STARTED,
+        devices=(PreparedDevice((), "node-a", "gpu-0", ()),),
+        state={},
+    )
+
+
+def test_checkpoint_of_a_newer_schema_version_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "checkpoint.json").write_text(
+        json.dumps({"version": SCHEMA_VERSION + 1, "nodeBootID": "boot-1", "claims": {}})
+    )
+    with pytest.raises(CheckpointVersionError, match="newer driver"):
+        Checkpoint(tmp_path, boot_id=Boot()).load()
+
+
+# --- corruption -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("content", "reason"),
+    [
+        ('{"version": 1, "claims": {', "not valid JSON"),
+        ("", "not valid JSON"),
+        ("[]", "not a JSON object"),
+        ('{"claims": {}}', "'version'"),
+        ('{"version": 1, "claims": []}', "'claims'"),
+        (
+            '{"version": 1, "claims": {"u": {"namespace": "n", "name": "c", "phase": "Done"}}}',
+            "phase 'Done'",
+        ),
+        (
+            '{"version": 1, "claims": {"u": {"namespace": "n", "name": "c", '
+            '"phase": "PrepareStarted", "devices": {}}}}',
+            "devices is not a list",
+        ),
+        ('{"version": 1, "claims": {"u": {"name": "c", "phase": "PrepareStarted"}}}', "namespace"),
+    ],
+)
+def test_corrupt_checkpoint_raises_a_clear_error_and_is_left_alone(
+    tmp_path: Path, content: str, reason: str
+) -> None:
+    path = tmp_path / "checkpoint.json"
+    path.write_text(content)
+    with pytest.raises(CheckpointCorruptError) as failure:
+        Checkpoint(tmp_path, boot_id=Boot()).load()
+    assert reason in str(failure.value)
+    assert str(path) in str(failure.value)
+    assert path.read_text() == content
+
+
+# --- concurrency ----------------------------------------------------------------------
+
+
+def test_two_plugin_instances_see_and_keep_each_others_entries(tmp_path: Path) -> None:
+    old_instance = opened(tmp_path)
+    new_instance = opened(tmp_path)
+    old_instance.put(entry(UID_A))
+    new_instance.put(entry(UID_B))
+    assert set(old_instance.all()) == {UID_A, UID_B}
+    assert old_instance.remove(UID_B)
+    assert set(new_instance.all()) == {UID_A}
+
+
+def test_concurrent_updates_from_threads_are_all_kept(tmp_path: Path) -> None:
+    checkpoint = opened(tmp_path)
+    uids = [f"00000000-0000-4000-8000-{n:012d}" for n in range(24)]
+
+    def worker(chunk: list[str]) -> None:
+        for uid in chunk:
+            checkpoint.put(entry(uid))
+
+    threads = [threading.Thread(target=worker, args=(uids[i::4],)) for i in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert set(checkpoint.all()) == set(uids)
+
+
+def test_lock_held_by_another_process_times_out_with_a_clear_error(tmp_path: Path) -> None:
+    checkpoint = opened(tmp_path, lock_timeout_s=0.2)
+    fd = os.open(tmp_path / "checkpoint.lock", os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # another open file description = another instance
+        with pytest.raises(CheckpointLockTimeoutError, match=r"checkpoint\.lock"):
+            checkpoint.put(entry(UID_A))
+    finally:
+        os.close(fd)
+    checkpoint.put(entry(UID_A))
+    assert set(checkpoint.all()) == {UID_A}
+
+
+def test_using_the_checkpoint_before_load_is_a_programming_error(tmp_path: Path) -> None:
+    with pytest.raises(RuntimeError, match="load"):
+        Checkpoint(tmp_path, boot_id=Boot()).put(entry(UID_A))
