@@ -1,0 +1,290 @@
+"""Per-claim CDI specs: a pure builder and an atomic writer for ``<cdi_root>``.
+
+One transient spec file per prepared claim, ``<cdi_root>/k8s.gpu.nvidia.com-claim_<uid>.yaml``
+with kind ``k8s.gpu.nvidia.com/claim`` and one CDI device ``<claim uid>-<device name>`` per
+prepared device; the kubelet passes ``k8s.gpu.nvidia.com/claim=<claim uid>-<device name>``
+to the container runtime, which applies the device's ``containerEdits`` (and the spec-level
+ones). Names, the vendor and the kind come from :mod:`gpu_dra.driver.naming` (NVIDIA's
+formats, derived from the driver name), so they are defined in one place.
+
+Claim UIDs (canonical RFC 4122 UUIDs) and device names (DNS labels) are validated with full
+matches (:class:`~gpu_dra.driver.naming.InvalidNameError`, a ``ValueError``) before any path
+or name is built from them: a claim UID such as ``../../etc`` never reaches the filesystem.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Any, Final
+
+import yaml
+
+from gpu_dra.driver.naming import (
+    DEFAULT_DRIVER_NAME,
+    InvalidNameError,
+    cdi_device_name,
+    cdi_kind,
+    cdi_spec_file_name,
+    parse_cdi_spec_file_name,
+    qualified_cdi_device,
+    validate_claim_uid,
+)
+from gpu_dra.kubelet_plugin.atomic_file import remove_durably, write_atomically
+
+log = logging.getLogger(__name__)
+
+CDI_VERSION: Final = "0.5.0"
+"""Lowest CDI spec version with the features used: device names may start with a digit (our
+names start with the claim UID) and ``deviceNodes[].hostPath`` (both 0.5.0); mount ``type``
+needs 0.4.0. Understood by containerd 1.7+ / 2.x and CRI-O."""
+
+_DNS_LABEL: Final = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+
+SPEC_FILE_MODE: Final = 0o644
+CDI_ROOT_MODE: Final = 0o755
+
+__all__ = [
+    "CDI_VERSION",
+    "CdiDevice",
+    "ClaimSpecStore",
+    "ContainerEdits",
+    "DeviceNode",
+    "Hook",
+    "InvalidNameError",
+    "Mount",
+    "build_claim_spec",
+    "checked_claim_uid",
+    "checked_device_name",
+    "qualified_device_id",
+]
+
+
+@dataclass(frozen=True)
+class DeviceNode:
+    """A device node to create in the container (``path``), from ``host_path`` if it differs."""
+
+    path: str
+    host_path: str | None = None
+    permissions: str | None = None
+    """cgroup access, a combination of ``r``, ``w`` and ``m``; runtime default if unset."""
+
+
+@dataclass(frozen=True)
+class Mount:
+    host_path: str
+    container_path: str
+    options: tuple[str, ...] = ()
+    type: str | None = None
+
+
+@dataclass(frozen=True)
+class Hook:
+    """An OCI hook, e.g. ``createContainer`` running ``nvidia-cdi-hook``."""
+
+    hook_name: str
+    path: str
+    args: tuple[str, ...] = ()
+    env: tuple[str, ...] = ()
+    timeout_s: int | None = None
+
+
+@dataclass(frozen=True)
+class ContainerEdits:
+    """Changes the runtime applies to the container. ``env`` keeps its insertion order."""
+
+    env: Mapping[str, str] = field(default_factory=dict)
+    device_nodes: tuple[DeviceNode, ...] = ()
+    mounts: tuple[Mount, ...] = ()
+    hooks: tuple[Hook, ...] = ()
+
+    def is_empty(self) -> bool:
+        return not (self.env or self.device_nodes or self.mounts or self.hooks)
+
+
+@dataclass(frozen=True)
+class CdiDevice:
+    """The edits for one prepared device of a claim; ``device_name`` is the DRA device name."""
+
+    device_name: str
+    edits: ContainerEdits
+
+
+def checked_claim_uid(claim_uid: str) -> str:
+    """``claim_uid`` if it is a canonical (lower-case) RFC 4122 UUID string."""
+    try:
+        canonical = str(uuid.UUID(claim_uid))
+    except ValueError:
+        canonical = None
+    if canonical != claim_uid:
+        raise InvalidNameError(f"claim UID {claim_uid!r} is not a lower-case RFC 4122 UUID")
+    return validate_claim_uid(claim_uid)
+
+
+def checked_device_name(device_name: str) -> str:
+    """``device_name`` if it is a DNS label (the whole string, no trailing newline)."""
+    if not _DNS_LABEL.fullmatch(device_name):
+        raise InvalidNameError(f"device name {device_name!r} is not a DNS label")
+    return device_name
+
+
+def qualified_device_id(
+    claim_uid: str, device_name: str, driver_name: str = DEFAULT_DRIVER_NAME
+) -> str:
+    """``k8s.gpu.nvidia.com/claim=<claim uid>-<device name>``: the ID returned to the kubelet."""
+    return qualified_cdi_device(
+        checked_claim_uid(claim_uid), checked_device_name(device_name), driver_name
+    )
+
+
+def build_claim_spec(
+    claim_uid: str,
+    devices: Sequence[CdiDevice],
+    *,
+    common_edits: ContainerEdits | None = None,
+    driver_name: str = DEFAULT_DRIVER_NAME,
+) -> dict[str, Any]:
+    """The CDI spec of one claim as a JSON/YAML-ready dict; validates every name and path."""
+    checked_claim_uid(claim_uid)
+    if not devices:
+        raise ValueError(f"claim {claim_uid}: a CDI spec needs at least one device")
+    names = [cdi_device_name(claim_uid, checked_device_name(d.device_name)) for d in devices]
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise ValueError(f"claim {claim_uid}: duplicate CDI devices {duplicates}")
+    spec: dict[str, Any] = {"cdiVersion": CDI_VERSION, "kind": cdi_kind(driver_name)}
+    spec_devices: list[dict[str, Any]] = []
+    for name, device in zip(names, devices, strict=True):
+        if device.edits.is_empty():
+            # The CDI library rejects devices without edits ("empty device edits").
+            raise ValueError(f"CDI device {name} has no container edits")
+        spec_devices.append({"name": name, "containerEdits": _edits(device.edits, name)})
+    spec["devices"] = spec_devices
+    if common_edits is not None and not common_edits.is_empty():
+        spec["containerEdits"] = _edits(common_edits, "common edits")
+    return spec
+
+
+def _edits(edits: ContainerEdits, where: str) -> dict[str, Any]:
+    result: dict[str, Any] = {}
+    if edits.env:
+        result["env"] = [_env_entry(k, v, where) for k, v in edits.env.items()]
+    if edits.device_nodes:
+        result["deviceNodes"] = [_device_node(n, where) for n in edits.device_nodes]
+    if edits.mounts:
+        result["mounts"] = [_mount(m, where) for m in edits.mounts]
+    if edits.hooks:
+        result["hooks"] = [_hook(h, where) for h in edits.hooks]
+    return result
+
+
+def _env_entry(key: str, value: str, where: str) -> str:
+    if not key or "=" in key or "\0" in key or "\0" in value:
+        raise ValueError(f"{where}: invalid environment variable name {key!r}")
+    return f"{key}={value}"
+
+
+def _absolute(path: str, what: str, where: str) -> str:
+    if not PurePosixPath(path).is_absolute() or "\0" in path:
+        raise ValueError(f"{where}: {what} {path!r} must be an absolute path")
+    return path
+
+
+def _device_node(node: DeviceNode, where: str) -> dict[str, Any]:
+    result: dict[str, Any] = {"path": _absolute(node.path, "device node path", where)}
+    if node.host_path is not None:
+        result["hostPath"] = _absolute(node.host_path, "device node host path", where)
+    if node.permissions is not None:
+        if not node.permissions or set(node.permissions) - set("rwm"):
+            raise ValueError(f"{where}: device node permissions {node.permissions!r} not in rwm")
+        result["permissions"] = node.permissions
+    return result
+
+
+def _mount(mount: Mount, where: str) -> dict[str, Any]:
+    result: dict[str, Any] = {
+        "hostPath": _absolute(mount.host_path, "mount host path", where),
+        "containerPath": _absolute(mount.container_path, "mount container path", where),
+    }
+    if mount.options:
+        result["options"] = list(mount.options)
+    if mount.type is not None:
+        result["type"] = mount.type
+    return result
+
+
+def _hook(hook: Hook, where: str) -> dict[str, Any]:
+    result: dict[str, Any] = {
+        "hookName": hook.hook_name,
+        "path": _absolute(hook.path, "hook path", where),
+    }
+    if hook.args:
+        result["args"] = list(hook.args)
+    if hook.env:
+        result["env"] = list(hook.env)
+    if hook.timeout_s is not None:
+        if hook.timeout_s <= 0:
+            raise ValueError(f"{where}: hook timeout must be positive, got {hook.timeout_s}")
+        result["timeout"] = hook.timeout_s
+    return result
+
+
+class ClaimSpecStore:
+    """Writes, removes and lists this driver's per-claim spec files in ``cdi_root``.
+
+    Methods do blocking file I/O (fsync); call them through ``asyncio.to_thread`` from
+    async code.
+    """
+
+    def __init__(self, cdi_root: Path, *, driver_name: str = DEFAULT_DRIVER_NAME) -> None:
+        self.cdi_root = cdi_root
+        self.driver_name = driver_name
+        cdi_kind(driver_name)  # validates the driver name once, up front
+
+    def path_for(self, claim_uid: str) -> Path:
+        """``<cdi_root>/k8s.gpu.nvidia.com-claim_<uid>.yaml``; rejects a non-UUID UID."""
+        return self.cdi_root / cdi_spec_file_name(checked_claim_uid(claim_uid), self.driver_name)
+
+    def write(
+        self,
+        claim_uid: str,
+        devices: Sequence[CdiDevice],
+        *,
+        common_edits: ContainerEdits | None = None,
+    ) -> Path:
+        """Atomically create or replace the claim's spec file; returns its path."""
+        spec = build_claim_spec(
+            claim_uid, devices, common_edits=common_edits, driver_name=self.driver_name
+        )
+        path = self.path_for(claim_uid)
+        data = yaml.safe_dump(spec, sort_keys=False, default_flow_style=False)
+        self.cdi_root.mkdir(mode=CDI_ROOT_MODE, parents=True, exist_ok=True)
+        write_atomically(path, data.encode(), mode=SPEC_FILE_MODE)
+        log.info("cdi spec written claim_uid=%s path=%s devices=%d", claim_uid, path, len(devices))
+        return path
+
+    def remove(self, claim_uid: str) -> bool:
+        """Delete the claim's spec file; ``False`` if there was none (idempotent)."""
+        path = self.path_for(claim_uid)
+        removed = remove_durably(path)
+        if removed:
+            log.info("cdi spec removed claim_uid=%s path=%s", claim_uid, path)
+        return removed
+
+    def claim_uids(self) -> list[str]:
+        """UIDs of the claims that have a spec file of this driver (for orphan cleanup)."""
+        try:
+            names = [p.name for p in self.cdi_root.iterdir() if p.is_file()]
+        except FileNotFoundError:
+            return []
+        uids: list[str] = []
+        for name in names:
+            try:
+                uids.append(checked_claim_uid(parse_cdi_spec_file_name(name, self.driver_name)))
+            except InvalidNameError:
+                continue  # another vendor's spec, a temporary file, ...
+        return sorted(uids)
