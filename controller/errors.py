@@ -45,3 +45,7 @@ class ForbiddenError(ApiError):
     """401/403: the service account lacks a permission (RBAC) or credentials."""
 
     retryable = False
+
+
+class ClientConfigError(Exception):
+    """No usable kubeconfig or in-cluster service account: the client cannot be built."""

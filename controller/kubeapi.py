@@ -17,11 +17,12 @@ from pathlib import Path
 from typing import Any, Literal, NotRequired, Protocol, TypedDict, cast
 
 import urllib3
-from gpu_dra.controller import errors
-from gpu_dra.driver.resourceapi import API_GROUP, API_VERSION, ResourceSliceSpec
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
+
+from gpu_dra.controller import errors
+from gpu_dra.driver.resourceapi import API_GROUP, API_VERSION, ResourceSliceSpec
 
 log = logging.getLogger(__name__)
 
@@ -142,14 +143,20 @@ class SliceApi(Protocol):
 def new_api_client(kubeconfig: Path | None) -> k8s.ApiClient:
     """An ApiClient from a kubeconfig file, or from the pod's service account when None."""
     configuration = k8s.Configuration()
-    if kubeconfig is None:
-        k8s_config.load_incluster_config(  # type: ignore[no-untyped-call]
-            client_configuration=configuration
-        )
-    else:
-        k8s_config.load_kube_config(  # type: ignore[no-untyped-call]
-            config_file=str(kubeconfig), client_configuration=configuration
-        )
+    try:
+        if kubeconfig is None:
+            k8s_config.load_incluster_config(  # type: ignore[no-untyped-call]
+                client_configuration=configuration
+            )
+        else:
+            k8s_config.load_kube_config(  # type: ignore[no-untyped-call]
+                config_file=str(kubeconfig), client_configuration=configuration
+            )
+    except (k8s_config.ConfigException, OSError) as error:
+        source = f"kubeconfig {kubeconfig}" if kubeconfig else "in-cluster service account"
+        raise errors.ClientConfigError(
+            f"cannot configure the Kubernetes client from the {source}: {error}"
+        ) from error
     return k8s.ApiClient(configuration)
 
 

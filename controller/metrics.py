@@ -43,3 +43,17 @@ class SliceMetrics:
 
     def count_error(self, reason: str) -> None:
         self.reconcile_errors.labels(reason=reason).inc()
+
+
+class CatalogMetrics:
+    """Counter of DeviceClass applies, by result."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.applies = Counter(
+            "gpu_dra_deviceclass_applies",
+            "DeviceClass applies from the catalog, by result (applied, failed).",
+            ["result"],
+            registry=registry,
+        )
+        for result in ("applied", "failed"):
+            self.applies.labels(result=result)

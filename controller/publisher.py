@@ -26,6 +26,8 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from prometheus_client import CollectorRegistry
+
 from gpu_dra.controller import errors
 from gpu_dra.controller.kubeapi import (
     ResourceSlice,
@@ -37,7 +39,6 @@ from gpu_dra.controller.kubeapi import (
 from gpu_dra.controller.metrics import SliceMetrics, WriteVerb
 from gpu_dra.controller.sliceplan import SlicePlan, node_owner, plan_pool
 from gpu_dra.driver.slices import DesiredPool
-from prometheus_client import CollectorRegistry
 
 log = logging.getLogger(__name__)
 

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from gpu_dra.controller.metrics import SliceMetrics
 from prometheus_client import CollectorRegistry
 
+from gpu_dra.controller.metrics import SliceMetrics
 from tests.fakes.slice_api import InMemorySliceApi
 
 

@@ -1,0 +1,221 @@
+"""Settings of `gpu-dra-controller`, read once from flags and `GPU_DRA_*` environment variables.
+
+Every setting is one field of `ControllerSettings` and has a flag and an environment twin; the flag
+wins over the environment, the environment over the default. `--help` lists them with defaults.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+_TRUE = frozenset({"1", "true", "yes", "on"})
+_FALSE = frozenset({"0", "false", "no", "off", ""})
+
+
+@dataclass(frozen=True)
+class Option:
+    """How one settings field is spelled on the command line and in the environment."""
+
+    flag: str
+    env: str
+    help: str
+    parse: Callable[[str], Any]
+    show_default: str | None = None
+
+
+def option(
+    flag: str,
+    env: str,
+    help: str,
+    parse: Callable[[str], Any],
+    *,
+    show_default: str | None = None,
+) -> dict[str, Option]:
+    """Field metadata: the flag and environment spelling of a settings field."""
+    return {"option": Option(flag=flag, env=env, help=help, parse=parse, show_default=show_default)}
+
+
+def parse_bool(text: str) -> bool:
+    lowered = text.strip().lower()
+    if lowered in _TRUE:
+        return True
+    if lowered in _FALSE:
+        return False
+    raise ValueError(f"expected true or false, got {text!r}")
+
+
+def parse_optional_path(text: str) -> Path | None:
+    return Path(text) if text else None
+
+
+def parse_port(text: str) -> int:
+    port = int(text)
+    if not 0 <= port <= 65535:
+        raise ValueError(f"port must be 0-65535, got {port}")
+    return port
+
+
+def parse_seconds(text: str) -> float:
+    seconds = float(text)
+    if seconds <= 0:
+        raise ValueError(f"must be more than 0 seconds, got {text}")
+    return seconds
+
+
+def parse_log_level(text: str) -> str:
+    level = text.upper()
+    if level not in LOG_LEVELS:
+        raise ValueError(f"must be one of {', '.join(LOG_LEVELS)}, got {text!r}")
+    return level
+
+
+@dataclass(frozen=True)
+class ControllerSettings:
+    """Everything `gpu-dra-controller` is configured with."""
+
+    kubeconfig: Path | None = field(
+        default=None,
+        metadata=option(
+            "--kubeconfig",
+            "GPU_DRA_KUBECONFIG",
+            "kubeconfig file to reach the apiserver; empty: the pod's service account (in-cluster)",
+            parse_optional_path,
+            show_default="in-cluster",
+        ),
+    )
+    deviceclasses_dir: Path = field(
+        default=Path("/etc/gpu-dra/deviceclasses"),
+        metadata=option(
+            "--deviceclasses-dir",
+            "GPU_DRA_DEVICECLASSES_DIR",
+            "directory of DeviceClass YAML files to apply",
+            Path,
+        ),
+    )
+    field_manager: str = field(
+        default="gpu-dra-controller",
+        metadata=option(
+            "--field-manager",
+            "GPU_DRA_FIELD_MANAGER",
+            "field manager name of the controller's server-side applies",
+            str,
+        ),
+    )
+    resync_interval_s: float = field(
+        default=600.0,
+        metadata=option(
+            "--resync-interval",
+            "GPU_DRA_RESYNC_INTERVAL",
+            "seconds between re-applies of the catalog (which also reloads the directory)",
+            parse_seconds,
+        ),
+    )
+    retry_interval_s: float = field(
+        default=10.0,
+        metadata=option(
+            "--retry-interval",
+            "GPU_DRA_RETRY_INTERVAL",
+            "seconds before retrying when some DeviceClasses could not be applied",
+            parse_seconds,
+        ),
+    )
+    once: bool = field(
+        default=False,
+        metadata=option(
+            "--once",
+            "GPU_DRA_ONCE",
+            "apply the catalog once and exit (status 1 if a class failed) instead of running",
+            parse_bool,
+        ),
+    )
+    metrics_port: int = field(
+        default=8080,
+        metadata=option(
+            "--metrics-port",
+            "GPU_DRA_METRICS_PORT",
+            "port of the Prometheus /metrics endpoint; 0: no endpoint",
+            parse_port,
+        ),
+    )
+    log_level: str = field(
+        default="INFO",
+        metadata=option(
+            "--log-level",
+            "GPU_DRA_LOG_LEVEL",
+            f"log level: {', '.join(LOG_LEVELS)}",
+            parse_log_level,
+        ),
+    )
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str]) -> ControllerSettings:
+        """Settings from the environment alone (no flags)."""
+        return cls.from_args([], environ)
+
+    @classmethod
+    def from_args(cls, argv: Sequence[str], environ: Mapping[str, str]) -> ControllerSettings:
+        """Settings from flags over environment over defaults; exits with usage on bad input."""
+        parser = build_parser(environ)
+        namespace = parser.parse_args(list(argv))
+        return cls(**{item.name: getattr(namespace, item.name) for item in fields(cls)})
+
+    def log_fields(self) -> dict[str, str]:
+        """The settings as strings, for the start-up log line."""
+        return {item.name: str(getattr(self, item.name)) for item in fields(self)}
+
+
+def options() -> dict[str, Option]:
+    """Each settings field's flag and environment spelling, by field name."""
+    return {item.name: item.metadata["option"] for item in fields(ControllerSettings)}
+
+
+def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
+    """The `gpu-dra-controller` parser; defaults come from `environ` where set."""
+    parser = argparse.ArgumentParser(
+        prog="gpu-dra-controller",
+        description="Cluster-level part of the gpu-dra DRA driver: applies the DeviceClass "
+        "catalog. Every flag can also be set through the environment variable named with it.",
+    )
+    for item in fields(ControllerSettings):
+        option: Option = item.metadata["option"]
+        default = item.default
+        if option.env in environ:
+            try:
+                default = option.parse(environ[option.env])
+            except ValueError as error:
+                parser.error(f"{option.env}={environ[option.env]!r}: {error}")
+        shown = option.show_default if option.show_default is not None else item.default
+        help_text = f"{option.help} (env {option.env}; default: {shown})"
+        if isinstance(item.default, bool):
+            parser.add_argument(
+                option.flag,
+                dest=item.name,
+                action=argparse.BooleanOptionalAction,
+                default=default,
+                help=help_text,
+            )
+        else:
+            parser.add_argument(
+                option.flag,
+                dest=item.name,
+                type=_argument_type(option.parse),
+                default=default,
+                metavar=item.name.upper(),
+                help=help_text,
+            )
+    return parser
+
+
+def _argument_type(parse: Callable[[str], Any]) -> Callable[[str], Any]:
+    def convert(text: str) -> Any:
+        try:
+            return parse(text)
+        except ValueError as error:
+            raise argparse.ArgumentTypeError(str(error)) from error
+
+    return convert

@@ -1,0 +1,81 @@
+"""ControllerSettings: flags over environment over defaults; every field has both spellings."""
+
+from __future__ import annotations
+
+from dataclasses import fields
+from pathlib import Path
+
+import pytest
+
+from gpu_dra.controller.settings import ControllerSettings, build_parser, options
+
+
+def test_defaults_apply_without_flags_or_environment() -> None:
+    assert ControllerSettings.from_env({}) == ControllerSettings()
+
+
+def test_environment_sets_every_kind_of_field() -> None:
+    settings = ControllerSettings.from_env(
+        {
+            "GPU_DRA_KUBECONFIG": "/root/.kube/config",
+            "GPU_DRA_DEVICECLASSES_DIR": "/catalog",
+            "GPU_DRA_RESYNC_INTERVAL": "30",
+            "GPU_DRA_ONCE": "true",
+            "GPU_DRA_METRICS_PORT": "0",
+            "GPU_DRA_LOG_LEVEL": "debug",
+        }
+    )
+
+    assert settings.kubeconfig == Path("/root/.kube/config")
+    assert settings.deviceclasses_dir == Path("/catalog")
+    assert settings.resync_interval_s == 30.0
+    assert settings.once is True
+    assert settings.metrics_port == 0
+    assert settings.log_level == "DEBUG"
+
+
+def test_flag_wins_over_environment() -> None:
+    settings = ControllerSettings.from_args(
+        ["--metrics-port", "9000", "--no-once"],
+        {"GPU_DRA_METRICS_PORT": "8000", "GPU_DRA_ONCE": "1"},
+    )
+
+    assert (settings.metrics_port, settings.once) == (9000, False)
+
+
+def test_empty_kubeconfig_means_in_cluster() -> None:
+    assert ControllerSettings.from_env({"GPU_DRA_KUBECONFIG": ""}).kubeconfig is None
+
+
+def test_every_field_has_a_flag_and_a_gpu_dra_environment_twin() -> None:
+    spelled = options()
+
+    assert set(spelled) == {item.name for item in fields(ControllerSettings)}
+    for name, option in spelled.items():
+        assert option.flag == "--" + option.env.removeprefix("GPU_DRA_").lower().replace("_", "-")
+        assert option.env.startswith("GPU_DRA_"), name
+
+
+def test_usage_names_each_environment_variable_and_default() -> None:
+    usage = build_parser({}).format_help()
+
+    for option in options().values():
+        assert option.flag in usage
+        assert option.env in usage
+    assert "default: 600.0" in usage
+
+
+def test_bad_environment_value_exits_with_usage_naming_the_variable(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit):
+        ControllerSettings.from_env({"GPU_DRA_METRICS_PORT": "70000"})
+
+    assert "GPU_DRA_METRICS_PORT" in capsys.readouterr().err
+
+
+def test_bad_flag_value_exits_with_the_reason(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        ControllerSettings.from_args(["--log-level", "loud"], {})
+
+    assert "must be one of" in capsys.readouterr().err
