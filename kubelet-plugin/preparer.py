@@ -16,6 +16,10 @@ Contract for implementations:
   (those must succeed).
 * Be cancellation-safe: the servicer cancels the call when its deadline (below the kubelet's
   45 s) expires and reports a per-claim error; the kubelet retries later.
+* Expect concurrent calls: the kubelet sends one batch per pod being synced, so two calls
+  may overlap (even for the same claim). Serialize per claim / device where it matters.
+* Keep the event loop free: run blocking work (NVML, file I/O with fsync, the checkpoint
+  and CDI store methods) through ``asyncio.to_thread``.
 """
 
 from __future__ import annotations
