@@ -20,6 +20,7 @@ from pathlib import Path
 from types import TracebackType
 
 import grpc
+
 from gpu_dra.kubelet_plugin._generated.pluginregistration import api_pb2_grpc as reg_grpc
 from gpu_dra.kubelet_plugin.preparer import ClaimPreparer
 from gpu_dra.kubelet_plugin.registration import RegisteredCallback, RegistrationServicer

@@ -22,6 +22,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TypeAlias, TypeVar
 
 import grpc
+
 from gpu_dra.kubelet_plugin._generated.dra.v1 import api_pb2 as v1
 from gpu_dra.kubelet_plugin._generated.dra.v1 import api_pb2_grpc as v1_grpc
 from gpu_dra.kubelet_plugin._generated.dra.v1beta1 import api_pb2 as v1beta1

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from gpu_dra.kubelet_plugin.checkpoint import (
     SCHEMA_VERSION,
     Checkpoint,

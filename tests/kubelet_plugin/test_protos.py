@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 from google.protobuf.descriptor import FieldDescriptor
+
 from gpu_dra.kubelet_plugin._generated.dra.v1 import api_pb2 as v1
 from gpu_dra.kubelet_plugin._generated.dra.v1beta1 import api_pb2 as v1beta1
 from gpu_dra.kubelet_plugin._generated.pluginregistration import api_pb2 as reg

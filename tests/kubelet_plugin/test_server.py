@@ -19,6 +19,7 @@ from typing import Any
 
 import grpc
 import pytest
+
 from gpu_dra.kubelet_plugin._generated.dra.v1 import api_pb2 as v1
 from gpu_dra.kubelet_plugin._generated.dra.v1 import api_pb2_grpc as v1_grpc
 from gpu_dra.kubelet_plugin._generated.dra.v1beta1 import api_pb2 as v1beta1
@@ -27,7 +28,6 @@ from gpu_dra.kubelet_plugin._generated.pluginregistration import api_pb2 as reg
 from gpu_dra.kubelet_plugin._generated.pluginregistration import api_pb2_grpc as reg_grpc
 from gpu_dra.kubelet_plugin.preparer import PreparedDevice
 from gpu_dra.kubelet_plugin.server import PluginServer
-
 from tests.fakes.claim_preparer import InMemoryClaimPreparer
 
 DRIVER = "gpu.nvidia.com"
