@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from kubernetes.dynamic.exceptions import UnprocessableEntityError
+from kubernetes.dynamic.exceptions import UnprocessibleEntityError
 
 from e2e.cluster import Cluster, versions
 from e2e.kube import Kube, wait_for
@@ -149,7 +149,7 @@ def test_claim_is_allocated_from_a_slice_by_the_real_scheduler(
 
 
 def test_invalid_cel_is_rejected_by_the_apiserver_with_its_message(kube: Kube) -> None:
-    with pytest.raises(UnprocessableEntityError) as error:
+    with pytest.raises(UnprocessibleEntityError) as error:
         kube.create(
             {
                 "apiVersion": "resource.k8s.io/v1",

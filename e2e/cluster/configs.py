@@ -62,6 +62,8 @@ def apiserver_command(paths: ClusterPaths, bin_dir: Path) -> list[str]:
         "--service-account-issuer=https://kubernetes.default.svc",
         f"--service-cluster-ip-range={versions.SERVICE_CIDR}",
         "--authorization-mode=Node,RBAC",
+        # Reach the kubelet by its node IP: no DNS inside the namespace.
+        "--kubelet-preferred-address-types=InternalIP",
         "--enable-admission-plugins=NodeRestriction",
         "--allow-privileged=true",
         "--profiling=false",

@@ -53,6 +53,8 @@ class ClusterError(RuntimeError):
 class Cluster:
     def __init__(self, paths: ClusterPaths | None = None) -> None:
         self.paths = paths or ClusterPaths.from_env()
+        # Children started by this object, kept so that they are reaped when stopped.
+        self._children: dict[int, subprocess.Popen[bytes]] = {}
 
     # ---- state -----------------------------------------------------------------------------
     def _state(self) -> dict[str, Any]:
@@ -97,6 +99,7 @@ class Cluster:
                 start_new_session=True,
                 env=env,
             )
+        self._children[process.pid] = process
         state = self._state()
         state.setdefault("processes", {})[name] = process.pid
         self._save_state(state)
@@ -110,10 +113,16 @@ class Cluster:
     def stop_component(self, name: str, timeout: float = 20.0) -> None:
         pid = self._state().get("processes", {}).get(name)
         if pid:
-            _terminate(int(pid), timeout)
+            self._terminate(int(pid), timeout)
         state = self._state()
         state.get("processes", {}).pop(name, None)
         self._save_state(state)
+
+    def _terminate(self, pid: int, timeout: float) -> None:
+        _terminate(pid, timeout)
+        child = self._children.pop(pid, None)
+        if child is not None:
+            child.wait(timeout=5)
 
     def start_component(self, name: str) -> None:
         """(Re)start one component with its usual command line (used by restart tests)."""
@@ -287,10 +296,10 @@ class Cluster:
         for name in reversed(COMPONENTS):
             pid = state.get("processes", {}).get(name)
             if pid:
-                _terminate(int(pid), 20.0)
+                self._terminate(int(pid), 20.0)
         for name, pid in state.get("processes", {}).items():
             if name not in COMPONENTS:
-                _terminate(int(pid), 10.0)
+                self._terminate(int(pid), 10.0)
         _kill_shims(paths.containerd_socket)
         _kill_cgroup_processes()
         _unmount_under(paths.state)

@@ -2,8 +2,8 @@
 
 Everything (etcd, control plane, kubelet, containerd, the CNI bridge, pods, the driver, tests)
 talks over addresses that exist only inside this namespace; the root namespace keeps just its
-loopback. The node address sits on a dummy interface, which also carries the default route so
-that nothing inside ever routes out.
+loopback. The node address sits on one end of a veth pair whose other end is in the same
+namespace; it also carries the default route, so nothing inside ever routes out.
 """
 
 from __future__ import annotations
@@ -40,7 +40,12 @@ def create(name: str = versions.NETNS) -> None:
         ["ip", "-n", name, "-o", "link", "show"], check=True, capture_output=True, text=True
     ).stdout
     if versions.NODE_INTERFACE not in links:
-        _ip("link", "add", versions.NODE_INTERFACE, "type", "dummy", netns=name)
+        # No dummy-interface module on this VM kind: a veth pair whose both ends stay inside.
+        _ip(
+            "link", "add", versions.NODE_INTERFACE, "type", "veth",
+            "peer", "name", f"{versions.NODE_INTERFACE}p", netns=name,
+        )  # fmt: skip
+        _ip("link", "set", f"{versions.NODE_INTERFACE}p", "up", netns=name)
         _ip(
             "addr", "add", f"{versions.NODE_IP}/{versions.NODE_PREFIX}",
             "dev", versions.NODE_INTERFACE, netns=name,

@@ -31,7 +31,7 @@ IDENTITIES = (
     Identity("scheduler", "system:kube-scheduler"),
     Identity("controller-manager", "system:kube-controller-manager"),
     Identity("apiserver-kubelet-client", "kube-apiserver-kubelet-client", "system:masters"),
-    Identity("gpu-dra-driver", "system:serviceaccount:gpu-dra:gpu-dra-driver"),
+    Identity("gpu-dra-driver", "gpu-dra-driver"),
 )
 
 

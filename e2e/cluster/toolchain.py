@@ -136,11 +136,10 @@ def build(paths: ClusterPaths) -> Path:
             built = staging / "pause"
             if not built.is_file():
                 raise RuntimeError(f"expected {built} after building {item.module_dir}")
-    staging.rename(directory) if not directory.exists() else _merge(staging, directory)
+    if directory.exists():
+        shutil.rmtree(directory)
+    staging.rename(directory)
+    for stale in directory.parent.iterdir():
+        if stale != directory:
+            shutil.rmtree(stale, ignore_errors=True)
     return directory
-
-
-def _merge(staging: Path, directory: Path) -> None:
-    for path in staging.iterdir():
-        path.replace(directory / path.name)
-    staging.rmdir()
