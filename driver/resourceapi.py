@@ -1,6 +1,6 @@
 """Typed shapes of the `resource.k8s.io/v1` JSON objects the driver produces and reads.
 
-These are the raw API dictionaries (camelCase keys, exactly as the apiserver serves them), typed with
+These are the raw API dictionaries (camelCase keys, as the apiserver serves them), typed with
 ``TypedDict`` so that the pure core can build them and the edges can send them without conversion.
 Only the fields gpu-dra uses are declared. Field meanings: `shared/reference/resource-api.md` §3-5.
 """

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -61,10 +62,8 @@ class Kube:
             if grace_period_seconds is not None
             else None
         )
-        try:
+        with contextlib.suppress(NotFoundError):
             resource.delete(name=name, namespace=namespace, body=body)
-        except NotFoundError:
-            pass
 
     def wait_gone(
         self, api_version: str, kind: str, name: str, namespace: str | None, timeout: float = 120
@@ -89,7 +88,9 @@ class Kube:
         return [e for e in events if e.get("involvedObject", {}).get("name") == name]
 
 
-def wait_for(what: str, probe: Callable[[], bool], timeout: float = 120, interval: float = 0.5) -> None:
+def wait_for(
+    what: str, probe: Callable[[], bool], timeout: float = 120, interval: float = 0.5
+) -> None:
     deadline = time.monotonic() + timeout
     while True:
         if probe():

@@ -61,9 +61,7 @@ def test_busybox_pod_runs_and_its_log_is_read_back(kube: Kube, namespace: str) -
     assert pod["status"]["podIP"].startswith(versions.POD_CIDR.rsplit(".", 2)[0])
 
 
-def test_claim_is_allocated_from_a_slice_by_the_real_scheduler(
-    kube: Kube, namespace: str
-) -> None:
+def test_claim_is_allocated_from_a_slice_by_the_real_scheduler(kube: Kube, namespace: str) -> None:
     slice_name = f"smoke-{namespace}"
     class_name = f"smoke-{namespace}"
     kube.create(

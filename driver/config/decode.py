@@ -12,14 +12,15 @@ import types
 from collections.abc import Mapping, Sequence
 from typing import Any, Final, Union, get_args, get_origin
 
+from pydantic import BaseModel, ValidationError
+from pydantic_core import ErrorDetails
+
 from gpu_dra.driver.config.api import API_VERSION
 from gpu_dra.driver.config.errors import ConfigError, ConfigProblem
 from gpu_dra.driver.config.gpuconfig import GpuConfig
 from gpu_dra.driver.config.migconfig import MigDeviceConfig
 from gpu_dra.driver.config.sharing import INTERVALS, STRATEGIES
 from gpu_dra.driver.config.validate import config_problems
-from pydantic import BaseModel, ValidationError
-from pydantic_core import ErrorDetails
 
 DeviceConfig = GpuConfig | MigDeviceConfig
 """A decoded config of any supported kind."""

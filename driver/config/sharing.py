@@ -9,10 +9,11 @@ from __future__ import annotations
 import json
 from typing import Annotated, Final, Literal
 
-from gpu_dra.driver.config.api import StrictModel
-from gpu_dra.driver.config.quantity import QuantityError, parse_quantity
 from pydantic import BeforeValidator
 from pydantic_core import PydanticCustomError
+
+from gpu_dra.driver.config.api import StrictModel
+from gpu_dra.driver.config.quantity import QuantityError, parse_quantity
 
 SharingStrategy = Literal["TimeSlicing", "MPS"]
 STRATEGIES: Final = ("TimeSlicing", "MPS")

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Final, TypeVar
 
 import yaml
+
 from gpu_dra.driver.nvml.interface import NvmlLibrary, return_code_by_name
 
 _T = TypeVar("_T")

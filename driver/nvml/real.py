@@ -13,6 +13,7 @@ from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Final, cast
 
 import pynvml
+
 from gpu_dra.driver.nvml.interface import DeviceHandle, MemoryInfo, NvmlLibrary, PciInfo, nvml_error
 
 NVML_LIBRARY_NAME: Final = "libnvidia-ml.so.1"

@@ -98,7 +98,9 @@ def write_oci_archive(spec: ImageSpec, archive: Path) -> None:
                 }
             ],
         }
-        manifest_digest, manifest_size = _blob(layout, json.dumps(manifest, sort_keys=True).encode())
+        manifest_digest, manifest_size = _blob(
+            layout, json.dumps(manifest, sort_keys=True).encode()
+        )
         index = {
             "schemaVersion": 2,
             "manifests": [

@@ -8,6 +8,7 @@ during `up`, so every component it starts lives there too.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -268,7 +269,9 @@ class Cluster:
         self.wait_node_ready()
         self._wait(
             "the default ServiceAccount",
-            lambda: bool(self.kubectl("get", "serviceaccount", "default", "-o", "name", check=False)),
+            lambda: bool(
+                self.kubectl("get", "serviceaccount", "default", "-o", "name", check=False)
+            ),
             60,
             "kube-controller-manager",
         )
@@ -361,10 +364,8 @@ def _terminate(pid: int, timeout: float) -> None:
             os.kill(pid, sig)
         deadline = time.monotonic() + wait
         while time.monotonic() < deadline:
-            try:
+            with contextlib.suppress(ChildProcessError):
                 os.waitpid(pid, os.WNOHANG)
-            except ChildProcessError:
-                pass
             if not _alive(pid):
                 return
             time.sleep(0.1)
@@ -404,10 +405,8 @@ def _kill_cgroup_processes() -> None:
             except OSError:
                 continue
             for pid in pids:
-                try:
+                with contextlib.suppress(ProcessLookupError):
                     os.kill(int(pid), signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
 
 
 def _remove_kubelet_cgroups() -> None:
@@ -415,10 +414,8 @@ def _remove_kubelet_cgroups() -> None:
         for directory in sorted(
             (p for p in top.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True
         ):
-            try:
+            with contextlib.suppress(OSError):
                 directory.rmdir()
-            except OSError:
-                pass
         try:
             top.rmdir()
         except OSError as error:

@@ -6,13 +6,12 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 @dataclass(frozen=True)
 class ClusterPaths:
-    """Directory layout. `cache` holds built binaries and Go caches; `state` is the running cluster."""
+    """Layout: `cache` holds built binaries and Go caches; `state` is the running cluster."""
 
     cache: Path
     state: Path

@@ -114,7 +114,9 @@ def write_kubeconfig(path: Path, pki: Path, identity: str) -> None:
                 },
             }
         ],
-        "contexts": [{"name": "gpu-dra-e2e", "context": {"cluster": "gpu-dra-e2e", "user": identity}}],
+        "contexts": [
+            {"name": "gpu-dra-e2e", "context": {"cluster": "gpu-dra-e2e", "user": identity}}
+        ],
         "current-context": "gpu-dra-e2e",
     }
     path.write_text(yaml.safe_dump(config, sort_keys=False))

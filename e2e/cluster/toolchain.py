@@ -48,11 +48,18 @@ def _kubernetes_ldflags() -> str:
 BUILDS = (
     GoBuild(
         "kubernetes",
-        tuple(
-            f"k8s.io/kubernetes/cmd/{name}"
-            for name in ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet")
-        )
-        + ("k8s.io/kubernetes/cmd/kubectl",),
+        (
+            *tuple(
+                f"k8s.io/kubernetes/cmd/{name}"
+                for name in (
+                    "kube-apiserver",
+                    "kube-controller-manager",
+                    "kube-scheduler",
+                    "kubelet",
+                )
+            ),
+            "k8s.io/kubernetes/cmd/kubectl",
+        ),
         _kubernetes_ldflags(),
     ),
     GoBuild(
@@ -125,8 +132,16 @@ def build(paths: ClusterPaths) -> Path:
             continue
         log.info("toolchain: building %s", ", ".join(wanted))
         subprocess.run(
-            ["go", "build", "-trimpath", "-ldflags", item.ldflags, "-o", str(staging) + "/"]
-            + list(item.packages),
+            [
+                "go",
+                "build",
+                "-trimpath",
+                "-ldflags",
+                item.ldflags,
+                "-o",
+                str(staging) + "/",
+                *list(item.packages),
+            ],
             cwd=TOOLCHAIN / item.module_dir,
             env=env,
             check=True,

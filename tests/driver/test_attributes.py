@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+
 from gpu_dra.driver.attributes import (
     DeviceAttributeError,
     binary_si_quantity,

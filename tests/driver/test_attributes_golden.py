@@ -15,6 +15,7 @@ import os
 from pathlib import Path
 
 import pytest
+
 from gpu_dra.driver.attributes import gpu_device
 from gpu_dra.driver.discovery import discover_gpus
 from gpu_dra.driver.nvml.profiles import builtin_profile_names

@@ -3,6 +3,7 @@
 from fractions import Fraction
 
 import pytest
+
 from gpu_dra.driver.config.quantity import QuantityError, parse_quantity, quantity_value
 
 

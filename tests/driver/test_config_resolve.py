@@ -3,6 +3,7 @@
 from typing import Any
 
 import pytest
+
 from gpu_dra.driver.config import (
     API_VERSION,
     AllocatedDevice,

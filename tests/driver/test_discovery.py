@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from gpu_dra.driver.discovery import DiscoveryError, discover_gpus
 from gpu_dra.driver.model import Gpu
 from gpu_dra.driver.nvml.profiles import parse_profile

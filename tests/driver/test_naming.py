@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from gpu_dra.driver.naming import (
     GpuDeviceName,
     InvalidNameError,

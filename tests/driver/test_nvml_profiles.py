@@ -7,6 +7,7 @@ import re
 
 import pytest
 import yaml
+
 from gpu_dra.driver.nvml.profiles import (
     ProfileError,
     builtin_profile_names,

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pynvml
 import pytest
+
 from gpu_dra.driver.discovery import discover_gpus
 from gpu_dra.driver.nvml.real import (
     NVML_LIBRARY_NAME,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pynvml
 import pytest
+
 from gpu_dra.driver.nvml.interface import NVML_INIT_FLAG_NO_GPUS, return_code
 from gpu_dra.driver.nvml.profiles import load_profile, parse_profile
 from gpu_dra.driver.nvml.simulated import SimulatedHost, SimulatedNvml

@@ -6,6 +6,7 @@ import copy
 from collections.abc import Callable
 
 import pytest
+
 from gpu_dra.driver.resourceapi import CounterSet, Device
 from gpu_dra.driver.slices import (
     MAX_COUNTER_SETS_PER_SLICE,
