@@ -23,8 +23,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass
+from typing import Any
 
 from prometheus_client import CollectorRegistry
 
@@ -44,6 +45,8 @@ log = logging.getLogger(__name__)
 
 # Remembered versions of our own writes, to ignore their watch echoes; cleared when this large.
 _MAX_REMEMBERED_WRITES = 1024
+# A watch stream that ends sooner than this is retried with backoff.
+_MIN_HEALTHY_WATCH_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -64,6 +67,18 @@ class PublisherSettings:
 
     watch_timeout_s: int = 300
     """Server-side timeout of one watch request; the watch then resumes where it stopped."""
+
+    def __post_init__(self) -> None:
+        if self.conflict_attempts < 1:
+            raise ValueError(f"conflict_attempts must be at least 1, got {self.conflict_attempts}")
+
+
+class _PoolLog(logging.LoggerAdapter[logging.Logger]):
+    """Appends the publisher's driver and node to every message as key=value pairs."""
+
+    def process(self, msg: object, kwargs: MutableMapping[str, Any]) -> tuple[object, Any]:
+        context = " ".join(f"{key}={value}" for key, value in (self.extra or {}).items())
+        return f"{msg} {context}", kwargs
 
 
 @dataclass(frozen=True)
@@ -109,7 +124,7 @@ class SlicePublisher:
         self._selector = SliceSelector(driver=driver, node_name=node_name)
         self._metrics = metrics or SliceMetrics(CollectorRegistry())
         self._settings = settings or PublisherSettings()
-        self._log = logging.LoggerAdapter(log, {"driver": driver, "node": node_name})
+        self._log = _PoolLog(log, {"driver": driver, "node": node_name})
         self._desired: DesiredPool | None = None
         self._generation = 0
         self._dirty = asyncio.Event()
@@ -141,7 +156,7 @@ class SlicePublisher:
         self._trigger()
 
     def stop(self) -> None:
-        """Make `run()` return; closes the watch. Any thread; idempotent."""
+        """Make `run()` return; closes the watch. Any thread; idempotent; final."""
         self._call_in_loop(self._stopping.set)
         self._close_watch()
 
@@ -284,23 +299,28 @@ class SlicePublisher:
 
     async def _watch_forever(self) -> None:
         settings = self._settings
+        loop = asyncio.get_running_loop()
         delay = settings.backoff_initial_s
         resource_version: str | None = None
         while True:
+            started = loop.time()
             try:
                 if resource_version is None:
                     listing = await asyncio.to_thread(self._api.list_slices, self._selector)
                     resource_version = listing.resource_version
                     self._trigger()  # changes before this list were not seen by any watch
                 resource_version = await self._watch_once(resource_version)
-                delay = settings.backoff_initial_s
             except errors.ResourceExpiredError:
                 self._log.info("slice watch expired (410 Gone); listing again")
                 resource_version = None
             except errors.ApiError as error:
                 self._log.warning("watching slices failed: retry_in_s=%.2f error=%s", delay, error)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, settings.backoff_max_s)
+            if loop.time() - started >= _MIN_HEALTHY_WATCH_S:
+                delay = settings.backoff_initial_s  # it ran a while: resume (or list) at once
+                continue
+            # Ended or failed at once: back off, so that a repeating failure is no busy loop.
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, settings.backoff_max_s)
 
     async def _watch_once(self, resource_version: str) -> str:
         """Follow one watch stream; returns the version to resume from."""

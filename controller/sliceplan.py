@@ -163,9 +163,15 @@ def _has_node_owner(live: ResourceSlice, node_name: str) -> bool:
 
 
 def _metadata_for(live: ResourceSlice | None, desired: DesiredPool) -> ObjectMeta:
+    """Metadata of the write: a generateName for a new slice; for an update the live identity,
+    labels, annotations and owners (server-managed fields such as managedFields are left out)."""
     if live is None:
         return ObjectMeta(generateName=generate_name(desired.node_name, desired.driver))
-    return copy.deepcopy(live["metadata"])
+    metadata = ObjectMeta()
+    for key in ("name", "uid", "resourceVersion", "labels", "annotations", "ownerReferences"):
+        if key in live["metadata"]:
+            metadata[key] = copy.deepcopy(live["metadata"][key])
+    return metadata
 
 
 def _stamped(spec: ResourceSliceSpec, generation: int) -> ResourceSliceSpec:

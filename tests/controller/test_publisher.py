@@ -82,12 +82,18 @@ async def eventually(condition: Callable[[], bool], timeout_s: float = 5.0) -> N
         await asyncio.sleep(0.005)
 
 
-async def settled(registry: CollectorRegistry, quiet_s: float = 0.1) -> None:
-    """Wait until no reconcile has finished for `quiet_s`."""
+async def settled(
+    registry: CollectorRegistry, api: InMemorySliceApi, quiet_s: float = 0.15
+) -> None:
+    """Wait until, for `quiet_s`, no reconcile finished and no API call was made."""
+
+    def snapshot() -> tuple[float, dict[str, int]]:
+        return sample(registry, "gpu_dra_resourceslice_reconciles_total"), dict(api.calls)
+
     while True:
-        before = sample(registry, "gpu_dra_resourceslice_reconciles_total")
+        before = snapshot()
         await asyncio.sleep(quiet_s)
-        if sample(registry, "gpu_dra_resourceslice_reconciles_total") == before:
+        if snapshot() == before:
             return
 
 
@@ -369,7 +375,7 @@ def test_run_publishes_and_then_idles_without_writes_or_polling(
     async def scenario() -> None:
         async with running(publisher):
             await eventually(lambda: len(slice_api.slices(SELECTOR)) == 2)
-            await settled(registry)
+            await settled(registry, slice_api)
             calls = dict(slice_api.calls)
 
             await asyncio.sleep(0.3)
@@ -388,7 +394,7 @@ def test_republish_in_steady_state_lists_but_does_not_write(
     async def scenario() -> None:
         async with running(publisher):
             await eventually(lambda: len(slice_api.slices(SELECTOR)) == 2)
-            await settled(registry)
+            await settled(registry, slice_api)
             writes = dict(slice_api.writes)
             reconciles = sample(registry, "gpu_dra_resourceslice_reconciles_total")
 
@@ -396,7 +402,7 @@ def test_republish_in_steady_state_lists_but_does_not_write(
             await eventually(
                 lambda: sample(registry, "gpu_dra_resourceslice_reconciles_total") > reconciles
             )
-            await settled(registry)
+            await settled(registry, slice_api)
 
             assert dict(slice_api.writes) == writes
 
@@ -411,12 +417,12 @@ def test_kubelet_wipe_is_republished_through_the_watch(
     async def scenario() -> None:
         async with running(publisher):
             await eventually(lambda: len(slice_api.slices(SELECTOR)) == 2)
-            await settled(registry)
+            await settled(registry, slice_api)
             generation = publisher.generation
 
             assert slice_api.wipe(SliceSelector(driver=DRIVER, node_name=NODE)) == 2
             await eventually(lambda: len(slice_api.slices(SELECTOR)) == 2)
-            await settled(registry)
+            await settled(registry, slice_api)
 
             slices = slice_api.slices(SELECTOR)
             assert generations(slices) == {publisher.generation}
@@ -435,7 +441,7 @@ def test_watch_lists_again_after_410_gone_and_still_sees_wipes(
     async def scenario() -> None:
         async with running(publisher):
             await eventually(lambda: len(slice_api.slices(SELECTOR)) == 1)
-            await settled(registry)
+            await settled(registry, slice_api)
             watches = slice_api.calls["watch"]
 
             slice_api.compact()
@@ -470,7 +476,7 @@ def test_watch_errors_are_retried(
     async def scenario() -> None:
         async with running(publisher):
             await eventually(lambda: slice_api.open_watches == 1)
-            await settled(registry)
+            await settled(registry, slice_api)
             slice_api.wipe(SELECTOR)
             await eventually(lambda: len(slice_api.slices(SELECTOR)) == 1)
 
@@ -525,3 +531,20 @@ def test_pool_for_another_node_is_refused(
 
     with pytest.raises(ValueError, match="node-b"):
         publisher.set_desired(other)
+
+
+def test_watch_refused_with_410_at_start_lists_again(
+    slice_api: InMemorySliceApi, metrics: SliceMetrics, registry: CollectorRegistry
+) -> None:
+    slice_api.fail_next("watch", errors.ResourceExpiredError("too old resource version"))
+    publisher = publisher_for(slice_api, metrics, pool(gpus(1)))
+
+    async def scenario() -> None:
+        async with running(publisher):
+            await eventually(lambda: slice_api.open_watches == 1)
+            assert slice_api.calls["watch"] == 2
+            await settled(registry, slice_api)
+            slice_api.wipe(SELECTOR)
+            await eventually(lambda: len(slice_api.slices(SELECTOR)) == 1)
+
+    asyncio.run(scenario())

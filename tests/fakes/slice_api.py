@@ -257,7 +257,7 @@ class InMemorySliceApi:
         """Forget the event history: watches from older versions, and open ones, get 410 Gone."""
         with self._lock:
             self._history.clear()
-            self._oldest_watchable = self._version + 1
+            self._oldest_watchable = self._version
             for watch in self._watches:
                 watch.push(
                     errors.ResourceExpiredError("too old resource version (compacted)", status=410)
