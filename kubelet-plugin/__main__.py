@@ -1,0 +1,124 @@
+"""Composition root of `gpu-dra-kubelet-plugin`: settings -> adapters -> serve until SIGTERM.
+
+Order matters: discover the GPUs, recover from the checkpoint (roll back half-done prepares,
+remove orphaned CDI specs), start publishing the node's ResourceSlices, then serve the DRA
+socket, and only then the registration socket (PluginServer does both in that order). Every
+successful registration republishes the slices: the kubelet wipes them when it starts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import sys
+from collections.abc import Sequence
+
+from gpu_dra.controller.kubeapi import KubernetesSliceApi, new_api_client
+from gpu_dra.controller.publisher import SlicePublisher
+from gpu_dra.driver.discovery import discover_gpus
+from gpu_dra.driver.nvml.interface import NvmlLibrary, PciTopology
+from gpu_dra.driver.nvml.real import RealNvml
+from gpu_dra.driver.nvml.simulated import SimulatedHost
+from gpu_dra.driver.nvml.sysfs import SysfsPciTopology
+from gpu_dra.kubelet_plugin.cdi import ClaimSpecStore
+from gpu_dra.kubelet_plugin.checkpoint import Checkpoint
+from gpu_dra.kubelet_plugin.inventory import NodeInventory
+from gpu_dra.kubelet_plugin.kubeapi import KubernetesClaimReader
+from gpu_dra.kubelet_plugin.prepare import WholeGpuPreparer
+from gpu_dra.kubelet_plugin.server import PluginServer
+from gpu_dra.kubelet_plugin.settings import KubeletPluginSettings
+
+log = logging.getLogger("gpu_dra.kubelet_plugin")
+
+
+def _nvml(settings: KubeletPluginSettings) -> tuple[NvmlLibrary, PciTopology]:
+    if settings.simulate:
+        host = SimulatedHost.load(settings.simulate, settings.node_name)
+        return host.nvml, host.pci
+    return RealNvml(settings.driver_root), SysfsPciTopology()
+
+
+async def run(settings: KubeletPluginSettings) -> None:
+    nvml, pci = _nvml(settings)
+    gpus = await asyncio.to_thread(discover_gpus, nvml, pci)
+    inventory = NodeInventory(
+        tuple(gpus), simulated=settings.simulate is not None, driver_root=settings.driver_root
+    )
+    log.info(
+        "discovered %d GPU(s) node=%s simulated=%s",
+        len(gpus),
+        settings.node_name,
+        settings.simulate,
+    )
+    settings.state_dir.mkdir(parents=True, exist_ok=True, mode=0o750)
+    checkpoint = Checkpoint(settings.state_dir)
+    loaded = await asyncio.to_thread(checkpoint.load)
+    if loaded.discarded_boot_id:
+        log.info(
+            "node rebooted: discarded checkpoint of boot %s with %d claim(s)",
+            loaded.discarded_boot_id,
+            len(loaded.discarded_claims),
+        )
+    api_client = new_api_client(settings.kubeconfig)
+    preparer = WholeGpuPreparer(
+        driver_name=settings.driver_name,
+        node_name=settings.node_name,
+        inventory=inventory,
+        claims=KubernetesClaimReader(api_client),
+        checkpoint=checkpoint,
+        cdi=ClaimSpecStore(settings.cdi_root, driver_name=settings.driver_name),
+        claims_dir=settings.state_dir / "claims",
+    )
+    await preparer.recover()
+
+    publisher = SlicePublisher(
+        KubernetesSliceApi(api_client), driver=settings.driver_name, node_name=settings.node_name
+    )
+    publisher.set_desired(inventory.desired_pool(settings.driver_name, settings.node_name))
+    publishing = asyncio.create_task(publisher.run(), name="publisher")
+
+    async def registered() -> None:
+        publisher.republish()
+
+    server = PluginServer(
+        driver_name=settings.driver_name,
+        preparer=preparer,
+        plugins_dir=settings.kubelet_plugins_dir,
+        registry_dir=settings.kubelet_registry_dir,
+        call_timeout_s=settings.call_timeout_s,
+        on_registered=registered,
+    )
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await server.start()
+    log.info("serving dra=%s registration=%s", server.dra_socket, server.registration_socket)
+    try:
+        done, _ = await asyncio.wait(
+            {publishing, asyncio.create_task(stop.wait())}, return_when=asyncio.FIRST_COMPLETED
+        )
+        if publishing in done:
+            publishing.result()  # the publisher only ends on a bug: surface it
+    finally:
+        log.info("shutting down")
+        await server.stop()
+        publisher.stop()
+        await asyncio.gather(publishing, return_exceptions=True)
+        api_client.close()  # type: ignore[no-untyped-call]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    settings = KubeletPluginSettings.parse(argv)
+    logging.basicConfig(
+        level=logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s %(message)s",
+        stream=sys.stderr,
+    )
+    asyncio.run(run(settings))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,98 @@
+"""Settings of `gpu-dra-kubelet-plugin`: every flag has a `GPU_DRA_*` environment twin."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpu_dra.driver.naming import DEFAULT_DRIVER_NAME
+
+
+@dataclass(frozen=True)
+class KubeletPluginSettings:
+    """Everything the plugin process needs, built once in `__main__`."""
+
+    node_name: str
+    """Name of this node: the pool name and `spec.nodeName` of its ResourceSlices."""
+    driver_name: str = DEFAULT_DRIVER_NAME
+    """DRA driver name; `gpu.nvidia.com` keeps NVIDIA-driver manifests working."""
+    simulate: str | None = None
+    """Simulated machine profile (name like `hgx-h100` or a profile file); None = real NVML."""
+    driver_root: Path = Path("/")
+    """Root of the NVIDIA driver installation (`/run/nvidia/driver` with the GPU Operator)."""
+    kubelet_plugins_dir: Path = Path("/var/lib/kubelet/plugins")
+    """Where the DRA socket lives: `<dir>/<driver>/dra.sock`."""
+    kubelet_registry_dir: Path = Path("/var/lib/kubelet/plugins_registry")
+    """Where the kubelet watches for registration sockets."""
+    cdi_root: Path = Path("/var/run/cdi")
+    """Directory for per-claim CDI spec files (the runtime must list it in its CDI spec dirs)."""
+    data_dir: Path | None = None
+    """Checkpoint and per-claim files; default `<kubelet_plugins_dir>/<driver>`."""
+    kubeconfig: Path | None = None
+    """Kubeconfig for the API server; None = the pod's service account."""
+    call_timeout_s: float = 40.0
+    """Deadline of one prepare/unprepare call, below the kubelet's 45 s."""
+
+    @property
+    def state_dir(self) -> Path:
+        return self.data_dir or self.kubelet_plugins_dir / self.driver_name
+
+    @classmethod
+    def parse(
+        cls, argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
+    ) -> KubeletPluginSettings:
+        environ = os.environ if env is None else env
+        parser = argparse.ArgumentParser(
+            prog="gpu-dra-kubelet-plugin",
+            description="gpu-dra kubelet plugin: publishes this node's GPUs and prepares claims.",
+        )
+
+        def option(flag: str, help_text: str, default: str | None, **kwargs: object) -> None:
+            var = "GPU_DRA_" + flag.lstrip("-").upper().replace("-", "_")
+            parser.add_argument(
+                flag,
+                default=environ.get(var, default),
+                help=f"{help_text} [env {var}; default: {default if default else 'none'}]",
+                **kwargs,  # type: ignore[arg-type]
+            )
+
+        option("--node-name", "this node's name", environ.get("NODE_NAME"))
+        option("--driver-name", "DRA driver name", DEFAULT_DRIVER_NAME)
+        option(
+            "--simulate",
+            "simulated machine profile (e.g. hgx-h100, dgx-a100, l4x4, t4, mixed, or a file); "
+            "unset means real GPUs through NVML",
+            None,
+        )
+        option("--driver-root", "NVIDIA driver root", "/")
+        option("--kubelet-plugins-dir", "kubelet plugins directory", "/var/lib/kubelet/plugins")
+        option(
+            "--kubelet-registry-dir",
+            "kubelet plugin registration directory",
+            "/var/lib/kubelet/plugins_registry",
+        )
+        option("--cdi-root", "CDI spec directory", "/var/run/cdi")
+        option("--data-dir", "checkpoint directory (default <plugins-dir>/<driver>)", None)
+        option("--kubeconfig", "kubeconfig file (default: in-cluster service account)", None)
+        option("--call-timeout", "seconds per prepare/unprepare call (< 45)", "40")
+        args = parser.parse_args(argv)
+        if not args.node_name:
+            parser.error("--node-name (or GPU_DRA_NODE_NAME / NODE_NAME) is required")
+        timeout = float(args.call_timeout)
+        if not 0 < timeout < 45:
+            parser.error(f"--call-timeout must be between 0 and 45 seconds, got {timeout}")
+        return cls(
+            node_name=args.node_name,
+            driver_name=args.driver_name,
+            simulate=args.simulate or None,
+            driver_root=Path(args.driver_root),
+            kubelet_plugins_dir=Path(args.kubelet_plugins_dir),
+            kubelet_registry_dir=Path(args.kubelet_registry_dir),
+            cdi_root=Path(args.cdi_root),
+            data_dir=Path(args.data_dir) if args.data_dir else None,
+            kubeconfig=Path(args.kubeconfig) if args.kubeconfig else None,
+            call_timeout_s=timeout,
+        )
