@@ -13,6 +13,9 @@ from e2e.cluster.lifecycle import Cluster, ClusterError
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] in ("kubectl", "crictl"):
+        return _exec_tool(Cluster(), argv[0], argv[1:])
     parser = argparse.ArgumentParser(prog="python -m e2e.cluster", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("build", help="build (or find cached) pinned binaries")
@@ -24,7 +27,7 @@ def main(argv: list[str] | None = None) -> int:
         cmd.add_argument("args", nargs=argparse.REMAINDER)
     logs = sub.add_parser("logs", help="copy component logs to a directory")
     logs.add_argument("destination", type=Path)
-    options = parser.parse_args(argv)
+    options = parser.parse_args(argv)  # kubectl/crictl never get here (see above)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     cluster = Cluster()
     try:
@@ -39,21 +42,24 @@ def main(argv: list[str] | None = None) -> int:
             healthy = cluster.healthy()
             print("healthy" if healthy else "not running")
             return 0 if healthy else 1
-        elif options.command in ("kubectl", "crictl"):
-            netns.enter()
-            binary = str(cluster.bin_dir / options.command)
-            extra = (
-                [f"--kubeconfig={cluster.kubeconfig}"]
-                if options.command == "kubectl"
-                else ["--runtime-endpoint", f"unix://{cluster.paths.containerd_socket}"]
-            )
-            os.execv(binary, [binary, *extra, *options.args])
         elif options.command == "logs":
             print(cluster.collect_logs(options.destination))
     except ClusterError as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
     return 0
+
+
+def _exec_tool(cluster: Cluster, tool: str, args: list[str]) -> int:
+    """Replace this process with the pinned kubectl/crictl, inside the cluster's namespace."""
+    netns.enter()
+    binary = str(cluster.bin_dir / tool)
+    extra = (
+        [f"--kubeconfig={cluster.kubeconfig}"]
+        if tool == "kubectl"
+        else ["--runtime-endpoint", f"unix://{cluster.paths.containerd_socket}"]
+    )
+    os.execv(binary, [binary, *extra, *args])
 
 
 if __name__ == "__main__":
