@@ -7,12 +7,14 @@ Prepare, per claim (claims of one call run concurrently):
    and this node's pool;
 3. resolve the opaque configs (class < claim, later wins) - errors name claim, config, field;
 4. lock the claim's devices (per-device locks, in name order) and refuse a device already
-   prepared for another claim unless the result has adminAccess;
+   prepared for another claim; admin-access results neither are refused nor block others (the
+   scheduler does not count them as allocated);
 5. record `PrepareStarted`, write the CDI spec (one CDI device per allocated device, named
    `<claimUID>-<device>`), record `PrepareCompleted` with the devices, return them.
 
 A prepare that fails after step 5 began is rolled back at once; one that died with the process
-is rolled back by the next prepare of that claim or by `recover()` at start-up.
+is rolled back by the next prepare of that claim or by `recover()` at start-up. A cancelled call
+keeps its locks until its file work in the worker thread is done (a thread cannot be stopped).
 
 Unprepare works from the checkpoint alone (the claim may be gone): remove the CDI spec and the
 claim's files, then the checkpoint entry. Unknown claims succeed.
@@ -25,10 +27,10 @@ import contextlib
 import logging
 import shutil
 import weakref
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Final, TypeVar
 
 from gpu_dra.driver.config import AllocatedDevice, ConfigError, resolve_configs
 from gpu_dra.driver.config.errors import DomainError
@@ -45,6 +47,11 @@ from gpu_dra.kubelet_plugin.kubeapi import (
 from gpu_dra.kubelet_plugin.preparer import ClaimRef, PreparedDevice, PrepareResult
 
 log = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
+
+ADMIN_ACCESS_STATE: Final = "adminAccessDevices"
+"""Checkpoint `state` key: devices the claim holds with adminAccess (they block no one)."""
 
 
 class PrepareError(Exception):
@@ -110,7 +117,7 @@ class WholeGpuPreparer:
         for uid, entry in entries.items():
             if entry.phase is ClaimPhase.PREPARE_STARTED:
                 log.info("rolling back interrupted prepare claim_uid=%s", uid)
-                await asyncio.to_thread(self._undo, uid)
+                await _in_thread_to_completion(self._undo, uid)
         owned = {uid for uid, e in entries.items() if e.phase is ClaimPhase.PREPARE_COMPLETED}
         for uid in await asyncio.to_thread(self._cdi.claim_uids):
             if uid not in owned:
@@ -144,7 +151,7 @@ class WholeGpuPreparer:
             if existing.phase is ClaimPhase.PREPARE_COMPLETED:
                 return existing.devices
             log.info("rolling back an interrupted prepare claim_uid=%s", claim.uid)
-            await asyncio.to_thread(self._undo, claim.uid)
+            await _in_thread_to_completion(self._undo, claim.uid)
 
         resource_claim = await asyncio.to_thread(self._read_claim, claim)
         results = self._our_results(resource_claim)
@@ -172,7 +179,7 @@ class WholeGpuPreparer:
         device_names = sorted({r.device for r in results})
         async with self._locked_devices(device_names):
             await asyncio.to_thread(self._check_not_taken, claim, results)
-            return await asyncio.to_thread(self._commit, claim, results)
+            return await _in_thread_to_completion(self._commit, claim, results)
 
     def _read_claim(self, claim: ClaimRef) -> ResourceClaim:
         try:
@@ -217,7 +224,7 @@ class WholeGpuPreparer:
         for uid, entry in self._checkpoint.all().items():
             if uid == claim.uid:
                 continue
-            taken = exclusive & {d.device_name for d in entry.devices}
+            taken = exclusive & _exclusive_devices(entry)
             if taken:
                 other = entry.claim
                 raise PrepareError(
@@ -254,8 +261,14 @@ class WholeGpuPreparer:
                 )
             self._cdi.write(claim.uid, cdi_devices)
             devices = tuple(prepared)
+            admin = sorted({r.device for r in results if r.admin_access})
             self._checkpoint.put(
-                CheckpointEntry(claim=claim, phase=ClaimPhase.PREPARE_COMPLETED, devices=devices)
+                CheckpointEntry(
+                    claim=claim,
+                    phase=ClaimPhase.PREPARE_COMPLETED,
+                    devices=devices,
+                    state={ADMIN_ACCESS_STATE: list(admin)} if admin else {},
+                )
             )
         except BaseException:
             self._undo(claim.uid)
@@ -271,7 +284,7 @@ class WholeGpuPreparer:
                 if entry is None:
                     return None
                 async with self._locked_devices(sorted(d.device_name for d in entry.devices)):
-                    await asyncio.to_thread(self._undo, claim.uid)
+                    await _in_thread_to_completion(self._undo, claim.uid)
         except (InvalidNameError, OSError, DomainError) as error:
             log.exception("unprepare failed claim_uid=%s", claim.uid)
             return f"claim {claim.namespace}/{claim.name} ({claim.uid}): {error}"
@@ -302,3 +315,27 @@ class WholeGpuPreparer:
                 held.append(lock)
                 await stack.enter_async_context(lock)
             yield
+
+
+def _exclusive_devices(entry: CheckpointEntry) -> set[str]:
+    """Devices `entry` holds for itself: all but those it was given with adminAccess."""
+    admin = entry.state.get(ADMIN_ACCESS_STATE)
+    shared = {name for name in admin if isinstance(name, str)} if isinstance(admin, list) else set()
+    return {d.device_name for d in entry.devices} - shared
+
+
+async def _in_thread_to_completion(func: Callable[..., _T], /, *args: object) -> _T:
+    """`asyncio.to_thread`, except that cancellation waits for the thread to finish.
+
+    The thread cannot be stopped: returning early would release the caller's claim and device
+    locks while it still writes, letting an unprepare (or another claim's prepare) of the same
+    devices run beside a half-done prepare and leak its CDI spec and checkpoint entry.
+    """
+    task = asyncio.ensure_future(asyncio.to_thread(func, *args))
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError:
+        await asyncio.wait({task})
+        if not task.cancelled():
+            task.exception()  # the caller is gone; the work rolled itself back if it failed
+        raise

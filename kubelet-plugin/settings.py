@@ -81,7 +81,10 @@ class KubeletPluginSettings:
         args = parser.parse_args(argv)
         if not args.node_name:
             parser.error("--node-name (or GPU_DRA_NODE_NAME / NODE_NAME) is required")
-        timeout = float(args.call_timeout)
+        try:
+            timeout = float(args.call_timeout)
+        except ValueError:
+            parser.error(f"--call-timeout must be a number of seconds, got {args.call_timeout!r}")
         if not 0 < timeout < 45:
             parser.error(f"--call-timeout must be between 0 and 45 seconds, got {timeout}")
         return cls(

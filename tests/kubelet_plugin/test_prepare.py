@@ -1,0 +1,707 @@
+"""Whole-GPU prepare/unprepare as the kubelet drives it: real checkpoint, CDI store and claim
+files in a temporary directory, GPUs of the simulated hgx-h100 node, claims from an in-memory
+API server."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from gpu_dra.driver.discovery import discover_gpus
+from gpu_dra.driver.nvml.simulated import SimulatedHost
+from gpu_dra.kubelet_plugin.cdi import CdiDevice, ClaimSpecStore, ContainerEdits
+from gpu_dra.kubelet_plugin.checkpoint import Checkpoint, CheckpointEntry, ClaimPhase, LoadResult
+from gpu_dra.kubelet_plugin.inventory import NodeInventory
+from gpu_dra.kubelet_plugin.kubeapi import ResourceClaim
+from gpu_dra.kubelet_plugin.prepare import WholeGpuPreparer
+from gpu_dra.kubelet_plugin.preparer import ClaimRef, PreparedDevice, PrepareResult
+from tests.fakes.claim_reader import (
+    InMemoryClaimReader,
+    allocation_result,
+    gpu_config,
+    opaque_config,
+    resource_claim,
+)
+
+DRIVER = "gpu.nvidia.com"
+NODE = "node-a"
+UID_A = "0b6a1e3c-8f43-4a55-9a0e-2f7d1c9b8a01"
+UID_B = "5d2c9f71-3e8a-4b6d-8c1f-6a4e2b0d9c02"
+UID_C = "9e4f2a10-6b3d-4c8e-a1f7-0d5b3c2e1f03"
+
+
+def uid(n: int) -> str:
+    return f"7f000000-0000-4000-8000-{n:012d}"
+
+
+@pytest.fixture(scope="module")
+def inventory() -> NodeInventory:
+    host = SimulatedHost.load("hgx-h100", NODE)
+    return NodeInventory(tuple(discover_gpus(host.nvml, host.pci)), simulated=True)
+
+
+class Boot:
+    """A node whose boot ID a test can change (a reboot)."""
+
+    def __init__(self, boot_id: str = "boot-1") -> None:
+        self.id = boot_id
+
+    def __call__(self) -> str:
+        return self.id
+
+
+class RecordingSpecStore(ClaimSpecStore):
+    """The real CDI store, recording writes; a set ``gate`` holds writes until it is opened."""
+
+    def __init__(self, cdi_root: Path) -> None:
+        super().__init__(cdi_root, driver_name=DRIVER)
+        self.writes: list[str] = []
+        self.writing = threading.Event()
+        self.gate: threading.Event | None = None
+
+    def write(
+        self,
+        claim_uid: str,
+        devices: Sequence[CdiDevice],
+        *,
+        common_edits: ContainerEdits | None = None,
+    ) -> Path:
+        self.writes.append(claim_uid)
+        self.writing.set()
+        if self.gate is not None and not self.gate.wait(timeout=10):
+            raise TimeoutError("test gate never opened")
+        return super().write(claim_uid, devices, common_edits=common_edits)
+
+
+class Node:
+    """The plugin's state on one node, in ``root``; :meth:`restart` keeps the files."""
+
+    def __init__(self, root: Path, inventory: NodeInventory) -> None:
+        self.root = root
+        self.inventory = inventory
+        self.api = InMemoryClaimReader()
+        self.boot = Boot()
+        self.data_dir = root / "data"
+        self.claims_dir = self.data_dir / "claims"
+        self.cdi_root = root / "cdi"
+        self.restart()
+
+    def restart(self) -> LoadResult:
+        """A new plugin process: fresh checkpoint, CDI store and preparer over the same files."""
+        self.checkpoint = Checkpoint(self.data_dir, boot_id=self.boot)
+        loaded = self.checkpoint.load()
+        self.cdi = RecordingSpecStore(self.cdi_root)
+        self.preparer = WholeGpuPreparer(
+            driver_name=DRIVER,
+            node_name=NODE,
+            inventory=self.inventory,
+            claims=self.api,
+            checkpoint=self.checkpoint,
+            cdi=self.cdi,
+            claims_dir=self.claims_dir,
+        )
+        return loaded
+
+    def add(self, claim: ResourceClaim) -> ClaimRef:
+        self.api.add(claim)
+        metadata = claim["metadata"]
+        return ClaimRef(metadata["namespace"], metadata["uid"], metadata["name"])
+
+    def add_gpus(self, claim_uid: str, name: str, *devices: str, **kwargs: Any) -> ClaimRef:
+        """A claim allocated ``devices`` of this node for its request ``gpu``."""
+        results = [allocation_result(device, **kwargs) for device in devices]
+        return self.add(resource_claim(claim_uid, name, results=results))
+
+    def prepare(self, *claims: ClaimRef) -> dict[str, PrepareResult]:
+        return dict(asyncio.run(self.preparer.prepare(claims)))
+
+    def unprepare(self, *claims: ClaimRef) -> dict[str, str | None]:
+        return dict(asyncio.run(self.preparer.unprepare(claims)))
+
+    def recover(self) -> None:
+        asyncio.run(self.preparer.recover())
+
+    def spec(self, claim_uid: str) -> dict[str, Any]:
+        loaded: dict[str, Any] = yaml.safe_load(self.cdi.path_for(claim_uid).read_text())
+        return loaded
+
+    def spec_files(self) -> list[str]:
+        return sorted(p.name for p in self.cdi_root.iterdir()) if self.cdi_root.exists() else []
+
+    def claim_dirs(self) -> list[str]:
+        return sorted(p.name for p in self.claims_dir.iterdir()) if self.claims_dir.exists() else []
+
+    def uuid_of(self, device: str) -> str:
+        gpu = self.inventory.by_name(device)
+        assert gpu is not None
+        return gpu.uuid
+
+    def assert_nothing_left(self, claim_uid: str) -> None:
+        assert not self.cdi.path_for(claim_uid).exists(), "CDI spec left behind"
+        assert not (self.claims_dir / claim_uid).exists(), "claim files left behind"
+        assert self.checkpoint.get(claim_uid) is None, "checkpoint entry left behind"
+
+
+@pytest.fixture
+def node(tmp_path: Path, inventory: NodeInventory) -> Node:
+    return Node(tmp_path, inventory)
+
+
+def device_env(spec_device: dict[str, Any]) -> dict[str, str]:
+    pairs = (item.split("=", 1) for item in spec_device["containerEdits"]["env"])
+    return {key: value for key, value in pairs}
+
+
+def ok(result: PrepareResult) -> tuple[PreparedDevice, ...]:
+    assert result.error is None, result.error
+    return result.devices
+
+
+def failed(result: PrepareResult) -> str:
+    assert result.error is not None, f"prepared {result.devices}"
+    return result.error
+
+
+# ---- prepare: devices, CDI spec --------------------------------------------------------------
+
+
+def test_prepare_returns_each_allocated_gpu_with_its_request_pool_and_cdi_id(node: Node) -> None:
+    claim = node.add_gpus(UID_A, "claim-a", "gpu-0", "gpu-3")
+
+    devices = ok(node.prepare(claim)[UID_A])
+
+    assert devices == (
+        PreparedDevice(
+            request_names=("gpu",),
+            pool_name=NODE,
+            device_name="gpu-0",
+            cdi_device_ids=(f"k8s.gpu.nvidia.com/claim={UID_A}-gpu-0",),
+        ),
+        PreparedDevice(
+            request_names=("gpu",),
+            pool_name=NODE,
+            device_name="gpu-3",
+            cdi_device_ids=(f"k8s.gpu.nvidia.com/claim={UID_A}-gpu-3",),
+        ),
+    )
+
+
+def test_prepare_writes_one_cdi_spec_for_the_claim_with_a_device_per_gpu(node: Node) -> None:
+    claim = node.add_gpus(UID_A, "claim-a", "gpu-0", "gpu-3")
+
+    node.prepare(claim)
+
+    assert node.spec_files() == [f"k8s.gpu.nvidia.com-claim_{UID_A}.yaml"]
+    spec = node.spec(UID_A)
+    assert spec["kind"] == "k8s.gpu.nvidia.com/claim"
+    assert [d["name"] for d in spec["devices"]] == [f"{UID_A}-gpu-0", f"{UID_A}-gpu-3"]
+    for spec_device, gpu in zip(spec["devices"], ("gpu-0", "gpu-3"), strict=True):
+        number = gpu.removeprefix("gpu-")
+        assert device_env(spec_device)[f"GPU_DRA_GPU_{number}_UUID"] == node.uuid_of(gpu)
+
+
+def test_each_cdi_device_mounts_a_fact_file_of_its_own_gpu(node: Node) -> None:
+    claim = node.add_gpus(UID_A, "claim-a", "gpu-5")
+
+    node.prepare(claim)
+
+    (spec_device,) = node.spec(UID_A)["devices"]
+    (mount,) = spec_device["containerEdits"]["mounts"]
+    assert mount["containerPath"] == "/run/gpu-dra/devices/gpu-5.json"
+    assert "ro" in mount["options"]
+    host_file = Path(mount["hostPath"])
+    assert host_file.parent == node.claims_dir / UID_A
+    facts = json.loads(host_file.read_text())
+    assert (facts["name"], facts["uuid"]) == ("gpu-5", node.uuid_of("gpu-5"))
+
+
+def test_first_available_subrequest_is_reported_under_its_base_request(node: Node) -> None:
+    requests = [
+        {
+            "name": "gpu",
+            "firstAvailable": [
+                {"name": "h200", "deviceClassName": "gpu-h200.nvidia.com"},
+                {"name": "h100", "deviceClassName": "gpu-h100.nvidia.com"},
+            ],
+        }
+    ]
+    result = allocation_result("gpu-2", request="gpu/h100")
+    claim = node.add(resource_claim(UID_A, results=[result], requests=requests))
+
+    (device,) = ok(node.prepare(claim)[UID_A])
+
+    assert device.request_names == ("gpu",)
+
+
+def test_share_id_of_the_allocation_is_returned(node: Node) -> None:
+    share_id = "3f1c2b4a-0000-4000-8000-000000000007"
+    claim = node.add_gpus(UID_A, "claim-a", "gpu-1", share_id=share_id)
+
+    (device,) = ok(node.prepare(claim)[UID_A])
+
+    assert device.share_id == share_id
+
+
+def test_results_of_other_drivers_and_other_pools_are_ignored(node: Node) -> None:
+    results = [
+        allocation_result("gpu-1"),
+        allocation_result("gpu-2", driver="nic.example.com"),
+        allocation_result("gpu-3", pool="node-b"),
+    ]
+    claim = node.add(resource_claim(UID_A, results=results))
+
+    devices = ok(node.prepare(claim)[UID_A])
+
+    assert [d.device_name for d in devices] == ["gpu-1"]
+    assert [d["name"] for d in node.spec(UID_A)["devices"]] == [f"{UID_A}-gpu-1"]
+
+
+def test_claim_with_no_device_of_this_driver_on_this_node_fails_clearly(node: Node) -> None:
+    results = [
+        allocation_result("gpu-2", driver="nic.example.com"),
+        allocation_result("gpu-3", pool="node-b"),
+    ]
+    claim = node.add(resource_claim(UID_A, results=results))
+
+    error = failed(node.prepare(claim)[UID_A])
+
+    assert f"default/claim-a ({UID_A})" in error
+    assert f"no device of driver {DRIVER} in pool {NODE}" in error
+    node.assert_nothing_left(UID_A)
+
+
+# ---- idempotency -------------------------------------------------------------------------------
+
+
+def test_preparing_twice_returns_the_same_devices_without_rewriting(node: Node) -> None:
+    claim = node.add_gpus(UID_A, "claim-a", "gpu-0", "gpu-1")
+    first = ok(node.prepare(claim)[UID_A])
+    checkpoint_inode = node.checkpoint.path.stat().st_ino
+    spec_mtime = node.cdi.path_for(UID_A).stat().st_mtime_ns
+
+    second = ok(node.prepare(claim)[UID_A])
+
+    assert second == first
+    assert node.cdi.writes == [UID_A]
+    assert node.checkpoint.path.stat().st_ino == checkpoint_inode  # an atomic write replaces it
+    assert node.cdi.path_for(UID_A).stat().st_mtime_ns == spec_mtime
+
+
+def test_prepare_after_a_plugin_restart_returns_the_recorded_devices(node: Node) -> None:
+    claim = node.add_gpus(UID_A, "claim-a", "gpu-4")
+    first = ok(node.prepare(claim)[UID_A])
+
+    node.restart()
+    node.recover()
+
+    assert ok(node.prepare(claim)[UID_A]) == first
+    assert node.cdi.writes == []
+    assert node.cdi.path_for(UID_A).exists()
+
+
+# ---- one GPU, one claim ----------------------------------------------------------------------
+
+
+def test_second_claim_for_a_prepared_gpu_fails_naming_the_first_claim(node: Node) -> None:
+    first = node.add_gpus(UID_A, "claim-a", "gpu-0")
+    second = node.add_gpus(UID_B, "claim-b", "gpu-0", "gpu-1")
+    ok(node.prepare(first)[UID_A])
+
+    error = failed(node.prepare(second)[UID_B])
+
+    assert error.startswith(f"claim default/claim-b ({UID_B}): ")
+    assert "device gpu-0 is already prepared for claim" in error
+    assert f"default/claim-a ({UID_A})" in error
+    node.assert_nothing_left(UID_B)
+    assert node.cdi.path_for(UID_A).exists()
+
+
+def test_admin_access_claim_may_use_a_gpu_prepared_for_another_claim(node: Node) -> None:
+    first = node.add_gpus(UID_A, "claim-a", "gpu-0")
+    monitor = node.add_gpus(UID_B, "monitor", "gpu-0", admin_access=True)
+    ok(node.prepare(first)[UID_A])
+
+    (device,) = ok(node.prepare(monitor)[UID_B])
+
+    assert device.device_name == "gpu-0"
+    assert node.cdi.path_for(UID_B).exists()
+
+
+def test_gpu_held_only_by_an_admin_access_claim_can_be_prepared_for_another(node: Node) -> None:
+    # The scheduler does not count admin-access allocations: a workload may get the same GPU.
+    monitor = node.add_gpus(UID_A, "monitor", "gpu-0", admin_access=True)
+    workload = node.add_gpus(UID_B, "claim-b", "gpu-0")
+    ok(node.prepare(monitor)[UID_A])
+
+    (device,) = ok(node.prepare(workload)[UID_B])
+
+    assert device.device_name == "gpu-0"
+    other = node.add_gpus(UID_C, "claim-c", "gpu-0")
+    assert f"default/claim-b ({UID_B})" in failed(node.prepare(other)[UID_C])
+
+
+def test_unprepared_gpu_can_be_prepared_for_another_claim(node: Node) -> None:
+    first = node.add_gpus(UID_A, "claim-a", "gpu-0")
+    second = node.add_gpus(UID_B, "claim-b", "gpu-0")
+    ok(node.prepare(first)[UID_A])
+
+    assert node.unprepare(first) == {UID_A: None}
+
+    assert [d.device_name for d in ok(node.prepare(second)[UID_B])] == ["gpu-0"]
+
+
+# ---- per-claim errors --------------------------------------------------------------------------
+
+
+def replaced(node: Node) -> None:
+    node.add_gpus(UID_C, "claim-b", "gpu-1")  # same name, new object
+
+
+def deleted(node: Node) -> None:
+    node.api.delete("default", "claim-b")
+
+
+def unallocated(node: Node) -> None:
+    node.api.add(resource_claim(UID_B, "claim-b", allocated=False))
+
+
+def stale_device(node: Node) -> None:
+    node.add_gpus(UID_B, "claim-b", "gpu-9")
+
+
+def api_down(node: Node) -> None:
+    node.api.read_errors["default", "claim-b"] = "cannot read ResourceClaim default/claim-b: 503"
+
+
+@pytest.mark.parametrize(
+    ("break_claim", "expected"),
+    [
+        pytest.param(replaced, f"replaced: the API server has UID {UID_C}", id="replaced"),
+        pytest.param(deleted, "ResourceClaim default/claim-b not found", id="not-found"),
+        pytest.param(unallocated, "the claim is not allocated", id="not-allocated"),
+        pytest.param(stale_device, "device gpu-9 does not exist on node node-a", id="unknown-dev"),
+        pytest.param(api_down, "503 (will retry)", id="api-error"),
+    ],
+)
+def test_bad_claim_gets_its_own_error_and_does_not_fail_the_batch(
+    node: Node, break_claim: Callable[[Node], None], expected: str
+) -> None:
+    good = node.add_gpus(UID_A, "claim-a", "gpu-0")
+    bad = node.add_gpus(UID_B, "claim-b", "gpu-1")
+    break_claim(node)
+
+    results = node.prepare(bad, good)
+
+    error = failed(results[UID_B])
+    assert error.startswith(f"claim default/claim-b ({UID_B}): ")
+    assert expected in error
+    assert [d.device_name for d in ok(results[UID_A])] == ["gpu-0"]
+    node.assert_nothing_left(UID_B)
+
+
+def test_claim_uid_that_is_not_a_uuid_never_reaches_the_filesystem(node: Node) -> None:
+    claim = node.add_gpus("../../etc", "claim-a", "gpu-0")
+
+    error = failed(node.prepare(claim)["../../etc"])
+
+    assert "not a lower-case UUID" in error
+    assert node.spec_files() == []
+    assert node.claim_dirs() == []
+    assert node.checkpoint.all() == {}
+
+
+# ---- opaque config -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("claim_configs", "class_configs", "expected"),
+    [
+        pytest.param(
+            [opaque_config(gpu_config(shareing={"strategy": "MPS"}))],
+            [],
+            "spec.devices.config[0]: parameters.shareing: unknown field",
+            id="unknown-field",
+        ),
+        pytest.param(
+            [
+                opaque_config(gpu_config()),
+                opaque_config(gpu_config(sharing={"strategy": "MPS", "mpsConfg": {}})),
+            ],
+            [],
+            "spec.devices.config[1]: parameters.sharing.mpsConfg: unknown field",
+            id="second-entry",
+        ),
+        pytest.param(
+            [
+                opaque_config(
+                    {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "MigDeviceConfig"},
+                    requests=["gpu"],
+                )
+            ],
+            [],
+            'spec.devices.config[0]: cannot apply MigDeviceConfig to device "gpu-0" of type "gpu"',
+            id="kind-for-mig",
+        ),
+        pytest.param(
+            [],
+            [opaque_config(gpu_config(sharing={"strategy": "Exclusive"}))],
+            "config[0] (FromClass): parameters.sharing.strategy",
+            id="class-config",
+        ),
+    ],
+)
+def test_invalid_opaque_config_names_claim_entry_and_field_and_leaves_nothing(
+    node: Node,
+    claim_configs: list[dict[str, Any]],
+    class_configs: list[dict[str, Any]],
+    expected: str,
+) -> None:
+    claim = node.add(
+        resource_claim(
+            UID_A,
+            results=[allocation_result("gpu-0")],
+            claim_configs=claim_configs,
+            class_configs=class_configs,
+        )
+    )
+
+    error = failed(node.prepare(claim)[UID_A])
+
+    assert f"default/claim-a ({UID_A})" in error
+    assert expected in error
+    node.assert_nothing_left(UID_A)
+    assert node.cdi.writes == []
+
+
+@pytest.mark.parametrize("strategy", ["TimeSlicing", "MPS"])
+def test_sharing_on_a_whole_gpu_is_refused_as_not_available_yet(node: Node, strategy: str) -> None:
+    config = opaque_config(gpu_config(sharing={"strategy": strategy}), requests=["gpu"])
+    claim = node.add(
+        resource_claim(UID_A, results=[allocation_result("gpu-0")], claim_configs=[config])
+    )
+
+    error = failed(node.prepare(claim)[UID_A])
+
+    assert f"default/claim-a ({UID_A}): spec.devices.config[0]: " in error
+    assert f"sharing strategy {strategy} is not available" in error
+    assert "yet" in error
+    node.assert_nothing_left(UID_A)
+    assert node.cdi.writes == []
+    # Nothing holds the GPU either.
+    other = node.add_gpus(UID_B, "claim-b", "gpu-0")
+    ok(node.prepare(other)[UID_B])
+
+
+def test_gpu_config_without_sharing_and_other_drivers_configs_are_accepted(node: Node) -> None:
+    configs = [
+        opaque_config(gpu_config(), requests=["gpu"]),
+        opaque_config({"anything": "goes"}, driver="nic.example.com"),
+    ]
+    claim = node.add(
+        resource_claim(UID_A, results=[allocation_result("gpu-0")], claim_configs=configs)
+    )
+
+    assert [d.device_name for d in ok(node.prepare(claim)[UID_A])] == ["gpu-0"]
+
+
+# ---- unprepare -----------------------------------------------------------------------------------
+
+
+def test_unprepare_removes_cdi_spec_claim_files_and_checkpoint_entry(node: Node) -> None:
+    claim = node.add_gpus(UID_A, "claim-a", "gpu-0", "gpu-1")
+    keep = node.add_gpus(UID_B, "claim-b", "gpu-2")
+    node.prepare(claim, keep)
+    assert (node.claims_dir / UID_A).is_dir()
+
+    assert node.unprepare(claim) == {UID_A: None}
+
+    node.assert_nothing_left(UID_A)
+    assert node.spec_files() == [f"k8s.gpu.nvidia.com-claim_{UID_B}.yaml"]
+    assert node.claim_dirs() == [UID_B]
+
+
+def test_unprepare_of_an_unknown_claim_succeeds_every_time(node: Node) -> None:
+    claim = ClaimRef("default", UID_A, "never-prepared")
+
+    assert node.unprepare(claim) == {UID_A: None}
+    assert node.unprepare(claim) == {UID_A: None}
+    assert node.api.reads == []
+
+
+def test_unprepare_works_when_the_claim_is_gone_from_the_api(node: Node) -> None:
+    claim = node.add_gpus(UID_A, "claim-a", "gpu-0")
+    ok(node.prepare(claim)[UID_A])
+    node.api.delete("default", "claim-a")
+    reads = len(node.api.reads)
+
+    assert node.unprepare(claim) == {UID_A: None}
+
+    node.assert_nothing_left(UID_A)
+    assert len(node.api.reads) == reads
+
+
+def test_unprepare_reports_each_claim_of_the_batch(node: Node) -> None:
+    claim = node.add_gpus(UID_A, "claim-a", "gpu-0")
+    node.prepare(claim)
+    bad = ClaimRef("default", "not-a-uid", "claim-x")
+
+    results = node.unprepare(claim, bad)
+
+    assert results[UID_A] is None
+    assert results["not-a-uid"] is not None
+    assert "default/claim-x (not-a-uid)" in results["not-a-uid"]
+    node.assert_nothing_left(UID_A)
+
+
+# ---- crash recovery ----------------------------------------------------------------------------
+
+
+def interrupted_prepare(node: Node, claim: ClaimRef, device: str = "gpu-0") -> None:
+    """What a plugin that died between writing the CDI spec and `PrepareCompleted` leaves."""
+    node.checkpoint.put(CheckpointEntry(claim=claim, phase=ClaimPhase.PREPARE_STARTED))
+    (node.claims_dir / claim.uid).mkdir(parents=True)
+    (node.claims_dir / claim.uid / f"{device}.json").write_text("{}\n")
+    node.cdi.write(claim.uid, [CdiDevice(device, ContainerEdits(env={"STALE": "1"}))])
+
+
+def test_recover_rolls_back_an_interrupted_prepare(node: Node) -> None:
+    claim = ClaimRef("default", UID_A, "claim-a")
+    interrupted_prepare(node, claim)
+
+    node.restart()
+    node.recover()
+
+    node.assert_nothing_left(UID_A)
+
+
+def test_recover_removes_cdi_specs_and_claim_files_nobody_owns(node: Node) -> None:
+    node.cdi.write(UID_A, [CdiDevice("gpu-0", ContainerEdits(env={"X": "1"}))])
+    (node.claims_dir / UID_B).mkdir(parents=True)
+    foreign = node.cdi_root / "k8s.nic.example.com-claim_x.yaml"
+    foreign.write_text("cdiVersion: 0.5.0\n")
+
+    node.recover()
+
+    assert node.spec_files() == [foreign.name]
+    assert node.claim_dirs() == []
+
+
+def test_recover_keeps_completed_claims(node: Node) -> None:
+    claim = node.add_gpus(UID_A, "claim-a", "gpu-0")
+    devices = ok(node.prepare(claim)[UID_A])
+    spec = node.spec(UID_A)
+
+    node.restart()
+    node.recover()
+
+    assert node.spec(UID_A) == spec
+    assert node.claim_dirs() == [UID_A]
+    entry = node.checkpoint.get(UID_A)
+    assert entry is not None
+    assert (entry.phase, entry.devices) == (ClaimPhase.PREPARE_COMPLETED, devices)
+
+
+def test_prepare_rolls_back_an_interrupted_prepare_of_the_same_claim_first(node: Node) -> None:
+    claim = node.add_gpus(UID_A, "claim-a", "gpu-3")
+    interrupted_prepare(node, claim, device="gpu-0")
+    node.restart()
+
+    devices = ok(node.prepare(claim)[UID_A])
+
+    assert [d.device_name for d in devices] == ["gpu-3"]
+    assert [d["name"] for d in node.spec(UID_A)["devices"]] == [f"{UID_A}-gpu-3"]
+    assert sorted(p.name for p in (node.claims_dir / UID_A).iterdir()) == ["gpu-3.json"]
+
+
+def test_checkpoint_of_an_earlier_boot_is_discarded_and_its_files_cleaned_up(node: Node) -> None:
+    claim = node.add_gpus(UID_A, "claim-a", "gpu-0")
+    ok(node.prepare(claim)[UID_A])
+
+    node.boot.id = "boot-2"
+    loaded = node.restart()
+    node.recover()
+
+    assert (loaded.discarded_boot_id, loaded.discarded_claims) == ("boot-1", (UID_A,))
+    node.assert_nothing_left(UID_A)
+    other = node.add_gpus(UID_B, "claim-b", "gpu-0")
+    assert [d.device_name for d in ok(node.prepare(other)[UID_B])] == ["gpu-0"]
+
+
+# ---- concurrency ---------------------------------------------------------------------------------
+
+
+def test_eight_claims_in_one_call_each_get_their_own_gpu(node: Node) -> None:
+    claims = [node.add_gpus(uid(i), f"claim-{i}", f"gpu-{i}") for i in range(8)]
+
+    results = node.prepare(*claims)
+
+    prepared = {u: ok(r) for u, r in results.items()}
+    assert sorted(prepared) == sorted(uid(i) for i in range(8))
+    assert {u: [d.device_name for d in devices] for u, devices in prepared.items()} == {
+        uid(i): [f"gpu-{i}"] for i in range(8)
+    }
+    assert len(node.spec_files()) == 8
+    entries = node.checkpoint.all()
+    assert {e.phase for e in entries.values()} == {ClaimPhase.PREPARE_COMPLETED}
+    assert len(entries) == 8
+
+
+def test_claims_racing_for_one_gpu_get_it_exactly_once(node: Node) -> None:
+    claims = [node.add_gpus(uid(i), f"claim-{i}", "gpu-0") for i in range(8)]
+
+    results = node.prepare(*claims)
+
+    winners = [u for u, r in results.items() if r.ok]
+    assert len(winners) == 1
+    winner = next(c for c in claims if c.uid == winners[0])
+    for loser in (r for u, r in results.items() if u != winner.uid):
+        assert f"already prepared for claim default/{winner.name} ({winner.uid})" in failed(loser)
+    assert node.spec_files() == [f"k8s.gpu.nvidia.com-claim_{winner.uid}.yaml"]
+    assert list(node.checkpoint.all()) == [winner.uid]
+
+
+def test_concurrent_prepares_of_the_same_claim_prepare_it_once(node: Node) -> None:
+    claim = node.add_gpus(UID_A, "claim-a", "gpu-0", "gpu-1")
+
+    async def twice() -> tuple[Mapping[str, PrepareResult], Mapping[str, PrepareResult]]:
+        return await asyncio.gather(node.preparer.prepare([claim]), node.preparer.prepare([claim]))
+
+    first, second = asyncio.run(twice())
+
+    assert ok(first[UID_A]) == ok(second[UID_A])
+    assert node.cdi.writes == [UID_A]
+    assert list(node.checkpoint.all()) == [UID_A]
+    assert node.claim_dirs() == [UID_A]
+
+
+def test_cancelled_prepare_finishes_before_an_unprepare_of_the_claim_runs(node: Node) -> None:
+    # The servicer cancels a prepare at its deadline; the file work in the worker thread cannot
+    # be stopped, so an unprepare that ran beside it would leave a prepared GPU nobody owns.
+    claim = node.add_gpus(UID_A, "claim-a", "gpu-0")
+    node.cdi.gate = threading.Event()
+
+    async def cancel_then_unprepare() -> dict[str, str | None]:
+        preparing = asyncio.create_task(node.preparer.prepare([claim]))
+        assert await asyncio.to_thread(node.cdi.writing.wait, 5)
+        preparing.cancel()
+        unpreparing = asyncio.create_task(node.preparer.unprepare([claim]))
+        await asyncio.wait({unpreparing}, timeout=0.5)  # as far as it gets while the disk hangs
+        assert node.cdi.gate is not None
+        node.cdi.gate.set()
+        with contextlib.suppress(asyncio.CancelledError):
+            await preparing
+        return dict(await unpreparing)
+
+    assert asyncio.run(cancel_then_unprepare()) == {UID_A: None}
+
+    node.assert_nothing_left(UID_A)
+    other = node.add_gpus(UID_B, "claim-b", "gpu-0")
+    ok(node.prepare(other)[UID_B])

@@ -1,0 +1,169 @@
+"""KubeletPluginSettings: flags over GPU_DRA_* environment twins over defaults; bad input is a
+usage error (exit status 2 with a message), never a traceback."""
+
+from __future__ import annotations
+
+from dataclasses import fields
+from pathlib import Path
+
+import pytest
+
+from gpu_dra.kubelet_plugin.settings import KubeletPluginSettings
+
+ALL_FLAGS = [
+    "--node-name=node-a",
+    "--driver-name=gpu.example.com",
+    "--simulate=hgx-h100",
+    "--driver-root=/run/nvidia/driver",
+    "--kubelet-plugins-dir=/k/plugins",
+    "--kubelet-registry-dir=/k/registry",
+    "--cdi-root=/etc/cdi",
+    "--data-dir=/k/data",
+    "--kubeconfig=/root/.kube/config",
+    "--call-timeout=12.5",
+]
+
+EXPECTED = KubeletPluginSettings(
+    node_name="node-a",
+    driver_name="gpu.example.com",
+    simulate="hgx-h100",
+    driver_root=Path("/run/nvidia/driver"),
+    kubelet_plugins_dir=Path("/k/plugins"),
+    kubelet_registry_dir=Path("/k/registry"),
+    cdi_root=Path("/etc/cdi"),
+    data_dir=Path("/k/data"),
+    kubeconfig=Path("/root/.kube/config"),
+    call_timeout_s=12.5,
+)
+
+
+def env_twin(flag: str) -> str:
+    """``--cdi-root=/x`` -> ``GPU_DRA_CDI_ROOT``."""
+    return "GPU_DRA_" + flag.split("=", 1)[0].removeprefix("--").upper().replace("-", "_")
+
+
+def usage_error(capsys: pytest.CaptureFixture[str], argv: list[str], env: dict[str, str]) -> str:
+    with pytest.raises(SystemExit) as exit_info:
+        KubeletPluginSettings.parse(argv, env)
+    assert exit_info.value.code == 2
+    return capsys.readouterr().err
+
+
+def test_defaults_need_only_a_node_name() -> None:
+    settings = KubeletPluginSettings.parse(["--node-name", "node-a"], {})
+
+    assert settings == KubeletPluginSettings(node_name="node-a")
+    assert settings.driver_name == "gpu.nvidia.com"
+    assert settings.simulate is None
+    assert settings.cdi_root == Path("/var/run/cdi")
+    assert settings.call_timeout_s == 40.0
+    assert settings.state_dir == Path("/var/lib/kubelet/plugins/gpu.nvidia.com")
+
+
+def test_every_flag_sets_its_field() -> None:
+    assert KubeletPluginSettings.parse(ALL_FLAGS, {}) == EXPECTED
+
+
+def test_every_flag_has_a_gpu_dra_environment_twin() -> None:
+    env = {env_twin(flag): flag.split("=", 1)[1] for flag in ALL_FLAGS}
+
+    assert KubeletPluginSettings.parse([], env) == EXPECTED
+
+
+def test_every_field_is_covered_by_a_flag() -> None:
+    # ALL_FLAGS must set every field away from its default, or the tests above prove nothing.
+    default = KubeletPluginSettings(node_name="")
+    for item in fields(KubeletPluginSettings):
+        assert getattr(EXPECTED, item.name) != getattr(default, item.name), item.name
+    assert len(ALL_FLAGS) == len(fields(KubeletPluginSettings))
+
+
+def test_flag_wins_over_its_environment_twin() -> None:
+    settings = KubeletPluginSettings.parse(
+        ["--node-name", "from-flag", "--call-timeout", "5"],
+        {"GPU_DRA_NODE_NAME": "from-env", "GPU_DRA_CALL_TIMEOUT": "30"},
+    )
+
+    assert (settings.node_name, settings.call_timeout_s) == ("from-flag", 5.0)
+
+
+def test_node_name_falls_back_to_the_downward_api_node_name() -> None:
+    assert KubeletPluginSettings.parse([], {"NODE_NAME": "node-b"}).node_name == "node-b"
+
+
+def test_gpu_dra_node_name_wins_over_node_name() -> None:
+    env = {"NODE_NAME": "node-b", "GPU_DRA_NODE_NAME": "node-c"}
+
+    assert KubeletPluginSettings.parse([], env).node_name == "node-c"
+
+
+@pytest.mark.parametrize(
+    ("argv", "env"),
+    [
+        pytest.param([], {}, id="nothing"),
+        pytest.param(["--node-name", ""], {}, id="empty-flag"),
+        pytest.param([], {"NODE_NAME": ""}, id="empty-env"),
+    ],
+)
+def test_missing_node_name_is_a_usage_error(
+    capsys: pytest.CaptureFixture[str], argv: list[str], env: dict[str, str]
+) -> None:
+    error = usage_error(capsys, argv, env)
+
+    assert "--node-name (or GPU_DRA_NODE_NAME / NODE_NAME) is required" in error
+
+
+@pytest.mark.parametrize("timeout", ["0", "-1", "45", "60", "nan", "inf"])
+def test_call_timeout_outside_the_kubelet_deadline_is_a_usage_error(
+    capsys: pytest.CaptureFixture[str], timeout: str
+) -> None:
+    error = usage_error(capsys, ["--node-name", "n", "--call-timeout", timeout], {})
+
+    assert "--call-timeout must be between 0 and 45 seconds" in error
+
+
+@pytest.mark.parametrize("timeout", ["0.1", "44.9"])
+def test_call_timeout_just_inside_the_bounds_is_accepted(timeout: str) -> None:
+    settings = KubeletPluginSettings.parse(["--node-name", "n", "--call-timeout", timeout], {})
+
+    assert settings.call_timeout_s == float(timeout)
+
+
+def test_call_timeout_that_is_not_a_number_is_a_usage_error(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    error = usage_error(capsys, [], {"GPU_DRA_NODE_NAME": "n", "GPU_DRA_CALL_TIMEOUT": "40s"})
+
+    assert "--call-timeout must be a number of seconds, got '40s'" in error
+
+
+def test_data_dir_replaces_the_default_state_dir() -> None:
+    default = KubeletPluginSettings.parse(
+        ["--node-name", "n", "--kubelet-plugins-dir", "/p", "--driver-name", "gpu.example.com"],
+        {},
+    )
+    explicit = KubeletPluginSettings.parse(["--node-name", "n", "--data-dir", "/d"], {})
+
+    assert default.state_dir == Path("/p/gpu.example.com")
+    assert explicit.state_dir == Path("/d")
+
+
+@pytest.mark.parametrize("variable", ["GPU_DRA_SIMULATE", "GPU_DRA_DATA_DIR", "GPU_DRA_KUBECONFIG"])
+def test_empty_optional_setting_means_unset(variable: str) -> None:
+    settings = KubeletPluginSettings.parse(["--node-name", "n"], {variable: ""})
+
+    assert (settings.simulate, settings.data_dir, settings.kubeconfig) == (None, None, None)
+
+
+def test_usage_names_each_environment_twin_and_its_default(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        KubeletPluginSettings.parse(["--help"], {})
+
+    assert exit_info.value.code == 0
+    usage = " ".join(capsys.readouterr().out.split())  # argparse wraps long lines
+    for flag in ALL_FLAGS:
+        assert f"env {env_twin(flag)};" in usage, flag
+    assert "[env GPU_DRA_CDI_ROOT; default: /var/run/cdi]" in usage
+    assert "[env GPU_DRA_CALL_TIMEOUT; default: 40]" in usage
