@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from e2e.cluster import Cluster, netns
+from e2e.driver import Driver
 from e2e.kube import Kube
 
 pytestmark = pytest.mark.e2e
@@ -38,6 +39,16 @@ def cluster() -> Iterator[Cluster]:
 @pytest.fixture(scope="session")
 def kube(cluster: Cluster) -> Kube:
     return Kube(cluster.kubeconfig)
+
+
+@pytest.fixture(scope="module")
+def driver(cluster: Cluster, kube: Kube, request: pytest.FixtureRequest) -> Iterator[Driver]:
+    """gpu-dra on the node, simulating the module's SIMULATED_PROFILE (default hgx-h100)."""
+    running = Driver(cluster, kube, getattr(request.module, "SIMULATED_PROFILE", "hgx-h100"))
+    running.install()
+    running.start_plugin()
+    yield running
+    running.stop_plugin()
 
 
 @pytest.fixture

@@ -5,34 +5,13 @@ from __future__ import annotations
 import pytest
 from kubernetes.dynamic.exceptions import UnprocessibleEntityError
 
+from e2e import manifests as m
 from e2e.cluster import Cluster, versions
 from e2e.kube import Kube, wait_for
 
 pytestmark = pytest.mark.e2e
 
 SMOKE_DRIVER = "smoke.e2e.gpu-dra.dev"
-
-
-def busybox_pod(name: str, namespace: str, command: str, **spec: object) -> dict[str, object]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "namespace": namespace},
-        "spec": {
-            "restartPolicy": "Never",
-            "terminationGracePeriodSeconds": 1,
-            "containers": [
-                {
-                    "name": "main",
-                    "image": versions.TEST_IMAGE,
-                    "imagePullPolicy": "Never",
-                    "command": ["sh", "-c", command],
-                    **spec.pop("container", {}),  # type: ignore[dict-item]
-                }
-            ],
-            **spec,
-        },
-    }
 
 
 def test_node_is_ready_with_the_pinned_kubelet(cluster: Cluster, kube: Kube) -> None:
@@ -46,7 +25,8 @@ def test_node_is_ready_with_the_pinned_kubelet(cluster: Cluster, kube: Kube) -> 
 
 
 def test_busybox_pod_runs_and_its_log_is_read_back(kube: Kube, namespace: str) -> None:
-    kube.create(busybox_pod("hello", namespace, "echo hello from $(hostname); cat /etc/passwd"))
+    command = "echo hello from $(hostname); cat /etc/passwd"
+    kube.create(m.pod("hello", namespace, [m.container("main", command)]))
 
     def succeeded() -> bool:
         phase = kube.get("v1", "Pod", "hello", namespace)["status"].get("phase")
@@ -120,12 +100,11 @@ def test_claim_is_allocated_from_a_slice_by_the_real_scheduler(kube: Kube, names
             }
         )
         kube.create(
-            busybox_pod(
+            m.pod(
                 "consumer",
                 namespace,
-                "true",
-                resourceClaims=[{"name": "dev", "resourceClaimName": "big"}],
-                container={"resources": {"claims": [{"name": "dev"}]}},
+                [m.container("main", "true", claims=[{"name": "dev"}])],
+                [{"name": "dev", "resourceClaimName": "big"}],
             )
         )
         wait_for(

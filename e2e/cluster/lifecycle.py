@@ -89,6 +89,10 @@ class Cluster:
         return result.stdout
 
     # ---- processes ---------------------------------------------------------------------------
+    def start_process(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> int:
+        """Start a process in the cluster's namespace, logged and stopped by `down`."""
+        return self._start(name, argv, env)
+
     def _start(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> int:
         self.paths.logs.mkdir(parents=True, exist_ok=True)
         with open(self.paths.logs / f"{name}.log", "ab") as logfile:

@@ -1,0 +1,137 @@
+"""Runs gpu-dra on the e2e cluster's node: the kubelet plugin on a simulated machine profile,
+and the controller applying the DeviceClass catalog. Processes are registered with the cluster,
+so `down` stops them too; tests stop what they start."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from e2e.cluster import Cluster, versions
+from e2e.cluster.paths import REPO_ROOT
+from e2e.kube import Kube, wait_for
+
+DRIVER = "gpu.nvidia.com"
+PLUGIN = "gpu-dra-kubelet-plugin"
+CDI_ROOT = Path("/var/run/cdi")
+BIN = Path(sys.executable).parent
+
+
+@dataclass
+class Driver:
+    cluster: Cluster
+    kube: Kube
+    profile: str
+
+    @property
+    def state_dir(self) -> Path:
+        return self.cluster.paths.plugins_dir / DRIVER
+
+    def install(self) -> None:
+        """RBAC for the driver's identity and the DeviceClass catalog (through the controller)."""
+        self.cluster.kubectl("apply", "-f", str(REPO_ROOT / "deployments" / "rbac.yaml"))
+        self.cluster.kubectl(
+            "apply", "-f", "-",
+            input=json.dumps(
+                {
+                    "apiVersion": "rbac.authorization.k8s.io/v1",
+                    "kind": "ClusterRoleBinding",
+                    "metadata": {"name": "gpu-dra-driver-e2e"},
+                    "roleRef": {
+                        "apiGroup": "rbac.authorization.k8s.io",
+                        "kind": "ClusterRole",
+                        "name": "gpu-dra-driver",
+                    },
+                    "subjects": [
+                        {
+                            "apiGroup": "rbac.authorization.k8s.io",
+                            "kind": "User",
+                            "name": "gpu-dra-driver",
+                        }
+                    ],
+                }
+            ),
+        )  # fmt: skip
+        subprocess.run(
+            [
+                str(BIN / "gpu-dra-controller"),
+                "--once",
+                f"--kubeconfig={self.kubeconfig}",
+                f"--deviceclasses-dir={REPO_ROOT / 'deviceclasses'}",
+                "--metrics-port=0",
+            ],
+            check=True,
+            capture_output=True,
+            timeout=60,
+        )
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.cluster.paths.state / "gpu-dra-driver.kubeconfig"
+
+    def start_plugin(self) -> None:
+        paths = self.cluster.paths
+        self.cluster.start_process(
+            PLUGIN,
+            [
+                str(BIN / PLUGIN),
+                f"--node-name={versions.NODE_NAME}",
+                f"--simulate={self.profile}",
+                f"--kubelet-plugins-dir={paths.plugins_dir}",
+                f"--kubelet-registry-dir={paths.plugins_registry}",
+                f"--cdi-root={CDI_ROOT}",
+                f"--kubeconfig={self.kubeconfig}",
+            ],
+            env=dict(os.environ, PYTHONUNBUFFERED="1"),
+        )
+        wait_for("the plugin's registration socket", self.registration_socket.exists, 60)
+        wait_for("the node's ResourceSlice", lambda: bool(self.devices()), 60)
+
+    def stop_plugin(self) -> None:
+        self.cluster.stop_component(PLUGIN)
+
+    @property
+    def registration_socket(self) -> Path:
+        return self.cluster.paths.plugins_registry / f"{DRIVER}-reg.sock"
+
+    def slices(self) -> list[dict[str, Any]]:
+        return self.kube.list(
+            "resource.k8s.io/v1",
+            "ResourceSlice",
+            field_selector=f"spec.driver={DRIVER},spec.nodeName={versions.NODE_NAME}",
+        )
+
+    def devices(self) -> dict[str, dict[str, Any]]:
+        """Published devices by name (from the highest pool generation)."""
+        slices = self.slices()
+        if not slices:
+            return {}
+        generation = max(s["spec"]["pool"]["generation"] for s in slices)
+        return {
+            d["name"]: d
+            for s in slices
+            if s["spec"]["pool"]["generation"] == generation
+            for d in s["spec"].get("devices", [])
+        }
+
+    def uuid_of(self, device: str) -> str:
+        return str(self.devices()[device]["attributes"]["uuid"]["string"])
+
+    def checkpoint_claims(self) -> set[str]:
+        path = self.state_dir / "checkpoint.json"
+        if not path.exists():
+            return set()
+        return set(json.loads(path.read_text()).get("claims", {}))
+
+    def cdi_spec_claims(self) -> set[str]:
+        prefix = "k8s.gpu.nvidia.com-claim_"
+        return {
+            p.name[len(prefix) :].rsplit(".", 1)[0]
+            for p in CDI_ROOT.glob(f"{prefix}*")
+            if p.is_file()
+        }

@@ -1,0 +1,109 @@
+"""Builders for the manifests the e2e tests create (plain dicts, shaped like users write them)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from e2e.cluster import versions
+
+Obj = dict[str, Any]
+
+# Prints what the container received from gpu-dra, then stays up so its log can be read.
+SHOW_GPUS = "env | grep ^GPU_DRA_ | sort; cat /run/gpu-dra/devices/*.json 2>/dev/null; sleep 3600"
+
+
+def container(name: str = "ctr", command: str = SHOW_GPUS, claims: list[Obj] | None = None) -> Obj:
+    spec: Obj = {
+        "name": name,
+        "image": versions.TEST_IMAGE,
+        "imagePullPolicy": "Never",
+        "command": ["sh", "-c", command],
+    }
+    if claims is not None:
+        spec["resources"] = {"claims": claims}
+    return spec
+
+
+def pod(
+    name: str,
+    namespace: str,
+    containers: list[Obj],
+    resource_claims: list[Obj] | None = None,
+) -> Obj:
+    spec: Obj = {
+        "restartPolicy": "Never",
+        "terminationGracePeriodSeconds": 1,
+        "containers": containers,
+    }
+    if resource_claims:
+        spec["resourceClaims"] = resource_claims
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": spec,
+    }
+
+
+def gpu_pod(
+    name: str, namespace: str, *, template: str | None = None, claim: str | None = None
+) -> Obj:
+    """One container using pod claim `gpu`, from a template or an existing claim."""
+    source = {"resourceClaimTemplateName": template} if template else {"resourceClaimName": claim}
+    return pod(
+        name,
+        namespace,
+        [container(claims=[{"name": "gpu"}])],
+        [{"name": "gpu", **source}],
+    )
+
+
+def request(
+    name: str = "gpu",
+    device_class: str = "gpu.nvidia.com",
+    selectors: list[str] | None = None,
+    count: int | None = None,
+) -> Obj:
+    exactly: Obj = {"deviceClassName": device_class}
+    if selectors:
+        exactly["selectors"] = [{"cel": {"expression": e}} for e in selectors]
+    if count is not None:
+        exactly["count"] = count
+    return {"name": name, "exactly": exactly}
+
+
+def claim_spec(requests: list[Obj], config: list[Obj] | None = None) -> Obj:
+    devices: Obj = {"requests": requests}
+    if config:
+        devices["config"] = config
+    return {"devices": devices}
+
+
+def claim(name: str, namespace: str, spec: Obj) -> Obj:
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": spec,
+    }
+
+
+def claim_template(name: str, namespace: str, spec: Obj) -> Obj:
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"spec": spec},
+    }
+
+
+def gpu_config(parameters: Obj, requests: list[str] | None = None) -> Obj:
+    entry: Obj = {
+        "opaque": {
+            "driver": "gpu.nvidia.com",
+            "parameters": {"apiVersion": "resource.nvidia.com/v1beta1", **parameters},
+        }
+    }
+    if requests:
+        entry["requests"] = requests
+    return entry
