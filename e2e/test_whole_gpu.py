@@ -274,11 +274,11 @@ def test_plugin_restart_keeps_prepared_claims_and_unprepares_them_later(
 def test_extended_resource_nvidia_com_gpu_gets_a_dra_gpu(
     driver: Driver, kube: Kube, namespace: str
 ) -> None:
-    """Device-plugin style `nvidia.com/gpu: 1` is served through the class's extendedResourceName."""
+    """`nvidia.com/gpu: 1` (device-plugin style) is served via the class's extendedResourceName."""
     container = m.container()
     container["resources"] = {"limits": {"nvidia.com/gpu": "1"}}
     kube.create(m.pod("legacy", namespace, [container]))
     wait_running(kube, "legacy", namespace)
     gpus = gpus_seen(kube, "legacy", namespace)
-    assert len(gpus) == 1
-    assert list(gpus.values())[0] in {driver.uuid_of(d) for d in driver.devices()}
+    ((_, uuid),) = gpus.items()
+    assert uuid in {driver.uuid_of(d) for d in driver.devices()}
