@@ -1,0 +1,551 @@
+"""`gpu-dra`: the operator's command line; needs no cluster.
+
+* ``profiles`` lists the built-in simulated machine profiles.
+* ``devices`` prints the devices the kubelet plugin would publish for this node's GPUs (or for a
+  simulated machine), as a table or as the exact ``resource.k8s.io/v1`` device objects.
+* ``check-config`` validates the opaque ``GpuConfig``/``MigDeviceConfig`` entries of
+  ResourceClaims, ResourceClaimTemplates and DeviceClasses before they are applied, with the
+  messages the kubelet plugin would put in pod events.
+
+Each subcommand is a `Subcommand`: one function adding its arguments, one running it. To add one,
+write those two functions and list it in `SUBCOMMANDS`. Flags describing the node (``--simulate``,
+``--node``, ``--driver-root``, ``--driver-name``) default to the kubelet plugin's environment
+variables, so ``gpu-dra devices`` run in the plugin's container shows what that plugin publishes.
+
+Exit status: 0 success, 1 the check or discovery failed, 2 usage error or unusable input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import sys
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final, Literal, TextIO
+
+import yaml
+
+from gpu_dra.driver.attributes import (
+    NUMA_NODE,
+    PCI_BUS_ID,
+    DeviceAttributeError,
+    gpu_device,
+)
+from gpu_dra.driver.config import ConfigError, ConfigProblem, resolve_configs
+from gpu_dra.driver.config.resolve import NOT_OPAQUE
+from gpu_dra.driver.discovery import DiscoveryError, discover_gpus
+from gpu_dra.driver.naming import DEFAULT_DRIVER_NAME
+from gpu_dra.driver.nvml.interface import NvmlLibrary, PciTopology
+from gpu_dra.driver.nvml.profiles import ProfileError, builtin_profile_names, load_profile
+from gpu_dra.driver.nvml.real import RealNvml
+from gpu_dra.driver.nvml.simulated import SimulatedHost
+from gpu_dra.driver.nvml.sysfs import SysfsPciTopology
+from gpu_dra.driver.resourceapi import API_GROUP, Device
+
+PROG: Final = "gpu-dra"
+
+EXIT_OK: Final = 0
+EXIT_FAILED: Final = 1
+EXIT_USAGE: Final = 2
+
+OUTPUT_FORMATS: Final = ("table", "json", "yaml")
+STDIN: Final = "-"
+_STDIN_LABEL: Final = "<stdin>"
+_MISSING: Final = "-"
+
+
+class CliError(Exception):
+    """A failure the user can act on: printed as one line on stderr, never as a traceback."""
+
+    def __init__(self, message: str, exit_code: int = EXIT_FAILED) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+@dataclass(frozen=True)
+class Streams:
+    """Where a subcommand reads and writes; `main` passes the process's streams."""
+
+    out: TextIO
+    err: TextIO
+    stdin: TextIO
+
+
+@dataclass(frozen=True)
+class Subcommand:
+    """One ``gpu-dra <name>`` command."""
+
+    name: str
+    summary: str
+    """One line in ``gpu-dra --help``."""
+    description: str
+    """What ``gpu-dra <name> --help`` explains above the arguments."""
+    examples: tuple[str, ...]
+    """Command lines shown in both help texts."""
+    add_arguments: Callable[[argparse.ArgumentParser, Mapping[str, str]], None]
+    """Adds the command's arguments; defaults may come from the environment passed."""
+    run: Callable[[argparse.Namespace, Streams], int]
+    """Runs the command; returns the exit status or raises `CliError`."""
+
+
+def main(argv: Sequence[str] | None = None, *, environ: Mapping[str, str] | None = None) -> int:
+    """Run ``gpu-dra`` with `argv` (default ``sys.argv[1:]``); the process exit status.
+
+    `environ` (default ``os.environ``) supplies the defaults of the flags with environment twins.
+    """
+    streams = Streams(out=sys.stdout, err=sys.stderr, stdin=sys.stdin)
+    parser = build_parser(os.environ if environ is None else environ)
+    try:
+        args = parser.parse_args(sys.argv[1:] if argv is None else list(argv))
+    except SystemExit as exit_request:  # --help, or a usage error argparse has already printed
+        return exit_request.code if isinstance(exit_request.code, int) else EXIT_USAGE
+    command: Subcommand | None = getattr(args, "command", None)
+    if command is None:
+        parser.print_help(streams.err)
+        return EXIT_USAGE
+    try:
+        return command.run(args, streams)
+    except CliError as error:
+        _error(streams, command, str(error))
+        return error.exit_code
+
+
+def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
+    """The ``gpu-dra`` parser with every subcommand of `SUBCOMMANDS`."""
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description="Operator tools of gpu-dra, the Kubernetes DRA driver for NVIDIA GPUs.\n"
+        "None of them needs a cluster. `gpu-dra COMMAND --help` explains each command.",
+        epilog=_examples(SUBCOMMANDS),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    subparsers = parser.add_subparsers(title="commands", metavar="COMMAND")
+    for command in SUBCOMMANDS:
+        subparser = subparsers.add_parser(
+            command.name,
+            help=command.summary,
+            description=command.description,
+            epilog=_examples([command]),
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+        command.add_arguments(subparser, environ)
+        subparser.set_defaults(command=command)
+    return parser
+
+
+# ---- gpu-dra profiles ----------------------------------------------------------------------------
+
+
+def add_profiles_arguments(parser: argparse.ArgumentParser, environ: Mapping[str, str]) -> None:
+    _add_output_argument(parser)
+
+
+def run_profiles(args: argparse.Namespace, streams: Streams) -> int:
+    summaries = [_profile_summary(name) for name in builtin_profile_names()]
+    if args.output != "table":
+        _write_data(streams, summaries, args.output)
+        return EXIT_OK
+    rows = [
+        [
+            str(summary["name"]),
+            str(summary["gpus"]),
+            ", ".join(f"{count}x {product}" for product, count in summary["products"].items()),
+        ]
+        for summary in summaries
+    ]
+    _write_table(streams, ["NAME", "GPUS", "PRODUCTS"], rows)
+    return EXIT_OK
+
+
+def _profile_summary(name: str) -> dict[str, Any]:
+    # The node name only seeds UUIDs, which the summary does not show.
+    profile = load_profile(name, node_name=PROG)
+    products = Counter(gpu.model.name for gpu in profile.gpus)
+    return {
+        "name": profile.name,
+        "gpus": len(profile.gpus),
+        "products": dict(products),
+        "description": profile.description,
+    }
+
+
+# ---- gpu-dra devices -----------------------------------------------------------------------------
+
+
+def add_devices_arguments(parser: argparse.ArgumentParser, environ: Mapping[str, str]) -> None:
+    _add_env_argument(
+        parser,
+        environ,
+        "--simulate",
+        env=("GPU_DRA_SIMULATE",),
+        metavar="PROFILE",
+        help="simulated machine profile: a built-in name (see `gpu-dra profiles`) or the path "
+        "of a .json/.yaml profile file",
+        shown_default="none: the real GPUs through NVML",
+    )
+    _add_env_argument(
+        parser,
+        environ,
+        "--node",
+        "--node-name",
+        env=("GPU_DRA_NODE_NAME", "NODE_NAME"),
+        metavar="NAME",
+        help="node name; simulated GPU UUIDs are derived from it, as on the node itself",
+        shown_default="the host name",
+    )
+    _add_env_argument(
+        parser,
+        environ,
+        "--driver-root",
+        env=("GPU_DRA_DRIVER_ROOT",),
+        metavar="DIR",
+        help="root of the NVIDIA driver installation, searched for libnvidia-ml.so.1 "
+        "(/run/nvidia/driver with the GPU Operator); ignored with --simulate",
+        default="/",
+    )
+    _add_output_argument(parser)
+
+
+def run_devices(args: argparse.Namespace, streams: Streams) -> int:
+    nvml, pci = _node(args)
+    try:
+        gpus = discover_gpus(nvml, pci)
+    except DiscoveryError as error:
+        raise CliError(str(error)) from error
+    except OSError as error:  # libnvidia-ml.so.1 exists but cannot be loaded
+        raise CliError(f"cannot load the NVML library under {args.driver_root}: {error}") from error
+    try:
+        # PCI bus order, the order the kubelet plugin publishes them in.
+        devices = [gpu_device(gpu) for gpu in sorted(gpus, key=lambda gpu: gpu.pci_bus_id)]
+    except DeviceAttributeError as error:
+        raise CliError(f"cannot publish the GPUs: {error}") from error
+    if args.output != "table":
+        _write_data(streams, devices, args.output)
+        return EXIT_OK
+    if not devices:
+        print("no GPUs found", file=streams.err)
+        return EXIT_OK
+    headers = ["NAME", "PRODUCT", "MEMORY", "ARCHITECTURE", "COMPUTE CAPABILITY"]
+    headers += ["PCI BUS ID", "NUMA", "UUID"]
+    _write_table(streams, headers, [_device_row(device) for device in devices])
+    return EXIT_OK
+
+
+def _node(args: argparse.Namespace) -> tuple[NvmlLibrary, PciTopology]:
+    if not args.simulate:
+        return RealNvml(Path(args.driver_root)), SysfsPciTopology()
+    try:
+        host = SimulatedHost.load(args.simulate, args.node or socket.gethostname())
+    except ProfileError as error:
+        raise CliError(str(error), EXIT_USAGE) from error
+    return host.nvml, host.pci
+
+
+def _device_row(device: Device) -> list[str]:
+    attributes = device.get("attributes", {})
+
+    def attribute(key: str) -> str:
+        value = attributes.get(key)
+        return _MISSING if not value else str(next(iter(value.values())))
+
+    memory = device.get("capacity", {}).get("memory")
+    return [
+        device["name"],
+        attribute("productName"),
+        _MISSING if memory is None else memory["value"],
+        attribute("architecture"),
+        attribute("cudaComputeCapability"),
+        attribute(PCI_BUS_ID),
+        attribute(NUMA_NODE),
+        attribute("uuid"),
+    ]
+
+
+# ---- gpu-dra check-config ------------------------------------------------------------------------
+
+Verdict = Literal["OK", "ERROR", "SKIP"]
+
+# Kind -> where its config list is and the config source the scheduler gives its entries.
+_CONFIG_LISTS: Final[dict[str, tuple[tuple[str, ...], str]]] = {
+    "ResourceClaim": (("spec", "devices", "config"), "FromClaim"),
+    "ResourceClaimTemplate": (("spec", "spec", "devices", "config"), "FromClaim"),
+    "DeviceClass": (("spec", "config"), "FromClass"),
+}
+
+
+@dataclass(frozen=True)
+class ConfigCheck:
+    """The verdict on one config entry (or on a config list that is not a list)."""
+
+    file: str
+    object: str
+    """``<kind>/<name>``."""
+    path: str
+    """``spec.devices.config[0]``."""
+    verdict: Verdict
+    message: str = ""
+
+    def __str__(self) -> str:
+        line = f"{self.verdict} {self.file} {self.object} {self.path}"
+        return f"{line}: {self.message}" if self.message else line
+
+
+def add_check_config_arguments(parser: argparse.ArgumentParser, environ: Mapping[str, str]) -> None:
+    parser.add_argument(
+        "files",
+        nargs="+",
+        metavar="FILE",
+        help=f"YAML manifest file, may hold several documents and List objects; {STDIN} reads "
+        "standard input",
+    )
+    _add_env_argument(
+        parser,
+        environ,
+        "--driver-name",
+        env=("GPU_DRA_DRIVER_NAME",),
+        metavar="NAME",
+        help="DRA driver name whose opaque configs are checked; others are skipped",
+        default=DEFAULT_DRIVER_NAME,
+    )
+
+
+def run_check_config(args: argparse.Namespace, streams: Streams) -> int:
+    checks: list[ConfigCheck] = []
+    unusable = False
+    for file in args.files:
+        try:
+            documents = _load_documents(file, streams.stdin)
+        except CliError as error:
+            _error(streams, CHECK_CONFIG, str(error))
+            unusable = True
+            continue
+        label = _STDIN_LABEL if file == STDIN else file
+        for document in documents:
+            for check in check_object(label, document, driver=args.driver_name):
+                print(check, file=streams.out)
+                checks.append(check)
+    if unusable:
+        return EXIT_USAGE
+    if not checks:
+        print(
+            "no config entries found in ResourceClaims, ResourceClaimTemplates or DeviceClasses",
+            file=streams.err,
+        )
+    return EXIT_FAILED if any(check.verdict == "ERROR" for check in checks) else EXIT_OK
+
+
+def check_object(file: str, manifest: Mapping[str, Any], *, driver: str) -> list[ConfigCheck]:
+    """The verdict on each config entry of a manifest (other kinds have none; Lists are opened)."""
+    kind = manifest.get("kind")
+    if kind == "List" and isinstance(manifest.get("items"), list):
+        return [
+            check
+            for item in manifest["items"]
+            if isinstance(item, Mapping)
+            for check in check_object(file, item, driver=driver)
+        ]
+    api_version = manifest.get("apiVersion")
+    if not (
+        isinstance(kind, str)
+        and kind in _CONFIG_LISTS
+        and isinstance(api_version, str)
+        and api_version.startswith(f"{API_GROUP}/")
+    ):
+        return []
+    metadata = manifest.get("metadata")
+    name = metadata.get("name") if isinstance(metadata, Mapping) else None
+    label = f"{kind}/{name or '<unnamed>'}"
+    keys, source = _CONFIG_LISTS[kind]
+    entries: object = manifest
+    for depth, key in enumerate(keys):
+        if entries is None:
+            return []
+        if not isinstance(entries, Mapping):
+            path = ".".join(keys[:depth])
+            return [ConfigCheck(file, label, path, "ERROR", "expected an object")]
+        entries = entries.get(key)
+    if entries is None:
+        return []
+    if not isinstance(entries, list):
+        message = "expected a list of config entries"
+        return [ConfigCheck(file, label, ".".join(keys), "ERROR", message)]
+    checks = []
+    for index, entry in enumerate(entries):
+        verdict, message = check_entry(entry, source=source, driver=driver)
+        path = f"{'.'.join(keys)}[{index}]"
+        checks.append(ConfigCheck(file, label, path, verdict, message))
+    return checks
+
+
+def check_entry(entry: object, *, source: str, driver: str) -> tuple[Verdict, str]:
+    """Verdict and message for one ``config`` entry, as the kubelet plugin would judge it.
+
+    The entry goes through `resolve_configs`, the plugin's own code path, with no devices: every
+    entry for `driver` is decoded and validated whether or not it would be used. Its problems
+    come back labelled ``config[0] (FromClaim)``; the caller names the entry by its path instead.
+    """
+    if not isinstance(entry, Mapping):
+        return "ERROR", "expected an object with opaque.driver and opaque.parameters"
+    opaque = entry.get("opaque")
+    if not isinstance(opaque, Mapping):
+        return "ERROR", NOT_OPAQUE
+    entry_driver = opaque.get("driver")
+    if entry_driver != driver:
+        return "SKIP", f"driver {entry_driver} is not {driver}"
+    try:
+        resolve_configs([{**entry, "source": source}], [], driver=driver, claim="")
+    except ConfigError as error:
+        problems = (
+            ConfigProblem(problem.reason, field=problem.field) for problem in error.problems
+        )
+        return "ERROR", "; ".join(str(problem) for problem in problems)
+    return "OK", ""
+
+
+def _load_documents(file: str, stdin: TextIO) -> list[Mapping[str, Any]]:
+    """The non-empty YAML documents of `file`; `CliError` (usage) if it cannot be used."""
+    label = _STDIN_LABEL if file == STDIN else file
+    try:
+        text = stdin.read() if file == STDIN else Path(file).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        raise CliError(f"cannot read {label}: {error}", EXIT_USAGE) from error
+    try:
+        documents = list(yaml.safe_load_all(text))
+    except yaml.YAMLError as error:
+        raise CliError(f"{label}: not valid YAML: {_yaml_message(error)}", EXIT_USAGE) from error
+    for number, document in enumerate(documents, start=1):
+        if document is not None and not isinstance(document, Mapping):
+            raise CliError(
+                f"{label}: document {number} is not a Kubernetes object (a YAML mapping)",
+                EXIT_USAGE,
+            )
+    return [document for document in documents if document is not None]
+
+
+def _yaml_message(error: yaml.YAMLError) -> str:
+    """The parser's message on one line, with the position of the problem."""
+    if isinstance(error, yaml.MarkedYAMLError) and error.problem_mark is not None:
+        mark = error.problem_mark
+        text = ", ".join(part for part in (error.context, error.problem) if part)
+        return f"line {mark.line + 1}, column {mark.column + 1}: {text}"
+    return " ".join(str(error).split())
+
+
+# ---- the command table ---------------------------------------------------------------------------
+
+PROFILES: Final = Subcommand(
+    name="profiles",
+    summary="list the built-in simulated machine profiles",
+    description="List the built-in simulated machine profiles (for --simulate of `gpu-dra\n"
+    "devices` and of the kubelet plugin) with their GPU count and products.",
+    examples=("gpu-dra profiles", "gpu-dra profiles -o yaml"),
+    add_arguments=add_profiles_arguments,
+    run=run_profiles,
+)
+
+DEVICES: Final = Subcommand(
+    name="devices",
+    summary="print the devices gpu-dra would publish for a node",
+    description="Discover the GPUs (real ones through NVML, or a simulated machine) and print\n"
+    "the devices the kubelet plugin would publish in the node's ResourceSlice: a table,\n"
+    "or the exact resource.k8s.io/v1 device objects with -o json|yaml.\n"
+    "Exit status: 0 success, 1 discovery failed (no NVML library, driver not loaded),\n"
+    "2 usage error (unknown profile).",
+    examples=(
+        "gpu-dra devices --simulate hgx-h100 --node node-1",
+        "gpu-dra devices --simulate t4 -o json",
+        "gpu-dra devices --driver-root /run/nvidia/driver",
+    ),
+    add_arguments=add_devices_arguments,
+    run=run_devices,
+)
+
+CHECK_CONFIG: Final = Subcommand(
+    name="check-config",
+    summary="validate the opaque GPU configs of claims, templates and DeviceClasses",
+    description="Check every config entry of the ResourceClaims (spec.devices.config),\n"
+    "ResourceClaimTemplates (spec.spec.devices.config) and DeviceClasses (spec.config)\n"
+    "in the files, with the messages the kubelet plugin would put in pod events.\n"
+    "One line per entry:\n"
+    "  OK <file> <kind>/<name> <path>\n"
+    "  ERROR <file> <kind>/<name> <path>: <message>\n"
+    "  SKIP <file> <kind>/<name> <path>: <why>      (an entry for another driver)\n"
+    "Entries that are not opaque are errors: the driver cannot tell whom they are for.\n"
+    "Other objects are ignored.\n"
+    "Exit status: 0 all entries OK, 1 some entry has an error, 2 a file cannot be read\n"
+    "or parsed.",
+    examples=(
+        "gpu-dra check-config claim.yaml deviceclasses/*.yaml",
+        "kubectl kustomize overlays/prod | gpu-dra check-config -",
+    ),
+    add_arguments=add_check_config_arguments,
+    run=run_check_config,
+)
+
+SUBCOMMANDS: Final[tuple[Subcommand, ...]] = (PROFILES, DEVICES, CHECK_CONFIG)
+
+
+# ---- shared helpers ------------------------------------------------------------------------------
+
+
+def _add_env_argument(
+    parser: argparse.ArgumentParser,
+    environ: Mapping[str, str],
+    *flags: str,
+    env: tuple[str, ...],
+    metavar: str,
+    help: str,
+    default: str | None = None,
+    shown_default: str | None = None,
+) -> None:
+    """A string flag whose default is the first non-empty variable of `env`, else `default`."""
+    value = next((environ[name] for name in env if environ.get(name)), default)
+    shown = shown_default if shown_default is not None else default
+    parser.add_argument(
+        *flags,
+        default=value,
+        metavar=metavar,
+        help=f"{help} (env {' or '.join(env)}; default: {shown})",
+    )
+
+
+def _add_output_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "-o",
+        "--output",
+        choices=OUTPUT_FORMATS,
+        default="table",
+        help="output format (default: table)",
+    )
+
+
+def _write_table(streams: Streams, headers: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
+    widths = [max(len(row[column]) for row in [headers, *rows]) for column in range(len(headers))]
+    for row in [headers, *rows]:
+        line = "   ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True))
+        print(line.rstrip(), file=streams.out)
+
+
+def _write_data(streams: Streams, data: object, output: str) -> None:
+    if output == "json":
+        print(json.dumps(data, indent=2), file=streams.out)
+    else:
+        streams.out.write(yaml.safe_dump(data, sort_keys=False))
+
+
+def _examples(commands: Sequence[Subcommand]) -> str:
+    lines = [f"  {example}" for command in commands for example in command.examples]
+    return "examples:\n" + "\n".join(lines)
+
+
+def _error(streams: Streams, command: Subcommand, message: str) -> None:
+    print(f"{PROG} {command.name}: error: {message}", file=streams.err)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
