@@ -1,9 +1,10 @@
 """Composition root of `gpu-dra-kubelet-plugin`: settings -> adapters -> serve until SIGTERM.
 
 Order matters: discover the GPUs, recover from the checkpoint (roll back half-done prepares,
-remove orphaned CDI specs), start publishing the node's ResourceSlices, then serve the DRA
-socket, and only then the registration socket (PluginServer does both in that order). Every
-successful registration republishes the slices: the kubelet wipes them when it starts.
+remove orphaned CDI specs), start publishing the node's ResourceSlices and caching the
+ResourceClaims, then serve the DRA socket, and only then the registration socket (PluginServer
+does both in that order). Every successful registration republishes the slices: the kubelet wipes
+them when it starts. Prepares GET their claims until the cache has listed them.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from gpu_dra.driver.nvml.simulated import SimulatedHost
 from gpu_dra.driver.nvml.sysfs import SysfsPciTopology
 from gpu_dra.kubelet_plugin.cdi import ClaimSpecStore
 from gpu_dra.kubelet_plugin.checkpoint import Checkpoint
+from gpu_dra.kubelet_plugin.claimcache import CachedClaimReader
 from gpu_dra.kubelet_plugin.inventory import NodeInventory
 from gpu_dra.kubelet_plugin.kubeapi import KubernetesClaimReader
 from gpu_dra.kubelet_plugin.prepare import WholeGpuPreparer
@@ -61,11 +63,14 @@ async def run(settings: KubeletPluginSettings) -> None:
             len(loaded.discarded_claims),
         )
     api_client = new_api_client(settings.kubeconfig)
+    claim_api = KubernetesClaimReader(api_client)
+    claims = CachedClaimReader(claim_api)
     preparer = WholeGpuPreparer(
         driver_name=settings.driver_name,
         node_name=settings.node_name,
         inventory=inventory,
-        claims=KubernetesClaimReader(api_client),
+        claims=claims,
+        uncached_claims=claim_api,
         checkpoint=checkpoint,
         cdi=ClaimSpecStore(settings.cdi_root, driver_name=settings.driver_name),
         claims_dir=settings.state_dir / "claims",
@@ -93,9 +98,10 @@ async def run(settings: KubeletPluginSettings) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    await server.start()
-    log.info("serving dra=%s registration=%s", server.dra_socket, server.registration_socket)
+    claims.start()
     try:
+        await server.start()
+        log.info("serving dra=%s registration=%s", server.dra_socket, server.registration_socket)
         done, _ = await asyncio.wait(
             {publishing, asyncio.create_task(stop.wait())}, return_when=asyncio.FIRST_COMPLETED
         )
@@ -106,6 +112,7 @@ async def run(settings: KubeletPluginSettings) -> None:
         await server.stop()
         publisher.stop()
         await asyncio.gather(publishing, return_exceptions=True)
+        await asyncio.to_thread(claims.close)
         api_client.close()  # type: ignore[no-untyped-call]
 
 

@@ -3,8 +3,9 @@
 Prepare, per claim (claims of one call run concurrently):
 
 1. a claim already `PrepareCompleted` in the checkpoint returns its stored devices;
-2. GET the claim; it must have this UID and an allocation; keep only results for this driver
-   and this node's pool;
+2. read the claim (a cache may answer; a UID that does not match is asked of the API server
+   again); it must have this UID and an allocation; keep only results for this driver and this
+   node's pool;
 3. resolve the opaque configs (class < claim, later wins) - errors name claim, config, field;
 4. lock the claim's devices (per-device locks, in name order) and refuse a device already
    prepared for another claim; admin-access results neither are refused nor block others (the
@@ -85,11 +86,16 @@ class WholeGpuPreparer:
         checkpoint: Checkpoint,
         cdi: ClaimSpecStore,
         claims_dir: Path,
+        uncached_claims: ClaimReader | None = None,
     ) -> None:
+        """`uncached_claims` reads the API server directly; give it when `claims` is a cache, which
+        may not have seen a claim replaced under the same name yet: a claim whose UID does not
+        match is read once more from there before it is reported replaced."""
         self._driver = driver_name
         self._pool = node_name
         self._inventory = inventory
         self._claims = claims
+        self._uncached_claims = uncached_claims
         self._checkpoint = checkpoint
         self._cdi = cdi
         self._claims_dir = claims_dir
@@ -182,11 +188,16 @@ class WholeGpuPreparer:
             return await _in_thread_to_completion(self._commit, claim, results)
 
     def _read_claim(self, claim: ClaimRef) -> ResourceClaim:
-        try:
-            resource_claim = self._claims.get_claim(claim.namespace, claim.name)
-        except ClaimNotFoundError as error:
-            raise PrepareError(f"{error}; it was deleted before the pod started") from error
+        resource_claim = _get_claim(self._claims, claim)
         uid = resource_claim.get("metadata", {}).get("uid")
+        if uid != claim.uid and self._uncached_claims is not None:
+            log.info(
+                "cached claim has UID %s; reading it from the API server claim_uid=%s",
+                uid,
+                claim.uid,
+            )
+            resource_claim = _get_claim(self._uncached_claims, claim)
+            uid = resource_claim.get("metadata", {}).get("uid")
         if uid != claim.uid:
             raise PrepareError(
                 f"the claim was replaced: the API server has UID {uid}, the kubelet asked for "
@@ -315,6 +326,13 @@ class WholeGpuPreparer:
                 held.append(lock)
                 await stack.enter_async_context(lock)
             yield
+
+
+def _get_claim(reader: ClaimReader, claim: ClaimRef) -> ResourceClaim:
+    try:
+        return reader.get_claim(claim.namespace, claim.name)
+    except ClaimNotFoundError as error:
+        raise PrepareError(f"{error}; it was deleted before the pod started") from error
 
 
 def _exclusive_devices(entry: CheckpointEntry) -> set[str]:
