@@ -75,7 +75,11 @@ class Driver:
         return self.cluster.paths.state / "gpu-dra-driver.kubeconfig"
 
     def start_plugin(self) -> None:
+        """Start the plugin and wait until the kubelet registered it: a pod that needs the driver
+        before that backs off for over a minute."""
         paths = self.cluster.paths
+        log = paths.logs / f"{PLUGIN}.log"
+        offset = log.stat().st_size if log.exists() else 0
         self.cluster.start_process(
             PLUGIN,
             [
@@ -89,7 +93,13 @@ class Driver:
             ],
             env=dict(os.environ, PYTHONUNBUFFERED="1"),
         )
-        wait_for("the plugin's registration socket", self.registration_socket.exists, 60)
+
+        def registered() -> bool:
+            with log.open("rb") as text:
+                text.seek(offset)
+                return b"kubelet registration succeeded" in text.read()
+
+        wait_for("the kubelet to register the plugin", registered, 60)
         wait_for("the node's ResourceSlice", lambda: bool(self.devices()), 60)
 
     def stop_plugin(self) -> None:
@@ -123,7 +133,7 @@ class Driver:
         return str(self.devices()[device]["attributes"]["uuid"]["string"])
 
     def checkpoint_claims(self) -> set[str]:
-        path = self.state_dir / "checkpoint.json"
+        path = self.state_dir / "gpu-dra-checkpoint.json"
         if not path.exists():
             return set()
         return set(json.loads(path.read_text()).get("claims", {}))

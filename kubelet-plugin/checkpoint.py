@@ -63,7 +63,9 @@ from gpu_dra.kubelet_plugin.preparer import ClaimRef, PreparedDevice
 log = logging.getLogger(__name__)
 
 SCHEMA_VERSION: Final = 1
-CHECKPOINT_FILE: Final = "checkpoint.json"
+# Not NVIDIA's "checkpoint.json": a node switched from NVIDIA's plugin starts clean instead of
+# failing on a file of another format in the same directory.
+CHECKPOINT_FILE: Final = "gpu-dra-checkpoint.json"
 LOCK_FILE: Final = "checkpoint.lock"
 BOOT_ID_PATH: Final = Path("/proc/sys/kernel/random/boot_id")
 

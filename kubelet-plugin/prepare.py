@@ -144,7 +144,9 @@ class WholeGpuPreparer:
                 devices = await self._prepare_locked(claim)
         except (PrepareError, ConfigError, InvalidNameError) as error:
             log.warning("prepare failed claim_uid=%s error=%s", claim.uid, error)
-            return PrepareResult.failure(f"{where}: {error}")
+            # ConfigError messages start with the claim already: name it once, with its UID.
+            detail = str(error).removeprefix(f"resource claim {claim.namespace}/{claim.name}: ")
+            return PrepareResult.failure(f"{where}: {detail}")
         except (DomainError, OSError, ClaimReadError) as error:
             log.exception("prepare failed claim_uid=%s", claim.uid)
             return PrepareResult.failure(f"{where}: {error} (will retry)")
@@ -177,9 +179,9 @@ class WholeGpuPreparer:
             sharing = getattr(group.config, "sharing", None)
             if sharing is not None:
                 raise PrepareError(
-                    f"{group.origin.label}: sharing strategy {sharing.strategy} is not available "
-                    "for whole-GPU claims on this node yet; remove `sharing` from the config or "
-                    "use a DeviceClass of the MPS tier"
+                    f"{group.origin.label}: sharing strategy {sharing.strategy} is not supported "
+                    "for whole-GPU claims by this gpu-dra version; remove `sharing` from the "
+                    "config to get the GPU exclusively"
                 )
 
         device_names = sorted({r.device for r in results})

@@ -69,7 +69,7 @@ def opened(data_dir: Path, boot: Boot | None = None, **kwargs: Any) -> Checkpoin
 
 
 def on_disk(data_dir: Path) -> dict[str, Any]:
-    loaded: dict[str, Any] = json.loads((data_dir / "checkpoint.json").read_text())
+    loaded: dict[str, Any] = json.loads((data_dir / "gpu-dra-checkpoint.json").read_text())
     return loaded
 
 
@@ -77,7 +77,7 @@ def test_missing_checkpoint_loads_empty_and_creates_nothing(tmp_path: Path) -> N
     result = Checkpoint(tmp_path / "data", boot_id=Boot()).load()
     assert result.entries == {}
     assert result.discarded_boot_id is None
-    assert not (tmp_path / "data" / "checkpoint.json").exists()
+    assert not (tmp_path / "data" / "gpu-dra-checkpoint.json").exists()
 
 
 def test_entries_survive_a_plugin_restart(tmp_path: Path) -> None:
@@ -114,7 +114,7 @@ def test_file_records_version_boot_id_phase_devices_and_opaque_state(tmp_path: P
         ],
         "state": {"mps": {"daemon": "mps-1"}, "migCreated": [3]},
     }
-    assert stat.S_IMODE((tmp_path / "checkpoint.json").stat().st_mode) == 0o600
+    assert stat.S_IMODE((tmp_path / "gpu-dra-checkpoint.json").stat().st_mode) == 0o600
 
 
 def test_phase_change_replaces_the_entry(tmp_path: Path) -> None:
@@ -142,23 +142,26 @@ def test_remove_drops_only_that_claim_and_reports_unknown_uids(tmp_path: Path) -
 def test_update_replaces_the_file_instead_of_rewriting_it_in_place(tmp_path: Path) -> None:
     checkpoint = opened(tmp_path)
     checkpoint.put(entry(UID_A))
-    path = tmp_path / "checkpoint.json"
+    path = tmp_path / "gpu-dra-checkpoint.json"
     with path.open("rb") as reader_of_old_version:
         checkpoint.put(entry(UID_B))
         # A reader that opened the file before the update still sees the complete old file.
         old = json.loads(reader_of_old_version.read())
     assert set(old["claims"]) == {UID_A}
     assert set(on_disk(tmp_path)["claims"]) == {UID_A, UID_B}
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint.json", "checkpoint.lock"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "checkpoint.lock",
+        "gpu-dra-checkpoint.json",
+    ]
 
 
 def test_failed_update_leaves_the_previous_checkpoint_intact(tmp_path: Path) -> None:
     checkpoint = opened(tmp_path)
     checkpoint.put(entry(UID_A))
-    before = (tmp_path / "checkpoint.json").read_bytes()
+    before = (tmp_path / "gpu-dra-checkpoint.json").read_bytes()
     with pytest.raises(ValueError, match="not JSON"):
         checkpoint.put(entry(UID_B, state={"handle": object()}))
-    assert (tmp_path / "checkpoint.json").read_bytes() == before
+    assert (tmp_path / "gpu-dra-checkpoint.json").read_bytes() == before
     assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
 
 
@@ -189,7 +192,7 @@ def test_same_boot_keeps_all_entries(tmp_path: Path) -> None:
 
 
 def test_checkpoint_without_boot_id_is_adopted_for_this_boot(tmp_path: Path) -> None:
-    (tmp_path / "checkpoint.json").write_text(
+    (tmp_path / "gpu-dra-checkpoint.json").write_text(
         json.dumps(
             {
                 "version": 1,
@@ -242,7 +245,7 @@ def test_fields_from_a_newer_writer_are_kept_when_rewriting(tmp_path: Path) -> N
             }
         },
     }
-    (tmp_path / "checkpoint.json").write_text(json.dumps(newer))
+    (tmp_path / "gpu-dra-checkpoint.json").write_text(json.dumps(newer))
     checkpoint = opened(tmp_path)
     stored = checkpoint.get(UID_A)
     assert stored is not None
@@ -256,7 +259,7 @@ def test_fields_from_a_newer_writer_are_kept_when_rewriting(tmp_path: Path) -> N
 
 
 def test_older_checkpoint_without_optional_fields_still_loads(tmp_path: Path) -> None:
-    (tmp_path / "checkpoint.json").write_text(
+    (tmp_path / "gpu-dra-checkpoint.json").write_text(
         json.dumps(
             {
                 "version": 1,
@@ -282,7 +285,7 @@ def test_older_checkpoint_without_optional_fields_still_loads(tmp_path: Path) ->
 
 
 def test_checkpoint_of_a_newer_schema_version_is_refused(tmp_path: Path) -> None:
-    (tmp_path / "checkpoint.json").write_text(
+    (tmp_path / "gpu-dra-checkpoint.json").write_text(
         json.dumps({"version": SCHEMA_VERSION + 1, "nodeBootID": "boot-1", "claims": {}})
     )
     with pytest.raises(CheckpointVersionError, match="newer driver"):
@@ -315,7 +318,7 @@ def test_checkpoint_of_a_newer_schema_version_is_refused(tmp_path: Path) -> None
 def test_corrupt_checkpoint_raises_a_clear_error_and_is_left_alone(
     tmp_path: Path, content: str, reason: str
 ) -> None:
-    path = tmp_path / "checkpoint.json"
+    path = tmp_path / "gpu-dra-checkpoint.json"
     path.write_text(content)
     with pytest.raises(CheckpointCorruptError) as failure:
         Checkpoint(tmp_path, boot_id=Boot()).load()

@@ -476,13 +476,14 @@ def test_invalid_opaque_config_names_claim_entry_and_field_and_leaves_nothing(
     error = failed(node.prepare(claim)[UID_A])
 
     assert f"default/claim-a ({UID_A})" in error
+    assert error.count("default/claim-a") == 1  # named once, not again by the config layer
     assert expected in error
     node.assert_nothing_left(UID_A)
     assert node.cdi.writes == []
 
 
 @pytest.mark.parametrize("strategy", ["TimeSlicing", "MPS"])
-def test_sharing_on_a_whole_gpu_is_refused_as_not_available_yet(node: Node, strategy: str) -> None:
+def test_sharing_on_a_whole_gpu_is_refused_with_a_fix(node: Node, strategy: str) -> None:
     config = opaque_config(gpu_config(sharing={"strategy": strategy}), requests=["gpu"])
     claim = node.add(
         resource_claim(UID_A, results=[allocation_result("gpu-0")], claim_configs=[config])
@@ -491,8 +492,8 @@ def test_sharing_on_a_whole_gpu_is_refused_as_not_available_yet(node: Node, stra
     error = failed(node.prepare(claim)[UID_A])
 
     assert f"default/claim-a ({UID_A}): spec.devices.config[0]: " in error
-    assert f"sharing strategy {strategy} is not available" in error
-    assert "yet" in error
+    assert f"sharing strategy {strategy} is not supported for whole-GPU claims" in error
+    assert "remove `sharing` from the config" in error
     node.assert_nothing_left(UID_A)
     assert node.cdi.writes == []
     # Nothing holds the GPU either.
