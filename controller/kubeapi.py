@@ -10,11 +10,10 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import socket
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, NotRequired, Protocol, TypedDict, cast
+from typing import Any, Generic, Literal, NotRequired, Protocol, TypedDict, TypeVar, cast
 
 import urllib3
 from kubernetes import client as k8s
@@ -25,6 +24,8 @@ from gpu_dra.controller import errors
 from gpu_dra.driver.resourceapi import API_GROUP, API_VERSION, ResourceSliceSpec
 
 log = logging.getLogger(__name__)
+
+EventT = TypeVar("EventT")
 
 _VERSION = API_VERSION.removeprefix(f"{API_GROUP}/")
 RESOURCE_SLICES = "resourceslices"
@@ -244,52 +245,91 @@ class KubernetesSliceApi:
         return node.metadata.uid
 
 
-class KubernetesSliceWatch:
-    """A watch stream over the raw HTTP response: one JSON event per line."""
+def slice_event(kind: WatchEventType, obj: dict[str, Any]) -> SliceEvent:
+    return SliceEvent(type=kind, slice=cast("ResourceSlice", obj))
 
-    def __init__(self, response: Any) -> None:
+
+def parse_watch_event(line: str) -> SliceEvent:
+    """Decode one ResourceSlice watch line (see `parse_raw_watch_event`)."""
+    return slice_event(*parse_raw_watch_event(line, "ResourceSlices"))
+
+
+class RawWatchStream(Generic[EventT]):
+    """A watch stream over a raw (`_preload_content=False`) HTTP response: one JSON event per line.
+
+    `what` names the watched resource in error messages ("ResourceSlices"); `make_event` builds
+    the event from (type, object). `next_event` returns None at the end of the stream (or once
+    closed) and raises `errors.ApiError` subclasses for ERROR events and broken streams. `close`
+    may be called from another thread to unblock a `next_event` waiting on the socket.
+    """
+
+    def __init__(
+        self,
+        response: Any,
+        what: str,
+        make_event: Callable[[WatchEventType, dict[str, Any]], EventT],
+    ) -> None:
         self._response = response
+        self._what = what
+        self._make_event = make_event
         self._lines = _response_lines(response)
         self._closed = False
 
-    def next_event(self) -> SliceEvent | None:
+    def next_event(self) -> EventT | None:
         try:
             while True:
                 line = next(self._lines, None)
                 if line is None:
                     return None
                 if line.strip():
-                    return parse_watch_event(line)
+                    return self._make_event(*parse_raw_watch_event(line, self._what))
         except (urllib3.exceptions.HTTPError, OSError, ValueError) as error:
             if self._closed:
                 return None
-            raise errors.ApiError(f"watch ResourceSlices: stream broke: {error}") from error
+            raise errors.ApiError(f"watch {self._what}: stream broke: {error}") from error
+        except AttributeError:
+            if self._closed:  # http.client, when `close` released the response mid-read
+                return None
+            raise
 
     def close(self) -> None:
+        """Shut the socket down (unblocks a read in another thread), then release the response.
+
+        `HTTPResponse.shutdown` (urllib3 >= 2.3) reaches the socket even where http.client has
+        already let go of it (`Connection: close` streams): `connection.sock` is None there.
+        """
         self._closed = True
-        connection = getattr(self._response, "connection", None)
-        sock = getattr(connection, "sock", None)
-        if sock is not None:
-            with contextlib.suppress(OSError):
-                sock.shutdown(socket.SHUT_RDWR)
+        with contextlib.suppress(Exception):
+            self._response.shutdown()
         with contextlib.suppress(Exception):
             self._response.close()
             self._response.release_conn()
 
 
-def parse_watch_event(line: str) -> SliceEvent:
-    """Decode one watch line; ERROR events become `ApiError`s (410 Gone: `ResourceExpiredError`)."""
+class KubernetesSliceWatch(RawWatchStream[SliceEvent]):
+    """A `SliceWatch` over the raw HTTP response of a ResourceSlice watch."""
+
+    def __init__(self, response: Any) -> None:
+        super().__init__(response, "ResourceSlices", slice_event)
+
+
+_WATCH_EVENT_TYPES: frozenset[str] = frozenset({"ADDED", "MODIFIED", "DELETED", "BOOKMARK"})
+
+
+def parse_raw_watch_event(line: str, what: str) -> tuple[WatchEventType, dict[str, Any]]:
+    """Decode one watch line into (type, object); ERROR events become `ApiError`s (410 Gone:
+    `ResourceExpiredError`). `what` names the watched resource in messages."""
     event = json.loads(line)
     kind = event.get("type")
     obj = event.get("object") or {}
     if kind == "ERROR":
         code = obj.get("code")
-        message = f"watch ResourceSlices: {obj.get('reason', '')}: {obj.get('message', '')}"
+        message = f"watch {what}: {obj.get('reason', '')}: {obj.get('message', '')}"
         error_type = errors.ResourceExpiredError if code == 410 else errors.ApiError
         raise error_type(message, status=code, reason=obj.get("reason", ""))
-    if kind not in ("ADDED", "MODIFIED", "DELETED", "BOOKMARK"):
-        raise errors.ApiError(f"watch ResourceSlices: unknown event type {kind!r}")
-    return SliceEvent(type=kind, slice=cast("ResourceSlice", obj))
+    if kind not in _WATCH_EVENT_TYPES or not isinstance(obj, dict):
+        raise errors.ApiError(f"watch {what}: unexpected event type {kind!r}")
+    return cast("WatchEventType", kind), obj
 
 
 @contextlib.contextmanager

@@ -9,9 +9,6 @@ only the claim cache calls them.
 
 from __future__ import annotations
 
-import contextlib
-import json
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol, cast
 
@@ -19,8 +16,12 @@ import urllib3
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
-from gpu_dra.controller import errors
-from gpu_dra.controller.kubeapi import WatchEventType, translated_errors
+from gpu_dra.controller.kubeapi import (
+    RawWatchStream,
+    WatchEventType,
+    parse_raw_watch_event,
+    translated_errors,
+)
 from gpu_dra.driver.resourceapi import API_GROUP, API_VERSION
 
 ResourceClaim = dict[str, Any]
@@ -28,7 +29,6 @@ ResourceClaim = dict[str, Any]
 
 _VERSION = API_VERSION.removeprefix(f"{API_GROUP}/")
 RESOURCE_CLAIMS = "resourceclaims"
-_WATCH_EVENT_TYPES: frozenset[str] = frozenset({"ADDED", "MODIFIED", "DELETED", "BOOKMARK"})
 
 
 class ClaimNotFoundError(LookupError):
@@ -163,66 +163,17 @@ class KubernetesClaimReader:
         return KubernetesClaimWatch(response)
 
 
-class KubernetesClaimWatch:
-    """A watch stream over the raw HTTP response: one JSON event per line."""
-
-    def __init__(self, response: Any) -> None:
-        self._response = response
-        self._lines = _response_lines(response)
-        self._closed = False
-
-    def next_event(self) -> ClaimEvent | None:
-        try:
-            while True:
-                line = next(self._lines, None)
-                if line is None:
-                    return None
-                if line.strip():
-                    return parse_claim_event(line)
-        except (urllib3.exceptions.HTTPError, OSError, ValueError) as error:
-            if self._closed:
-                return None
-            raise errors.ApiError(f"watch ResourceClaims: stream broke: {error}") from error
-        except AttributeError:
-            if self._closed:  # http.client, when `close` released the response mid-read
-                return None
-            raise
-
-    def close(self) -> None:
-        """Shut the socket down (unblocks a read in another thread), then release the response.
-
-        `HTTPResponse.shutdown` (urllib3 >= 2.3) reaches the socket even where http.client has
-        already let go of it (`Connection: close` streams): `connection.sock` is None there.
-        """
-        self._closed = True
-        with contextlib.suppress(Exception):
-            self._response.shutdown()
-        with contextlib.suppress(Exception):
-            self._response.close()
-            self._response.release_conn()
-
-
-def parse_claim_event(line: str) -> ClaimEvent:
-    """Decode one watch line; ERROR events become `ApiError`s (410 Gone: `ResourceExpiredError`)."""
-    event = json.loads(line)
-    kind = event.get("type")
-    obj = event.get("object") or {}
-    if kind == "ERROR":
-        code = obj.get("code")
-        message = f"watch ResourceClaims: {obj.get('reason', '')}: {obj.get('message', '')}"
-        error_type = errors.ResourceExpiredError if code == 410 else errors.ApiError
-        raise error_type(message, status=code, reason=obj.get("reason", ""))
-    if kind not in _WATCH_EVENT_TYPES or not isinstance(obj, dict):
-        raise errors.ApiError(f"watch ResourceClaims: unexpected event type {kind!r}")
+def claim_event(kind: WatchEventType, obj: ResourceClaim) -> ClaimEvent:
     return ClaimEvent(type=kind, claim=obj)
 
 
-def _response_lines(response: Any) -> Iterator[str]:
-    buffer = bytearray()
-    for chunk in response.stream(amt=None, decode_content=False):
-        buffer.extend(chunk if isinstance(chunk, bytes) else str(chunk).encode())
-        while (newline := buffer.find(b"\n")) != -1:
-            yield buffer[:newline].decode("utf-8", errors="replace")
-            del buffer[: newline + 1]
-    if buffer:
-        yield buffer.decode("utf-8", errors="replace")
+class KubernetesClaimWatch(RawWatchStream[ClaimEvent]):
+    """A `ClaimWatch` over the raw HTTP response of a ResourceClaim watch."""
+
+    def __init__(self, response: Any) -> None:
+        super().__init__(response, "ResourceClaims", claim_event)
+
+
+def parse_claim_event(line: str) -> ClaimEvent:
+    """Decode one ResourceClaim watch line (see `parse_raw_watch_event`)."""
+    return claim_event(*parse_raw_watch_event(line, "ResourceClaims"))

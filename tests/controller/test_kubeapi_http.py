@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, ClassVar
@@ -15,7 +16,12 @@ from kubernetes import client as k8s
 
 from gpu_dra.controller import errors
 from gpu_dra.controller.catalog import DeviceClass, KubernetesDeviceClassApi
-from gpu_dra.controller.kubeapi import KubernetesSliceApi, ResourceSlice, SliceSelector
+from gpu_dra.controller.kubeapi import (
+    KubernetesSliceApi,
+    ResourceSlice,
+    SliceEvent,
+    SliceSelector,
+)
 
 SLICES = "/apis/resource.k8s.io/v1/resourceslices"
 SELECTOR = SliceSelector(driver="gpu.example.com", node_name="node-a")
@@ -31,8 +37,20 @@ def status(code: int, reason: str, message: str) -> dict[str, Any]:
     }
 
 
+WATCH_EVENTS: list[dict[str, Any]] = [
+    {"type": "DELETED", "object": {"metadata": {"name": "s1", "resourceVersion": "8"}}},
+    {"type": "ERROR", "object": status(410, "Expired", "too old resource version")},
+]
+
+
 class StubApiserver(BaseHTTPRequestHandler):
+    """HTTP/1.0, so every response is `Connection: close`. A watch sends `watch_events`, then ends
+    the stream, or (`hold`) holds it open until `release` is set."""
+
     requests: ClassVar[list[dict[str, Any]]] = []
+    watch_events: ClassVar[list[dict[str, Any]]] = WATCH_EVENTS
+    hold: ClassVar[bool] = False
+    release: ClassVar[threading.Event] = threading.Event()
 
     def log_message(self, format: str, *args: Any) -> None:
         pass
@@ -69,12 +87,11 @@ class StubApiserver(BaseHTTPRequestHandler):
             self.send_response(200)
             self.send_header("Content-Type", "application/json")
             self.end_headers()
-            for event in (
-                {"type": "DELETED", "object": {"metadata": {"name": "s1", "resourceVersion": "8"}}},
-                {"type": "ERROR", "object": status(410, "Expired", "too old resource version")},
-            ):
+            for event in self.watch_events:
                 self.wfile.write(json.dumps(event).encode() + b"\n")
                 self.wfile.flush()
+            if self.hold:
+                self.release.wait(10)
         elif path == SLICES:
             self._reply(
                 200,
@@ -107,6 +124,9 @@ class StubApiserver(BaseHTTPRequestHandler):
 @pytest.fixture
 def api_client() -> Iterator[k8s.ApiClient]:
     StubApiserver.requests = []
+    StubApiserver.watch_events = WATCH_EVENTS
+    StubApiserver.hold = False
+    StubApiserver.release = threading.Event()
     server = ThreadingHTTPServer(("127.0.0.1", 0), StubApiserver)
     thread = threading.Thread(target=server.serve_forever, args=(0.01,), daemon=True)
     thread.start()
@@ -116,6 +136,7 @@ def api_client() -> Iterator[k8s.ApiClient]:
     try:
         yield client
     finally:
+        StubApiserver.release.set()
         client.close()  # type: ignore[no-untyped-call]
         server.shutdown()
         server.server_close()
@@ -199,6 +220,33 @@ def test_watch_streams_events_then_reports_410(api_client: k8s.ApiClient) -> Non
     assert request["query"]["resourceVersion"] == ["7"]
     assert request["query"]["allowWatchBookmarks"] == ["true"]
     assert request["query"]["fieldSelector"] == [SELECTOR.field_selector]
+
+
+def test_close_unblocks_a_read_on_a_connection_close_stream(api_client: k8s.ApiClient) -> None:
+    StubApiserver.watch_events = WATCH_EVENTS[:1]
+    StubApiserver.hold = True  # only closing the socket ends the read
+    watch = KubernetesSliceApi(api_client).watch_slices(
+        SELECTOR, resource_version="7", timeout_seconds=30
+    )
+    events: list[SliceEvent] = []
+
+    def drain() -> None:
+        while (event := watch.next_event()) is not None:
+            events.append(event)
+
+    reader = threading.Thread(target=drain, daemon=True)
+    reader.start()
+    time.sleep(0.2)  # the reader is blocked on the socket: the stub holds the stream open
+    assert reader.is_alive()
+
+    started = time.monotonic()
+    watch.close()
+    reader.join(5.0)
+    elapsed = time.monotonic() - started
+
+    assert not reader.is_alive()
+    assert elapsed < 2.0
+    assert [(e.type, e.name) for e in events] in ([], [("DELETED", "s1")])
 
 
 def test_device_class_is_server_side_applied(api_client: k8s.ApiClient) -> None:
