@@ -1,7 +1,8 @@
 """The gpu-dra demo: a real local cluster, the driver on a simulated 8-GPU node, NVIDIA-style
 claims from demo/examples, and what each pod received. Run through `demo/run` (as root).
 
-The cluster is left running so you can look around; `python -m e2e.cluster down` removes it.
+The cluster is left running so you can look around; `.venv/bin/python -m e2e.cluster down`
+removes it.
 """
 
 from __future__ import annotations
@@ -109,8 +110,9 @@ def main() -> int:
     say("\n==> kubectl get resourceclaims -A")
     say(cluster.kubectl("get", "resourceclaims", "-A"))
     say(
-        "The cluster keeps running. Look around with `python -m e2e.cluster kubectl ...`;\n"
-        "remove everything with `python -m e2e.cluster down` (both as root, from the repo root)."
+        "The cluster keeps running (as root, from the repo root):\n"
+        "  look around:  .venv/bin/python -m e2e.cluster kubectl get pods -A\n"
+        "  remove it:    .venv/bin/python -m e2e.cluster down"
     )
     return 0
 

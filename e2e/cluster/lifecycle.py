@@ -37,6 +37,8 @@ KUBELET_SYSCTLS = (
     "kernel/keys/root_maxbytes",
 )
 
+CDI_SPEC_DIRS = (Path("/etc/cdi"), Path("/var/run/cdi"))
+
 COMPONENTS = (
     "etcd",
     "kube-apiserver",
@@ -230,7 +232,9 @@ class Cluster:
         for directory in (paths.state, paths.logs, paths.run, paths.kubelet_root):
             directory.mkdir(parents=True, exist_ok=True)
         paths.state.chmod(0o700)
-        self._save_state({"sysctls": _read_sysctls(), "processes": {}})
+        self._save_state(
+            {"sysctls": _read_sysctls(), "processes": {}, "cdi_specs_before": _cdi_specs()}
+        )
         try:
             self._up(bin_dir)
         except BaseException:
@@ -252,7 +256,7 @@ class Cluster:
         )
         (paths.state / "kubelet.yaml").write_text(configs.kubelet_config(paths, bin_dir))
         (paths.state / "resolv.conf").write_text("")
-        for directory in (Path("/etc/cdi"), Path("/var/run/cdi")):
+        for directory in CDI_SPEC_DIRS:
             directory.mkdir(parents=True, exist_ok=True)
 
         self.start_component("etcd")
@@ -296,10 +300,11 @@ class Cluster:
                     capture_output=True, text=True, check=False,
                 ).stdout.split()  # fmt: skip
                 if pods:
-                    subprocess.run(
-                        [str(crictl), "--runtime-endpoint", endpoint, *action, *pods],
-                        capture_output=True, check=False, timeout=120,
-                    )  # fmt: skip
+                    with contextlib.suppress(subprocess.TimeoutExpired):  # the kills below follow
+                        subprocess.run(
+                            [str(crictl), "--runtime-endpoint", endpoint, *action, *pods],
+                            capture_output=True, check=False, timeout=120,
+                        )  # fmt: skip
         for name in reversed(COMPONENTS):
             pid = state.get("processes", {}).get(name)
             if pid:
@@ -307,11 +312,16 @@ class Cluster:
         for name, pid in state.get("processes", {}).items():
             if name not in COMPONENTS:
                 self._terminate(int(pid), 10.0)
-        _kill_shims(paths.containerd_socket)
+        _kill_shims(self.bin_dir)
         _kill_cgroup_processes()
+        _delete_pod_netns()
         _unmount_under(paths.state)
         _remove_kubelet_cgroups()
         _restore_sysctls(state.get("sysctls", {}))
+        # CDI specs the cluster's driver wrote for its claims die with the cluster.
+        if "cdi_specs_before" in state:
+            for spec in set(_cdi_specs()) - set(state["cdi_specs_before"]):
+                Path(spec).unlink(missing_ok=True)
         netns.delete()
         if paths.state.exists():
             shutil.rmtree(paths.state)
@@ -358,14 +368,16 @@ def _alive(pid: int) -> bool:
 
 
 def _terminate(pid: int, timeout: float) -> None:
-    """SIGTERM the process group, wait, then SIGKILL."""
+    """SIGTERM the process (group), wait, then SIGKILL."""
     for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 5.0)):
         try:
-            os.killpg(pid, sig)
+            # Our components lead their own process group; anything else gets the signal alone.
+            if os.getpgid(pid) == pid:
+                os.killpg(pid, sig)
+            else:
+                os.kill(pid, sig)
         except ProcessLookupError:
             return
-        except PermissionError:
-            os.kill(pid, sig)
         deadline = time.monotonic() + wait
         while time.monotonic() < deadline:
             with contextlib.suppress(ChildProcessError):
@@ -389,9 +401,20 @@ def _processes_matching(needle: str) -> list[int]:
     return pids
 
 
-def _kill_shims(socket: Path) -> None:
-    for pid in _processes_matching(f"containerd-shim-runc-v2 -namespace k8s.io -address {socket}"):
+def _kill_shims(bin_dir: Path) -> None:
+    """Stop the runc shims of our containerd (its binary is in our bin dir) and their containers."""
+    for pid in _processes_matching(str(bin_dir / "containerd-shim-runc-v2")):
         _terminate(pid, 5.0)
+
+
+def _delete_pod_netns() -> None:
+    """Remove pod sandbox namespaces containerd left behind (only ones no process uses)."""
+    for entry in netns.NETNS_DIR.glob("cni-*"):
+        pids = subprocess.run(
+            ["ip", "netns", "pids", entry.name], capture_output=True, text=True, check=False
+        ).stdout.split()
+        if not pids:
+            subprocess.run(["ip", "netns", "delete", entry.name], capture_output=True, check=False)
 
 
 def _kubepods_cgroups() -> list[Path]:
@@ -436,6 +459,10 @@ def _unmount_under(root: Path) -> None:
                 mounts.append(target)
     for target in sorted(set(mounts), key=len, reverse=True):
         subprocess.run(["umount", "-l", target], capture_output=True, check=False)
+
+
+def _cdi_specs() -> list[str]:
+    return sorted(str(p) for d in CDI_SPEC_DIRS for p in d.glob("*") if p.is_file())
 
 
 def _read_sysctls() -> dict[str, str]:
