@@ -1,0 +1,182 @@
+"""What the parts of one whole-GPU prepare cost, each timed alone (no gRPC, no concurrency).
+
+Attributes the numbers of ``prepare_latency`` and ``prepare_throughput``:
+
+* ``Checkpoint.get`` / ``all`` / ``put`` with 0, 32, 64 and 128 other claims recorded (every
+  call re-reads and re-parses the whole file; ``put`` re-writes it, fsyncing file and directory);
+* ``ClaimSpecStore.write`` of a one-device CDI spec, and its YAML dump alone, with PyYAML's
+  pure-Python ``safe_dump`` (what cdi.py uses) and with libyaml's ``CSafeDumper``;
+* the checkpoint's JSON encoding at 64 entries with ``indent=2`` (what checkpoint.py uses, which
+  makes ``json`` fall back to its pure-Python encoder) and without;
+* ``NodeInventory.container_edits`` of a simulated GPU (it writes the device's fact file);
+* one ``asyncio.to_thread`` round trip, and one write + fsync of a small file and its directory.
+
+The checkpoint lives in ``$TMPDIR`` (disk, as under /var/lib/kubelet on a node), the CDI specs
+on /dev/shm (tmpfs, as /var/run/cdi), like ``bench/plugin.py``'s default layout.
+
+    python -m bench.prepare_parts [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import functools
+import json
+import os
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Final
+
+import yaml
+
+from bench.plugin import DEFAULT_CDI_PARENT, file_system
+from bench.report import Reporter
+from gpu_dra.driver.discovery import discover_gpus
+from gpu_dra.driver.naming import gpu_device_name
+from gpu_dra.driver.nvml.simulated import SimulatedHost
+from gpu_dra.kubelet_plugin.cdi import CdiDevice, ClaimSpecStore, build_claim_spec
+from gpu_dra.kubelet_plugin.checkpoint import Checkpoint, CheckpointEntry, ClaimPhase
+from gpu_dra.kubelet_plugin.inventory import NodeInventory
+from gpu_dra.kubelet_plugin.preparer import ClaimRef, PreparedDevice
+
+BENCH: Final = "prepare_parts"
+NODE: Final = "bench-node"
+ENTRY_COUNTS: Final = (0, 32, 64, 128)
+
+
+def per_call_ms(call: Callable[[], object], calls: int) -> float:
+    """Median over 5 batches of the mean time of one call, in ms."""
+    batches = []
+    for _ in range(5):
+        started = time.perf_counter()
+        for _ in range(calls):
+            call()
+        batches.append((time.perf_counter() - started) / calls * 1000)
+    return sorted(batches)[2]
+
+
+def _entry(index: int) -> CheckpointEntry:
+    uid = str(uuid.uuid4())
+    device = f"gpu-{index}"
+    return CheckpointEntry(
+        claim=ClaimRef("bench", uid, f"bench-{index}"),
+        phase=ClaimPhase.PREPARE_COMPLETED,
+        devices=(
+            PreparedDevice(
+                request_names=("gpu",),
+                pool_name=NODE,
+                device_name=device,
+                cdi_device_ids=(f"k8s.gpu.nvidia.com/claim={uid}-{device}",),
+            ),
+        ),
+    )
+
+
+def checkpoint_costs(reporter: Reporter, directory: Path, calls: int) -> None:
+    document: object = None
+    for count in ENTRY_COUNTS:
+        checkpoint = Checkpoint(directory / f"checkpoint-{count}")
+        checkpoint.load()
+        for index in range(count):
+            checkpoint.put(_entry(index))
+        entry = _entry(count)
+        put = per_call_ms(functools.partial(checkpoint.put, entry), calls)
+        reporter.metric(f"checkpoint_put_{count}_entries", put, "ms")
+        get = per_call_ms(functools.partial(checkpoint.get, entry.uid), calls)
+        reporter.metric(f"checkpoint_get_{count}_entries", get, "ms")
+        every = per_call_ms(checkpoint.all, calls)
+        reporter.metric(f"checkpoint_all_{count}_entries", every, "ms")
+        if count == 64:
+            document = json.loads(checkpoint.path.read_bytes())
+
+    indented = per_call_ms(lambda: json.dumps(document, indent=2, sort_keys=True), calls)
+    reporter.metric("checkpoint_json_64_entries_indent2", indented, "ms")
+    compact = per_call_ms(lambda: json.dumps(document, sort_keys=True), calls)
+    reporter.metric("checkpoint_json_64_entries_compact", compact, "ms")
+
+
+def cdi_costs(reporter: Reporter, inventory: NodeInventory, directory: Path, calls: int) -> None:
+    uid = str(uuid.uuid4())
+    gpu = inventory.gpus[0]
+    claim_dir = directory / "claims" / uid
+    claim_dir.mkdir(parents=True)
+    edits = inventory.container_edits(gpu, claim_dir)
+    devices = [CdiDevice(gpu_device_name(gpu.minor), edits)]
+    spec = build_claim_spec(uid, devices)
+
+    edits_ms = per_call_ms(lambda: inventory.container_edits(gpu, claim_dir), calls)
+    reporter.metric("simulated_container_edits", edits_ms, "ms")
+    store = ClaimSpecStore(
+        Path(tempfile.mkdtemp(prefix="gpu-dra-bench-cdi-", dir=DEFAULT_CDI_PARENT))
+    )
+    try:
+        reporter.metric("cdi_write", per_call_ms(lambda: store.write(uid, devices), calls), "ms")
+    finally:
+        store.remove(uid)
+        store.cdi_root.rmdir()
+    # The options cdi.py uses.
+    pure = functools.partial(yaml.safe_dump, spec, sort_keys=False, default_flow_style=False)
+    reporter.metric("cdi_yaml_safe_dump", per_call_ms(pure, calls), "ms")
+    if yaml.__with_libyaml__:
+        libyaml = functools.partial(
+            yaml.dump, spec, Dumper=yaml.CSafeDumper, sort_keys=False, default_flow_style=False
+        )
+        reporter.metric("cdi_yaml_csafe_dump", per_call_ms(libyaml, calls), "ms")
+
+
+def io_costs(reporter: Reporter, directory: Path, calls: int) -> None:
+    target = directory / "fsync-probe"
+
+    def write_and_fsync() -> None:
+        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            os.write(fd, b"x" * 1024)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        directory_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(directory_fd)
+        finally:
+            os.close(directory_fd)
+
+    reporter.metric("file_and_dir_fsync", per_call_ms(write_and_fsync, calls), "ms")
+
+    async def hops() -> float:
+        started = time.perf_counter()
+        for _ in range(calls):
+            await asyncio.to_thread(lambda: None)
+        return (time.perf_counter() - started) / calls * 1000
+
+    reporter.metric("to_thread_round_trip", asyncio.run(hops()), "ms")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--calls", type=int, default=100, help="calls per batch (100)")
+    parser.add_argument("--json", action="store_true", help="print JSON lines")
+    args = parser.parse_args(argv)
+    reporter = Reporter(BENCH, json_lines=args.json)
+    host = SimulatedHost.load("hgx-h100", NODE)
+    inventory = NodeInventory(tuple(discover_gpus(host.nvml, host.pci)), simulated=True)
+    with tempfile.TemporaryDirectory(prefix="gpu-dra-bench-") as tmp:
+        directory = Path(tmp)
+        reporter.run(
+            calls=args.calls,
+            state_fs=file_system(directory),
+            cdi_fs=file_system(DEFAULT_CDI_PARENT or directory),
+            libyaml=yaml.__with_libyaml__,
+        )
+        checkpoint_costs(reporter, directory, args.calls)
+        cdi_costs(reporter, inventory, directory, args.calls)
+        io_costs(reporter, directory, args.calls)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
