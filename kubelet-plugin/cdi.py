@@ -43,6 +43,10 @@ CDI_VERSION: Final = "0.5.0"
 names start with the claim UID) and ``deviceNodes[].hostPath`` (both 0.5.0); mount ``type``
 needs 0.4.0. Understood by containerd 1.7+ / 2.x and CRI-O."""
 
+# libyaml's emitter (about 6x faster than PyYAML's pure-Python one, same output for these specs);
+# PyYAML built without libyaml falls back to the pure-Python SafeDumper.
+_SPEC_DUMPER: Final[type[yaml.SafeDumper]] = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+
 _DNS_LABEL: Final = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 
 SPEC_FILE_MODE: Final = 0o644
@@ -261,7 +265,7 @@ class ClaimSpecStore:
             claim_uid, devices, common_edits=common_edits, driver_name=self.driver_name
         )
         path = self.path_for(claim_uid)
-        data = yaml.safe_dump(spec, sort_keys=False, default_flow_style=False)
+        data = yaml.dump(spec, Dumper=_SPEC_DUMPER, sort_keys=False, default_flow_style=False)
         self.cdi_root.mkdir(mode=CDI_ROOT_MODE, parents=True, exist_ok=True)
         write_atomically(path, data.encode(), mode=SPEC_FILE_MODE)
         log.info("cdi spec written claim_uid=%s path=%s devices=%d", claim_uid, path, len(devices))

@@ -154,14 +154,15 @@ class WholeGpuPreparer:
         return PrepareResult.success(devices)
 
     async def _prepare_locked(self, claim: ClaimRef) -> tuple[PreparedDevice, ...]:
-        existing = await asyncio.to_thread(self._checkpoint.get, claim.uid)
+        # One thread hop for the checkpoint lookup and, for a new claim, the claim read.
+        existing, resource_claim = await asyncio.to_thread(self._lookup, claim)
         if existing is not None:
             if existing.phase is ClaimPhase.PREPARE_COMPLETED:
                 return existing.devices
             log.info("rolling back an interrupted prepare claim_uid=%s", claim.uid)
             await _in_thread_to_completion(self._undo, claim.uid)
-
-        resource_claim = await asyncio.to_thread(self._read_claim, claim)
+            resource_claim = await asyncio.to_thread(self._read_claim, claim)
+        assert resource_claim is not None
         results = self._our_results(resource_claim)
         if not results:
             raise PrepareError(
@@ -186,8 +187,14 @@ class WholeGpuPreparer:
 
         device_names = sorted({r.device for r in results})
         async with self._locked_devices(device_names):
-            await asyncio.to_thread(self._check_not_taken, claim, results)
-            return await _in_thread_to_completion(self._commit, claim, results)
+            return await _in_thread_to_completion(self._check_and_commit, claim, results)
+
+    def _lookup(self, claim: ClaimRef) -> tuple[CheckpointEntry | None, ResourceClaim | None]:
+        """The claim's checkpoint entry; without one, the claim as read from the API."""
+        existing = self._checkpoint.get(claim.uid)
+        if existing is not None:
+            return existing, None
+        return None, self._read_claim(claim)
 
     def _read_claim(self, claim: ClaimRef) -> ResourceClaim:
         resource_claim = _get_claim(self._claims, claim)
@@ -245,6 +252,13 @@ class WholeGpuPreparer:
                     f"{other.namespace}/{other.name} ({other.uid}); refusing to hand one GPU to "
                     "two claims (unprepare that claim or delete its pod first)"
                 )
+
+    def _check_and_commit(
+        self, claim: ClaimRef, results: Sequence[_Result]
+    ) -> tuple[PreparedDevice, ...]:
+        """`_check_not_taken`, then `_commit`: one thread hop, under the caller's device locks."""
+        self._check_not_taken(claim, results)
+        return self._commit(claim, results)
 
     def _commit(self, claim: ClaimRef, results: Sequence[_Result]) -> tuple[PreparedDevice, ...]:
         self._checkpoint.put(CheckpointEntry(claim=claim, phase=ClaimPhase.PREPARE_STARTED))

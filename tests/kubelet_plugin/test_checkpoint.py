@@ -372,3 +372,83 @@ def test_lock_held_by_another_process_times_out_with_a_clear_error(tmp_path: Pat
 def test_using_the_checkpoint_before_load_is_a_programming_error(tmp_path: Path) -> None:
     with pytest.raises(RuntimeError, match="load"):
         Checkpoint(tmp_path, boot_id=Boot()).put(entry(UID_A))
+
+
+def test_write_by_a_second_instance_is_seen_by_the_first_after_it_cached_the_file(
+    tmp_path: Path,
+) -> None:
+    first = opened(tmp_path)
+    second = opened(tmp_path)
+    first.put(entry(UID_A))
+    assert set(first.all()) == {UID_A}  # served from memory from here on
+    second.put(entry(UID_B, phase=ClaimPhase.PREPARE_STARTED, state={"k": "a"}))
+    assert first.get(UID_B) == entry(UID_B, phase=ClaimPhase.PREPARE_STARTED, state={"k": "a"})
+    # Same size, likely the same mtime tick: only the new inode tells the files apart.
+    size = (tmp_path / "gpu-dra-checkpoint.json").stat().st_size
+    second.put(entry(UID_B, phase=ClaimPhase.PREPARE_STARTED, state={"k": "b"}))
+    assert (tmp_path / "gpu-dra-checkpoint.json").stat().st_size == size
+    assert first.get(UID_B) == entry(UID_B, phase=ClaimPhase.PREPARE_STARTED, state={"k": "b"})
+    assert second.remove(UID_A)
+    assert set(first.all()) == {UID_B}
+    first.put(entry(UID_A))  # keeps the entry the second instance wrote
+    assert set(on_disk(tmp_path)["claims"]) == {UID_A, UID_B}
+    assert set(second.all()) == {UID_A, UID_B}
+
+
+def test_file_changed_in_place_or_removed_behind_the_cache_is_read_again(tmp_path: Path) -> None:
+    checkpoint = opened(tmp_path)
+    checkpoint.put(entry(UID_A))
+    path = tmp_path / "gpu-dra-checkpoint.json"
+    document = on_disk(tmp_path)
+    document["claims"][UID_B] = document["claims"].pop(UID_A)
+    with path.open("r+") as in_place:  # same inode, unlike every writer of the plugin
+        in_place.write(json.dumps(document, indent=1))
+    assert set(checkpoint.all()) == {UID_B}
+    path.unlink()
+    assert checkpoint.all() == {}
+    path.write_text("{not json")
+    with pytest.raises(CheckpointCorruptError):
+        checkpoint.get(UID_A)
+
+
+def test_unchanged_file_is_not_parsed_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    checkpoint = opened(tmp_path)
+    checkpoint.put(entry(UID_A))
+    parsed: list[bytes] = []
+    real_loads = json.loads
+
+    def counting_loads(raw: Any, **kwargs: Any) -> Any:
+        parsed.append(raw)
+        return real_loads(raw, **kwargs)
+
+    monkeypatch.setattr(json, "loads", counting_loads)
+    for _ in range(3):
+        assert checkpoint.get(UID_A) == entry(UID_A)
+        assert set(checkpoint.all()) == {UID_A}
+    assert not [raw for raw in parsed if isinstance(raw, bytes)]  # no read of the whole file
+    checkpoint.put(entry(UID_B))
+    assert set(checkpoint.all()) == {UID_A, UID_B}
+    assert not [raw for raw in parsed if isinstance(raw, bytes)]
+
+
+def test_file_is_compact_json_on_one_line(tmp_path: Path) -> None:
+    checkpoint = opened(tmp_path)
+    checkpoint.put(entry(UID_A))
+    text = (tmp_path / "gpu-dra-checkpoint.json").read_text()
+    assert text.endswith("}\n")
+    assert text.count("\n") == 1
+    assert ": " not in text
+    assert ", " not in text
+    assert on_disk(tmp_path)["claims"][UID_A]["phase"] == "PrepareCompleted"
+    assert opened(tmp_path).get(UID_A) == entry(UID_A)
+
+
+def test_entries_read_back_with_json_types_whether_cached_or_not(tmp_path: Path) -> None:
+    checkpoint = opened(tmp_path)
+    checkpoint.put(entry(UID_A, state={"migCreated": (3, 4)}))
+    cached = checkpoint.get(UID_A)
+    assert cached is not None
+    assert cached.state == {"migCreated": [3, 4]}
+    assert opened(tmp_path).get(UID_A) == cached
