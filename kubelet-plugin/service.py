@@ -19,7 +19,8 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import TypeAlias, TypeVar
+from types import ModuleType
+from typing import Any, TypeAlias, TypeVar
 
 import grpc
 
@@ -177,22 +178,26 @@ def _client_time_remaining(context: grpc.aio.ServicerContext[object, object]) ->
     return remaining
 
 
-class DRAPluginV1Servicer(v1_grpc.DRAPluginServicer):
-    """``k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin`` (kubelet 1.34+), with ``share_id``."""
+class _DRAPluginServicer:
+    """One implementation of ``DRAPlugin`` for both API versions.
 
-    def __init__(self, handler: ClaimCallHandler) -> None:
+    The v1 and v1beta1 messages are wire-identical except ``Device.share_id`` (v1 only), so the
+    servicer takes the version's message module and whether it carries share IDs.
+    """
+
+    def __init__(self, handler: ClaimCallHandler, messages: ModuleType, *, share_ids: bool) -> None:
         self._handler = handler
+        self._messages = messages
+        self._share_ids = share_ids
 
     async def NodePrepareResources(  # noqa: N802 (gRPC method name)
-        self,
-        request: v1.NodePrepareResourcesRequest,
-        context: grpc.aio.ServicerContext[object, object],
-    ) -> v1.NodePrepareResourcesResponse:
+        self, request: Any, context: grpc.aio.ServicerContext[object, object]
+    ) -> Any:
         claims = [ClaimRef(c.namespace, c.uid, c.name) for c in request.claims]
         results = await self._handler.prepare(
             claims, client_time_remaining=_client_time_remaining(context)
         )
-        response = v1.NodePrepareResourcesResponse()
+        response = self._messages.NodePrepareResourcesResponse()
         for uid, result in results.items():
             entry = response.claims[uid]
             if result.error is not None:
@@ -205,20 +210,18 @@ class DRAPluginV1Servicer(v1_grpc.DRAPluginServicer):
                     device_name=device.device_name,
                     cdi_device_ids=device.cdi_device_ids,
                 )
-                if device.share_id is not None:
+                if self._share_ids and device.share_id is not None:
                     message.share_id = device.share_id
         return response
 
     async def NodeUnprepareResources(  # noqa: N802 (gRPC method name)
-        self,
-        request: v1.NodeUnprepareResourcesRequest,
-        context: grpc.aio.ServicerContext[object, object],
-    ) -> v1.NodeUnprepareResourcesResponse:
+        self, request: Any, context: grpc.aio.ServicerContext[object, object]
+    ) -> Any:
         claims = [ClaimRef(c.namespace, c.uid, c.name) for c in request.claims]
         results = await self._handler.unprepare(
             claims, client_time_remaining=_client_time_remaining(context)
         )
-        response = v1.NodeUnprepareResourcesResponse()
+        response = self._messages.NodeUnprepareResourcesResponse()
         for uid, error in results.items():
             entry = response.claims[uid]
             if error:
@@ -226,51 +229,18 @@ class DRAPluginV1Servicer(v1_grpc.DRAPluginServicer):
         return response
 
 
-class DRAPluginV1beta1Servicer(v1beta1_grpc.DRAPluginServicer):
+class DRAPluginV1Servicer(_DRAPluginServicer, v1_grpc.DRAPluginServicer):
+    """``k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin`` (kubelet 1.34+), with ``share_id``."""
+
+    def __init__(self, handler: ClaimCallHandler) -> None:
+        super().__init__(handler, v1, share_ids=True)
+
+
+class DRAPluginV1beta1Servicer(_DRAPluginServicer, v1beta1_grpc.DRAPluginServicer):
     """``k8s.io.kubelet.pkg.apis.dra.v1beta1.DRAPlugin`` (kubelet 1.32+), no ``share_id``."""
 
     def __init__(self, handler: ClaimCallHandler) -> None:
-        self._handler = handler
-
-    async def NodePrepareResources(  # noqa: N802 (gRPC method name)
-        self,
-        request: v1beta1.NodePrepareResourcesRequest,
-        context: grpc.aio.ServicerContext[object, object],
-    ) -> v1beta1.NodePrepareResourcesResponse:
-        claims = [ClaimRef(c.namespace, c.uid, c.name) for c in request.claims]
-        results = await self._handler.prepare(
-            claims, client_time_remaining=_client_time_remaining(context)
-        )
-        response = v1beta1.NodePrepareResourcesResponse()
-        for uid, result in results.items():
-            entry = response.claims[uid]
-            if result.error is not None:
-                entry.error = result.error
-                continue
-            for device in result.devices:
-                entry.devices.add(
-                    request_names=device.request_names,
-                    pool_name=device.pool_name,
-                    device_name=device.device_name,
-                    cdi_device_ids=device.cdi_device_ids,
-                )
-        return response
-
-    async def NodeUnprepareResources(  # noqa: N802 (gRPC method name)
-        self,
-        request: v1beta1.NodeUnprepareResourcesRequest,
-        context: grpc.aio.ServicerContext[object, object],
-    ) -> v1beta1.NodeUnprepareResourcesResponse:
-        claims = [ClaimRef(c.namespace, c.uid, c.name) for c in request.claims]
-        results = await self._handler.unprepare(
-            claims, client_time_remaining=_client_time_remaining(context)
-        )
-        response = v1beta1.NodeUnprepareResourcesResponse()
-        for uid, error in results.items():
-            entry = response.claims[uid]
-            if error:
-                entry.error = error
-        return response
+        super().__init__(handler, v1beta1, share_ids=False)
 
 
 def add_dra_services(server: grpc.aio.Server, handler: ClaimCallHandler) -> None:
