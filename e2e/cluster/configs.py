@@ -132,7 +132,7 @@ state = "{root / "state"}"
 
 [{runtime}]
   enable_cdi = true
-  cdi_spec_dirs = ["/etc/cdi", "/var/run/cdi"]
+  cdi_spec_dirs = {json.dumps(list(versions.CDI_SPEC_DIRS))}
   # No CAP_SYS_RESOURCE on this VM kind: never lower a score below containerd's own.
   restrict_oom_score_adj = true
 

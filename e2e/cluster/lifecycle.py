@@ -37,7 +37,7 @@ KUBELET_SYSCTLS = (
     "kernel/keys/root_maxbytes",
 )
 
-CDI_SPEC_DIRS = (Path("/etc/cdi"), Path("/var/run/cdi"))
+CDI_SPEC_DIRS = tuple(Path(d) for d in versions.CDI_SPEC_DIRS)
 
 COMPONENTS = (
     "etcd",

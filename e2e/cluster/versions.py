@@ -30,6 +30,9 @@ SERVICE_CIDR: Final = "10.96.0.0/24"
 SERVICE_IP: Final = "10.96.0.1"
 APISERVER_PORT: Final = 6443
 
+# Where containerd looks for CDI specs (and where the driver writes its per-claim specs).
+CDI_SPEC_DIRS: Final = ("/etc/cdi", "/var/run/cdi")
+
 TEST_IMAGE: Final = "localhost/gpu-dra/busybox:e2e"
 PAUSE_IMAGE: Final = "localhost/gpu-dra/pause:e2e"
 
