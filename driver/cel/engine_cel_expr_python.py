@@ -1,0 +1,338 @@
+"""The CEL engine: ``cel-expr-python`` (Google's binding of cel-cpp). The only module that
+imports it; everything it needs from the rest of the package goes through `Program` and
+`compile_program`. Why this engine and its limits: docs/cel.md.
+
+How the Kubernetes additions map onto the engine:
+
+- ``device`` is declared ``dyn`` and passed as nested maps; `Quantity` and `Semver` travel as
+  protobuf messages ``kubernetes.Quantity{num: "n/d"}`` and ``kubernetes.Semver{major, minor,
+  patch, pre}`` (cel-cpp accepts no other custom values). Both are stored canonically, so the
+  engine's field-by-field equality is equality by value (``quantity("1Gi") == quantity("1024Mi")``).
+- cel-cpp keys runtime overloads by argument kind (every message is "struct"): members shared by
+  both types (``compareTo``, ``isGreaterThan``, ``isLessThan``) are declared for each type but
+  implemented once, dispatching on the message class.
+- Every call into Python leaks memory in cel-expr-python 0.1.3 (about 0.6 KB per message argument;
+  docs/cel.md). ``quantity('40Gi')`` / ``semver('8.0.0')`` with a literal argument are therefore
+  compiled to message literals (``kubernetes.Quantity{num: "42949672960/1"}``): no callback.
+- Unknown domains read as empty maps through `source.default_unknown_domains`; the original text
+  is compiled first so compile errors point at what the user wrote.
+- The converted device (an engine ``Activation``) is cached on the `DraDevice`, so evaluating many
+  selectors against one device converts it once.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from collections.abc import Callable
+from fractions import Fraction
+from typing import Any, Final
+
+from cel_expr_python import cel  # type: ignore[import-untyped]
+from cel_expr_python.ext import (  # type: ignore[import-untyped]
+    ext_bindings,
+    ext_math,
+    ext_optional,
+    ext_strings,
+)
+from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+
+from gpu_dra.driver.cel.device import DraDevice
+from gpu_dra.driver.cel.errors import CelCompileError, CelRuntimeError
+from gpu_dra.driver.cel.source import default_unknown_domains, fold_literal_calls
+from gpu_dra.driver.cel.values import CelValueError, Quantity, Semver, is_quantity, is_semver
+
+ENGINE: Final = "cel-expr-python"
+
+_STATUS_PREFIX: Final = re.compile(r"^[A-Z_]+: ")
+_STATUS_SUFFIX: Final = re.compile(r"\s*\[[A-Z_]+\]$")
+_NO_SUCH_KEY: Final = re.compile(r'^Key not found in map : "?(.*?)"?$')
+_NO_OVERLOAD: Final = re.compile(r"^No matching overloads found : (.*)$")
+_ITERATIONS: Final = "Iteration budget exceeded"
+
+
+class Program:
+    """One compiled selector; `evaluate` runs it, never recompiling."""
+
+    def __init__(self, expression: str, compiled: Any, result_type: str) -> None:
+        self.expression = expression
+        self.result_type = result_type  # "bool", "dyn", "string", "int", ... (lower case)
+        self._compiled = compiled
+
+    def evaluate(self, device: DraDevice) -> object:
+        """The result as a Python value (bool, int, str, ...); raises `CelRuntimeError`."""
+        data = _environment().data(device)
+        try:
+            result = self._compiled.eval(data=data)
+        except RuntimeError as error:  # cel-cpp raises only for budget overruns
+            raise CelRuntimeError(_runtime_message(str(error))) from error
+        if result.type() == cel.Type.ERROR:
+            raise CelRuntimeError(_runtime_message(str(result.value())))
+        value: object = result.value()
+        return value
+
+
+def compile_program(expression: str) -> Program:
+    """Parse and type-check `expression`; raises `CelCompileError` with the engine's message."""
+    environment = _environment()
+    checked = environment.compile(expression)
+    result_type = str(checked.return_type().name()).lower()
+    rewritten = default_unknown_domains(fold_literal_calls(expression, _literal))
+    compiled = checked if rewritten == expression else environment.compile(rewritten)
+    return Program(expression, compiled, result_type)
+
+
+class _Environment:
+    """The engine environment: declarations, protobuf types, function implementations."""
+
+    def __init__(self) -> None:
+        pool = descriptor_pool.DescriptorPool()
+        pool.Add(_type_descriptors())
+        self.quantity_class: Any = message_factory.GetMessageClass(
+            pool.FindMessageTypeByName("kubernetes.Quantity")
+        )
+        self.semver_class: Any = message_factory.GetMessageClass(
+            pool.FindMessageTypeByName("kubernetes.Semver")
+        )
+        self._env = cel.NewEnv(
+            pool,
+            variables={"device": cel.Type.DYN},
+            functions=self._functions(),
+            extensions=[
+                ext_strings.ExtStrings(),
+                ext_bindings.ExtBindings(),
+                ext_optional.ExtOptional(),
+                ext_math.ExtMath(),
+            ],
+        )
+
+    def compile(self, expression: str) -> Any:
+        try:
+            return self._env.compile(expression)
+        except RuntimeError as error:
+            raise CelCompileError(_compile_message(str(error))) from error
+
+    def data(self, device: DraDevice) -> dict[str, object]:
+        """The activation data for `device`, converted once. (Not an ``Activation``: a reused
+        one keeps every evaluation's values in its arena, about 2 KB per evaluation.)"""
+        cached: dict[str, object] | None = device.engine_cache.get(ENGINE)
+        if cached is None:
+            cached = {"device": self._device_data(device)}
+            device.engine_cache[ENGINE] = cached
+        return cached
+
+    # ---- values ---------------------------------------------------------------------------
+    def _device_data(self, device: DraDevice) -> dict[str, object]:
+        return {
+            "driver": device.driver,
+            "attributes": {
+                domain: {key: self._attribute(value) for key, value in values.items()}
+                for domain, values in device.attributes.items()
+            },
+            "capacity": {
+                domain: {key: self.quantity_message(value) for key, value in values.items()}
+                for domain, values in device.capacity.items()
+            },
+            "allowMultipleAllocations": device.allow_multiple_allocations,
+        }
+
+    def _attribute(self, value: object) -> object:
+        return self.semver_message(value) if isinstance(value, Semver) else value
+
+    def quantity_message(self, quantity: Quantity) -> Any:
+        value = quantity.value
+        return self.quantity_class(num=f"{value.numerator}/{value.denominator}")
+
+    def semver_message(self, version: Semver) -> Any:
+        return self.semver_class(
+            major=version.major, minor=version.minor, patch=version.patch, pre=".".join(version.pre)
+        )
+
+    def value(self, message: Any) -> Quantity | Semver:
+        if isinstance(message, self.quantity_class):
+            return Quantity(_fraction(message.num))
+        pre = tuple(message.pre.split(".")) if message.pre else ()
+        return Semver(message.major, message.minor, message.patch, pre)
+
+    # ---- functions ------------------------------------------------------------------------
+    def _functions(self) -> list[Any]:
+        q, s = cel.Type("kubernetes.Quantity"), cel.Type("kubernetes.Semver")
+        string, boolean, integer = cel.Type.STRING, cel.Type.BOOL, cel.Type.INT
+
+        def overload(
+            name: str,
+            result: Any,
+            parameters: list[Any],
+            impl: Callable[..., object] | None,
+            member: bool = True,
+        ) -> Any:
+            if impl is None:  # declared for the checker; the other kind's impl serves it
+                return cel.Overload(name, result, parameters, is_member=member)
+            return cel.Overload(name, result, parameters, is_member=member, impl=impl)
+
+        def q_of(message: Any) -> Quantity:
+            return Quantity(_fraction(message.num))
+
+        def compared(message: Any, other: Any) -> int:
+            return self.value(message).compare(self.value(other))  # type: ignore[arg-type]
+
+        def member(name: str, result: Any, impl: Callable[[Any], object]) -> Any:
+            return cel.FunctionDecl(name, [overload(f"quantity_{name}", result, [q], impl)])
+
+        def semver_part(name: str, part: Callable[[Semver], int]) -> Any:
+            def impl(message: Any) -> int:
+                return part(self.value(message))  # type: ignore[arg-type]
+
+            return cel.FunctionDecl(name, [overload(f"semver_{name}", integer, [s], impl)])
+
+        def shared(name: str, result: Any, impl: Callable[[Any, Any], object]) -> Any:
+            return cel.FunctionDecl(
+                name,
+                [
+                    overload(f"quantity_{name}", result, [q, q], impl),
+                    overload(f"semver_{name}", result, [s, s], None),
+                ],
+            )
+
+        def arithmetic(name: str, op: Callable[[Quantity, Quantity | int], Quantity]) -> Any:
+            def with_quantity(message: Any, other: Any) -> Any:
+                return self.quantity_message(op(q_of(message), q_of(other)))
+
+            def with_int(message: Any, other: int) -> Any:
+                return self.quantity_message(op(q_of(message), other))
+
+            return cel.FunctionDecl(
+                name,
+                [
+                    overload(f"quantity_{name}_quantity", q, [q, q], with_quantity),
+                    overload(f"quantity_{name}_int", q, [q, integer], with_int),
+                ],
+            )
+
+        return [
+            cel.FunctionDecl(
+                "quantity",
+                [
+                    overload(
+                        "string_to_quantity",
+                        q,
+                        [string],
+                        lambda text: self.quantity_message(_parse_quantity(text)),
+                        member=False,
+                    )
+                ],
+            ),
+            cel.FunctionDecl(
+                "isQuantity",
+                [overload("is_quantity_string", boolean, [string], is_quantity, member=False)],
+            ),
+            cel.FunctionDecl(
+                "semver",
+                [
+                    overload(
+                        "string_to_semver",
+                        s,
+                        [string],
+                        lambda text: self.semver_message(_parse_semver(text, False)),
+                        member=False,
+                    ),
+                    overload(
+                        "string_bool_to_semver",
+                        s,
+                        [string, boolean],
+                        lambda text, normalize: self.semver_message(_parse_semver(text, normalize)),
+                        member=False,
+                    ),
+                ],
+            ),
+            cel.FunctionDecl(
+                "isSemver",
+                [
+                    overload("is_semver_string", boolean, [string], is_semver, member=False),
+                    overload(
+                        "is_semver_string_bool", boolean, [string, boolean], is_semver, member=False
+                    ),
+                ],
+            ),
+            shared("compareTo", integer, compared),
+            shared("isGreaterThan", boolean, lambda a, b: compared(a, b) > 0),
+            shared("isLessThan", boolean, lambda a, b: compared(a, b) < 0),
+            member("sign", integer, lambda m: q_of(m).sign()),
+            member("isInteger", boolean, lambda m: q_of(m).is_integer()),
+            member("asInteger", integer, lambda m: q_of(m).as_integer()),
+            member("asApproximateFloat", cel.Type.DOUBLE, lambda m: q_of(m).as_approximate_float()),
+            arithmetic("add", Quantity.add),
+            arithmetic("sub", Quantity.sub),
+            semver_part("major", lambda v: v.major),
+            semver_part("minor", lambda v: v.minor),
+            semver_part("patch", lambda v: v.patch),
+        ]
+
+
+@functools.cache
+def _environment() -> _Environment:
+    """Built once per process (about a millisecond); immutable afterwards."""
+    return _Environment()
+
+
+def _literal(function: str, text: str, normalize: bool | None) -> str | None:
+    """Source text of the constant ``quantity(text)`` / ``semver(text, normalize)`` stands for."""
+    try:
+        if function == "quantity":
+            value = _parse_quantity(text).value
+            return f'kubernetes.Quantity{{num: "{value.numerator}/{value.denominator}"}}'
+        version = _parse_semver(text, bool(normalize))
+    except CelValueError:
+        return None
+    return (
+        f"kubernetes.Semver{{major: {version.major}, minor: {version.minor}, "
+        f'patch: {version.patch}, pre: "{".".join(version.pre)}"}}'
+    )
+
+
+# Literals such as quantity('40Gi') are evaluated once per device; parse each text once.
+@functools.lru_cache(maxsize=4096)
+def _fraction(num: str) -> Fraction:
+    return Fraction(num)
+
+
+@functools.lru_cache(maxsize=1024)
+def _parse_quantity(text: str) -> Quantity:
+    return Quantity.parse(text)
+
+
+@functools.lru_cache(maxsize=1024)
+def _parse_semver(text: str, normalize: bool) -> Semver:
+    return Semver.parse(text, normalize)
+
+
+def _type_descriptors() -> descriptor_pb2.FileDescriptorProto:
+    fields = descriptor_pb2.FieldDescriptorProto
+    optional = fields.LABEL_OPTIONAL
+    file = descriptor_pb2.FileDescriptorProto(
+        name="gpu_dra_cel_types.proto", package="kubernetes", syntax="proto3"
+    )
+    quantity = file.message_type.add(name="Quantity")
+    quantity.field.add(name="num", number=1, type=fields.TYPE_STRING, label=fields.LABEL_OPTIONAL)
+    semver = file.message_type.add(name="Semver")
+    for number, name in enumerate(("major", "minor", "patch"), start=1):
+        semver.field.add(name=name, number=number, type=fields.TYPE_INT64, label=optional)
+    semver.field.add(name="pre", number=4, type=fields.TYPE_STRING, label=fields.LABEL_OPTIONAL)
+    return file
+
+
+def _compile_message(text: str) -> str:
+    """``INVALID_ARGUMENT: ERROR: <input>:1:4: ... [INVALID_ARGUMENT]`` -> ``ERROR: <input>:...``"""
+    return _STATUS_SUFFIX.sub("", _STATUS_PREFIX.sub("", text.strip()))
+
+
+def _runtime_message(text: str) -> str:
+    """cel-cpp's runtime message in cel-go's words where they differ."""
+    text = _STATUS_PREFIX.sub("", text.strip())
+    if match := _NO_SUCH_KEY.match(text):
+        return f"no such key: {match[1]}"
+    if match := _NO_OVERLOAD.match(text):
+        return f"no such overload: {match[1]}"
+    if _ITERATIONS in text:
+        return "operation cancelled: iteration budget of 10000 exceeded"
+    return text

@@ -1,0 +1,66 @@
+"""`compile_selector` and `Selector`: the engine-independent face of DRA selector CEL.
+
+Compile once, evaluate many: a `Selector` holds the compiled program and `matches` only
+evaluates it. The checks the apiserver makes before the engine sees the text (length in bytes,
+``device`` fields) and after type-checking (the result must be bool or dyn) live here.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from gpu_dra.driver.cel import engine_cel_expr_python as engine
+from gpu_dra.driver.cel.device import DraDevice
+from gpu_dra.driver.cel.errors import CelCompileError, CelRuntimeError
+from gpu_dra.driver.cel.source import line_column, undefined_device_fields
+
+# resource.k8s.io/v1 CELSelectorExpressionMaxLength; Go counts bytes.
+MAX_EXPRESSION_LENGTH: Final = 10 * 1024
+_BOOL_OR_DYN: Final = frozenset({"bool", "dyn"})
+
+
+class Selector:
+    """A compiled DRA device selector."""
+
+    def __init__(self, program: engine.Program) -> None:
+        self._program = program
+
+    @property
+    def expression(self) -> str:
+        return self._program.expression
+
+    def matches(self, device: DraDevice) -> bool:
+        """Whether `device` is selected; raises `CelRuntimeError` (``no such key: productName``,
+        a non-bool result) where the scheduler would fail allocation."""
+        result = self._program.evaluate(device)
+        if not isinstance(result, bool):
+            raise CelRuntimeError(
+                f"expression must evaluate to bool, got {type(result).__name__}: {result!r:.60}"
+            )
+        return result
+
+    def __repr__(self) -> str:
+        return f"Selector({self.expression!r})"
+
+
+def compile_selector(expression: str) -> Selector:
+    """Compile a ``DeviceClass`` / ``ResourceClaim`` selector expression.
+
+    Raises `CelCompileError` with the message the apiserver would give, as far as the engine
+    can tell: too long, a syntax or type error, an undefined ``device`` field, a result type that
+    is neither bool nor dyn.
+    """
+    size = len(expression.encode())
+    if size > MAX_EXPRESSION_LENGTH:
+        raise CelCompileError(
+            f"expression is {size} bytes long, may not be more than {MAX_EXPRESSION_LENGTH}"
+        )
+    program = engine.compile_program(expression)
+    for field, offset in undefined_device_fields(expression):
+        line, column = line_column(expression, offset)
+        raise CelCompileError(f"ERROR: <input>:{line}:{column}: undefined field '{field}'")
+    if program.result_type not in _BOOL_OR_DYN:
+        raise CelCompileError(
+            f"must evaluate to bool or the unknown type, not {program.result_type}"
+        )
+    return Selector(program)

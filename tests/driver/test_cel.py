@@ -1,0 +1,387 @@
+"""driver.cel: DRA selectors evaluated as the Kubernetes scheduler evaluates them.
+
+The table pairs an expression with a device and the scheduler's outcome: match, no match,
+runtime error (allocation aborts) or compile error (the apiserver rejects the object). Expected
+results follow resource-api.md §8 and cel-engines.md §2 and §5.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from gpu_dra.driver.attributes import gpu_device
+from gpu_dra.driver.cel import (
+    MAX_EXPRESSION_LENGTH,
+    CelCompileError,
+    CelRuntimeError,
+    DraDevice,
+    Quantity,
+    Semver,
+    compile_selector,
+    to_cel_device,
+)
+from gpu_dra.driver.cel import engine_cel_expr_python as engine
+from gpu_dra.driver.discovery import discover_gpus
+from gpu_dra.driver.nvml.simulated import SimulatedHost
+from gpu_dra.driver.resourceapi import Device
+
+DRIVER = "gpu.nvidia.com"
+DEVICECLASSES = Path(__file__).resolve().parents[2] / "deviceclasses"
+G = "device.attributes['gpu.nvidia.com']"
+C = "device.capacity['gpu.nvidia.com']"
+STD = "device.attributes['resource.kubernetes.io']"
+MATCH, NO_MATCH = True, False
+
+
+def runtime(message: str) -> tuple[str, str]:
+    return ("runtime", message)
+
+
+def compile_error(message: str) -> tuple[str, str]:
+    return ("compile", message)
+
+
+@cache
+def profile_devices(profile: str) -> tuple[Device, ...]:
+    host = SimulatedHost.load(profile, "node-a")
+    return tuple(gpu_device(gpu) for gpu in discover_gpus(host.nvml, host.pci))
+
+
+def mig_device() -> Device:
+    """A MIG device as NVIDIA's driver publishes one (gpu-dra publishes none yet)."""
+    return {
+        "name": "gpu-0-mig-1g5gb-0",
+        "attributes": {
+            "type": {"string": "mig"},
+            "profile": {"string": "1g.5gb"},
+            "parentUUID": {"string": "GPU-ac516e8a-823f-5053-b24a-22959069fc84"},
+            "productName": {"string": "NVIDIA A100-SXM4-40GB"},
+            "architecture": {"string": "Ampere"},
+            "cudaComputeCapability": {"version": "8.0.0"},
+            "driverVersion": {"version": "580.65.6"},
+        },
+        "capacity": {"memory": {"value": "4864Mi"}, "multiprocessors": {"value": "14"}},
+    }
+
+
+def device(kind: str) -> DraDevice:
+    """Fresh devices by nickname: the first GPU of a simulated profile, or a hand-made one."""
+    if kind == "mig":
+        return to_cel_device(DRIVER, mig_device())
+    if kind == "channel":
+        channel: Device = {
+            "name": "channel-0",
+            "attributes": {"type": {"string": "channel"}, "id": {"int": 0}},
+            "allowMultipleAllocations": True,
+        }
+        return to_cel_device("compute-domain.nvidia.com", channel)
+    profile = {"h100": "hgx-h100", "a100": "dgx-a100", "l4": "l4x4", "t4": "t4"}[kind]
+    return to_cel_device(DRIVER, profile_devices(profile)[0])
+
+
+# (expression, device, expected); the H100 is an "NVIDIA H100 80GB HBM3" with 81559Mi, cc 9.0.0,
+# driver 580.95.5, NUMA node 0, PCI bus 0000:1b:00.0.
+CASES: list[tuple[str, str, Any]] = [
+    # plain access
+    ("device.driver == 'gpu.nvidia.com'", "h100", MATCH),
+    ("device.driver == 'gpu.nvidia.com'", "channel", NO_MATCH),
+    (f"{G}.productName == 'NVIDIA H100 80GB HBM3'", "h100", MATCH),
+    (f"{G}['productName'].startsWith('NVIDIA H')", "t4", NO_MATCH),
+    (f"{G}.type in ['gpu', 'vfio']", "h100", MATCH),
+    ("'gpu.nvidia.com' in device.attributes", "h100", MATCH),
+    ("'other.example.com' in device.attributes", "h100", NO_MATCH),
+    ("device.attributes.exists(d, d.endsWith('kubernetes.io'))", "h100", MATCH),
+    ("'memory' in device.capacity['gpu.nvidia.com']", "h100", MATCH),
+    ("device.allowMultipleAllocations == false", "h100", MATCH),
+    ("device.allowMultipleAllocations", "channel", MATCH),
+    ("device.attributes['compute-domain.nvidia.com'].id == 0", "channel", MATCH),
+    # standard domain: qualified names are grouped under their own domain, not the driver's
+    (f"{STD}.pciBusID == '0000:1b:00.0'", "h100", MATCH),
+    (f"{STD}.numaNode == 0 && {STD}.pcieRoot.startsWith('pci')", "h100", MATCH),
+    (f"{G}['resource.kubernetes.io/pciBusID'] == ''", "h100", runtime("no such key")),
+    # has() and missing keys
+    (f"has({G}.productName)", "h100", MATCH),
+    (f"has({G}.profile) && {G}.profile == '1g.5gb'", "h100", NO_MATCH),
+    (f"{G}.profile == '1g.5gb'", "h100", runtime("no such key: profile")),
+    (f"{G}.profile == '1g.5gb'", "mig", MATCH),
+    # unknown domain = empty map (scheduler: newStringInterfaceMapWithDefault)
+    ("'foo' in device.attributes['other.example.com']", "h100", NO_MATCH),
+    ("has(device.attributes['other.example.com'].foo)", "h100", NO_MATCH),
+    ("device.attributes['other.example.com'].size() == 0", "h100", MATCH),
+    ("'memory' in device.capacity['other.example.com']", "h100", NO_MATCH),
+    ("device.attributes['other.example.com'].foo == 'x'", "h100", runtime("no such key: foo")),
+    (
+        "!('x' in device.capacity['other.example.com']) || "
+        "device.capacity['other.example.com'].x.isGreaterThan(quantity('1Ki'))",
+        "h100",
+        MATCH,
+    ),
+    # quantities: compared and equal by value
+    (f"{C}.memory.compareTo(quantity('40Gi')) >= 0", "h100", MATCH),
+    (f"{C}.memory.compareTo(quantity('40Gi')) >= 0", "l4", NO_MATCH),
+    (f"{C}.memory.isGreaterThan(quantity('81559Mi'))", "h100", NO_MATCH),
+    (f"{C}.memory.isLessThan(quantity('80Gi'))", "h100", MATCH),
+    (f"{C}.memory == quantity('81559Mi')", "h100", MATCH),
+    (f"{C}.memory.asInteger() == 81559 * 1024 * 1024", "h100", MATCH),
+    (f"{C}.multiprocessors.isGreaterThan(quantity('10'))", "mig", MATCH),
+    (f"{C}.memory.compareTo(quantity('200K')) > 0", "h100", runtime("not a Kubernetes quantity")),
+    # versions: semver values
+    (f"{G}.cudaComputeCapability.compareTo(semver('8.0.0')) >= 0", "a100", MATCH),
+    (f"{G}.cudaComputeCapability.compareTo(semver('8.0.0')) >= 0", "t4", NO_MATCH),
+    (f"{G}.driverVersion.isGreaterThan(semver('580.95.4'))", "h100", MATCH),
+    (f"{G}.driverVersion == semver('580.95.5')", "h100", MATCH),
+    (
+        f"{G}.cudaComputeCapability.major() == 9 && {G}.cudaComputeCapability.minor() == 0",
+        "h100",
+        MATCH,
+    ),
+    (f"{G}.driverVersion.isLessThan(semver('v600', true))", "h100", MATCH),
+    (f"{G}.driverVersion.isLessThan(semver('600'))", "h100", runtime("not a semantic version")),
+    # strings, regex, bindings
+    (f"{G}.productName.lowerAscii().matches('^.*h100.*$')", "h100", MATCH),
+    (f"{G}.productName.lowerAscii().contains('a100')", "h100", NO_MATCH),
+    (f"{G}.uuid.matches(r'^GPU-[0-9a-f]{{8}}-')", "h100", MATCH),
+    (f"{G}.productName == 'NVIDIA H100 80GB\\u0020HBM3'", "h100", MATCH),
+    ("'xNVIDIA'.matches('NVIDIA')", "h100", MATCH),
+    (f"cel.bind(g, {G}, g.type == 'gpu' && g.architecture == 'Hopper')", "h100", MATCH),
+    (f"cel.bind(g, {G}, has(g.profile) && g.profile == '1g.5gb')", "a100", NO_MATCH),
+    # CEL typing at run time
+    (f"{STD}.numaNode == 0u && {STD}.numaNode < 0.5", "h100", MATCH),
+    (f"{STD}.numaNode == '0'", "h100", NO_MATCH),
+    (f"{G}.productName > 5", "h100", runtime("no such overload")),
+    (f"{G}.productName", "h100", runtime("must evaluate to bool")),
+    ("false && (1 / 0 == 1)", "h100", NO_MATCH),
+    ("1 / 0 == 1", "h100", runtime("divide by zero")),
+    # rejected at compile time
+    ("device.driver ==", "h100", compile_error("Syntax error")),
+    ("device.vendor == 'NVIDIA'", "h100", compile_error("<input>:1:7: undefined field 'vendor'")),
+    ("gpuCount(device) > 0", "h100", compile_error("undeclared reference to 'gpuCount'")),
+    (f"{C}.memory.compareTo(quantity(40)) >= 0", "h100", compile_error("no matching overload")),
+    (
+        "quantity('1').compareTo(semver('1.0.0')) == 0",
+        "h100",
+        compile_error("no matching overload"),
+    ),
+    ("'gpu-' + 0 == 'gpu-0'", "h100", compile_error("no matching overload")),
+    ("1 + 1", "h100", compile_error("must evaluate to bool or the unknown type, not int")),
+    ("'a1'.matches('\\d')", "h100", compile_error("")),
+]
+
+
+def outcome(expression: str, dra_device: DraDevice) -> Any:
+    try:
+        selector = compile_selector(expression)
+    except CelCompileError as error:
+        return ("compile", str(error))
+    try:
+        return selector.matches(dra_device)
+    except CelRuntimeError as error:
+        return ("runtime", str(error))
+
+
+@pytest.mark.parametrize(("expression", "kind", "expected"), CASES)
+def test_selector_outcome_matches_the_scheduler(expression, kind, expected):
+    got = outcome(expression, device(kind))
+    if isinstance(expected, bool):
+        assert got is expected
+    else:
+        assert isinstance(got, tuple), f"expected {expected[0]} error, got {got!r}"
+        assert got[0] == expected[0], got
+        assert expected[1] in got[1]
+
+
+def test_the_table_covers_every_outcome():
+    kinds = {e if isinstance(e, bool) else e[0] for _, _, e in CASES}
+    assert kinds == {True, False, "runtime", "compile"}
+    assert len(CASES) >= 30
+
+
+# ---- the shipped DeviceClasses against the simulated machines ---------------------------------
+def device_classes() -> dict[str, list[str]]:
+    classes = {}
+    for path in sorted(DEVICECLASSES.glob("*.yaml")):
+        for doc in yaml.safe_load_all(path.read_text()):
+            if doc:
+                classes[doc["metadata"]["name"]] = [
+                    s["cel"]["expression"] for s in doc["spec"]["selectors"]
+                ]
+    return classes
+
+
+def selected_products(class_name: str) -> set[str]:
+    """Product names of the simulated GPUs (all built-in profiles) that the class selects."""
+    selectors = [compile_selector(text) for text in device_classes()[class_name]]
+    products = set()
+    for profile in ("hgx-h100", "dgx-a100", "l4x4", "t4", "mixed"):
+        for published in profile_devices(profile):
+            dra_device = to_cel_device(DRIVER, published)
+            if all(selector.matches(dra_device) for selector in selectors):
+                products.add(published["attributes"]["productName"]["string"])
+    return products
+
+
+H100 = "NVIDIA H100 80GB HBM3"
+A100 = {"NVIDIA A100-SXM4-80GB", "NVIDIA A100 80GB PCIe"}
+ALL_GPUS = {H100, *A100, "NVIDIA L4", "Tesla T4"}
+
+
+@pytest.mark.parametrize(
+    ("class_name", "expected"),
+    [
+        ("gpu.nvidia.com", ALL_GPUS),
+        ("large-memory.gpu.nvidia.com", {H100, *A100}),
+        ("hopper.gpu.nvidia.com", {H100}),
+        ("training.gpu.nvidia.com", {H100, *A100}),
+        ("mig.nvidia.com", set()),
+    ],
+)
+def test_device_class_selects_the_expected_simulated_gpus(class_name, expected):
+    assert selected_products(class_name) == expected
+
+
+def test_every_shipped_device_class_is_tested_and_compiles():
+    classes = device_classes()
+    assert set(classes) == {
+        "gpu.nvidia.com",
+        "large-memory.gpu.nvidia.com",
+        "hopper.gpu.nvidia.com",
+        "training.gpu.nvidia.com",
+        "mig.nvidia.com",
+    }
+    for expressions in classes.values():
+        for text in expressions:
+            compile_selector(text)
+
+
+def test_mig_class_selects_a_mig_device_and_gpu_class_does_not():
+    mig = device("mig")
+    assert all(compile_selector(t).matches(mig) for t in device_classes()["mig.nvidia.com"])
+    assert not any(compile_selector(t).matches(mig) for t in device_classes()["gpu.nvidia.com"])
+
+
+# ---- claim-side selectors users copy from NVIDIA's demos and docs (nvidia-compat.md §1) --------
+NVIDIA_CLAIM_SELECTORS = [
+    ("device.attributes['gpu.nvidia.com'].profile == '1g.5gb'", {"mig": True}),
+    (
+        "device.attributes['gpu.nvidia.com'].productName.lowerAscii().matches('^.*a100.*$')",
+        {"a100": True, "h100": False, "mig": True},
+    ),
+    ("device.attributes['gpu.nvidia.com'].architecture == 'Hopper'", {"h100": True, "a100": False}),
+    (
+        'device.attributes["gpu.nvidia.com"].driverVersion.compareTo(semver("570.0.0")) >= 0',
+        {"h100": True, "l4": True, "t4": False},  # T4 profile: driver 535.247.1
+    ),
+    (
+        'device.attributes["gpu.nvidia.com"].uuid == "GPU-201623eb-f3c3-543b-933d-26aaf4c600ef"',
+        {"h100": True, "a100": False},
+    ),
+    (
+        "device.capacity['gpu.nvidia.com'].memory.isGreaterThan(quantity(\"40Gi\"))",
+        {"h100": True, "a100": True, "l4": False, "mig": False},
+    ),
+    (
+        'device.capacity["gpu.nvidia.com"].memory.compareTo(quantity("80Gi")) >= 0',
+        {"a100": True, "h100": False},
+    ),
+    (
+        "device.capacity['gpu.nvidia.com'].multiprocessors.isGreaterThan(quantity(\"10\")) && "
+        "device.capacity['gpu.nvidia.com'].multiprocessors.isLessThan(quantity(\"30\"))",
+        {"mig": True},
+    ),
+]
+
+
+@pytest.mark.parametrize(("expression", "expected"), NVIDIA_CLAIM_SELECTORS)
+def test_nvidia_claim_selector(expression, expected):
+    selector = compile_selector(expression)
+    assert {kind: selector.matches(device(kind)) for kind in expected} == expected
+
+
+def test_nvidia_mig_profile_selector_is_a_runtime_error_on_whole_gpus():
+    # Copied without a has() guard it aborts allocation wherever a whole GPU is seen first.
+    with pytest.raises(CelRuntimeError, match="no such key: profile"):
+        compile_selector(NVIDIA_CLAIM_SELECTORS[0][0]).matches(device("h100"))
+
+
+# ---- building `device` --------------------------------------------------------------------------
+def test_device_groups_attributes_by_domain_and_converts_values():
+    dra_device = to_cel_device(DRIVER, profile_devices("hgx-h100")[0])
+    assert dra_device.driver == DRIVER
+    assert set(dra_device.attributes) == {DRIVER, "resource.kubernetes.io"}
+    assert dra_device.attributes["resource.kubernetes.io"] == {
+        "pciBusID": "0000:1b:00.0",
+        "pcieRoot": "pci0000:18",
+        "numaNode": 0,
+    }
+    assert dra_device.attributes[DRIVER]["driverVersion"] == Semver(580, 95, 5)
+    assert dra_device.capacity == {DRIVER: {"memory": Quantity.parse("81559Mi")}}
+    assert dra_device.allow_multiple_allocations is False
+    assert dra_device.name == "gpu-0"
+
+
+def test_bare_names_go_to_the_driver_domain_of_any_driver():
+    published: Device = {
+        "name": "d",
+        "attributes": {"model": {"string": "x"}, "a.io/b": {"bool": True}},
+    }
+    assert to_cel_device("dra.example.com", published).attributes == {
+        "dra.example.com": {"model": "x"},
+        "a.io": {"b": True},
+    }
+
+
+@pytest.mark.parametrize(
+    ("published", "message"),
+    [
+        ({"name": "d", "attributes": {"v": {"version": "1.0"}}}, "device d: attribute v"),
+        ({"name": "d", "capacity": {"memory": {"value": "80 Gi"}}}, "device d: capacity memory"),
+        ({"name": "d", "attributes": {"v": {}}}, "attribute v has no value"),
+    ],
+)
+def test_unconvertible_device_is_a_runtime_error(published, message):
+    with pytest.raises(CelRuntimeError, match=message):
+        to_cel_device(DRIVER, published)
+
+
+# ---- limits and compile-once --------------------------------------------------------------------
+def test_expression_length_limit_counts_bytes():
+    at_limit = "'" + "x" * (MAX_EXPRESSION_LENGTH - 9) + "' == 'y'"
+    assert len(at_limit.encode()) == MAX_EXPRESSION_LENGTH
+    assert not compile_selector(at_limit).matches(device("h100"))
+    one_more_byte = at_limit.replace("x", "é", 1)  # same characters, one byte more
+    with pytest.raises(CelCompileError, match="10241 bytes long, may not be more than 10240"):
+        compile_selector(one_more_byte)
+
+
+def test_selector_evaluates_many_devices_without_recompiling(monkeypatch):
+    selector = compile_selector(f"{C}.memory.compareTo(quantity('40Gi')) >= 0")
+
+    def no_compiling(*args: object) -> None:
+        raise AssertionError("compiled during evaluation")
+
+    monkeypatch.setattr(engine._Environment, "compile", no_compiling)
+    devices = [device(kind) for kind in ("h100", "a100", "l4", "t4")] * 50
+    assert sum(selector.matches(d) for d in devices) == 100
+
+
+def test_a_device_is_converted_once_for_all_selectors():
+    dra_device = device("h100")
+    first, second = compile_selector("device.driver != ''"), compile_selector("true")
+    assert first.matches(dra_device)
+    cached = dict(dra_device.engine_cache)
+    assert second.matches(dra_device)
+    assert dra_device.engine_cache == cached
+    assert len(cached) == 1
+
+
+def test_iteration_budget_is_a_runtime_error():
+    # cel-cpp's fixed 10,000-iteration budget (Kubernetes allows cost 1,000,000): documented gap.
+    hundred = "[" + ", ".join(["0"] * 100) + "]"
+    selector = compile_selector(f"{hundred}.all(x, {hundred}.all(y, x == y))")
+    with pytest.raises(CelRuntimeError, match="iteration budget"):
+        selector.matches(device("h100"))
