@@ -8,9 +8,12 @@ import json
 import os
 import subprocess
 import sys
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
 
 from e2e.cluster import Cluster, versions
 from e2e.cluster.paths import REPO_ROOT
@@ -19,6 +22,7 @@ from e2e.kube import Kube, wait_for
 DRIVER = "gpu.nvidia.com"
 PLUGIN = "gpu-dra-kubelet-plugin"
 CDI_ROOT = Path("/var/run/cdi")
+METRICS_PORT = 8081  # the plugin's default
 BIN = Path(sys.executable).parent
 
 
@@ -137,6 +141,18 @@ class Driver:
         if not path.exists():
             return set()
         return set(json.loads(path.read_text()).get("claims", {}))
+
+    def metric(self, name: str, **labels: str) -> float:
+        """A sample from the plugin's /metrics endpoint (default port, inside the namespace)."""
+        with urllib.request.urlopen(f"http://127.0.0.1:{METRICS_PORT}/metrics", timeout=5) as r:
+            text = r.read().decode()
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name == name and all(
+                    sample.labels.get(k) == v for k, v in labels.items()
+                ):
+                    return float(sample.value)
+        raise KeyError(f"no sample {name}{labels} in the plugin's metrics")
 
     def cdi_spec_claims(self) -> set[str]:
         prefix = "k8s.gpu.nvidia.com-claim_"

@@ -194,6 +194,9 @@ def test_deleting_pods_unprepares_their_claims(driver: Driver, kube: Kube, names
     wait_for("the claim to be unprepared", lambda: uid not in driver.checkpoint_claims(), 60)
     assert uid not in driver.cdi_spec_claims()
     assert not (driver.state_dir / "claims" / uid).exists()
+    claims = "gpu_dra_kubelet_plugin_claims_total"
+    assert driver.metric(claims, operation="prepare", result="ok") >= 1
+    assert driver.metric(claims, operation="unprepare", result="ok") >= 1
 
 
 def test_invalid_config_becomes_a_pod_event_and_leaks_nothing(

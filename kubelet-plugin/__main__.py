@@ -15,7 +15,10 @@ import signal
 import sys
 from collections.abc import Sequence
 
+from prometheus_client import CollectorRegistry, start_http_server
+
 from gpu_dra.controller.kubeapi import KubernetesSliceApi, new_api_client
+from gpu_dra.controller.metrics import SliceMetrics
 from gpu_dra.controller.publisher import SlicePublisher
 from gpu_dra.driver.discovery import discover_gpus
 from gpu_dra.driver.nvml.interface import NvmlLibrary, PciTopology
@@ -27,6 +30,7 @@ from gpu_dra.kubelet_plugin.checkpoint import Checkpoint
 from gpu_dra.kubelet_plugin.claimcache import CachedClaimReader
 from gpu_dra.kubelet_plugin.inventory import NodeInventory
 from gpu_dra.kubelet_plugin.kubeapi import KubernetesClaimReader
+from gpu_dra.kubelet_plugin.metrics import PluginMetrics
 from gpu_dra.kubelet_plugin.prepare import WholeGpuPreparer
 from gpu_dra.kubelet_plugin.server import PluginServer
 from gpu_dra.kubelet_plugin.settings import KubeletPluginSettings
@@ -77,8 +81,15 @@ async def run(settings: KubeletPluginSettings) -> None:
     )
     await preparer.recover()
 
+    registry = CollectorRegistry()
+    if settings.metrics_port:
+        start_http_server(settings.metrics_port, registry=registry)
+        log.info("metrics on :%d/metrics", settings.metrics_port)
     publisher = SlicePublisher(
-        KubernetesSliceApi(api_client), driver=settings.driver_name, node_name=settings.node_name
+        KubernetesSliceApi(api_client),
+        driver=settings.driver_name,
+        node_name=settings.node_name,
+        metrics=SliceMetrics(registry),
     )
     publisher.set_desired(inventory.desired_pool(settings.driver_name, settings.node_name))
     publishing = asyncio.create_task(publisher.run(), name="publisher")
@@ -89,6 +100,7 @@ async def run(settings: KubeletPluginSettings) -> None:
     server = PluginServer(
         driver_name=settings.driver_name,
         preparer=preparer,
+        metrics=PluginMetrics(registry),
         plugins_dir=settings.kubelet_plugins_dir,
         registry_dir=settings.kubelet_registry_dir,
         call_timeout_s=settings.call_timeout_s,

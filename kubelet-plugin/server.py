@@ -22,6 +22,7 @@ from types import TracebackType
 import grpc
 
 from gpu_dra.kubelet_plugin._generated.pluginregistration import api_pb2_grpc as reg_grpc
+from gpu_dra.kubelet_plugin.metrics import PluginMetrics
 from gpu_dra.kubelet_plugin.preparer import ClaimPreparer
 from gpu_dra.kubelet_plugin.registration import RegisteredCallback, RegistrationServicer
 from gpu_dra.kubelet_plugin.service import (
@@ -62,6 +63,7 @@ class PluginServer:
         on_registered: RegisteredCallback | None = None,
         instance_id: str | None = None,
         readiness_timeout_s: float = 10.0,
+        metrics: PluginMetrics | None = None,
     ) -> None:
         if len(driver_name) > 253 or not _DNS_SUBDOMAIN.match(driver_name):
             raise ValueError(f"driver name {driver_name!r} is not a DNS subdomain")
@@ -79,7 +81,7 @@ class PluginServer:
         for path in (self.dra_socket, self.registration_socket):
             if len(os.fsencode(path)) > MAX_SOCKET_PATH_BYTES:
                 raise ValueError(f"socket path {path} is longer than {MAX_SOCKET_PATH_BYTES} bytes")
-        self._handler = ClaimCallHandler(preparer, call_timeout_s=call_timeout_s)
+        self._handler = ClaimCallHandler(preparer, call_timeout_s=call_timeout_s, metrics=metrics)
         self._readiness_timeout_s = readiness_timeout_s
         self.registration = RegistrationServicer(
             driver_name=driver_name,

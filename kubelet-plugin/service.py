@@ -18,16 +18,19 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from types import ModuleType
 from typing import Any, TypeAlias, TypeVar
 
 import grpc
+from prometheus_client import CollectorRegistry
 
 from gpu_dra.kubelet_plugin._generated.dra.v1 import api_pb2 as v1
 from gpu_dra.kubelet_plugin._generated.dra.v1 import api_pb2_grpc as v1_grpc
 from gpu_dra.kubelet_plugin._generated.dra.v1beta1 import api_pb2 as v1beta1
 from gpu_dra.kubelet_plugin._generated.dra.v1beta1 import api_pb2_grpc as v1beta1_grpc
+from gpu_dra.kubelet_plugin.metrics import PluginMetrics
 from gpu_dra.kubelet_plugin.preparer import ClaimPreparer, ClaimRef, PrepareResult
 
 log = logging.getLogger(__name__)
@@ -50,7 +53,11 @@ class ClaimCallHandler:
     """Version-independent handling of prepare/unprepare batches around a ClaimPreparer."""
 
     def __init__(
-        self, preparer: ClaimPreparer, *, call_timeout_s: float = DEFAULT_CALL_TIMEOUT_S
+        self,
+        preparer: ClaimPreparer,
+        *,
+        call_timeout_s: float = DEFAULT_CALL_TIMEOUT_S,
+        metrics: PluginMetrics | None = None,
     ) -> None:
         if not 0 < call_timeout_s < KUBELET_CALL_TIMEOUT_S:
             raise ValueError(
@@ -59,6 +66,7 @@ class ClaimCallHandler:
             )
         self._preparer = preparer
         self._call_timeout_s = call_timeout_s
+        self._metrics = metrics or PluginMetrics(CollectorRegistry())
 
     def _budget(self, client_time_remaining: float | None) -> float:
         if client_time_remaining is None:
@@ -73,15 +81,20 @@ class ClaimCallHandler:
         if not unique:
             return {}
         budget = self._budget(client_time_remaining)
+        started = time.perf_counter()
         outcome = await self._call(
             "prepare", self._preparer.prepare, unique, budget, PrepareResult.failure
         )
-        return {
+        results = {
             claim.uid: _pick(
                 "prepare", outcome, claim, PrepareResult.failure, lambda r: r.error is None
             )
             for claim in unique
         }
+        self._metrics.observe_call("prepare", time.perf_counter() - started)
+        for result in results.values():
+            self._metrics.count_claim("prepare", result.error is None)
+        return results
 
     async def unprepare(
         self, claims: Sequence[ClaimRef], *, client_time_remaining: float | None = None
@@ -95,11 +108,16 @@ class ClaimCallHandler:
         def failure(message: str) -> str | None:
             return message
 
+        started = time.perf_counter()
         outcome = await self._call("unprepare", self._preparer.unprepare, unique, budget, failure)
-        return {
+        results = {
             claim.uid: _pick("unprepare", outcome, claim, failure, lambda r: r is None)
             for claim in unique
         }
+        self._metrics.observe_call("unprepare", time.perf_counter() - started)
+        for error in results.values():
+            self._metrics.count_claim("unprepare", error is None)
+        return results
 
     async def _call(
         self,

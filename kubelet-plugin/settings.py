@@ -35,6 +35,8 @@ class KubeletPluginSettings:
     """Kubeconfig for the API server; None = the pod's service account."""
     call_timeout_s: float = 40.0
     """Deadline of one prepare/unprepare call, below the kubelet's 45 s."""
+    metrics_port: int = 8081
+    """Port of the Prometheus `/metrics` endpoint; 0 turns it off."""
 
     @property
     def state_dir(self) -> Path:
@@ -78,6 +80,7 @@ class KubeletPluginSettings:
         option("--data-dir", "checkpoint directory (default <plugins-dir>/<driver>)", None)
         option("--kubeconfig", "kubeconfig file (default: in-cluster service account)", None)
         option("--call-timeout", "seconds per prepare/unprepare call (< 45)", "40")
+        option("--metrics-port", "port of the Prometheus /metrics endpoint (0 = off)", "8081")
         args = parser.parse_args(argv)
         if not args.node_name:
             parser.error("--node-name (or GPU_DRA_NODE_NAME / NODE_NAME) is required")
@@ -87,6 +90,12 @@ class KubeletPluginSettings:
             parser.error(f"--call-timeout must be a number of seconds, got {args.call_timeout!r}")
         if not 0 < timeout < 45:
             parser.error(f"--call-timeout must be between 0 and 45 seconds, got {timeout}")
+        try:
+            metrics_port = int(args.metrics_port)
+        except ValueError:
+            parser.error(f"--metrics-port must be a port number, got {args.metrics_port!r}")
+        if not 0 <= metrics_port <= 65535:
+            parser.error(f"--metrics-port must be between 0 and 65535, got {metrics_port}")
         return cls(
             node_name=args.node_name,
             driver_name=args.driver_name,
@@ -98,4 +107,5 @@ class KubeletPluginSettings:
             data_dir=Path(args.data_dir) if args.data_dir else None,
             kubeconfig=Path(args.kubeconfig) if args.kubeconfig else None,
             call_timeout_s=timeout,
+            metrics_port=metrics_port,
         )

@@ -21,6 +21,7 @@ ALL_FLAGS = [
     "--data-dir=/k/data",
     "--kubeconfig=/root/.kube/config",
     "--call-timeout=12.5",
+    "--metrics-port=9400",
 ]
 
 EXPECTED = KubeletPluginSettings(
@@ -34,6 +35,7 @@ EXPECTED = KubeletPluginSettings(
     data_dir=Path("/k/data"),
     kubeconfig=Path("/root/.kube/config"),
     call_timeout_s=12.5,
+    metrics_port=9400,
 )
 
 
@@ -57,6 +59,7 @@ def test_defaults_need_only_a_node_name() -> None:
     assert settings.simulate is None
     assert settings.cdi_root == Path("/var/run/cdi")
     assert settings.call_timeout_s == 40.0
+    assert settings.metrics_port == 8081
     assert settings.state_dir == Path("/var/lib/kubelet/plugins/gpu.nvidia.com")
 
 
@@ -167,3 +170,14 @@ def test_usage_names_each_environment_twin_and_its_default(
         assert f"env {env_twin(flag)};" in usage, flag
     assert "[env GPU_DRA_CDI_ROOT; default: /var/run/cdi]" in usage
     assert "[env GPU_DRA_CALL_TIMEOUT; default: 40]" in usage
+
+
+@pytest.mark.parametrize("value", ["http", "-1", "65536"])
+def test_a_bad_metrics_port_is_a_usage_error(
+    capsys: pytest.CaptureFixture[str], value: str
+) -> None:
+    assert "--metrics-port" in usage_error(capsys, ["--node-name=n", f"--metrics-port={value}"], {})
+
+
+def test_metrics_port_zero_turns_the_endpoint_off() -> None:
+    assert KubeletPluginSettings.parse(["--node-name=n", "--metrics-port=0"], {}).metrics_port == 0
