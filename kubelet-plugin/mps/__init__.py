@@ -1,0 +1,71 @@
+"""MPS control daemons for prepared claims: start, stop, status, adopt, and workload CDI edits.
+
+Not wired into prepare yet. Layout:
+
+* :mod:`.interface` - values (`MpsSettings`, `DaemonHandle`, `DaemonStatus`), the `MpsControl`
+  Protocol and the error vocabulary;
+* :mod:`.ids` - NVIDIA-compatible per-claim daemon ids and per-device shared-daemon ids;
+* :mod:`.control` - runs control commands through the control binary (stdin, one per call);
+* :mod:`.process` - the `DaemonRunner` seam (host process now, a pod later) and process checks;
+* :mod:`.shm` - the `ShmMounter` seam: tmpfs in production, a plain directory in tests;
+* :mod:`.daemon` - `MpsDaemonManager`, the real `MpsControl`;
+* :mod:`.edits` - the CDI container edits of a daemon's workloads.
+"""
+
+from gpu_dra.kubelet_plugin.mps.control import ControlClient
+from gpu_dra.kubelet_plugin.mps.daemon import MpsDaemonManager
+from gpu_dra.kubelet_plugin.mps.edits import (
+    CONTAINER_PIPE_DIRECTORY,
+    ClientCaps,
+    workload_edits,
+)
+from gpu_dra.kubelet_plugin.mps.ids import claim_daemon_id, shared_daemon_id
+from gpu_dra.kubelet_plugin.mps.interface import (
+    MPS_STATE_KEY,
+    DaemonHandle,
+    DaemonPaths,
+    DaemonState,
+    DaemonStatus,
+    MpsCommandError,
+    MpsControl,
+    MpsDaemonGoneError,
+    MpsError,
+    MpsSettings,
+    MpsStartError,
+    MpsStateError,
+    MpsStopError,
+    handles_from_state,
+    handles_to_state,
+)
+from gpu_dra.kubelet_plugin.mps.process import DaemonRunner, ProcessRunner
+from gpu_dra.kubelet_plugin.mps.shm import PlainDirectoryShm, ShmMounter, TmpfsShmMounter
+
+__all__ = [
+    "CONTAINER_PIPE_DIRECTORY",
+    "MPS_STATE_KEY",
+    "ClientCaps",
+    "ControlClient",
+    "DaemonHandle",
+    "DaemonPaths",
+    "DaemonRunner",
+    "DaemonState",
+    "DaemonStatus",
+    "MpsCommandError",
+    "MpsControl",
+    "MpsDaemonGoneError",
+    "MpsDaemonManager",
+    "MpsError",
+    "MpsSettings",
+    "MpsStartError",
+    "MpsStateError",
+    "MpsStopError",
+    "PlainDirectoryShm",
+    "ProcessRunner",
+    "ShmMounter",
+    "TmpfsShmMounter",
+    "claim_daemon_id",
+    "handles_from_state",
+    "handles_to_state",
+    "shared_daemon_id",
+    "workload_edits",
+]

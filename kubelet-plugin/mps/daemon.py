@@ -1,0 +1,337 @@
+"""`MpsDaemonManager`: the real `MpsControl`, running the control binary it is given.
+
+Start, in the order ``mps.md`` §3.1 requires:
+
+1. remove a leftover of the same id (a start that died with the plugin): its processes (found
+   by ``CUDA_MPS_PIPE_DIRECTORY`` in their environment), its shm mount, its directories;
+2. create ``<data_dir>/mps/<id>/{pipe,log,shm}`` (mode 0755, shm 1777) and mount the shm;
+3. launch ``<binary> -d`` (``-M`` for multi-user) with ``CUDA_VISIBLE_DEVICES`` = the UUIDs and
+   the pipe and log directories in its environment (`DaemonRunner`);
+4. wait until the daemon answers ``get_default_active_thread_percentage`` on its socket;
+5. issue ``set_default_active_thread_percentage`` and one ``set_default_device_pinned_mem_limit
+   <UUID> <N>M`` per device - before any server can spawn: servers spawn for clients, and no
+   workload sees the pipe directory before prepare returns its CDI devices;
+6. read every value back; a daemon that reports other values is not used.
+
+Any failure removes whatever was started or created, then raises `MpsStartError`.
+
+Stop: ``quit``, wait, SIGTERM/SIGKILL if it stays, kill leftover servers, unmount shm, remove the
+directories. Status: the process (PID + start time), ``get_server_list`` and
+``get_server_status`` (``FAULT``). The manager's calls block; run them in a worker thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import threading
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Final
+
+from gpu_dra.kubelet_plugin.mps.control import ControlClient
+from gpu_dra.kubelet_plugin.mps.ids import checked_device_uuid
+from gpu_dra.kubelet_plugin.mps.interface import (
+    DaemonHandle,
+    DaemonPaths,
+    DaemonState,
+    DaemonStatus,
+    MpsCommandError,
+    MpsDaemonGoneError,
+    MpsError,
+    MpsSettings,
+    MpsStartError,
+    MpsStateError,
+    MpsStopError,
+)
+from gpu_dra.kubelet_plugin.mps.process import (
+    DaemonRunner,
+    ProcessIdentity,
+    ProcessRunner,
+    is_alive,
+    kill,
+    processes_using_pipe,
+    read_pid_file,
+    start_time,
+    wait_gone,
+)
+from gpu_dra.kubelet_plugin.mps.shm import ShmMounter, TmpfsShmMounter
+
+log = logging.getLogger(__name__)
+
+DEFAULT_BINARY: Final = "nvidia-cuda-mps-control"
+SOCKET: Final = "control"
+MAX_SOCKET_PATH: Final = 107
+"""``sun_path`` holds 108 bytes including the terminating NUL."""
+_LONGEST_ID: Final = "x" * 44
+_LOG_TAIL: Final = 600
+DIR_MODE: Final = 0o755
+SHM_MODE: Final = 0o1777
+
+
+class MpsDaemonManager:
+    """Starts, checks, adopts and stops MPS control daemons under ``<data_dir>/mps``."""
+
+    def __init__(
+        self,
+        data_dir: Path,
+        *,
+        binary: str | Path = DEFAULT_BINARY,
+        base_env: Mapping[str, str] | None = None,
+        runner: DaemonRunner | None = None,
+        shm: ShmMounter | None = None,
+        start_timeout_s: float = 10.0,
+        command_timeout_s: float = 5.0,
+        stop_timeout_s: float = 5.0,
+        status_timeout_s: float = 2.0,
+    ) -> None:
+        """``base_env``: the daemon's and the control client's environment besides the MPS
+        variables (``PATH``, ``LD_LIBRARY_PATH`` for the driver's libraries); default this
+        process's. ``shm`` defaults to a tmpfs per daemon (needs CAP_SYS_ADMIN)."""
+        self.data_dir = data_dir
+        socket_path = DaemonPaths.of(data_dir, _LONGEST_ID).pipe / SOCKET
+        if len(os.fsencode(socket_path)) > MAX_SOCKET_PATH:
+            raise ValueError(
+                f"MPS socket paths under {data_dir} would exceed {MAX_SOCKET_PATH} bytes "
+                f"({socket_path}): use a shorter data directory"
+            )
+        self.binary = str(binary)
+        self.base_env = dict(os.environ if base_env is None else base_env)
+        self.runner: DaemonRunner = runner or ProcessRunner()
+        self.shm: ShmMounter = shm or TmpfsShmMounter()
+        self.client = ControlClient(binary, base_env=self.base_env, timeout_s=command_timeout_s)
+        self.start_timeout_s = start_timeout_s
+        self.stop_timeout_s = stop_timeout_s
+        self.status_timeout_s = status_timeout_s
+        self._locks: dict[str, threading.Lock] = {}
+        self._locks_guard = threading.Lock()
+
+    # -- MpsControl ------------------------------------------------------------------------
+
+    def start(self, daemon_id: str, devices: Sequence[str], settings: MpsSettings) -> DaemonHandle:
+        paths = DaemonPaths.of(self.data_dir, daemon_id)
+        uuids = tuple(sorted({checked_device_uuid(d) for d in devices}))
+        if not uuids:
+            raise ValueError(f"MPS daemon {daemon_id}: no devices")
+        settings.check(uuids)
+        with self._lock(daemon_id):
+            if paths.root.exists():
+                log.warning("mps leftover removed daemon_id=%s root=%s", daemon_id, paths.root)
+                try:
+                    self._remove(paths, None, mounted=True)
+                except MpsStopError as error:
+                    raise MpsStartError(f"MPS control daemon {daemon_id}: {error}") from error
+            identity: ProcessIdentity | None = None
+            mounted = False
+            try:
+                for directory in (paths.root, paths.pipe, paths.log, paths.shm):
+                    directory.mkdir(mode=DIR_MODE, parents=True)
+                    directory.chmod(DIR_MODE)  # not narrowed by the umask
+                mounted = self.shm.mount(paths.shm)
+                paths.shm.chmod(SHM_MODE)
+                deadline = time.monotonic() + self.start_timeout_s
+                identity = self.runner.launch(
+                    self._command(settings), self._daemon_env(paths, uuids), paths,
+                    self.start_timeout_s,
+                )  # fmt: skip
+                self._wait_ready(paths, identity, deadline)
+                self.client.run_all(paths.pipe, settings.commands())
+                self._verify(paths, settings)
+            except BaseException as error:
+                self._remove_quietly(paths, identity, mounted)
+                if isinstance(error, MpsError | OSError):
+                    raise MpsStartError(
+                        f"MPS control daemon {daemon_id} for {', '.join(uuids)}: {error}"
+                    ) from error
+                raise
+        handle = DaemonHandle(
+            daemon_id=daemon_id,
+            devices=uuids,
+            root=paths.root,
+            pid=identity.pid,
+            pid_start_time=identity.start_time,
+            settings=settings,
+            runner=self.runner.name,
+            shm_mounted=mounted,
+        )
+        log.info(
+            "mps daemon started daemon_id=%s pid=%d devices=%s settings=%s",
+            daemon_id, identity.pid, ",".join(uuids), settings.commands(),
+        )  # fmt: skip
+        return handle
+
+    def stop(self, handle: DaemonHandle) -> None:
+        self._check_runner(handle)
+        identity = ProcessIdentity(handle.pid, handle.pid_start_time)
+        with self._lock(handle.daemon_id):
+            recorded = read_pid_file(handle.paths.pipe)
+            if (
+                not is_alive(identity)
+                and recorded not in (None, handle.pid)
+                and is_alive(ProcessIdentity(recorded, start_time(recorded) or -1))
+            ):
+                # A newer daemon of the same id replaced this one (a restarted start): its
+                # processes and directories are not this handle's to remove.
+                log.warning("mps stop of a replaced daemon skipped daemon_id=%s pid=%d",
+                            handle.daemon_id, handle.pid)  # fmt: skip
+                return
+            if is_alive(identity):
+                try:
+                    self.client.run(handle.paths.pipe, "quit", timeout_s=self.stop_timeout_s)
+                except MpsCommandError as error:
+                    log.warning("mps quit failed daemon_id=%s: %s", handle.daemon_id, error)
+                if not wait_gone(identity, self.stop_timeout_s):
+                    log.warning("mps daemon killed daemon_id=%s pid=%d", handle.daemon_id,
+                                handle.pid)  # fmt: skip
+            self._remove(handle.paths, identity, mounted=handle.shm_mounted)
+        log.info("mps daemon stopped daemon_id=%s", handle.daemon_id)
+
+    def status(self, handle: DaemonHandle) -> DaemonStatus:
+        self._check_runner(handle)
+        identity = ProcessIdentity(handle.pid, handle.pid_start_time)
+        if not is_alive(identity):
+            return DaemonStatus(DaemonState.DEAD, f"control daemon pid {handle.pid} is gone")
+        pipe = handle.paths.pipe
+        try:
+            servers = self.client.server_pids(pipe, timeout_s=self.status_timeout_s)
+            faulted = tuple(
+                pid
+                for pid in servers
+                if self.client.server_status(pipe, pid, timeout_s=self.status_timeout_s) == "FAULT"
+            )
+        except MpsCommandError as error:
+            if not is_alive(identity):
+                return DaemonStatus(DaemonState.DEAD, f"control daemon pid {handle.pid} is gone")
+            return DaemonStatus(DaemonState.UNRESPONSIVE, str(error))
+        if faulted:
+            detail = (
+                f"MPS server(s) {', '.join(map(str, faulted))} in FAULT after a fatal GPU error; "
+                "new clients are refused until the affected clients exit"
+            )
+            return DaemonStatus(DaemonState.FAULT, detail, faulted)
+        return DaemonStatus(DaemonState.READY, f"{len(servers)} server(s)")
+
+    def adopt(self, handle: DaemonHandle) -> DaemonHandle:
+        self._check_runner(handle)
+        identity = ProcessIdentity(handle.pid, handle.pid_start_time)
+        pipe = handle.paths.pipe
+        if not is_alive(identity):
+            raise MpsDaemonGoneError(
+                f"MPS control daemon {handle.daemon_id} (pid {handle.pid}) is not running"
+            )
+        recorded = read_pid_file(pipe)
+        if recorded != handle.pid:
+            raise MpsDaemonGoneError(
+                f"MPS control daemon {handle.daemon_id}: {pipe} names pid {recorded}, "
+                f"not {handle.pid}"
+            )
+        try:
+            self._verify(handle.paths, handle.settings)
+        except MpsCommandError as error:
+            raise MpsError(
+                f"MPS control daemon {handle.daemon_id} does not answer: {error}"
+            ) from error
+        log.info("mps daemon adopted daemon_id=%s pid=%d", handle.daemon_id, handle.pid)
+        return handle
+
+    # -- steps -----------------------------------------------------------------------------
+
+    def _command(self, settings: MpsSettings) -> list[str]:
+        return [self.binary, "-d", *(["-M"] if settings.multi_user else [])]
+
+    def _daemon_env(self, paths: DaemonPaths, uuids: Sequence[str]) -> dict[str, str]:
+        return {
+            **self.base_env,
+            "CUDA_VISIBLE_DEVICES": ",".join(uuids),
+            "CUDA_MPS_PIPE_DIRECTORY": str(paths.pipe),
+            "CUDA_MPS_LOG_DIRECTORY": str(paths.log),
+        }
+
+    def _wait_ready(self, paths: DaemonPaths, identity: ProcessIdentity, deadline: float) -> None:
+        """Until the daemon answers on its socket; it dying or the deadline is an error."""
+        delay = 0.005
+        last: MpsCommandError | None = None
+        while True:
+            if not is_alive(identity):
+                raise MpsStartError(
+                    f"the daemon (pid {identity.pid}) exited during start-up{self._log_tail(paths)}"
+                )
+            if (paths.pipe / SOCKET).exists():
+                remaining = max(deadline - time.monotonic(), 0.1)
+                try:
+                    self.client.active_thread_percentage(paths.pipe, timeout_s=remaining)
+                    return
+                except MpsCommandError as error:
+                    last = error
+            if time.monotonic() >= deadline:
+                why = f" (last probe: {last.reason})" if last else f" (no socket {SOCKET})"
+                raise MpsStartError(
+                    f"the daemon (pid {identity.pid}) did not answer within "
+                    f"{self.start_timeout_s}s{why}{self._log_tail(paths)}"
+                )
+            time.sleep(delay)
+            delay = min(delay * 2, 0.1)
+
+    def _verify(self, paths: DaemonPaths, settings: MpsSettings) -> None:
+        """Read the defaults back: `MpsError` when the daemon holds other values."""
+        wrong: list[str] = []
+        percentage = self.client.active_thread_percentage(paths.pipe)
+        wanted = settings.active_thread_percentage
+        if wanted is not None and percentage != float(wanted):
+            wrong.append(f"active thread percentage {percentage:g}, not {wanted}")
+        for uuid, limit in sorted(settings.pinned_limits.items()):
+            mib = self.client.pinned_limit_mib(paths.pipe, uuid)
+            if mib != int(limit.removesuffix("M")):
+                wrong.append(f"pinned memory limit of {uuid} {mib}M, not {limit}")
+        if wrong:
+            raise MpsError(f"the daemon reports {'; '.join(wrong)}")
+
+    def _remove(self, paths: DaemonPaths, identity: ProcessIdentity | None, mounted: bool) -> None:
+        """Kill what still runs for ``paths``, unmount shm, remove the directories."""
+        survivors = [identity] if identity is not None and is_alive(identity) else []
+        survivors += [p for p in processes_using_pipe(paths.pipe) if p not in survivors]
+        grace_s = min(1.0, self.stop_timeout_s)
+        stuck = [p.pid for p in survivors if not kill(p, grace_s=grace_s)]
+        if stuck:
+            raise MpsStopError(f"MPS daemon processes {stuck} of {paths.root} do not exit")
+        try:
+            if mounted:
+                self.shm.unmount(paths.shm)
+            shutil.rmtree(paths.root, ignore_errors=False)
+        except FileNotFoundError:
+            pass
+        except OSError as error:
+            raise MpsStopError(f"cannot remove MPS directory {paths.root}: {error}") from error
+
+    def _remove_quietly(
+        self, paths: DaemonPaths, identity: ProcessIdentity | None, mounted: bool
+    ) -> None:
+        try:
+            self._remove(paths, identity, mounted)
+        except MpsError as error:
+            log.error("mps cleanup after failed start incomplete root=%s: %s", paths.root, error)
+
+    def _check_runner(self, handle: DaemonHandle) -> None:
+        if handle.runner != self.runner.name:
+            raise MpsStateError(
+                f"MPS daemon {handle.daemon_id} was started by runner {handle.runner!r}; "
+                f"this plugin uses {self.runner.name!r}"
+            )
+
+    @staticmethod
+    def _log_tail(paths: DaemonPaths) -> str:
+        try:
+            text = (paths.log / "control.log").read_text(errors="replace").strip()
+        except OSError:
+            return ""
+        return f"; control.log: {text[-_LOG_TAIL:]}" if text else ""
+
+    @contextmanager
+    def _lock(self, daemon_id: str) -> Iterator[None]:
+        with self._locks_guard:
+            lock = self._locks.setdefault(daemon_id, threading.Lock())
+        with lock:
+            yield

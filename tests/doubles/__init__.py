@@ -1,0 +1,1 @@
+"""Test doubles of external programs (never imported by gpu_dra); see each module's docstring."""
