@@ -16,7 +16,11 @@ from typing import Final, Protocol
 import pynvml
 
 DeviceHandle = object
-"""Opaque device handle: pynvml's ``c_nvmlDevice_t`` or a simulator's handle."""
+"""Opaque device handle: pynvml's ``c_nvmlDevice_t`` or a simulator's handle (GPU or MIG device)."""
+GpuInstanceHandle = object
+"""Opaque GPU-instance handle: pynvml's ``c_nvmlGpuInstance_t`` or a simulator's handle."""
+ComputeInstanceHandle = object
+"""Opaque compute-instance handle: pynvml's ``c_nvmlComputeInstance_t`` or a simulator's handle."""
 
 # Exception classes (typed as plain exception classes; pynvml has no type hints).
 NVMLError: Final[type[Exception]] = pynvml.NVMLError
@@ -24,6 +28,8 @@ NVMLError_Uninitialized: Final[type[Exception]] = pynvml.NVMLError_Uninitialized
 NVMLError_InvalidArgument: Final[type[Exception]] = pynvml.NVMLError_InvalidArgument
 NVMLError_NotSupported: Final[type[Exception]] = pynvml.NVMLError_NotSupported
 NVMLError_NotFound: Final[type[Exception]] = pynvml.NVMLError_NotFound
+NVMLError_InUse: Final[type[Exception]] = pynvml.NVMLError_InUse
+NVMLError_InsufficientResources: Final[type[Exception]] = pynvml.NVMLError_InsufficientResources
 
 # Return codes (nvml.h).
 NVML_ERROR_UNINITIALIZED: Final[int] = pynvml.NVML_ERROR_UNINITIALIZED
@@ -31,10 +37,30 @@ NVML_ERROR_INVALID_ARGUMENT: Final[int] = pynvml.NVML_ERROR_INVALID_ARGUMENT
 NVML_ERROR_NOT_SUPPORTED: Final[int] = pynvml.NVML_ERROR_NOT_SUPPORTED
 NVML_ERROR_NOT_FOUND: Final[int] = pynvml.NVML_ERROR_NOT_FOUND
 NVML_ERROR_FUNCTION_NOT_FOUND: Final[int] = pynvml.NVML_ERROR_FUNCTION_NOT_FOUND
+NVML_ERROR_IN_USE: Final[int] = pynvml.NVML_ERROR_IN_USE
+NVML_ERROR_INSUFFICIENT_RESOURCES: Final[int] = pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES
+NVML_SUCCESS: Final[int] = pynvml.NVML_SUCCESS
 
 NVML_INIT_FLAG_NO_GPUS: Final[int] = pynvml.NVML_INIT_FLAG_NO_GPUS
 NVML_DEVICE_MIG_DISABLE: Final[int] = pynvml.NVML_DEVICE_MIG_DISABLE
 NVML_DEVICE_MIG_ENABLE: Final[int] = pynvml.NVML_DEVICE_MIG_ENABLE
+NVML_DEVICE_ARCH_HOPPER: Final[int] = pynvml.NVML_DEVICE_ARCH_HOPPER
+
+# MIG profile constants. GPU-instance profile *indexes* go to GetGpuInstanceProfileInfo only; every
+# later call takes the device-specific profile *ID* it returns (``info.id``: 19 for 1g on A100).
+NVML_GPU_INSTANCE_PROFILE_1_SLICE: Final[int] = pynvml.NVML_GPU_INSTANCE_PROFILE_1_SLICE
+NVML_GPU_INSTANCE_PROFILE_2_SLICE: Final[int] = pynvml.NVML_GPU_INSTANCE_PROFILE_2_SLICE
+NVML_GPU_INSTANCE_PROFILE_3_SLICE: Final[int] = pynvml.NVML_GPU_INSTANCE_PROFILE_3_SLICE
+NVML_GPU_INSTANCE_PROFILE_4_SLICE: Final[int] = pynvml.NVML_GPU_INSTANCE_PROFILE_4_SLICE
+NVML_GPU_INSTANCE_PROFILE_7_SLICE: Final[int] = pynvml.NVML_GPU_INSTANCE_PROFILE_7_SLICE
+NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV1: Final[int] = pynvml.NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV1
+NVML_GPU_INSTANCE_PROFILE_2_SLICE_REV1: Final[int] = pynvml.NVML_GPU_INSTANCE_PROFILE_2_SLICE_REV1
+NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV2: Final[int] = pynvml.NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV2
+NVML_GPU_INSTANCE_PROFILE_COUNT: Final[int] = pynvml.NVML_GPU_INSTANCE_PROFILE_COUNT
+NVML_COMPUTE_INSTANCE_PROFILE_COUNT: Final[int] = pynvml.NVML_COMPUTE_INSTANCE_PROFILE_COUNT
+NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED: Final[int] = (
+    pynvml.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED
+)
 
 
 def nvml_error(code: int) -> Exception:
@@ -83,6 +109,81 @@ class MemoryInfo(Protocol):
     used: int
 
 
+class GpuInstancePlacement(Protocol):
+    """``nvmlGpuInstancePlacement_t``: `start` and `size` in memory slices (a 7g uses all 8)."""
+
+    @property
+    def start(self) -> int: ...
+
+    @property
+    def size(self) -> int: ...
+
+
+class GpuInstanceProfileInfo(Protocol):
+    """Fields of ``nvmlGpuInstanceProfileInfo_v2_t`` (``memorySizeMB`` is in MiB).
+
+    ``name`` (v2 only) is ``"MIG 1g.10gb"``; version 1 structs have no name.
+    """
+
+    id: int
+    isP2pSupported: int  # noqa: N815
+    sliceCount: int  # noqa: N815
+    instanceCount: int  # noqa: N815
+    multiprocessorCount: int  # noqa: N815
+    copyEngineCount: int  # noqa: N815
+    decoderCount: int  # noqa: N815
+    encoderCount: int  # noqa: N815
+    jpegCount: int  # noqa: N815
+    ofaCount: int  # noqa: N815
+    memorySizeMB: int  # noqa: N815
+
+
+class GpuInstanceInfo(Protocol):
+    """``nvmlGpuInstanceInfo_t``: parent device, GI id, GI profile ID and placement."""
+
+    @property
+    def device(self) -> DeviceHandle: ...
+
+    @property
+    def id(self) -> int: ...
+
+    @property
+    def profileId(self) -> int: ...  # noqa: N802
+
+    @property
+    def placement(self) -> GpuInstancePlacement: ...
+
+
+class ComputeInstanceProfileInfo(Protocol):
+    """Fields of ``nvmlComputeInstanceProfileInfo_v2_t`` (shared engines = the GI's)."""
+
+    id: int
+    sliceCount: int  # noqa: N815
+    instanceCount: int  # noqa: N815
+    multiprocessorCount: int  # noqa: N815
+    sharedCopyEngineCount: int  # noqa: N815
+    sharedDecoderCount: int  # noqa: N815
+    sharedEncoderCount: int  # noqa: N815
+    sharedJpegCount: int  # noqa: N815
+    sharedOfaCount: int  # noqa: N815
+
+
+class ComputeInstanceInfo(Protocol):
+    """``nvmlComputeInstanceInfo_t``: `device` is the MIG device handle (UUID, memory)."""
+
+    @property
+    def device(self) -> DeviceHandle: ...
+
+    @property
+    def gpuInstance(self) -> GpuInstanceHandle: ...  # noqa: N802
+
+    @property
+    def id(self) -> int: ...
+
+    @property
+    def profileId(self) -> int: ...  # noqa: N802
+
+
 class NvmlLibrary(Protocol):
     """The NVML calls gpu-dra makes. Every call but ``init*`` raises Uninitialized before init."""
 
@@ -108,10 +209,10 @@ class NvmlLibrary(Protocol):
         """Handle of GPU `index` (0-based, PCI order); InvalidArgument when out of range."""
 
     def device_get_handle_by_uuid(self, uuid: str) -> DeviceHandle:
-        """Handle by ``GPU-...`` UUID; NotFound when no GPU has it."""
+        """Handle by ``GPU-...`` or ``MIG-...`` UUID; NotFound when no device has it."""
 
     def device_get_uuid(self, handle: DeviceHandle) -> str:
-        """``GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx``."""
+        """``GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx``; ``MIG-...`` for a MIG device handle."""
 
     def device_get_name(self, handle: DeviceHandle) -> str:
         """Product name, e.g. ``"NVIDIA H100 80GB HBM3"``."""
@@ -132,7 +233,7 @@ class NvmlLibrary(Protocol):
         """``nvmlDeviceGetPciInfo_v3``."""
 
     def device_get_memory_info(self, handle: DeviceHandle) -> MemoryInfo:
-        """Frame-buffer memory in bytes; NotSupported on some integrated parts."""
+        """Frame-buffer memory in bytes (a MIG device's own); NotSupported on some parts."""
 
     def device_get_numa_node_id(self, handle: DeviceHandle) -> int:
         """NUMA node of the GPU's own memory; NotSupported on x86 (only Grace systems have one)."""
@@ -142,6 +243,107 @@ class NvmlLibrary(Protocol):
 
     def device_get_mig_mode(self, handle: DeviceHandle) -> list[int]:
         """[current, pending], each ``NVML_DEVICE_MIG_*``; NotSupported on GPUs without MIG."""
+
+    # MIG. Calls that fill a caller-allocated array in pynvml (possible placements, GPU and
+    # compute instances) return a list here; everything else has pynvml's signature.
+
+    def device_set_mig_mode(self, handle: DeviceHandle, mode: int) -> int:
+        """Request MIG on/off; returns the activation status (``NVML_SUCCESS`` once applied).
+
+        Hopper and later apply it at once. Ampere applies it at the next GPU reset: pending
+        changes, current stays, and the status says why it is not active yet (``IN_USE``).
+        """
+
+    def device_get_gpu_instance_profile_info(
+        self, handle: DeviceHandle, profile: int, version: int = 2
+    ) -> GpuInstanceProfileInfo:
+        """Profile info for the ``NVML_GPU_INSTANCE_PROFILE_*`` index `profile`.
+
+        ``info.id`` is the profile ID every later call takes. InvalidArgument for an index
+        >= ``NVML_GPU_INSTANCE_PROFILE_COUNT``, NotSupported for one the GPU lacks.
+        """
+
+    def device_get_gpu_instance_possible_placements(
+        self, handle: DeviceHandle, profile_id: int
+    ) -> list[GpuInstancePlacement]:
+        """Every placement of profile ID `profile_id`, free or not, MIG on or off."""
+
+    def device_get_gpu_instance_remaining_capacity(
+        self, handle: DeviceHandle, profile_id: int
+    ) -> int:
+        """How many more GPU instances of `profile_id` fit; NotSupported while MIG is off."""
+
+    def device_create_gpu_instance(
+        self, handle: DeviceHandle, profile_id: int
+    ) -> GpuInstanceHandle:
+        """Create a GPU instance where NVML chooses; InsufficientResources when none fits."""
+
+    def device_create_gpu_instance_with_placement(
+        self, handle: DeviceHandle, profile_id: int, placement: GpuInstancePlacement
+    ) -> GpuInstanceHandle:
+        """Create a GPU instance at `placement`: InsufficientResources when it overlaps one."""
+
+    def device_get_gpu_instances(
+        self, handle: DeviceHandle, profile_id: int
+    ) -> list[GpuInstanceHandle]:
+        """The existing GPU instances of `profile_id`; NotSupported while MIG is off."""
+
+    def device_get_gpu_instance_by_id(self, handle: DeviceHandle, gi_id: int) -> GpuInstanceHandle:
+        """The GPU instance with GI id `gi_id`; NotFound when there is none."""
+
+    def gpu_instance_get_info(self, gpu_instance: GpuInstanceHandle) -> GpuInstanceInfo:
+        """Parent device, GI id, profile ID and placement."""
+
+    def gpu_instance_get_compute_instance_profile_info(
+        self, gpu_instance: GpuInstanceHandle, profile: int, eng_profile: int, version: int = 2
+    ) -> ComputeInstanceProfileInfo:
+        """Compute-instance profile `profile` (``NVML_COMPUTE_INSTANCE_PROFILE_*``) in the GI."""
+
+    def gpu_instance_create_compute_instance(
+        self, gpu_instance: GpuInstanceHandle, profile_id: int
+    ) -> ComputeInstanceHandle:
+        """Create a compute instance; its MIG device (and UUID) exists from then on."""
+
+    def gpu_instance_get_compute_instances(
+        self, gpu_instance: GpuInstanceHandle, profile_id: int
+    ) -> list[ComputeInstanceHandle]:
+        """The compute instances of `profile_id` in the GI."""
+
+    def gpu_instance_get_compute_instance_by_id(
+        self, gpu_instance: GpuInstanceHandle, ci_id: int
+    ) -> ComputeInstanceHandle:
+        """The compute instance with CI id `ci_id`; NotFound when there is none."""
+
+    def compute_instance_get_info(
+        self, compute_instance: ComputeInstanceHandle
+    ) -> ComputeInstanceInfo:
+        """MIG device handle, GI handle, CI id and CI profile ID."""
+
+    def compute_instance_destroy(self, compute_instance: ComputeInstanceHandle) -> None:
+        """Destroy a compute instance (and its MIG device)."""
+
+    def gpu_instance_destroy(self, gpu_instance: GpuInstanceHandle) -> None:
+        """Destroy a GPU instance: InUse while it still has compute instances."""
+
+    def device_get_max_mig_device_count(self, handle: DeviceHandle) -> int:
+        """7 (4 on A30) with MIG on; 0 with MIG off or unsupported."""
+
+    def device_get_mig_device_handle_by_index(
+        self, handle: DeviceHandle, index: int
+    ) -> DeviceHandle:
+        """MIG device `index`: NotFound for an empty index, InvalidArgument past the max."""
+
+    def device_get_device_handle_from_mig_device_handle(self, handle: DeviceHandle) -> DeviceHandle:
+        """The parent GPU of a MIG device handle."""
+
+    def device_is_mig_device_handle(self, handle: DeviceHandle) -> bool:
+        """Whether `handle` is a MIG device handle."""
+
+    def device_get_gpu_instance_id(self, handle: DeviceHandle) -> int:
+        """GI id of a MIG device handle; NotSupported for a GPU handle."""
+
+    def device_get_compute_instance_id(self, handle: DeviceHandle) -> int:
+        """CI id of a MIG device handle; NotSupported for a GPU handle."""
 
 
 class PciTopology(Protocol):

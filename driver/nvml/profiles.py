@@ -17,11 +17,16 @@ of a JSON/YAML file with the same shape as an entry of ``machine_profiles.json``
         pcieRoot: pci0000:18           # optional
         uuid: GPU-...                  # optional, default derived from (profile, node, index)
         migMode: [0, 0]                # optional, [current, pending] for MIG-capable models
+        migDevices:                    # optional, static MIG: GIs (and their full CI) at start
+          - {profileId: 9, start: 4}   # GI profile ID (not index) and placement start
+          - {profileId: 19, start: 0, computeInstance: false}   # a GI without CI (no MIG device)
         gpuNumaNodeId: 1               # optional, nvmlDeviceGetNumaNodeId; absent = NotSupported
         addressingMode: HMM            # optional, None|HMM|ATS; absent = NotSupported
         faults: {device_get_memory_info: NOT_SUPPORTED}   # optional, per-call NVML errors
 
 GPUs are enumerated in PCI bus order, as NVML does, whatever order the file lists them in.
+A model's ``mig`` block (see ``gpu_models.json``) gives its MIG profiles; ``migDevices`` needs MIG
+on and defaults ``migMode`` to ``[1, 1]``.
 """
 
 from __future__ import annotations
@@ -38,7 +43,15 @@ from typing import Final, TypeVar
 
 import yaml
 
-from gpu_dra.driver.nvml.interface import NvmlLibrary, return_code_by_name
+from gpu_dra.driver.nvml.interface import (
+    NVML_DEVICE_MIG_ENABLE,
+    NVMLError,
+    NvmlLibrary,
+    return_code,
+    return_code_by_name,
+    return_code_name,
+)
+from gpu_dra.driver.nvml.mig import GpuInstanceProfile, MigGeometry, MigState
 
 _T = TypeVar("_T")
 _D = TypeVar("_D")
@@ -49,16 +62,36 @@ _GPU_UUID = re.compile(r"^GPU-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0
 _PCIE_ROOT = re.compile(r"^pci[0-9a-f]{4,}:[0-9a-f]{2}$")
 _ADDRESSING_MODES: Final = {"None": 0, "HMM": 1, "ATS": 2}
 _GPU_FIELDS: Final = frozenset(
-    {"model", "busId", "minor", "numaNode", "pcieRoot", "uuid", "migMode"}
+    {"model", "busId", "minor", "numaNode", "pcieRoot", "uuid", "migMode", "migDevices"}
     | {"gpuNumaNodeId", "addressingMode", "faults"}
 )
+_STATIC_MIG_FIELDS: Final = frozenset({"profileId", "start", "computeInstance"})
+_MIG_FIELDS: Final = frozenset({"memorySlices", "maxDevices", "gpuInstanceProfiles"})
+_GI_PROFILE_FIELDS: Final = {
+    "index": "index",
+    "id": "id",
+    "name": "name",
+    "sliceCount": "slice_count",
+    "instanceCount": "instance_count",
+    "memoryMiB": "memory_mib",
+    "multiprocessors": "multiprocessors",
+    "copyEngines": "copy_engines",
+    "decoders": "decoders",
+    "encoders": "encoders",
+    "jpegs": "jpegs",
+    "ofas": "ofas",
+}
 _PROFILE_FIELDS: Final = frozenset(
     {"name", "description", "driverVersion", "cudaDriverVersion", "models", "faults", "gpus"}
 )
-# Calls taking a device handle get per-GPU faults; the others (init, counts, lookups) per profile.
+# Calls taking a device, GPU-instance or compute-instance handle get per-GPU faults; the others
+# (init, counts, lookups) per profile.
 _CALLS: Final = frozenset(name for name in dir(NvmlLibrary) if not name.startswith("_"))
 _DEVICE_CALLS: Final = frozenset(
-    name for name in _CALLS if "handle" in inspect.signature(getattr(NvmlLibrary, name)).parameters
+    name
+    for name in _CALLS
+    if {"handle", "gpu_instance", "compute_instance"}
+    & set(inspect.signature(getattr(NvmlLibrary, name)).parameters)
 )
 
 
@@ -79,6 +112,17 @@ class GpuModel:
     pci_device_id: int
     pci_subsystem_id: int
     mig_capable: bool
+    mig: MigGeometry | None = None
+    """MIG profiles; None for models without MIG or without known profiles."""
+
+
+@dataclass(frozen=True)
+class StaticMigDevice:
+    """A GPU instance (and, unless `compute_instance` is False, its full CI) present at start."""
+
+    profile_id: int
+    start: int
+    compute_instance: bool = True
 
 
 @dataclass(frozen=True)
@@ -96,6 +140,7 @@ class SimulatedGpu:
     gpu_numa_node_id: int | None
     addressing_mode: int | None
     faults: tuple[tuple[str, int], ...] = ()
+    mig_devices: tuple[StaticMigDevice, ...] = ()
 
     def fault(self, call: str) -> int | None:
         """The NVML return code injected for `call`, if any."""
@@ -234,6 +279,12 @@ def _parse_gpu(raw: object, models: dict[str, GpuModel], where: str) -> Simulate
     mig_mode = (0, 0)
     if "migMode" in raw:
         mig_mode = _parse_mig_mode(raw["migMode"], model, where)
+    mig_devices = _parse_static_mig(raw.get("migDevices", []), model, where)
+    if mig_devices:
+        if "migMode" not in raw:
+            mig_mode = (NVML_DEVICE_MIG_ENABLE, NVML_DEVICE_MIG_ENABLE)
+        elif mig_mode[0] != NVML_DEVICE_MIG_ENABLE:
+            raise ProfileError(f"{where}: migDevices need MIG on: migMode must be [1, 0|1]")
     return SimulatedGpu(
         index=0,
         model=model,
@@ -246,6 +297,93 @@ def _parse_gpu(raw: object, models: dict[str, GpuModel], where: str) -> Simulate
         gpu_numa_node_id=_optional(raw, "gpuNumaNodeId", int, where, None),
         addressing_mode=None if mode is None else _ADDRESSING_MODES[mode],
         faults=_parse_faults(raw.get("faults", {}), _DEVICE_CALLS, where),
+        mig_devices=mig_devices,
+    )
+
+
+def _parse_static_mig(raw: object, model: GpuModel, where: str) -> tuple[StaticMigDevice, ...]:
+    """Static MIG devices, checked by creating them on a scratch copy of the GPU's MIG state."""
+    if not isinstance(raw, list):
+        raise ProfileError(f"{where}: migDevices must be a list")
+    if raw and model.mig is None:
+        raise ProfileError(f"{where}: migDevices given but {model.key} has no MIG profiles")
+    state = MigState(model.mig, (NVML_DEVICE_MIG_ENABLE, NVML_DEVICE_MIG_ENABLE), "")
+    devices = []
+    for i, entry in enumerate(raw):
+        at = f"{where}: migDevices[{i}]"
+        if not isinstance(entry, dict):
+            raise ProfileError(f"{at}: must be a mapping like {{profileId: 9, start: 4}}")
+        unknown = sorted(set(entry) - _STATIC_MIG_FIELDS)
+        if unknown:
+            raise ProfileError(
+                f"{at}: unknown fields {unknown}; known: {sorted(_STATIC_MIG_FIELDS)}"
+            )
+        device = StaticMigDevice(
+            profile_id=_field(entry, "profileId", int, at),
+            start=_field(entry, "start", int, at),
+            compute_instance=_optional(entry, "computeInstance", bool, at, True),
+        )
+        profile = model.mig.by_id(device.profile_id) if model.mig is not None else None
+        if profile is None:
+            known = sorted(f"{p.id} ({p.name})" for p in model.mig.profiles) if model.mig else []
+            raise ProfileError(
+                f"{at}: {model.key} has no GPU-instance profile ID {device.profile_id}; "
+                f"known: {', '.join(known)}"
+            )
+        try:
+            state.create_gpu_instance(device.profile_id, (device.start, profile.placement_size))
+        except NVMLError as error:
+            code = return_code(error)
+            raise ProfileError(
+                f"{at}: {profile.name} (ID {profile.id}) cannot start at memory slice "
+                f"{device.start} ({return_code_name(code if code is not None else -1)}); "
+                f"possible starts {list(profile.placement_starts)}, and GPU instances must "
+                "not overlap"
+            ) from None
+        devices.append(device)
+    return tuple(devices)
+
+
+def _parse_mig_geometry(raw: object, where: str) -> MigGeometry:
+    if not isinstance(raw, dict):
+        raise ProfileError(f"{where}: must be a mapping")
+    unknown = sorted(set(raw) - _MIG_FIELDS)
+    if unknown:
+        raise ProfileError(f"{where}: unknown fields {unknown}; known: {sorted(_MIG_FIELDS)}")
+    slices = _field(raw, "memorySlices", int, where)
+    rows = _field(raw, "gpuInstanceProfiles", list, where)
+    profiles = tuple(
+        _parse_gi_profile(row, slices, f"{where}.gpuInstanceProfiles[{i}]")
+        for i, row in enumerate(rows)
+    )
+    for label, values in (("index", [p.index for p in profiles]), ("id", [p.id for p in profiles])):
+        if len(set(values)) != len(values):
+            raise ProfileError(f"{where}: GPU-instance profile {label}es must be unique")
+    return MigGeometry(slices, _field(raw, "maxDevices", int, where), profiles)
+
+
+def _parse_gi_profile(raw: object, memory_slices: int, where: str) -> GpuInstanceProfile:
+    if not isinstance(raw, dict):
+        raise ProfileError(f"{where}: must be a mapping")
+    known = set(_GI_PROFILE_FIELDS) | {"placements"}
+    unknown = sorted(set(raw) - known)
+    if unknown:
+        raise ProfileError(f"{where}: unknown fields {unknown}; known: {sorted(known)}")
+    values: dict[str, object] = {
+        attr: _field(raw, key, str if key == "name" else int, where)
+        for key, attr in _GI_PROFILE_FIELDS.items()
+    }
+    placements = _field(raw, "placements", dict, where)
+    starts = _field(placements, "starts", list, where)
+    size = _field(placements, "size", int, where)
+    if not starts or not all(
+        isinstance(s, int) and s >= 0 and s + size <= memory_slices for s in starts
+    ):
+        raise ProfileError(f"{where}: placements must lie within the {memory_slices} slices")
+    return GpuInstanceProfile(
+        **values,  # type: ignore[arg-type]
+        placement_starts=tuple(starts),
+        placement_size=size,
     )
 
 
@@ -287,6 +425,12 @@ def _parse_model(key: str, raw: object, where: str) -> GpuModel:
     if len(cc) != 2 or not all(isinstance(v, int) for v in cc):
         raise ProfileError(f"{where}: cudaComputeCapability must be [major, minor]")
     memory = _optional(raw, "memoryTotalMiB", int, where, None)
+    mig_capable = _field(raw, "migCapable", bool, where)
+    mig = None
+    if raw.get("mig") is not None:
+        if not mig_capable:
+            raise ProfileError(f"{where}: mig profiles given but migCapable is false")
+        mig = _parse_mig_geometry(raw["mig"], f"{where}: mig")
     return GpuModel(
         key=key,
         name=_field(raw, "name", str, where),
@@ -296,7 +440,8 @@ def _parse_model(key: str, raw: object, where: str) -> GpuModel:
         memory_total_mib=memory,
         pci_device_id=_reword(_hex32, _field(raw, "pciDeviceId", str, where), where),
         pci_subsystem_id=_reword(_hex32, _field(raw, "pciSubSystemId", str, where), where),
-        mig_capable=_field(raw, "migCapable", bool, where),
+        mig_capable=mig_capable,
+        mig=mig,
     )
 
 

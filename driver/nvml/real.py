@@ -14,9 +14,25 @@ from typing import TYPE_CHECKING, Final, cast
 
 import pynvml
 
-from gpu_dra.driver.nvml.interface import DeviceHandle, MemoryInfo, NvmlLibrary, PciInfo, nvml_error
+from gpu_dra.driver.nvml.interface import (
+    ComputeInstanceHandle,
+    ComputeInstanceInfo,
+    ComputeInstanceProfileInfo,
+    DeviceHandle,
+    GpuInstanceHandle,
+    GpuInstanceInfo,
+    GpuInstancePlacement,
+    GpuInstanceProfileInfo,
+    MemoryInfo,
+    NvmlLibrary,
+    PciInfo,
+    nvml_error,
+)
 
 NVML_LIBRARY_NAME: Final = "libnvidia-ml.so.1"
+
+_MAX_INSTANCES: Final = 32
+"""Array size for GetGpuInstances/GetComputeInstances (NVML: >= the profile's instanceCount)."""
 
 LIBRARY_DIRS: Final = (
     "usr/lib64",
@@ -146,6 +162,126 @@ class RealNvml:
     def device_get_mig_mode(self, handle: DeviceHandle) -> list[int]:
         current, pending = pynvml.nvmlDeviceGetMigMode(handle)
         return [int(current), int(pending)]
+
+    def device_set_mig_mode(self, handle: DeviceHandle, mode: int) -> int:
+        return int(pynvml.nvmlDeviceSetMigMode(handle, mode))
+
+    def device_get_gpu_instance_profile_info(
+        self, handle: DeviceHandle, profile: int, version: int = 2
+    ) -> GpuInstanceProfileInfo:
+        info = pynvml.nvmlDeviceGetGpuInstanceProfileInfo(handle, profile, version)
+        return cast(GpuInstanceProfileInfo, info)
+
+    def device_get_gpu_instance_possible_placements(
+        self, handle: DeviceHandle, profile_id: int
+    ) -> list[GpuInstancePlacement]:
+        count = ctypes.c_uint(0)
+        # NULL placements: NVML returns how many there are.
+        pynvml.nvmlDeviceGetGpuInstancePossiblePlacements(
+            handle, profile_id, None, ctypes.byref(count)
+        )
+        placements = (pynvml.c_nvmlGpuInstancePlacement_t * max(count.value, 1))()
+        pynvml.nvmlDeviceGetGpuInstancePossiblePlacements(
+            handle, profile_id, placements, ctypes.byref(count)
+        )
+        return [cast(GpuInstancePlacement, placements[i]) for i in range(count.value)]
+
+    def device_get_gpu_instance_remaining_capacity(
+        self, handle: DeviceHandle, profile_id: int
+    ) -> int:
+        return int(pynvml.nvmlDeviceGetGpuInstanceRemainingCapacity(handle, profile_id))
+
+    def device_create_gpu_instance(
+        self, handle: DeviceHandle, profile_id: int
+    ) -> GpuInstanceHandle:
+        return cast(GpuInstanceHandle, pynvml.nvmlDeviceCreateGpuInstance(handle, profile_id))
+
+    def device_create_gpu_instance_with_placement(
+        self, handle: DeviceHandle, profile_id: int, placement: GpuInstancePlacement
+    ) -> GpuInstanceHandle:
+        # The C call takes a pointer; pynvml passes its argument through unchanged.
+        c_placement = pynvml.c_nvmlGpuInstancePlacement_t(placement.start, placement.size)
+        gi = pynvml.nvmlDeviceCreateGpuInstanceWithPlacement(
+            handle, profile_id, ctypes.byref(c_placement)
+        )
+        return cast(GpuInstanceHandle, gi)
+
+    def device_get_gpu_instances(
+        self, handle: DeviceHandle, profile_id: int
+    ) -> list[GpuInstanceHandle]:
+        count = ctypes.c_uint(0)
+        instances = (pynvml.c_nvmlGpuInstance_t * _MAX_INSTANCES)()
+        pynvml.nvmlDeviceGetGpuInstances(handle, profile_id, instances, ctypes.byref(count))
+        return [cast(GpuInstanceHandle, instances[i]) for i in range(count.value)]
+
+    def device_get_gpu_instance_by_id(self, handle: DeviceHandle, gi_id: int) -> GpuInstanceHandle:
+        return cast(GpuInstanceHandle, pynvml.nvmlDeviceGetGpuInstanceById(handle, gi_id))
+
+    def gpu_instance_get_info(self, gpu_instance: GpuInstanceHandle) -> GpuInstanceInfo:
+        return cast(GpuInstanceInfo, pynvml.nvmlGpuInstanceGetInfo(gpu_instance))
+
+    def gpu_instance_get_compute_instance_profile_info(
+        self, gpu_instance: GpuInstanceHandle, profile: int, eng_profile: int, version: int = 2
+    ) -> ComputeInstanceProfileInfo:
+        info = pynvml.nvmlGpuInstanceGetComputeInstanceProfileInfo(
+            gpu_instance, profile, eng_profile, version
+        )
+        return cast(ComputeInstanceProfileInfo, info)
+
+    def gpu_instance_create_compute_instance(
+        self, gpu_instance: GpuInstanceHandle, profile_id: int
+    ) -> ComputeInstanceHandle:
+        ci = pynvml.nvmlGpuInstanceCreateComputeInstance(gpu_instance, profile_id)
+        return cast(ComputeInstanceHandle, ci)
+
+    def gpu_instance_get_compute_instances(
+        self, gpu_instance: GpuInstanceHandle, profile_id: int
+    ) -> list[ComputeInstanceHandle]:
+        count = ctypes.c_uint(0)
+        instances = (pynvml.c_nvmlComputeInstance_t * _MAX_INSTANCES)()
+        pynvml.nvmlGpuInstanceGetComputeInstances(
+            gpu_instance, profile_id, instances, ctypes.byref(count)
+        )
+        return [cast(ComputeInstanceHandle, instances[i]) for i in range(count.value)]
+
+    def gpu_instance_get_compute_instance_by_id(
+        self, gpu_instance: GpuInstanceHandle, ci_id: int
+    ) -> ComputeInstanceHandle:
+        ci = pynvml.nvmlGpuInstanceGetComputeInstanceById(gpu_instance, ci_id)
+        return cast(ComputeInstanceHandle, ci)
+
+    def compute_instance_get_info(
+        self, compute_instance: ComputeInstanceHandle
+    ) -> ComputeInstanceInfo:
+        return cast(ComputeInstanceInfo, pynvml.nvmlComputeInstanceGetInfo(compute_instance))
+
+    def compute_instance_destroy(self, compute_instance: ComputeInstanceHandle) -> None:
+        pynvml.nvmlComputeInstanceDestroy(compute_instance)
+
+    def gpu_instance_destroy(self, gpu_instance: GpuInstanceHandle) -> None:
+        pynvml.nvmlGpuInstanceDestroy(gpu_instance)
+
+    def device_get_max_mig_device_count(self, handle: DeviceHandle) -> int:
+        return int(pynvml.nvmlDeviceGetMaxMigDeviceCount(handle))
+
+    def device_get_mig_device_handle_by_index(
+        self, handle: DeviceHandle, index: int
+    ) -> DeviceHandle:
+        return cast(DeviceHandle, pynvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, index))
+
+    def device_get_device_handle_from_mig_device_handle(self, handle: DeviceHandle) -> DeviceHandle:
+        return cast(DeviceHandle, pynvml.nvmlDeviceGetDeviceHandleFromMigDeviceHandle(handle))
+
+    def device_is_mig_device_handle(self, handle: DeviceHandle) -> bool:
+        # pynvml returns the c_uint itself here, not its value.
+        result = pynvml.nvmlDeviceIsMigDeviceHandle(handle)
+        return bool(getattr(result, "value", result))
+
+    def device_get_gpu_instance_id(self, handle: DeviceHandle) -> int:
+        return int(pynvml.nvmlDeviceGetGpuInstanceId(handle))
+
+    def device_get_compute_instance_id(self, handle: DeviceHandle) -> int:
+        return int(pynvml.nvmlDeviceGetComputeInstanceId(handle))
 
 
 if TYPE_CHECKING:

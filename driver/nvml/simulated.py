@@ -4,7 +4,14 @@ Behaves like NVML where the driver can tell: calls before ``init`` raise
 ``NVMLError_Uninitialized``, a bad index or a foreign handle ``NVMLError_InvalidArgument``, an
 unknown UUID ``NVMLError_NotFound``, MIG and NUMA calls ``NVMLError_NotSupported`` where real
 hardware does, and profile ``faults`` inject any NVML error into a chosen call. Return values have
-pynvml's types (structs included).
+pynvml's types (structs included), except the GPU/compute-instance info structs, whose handle
+fields cannot point at Python objects: those are frozen dataclasses with the same field names.
+
+MIG follows the model's profile table and the rules in `gpu_dra.driver.nvml.mig`. MIG mode:
+Hopper and later switch at once (no reset); Ampere only records the pending mode until
+`SimulatedNvml.reset_gpu` (what ``nvidia-smi -r`` or a reboot does on a real A100). MIG device
+handles answer ``device_get_uuid``, ``device_get_memory_info`` (the profile's memory) and the
+MIG-handle calls; other device calls on them raise InvalidArgument (not modelled).
 """
 
 from __future__ import annotations
@@ -15,11 +22,25 @@ from typing import TYPE_CHECKING, Final
 import pynvml
 
 from gpu_dra.driver.nvml.interface import (
+    NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED,
+    NVML_COMPUTE_INSTANCE_PROFILE_COUNT,
+    NVML_DEVICE_ARCH_HOPPER,
+    NVML_ERROR_FUNCTION_NOT_FOUND,
+    NVML_ERROR_IN_USE,
+    NVML_ERROR_INSUFFICIENT_RESOURCES,
     NVML_ERROR_INVALID_ARGUMENT,
     NVML_ERROR_NOT_FOUND,
     NVML_ERROR_NOT_SUPPORTED,
     NVML_ERROR_UNINITIALIZED,
+    NVML_GPU_INSTANCE_PROFILE_COUNT,
+    ComputeInstanceHandle,
+    ComputeInstanceInfo,
+    ComputeInstanceProfileInfo,
     DeviceHandle,
+    GpuInstanceHandle,
+    GpuInstanceInfo,
+    GpuInstancePlacement,
+    GpuInstanceProfileInfo,
     MemoryInfo,
     NvmlLibrary,
     PciInfo,
@@ -27,9 +48,25 @@ from gpu_dra.driver.nvml.interface import (
     nvml_error,
     short_pci_bus_id,
 )
+from gpu_dra.driver.nvml.mig import (
+    MAX_COMPUTE_INSTANCES_PER_GI,
+    ComputeInstance,
+    GpuInstance,
+    MigState,
+    full_compute_instance_profile,
+)
 from gpu_dra.driver.nvml.profiles import MachineProfile, SimulatedGpu, load_profile
 
 _MIB: Final = 1024 * 1024
+
+# pynvml has no text for these codes and asks libnvidia-ml (nvmlErrorString), which the simulator
+# does not load; these are the strings the real library returns. setdefault: a loaded library's
+# own answer, cached by pynvml in the same table, wins.
+for _code, _text in (
+    (NVML_ERROR_IN_USE, "In use by another client"),
+    (NVML_ERROR_INSUFFICIENT_RESOURCES, "Insufficient Resources"),
+):
+    pynvml.NVMLError._errcode_to_string.setdefault(_code, _text)
 
 
 class SimulatedDeviceHandle:
@@ -45,6 +82,70 @@ class SimulatedDeviceHandle:
         return f"<SimulatedDeviceHandle index={self.index}>"
 
 
+class SimulatedGpuInstanceHandle:
+    """Handle of one GPU instance of GPU `index`; stale (InvalidArgument) once destroyed."""
+
+    __slots__ = ("_owner", "index", "instance")
+
+    def __init__(self, owner: SimulatedNvml, index: int, instance: GpuInstance) -> None:
+        self._owner = owner
+        self.index = index
+        self.instance = instance
+
+    def __repr__(self) -> str:
+        return f"<SimulatedGpuInstanceHandle gpu={self.index} gi={self.instance.id}>"
+
+
+class SimulatedComputeInstanceHandle:
+    """Handle of one compute instance; stale (InvalidArgument) once destroyed."""
+
+    __slots__ = ("_owner", "index", "instance")
+
+    def __init__(self, owner: SimulatedNvml, index: int, instance: ComputeInstance) -> None:
+        self._owner = owner
+        self.index = index
+        self.instance = instance
+
+    def __repr__(self) -> str:
+        gi = self.instance.gpu_instance.id
+        return f"<SimulatedComputeInstanceHandle gpu={self.index} gi={gi} ci={self.instance.id}>"
+
+
+class SimulatedMigDeviceHandle:
+    """Device handle of the MIG device of one compute instance; stale once it is destroyed."""
+
+    __slots__ = ("_owner", "index", "instance")
+
+    def __init__(self, owner: SimulatedNvml, index: int, instance: ComputeInstance) -> None:
+        self._owner = owner
+        self.index = index
+        self.instance = instance
+
+    def __repr__(self) -> str:
+        return f"<SimulatedMigDeviceHandle uuid={self.instance.uuid}>"
+
+
+@dataclass(frozen=True)
+class SimulatedGpuInstanceInfo:
+    """``nvmlGpuInstanceInfo_t`` with a simulated device handle."""
+
+    device: DeviceHandle
+    id: int
+    profileId: int  # noqa: N815
+    placement: GpuInstancePlacement
+
+
+@dataclass(frozen=True)
+class SimulatedComputeInstanceInfo:
+    """``nvmlComputeInstanceInfo_t`` with simulated handles."""
+
+    device: DeviceHandle
+    gpuInstance: GpuInstanceHandle  # noqa: N815
+    id: int
+    profileId: int  # noqa: N815
+    placement: GpuInstancePlacement
+
+
 class SimulatedNvml:
     """`NvmlLibrary` over a `MachineProfile`."""
 
@@ -52,7 +153,19 @@ class SimulatedNvml:
         self.profile = profile
         self._init_count = 0
         self._handles = tuple(SimulatedDeviceHandle(self, gpu.index) for gpu in profile.gpus)
-        self._mig_modes = {gpu.index: gpu.mig_mode for gpu in profile.gpus}
+        self._mig = tuple(MigState(gpu.model.mig, gpu.mig_mode, gpu.uuid) for gpu in profile.gpus)
+        self._gi_handles: dict[GpuInstance, SimulatedGpuInstanceHandle] = {}
+        self._ci_handles: dict[ComputeInstance, SimulatedComputeInstanceHandle] = {}
+        self._mig_handles: dict[ComputeInstance, SimulatedMigDeviceHandle] = {}
+        for gpu in profile.gpus:
+            state = self._mig[gpu.index]
+            for device in gpu.mig_devices:
+                size = state.profile(device.profile_id, unknown=NVML_ERROR_INVALID_ARGUMENT)
+                gi = state.create_gpu_instance(
+                    device.profile_id, (device.start, size.placement_size)
+                )
+                if device.compute_instance:
+                    state.create_compute_instance(gi, full_compute_instance_profile(gi.profile))
 
     @property
     def initialized(self) -> bool:
@@ -99,9 +212,15 @@ class SimulatedNvml:
         for gpu in self.profile.gpus:
             if gpu.uuid == uuid:
                 return self._handles[gpu.index]
+        for index, state in enumerate(self._mig):
+            for ci in state.mig_devices():
+                if ci.uuid == uuid:
+                    return self._mig_handle(index, ci)
         raise nvml_error(NVML_ERROR_NOT_FOUND)
 
     def device_get_uuid(self, handle: DeviceHandle) -> str:
+        if isinstance(handle, SimulatedMigDeviceHandle):
+            return self._mig_device(handle, "device_get_uuid").uuid
         return self._gpu(handle, "device_get_uuid").uuid
 
     def device_get_name(self, handle: DeviceHandle) -> str:
@@ -134,14 +253,13 @@ class SimulatedNvml:
         return info
 
     def device_get_memory_info(self, handle: DeviceHandle) -> MemoryInfo:
+        if isinstance(handle, SimulatedMigDeviceHandle):
+            ci = self._mig_device(handle, "device_get_memory_info")
+            return _memory(ci.gpu_instance.profile.memory_mib)
         gpu = self._gpu(handle, "device_get_memory_info")
         if gpu.model.memory_total_mib is None:
             raise nvml_error(NVML_ERROR_NOT_SUPPORTED)
-        memory: MemoryInfo = pynvml.c_nvmlMemory_t()
-        memory.total = gpu.model.memory_total_mib * _MIB
-        memory.used = 0
-        memory.free = memory.total
-        return memory
+        return _memory(gpu.model.memory_total_mib)
 
     def device_get_numa_node_id(self, handle: DeviceHandle) -> int:
         gpu = self._gpu(handle, "device_get_numa_node_id")
@@ -156,10 +274,306 @@ class SimulatedNvml:
         return gpu.addressing_mode
 
     def device_get_mig_mode(self, handle: DeviceHandle) -> list[int]:
-        gpu = self._gpu(handle, "device_get_mig_mode")
+        state = self._mig_state(handle, "device_get_mig_mode")
+        return [state.current, state.pending]
+
+    def device_set_mig_mode(self, handle: DeviceHandle, mode: int) -> int:
+        state = self._mig_state(handle, "device_set_mig_mode")
+        resetless = self._gpu(handle, "device_set_mig_mode").model.architecture
+        return state.set_mode(mode, resetless=resetless >= NVML_DEVICE_ARCH_HOPPER)
+
+    def reset_gpu(self, handle: DeviceHandle) -> None:
+        """Simulator only: a GPU reset (``nvidia-smi -r``, reboot); the pending MIG mode applies
+        and every GPU and compute instance is gone, as on real hardware."""
+        gpu = self._gpu(handle, "reset_gpu")
+        state = self._mig[gpu.index]
+        for gi in list(state.gpu_instances.values()):
+            for ci in list(gi.compute_instances.values()):
+                self._forget_compute_instance(ci)
+            self._gi_handles.pop(gi, None)
+        state.reset()
+
+    def device_get_gpu_instance_profile_info(
+        self, handle: DeviceHandle, profile: int, version: int = 2
+    ) -> GpuInstanceProfileInfo:
+        state = self._mig_state(handle, "device_get_gpu_instance_profile_info")
+        if version not in (1, 2):
+            raise nvml_error(NVML_ERROR_FUNCTION_NOT_FOUND)
+        if not 0 <= profile < NVML_GPU_INSTANCE_PROFILE_COUNT:
+            raise nvml_error(NVML_ERROR_INVALID_ARGUMENT)
+        found = None if state.geometry is None else state.geometry.by_index(profile)
+        if found is None:
+            raise nvml_error(NVML_ERROR_NOT_SUPPORTED)
+        info: GpuInstanceProfileInfo
+        if version == 2:
+            info = pynvml.c_nvmlGpuInstanceProfileInfo_v2_t()
+            info.name = f"MIG {found.name}"  # type: ignore[attr-defined]
+        else:
+            info = pynvml.c_nvmlGpuInstanceProfileInfo_t()
+        info.id = found.id
+        info.isP2pSupported = 0
+        info.sliceCount = found.slice_count
+        info.instanceCount = found.instance_count
+        info.multiprocessorCount = found.multiprocessors
+        info.copyEngineCount = found.copy_engines
+        info.decoderCount = found.decoders
+        info.encoderCount = found.encoders
+        info.jpegCount = found.jpegs
+        info.ofaCount = found.ofas
+        info.memorySizeMB = found.memory_mib
+        return info
+
+    def device_get_gpu_instance_possible_placements(
+        self, handle: DeviceHandle, profile_id: int
+    ) -> list[GpuInstancePlacement]:
+        state = self._mig_state(handle, "device_get_gpu_instance_possible_placements")
+        found = state.profile(profile_id, unknown=NVML_ERROR_NOT_SUPPORTED)
+        return [_placement(start, found.placement_size) for start in found.placement_starts]
+
+    def device_get_gpu_instance_remaining_capacity(
+        self, handle: DeviceHandle, profile_id: int
+    ) -> int:
+        state = self._mig_state(handle, "device_get_gpu_instance_remaining_capacity")
+        return state.remaining_capacity(profile_id)
+
+    def device_create_gpu_instance(
+        self, handle: DeviceHandle, profile_id: int
+    ) -> GpuInstanceHandle:
+        state = self._mig_state(handle, "device_create_gpu_instance")
+        return self._gi_handle(self._index(handle), state.create_gpu_instance(profile_id))
+
+    def device_create_gpu_instance_with_placement(
+        self, handle: DeviceHandle, profile_id: int, placement: GpuInstancePlacement
+    ) -> GpuInstanceHandle:
+        state = self._mig_state(handle, "device_create_gpu_instance_with_placement")
+        gi = state.create_gpu_instance(profile_id, (placement.start, placement.size))
+        return self._gi_handle(self._index(handle), gi)
+
+    def device_get_gpu_instances(
+        self, handle: DeviceHandle, profile_id: int
+    ) -> list[GpuInstanceHandle]:
+        state = self._mig_state(handle, "device_get_gpu_instances")
+        state.require_enabled()
+        state.profile(profile_id, unknown=NVML_ERROR_INVALID_ARGUMENT)
+        index = self._index(handle)
+        return [
+            self._gi_handle(index, gi)
+            for _, gi in sorted(state.gpu_instances.items())
+            if gi.profile.id == profile_id
+        ]
+
+    def device_get_gpu_instance_by_id(self, handle: DeviceHandle, gi_id: int) -> GpuInstanceHandle:
+        state = self._mig_state(handle, "device_get_gpu_instance_by_id")
+        state.require_enabled()
+        gi = state.gpu_instances.get(gi_id)
+        if gi is None:
+            raise nvml_error(NVML_ERROR_NOT_FOUND)
+        return self._gi_handle(self._index(handle), gi)
+
+    def gpu_instance_get_info(self, gpu_instance: GpuInstanceHandle) -> GpuInstanceInfo:
+        index, gi = self._gpu_instance(gpu_instance, "gpu_instance_get_info")
+        return SimulatedGpuInstanceInfo(
+            device=self._handles[index],
+            id=gi.id,
+            profileId=gi.profile.id,
+            placement=_placement(gi.start, gi.profile.placement_size),
+        )
+
+    def gpu_instance_get_compute_instance_profile_info(
+        self, gpu_instance: GpuInstanceHandle, profile: int, eng_profile: int, version: int = 2
+    ) -> ComputeInstanceProfileInfo:
+        _, gi = self._gpu_instance(gpu_instance, "gpu_instance_get_compute_instance_profile_info")
+        if version not in (1, 2):
+            raise nvml_error(NVML_ERROR_FUNCTION_NOT_FOUND)
+        if (
+            not 0 <= profile < NVML_COMPUTE_INSTANCE_PROFILE_COUNT
+            or eng_profile != NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED
+        ):
+            raise nvml_error(NVML_ERROR_INVALID_ARGUMENT)
+        if profile != full_compute_instance_profile(gi.profile):
+            raise nvml_error(NVML_ERROR_NOT_SUPPORTED)  # only the full CI is simulated
+        info: ComputeInstanceProfileInfo
+        if version == 2:
+            info = pynvml.c_nvmlComputeInstanceProfileInfo_v2_t()
+            info.name = f"MIG {gi.profile.name}"  # type: ignore[attr-defined]
+        else:
+            info = pynvml.c_nvmlComputeInstanceProfileInfo_t()
+        info.id = profile
+        info.sliceCount = gi.profile.slice_count
+        info.instanceCount = 1
+        info.multiprocessorCount = gi.profile.multiprocessors
+        info.sharedCopyEngineCount = gi.profile.copy_engines
+        info.sharedDecoderCount = gi.profile.decoders
+        info.sharedEncoderCount = gi.profile.encoders
+        info.sharedJpegCount = gi.profile.jpegs
+        info.sharedOfaCount = gi.profile.ofas
+        return info
+
+    def gpu_instance_create_compute_instance(
+        self, gpu_instance: GpuInstanceHandle, profile_id: int
+    ) -> ComputeInstanceHandle:
+        index, gi = self._gpu_instance(gpu_instance, "gpu_instance_create_compute_instance")
+        if not 0 <= profile_id < NVML_COMPUTE_INSTANCE_PROFILE_COUNT:
+            raise nvml_error(NVML_ERROR_INVALID_ARGUMENT)
+        ci = self._mig[index].create_compute_instance(gi, profile_id)
+        return self._ci_handle(index, ci)
+
+    def gpu_instance_get_compute_instances(
+        self, gpu_instance: GpuInstanceHandle, profile_id: int
+    ) -> list[ComputeInstanceHandle]:
+        index, gi = self._gpu_instance(gpu_instance, "gpu_instance_get_compute_instances")
+        if not 0 <= profile_id < NVML_COMPUTE_INSTANCE_PROFILE_COUNT:
+            raise nvml_error(NVML_ERROR_INVALID_ARGUMENT)
+        return [
+            self._ci_handle(index, ci)
+            for _, ci in sorted(gi.compute_instances.items())
+            if ci.profile_id == profile_id
+        ]
+
+    def gpu_instance_get_compute_instance_by_id(
+        self, gpu_instance: GpuInstanceHandle, ci_id: int
+    ) -> ComputeInstanceHandle:
+        index, gi = self._gpu_instance(gpu_instance, "gpu_instance_get_compute_instance_by_id")
+        if not 0 <= ci_id < MAX_COMPUTE_INSTANCES_PER_GI:
+            raise nvml_error(NVML_ERROR_INVALID_ARGUMENT)
+        ci = gi.compute_instances.get(ci_id)
+        if ci is None:
+            raise nvml_error(NVML_ERROR_NOT_FOUND)
+        return self._ci_handle(index, ci)
+
+    def compute_instance_get_info(
+        self, compute_instance: ComputeInstanceHandle
+    ) -> ComputeInstanceInfo:
+        index, ci = self._compute_instance(compute_instance, "compute_instance_get_info")
+        return SimulatedComputeInstanceInfo(
+            device=self._mig_handle(index, ci),
+            gpuInstance=self._gi_handle(index, ci.gpu_instance),
+            id=ci.id,
+            profileId=ci.profile_id,
+            placement=_placement(0, ci.gpu_instance.profile.slice_count),
+        )
+
+    def compute_instance_destroy(self, compute_instance: ComputeInstanceHandle) -> None:
+        index, ci = self._compute_instance(compute_instance, "compute_instance_destroy")
+        self._forget_compute_instance(ci)
+        self._mig[index].destroy_compute_instance(ci)
+
+    def gpu_instance_destroy(self, gpu_instance: GpuInstanceHandle) -> None:
+        index, gi = self._gpu_instance(gpu_instance, "gpu_instance_destroy")
+        self._mig[index].destroy_gpu_instance(gi)
+        self._gi_handles.pop(gi, None)
+
+    def device_get_max_mig_device_count(self, handle: DeviceHandle) -> int:
+        gpu = self._gpu(handle, "device_get_max_mig_device_count")
+        state = self._mig[gpu.index]
+        if state.geometry is None or not state.enabled:
+            return 0
+        return state.geometry.max_devices
+
+    def device_get_mig_device_handle_by_index(
+        self, handle: DeviceHandle, index: int
+    ) -> DeviceHandle:
+        state = self._mig_state(handle, "device_get_mig_device_handle_by_index")
+        maximum = self.device_get_max_mig_device_count(handle)
+        if not 0 <= index < maximum:
+            raise nvml_error(NVML_ERROR_INVALID_ARGUMENT)
+        devices = state.mig_devices()
+        if index >= len(devices):
+            raise nvml_error(NVML_ERROR_NOT_FOUND)
+        return self._mig_handle(self._index(handle), devices[index])
+
+    def device_get_device_handle_from_mig_device_handle(self, handle: DeviceHandle) -> DeviceHandle:
+        if not isinstance(handle, SimulatedMigDeviceHandle):
+            self._gpu(handle, "device_get_device_handle_from_mig_device_handle")
+            raise nvml_error(NVML_ERROR_NOT_SUPPORTED)
+        self._mig_device(handle, "device_get_device_handle_from_mig_device_handle")
+        return self._handles[handle.index]
+
+    def device_is_mig_device_handle(self, handle: DeviceHandle) -> bool:
+        if isinstance(handle, SimulatedMigDeviceHandle):
+            self._mig_device(handle, "device_is_mig_device_handle")
+            return True
+        self._gpu(handle, "device_is_mig_device_handle")
+        return False
+
+    def device_get_gpu_instance_id(self, handle: DeviceHandle) -> int:
+        if not isinstance(handle, SimulatedMigDeviceHandle):
+            self._gpu(handle, "device_get_gpu_instance_id")
+            raise nvml_error(NVML_ERROR_NOT_SUPPORTED)
+        return self._mig_device(handle, "device_get_gpu_instance_id").gpu_instance.id
+
+    def device_get_compute_instance_id(self, handle: DeviceHandle) -> int:
+        if not isinstance(handle, SimulatedMigDeviceHandle):
+            self._gpu(handle, "device_get_compute_instance_id")
+            raise nvml_error(NVML_ERROR_NOT_SUPPORTED)
+        return self._mig_device(handle, "device_get_compute_instance_id").id
+
+    def _mig_state(self, handle: DeviceHandle, call: str) -> MigState:
+        gpu = self._gpu(handle, call)
         if not gpu.model.mig_capable:
             raise nvml_error(NVML_ERROR_NOT_SUPPORTED)
-        return list(self._mig_modes[gpu.index])
+        return self._mig[gpu.index]
+
+    def _index(self, handle: DeviceHandle) -> int:
+        assert isinstance(handle, SimulatedDeviceHandle)
+        return handle.index
+
+    def _gi_handle(self, index: int, gi: GpuInstance) -> SimulatedGpuInstanceHandle:
+        handle = self._gi_handles.get(gi)
+        if handle is None:
+            handle = self._gi_handles[gi] = SimulatedGpuInstanceHandle(self, index, gi)
+        return handle
+
+    def _ci_handle(self, index: int, ci: ComputeInstance) -> SimulatedComputeInstanceHandle:
+        handle = self._ci_handles.get(ci)
+        if handle is None:
+            handle = self._ci_handles[ci] = SimulatedComputeInstanceHandle(self, index, ci)
+        return handle
+
+    def _mig_handle(self, index: int, ci: ComputeInstance) -> SimulatedMigDeviceHandle:
+        handle = self._mig_handles.get(ci)
+        if handle is None:
+            handle = self._mig_handles[ci] = SimulatedMigDeviceHandle(self, index, ci)
+        return handle
+
+    def _forget_compute_instance(self, ci: ComputeInstance) -> None:
+        self._ci_handles.pop(ci, None)
+        self._mig_handles.pop(ci, None)
+
+    def _gpu_instance(self, handle: GpuInstanceHandle, call: str) -> tuple[int, GpuInstance]:
+        if (
+            not isinstance(handle, SimulatedGpuInstanceHandle)
+            or handle._owner is not self
+            or not handle.instance.alive
+        ):
+            self._initialized()
+            raise nvml_error(NVML_ERROR_INVALID_ARGUMENT)
+        self._gpu(self._handles[handle.index], call)
+        return handle.index, handle.instance
+
+    def _compute_instance(
+        self, handle: ComputeInstanceHandle, call: str
+    ) -> tuple[int, ComputeInstance]:
+        if (
+            not isinstance(handle, SimulatedComputeInstanceHandle)
+            or handle._owner is not self
+            or not handle.instance.alive
+        ):
+            self._initialized()
+            raise nvml_error(NVML_ERROR_INVALID_ARGUMENT)
+        self._gpu(self._handles[handle.index], call)
+        return handle.index, handle.instance
+
+    def _mig_device(self, handle: SimulatedMigDeviceHandle, call: str) -> ComputeInstance:
+        if handle._owner is not self or not handle.instance.alive:
+            self._initialized()
+            raise nvml_error(NVML_ERROR_INVALID_ARGUMENT)
+        self._gpu(self._handles[handle.index], call)
+        return handle.instance
+
+    def _initialized(self) -> None:
+        if not self.initialized:
+            raise nvml_error(NVML_ERROR_UNINITIALIZED)
 
     def _system(self, call: str) -> None:
         if not self.initialized:
@@ -178,6 +592,19 @@ class SimulatedNvml:
         if fault is not None:
             raise nvml_error(fault)
         return gpu
+
+
+def _memory(total_mib: int) -> MemoryInfo:
+    memory: MemoryInfo = pynvml.c_nvmlMemory_t()
+    memory.total = total_mib * _MIB
+    memory.used = 0
+    memory.free = memory.total
+    return memory
+
+
+def _placement(start: int, size: int) -> GpuInstancePlacement:
+    placement: GpuInstancePlacement = pynvml.c_nvmlGpuInstancePlacement_t(start, size)
+    return placement
 
 
 class SimulatedPciTopology:

@@ -1,0 +1,270 @@
+"""MIG of one simulated GPU: the profile table of its model and NVML's instance bookkeeping.
+
+Pure values and rules, no pynvml: failures raise the pynvml error NVML returns (through
+`nvml_error`). The rules follow ``shared/reference/gpu-hardware.md`` section 3:
+
+- A GPU instance (GI) occupies memory slices ``start .. start+size-1`` of one of its profile's
+  possible placements. A start outside that list is INVALID_ARGUMENT; an overlap, a profile at its
+  ``instanceCount``, or a second media-extension (``+me``) GI when the GPU's single JPEG/OFA
+  engine is taken is INSUFFICIENT_RESOURCES.
+- Without a placement NVML picks one itself, from the highest free start down. That reproduces the
+  MIG guide's quirk: 1g, 1g, 2g, 3g (IDs 19, 19, 14, 9) fails at the 3g; 3g first works.
+- GI ids are driver-assigned and not a function of the placement. Observed ids follow the memory
+  slice tree (8-slice parts: 7g 0, 3g/4g 1-2, 2g and 1g.REV2 3-6, 1g 7-14); the simulator takes
+  the lowest free id of the placement size's level. CI ids are per GI, from 0.
+- Only the full compute instance of a GI (the one the DRA driver creates) is simulated; a GI
+  without a CI has no MIG device. MIG devices are indexed in (GI id, CI id) order.
+- MIG UUIDs are version-5 style (``MIG-xxxxxxxx-xxxx-5xxx-[89ab]xxx-...``). Real NVML mints a new
+  one each time a compute instance is created; the simulator derives it from the parent UUID, the
+  slice and a per-GPU creation counter, so runs are reproducible and a re-created slice gets a
+  new UUID. Static MIG devices of a profile file are created first, so theirs are stable.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from typing import Final
+
+from gpu_dra.driver.nvml.interface import (
+    NVML_DEVICE_MIG_DISABLE,
+    NVML_DEVICE_MIG_ENABLE,
+    NVML_ERROR_IN_USE,
+    NVML_ERROR_INSUFFICIENT_RESOURCES,
+    NVML_ERROR_INVALID_ARGUMENT,
+    NVML_ERROR_NOT_SUPPORTED,
+    nvml_error,
+)
+
+_MIG_UUID_NAMESPACE: Final = uuid.UUID("0b0c5d0e-7f3a-5e61-9d2c-4a8e1b6f3c27")
+
+COMPUTE_INSTANCE_PROFILE_FOR_SLICES: Final = {1: 0, 2: 1, 3: 2, 4: 3, 7: 4, 8: 5, 6: 6}
+"""``NVML_COMPUTE_INSTANCE_PROFILE_*`` of the full CI of a GI with that many compute slices."""
+
+MAX_COMPUTE_INSTANCES_PER_GI: Final = 8
+"""CI ids are 0..7."""
+
+
+@dataclass(frozen=True)
+class GpuInstanceProfile:
+    """One row of ``nvidia-smi mig -lgip`` / ``nvmlGpuInstanceProfileInfo_t``."""
+
+    index: int
+    """``NVML_GPU_INSTANCE_PROFILE_*`` constant passed to GetGpuInstanceProfileInfo."""
+    id: int
+    """The device-specific profile ID (``info.id``) every later call takes."""
+    name: str
+    """As nvidia-smi prints it, e.g. ``1g.10gb+me`` (NVML's v2 name adds ``MIG ``)."""
+    slice_count: int
+    instance_count: int
+    memory_mib: int
+    multiprocessors: int
+    copy_engines: int
+    decoders: int
+    encoders: int
+    jpegs: int
+    ofas: int
+    placement_starts: tuple[int, ...]
+    placement_size: int
+    """In memory slices: 8 for a 7g, 4 for a 3g, 2 for a 1g.REV2."""
+
+
+@dataclass(frozen=True)
+class MigGeometry:
+    """The MIG profiles of a GPU model."""
+
+    memory_slices: int
+    max_devices: int
+    profiles: tuple[GpuInstanceProfile, ...]
+
+    def by_index(self, index: int) -> GpuInstanceProfile | None:
+        return next((p for p in self.profiles if p.index == index), None)
+
+    def by_id(self, profile_id: int) -> GpuInstanceProfile | None:
+        return next((p for p in self.profiles if p.id == profile_id), None)
+
+    @property
+    def media_engines(self) -> tuple[int, int] | None:
+        """(JPEG, OFA) engines of the whole GPU: those of the profile spanning every slice."""
+        full = next((p for p in self.profiles if p.placement_size == self.memory_slices), None)
+        return None if full is None else (full.jpegs, full.ofas)
+
+
+@dataclass(eq=False)
+class ComputeInstance:
+    """A live (or destroyed: `alive` False) compute instance and its MIG device."""
+
+    gpu_instance: GpuInstance
+    id: int
+    profile_id: int
+    uuid: str
+    alive: bool = True
+
+
+@dataclass(eq=False)
+class GpuInstance:
+    """A live (or destroyed: `alive` False) GPU instance."""
+
+    id: int
+    profile: GpuInstanceProfile
+    start: int
+    compute_instances: dict[int, ComputeInstance] = field(default_factory=dict)
+    alive: bool = True
+
+    @property
+    def slices(self) -> range:
+        return range(self.start, self.start + self.profile.placement_size)
+
+
+class MigState:
+    """MIG mode and instances of one GPU (mutable: this is the GPU's state)."""
+
+    def __init__(self, geometry: MigGeometry | None, mode: tuple[int, int], parent_uuid: str):
+        self.geometry = geometry
+        self.current, self.pending = mode
+        self.parent_uuid = parent_uuid
+        self.gpu_instances: dict[int, GpuInstance] = {}
+        self._compute_instances_created = 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.current == NVML_DEVICE_MIG_ENABLE
+
+    def profile(self, profile_id: int, *, unknown: int) -> GpuInstanceProfile:
+        """The profile with ID `profile_id`; raises `unknown` (an NVML code) when there is none."""
+        profile = None if self.geometry is None else self.geometry.by_id(profile_id)
+        if profile is None:
+            raise nvml_error(unknown)
+        return profile
+
+    def require_enabled(self) -> None:
+        if not self.enabled:
+            raise nvml_error(NVML_ERROR_NOT_SUPPORTED)
+
+    def create_gpu_instance(
+        self, profile_id: int, placement: tuple[int, int] | None = None
+    ) -> GpuInstance:
+        """A new GI of `profile_id` at `placement` (start, size), or where NVML would put it."""
+        self.require_enabled()
+        profile = self.profile(profile_id, unknown=NVML_ERROR_INVALID_ARGUMENT)
+        if placement is not None:
+            start, size = placement
+            if size != profile.placement_size or start not in profile.placement_starts:
+                raise nvml_error(NVML_ERROR_INVALID_ARGUMENT)
+            refusal = self._refusal(profile, start)
+            if refusal is not None:
+                raise nvml_error(refusal)
+        else:
+            chosen = self._choose_start(profile)
+            if chosen is None:
+                raise nvml_error(NVML_ERROR_INSUFFICIENT_RESOURCES)
+            start = chosen
+        gi = GpuInstance(self._free_gi_id(profile.placement_size), profile, start)
+        self.gpu_instances[gi.id] = gi
+        return gi
+
+    def remaining_capacity(self, profile_id: int) -> int:
+        """How many more GIs of `profile_id` NVML could create now."""
+        self.require_enabled()
+        profile = self.profile(profile_id, unknown=NVML_ERROR_INVALID_ARGUMENT)
+        trial = MigState(self.geometry, (self.current, self.pending), self.parent_uuid)
+        trial.gpu_instances = {
+            gi.id: GpuInstance(gi.id, gi.profile, gi.start) for gi in self.gpu_instances.values()
+        }
+        count = 0
+        while (start := trial._choose_start(profile)) is not None:
+            trial.create_gpu_instance(profile.id, (start, profile.placement_size))
+            count += 1
+        return count
+
+    def destroy_gpu_instance(self, gi: GpuInstance) -> None:
+        if gi.compute_instances:
+            raise nvml_error(NVML_ERROR_IN_USE)
+        gi.alive = False
+        del self.gpu_instances[gi.id]
+
+    def create_compute_instance(self, gi: GpuInstance, ci_profile: int) -> ComputeInstance:
+        """The full CI of `gi` (the only one simulated); a second one is INSUFFICIENT_RESOURCES."""
+        if ci_profile != full_compute_instance_profile(gi.profile):
+            raise nvml_error(NVML_ERROR_NOT_SUPPORTED)
+        if gi.compute_instances:
+            raise nvml_error(NVML_ERROR_INSUFFICIENT_RESOURCES)
+        ci_id = min(set(range(MAX_COMPUTE_INSTANCES_PER_GI)) - set(gi.compute_instances))
+        generation = self._compute_instances_created
+        self._compute_instances_created += 1
+        seed = f"{self.parent_uuid}/{gi.profile.id}/{gi.start}/{ci_id}/{generation}"
+        ci = ComputeInstance(gi, ci_id, ci_profile, f"MIG-{uuid.uuid5(_MIG_UUID_NAMESPACE, seed)}")
+        gi.compute_instances[ci_id] = ci
+        return ci
+
+    def destroy_compute_instance(self, ci: ComputeInstance) -> None:
+        ci.alive = False
+        del ci.gpu_instance.compute_instances[ci.id]
+
+    def mig_devices(self) -> list[ComputeInstance]:
+        """MIG devices in NVML index order: one per compute instance, by (GI id, CI id)."""
+        return [
+            gi.compute_instances[ci_id]
+            for _, gi in sorted(self.gpu_instances.items())
+            for ci_id in sorted(gi.compute_instances)
+        ]
+
+    def set_mode(self, mode: int, *, resetless: bool) -> int:
+        """Request MIG `mode`; returns NVML's activation status.
+
+        `resetless` (Hopper and later): applied at once, refused with IN_USE while GIs exist when
+        turning MIG off. Otherwise (Ampere) only `pending` changes; the status is IN_USE because
+        a node's GPU always has clients, so the reset NVML tries cannot happen (`reset` applies it).
+        """
+        if mode not in (NVML_DEVICE_MIG_DISABLE, NVML_DEVICE_MIG_ENABLE):
+            raise nvml_error(NVML_ERROR_INVALID_ARGUMENT)
+        if resetless:
+            if mode == NVML_DEVICE_MIG_DISABLE and self.gpu_instances:
+                raise nvml_error(NVML_ERROR_IN_USE)
+            self.current = self.pending = mode
+            return 0
+        self.pending = mode
+        return 0 if mode == self.current else NVML_ERROR_IN_USE
+
+    def reset(self) -> None:
+        """A GPU reset: the pending mode becomes current and every MIG instance is gone."""
+        for gi in list(self.gpu_instances.values()):
+            for ci in list(gi.compute_instances.values()):
+                self.destroy_compute_instance(ci)
+            self.destroy_gpu_instance(gi)
+        self.current = self.pending
+
+    def _refusal(self, profile: GpuInstanceProfile, start: int) -> int | None:
+        """Why a GI of `profile` cannot go at `start` now (an NVML code), or None if it can."""
+        used = {s for gi in self.gpu_instances.values() for s in gi.slices}
+        if used & set(range(start, start + profile.placement_size)):
+            return NVML_ERROR_INSUFFICIENT_RESOURCES
+        same = sum(1 for gi in self.gpu_instances.values() if gi.profile.id == profile.id)
+        if same >= profile.instance_count:
+            return NVML_ERROR_INSUFFICIENT_RESOURCES
+        budget = None if self.geometry is None else self.geometry.media_engines
+        if budget is not None:
+            jpegs = profile.jpegs + sum(gi.profile.jpegs for gi in self.gpu_instances.values())
+            ofas = profile.ofas + sum(gi.profile.ofas for gi in self.gpu_instances.values())
+            if jpegs > budget[0] or ofas > budget[1]:
+                return NVML_ERROR_INSUFFICIENT_RESOURCES
+        return None
+
+    def _choose_start(self, profile: GpuInstanceProfile) -> int | None:
+        """Where NVML puts a GI created without a placement: the highest start that fits."""
+        starts = sorted(profile.placement_starts, reverse=True)
+        return next((start for start in starts if self._refusal(profile, start) is None), None)
+
+    def _free_gi_id(self, size: int) -> int:
+        slices = self.geometry.memory_slices if self.geometry is not None else 8
+        first = max(slices // size, 1) - 1
+        level = range(first, first + max(slices // size, 1))
+        free = [gi_id for gi_id in level if gi_id not in self.gpu_instances]
+        if not free:  # cannot happen: a level has as many ids as disjoint placements
+            raise nvml_error(NVML_ERROR_INSUFFICIENT_RESOURCES)
+        return free[0]
+
+
+def full_compute_instance_profile(profile: GpuInstanceProfile) -> int:
+    """``NVML_COMPUTE_INSTANCE_PROFILE_*`` of the CI spanning every compute slice of a GI."""
+    return COMPUTE_INSTANCE_PROFILE_FOR_SLICES[profile.slice_count]
