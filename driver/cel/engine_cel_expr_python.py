@@ -13,7 +13,11 @@ How the Kubernetes additions map onto the engine:
   implemented once, dispatching on the message class.
 - Every call into Python leaks memory in cel-expr-python 0.1.3 (about 0.6 KB per message argument;
   docs/cel.md). ``quantity('40Gi')`` / ``semver('8.0.0')`` with a literal argument are therefore
-  compiled to message literals (``kubernetes.Quantity{num: "42949672960/1"}``): no callback.
+  compiled to message literals (``kubernetes.Quantity{num: "42949672960/1", ...}``), and a
+  comparison of a plain path with one (``C.memory.compareTo(quantity('40Gi'))``) to native CEL
+  over the message fields (`_native_comparison`): no callback. Quantities carry, besides the exact
+  ``num``, ``whole``/``nano`` (the value rounded up to nano units, as Kubernetes stores it) for
+  that.
 - Unknown domains read as empty maps through `source.default_unknown_domains`; the original text
   is compiled first so compile errors point at what the user wrote.
 - The converted device (the activation data, not an ``Activation``: see `_Environment.data`) is
@@ -23,6 +27,7 @@ How the Kubernetes additions map onto the engine:
 from __future__ import annotations
 
 import functools
+import math
 import re
 from collections.abc import Callable
 from fractions import Fraction
@@ -38,8 +43,20 @@ from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
 from gpu_dra.driver.cel.device import DraDevice
 from gpu_dra.driver.cel.errors import CelCompileError, CelRuntimeError
-from gpu_dra.driver.cel.source import default_unknown_domains, fold_literal_calls
-from gpu_dra.driver.cel.values import CelValueError, Quantity, Semver, is_quantity, is_semver
+from gpu_dra.driver.cel.source import (
+    default_unknown_domains,
+    fold_literal_calls,
+    native_comparisons,
+)
+from gpu_dra.driver.cel.values import (
+    INT64_MAX,
+    INT64_MIN,
+    CelValueError,
+    Quantity,
+    Semver,
+    is_quantity,
+    is_semver,
+)
 
 ENGINE: Final = "cel-expr-python"
 
@@ -53,9 +70,10 @@ _ITERATIONS: Final = "Iteration budget exceeded"
 class Program:
     """One compiled selector; `evaluate` runs it, never recompiling."""
 
-    def __init__(self, expression: str, compiled: Any, result_type: str) -> None:
+    def __init__(self, expression: str, compiled: Any, result_type: str, runs: str) -> None:
         self.expression = expression
         self.result_type = result_type  # "bool", "dyn", "string", "int", ... (lower case)
+        self.runs = runs  # the rewritten text the engine evaluates
         self._compiled = compiled
 
     def evaluate(self, device: DraDevice) -> object:
@@ -76,9 +94,10 @@ def compile_program(expression: str) -> Program:
     environment = _environment()
     checked = environment.compile(expression)
     result_type = str(checked.return_type().name()).lower()
-    rewritten = default_unknown_domains(fold_literal_calls(expression, _literal))
+    rewritten = native_comparisons(expression, _native_comparison)
+    rewritten = default_unknown_domains(fold_literal_calls(rewritten, _literal))
     compiled = checked if rewritten == expression else environment.compile(rewritten)
-    return Program(expression, compiled, result_type)
+    return Program(expression, compiled, result_type, rewritten)
 
 
 class _Environment:
@@ -141,7 +160,10 @@ class _Environment:
 
     def quantity_message(self, quantity: Quantity) -> Any:
         value = quantity.value
-        return self.quantity_class(num=f"{value.numerator}/{value.denominator}")
+        whole, nano = _nano_key(value)
+        return self.quantity_class(
+            num=f"{value.numerator}/{value.denominator}", whole=whole, nano=nano
+        )
 
     def semver_message(self, version: Semver) -> Any:
         return self.semver_class(
@@ -280,7 +302,11 @@ def _literal(function: str, text: str, normalize: bool | None) -> str | None:
     try:
         if function == "quantity":
             value = _parse_quantity(text).value
-            return f'kubernetes.Quantity{{num: "{value.numerator}/{value.denominator}"}}'
+            whole, nano = _nano_key(value)
+            return (
+                f'kubernetes.Quantity{{num: "{value.numerator}/{value.denominator}", '
+                f"whole: {whole}, nano: {nano}}}"
+            )
         version = _parse_semver(text, bool(normalize))
     except CelValueError:
         return None
@@ -288,6 +314,52 @@ def _literal(function: str, text: str, normalize: bool | None) -> str | None:
         f"kubernetes.Semver{{major: {version.major}, minor: {version.minor}, "
         f'patch: {version.patch}, pre: "{".".join(version.pre)}"}}'
     )
+
+
+def _native_comparison(
+    receiver: str, method: str, function: str, text: str, normalize: bool | None
+) -> str | None:
+    """``receiver.method(function(text))`` as CEL over the message fields, or None to keep the
+    call (literal invalid, or a pre-release version: precedence of pre-release identifiers is
+    left to Python)."""
+    r = f"({receiver})"
+    keys: tuple[tuple[str, int], ...]
+    try:
+        if function == "quantity":
+            whole, nano = _nano_key(_parse_quantity(text).value)
+            if whole < INT64_MIN + 1:
+                return None
+            keys = (("whole", whole), ("nano", nano))
+            tail = "0"
+        else:
+            version = _parse_semver(text, bool(normalize))
+            if version.pre:
+                return None
+            keys = (("major", version.major), ("minor", version.minor), ("patch", version.patch))
+            tail = f'({r}.pre != "" ? -1 : 0)'  # 1.0.0-rc.1 < 1.0.0
+    except CelValueError:
+        return None
+    compared = tail
+    for field, key in reversed(keys):
+        compared = f"({r}.{field} != {key} ? ({r}.{field} > {key} ? 1 : -1) : {compared})"
+    return {
+        "compareTo": compared,
+        "isGreaterThan": f"({compared} == 1)",
+        "isLessThan": f"({compared} == -1)",
+    }[method]
+
+
+def _nano_key(value: Fraction) -> tuple[int, int]:
+    """(whole, nano): `value` rounded up to nano units (as resource.Quantity stores it), split so
+    that comparing the pairs compares the values."""
+    whole, nano = divmod(math.ceil(value * 1_000_000_000), 1_000_000_000)
+    # Sums can leave int64. Literals cannot (the parser stops at 2**63 - 1), so saturated keys
+    # still order correctly against every literal: above the largest, below the smallest.
+    if whole > INT64_MAX:
+        return INT64_MAX, 1_000_000_000
+    if whole < INT64_MIN:
+        return INT64_MIN, 0
+    return whole, nano
 
 
 # Literals such as quantity('40Gi') are evaluated once per device; parse each text once.
@@ -313,7 +385,9 @@ def _type_descriptors() -> descriptor_pb2.FileDescriptorProto:
         name="gpu_dra_cel_types.proto", package="kubernetes", syntax="proto3"
     )
     quantity = file.message_type.add(name="Quantity")
-    quantity.field.add(name="num", number=1, type=fields.TYPE_STRING, label=fields.LABEL_OPTIONAL)
+    quantity.field.add(name="num", number=1, type=fields.TYPE_STRING, label=optional)
+    quantity.field.add(name="whole", number=2, type=fields.TYPE_INT64, label=optional)
+    quantity.field.add(name="nano", number=3, type=fields.TYPE_INT64, label=optional)
     semver = file.message_type.add(name="Semver")
     for number, name in enumerate(("major", "minor", "patch"), start=1):
         semver.field.add(name=name, number=number, type=fields.TYPE_INT64, label=optional)

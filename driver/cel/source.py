@@ -13,6 +13,8 @@ declared as a plain map does not know:
 3. Calls with a literal argument, ``quantity('40Gi')`` and ``semver('8.0.0'[, true])``, can be
    replaced by a constant the engine builds without calling back into Python
    (`fold_literal_calls`); a literal that does not parse is left alone (a runtime error stays one).
+   Comparisons of a plain path with such a literal, ``device.capacity[d].memory.compareTo(
+   quantity('40Gi'))``, can be replaced by native comparisons (`native_comparisons`).
 
 The scan works on tokens, so string literals and comments are never touched. Aliases are not
 followed: in ``cel.bind(a, device.attributes, a["other.com"])`` an unknown domain stays an error.
@@ -136,33 +138,109 @@ def fold_literal_calls(expression: str, fold: LiteralFolder) -> str:
     except LexError:
         return expression
     edits: list[tuple[int, int, str]] = []
-    for i, token in enumerate(found[:-3]):
-        if token.text not in _FOLDABLE or token.kind != "ident":
-            continue
-        if (i > 0 and found[i - 1].text == ".") or found[i + 1].text != "(":
-            continue
-        literal = _SIMPLE_STRING.fullmatch(found[i + 2].text)
+    for i in range(len(found)):
+        literal = _literal_call(found, i)
         if literal is None:
             continue
-        normalize: bool | None = None
-        close = i + 3
-        if (
-            token.text == "semver"
-            and found[close].text == ","
-            and close + 2 < len(found)
-            and found[close + 1].text in ("true", "false")
-        ):
-            normalize = found[close + 1].text == "true"
-            close += 2
-        if found[close].text != ")":
-            continue
-        text = literal[1] if literal[1] is not None else literal[2]
-        replacement = fold(token.text, text, normalize)
+        function, text, normalize, close = literal
+        replacement = fold(function, text, normalize)
         if replacement is not None:
-            edits.append((token.start, found[close].end, replacement))
-    for start, end, replacement in sorted(edits, reverse=True):
+            edits.append((found[i].start, found[close].end, replacement))
+    return _apply(expression, edits)
+
+
+def _literal_call(found: list[Token], i: int) -> tuple[str, str, bool | None, int] | None:
+    """``quantity('lit')`` / ``semver('lit'[, bool])`` starting at token `i`, as (function,
+    literal, normalize, index of the closing parenthesis)."""
+    token = found[i]
+    if token.kind != "ident" or token.text not in _FOLDABLE or i + 3 >= len(found):
+        return None
+    if (i > 0 and found[i - 1].text == ".") or found[i + 1].text != "(":
+        return None
+    literal = _SIMPLE_STRING.fullmatch(found[i + 2].text)
+    if literal is None:
+        return None
+    normalize: bool | None = None
+    close = i + 3
+    if (
+        token.text == "semver"
+        and found[close].text == ","
+        and close + 2 < len(found)
+        and found[close + 1].text in ("true", "false")
+    ):
+        normalize = found[close + 1].text == "true"
+        close += 2
+    if found[close].text != ")":
+        return None
+    text = literal[1] if literal[1] is not None else literal[2]
+    return token.text, text, normalize, close
+
+
+def _receiver_root(found: list[Token], end: int) -> int | None:
+    """Index of the root identifier of the plain path ending at token `end`, or None."""
+    k = end
+    while k >= 0:
+        if found[k].kind == "ident":
+            if k > 0 and found[k - 1].text == "?":
+                return None  # optional selection x.?f: not a plain path
+            if k > 1 and found[k - 1].text == ".":
+                k -= 2
+                continue
+            return k
+        if found[k].text != "]":
+            return None
+        depth = 0
+        while k >= 0:
+            depth += {"]": 1, "[": -1}.get(found[k].text, 0) if found[k].kind == "punct" else 0
+            if depth == 0:
+                break
+            k -= 1
+        k -= 1
+    return None
+
+
+def _apply(expression: str, edits: list[tuple[int, int, str]]) -> str:
+    """Apply non-overlapping (start, end, text) edits; an edit overlapping an earlier one is
+    dropped."""
+    kept: list[tuple[int, int, str]] = []
+    for edit in sorted(edits):
+        if not kept or edit[0] >= kept[-1][1]:
+            kept.append(edit)
+    for start, end, replacement in reversed(kept):
         expression = expression[:start] + replacement + expression[end:]
     return expression
+
+
+# (receiver source, method, function, literal text, normalize) -> replacement source, or None
+ComparisonRewriter = Callable[[str, str, str, str, bool | None], str | None]
+_COMPARISONS: Final = frozenset({"compareTo", "isGreaterThan", "isLessThan"})
+
+
+def native_comparisons(expression: str, rewrite: ComparisonRewriter) -> str:
+    """`expression` with each ``<path>.compareTo|isGreaterThan|isLessThan(quantity|semver('lit'))``
+    replaced by ``rewrite(path, method, function, lit, normalize)`` where that gives text. A path
+    is an identifier followed by field selections and indexes (``device.capacity['d'].memory``,
+    ``g.driverVersion``); receivers that involve calls are left alone."""
+    try:
+        found = tokens(expression)
+    except LexError:
+        return expression
+    edits: list[tuple[int, int, str]] = []
+    for i, token in enumerate(found):
+        if token.kind != "ident" or token.text not in _COMPARISONS or found[i - 1].text != ".":
+            continue
+        literal = _literal_call(found, i + 2) if i + 2 < len(found) else None
+        if i < 2 or found[i + 1].text != "(" or literal is None:
+            continue
+        function, text, normalize, close = literal
+        root = _receiver_root(found, i - 2)
+        if root is None or close + 1 >= len(found) or found[close + 1].text != ")":
+            continue
+        receiver = expression[found[root].start : found[i - 1].start]
+        replacement = rewrite(receiver, token.text, function, text, normalize)
+        if replacement is not None:
+            edits.append((found[root].start, found[close + 1].end, replacement))
+    return _apply(expression, edits)
 
 
 def line_column(expression: str, offset: int) -> tuple[int, int]:

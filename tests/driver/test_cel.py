@@ -380,6 +380,59 @@ def test_a_device_is_converted_once_for_all_selectors():
     assert len(cached) == 1
 
 
+@pytest.mark.parametrize("class_name", sorted(device_classes()))
+def test_shipped_device_classes_run_without_python_callbacks(class_name):
+    # cel-expr-python 0.1.3 leaks memory on every call into Python (docs/cel.md); the catalog's
+    # quantity/semver comparisons with literals are compiled to native CEL instead.
+    for text in device_classes()[class_name]:
+        runs = engine.compile_program(text).runs
+        for call in ("compareTo", "isGreaterThan", "isLessThan", "quantity(", "semver("):
+            assert call not in runs
+
+
+@pytest.mark.parametrize(
+    "capacity", ["0", "1", "1500m", "1.5", "0.999999999", "1.000000001", "80Gi", "81559Mi", "7Ei"]
+)
+@pytest.mark.parametrize("literal", ["0", "1", "1.5", "1001m", "1.000000001", "80Gi", "7.5Ei"])
+def test_native_quantity_comparison_agrees_with_the_library(capacity, literal):
+    published: Device = {"name": "d", "capacity": {"x": {"value": capacity}}}
+    dra_device = to_cel_device(DRIVER, published)
+    expected = Quantity.parse(capacity).compare(Quantity.parse(literal))
+    native = f"{C}.x.compareTo(quantity('{literal}'))"
+    callback = f"cel.bind(l, quantity('{literal}'), {C}.x.compareTo(l))"
+    for method, holds in (("isGreaterThan", expected > 0), ("isLessThan", expected < 0)):
+        assert (
+            compile_selector(f"{C}.x.{method}(quantity('{literal}'))").matches(dra_device) is holds
+        )
+    assert compile_selector(f"{native} == {expected}").matches(dra_device)
+    assert compile_selector(f"{callback} == {expected}").matches(dra_device)
+
+
+@pytest.mark.parametrize(
+    "version", ["1.0.0", "1.0.0-rc.1", "1.0.1-alpha", "0.9.9", "2.0.0", "1.1.0"]
+)
+@pytest.mark.parametrize("literal", ["1.0.0", "1.0.1", "0.10.0", "1.0.0-rc.2"])
+def test_native_semver_comparison_agrees_with_the_library(version, literal):
+    published: Device = {"name": "d", "attributes": {"v": {"version": version}}}
+    dra_device = to_cel_device(DRIVER, published)
+    expected = Semver.parse(version).compare(Semver.parse(literal))
+    assert compile_selector(f"{G}.v.compareTo(semver('{literal}')) == {expected}").matches(
+        dra_device
+    )
+    greater = compile_selector(f"{G}.v.isGreaterThan(semver('{literal}'))")
+    assert greater.matches(dra_device) is (expected > 0)
+    less = compile_selector(f"cel.bind(g, {G}, g.v.isLessThan(semver('{literal}')))")
+    assert less.matches(dra_device) is (expected < 0)
+
+
+def test_native_comparison_keeps_runtime_errors():
+    h100 = device("h100")
+    with pytest.raises(CelRuntimeError, match="no such key: nope"):
+        compile_selector(f"{C}.nope.compareTo(quantity('1')) > 0").matches(h100)
+    with pytest.raises(CelRuntimeError):  # a version compared with a quantity
+        compile_selector(f"{G}.driverVersion.isGreaterThan(quantity('1'))").matches(h100)
+
+
 def test_iteration_budget_is_a_runtime_error():
     # cel-cpp's fixed 10,000-iteration budget (Kubernetes allows cost 1,000,000): documented gap.
     hundred = "[" + ", ".join(["0"] * 100) + "]"

@@ -7,6 +7,7 @@ import pytest
 from gpu_dra.driver.cel.source import (
     default_unknown_domains,
     fold_literal_calls,
+    native_comparisons,
     tokens,
     undefined_device_fields,
 )
@@ -59,3 +60,26 @@ def test_literal_calls_fold_only_plain_literals():
     assert fold_literal_calls(expression, fold) == (
         "<quantity:1:None> + <semver:2:True> + quantity('\\n') + x.quantity('3') + quantity(y)"
     )
+
+
+@pytest.mark.parametrize(
+    ("expression", "expected"),
+    [
+        ("a.b['c'].d.compareTo(quantity('1')) > 0", "<a.b['c'].d|compareTo|quantity|1> > 0"),
+        ("!g.v.isLessThan(semver('1.0.0', true))", "!<g.v|isLessThan|semver|1.0.0>"),
+        ('x[y[0]].isGreaterThan(quantity("2"))', "<x[y[0]]|isGreaterThan|quantity|2>"),
+        ("f(x).compareTo(quantity('1'))", "f(x).compareTo(quantity('1'))"),
+        ("a.f(x).compareTo(quantity('1'))", "a.f(x).compareTo(quantity('1'))"),
+        ("x.?y.compareTo(quantity('1'))", "x.?y.compareTo(quantity('1'))"),
+        ("a.compareTo(quantity(s))", "a.compareTo(quantity(s))"),
+        ("a.compareTo(b)", "a.compareTo(b)"),
+        ("a.sign(quantity('1'))", "a.sign(quantity('1'))"),
+    ],
+)
+def test_native_comparisons_rewrite_only_plain_paths_against_literals(expression, expected):
+    def rewrite(
+        receiver: str, method: str, function: str, text: str, normalize: bool | None
+    ) -> str:
+        return f"<{receiver}|{method}|{function}|{text}>"
+
+    assert native_comparisons(expression, rewrite) == expected
