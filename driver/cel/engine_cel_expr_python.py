@@ -46,7 +46,9 @@ from gpu_dra.driver.cel.errors import CelCompileError, CelRuntimeError
 from gpu_dra.driver.cel.source import (
     default_unknown_domains,
     fold_literal_calls,
+    line_column,
     native_comparisons,
+    root_identifier_offsets,
 )
 from gpu_dra.driver.cel.values import (
     INT64_MAX,
@@ -93,6 +95,12 @@ def compile_program(expression: str) -> Program:
     """Parse and type-check `expression`; raises `CelCompileError` with the engine's message."""
     environment = _environment()
     checked = environment.compile(expression)
+    for offset in root_identifier_offsets(expression, "kubernetes"):
+        # The message types are the wrapper's representation, not part of the language.
+        line, column = line_column(expression, offset)
+        raise CelCompileError(
+            f"ERROR: <input>:{line}:{column}: undeclared reference to 'kubernetes'"
+        )
     result_type = str(checked.return_type().name()).lower()
     rewritten = native_comparisons(expression, _native_comparison)
     rewritten = default_unknown_domains(fold_literal_calls(rewritten, _literal))

@@ -93,6 +93,19 @@ def undefined_device_fields(expression: str) -> list[tuple[str, int]]:
     ]
 
 
+def root_identifier_offsets(expression: str, name: str) -> list[int]:
+    """Offsets of `name` used as a root identifier (not after a ``.``)."""
+    try:
+        found = tokens(expression)
+    except LexError:
+        return []
+    return [
+        token.start
+        for i, token in enumerate(found)
+        if token.kind == "ident" and token.text == name and (i == 0 or found[i - 1].text != ".")
+    ]
+
+
 def default_unknown_domains(expression: str) -> str:
     """`expression` with every ``device.attributes[K]`` / ``device.capacity[K]`` (and the field
     form ``device.attributes.K.x``) reading an unknown domain as an empty map."""

@@ -170,6 +170,12 @@ CASES: list[tuple[str, str, Any]] = [
     ("'gpu-' + 0 == 'gpu-0'", "h100", compile_error("no matching overload")),
     ("1 + 1", "h100", compile_error("must evaluate to bool or the unknown type, not int")),
     ("math.greatest(1, 2) == 2", "h100", compile_error("undeclared reference")),
+    (f"has({G})", "h100", compile_error("")),
+    (
+        f"{C}.memory == kubernetes.Quantity{{num: '1/1'}}",
+        "h100",
+        compile_error("undeclared reference to 'kubernetes'"),
+    ),
     ("'a1'.matches('\\d')", "h100", compile_error("")),
 ]
 
