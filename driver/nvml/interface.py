@@ -251,7 +251,10 @@ class NvmlLibrary(Protocol):
         """Request MIG on/off; returns the activation status (``NVML_SUCCESS`` once applied).
 
         Hopper and later apply it at once. Ampere applies it at the next GPU reset: pending
-        changes, current stays, and the status says why it is not active yet (``IN_USE``).
+        changes, current stays, and the status says why it is not active yet (``IN_USE`` when
+        the GPU has clients, ``RESET_REQUIRED`` in a pass-through VM). NVIDIA's DRA driver
+        therefore only toggles MIG on Hopper and later, and on Ampere uses MIG only when it is
+        already on. May unbind/reset the device: re-read its minor number afterwards.
         """
 
     def device_get_gpu_instance_profile_info(

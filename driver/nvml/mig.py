@@ -22,9 +22,11 @@ Pure values and rules, no pynvml: failures raise the pynvml error NVML returns (
 
 from __future__ import annotations
 
+import threading
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Concatenate, Final, ParamSpec, TypeVar
 
 from gpu_dra.driver.nvml.interface import (
     NVML_DEVICE_MIG_DISABLE,
@@ -35,6 +37,9 @@ from gpu_dra.driver.nvml.interface import (
     NVML_ERROR_NOT_SUPPORTED,
     nvml_error,
 )
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
 
 _MIG_UUID_NAMESPACE: Final = uuid.UUID("0b0c5d0e-7f3a-5e61-9d2c-4a8e1b6f3c27")
 
@@ -116,8 +121,22 @@ class GpuInstance:
         return range(self.start, self.start + self.profile.placement_size)
 
 
+def _locked(
+    method: Callable[Concatenate[MigState, _P], _R],
+) -> Callable[Concatenate[MigState, _P], _R]:
+    def locked(self: MigState, /, *args: _P.args, **kwargs: _P.kwargs) -> _R:
+        with self.lock:
+            return method(self, *args, **kwargs)
+
+    locked.__doc__ = method.__doc__
+    return locked
+
+
 class MigState:
-    """MIG mode and instances of one GPU (mutable: this is the GPU's state)."""
+    """MIG mode and instances of one GPU (mutable: this is the GPU's state).
+
+    Thread-safe like NVML: every change and every listing holds the GPU's lock.
+    """
 
     def __init__(self, geometry: MigGeometry | None, mode: tuple[int, int], parent_uuid: str):
         self.geometry = geometry
@@ -125,6 +144,7 @@ class MigState:
         self.parent_uuid = parent_uuid
         self.gpu_instances: dict[int, GpuInstance] = {}
         self._compute_instances_created = 0
+        self.lock = threading.RLock()
 
     @property
     def enabled(self) -> bool:
@@ -141,6 +161,7 @@ class MigState:
         if not self.enabled:
             raise nvml_error(NVML_ERROR_NOT_SUPPORTED)
 
+    @_locked
     def create_gpu_instance(
         self, profile_id: int, placement: tuple[int, int] | None = None
     ) -> GpuInstance:
@@ -163,6 +184,7 @@ class MigState:
         self.gpu_instances[gi.id] = gi
         return gi
 
+    @_locked
     def remaining_capacity(self, profile_id: int) -> int:
         """How many more GIs of `profile_id` NVML could create now."""
         self.require_enabled()
@@ -177,12 +199,14 @@ class MigState:
             count += 1
         return count
 
+    @_locked
     def destroy_gpu_instance(self, gi: GpuInstance) -> None:
         if gi.compute_instances:
             raise nvml_error(NVML_ERROR_IN_USE)
         gi.alive = False
         del self.gpu_instances[gi.id]
 
+    @_locked
     def create_compute_instance(self, gi: GpuInstance, ci_profile: int) -> ComputeInstance:
         """The full CI of `gi` (the only one simulated); a second one is INSUFFICIENT_RESOURCES."""
         if ci_profile != full_compute_instance_profile(gi.profile):
@@ -197,10 +221,12 @@ class MigState:
         gi.compute_instances[ci_id] = ci
         return ci
 
+    @_locked
     def destroy_compute_instance(self, ci: ComputeInstance) -> None:
         ci.alive = False
         del ci.gpu_instance.compute_instances[ci.id]
 
+    @_locked
     def mig_devices(self) -> list[ComputeInstance]:
         """MIG devices in NVML index order: one per compute instance, by (GI id, CI id)."""
         return [
@@ -209,6 +235,7 @@ class MigState:
             for ci_id in sorted(gi.compute_instances)
         ]
 
+    @_locked
     def set_mode(self, mode: int, *, resetless: bool) -> int:
         """Request MIG `mode`; returns NVML's activation status.
 
@@ -226,6 +253,7 @@ class MigState:
         self.pending = mode
         return 0 if mode == self.current else NVML_ERROR_IN_USE
 
+    @_locked
     def reset(self) -> None:
         """A GPU reset: the pending mode becomes current and every MIG instance is gone."""
         for gi in list(self.gpu_instances.values()):

@@ -164,6 +164,11 @@ class MachineProfile:
         return dict(self.faults).get(call)
 
 
+def builtin_models() -> dict[str, GpuModel]:
+    """The models of ``gpu_models.json`` by key (e.g. ``H100-SXM5-80GB``)."""
+    return dict(_builtin_models())
+
+
 def builtin_profile_names() -> list[str]:
     """Names accepted by `load_profile` besides file paths."""
     return sorted(_builtin_profiles())

@@ -16,6 +16,7 @@ MIG-handle calls; other device calls on them raise InvalidArgument (not modelled
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
@@ -157,12 +158,13 @@ class SimulatedNvml:
         self._gi_handles: dict[GpuInstance, SimulatedGpuInstanceHandle] = {}
         self._ci_handles: dict[ComputeInstance, SimulatedComputeInstanceHandle] = {}
         self._mig_handles: dict[ComputeInstance, SimulatedMigDeviceHandle] = {}
+        self._handles_lock = threading.Lock()
         for gpu in profile.gpus:
             state = self._mig[gpu.index]
-            for device in gpu.mig_devices:
-                size = state.profile(device.profile_id, unknown=NVML_ERROR_INVALID_ARGUMENT)
+            for device in gpu.mig_devices:  # checked by the profile parser
+                found = state.profile(device.profile_id, unknown=NVML_ERROR_INVALID_ARGUMENT)
                 gi = state.create_gpu_instance(
-                    device.profile_id, (device.start, size.placement_size)
+                    device.profile_id, (device.start, found.placement_size)
                 )
                 if device.compute_instance:
                     state.create_compute_instance(gi, full_compute_instance_profile(gi.profile))
@@ -287,11 +289,13 @@ class SimulatedNvml:
         and every GPU and compute instance is gone, as on real hardware."""
         gpu = self._gpu(handle, "reset_gpu")
         state = self._mig[gpu.index]
-        for gi in list(state.gpu_instances.values()):
-            for ci in list(gi.compute_instances.values()):
-                self._forget_compute_instance(ci)
-            self._gi_handles.pop(gi, None)
-        state.reset()
+        with state.lock:
+            for gi in list(state.gpu_instances.values()):
+                for ci in list(gi.compute_instances.values()):
+                    self._forget_compute_instance(ci)
+                with self._handles_lock:
+                    self._gi_handles.pop(gi, None)
+            state.reset()
 
     def device_get_gpu_instance_profile_info(
         self, handle: DeviceHandle, profile: int, version: int = 2
@@ -356,11 +360,12 @@ class SimulatedNvml:
         state.require_enabled()
         state.profile(profile_id, unknown=NVML_ERROR_INVALID_ARGUMENT)
         index = self._index(handle)
-        return [
-            self._gi_handle(index, gi)
-            for _, gi in sorted(state.gpu_instances.items())
-            if gi.profile.id == profile_id
-        ]
+        with state.lock:
+            return [
+                self._gi_handle(index, gi)
+                for _, gi in sorted(state.gpu_instances.items())
+                if gi.profile.id == profile_id
+            ]
 
     def device_get_gpu_instance_by_id(self, handle: DeviceHandle, gi_id: int) -> GpuInstanceHandle:
         state = self._mig_state(handle, "device_get_gpu_instance_by_id")
@@ -424,11 +429,12 @@ class SimulatedNvml:
         index, gi = self._gpu_instance(gpu_instance, "gpu_instance_get_compute_instances")
         if not 0 <= profile_id < NVML_COMPUTE_INSTANCE_PROFILE_COUNT:
             raise nvml_error(NVML_ERROR_INVALID_ARGUMENT)
-        return [
-            self._ci_handle(index, ci)
-            for _, ci in sorted(gi.compute_instances.items())
-            if ci.profile_id == profile_id
-        ]
+        with self._mig[index].lock:
+            return [
+                self._ci_handle(index, ci)
+                for _, ci in sorted(gi.compute_instances.items())
+                if ci.profile_id == profile_id
+            ]
 
     def gpu_instance_get_compute_instance_by_id(
         self, gpu_instance: GpuInstanceHandle, ci_id: int
@@ -455,13 +461,14 @@ class SimulatedNvml:
 
     def compute_instance_destroy(self, compute_instance: ComputeInstanceHandle) -> None:
         index, ci = self._compute_instance(compute_instance, "compute_instance_destroy")
-        self._forget_compute_instance(ci)
         self._mig[index].destroy_compute_instance(ci)
+        self._forget_compute_instance(ci)
 
     def gpu_instance_destroy(self, gpu_instance: GpuInstanceHandle) -> None:
         index, gi = self._gpu_instance(gpu_instance, "gpu_instance_destroy")
         self._mig[index].destroy_gpu_instance(gi)
-        self._gi_handles.pop(gi, None)
+        with self._handles_lock:
+            self._gi_handles.pop(gi, None)
 
     def device_get_max_mig_device_count(self, handle: DeviceHandle) -> int:
         gpu = self._gpu(handle, "device_get_max_mig_device_count")
@@ -519,26 +526,30 @@ class SimulatedNvml:
         return handle.index
 
     def _gi_handle(self, index: int, gi: GpuInstance) -> SimulatedGpuInstanceHandle:
-        handle = self._gi_handles.get(gi)
-        if handle is None:
-            handle = self._gi_handles[gi] = SimulatedGpuInstanceHandle(self, index, gi)
-        return handle
+        with self._handles_lock:
+            handle = self._gi_handles.get(gi)
+            if handle is None:
+                handle = self._gi_handles[gi] = SimulatedGpuInstanceHandle(self, index, gi)
+            return handle
 
     def _ci_handle(self, index: int, ci: ComputeInstance) -> SimulatedComputeInstanceHandle:
-        handle = self._ci_handles.get(ci)
-        if handle is None:
-            handle = self._ci_handles[ci] = SimulatedComputeInstanceHandle(self, index, ci)
-        return handle
+        with self._handles_lock:
+            handle = self._ci_handles.get(ci)
+            if handle is None:
+                handle = self._ci_handles[ci] = SimulatedComputeInstanceHandle(self, index, ci)
+            return handle
 
     def _mig_handle(self, index: int, ci: ComputeInstance) -> SimulatedMigDeviceHandle:
-        handle = self._mig_handles.get(ci)
-        if handle is None:
-            handle = self._mig_handles[ci] = SimulatedMigDeviceHandle(self, index, ci)
-        return handle
+        with self._handles_lock:
+            handle = self._mig_handles.get(ci)
+            if handle is None:
+                handle = self._mig_handles[ci] = SimulatedMigDeviceHandle(self, index, ci)
+            return handle
 
     def _forget_compute_instance(self, ci: ComputeInstance) -> None:
-        self._ci_handles.pop(ci, None)
-        self._mig_handles.pop(ci, None)
+        with self._handles_lock:
+            self._ci_handles.pop(ci, None)
+            self._mig_handles.pop(ci, None)
 
     def _gpu_instance(self, handle: GpuInstanceHandle, call: str) -> tuple[int, GpuInstance]:
         if (

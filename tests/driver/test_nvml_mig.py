@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import inspect
 import re
+from concurrent.futures import ThreadPoolExecutor
 
 import pynvml
 import pytest
@@ -365,6 +366,22 @@ def test_destroying_a_gpu_instance_with_a_compute_instance_is_in_use():
     with pytest.raises(pynvml.NVMLError_InvalidArgument):  # stale handle
         nvml.gpu_instance_destroy(gi)
     nvml.device_create_gpu_instance_with_placement(handle, 14, _place(0, 2))  # slices are free
+
+
+def test_concurrent_creates_never_double_book_a_memory_slice():
+    nvml, handle = _mig_on()
+
+    def create(start: int) -> bool:
+        try:
+            nvml.device_create_gpu_instance_with_placement(handle, 15, _place(start, 2))
+        except pynvml.NVMLError_InsufficientResources:
+            return False
+        return True
+
+    with ThreadPoolExecutor(max_workers=16) as pool:
+        created = list(pool.map(create, [0, 2, 4, 6] * 16))
+    assert sum(created) == 4
+    assert _layout(nvml, handle) == [(15, 0), (15, 2), (15, 4), (15, 6)]
 
 
 # MIG devices.
