@@ -281,8 +281,8 @@ class SimulatedNvml:
 
     def device_set_mig_mode(self, handle: DeviceHandle, mode: int) -> int:
         state = self._mig_state(handle, "device_set_mig_mode")
-        resetless = self._gpu(handle, "device_set_mig_mode").model.architecture
-        return state.set_mode(mode, resetless=resetless >= NVML_DEVICE_ARCH_HOPPER)
+        architecture = self.profile.gpus[self._index(handle)].model.architecture
+        return state.set_mode(mode, resetless=architecture >= NVML_DEVICE_ARCH_HOPPER)
 
     def reset_gpu(self, handle: DeviceHandle) -> None:
         """Simulator only: a GPU reset (``nvidia-smi -r``, reboot); the pending MIG mode applies
@@ -481,7 +481,7 @@ class SimulatedNvml:
         self, handle: DeviceHandle, index: int
     ) -> DeviceHandle:
         state = self._mig_state(handle, "device_get_mig_device_handle_by_index")
-        maximum = self.device_get_max_mig_device_count(handle)
+        maximum = state.geometry.max_devices if state.geometry and state.enabled else 0
         if not 0 <= index < maximum:
             raise nvml_error(NVML_ERROR_INVALID_ARGUMENT)
         devices = state.mig_devices()

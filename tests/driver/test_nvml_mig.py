@@ -513,6 +513,17 @@ def test_ampere_only_changes_the_pending_mode_until_a_gpu_reset(model):
         nvml.device_get_uuid(mig)
 
 
+def test_blackwell_toggles_like_hopper_but_has_no_simulated_profiles():
+    nvml = _nvml("B200")
+    handle = nvml.device_get_handle_by_index(0)
+    assert nvml.device_set_mig_mode(handle, ON) == pynvml.NVML_SUCCESS
+    assert nvml.device_get_mig_mode(handle) == [ON, ON]
+    assert nvml.device_get_max_mig_device_count(handle) == 7
+    for index in range(pynvml.NVML_GPU_INSTANCE_PROFILE_COUNT):
+        with pytest.raises(pynvml.NVMLError_NotSupported):
+            nvml.device_get_gpu_instance_profile_info(handle, index)
+
+
 def test_setting_the_current_mode_again_is_success_and_bad_modes_invalid_argument():
     nvml, handle = _mig_on("A100-SXM4-40GB")
     assert nvml.device_set_mig_mode(handle, ON) == pynvml.NVML_SUCCESS
