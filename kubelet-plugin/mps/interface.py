@@ -198,10 +198,13 @@ class DaemonHandle:
                 raise TypeError("devices or settings has the wrong type")
             if not isinstance(pid, int) or not isinstance(start, int) or pid <= 0:
                 raise TypeError("pid or pidStartTime is not a positive integer")
+            root = data["root"]
+            if not isinstance(root, str) or not root.startswith("/"):
+                raise ValueError(f"root {root!r} is not an absolute path")
             return cls(
                 daemon_id=checked_daemon_id(str(data["daemonId"])),
                 devices=tuple(checked_device_uuid(str(d)) for d in devices),
-                root=Path(str(data["root"])),
+                root=Path(root),
                 pid=pid,
                 pid_start_time=start,
                 settings=MpsSettings.from_json(settings),

@@ -12,6 +12,7 @@ import os
 import signal
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 DOUBLES = Path(__file__).resolve().parent
@@ -51,9 +52,12 @@ def processes_under(root: Path) -> list[int]:
     return found
 
 
-def kill_processes_under(root: Path) -> list[int]:
-    """SIGKILL what :func:`processes_under` finds; returns the PIDs."""
-    pids = processes_under(root)
+def kill_processes_under(root: Path, *, grace_s: float = 2.0) -> list[int]:
+    """SIGKILL what :func:`processes_under` still finds after ``grace_s`` (a daemon that was
+    told to ``quit`` exits just after answering); returns those PIDs."""
+    deadline = time.monotonic() + grace_s
+    while (pids := processes_under(root)) and time.monotonic() < deadline:
+        time.sleep(0.01)
     for pid in pids:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
