@@ -34,6 +34,7 @@ from gpu_dra.kubelet_plugin.mps.interface import (
     MpsStartError,
     MpsStateError,
     MpsStopError,
+    claims_using,
     handles_from_state,
     handles_to_state,
 )
@@ -64,6 +65,7 @@ __all__ = [
     "ShmMounter",
     "TmpfsShmMounter",
     "claim_daemon_id",
+    "claims_using",
     "handles_from_state",
     "handles_to_state",
     "shared_daemon_id",

@@ -22,6 +22,7 @@ directories. Status: the process (PID + start time), ``get_server_list`` and
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import shutil
@@ -55,7 +56,6 @@ from gpu_dra.kubelet_plugin.mps.process import (
     kill,
     processes_using_pipe,
     read_pid_file,
-    start_time,
     wait_gone,
 )
 from gpu_dra.kubelet_plugin.mps.shm import ShmMounter, TmpfsShmMounter
@@ -68,6 +68,7 @@ MAX_SOCKET_PATH: Final = 107
 """``sun_path`` holds 108 bytes including the terminating NUL."""
 _LONGEST_ID: Final = "x" * 44
 _LOG_TAIL: Final = 600
+_LOCK_STRIPES: Final = 64
 DIR_MODE: Final = 0o755
 SHM_MODE: Final = 0o1777
 
@@ -106,8 +107,8 @@ class MpsDaemonManager:
         self.start_timeout_s = start_timeout_s
         self.stop_timeout_s = stop_timeout_s
         self.status_timeout_s = status_timeout_s
-        self._locks: dict[str, threading.Lock] = {}
-        self._locks_guard = threading.Lock()
+        # Striped: calls for one daemon id serialize, memory stays bounded.
+        self._locks = tuple(threading.Lock() for _ in range(_LOCK_STRIPES))
 
     # -- MpsControl ------------------------------------------------------------------------
 
@@ -171,7 +172,7 @@ class MpsDaemonManager:
             if (
                 not is_alive(identity)
                 and recorded not in (None, handle.pid)
-                and is_alive(ProcessIdentity(recorded, start_time(recorded) or -1))
+                and any(p.pid == recorded for p in processes_using_pipe(handle.paths.pipe))
             ):
                 # A newer daemon of the same id replaced this one (a restarted start): its
                 # processes and directories are not this handle's to remove.
@@ -331,7 +332,6 @@ class MpsDaemonManager:
 
     @contextmanager
     def _lock(self, daemon_id: str) -> Iterator[None]:
-        with self._locks_guard:
-            lock = self._locks.setdefault(daemon_id, threading.Lock())
-        with lock:
+        index = int.from_bytes(hashlib.sha256(daemon_id.encode()).digest()[:4]) % _LOCK_STRIPES
+        with self._locks[index]:
             yield

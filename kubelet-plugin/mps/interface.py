@@ -230,6 +230,20 @@ def handles_from_state(state: Mapping[str, JsonValue]) -> list[DaemonHandle]:
     return [DaemonHandle.from_state(item) for item in value]
 
 
+def claims_using(states: Mapping[str, Mapping[str, JsonValue]], daemon_id: str) -> list[str]:
+    """UIDs of the claims whose checkpoint ``state`` records daemon ``daemon_id``, sorted.
+
+    The reference count of a shared (per-device) daemon: derived from the checkpoint, so it
+    cannot drift from the claims after a crash. Unprepare stops the daemon when the claim being
+    removed is the last one listed. ``states`` maps claim UID -> that claim's ``state``.
+    """
+    return sorted(
+        uid
+        for uid, state in states.items()
+        if any(handle.daemon_id == daemon_id for handle in handles_from_state(state))
+    )
+
+
 class DaemonState(StrEnum):
     READY = "Ready"
     """Running and answering; no server in FAULT."""

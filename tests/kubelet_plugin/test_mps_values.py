@@ -20,6 +20,7 @@ from gpu_dra.kubelet_plugin.mps import (
     MpsSettings,
     MpsStateError,
     claim_daemon_id,
+    claims_using,
     handles_from_state,
     handles_to_state,
     shared_daemon_id,
@@ -135,6 +136,19 @@ def test_handles_round_trip_through_the_claim_state() -> None:
     state = {"adminAccessDevices": [], MPS_STATE_KEY: handles_to_state(handles)}
     assert handles_from_state(json.loads(json.dumps(state))) == handles
     assert handles_from_state({}) == []
+
+
+def test_claims_using_a_shared_daemon_are_its_reference_count() -> None:
+    shared = handle(daemon_id=shared_daemon_id(GPU_A))
+    own = handle(daemon_id=claim_daemon_id(CLAIM, [GPU_B]))
+    states = {
+        "claim-2": {MPS_STATE_KEY: handles_to_state([shared])},
+        "claim-1": {MPS_STATE_KEY: handles_to_state([own, shared])},
+        "claim-3": {MPS_STATE_KEY: handles_to_state([own])},
+        "claim-4": {},
+    }
+    assert claims_using(states, shared.daemon_id) == ["claim-1", "claim-2"]
+    assert claims_using(states, shared_daemon_id(GPU_B)) == []
 
 
 def test_handle_state_is_camel_case_json() -> None:
