@@ -35,6 +35,16 @@ Compatibility rules:
 * A file that cannot be parsed raises :class:`CheckpointCorruptError`; it is never
   silently replaced, because it records claims that still need to be unprepared.
 
+Group commit: :meth:`Checkpoint.put` and :meth:`Checkpoint.remove` calls from several threads
+share writes. A call queues its change; if no write is under way, its thread becomes the
+writer and applies every queued change to the document in arrival order, then writes the file
+once (temporary file, fsync, rename, directory fsync). Calls that queue while a write is under
+way wait, and the next writer (one of them) takes them all into the following single write.
+Every call still returns only after a write that contains its change is durable; if that write
+fails, every call of the batch raises the error (its own copy, caused by the writer's) and the
+file keeps its previous version. Changes of one batch are applied in the order they queued, so
+the changes of one thread keep their order.
+
 All methods are thread-safe and serialize with other processes through ``flock`` on
 ``<data_dir>/checkpoint.lock``. Under the lock, every call checks the file and re-reads it
 when it changed since this object last read or wrote it, so two instances see each other's
@@ -50,6 +60,7 @@ treat them (and their ``state``) as read-only. The methods block (file I/O, fsyn
 from __future__ import annotations
 
 import contextlib
+import copy
 import errno
 import fcntl
 import json
@@ -62,7 +73,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, Final, TypeAlias
+from typing import Any, Final, NoReturn, TypeAlias
 
 from gpu_dra.kubelet_plugin.atomic_file import write_atomically
 from gpu_dra.kubelet_plugin.preparer import ClaimRef, PreparedDevice
@@ -148,6 +159,18 @@ class _Document:
         return _Document(self.boot_id, dict(self.entries), dict(self.unknown_fields))
 
 
+@dataclass(eq=False)
+class _Change:
+    """One queued ``put`` (``entry`` set) or ``remove`` (``entry`` ``None``) of a group commit."""
+
+    uid: str
+    entry: CheckpointEntry | None
+    done: bool = False
+    removed: bool = False
+    """For a remove: the entry existed when the change was applied."""
+    error: BaseException | None = None
+
+
 _FileKey: TypeAlias = tuple[int, int, int, int, int]
 
 
@@ -186,6 +209,10 @@ class Checkpoint:
         self._read_boot_id = boot_id
         self._lock_timeout_s = lock_timeout_s
         self._thread_lock = threading.Lock()
+        # Group commit: changes waiting for the next write, and whether a writer is at work.
+        self._queue = threading.Condition(threading.Lock())
+        self._pending: list[_Change] = []
+        self._writing = False
         self._boot_id: str | None = None
         # The parsed file and its key, valid while the key still matches (see the module doc).
         self._cached: tuple[_FileKey, _Document] | None = None
@@ -237,13 +264,10 @@ class Checkpoint:
             return dict(self._read().entries)
 
     def put(self, entry: CheckpointEntry) -> None:
-        """Insert or replace the entry of ``entry.uid``."""
+        """Insert or replace the entry of ``entry.uid``; returns once that is on disk."""
         boot_id = self._require_loaded()
-        stored = _as_read_back(entry)  # also refuses a value that is not JSON, before the lock
-        with self._locked():
-            document = self._read().copy()
-            document.entries[entry.uid] = stored
-            self._write(document, boot_id)
+        stored = _as_read_back(entry)  # also refuses a value that is not JSON, before queueing
+        self._commit(_Change(entry.uid, stored), boot_id)
         log.info(
             "checkpoint put claim_uid=%s namespace=%s name=%s phase=%s devices=%d",
             entry.uid,
@@ -256,13 +280,53 @@ class Checkpoint:
     def remove(self, uid: str) -> bool:
         """Drop the entry of ``uid``; ``False`` if there was none."""
         boot_id = self._require_loaded()
-        with self._locked():
-            document = self._read().copy()
-            if document.entries.pop(uid, None) is None:
-                return False
-            self._write(document, boot_id)
+        change = _Change(uid, None)
+        self._commit(change, boot_id)
+        if not change.removed:
+            return False
         log.info("checkpoint removed claim_uid=%s", uid)
         return True
+
+    def _commit(self, change: _Change, boot_id: str) -> None:
+        """Queue ``change``; return once a write containing it is durable (group commit)."""
+        with self._queue:
+            self._pending.append(change)
+            while self._writing and not change.done:
+                self._queue.wait()
+            if change.done:  # a writer took it into its batch while this thread waited
+                if change.error is not None:
+                    _raise_copy(change.error)
+                return
+            self._writing = True
+            batch, self._pending = self._pending, []
+        try:
+            self._apply(batch, boot_id)
+        except BaseException as error:
+            self._finish(batch, error)
+            raise
+        self._finish(batch, None)
+
+    def _finish(self, batch: list[_Change], error: BaseException | None) -> None:
+        with self._queue:
+            for change in batch:
+                change.done = True
+                change.error = error
+            self._writing = False
+            self._queue.notify_all()  # the waiters of this batch return; one of the rest writes
+
+    def _apply(self, batch: list[_Change], boot_id: str) -> None:
+        with self._locked():
+            document = self._read().copy()
+            changed = False
+            for change in batch:
+                if change.entry is not None:
+                    document.entries[change.uid] = change.entry
+                    changed = True
+                else:
+                    change.removed = document.entries.pop(change.uid, None) is not None
+                    changed = changed or change.removed
+            if changed:
+                self._write(document, boot_id)
 
     def _require_loaded(self) -> str:
         if self._boot_id is None:
@@ -272,13 +336,20 @@ class Checkpoint:
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
         with self._thread_lock:
-            self.data_dir.mkdir(mode=0o750, parents=True, exist_ok=True)
-            fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            fd = self._open_lock_file()
             try:
                 self._flock(fd)
                 yield
             finally:
                 os.close(fd)  # releases the flock
+
+    def _open_lock_file(self) -> int:
+        flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC
+        try:
+            return os.open(self.lock_path, flags, 0o600)
+        except FileNotFoundError:  # the directory was removed after load(): make it again
+            self.data_dir.mkdir(mode=0o750, parents=True, exist_ok=True)
+            return os.open(self.lock_path, flags, 0o600)
 
     def _flock(self, fd: int) -> None:
         deadline = time.monotonic() + self._lock_timeout_s
@@ -371,6 +442,20 @@ class Checkpoint:
 
 class _SchemaError(ValueError):
     pass
+
+
+def _raise_copy(error: BaseException) -> NoReturn:
+    """Raise the writer's ``error`` in a waiter of its batch: a copy, caused by the original.
+
+    One exception object raised in several threads at once would collect all their tracebacks.
+    """
+    try:
+        clone: BaseException | None = copy.copy(error)
+    except Exception:  # an exception type that cannot be rebuilt from its args
+        clone = None
+    if clone is None or clone is error:
+        raise error
+    raise clone.with_traceback(None) from error
 
 
 def _read_all(fd: int) -> bytes:

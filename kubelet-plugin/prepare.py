@@ -11,7 +11,9 @@ Prepare, per claim (claims of one call run concurrently):
    prepared for another claim; admin-access results neither are refused nor block others (the
    scheduler does not count them as allocated);
 5. record `PrepareStarted`, write the CDI spec (one CDI device per allocated device, named
-   `<claimUID>-<device>`), record `PrepareCompleted` with the devices, return them.
+   `<claimUID>-<device>`), record `PrepareCompleted` with the devices, return them. Each record
+   is on disk before the next step; the records of claims being prepared at the same time (in
+   one call or in concurrent calls) share checkpoint writes (the checkpoint's group commit).
 
 A prepare that fails after step 5 began is rolled back at once; one that died with the process
 is rolled back by the next prepare of that claim or by `recover()` at start-up. A cancelled call

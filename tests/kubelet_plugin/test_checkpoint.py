@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import os
 import stat
 import threading
+import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from gpu_dra.kubelet_plugin import checkpoint as checkpoint_module
 from gpu_dra.kubelet_plugin.checkpoint import (
     SCHEMA_VERSION,
     Checkpoint,
@@ -28,6 +32,7 @@ from gpu_dra.kubelet_plugin.preparer import ClaimRef, PreparedDevice
 
 UID_A = "0b6a1e3c-8f43-4a55-9a0e-2f7d1c9b8a01"
 UID_B = "5d2c9f71-3e8a-4b6d-8c1f-6a4e2b0d9c02"
+UID_C = "9e4f2a10-6b3d-4c8e-a1f7-0d5b3c2e1f03"
 
 DEVICE = PreparedDevice(
     request_names=("gpu",),
@@ -452,3 +457,209 @@ def test_entries_read_back_with_json_types_whether_cached_or_not(tmp_path: Path)
     assert cached is not None
     assert cached.state == {"migCreated": [3, 4]}
     assert opened(tmp_path).get(UID_A) == cached
+
+
+# --- group commit ---------------------------------------------------------------------
+
+
+class WriteHook:
+    """Wraps the checkpoint's file writes: records them, can hold one open, or fail one.
+
+    ``events`` is the order of what happened: ``("write", n, uids)`` when write ``n`` (of the
+    claims ``uids``) is durable (the real write, fsyncs included, returned), ``("fsync",)``
+    for every fsync, and whatever the test appends (``("returned", uid)`` after a put).
+    """
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.events: list[tuple[Any, ...]] = []
+        self.lock = threading.Lock()
+        self.writes = 0
+        self.started = threading.Event()
+        self.hold: threading.Event | None = None  # write 1 waits for this
+        self.fail_write: int | None = None  # this write raises before touching the file
+        self._real = checkpoint_module.write_atomically
+        self._real_fsync = os.fsync
+        monkeypatch.setattr(checkpoint_module, "write_atomically", self)
+        monkeypatch.setattr(os, "fsync", self._fsync)
+
+    def _fsync(self, fd: int) -> None:
+        self._real_fsync(fd)
+        self.record(("fsync",))
+
+    def record(self, event: tuple[Any, ...]) -> None:
+        with self.lock:
+            self.events.append(event)
+
+    def __call__(self, path: Path, data: bytes, *, mode: int = 0o600) -> None:
+        with self.lock:
+            self.writes += 1
+            number = self.writes
+        self.started.set()
+        if number == 1 and self.hold is not None:
+            assert self.hold.wait(timeout=10), "test never released the first write"
+        if number == self.fail_write:
+            raise OSError(errno.EIO, "injected write failure", str(path))
+        self._real(path, data, mode=mode)
+        self.record(("write", number, frozenset(json.loads(data)["claims"])))
+
+    def written(self) -> list[frozenset[str]]:
+        return [event[2] for event in self.events if event[0] == "write"]
+
+
+def wait_until(condition: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + 10
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting until {what}"
+        time.sleep(0.001)
+
+
+def pending_changes(checkpoint: Checkpoint) -> int:
+    with checkpoint._queue:
+        return len(checkpoint._pending)
+
+
+def test_many_concurrent_puts_from_threads_all_end_up_in_the_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    checkpoint = opened(tmp_path)
+    hook = WriteHook(monkeypatch)
+    uids = [f"00000000-0000-4000-8000-{n:012d}" for n in range(96)]
+    start = threading.Barrier(16)
+    errors: list[BaseException] = []
+
+    def worker(chunk: list[str]) -> None:
+        start.wait()
+        try:
+            for uid in chunk:
+                checkpoint.put(entry(uid, ClaimPhase.PREPARE_STARTED, devices=(), state={}))
+                checkpoint.put(entry(uid))
+        except BaseException as error:
+            errors.append(error)
+
+    threads = [threading.Thread(target=worker, args=(uids[i::16],)) for i in range(16)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+    assert errors == []
+    assert set(on_disk(tmp_path)["claims"]) == set(uids)
+    assert {c["phase"] for c in on_disk(tmp_path)["claims"].values()} == {"PrepareCompleted"}
+    assert opened(tmp_path).all() == {uid: entry(uid) for uid in uids}
+    assert 1 <= hook.writes <= 2 * len(uids)
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_puts_that_arrive_during_a_write_share_the_next_write_and_return_after_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    checkpoint = opened(tmp_path)
+    hook = WriteHook(monkeypatch)
+    hook.hold = threading.Event()
+
+    def put(uid: str) -> None:
+        checkpoint.put(entry(uid))
+        hook.record(("returned", uid))
+
+    first = threading.Thread(target=put, args=(UID_A,))
+    first.start()
+    assert hook.started.wait(timeout=10)  # write 1 (UID_A only) is under way, held
+    followers = [threading.Thread(target=put, args=(uid,)) for uid in (UID_B, UID_C)]
+    for thread in followers:
+        thread.start()
+    wait_until(lambda: pending_changes(checkpoint) == 2, "both puts are queued")
+    time.sleep(0.05)
+    assert [e for e in hook.events if e[0] == "returned"] == []  # nobody returned early
+
+    hook.hold.set()
+    for thread in (first, *followers):
+        thread.join(timeout=10)
+
+    assert hook.written() == [frozenset({UID_A}), frozenset({UID_A, UID_B, UID_C})]
+    order = hook.events
+    write_1 = order.index(("write", 1, frozenset({UID_A})))
+    write_2 = order.index(("write", 2, frozenset({UID_A, UID_B, UID_C})))
+    assert order.index(("returned", UID_A)) > write_1
+    assert order.index(("returned", UID_B)) > write_2
+    assert order.index(("returned", UID_C)) > write_2
+    # Each write fsyncs the file and its directory before it counts as durable.
+    assert order[write_1 - 2 : write_1] == [("fsync",), ("fsync",)]
+    assert order[write_2 - 2 : write_2] == [("fsync",), ("fsync",)]
+    assert set(on_disk(tmp_path)["claims"]) == {UID_A, UID_B, UID_C}
+
+
+def test_puts_and_removes_of_one_batch_apply_in_order(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    checkpoint = opened(tmp_path)
+    checkpoint.put(entry(UID_B))
+    hook = WriteHook(monkeypatch)
+    hook.hold = threading.Event()
+    removed: dict[str, bool] = {}
+
+    def remove(uid: str) -> None:
+        removed[uid] = checkpoint.remove(uid)
+
+    first = threading.Thread(target=checkpoint.put, args=(entry(UID_A),))
+    first.start()
+    assert hook.started.wait(timeout=10)
+    batch = [
+        threading.Thread(target=remove, args=(UID_B,)),
+        threading.Thread(target=remove, args=(UID_C,)),  # not recorded: no write for it
+    ]
+    for queued, thread in enumerate(batch, start=1):
+        thread.start()  # one after the other: the batch keeps their order
+        wait_until(lambda n=queued: pending_changes(checkpoint) == n, "queued")
+    hook.hold.set()
+    for thread in (first, *batch):
+        thread.join(timeout=10)
+
+    assert removed == {UID_B: True, UID_C: False}
+    assert hook.written() == [frozenset({UID_A, UID_B}), frozenset({UID_A})]
+    assert set(on_disk(tmp_path)["claims"]) == {UID_A}
+
+
+def test_failed_group_write_raises_in_every_waiter_and_keeps_the_previous_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    checkpoint = opened(tmp_path)
+    hook = WriteHook(monkeypatch)
+    hook.hold = threading.Event()
+    hook.fail_write = 2
+    outcomes: dict[str, BaseException | None] = {}
+
+    def put(uid: str) -> None:
+        try:
+            checkpoint.put(entry(uid))
+        except BaseException as error:
+            outcomes[uid] = error
+        else:
+            outcomes[uid] = None
+
+    first = threading.Thread(target=put, args=(UID_A,))
+    first.start()
+    assert hook.started.wait(timeout=10)
+    followers = [threading.Thread(target=put, args=(uid,)) for uid in (UID_B, UID_C)]
+    for thread in followers:
+        thread.start()
+    wait_until(lambda: pending_changes(checkpoint) == 2, "both puts are queued")
+    hook.hold.set()
+    for thread in (first, *followers):
+        thread.join(timeout=10)
+
+    assert outcomes[UID_A] is None
+    for uid in (UID_B, UID_C):
+        error = outcomes[uid]
+        assert isinstance(error, OSError), error
+        assert error.errno == errno.EIO
+        assert "injected write failure" in str(error)
+    assert outcomes[UID_B] is not outcomes[UID_C]  # each waiter raises its own copy
+    assert hook.written() == [frozenset({UID_A})]
+    assert set(on_disk(tmp_path)["claims"]) == {UID_A}  # the version before the failed write
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+    # Nothing of the failed batch is visible, and the next put writes normally.
+    assert set(checkpoint.all()) == {UID_A}
+    assert checkpoint.get(UID_B) is None
+    checkpoint.put(entry(UID_C))
+    assert set(on_disk(tmp_path)["claims"]) == {UID_A, UID_C}
+    assert set(opened(tmp_path).all()) == {UID_A, UID_C}

@@ -8,7 +8,9 @@ import asyncio
 import contextlib
 import json
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +19,7 @@ import yaml
 
 from gpu_dra.driver.discovery import discover_gpus
 from gpu_dra.driver.nvml.simulated import SimulatedHost
+from gpu_dra.kubelet_plugin import checkpoint as checkpoint_module
 from gpu_dra.kubelet_plugin.cdi import CdiDevice, ClaimSpecStore, ContainerEdits
 from gpu_dra.kubelet_plugin.checkpoint import Checkpoint, CheckpointEntry, ClaimPhase, LoadResult
 from gpu_dra.kubelet_plugin.inventory import NodeInventory
@@ -706,3 +709,59 @@ def test_cancelled_prepare_finishes_before_an_unprepare_of_the_claim_runs(node: 
     node.assert_nothing_left(UID_A)
     other = node.add_gpus(UID_B, "claim-b", "gpu-0")
     ok(node.prepare(other)[UID_B])
+
+
+def test_claims_of_one_call_share_checkpoint_writes_each_durable_in_protocol_order(
+    node: Node, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Group commit: the claims of one call write PrepareStarted (and PrepareCompleted) while
+    # another write is under way, so they share writes; the order on disk per claim is kept.
+    claims = [node.add_gpus(uid(i), f"claim-{i}", f"gpu-{i}") for i in range(8)]
+    real_write = checkpoint_module.write_atomically
+    writes: list[dict[str, str]] = []
+    seen_by_cdi: dict[str, str | None] = {}
+
+    def slow_write(path: Path, data: bytes, *, mode: int = 0o600) -> None:
+        time.sleep(0.02)  # a slow disk: the other claims' changes queue meanwhile
+        real_write(path, data, mode=mode)
+        phases = {u: c["phase"] for u, c in json.loads(data)["claims"].items()}
+        dropped = set(writes[-1] if writes else {}) - set(phases)
+        writes.append(phases)
+        for claim_uid in dropped:  # unprepare: the CDI spec was gone before the entry goes
+            assert not node.cdi.path_for(claim_uid).exists()
+
+    def on_disk_phase(claim_uid: str) -> str | None:
+        document = json.loads(node.checkpoint.path.read_text())
+        phase: str | None = document["claims"].get(claim_uid, {}).get("phase")
+        return phase
+
+    real_cdi_write = node.cdi.write
+
+    def cdi_write(claim_uid: str, devices: Sequence[CdiDevice], **kwargs: Any) -> Path:
+        seen_by_cdi[claim_uid] = on_disk_phase(claim_uid)
+        return real_cdi_write(claim_uid, devices, **kwargs)
+
+    monkeypatch.setattr(checkpoint_module, "write_atomically", slow_write)
+    monkeypatch.setattr(node.cdi, "write", cdi_write)
+
+    async def prepare_with_a_thread_per_claim() -> Mapping[str, PrepareResult]:
+        asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(max_workers=8))
+        return await node.preparer.prepare(claims)
+
+    results = asyncio.run(prepare_with_a_thread_per_claim())
+
+    assert all(r.ok for r in results.values())
+    # PrepareStarted was on disk before each claim's CDI spec was written...
+    assert seen_by_cdi == {c.uid: "PrepareStarted" for c in claims}
+    # ... and PrepareCompleted before the call returned.
+    assert {c.uid: on_disk_phase(c.uid) for c in claims} == {
+        c.uid: "PrepareCompleted" for c in claims
+    }
+    assert len(writes) < 2 * len(claims)  # one write per change would be 16
+
+    writes[:-1] = []
+    assert node.unprepare(*claims) == {c.uid: None for c in claims}
+    for claim in claims:
+        node.assert_nothing_left(claim.uid)
+    assert writes[-1] == {}
+    assert len(writes) - 1 < len(claims)
