@@ -1,4 +1,4 @@
-"""`Gpu` -> the `resourceapi.Device` NVIDIA's driver publishes for it (nvidia-compat.md §3.1).
+"""`Gpu` / `MigDevice` -> the `resourceapi.Device` NVIDIA's driver publishes (nvidia-compat.md §3).
 
 Bare attribute names (``productName``) live in the driver's own domain (``gpu.nvidia.com`` unless
 configured otherwise; see `qualified_name`); the PCI/NUMA ones are in the standard
@@ -9,10 +9,11 @@ characters, at most 32 attributes and capacities per device.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from typing import Final
 
-from gpu_dra.driver.model import Gpu
-from gpu_dra.driver.naming import DEFAULT_DRIVER_NAME, gpu_device_name
+from gpu_dra.driver.model import Gpu, MigDevice
+from gpu_dra.driver.naming import DEFAULT_DRIVER_NAME, gpu_device_name, mig_device_name
 from gpu_dra.driver.resourceapi import (
     STANDARD_ATTRIBUTE_DOMAIN,
     Device,
@@ -66,6 +67,20 @@ BRAND_NAMES: Final = {
 # go-nvlib GetAddressingModeAsString, keyed by NVML_DEVICE_ADDRESSING_MODE_*.
 ADDRESSING_MODE_NAMES: Final = {0: "None", 1: "HMM", 2: "ATS"}
 
+# What a MIG device copies from its parent GPU's attributes (when the parent has them).
+_COPIED_FROM_PARENT: Final = (
+    "productName",
+    "brand",
+    "architecture",
+    "cudaComputeCapability",
+    "driverVersion",
+    "cudaDriverVersion",
+    "addressingMode",
+    PCI_BUS_ID,
+    PCIE_ROOT,
+    NUMA_NODE,
+)
+
 _BINARY_SUFFIXES: Final = ("", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei")
 _VERSION: Final = re.compile(r"^v?(\d+)(?:\.(\d+))?(?:\.(\d+))?$")
 
@@ -113,6 +128,72 @@ def gpu_capacity(gpu: Gpu) -> dict[str, DeviceCapacity]:
     if gpu.memory_bytes is None:
         return {}
     return {"memory": {"value": binary_si_quantity(gpu.memory_bytes)}}
+
+
+def mig_device(mig: MigDevice) -> Device:
+    """The ResourceSlice device for a static MIG device (nvidia-compat.md §3.2).
+
+    Name ``gpu-<parent minor>-mig-<profile slug>-<GI profile ID>-<placement start>``; attributes
+    ``type: mig``, ``uuid`` (``MIG-...``), ``parentUUID``, ``profile`` and the parent's
+    product, brand, architecture, versions, PCI bus id, PCIe root, NUMA node and addressing mode;
+    capacities from the GPU-instance profile plus ``memorySlice<i> = 1`` per memory slice of the
+    placement.
+    """
+    name = mig_device_name(mig.parent.minor, mig.profile, mig.gi_profile_id, mig.placement_start)
+    device: Device = {
+        "name": name,
+        "attributes": mig_attributes(mig),
+        "capacity": mig_capacity(mig),
+    }
+    check_limits(device)
+    return device
+
+
+def mig_attributes(mig: MigDevice) -> dict[str, DeviceAttribute]:
+    """``type``, ``uuid``, ``parentUUID``, ``profile``, then the parent's copied attributes."""
+    parent = gpu_attributes(mig.parent)
+    attributes: dict[str, DeviceAttribute] = {
+        "type": {"string": "mig"},
+        "uuid": {"string": mig.uuid},
+        "parentUUID": {"string": mig.parent.uuid},
+        "profile": {"string": mig.profile},
+    }
+    for key in _COPIED_FROM_PARENT:
+        if key in parent:
+            attributes[key] = parent[key]
+    return attributes
+
+
+def mig_capacity(mig: MigDevice) -> dict[str, DeviceCapacity]:
+    """The GPU-instance profile's SMs, engines and memory, and one ``memorySlice<i>`` per slice."""
+    counts = {
+        "multiprocessors": mig.multiprocessors,
+        "copyEngines": mig.copy_engines,
+        "decoders": mig.decoders,
+        "encoders": mig.encoders,
+        "jpegEngines": mig.jpeg_engines,
+        "ofaEngines": mig.ofa_engines,
+        "memory": mig.memory_bytes,
+        **{f"memorySlice{i}": 1 for i in mig.memory_slices},
+    }
+    return {key: {"value": binary_si_quantity(value)} for key, value in counts.items()}
+
+
+def published_devices(gpus: Iterable[Gpu], mig_devices: Iterable[MigDevice] = ()) -> list[Device]:
+    """A node's devices as NVIDIA's driver publishes them without dynamic MIG.
+
+    Whole GPUs whose MIG mode is off, and the existing MIG devices; a GPU in MIG mode is not
+    offered whole. Ordered by PCI bus id, then placement start (the scheduler takes the first
+    match top-down).
+    """
+    entries: list[tuple[tuple[str, int, int, int], Device]] = [
+        ((gpu.pci_bus_id, -1, 0, 0), gpu_device(gpu)) for gpu in gpus if not gpu.mig_enabled
+    ]
+    entries.extend(
+        ((mig.parent.pci_bus_id, mig.placement_start, mig.gi_id, mig.ci_id), mig_device(mig))
+        for mig in mig_devices
+    )
+    return [device for _, device in sorted(entries, key=lambda entry: entry[0])]
 
 
 def check_limits(device: Device) -> None:

@@ -1,23 +1,41 @@
-"""Whole-GPU discovery: NVML and PCI topology in, `Gpu` values out.
+"""Discovery: NVML and PCI topology in, `Gpu` and `MigDevice` values out.
 
 Pure apart from the calls on the injected `NvmlLibrary` and `PciTopology`. Optional facts that
-NVML does not support on a GPU (memory size, MIG mode, addressing mode) are left out; any other
-NVML failure raises `DiscoveryError` naming the GPU and the call.
+NVML does not support on a GPU (memory size, MIG mode, addressing mode) are left out; MIG mode
+NOT_SUPPORTED means MIG off. Any other NVML failure raises `DiscoveryError` naming the GPU and
+the call.
+
+Static MIG (`discover_devices`): for each GPU whose *current* MIG mode is on, the existing MIG
+devices are walked as NVIDIA's driver walks them (go-nvlib ``VisitMigDevices``): every index up
+to ``nvmlDeviceGetMaxMigDeviceCount`` (NOT_FOUND = empty), then each MIG device's GPU instance
+(``GetGpuInstanceById`` -> info: profile ID, placement) and compute instance
+(``GetComputeInstanceById`` -> info: CI profile), and the GI profile found by scanning the
+``NVML_GPU_INSTANCE_PROFILE_*`` indexes for that profile ID. A GPU instance without a compute
+instance has no MIG device and is not published.
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
+from functools import partial
 from typing import TypeVar
 
-from gpu_dra.driver.model import Gpu
+from gpu_dra.driver.model import Gpu, MigDevice, NodeDevices
+from gpu_dra.driver.naming import InvalidNameError, mig_profile_name
 from gpu_dra.driver.nvml.interface import (
+    NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED,
+    NVML_COMPUTE_INSTANCE_PROFILE_COUNT,
     NVML_DEVICE_MIG_ENABLE,
     NVML_ERROR_FUNCTION_NOT_FOUND,
+    NVML_ERROR_INVALID_ARGUMENT,
+    NVML_ERROR_NOT_FOUND,
     NVML_ERROR_NOT_SUPPORTED,
+    NVML_GPU_INSTANCE_PROFILE_COUNT,
     NVML_INIT_FLAG_NO_GPUS,
     DeviceHandle,
+    GpuInstanceHandle,
+    GpuInstanceProfileInfo,
     NVMLError,
     NvmlLibrary,
     PciTopology,
@@ -30,6 +48,9 @@ _T = TypeVar("_T")
 
 # "This GPU or this libnvidia-ml cannot answer": the fact is omitted, as NVIDIA's driver does.
 _ABSENT = frozenset({NVML_ERROR_NOT_SUPPORTED, NVML_ERROR_FUNCTION_NOT_FOUND})
+# A profile index this GPU (or GPU instance) does not have, when scanning profiles as go-nvlib does.
+_NO_SUCH_PROFILE = frozenset({NVML_ERROR_NOT_SUPPORTED, NVML_ERROR_INVALID_ARGUMENT})
+_MIB = 1024 * 1024
 
 
 class DiscoveryError(RuntimeError):
@@ -41,11 +62,20 @@ class DiscoveryError(RuntimeError):
 
 
 def discover_gpus(nvml: NvmlLibrary, pci: PciTopology) -> list[Gpu]:
-    """All GPUs NVML sees, in NVML index (PCI bus) order.
+    """All GPUs NVML sees, in NVML index (PCI bus) order; MIG devices are not walked.
 
     Initialises NVML with ``NVML_INIT_FLAG_NO_GPUS`` (a node without GPUs yields ``[]``) and shuts
     it down again; NVML counts initialisations, so callers may hold their own.
     """
+    return list(_discover(nvml, pci, with_mig=False).gpus)
+
+
+def discover_devices(nvml: NvmlLibrary, pci: PciTopology) -> NodeDevices:
+    """All GPUs (as `discover_gpus`) and the existing MIG devices of those in MIG mode."""
+    return _discover(nvml, pci, with_mig=True)
+
+
+def _discover(nvml: NvmlLibrary, pci: PciTopology, *, with_mig: bool) -> NodeDevices:
     try:
         nvml.init_with_flags(NVML_INIT_FLAG_NO_GPUS)
     except NVMLError as error:
@@ -54,7 +84,7 @@ def discover_gpus(nvml: NvmlLibrary, pci: PciTopology) -> list[Gpu]:
             "and that the driver root setting points at its installation"
         ) from error
     try:
-        gpus = _read_gpus(nvml, pci)
+        devices = _read_devices(nvml, pci, with_mig=with_mig)
     except BaseException:
         with contextlib.suppress(NVMLError):  # the error being raised says what went wrong
             nvml.shutdown()
@@ -63,19 +93,26 @@ def discover_gpus(nvml: NvmlLibrary, pci: PciTopology) -> list[Gpu]:
         nvml.shutdown()
     except NVMLError as error:
         raise DiscoveryError(f"cannot shut NVML down: {_describe(error)}") from error
-    return gpus
+    return devices
 
 
-def _read_gpus(nvml: NvmlLibrary, pci: PciTopology) -> list[Gpu]:
+def _read_devices(nvml: NvmlLibrary, pci: PciTopology, *, with_mig: bool) -> NodeDevices:
     driver_version = _system(nvml.system_get_driver_version, "nvmlSystemGetDriverVersion")
     cuda_version = _system(nvml.system_get_cuda_driver_version, "nvmlSystemGetCudaDriverVersion")
     count = _system(nvml.device_get_count, "nvmlDeviceGetCount")
-    return [_read_gpu(nvml, pci, index, driver_version, cuda_version) for index in range(count)]
+    gpus = []
+    mig_devices: list[MigDevice] = []
+    for index in range(count):
+        handle, gpu = _read_gpu(nvml, pci, index, driver_version, cuda_version)
+        gpus.append(gpu)
+        if with_mig and gpu.mig_enabled:
+            mig_devices.extend(_read_mig_devices(nvml, handle, gpu))
+    return NodeDevices(tuple(gpus), tuple(mig_devices))
 
 
 def _read_gpu(
     nvml: NvmlLibrary, pci: PciTopology, index: int, driver_version: str, cuda_version: int
-) -> Gpu:
+) -> tuple[DeviceHandle, Gpu]:
     where = f"GPU {index}"
     handle = _device(
         where, index, "nvmlDeviceGetHandleByIndex", lambda: nvml.device_get_handle_by_index(index)
@@ -99,7 +136,7 @@ def _read_gpu(
 
     memory = optional("nvmlDeviceGetMemoryInfo", nvml.device_get_memory_info)
     mig_mode = optional("nvmlDeviceGetMigMode", nvml.device_get_mig_mode)
-    return Gpu(
+    return handle, Gpu(
         index=index,
         minor=required("nvmlDeviceGetMinorNumber", nvml.device_get_minor_number),
         uuid=required("nvmlDeviceGetUUID", nvml.device_get_uuid),
@@ -121,6 +158,142 @@ def _read_gpu(
         mig_enabled=mig_mode is not None and mig_mode[0] == NVML_DEVICE_MIG_ENABLE,
         mig_pending_enabled=mig_mode is not None and mig_mode[1] == NVML_DEVICE_MIG_ENABLE,
     )
+
+
+def _read_mig_devices(nvml: NvmlLibrary, handle: DeviceHandle, gpu: Gpu) -> list[MigDevice]:
+    """The MIG devices of `gpu` (MIG mode on), by placement start."""
+    return _MigWalk(nvml, handle, gpu).devices()
+
+
+class _MigWalk:
+    """One MIG-mode GPU's existing MIG devices; every NVML failure names the GPU and call."""
+
+    def __init__(self, nvml: NvmlLibrary, handle: DeviceHandle, gpu: Gpu) -> None:
+        self.nvml = nvml
+        self.handle = handle
+        self.gpu = gpu
+        self.where = f"GPU {gpu.index} ({gpu.pci_bus_id})"
+        self._gi_profiles: dict[int, tuple[int, GpuInstanceProfileInfo]] | None = None
+
+    def call(self, name: str, getter: Callable[[], _T]) -> _T:
+        return _device(self.where, self.gpu.index, name, getter)
+
+    def profile_or_none(self, name: str, getter: Callable[[], _T]) -> _T | None:
+        """`getter`'s profile info, or None for a profile index the GPU or GI does not have."""
+        try:
+            return getter()
+        except NVMLError as error:
+            if return_code(error) in _NO_SUCH_PROFILE:
+                return None
+            raise _gpu_error(self.where, self.gpu.index, name, error) from error
+
+    def error(self, message: str) -> DiscoveryError:
+        return DiscoveryError(f"{self.where}: {message}", gpu_index=self.gpu.index)
+
+    def devices(self) -> list[MigDevice]:
+        nvml, handle = self.nvml, self.handle
+        if self.gpu.memory_bytes is None:
+            raise self.error(
+                "MIG is on but nvmlDeviceGetMemoryInfo is not supported; MIG profile names "
+                "(e.g. 1g.10gb) are derived from the GPU's total memory"
+            )
+        count = self.call(
+            "nvmlDeviceGetMaxMigDeviceCount", lambda: nvml.device_get_max_mig_device_count(handle)
+        )
+        devices = []
+        for mig_index in range(count):
+            try:
+                mig = nvml.device_get_mig_device_handle_by_index(handle, mig_index)
+            except NVMLError as error:
+                if return_code(error) == NVML_ERROR_NOT_FOUND:
+                    continue  # an empty index
+                call = "nvmlDeviceGetMigDeviceHandleByIndex"
+                raise _gpu_error(self.where, self.gpu.index, call, error) from error
+            devices.append(self.device(mig, self.gpu.memory_bytes))
+        return sorted(devices, key=lambda d: (d.placement_start, d.gi_id, d.ci_id))
+
+    def gi_profiles(self) -> dict[int, tuple[int, GpuInstanceProfileInfo]]:
+        """(profile index, info) of every GPU-instance profile of the GPU, by profile ID."""
+        if self._gi_profiles is None:
+            self._gi_profiles = {}
+            for index in range(NVML_GPU_INSTANCE_PROFILE_COUNT):
+                info = self.profile_or_none(
+                    "nvmlDeviceGetGpuInstanceProfileInfo",
+                    partial(self.nvml.device_get_gpu_instance_profile_info, self.handle, index),
+                )
+                if info is not None:
+                    self._gi_profiles.setdefault(info.id, (index, info))
+        return self._gi_profiles
+
+    def ci_slices(self, gi: GpuInstanceHandle, ci_profile_id: int) -> int | None:
+        """``sliceCount`` of the GI's compute-instance profile `ci_profile_id`, if listed."""
+        for index in range(NVML_COMPUTE_INSTANCE_PROFILE_COUNT):
+            info = self.profile_or_none(
+                "nvmlGpuInstanceGetComputeInstanceProfileInfo",
+                partial(
+                    self.nvml.gpu_instance_get_compute_instance_profile_info,
+                    gi,
+                    index,
+                    NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED,
+                ),
+            )
+            if info is not None and info.id == ci_profile_id:
+                return info.sliceCount
+        return None
+
+    def device(self, mig: DeviceHandle, total_memory: int) -> MigDevice:
+        nvml, call = self.nvml, self.call
+        uuid = call("nvmlDeviceGetUUID", lambda: nvml.device_get_uuid(mig))
+        gi_id = call("nvmlDeviceGetGpuInstanceId", lambda: nvml.device_get_gpu_instance_id(mig))
+        ci_id = call(
+            "nvmlDeviceGetComputeInstanceId", lambda: nvml.device_get_compute_instance_id(mig)
+        )
+        gi = call(
+            "nvmlDeviceGetGpuInstanceById",
+            lambda: nvml.device_get_gpu_instance_by_id(self.handle, gi_id),
+        )
+        gi_info = call("nvmlGpuInstanceGetInfo", lambda: nvml.gpu_instance_get_info(gi))
+        ci = call(
+            "nvmlGpuInstanceGetComputeInstanceById",
+            lambda: nvml.gpu_instance_get_compute_instance_by_id(gi, ci_id),
+        )
+        ci_info = call("nvmlComputeInstanceGetInfo", lambda: nvml.compute_instance_get_info(ci))
+        found = self.gi_profiles().get(gi_info.profileId)
+        if found is None:
+            raise self.error(
+                f"MIG device {uuid}: GPU instance {gi_id} has profile ID {gi_info.profileId}, "
+                "which no nvmlDeviceGetGpuInstanceProfileInfo index returns"
+            )
+        gi_profile_index, gi_profile = found
+        try:
+            profile = mig_profile_name(
+                gi_profile_index,
+                ci_info.profileId,
+                gi_profile.memorySizeMB,
+                total_memory,
+                gi_slices=gi_profile.sliceCount,
+                ci_slices=self.ci_slices(gi, ci_info.profileId),
+            )
+        except InvalidNameError as error:
+            raise self.error(f"MIG device {uuid}: {error}") from error
+        return MigDevice(
+            parent=self.gpu,
+            profile=profile,
+            gi_profile_id=gi_info.profileId,
+            placement_start=gi_info.placement.start,
+            placement_size=gi_info.placement.size,
+            gi_id=gi_info.id,
+            ci_id=ci_info.id,
+            ci_profile_id=ci_info.profileId,
+            uuid=uuid,
+            memory_bytes=gi_profile.memorySizeMB * _MIB,
+            multiprocessors=gi_profile.multiprocessorCount,
+            copy_engines=gi_profile.copyEngineCount,
+            decoders=gi_profile.decoderCount,
+            encoders=gi_profile.encoderCount,
+            jpeg_engines=gi_profile.jpegCount,
+            ofa_engines=gi_profile.ofaCount,
+        )
 
 
 def _system(getter: Callable[[], _T], call: str) -> _T:

@@ -49,3 +49,54 @@ class Gpu:
     """Current MIG mode."""
     mig_pending_enabled: bool = False
     """MIG mode after the next GPU reset (differs from `mig_enabled` on Ampere until reset)."""
+
+
+@dataclass(frozen=True)
+class MigDevice:
+    """One existing MIG device (a GPU instance and its compute instance) of a GPU in MIG mode.
+
+    Static MIG: created before the driver started (by an admin or mig-parted) and discovered
+    through NVML. Sizes come from the GPU-instance profile, as NVIDIA's driver publishes them.
+    """
+
+    parent: Gpu
+    """The physical GPU; its MIG mode is on, so it is not offered whole."""
+    profile: str
+    """go-nvlib profile name: ``1g.10gb``, ``1g.10gb+me``, ``1c.3g.40gb`` (CI smaller than GI)."""
+    gi_profile_id: int
+    """GPU-instance profile *ID* (``info.id``: 19 for 1g on 8-slice parts), as in device names."""
+    placement_start: int
+    """First memory slice of the GPU instance."""
+    placement_size: int
+    """Memory slices it spans (8 for a 7g, 4 for a 3g, 2 for a 1g.REV2)."""
+    gi_id: int
+    """Driver-assigned GPU-instance id (0..14), not a function of the placement."""
+    ci_id: int
+    """Compute-instance id within the GPU instance (0 for the first)."""
+    ci_profile_id: int
+    """``NVML_COMPUTE_INSTANCE_PROFILE_*`` of the compute instance."""
+    uuid: str
+    """``MIG-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx``."""
+    memory_bytes: int
+    """The GPU-instance profile's ``memorySizeMB`` (MiB) in bytes."""
+    multiprocessors: int
+    copy_engines: int
+    decoders: int
+    encoders: int
+    jpeg_engines: int
+    ofa_engines: int
+
+    @property
+    def memory_slices(self) -> range:
+        """The memory slices of the placement: ``start .. start+size-1``."""
+        return range(self.placement_start, self.placement_start + self.placement_size)
+
+
+@dataclass(frozen=True)
+class NodeDevices:
+    """Everything discovery found on a node."""
+
+    gpus: tuple[Gpu, ...]
+    """Every GPU in NVML index order, MIG parents included (`Gpu.mig_enabled` tells them apart)."""
+    mig_devices: tuple[MigDevice, ...] = ()
+    """The existing MIG devices of the GPUs in MIG mode, by parent index, then placement."""

@@ -7,6 +7,7 @@ Names built from claim data are validated first and rejected with `InvalidNameEr
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from typing import Final
@@ -83,6 +84,59 @@ DeviceName = GpuDeviceName | MigDeviceName
 def gpu_device_name(minor: int) -> str:
     """``gpu-<minor>``."""
     return str(GpuDeviceName(minor))
+
+
+def mig_device_name(
+    parent_minor: int, profile: str, gi_profile_id: int, placement_start: int
+) -> str:
+    """``gpu-<parent minor>-mig-<profile slug>-<GI profile id>-<placement start>``."""
+    return str(MigDeviceName.for_profile(parent_minor, profile, gi_profile_id, placement_start))
+
+
+# go-nvlib NewMigProfile: G by NVML_GPU_INSTANCE_PROFILE_* index, C by
+# NVML_COMPUTE_INSTANCE_PROFILE_* value, "+me" for the media-extension GI profiles (REV1).
+_GI_PROFILE_SLICES: Final = {0: 1, 7: 1, 9: 1, 1: 2, 8: 2, 2: 3, 3: 4, 6: 6, 4: 7, 5: 8}
+_CI_PROFILE_SLICES: Final = {0: 1, 7: 1, 1: 2, 2: 3, 3: 4, 6: 6, 4: 7, 5: 8}
+_MEDIA_EXTENSION_GI_PROFILES: Final = frozenset({7, 8})
+_MIB: Final = 1024 * 1024
+_GIB: Final = 1024 * 1024 * 1024
+
+
+def mig_profile_name(
+    gi_profile_index: int,
+    ci_profile: int,
+    memory_mib: int,
+    device_memory_bytes: int,
+    *,
+    gi_slices: int | None = None,
+    ci_slices: int | None = None,
+) -> str:
+    """go-nvlib's name of a MIG profile: ``1g.10gb``, ``1g.10gb+me``, ``1c.3g.40gb``.
+
+    `gi_profile_index` is the ``NVML_GPU_INSTANCE_PROFILE_*`` index (not the profile ID),
+    `ci_profile` the ``NVML_COMPUTE_INSTANCE_PROFILE_*`` value, `memory_mib` the GI profile's
+    ``memorySizeMB`` and `device_memory_bytes` the parent's total memory (the GB figure is the
+    memory fraction rounded up to eighths, times the parent's size in whole GiB, so the total
+    must be exact to reproduce NVIDIA's names). Profiles go-nvlib does not know (newer NVML
+    constants) take their slice counts from `gi_slices` / `ci_slices` (the profile infos'
+    ``sliceCount``); without them they are an `InvalidNameError`.
+    """
+    g = _GI_PROFILE_SLICES.get(gi_profile_index, gi_slices)
+    c = _CI_PROFILE_SLICES.get(ci_profile, ci_slices)
+    if g is None or c is None or g <= 0 or c <= 0:
+        raise InvalidNameError(
+            f"no MIG profile name for GPU-instance profile {gi_profile_index} / compute-instance "
+            f"profile {ci_profile}"
+        )
+    if device_memory_bytes <= 0 or memory_mib <= 0:
+        raise InvalidNameError(
+            f"no MIG profile name for {memory_mib} MiB of a GPU with {device_memory_bytes} bytes"
+        )
+    fraction = math.ceil(memory_mib * _MIB / device_memory_bytes * 8) / 8
+    total_gb = (device_memory_bytes + _GIB - 1) // _GIB
+    gb = math.floor(fraction * total_gb + 0.5)  # Go's math.Round: halves away from zero
+    suffix = "+me" if gi_profile_index in _MEDIA_EXTENSION_GI_PROFILES else ""
+    return f"{g}g.{gb}gb{suffix}" if c == g else f"{c}c.{g}g.{gb}gb{suffix}"
 
 
 def mig_profile_slug(profile: str) -> str:

@@ -1,5 +1,8 @@
 """The devices published for every built-in simulated machine match the checked-in golden files.
 
+Published as the kubelet plugin publishes them: whole GPUs with MIG off and static MIG devices,
+in PCI bus order, then placement.
+
 Golden files: ``tests/driver/golden/<profile>.json`` (node name ``node-a``). After an intended
 change, rewrite them with::
 
@@ -16,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from gpu_dra.driver.attributes import gpu_device
-from gpu_dra.driver.discovery import discover_gpus
+from gpu_dra.driver.attributes import published_devices
+from gpu_dra.driver.discovery import discover_devices
 from gpu_dra.driver.nvml.profiles import builtin_profile_names
 from gpu_dra.driver.nvml.simulated import SimulatedHost
 
@@ -27,7 +30,8 @@ UPDATE = os.environ.get("GPU_DRA_UPDATE_GOLDEN") == "1"
 
 def _published(profile: str) -> str:
     host = SimulatedHost.load(profile, "node-a")
-    devices = [gpu_device(gpu) for gpu in discover_gpus(host.nvml, host.pci)]
+    found = discover_devices(host.nvml, host.pci)
+    devices = published_devices(found.gpus, found.mig_devices)
     return json.dumps(devices, indent=2, sort_keys=True) + "\n"
 
 

@@ -19,7 +19,7 @@ from gpu_dra.driver.nvml.profiles import (
 GPU_UUID = re.compile(r"^GPU-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 NVML_BUS_ID = re.compile(r"^[0-9A-F]{8}:[0-9A-F]{2}:[0-9A-F]{2}\.[0-7]$")
 
-PROFILES = ["dgx-a100", "hgx-h100", "l4x4", "mixed", "t4"]
+PROFILES = ["dgx-a100", "hgx-h100", "hgx-h100-mig", "l4x4", "mixed", "t4"]
 
 
 def _doc(**overrides):
