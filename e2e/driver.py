@@ -18,6 +18,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from e2e.cluster import Cluster, versions
 from e2e.cluster.paths import REPO_ROOT
 from e2e.kube import Kube, wait_for
+from gpu_dra.driver.discovery import discover_gpus
+from gpu_dra.driver.naming import gpu_device_name
+from gpu_dra.driver.nvml.simulated import SimulatedHost
 
 DRIVER = "gpu.nvidia.com"
 PLUGIN = "gpu-dra-kubelet-plugin"
@@ -104,7 +107,18 @@ class Driver:
                 return b"kubelet registration succeeded" in text.read()
 
         wait_for("the kubelet to register the plugin", registered, 60)
-        wait_for("the node's ResourceSlice", lambda: bool(self.devices()), 60)
+        # Slices of an earlier plugin run (another profile) stay until the new one republishes.
+        expected = self.expected_device_names()
+        wait_for(
+            f"the node's ResourceSlices to show {self.profile}",
+            lambda: set(self.devices()) == expected,
+            60,
+        )
+
+    def expected_device_names(self) -> set[str]:
+        """What the plugin must publish for this profile (same discovery code, same profile)."""
+        host = SimulatedHost.load(self.profile, versions.NODE_NAME)
+        return {gpu_device_name(gpu.minor) for gpu in discover_gpus(host.nvml, host.pci)}
 
     def stop_plugin(self) -> None:
         self.cluster.stop_component(PLUGIN)
