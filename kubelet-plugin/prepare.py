@@ -10,17 +10,27 @@ Prepare, per claim (claims of one call run concurrently):
 4. lock the claim's devices (per-device locks, in name order) and refuse a device already
    prepared for another claim; admin-access results neither are refused nor block others (the
    scheduler does not count them as allocated);
-5. record `PrepareStarted`, write the CDI spec (one CDI device per allocated device, named
-   `<claimUID>-<device>`), record `PrepareCompleted` with the devices, return them. Each record
-   is on disk before the next step; the records of claims being prepared at the same time (in
-   one call or in concurrent calls) share checkpoint writes (the checkpoint's group commit).
+5. record `PrepareStarted`; start one MPS control daemon per config group with
+   `sharing.strategy: MPS` and record its handle in a `PrepareStarted` update at once; write the
+   CDI spec (one CDI device per allocated device, named `<claimUID>-<device>`; devices of an MPS
+   group also get the daemon's pipe directory and shm), record `PrepareCompleted` with the
+   devices and the daemon handles, return the devices. Each record is on disk before the next
+   step; the records of claims being prepared at the same time (in one call or in concurrent
+   calls) share checkpoint writes (the checkpoint's group commit).
 
 A prepare that fails after step 5 began is rolled back at once; one that died with the process
 is rolled back by the next prepare of that claim or by `recover()` at start-up. A cancelled call
 keeps its locks until its file work in the worker thread is done (a thread cannot be stopped).
 
-Unprepare works from the checkpoint alone (the claim may be gone): remove the CDI spec and the
-claim's files, then the checkpoint entry. Unknown claims succeed.
+Unprepare works from the checkpoint alone (the claim may be gone): stop the claim's MPS daemons
+(handles in the entry's `state`), remove the CDI spec and the claim's files, then the checkpoint
+entry. Unknown claims succeed. `recover()` at start-up adopts the daemons of prepared claims (a
+dead one is logged; the claim stays prepared) and rolls back interrupted prepares, daemons
+included.
+
+MPS (NVIDIA-compatible, `nvidia-compat.md` §7): one daemon per (claim, config group), id
+`claim_daemon_id(claimUID, UUIDs)`, defaults from `mpsConfig`. Compute mode EXCLUSIVE_PROCESS is
+not set yet (no NVML seam for it). `TimeSlicing` is refused on whole GPUs.
 """
 
 from __future__ import annotations
@@ -35,17 +45,41 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, TypeVar
 
-from gpu_dra.driver.config import AllocatedDevice, ConfigError, resolve_configs
+from gpu_dra.driver.config import (
+    AllocatedDevice,
+    ConfigError,
+    ConfigGroup,
+    mps_config,
+    pinned_memory_limits,
+    resolve_configs,
+)
 from gpu_dra.driver.config.errors import DomainError
 from gpu_dra.driver.naming import InvalidNameError, validate_claim_uid
-from gpu_dra.kubelet_plugin.cdi import CdiDevice, ClaimSpecStore, qualified_device_id
-from gpu_dra.kubelet_plugin.checkpoint import Checkpoint, CheckpointEntry, ClaimPhase
+from gpu_dra.kubelet_plugin.cdi import (
+    CdiDevice,
+    ClaimSpecStore,
+    ContainerEdits,
+    qualified_device_id,
+)
+from gpu_dra.kubelet_plugin.checkpoint import Checkpoint, CheckpointEntry, ClaimPhase, JsonValue
 from gpu_dra.kubelet_plugin.inventory import NodeInventory
 from gpu_dra.kubelet_plugin.kubeapi import (
     ClaimNotFoundError,
     ClaimReader,
     ClaimReadError,
     ResourceClaim,
+)
+from gpu_dra.kubelet_plugin.mps import (
+    MPS_STATE_KEY,
+    DaemonHandle,
+    MpsControl,
+    MpsDaemonGoneError,
+    MpsError,
+    MpsSettings,
+    claim_daemon_id,
+    handles_from_state,
+    handles_to_state,
+    workload_edits,
 )
 from gpu_dra.kubelet_plugin.preparer import ClaimRef, PreparedDevice, PrepareResult
 
@@ -75,6 +109,16 @@ class _Result:
         return self.request.split("/", 1)[0]
 
 
+@dataclass(frozen=True)
+class _MpsGroup:
+    """One MPS daemon to start for a claim: its config group's devices and settings."""
+
+    daemon_id: str
+    device_names: tuple[str, ...]
+    uuids: tuple[str, ...]
+    settings: MpsSettings
+
+
 class WholeGpuPreparer:
     """`ClaimPreparer` for whole GPUs on one node."""
 
@@ -89,10 +133,13 @@ class WholeGpuPreparer:
         cdi: ClaimSpecStore,
         claims_dir: Path,
         uncached_claims: ClaimReader | None = None,
+        mps: MpsControl | None = None,
     ) -> None:
         """`uncached_claims` reads the API server directly; give it when `claims` is a cache, which
         may not have seen a claim replaced under the same name yet: a claim whose UID does not
-        match is read once more from there before it is reported replaced."""
+        match is read once more from there before it is reported replaced.
+
+        `mps` starts and stops MPS control daemons; without it, claims asking for MPS fail."""
         self._driver = driver_name
         self._pool = node_name
         self._inventory = inventory
@@ -101,6 +148,7 @@ class WholeGpuPreparer:
         self._checkpoint = checkpoint
         self._cdi = cdi
         self._claims_dir = claims_dir
+        self._mps = mps
         # Locks live while someone holds them: no growth with the number of claims ever seen.
         self._device_locks: weakref.WeakValueDictionary[str, asyncio.Lock] = (
             weakref.WeakValueDictionary()
@@ -120,12 +168,19 @@ class WholeGpuPreparer:
 
     # ---- start-up --------------------------------------------------------------------------------
     async def recover(self) -> None:
-        """Roll back half-done prepares and remove CDI specs/claim files nobody owns."""
+        """Roll back half-done prepares (stopping their MPS daemons), adopt the MPS daemons of
+        prepared claims, and remove CDI specs/claim files nobody owns."""
         entries = await asyncio.to_thread(self._checkpoint.all)
         for uid, entry in entries.items():
             if entry.phase is ClaimPhase.PREPARE_STARTED:
                 log.info("rolling back interrupted prepare claim_uid=%s", uid)
-                await _in_thread_to_completion(self._undo, uid)
+                try:
+                    await _in_thread_to_completion(self._undo, uid)
+                except (MpsError, OSError) as error:
+                    # Kept in the checkpoint: the next prepare or unprepare retries.
+                    log.error("rollback of claim_uid=%s incomplete: %s", uid, error)
+            else:
+                await _in_thread_to_completion(self._adopt_daemons, entry)
         owned = {uid for uid, e in entries.items() if e.phase is ClaimPhase.PREPARE_COMPLETED}
         for uid in await asyncio.to_thread(self._cdi.claim_uids):
             if uid not in owned:
@@ -152,6 +207,10 @@ class WholeGpuPreparer:
         except (DomainError, OSError, ClaimReadError) as error:
             log.exception("prepare failed claim_uid=%s", claim.uid)
             return PrepareResult.failure(f"{where}: {error} (will retry)")
+        except MpsError as error:
+            log.exception("prepare failed claim_uid=%s", claim.uid)
+            retry = " (will retry)" if error.retryable else ""
+            return PrepareResult.failure(f"{where}: {error}{retry}")
         log.info("prepared claim_uid=%s devices=%s", claim.uid, [d.device_name for d in devices])
         return PrepareResult.success(devices)
 
@@ -178,18 +237,68 @@ class WholeGpuPreparer:
             claim=f"{claim.namespace}/{claim.name}",
             spec_configs=resource_claim.get("spec", {}).get("devices", {}).get("config"),
         )
-        for group in configs.groups:
+        mps_groups = self._mps_groups(claim, configs.groups, results)
+
+        device_names = sorted({r.device for r in results})
+        async with self._locked_devices(device_names):
+            return await _in_thread_to_completion(
+                self._check_and_commit, claim, results, mps_groups
+            )
+
+    def _mps_groups(
+        self, claim: ClaimRef, groups: Sequence[ConfigGroup], results: Sequence[_Result]
+    ) -> list[_MpsGroup]:
+        """The MPS daemons the claim needs, one per config group with strategy MPS; refuses
+        TimeSlicing. Config errors that need the group's UUIDs are raised here, before
+        anything is started."""
+        admin = {r.device for r in results if r.admin_access}
+        planned: list[_MpsGroup] = []
+        taken: dict[str, str] = {}
+        for group in groups:
             sharing = getattr(group.config, "sharing", None)
-            if sharing is not None:
+            if sharing is None:
+                continue
+            mps = mps_config(group.config)
+            if mps is None:
                 raise PrepareError(
                     f"{group.origin.label}: sharing strategy {sharing.strategy} is not supported "
                     "for whole-GPU claims by this gpu-dra version; remove `sharing` from the "
                     "config to get the GPU exclusively"
                 )
+            names = tuple(sorted({d.device for d in group.devices}))
+            shared = sorted(admin.intersection(names))
+            if shared:
+                raise PrepareError(
+                    f"{group.origin.label}: MPS cannot be used on devices allocated with "
+                    f"adminAccess ({', '.join(shared)}): they may belong to another claim"
+                )
+            for name in names:
+                if name in taken:
+                    raise PrepareError(
+                        f"{group.origin.label}: device {name} is also in config group "
+                        f"{taken[name]}; one device can be served by one MPS daemon only"
+                    )
+                taken[name] = group.origin.label
+            uuids = tuple(sorted(self._uuid(name) for name in names))
+            limits = pinned_memory_limits(group, uuids, claim=f"{claim.namespace}/{claim.name}")
+            settings = MpsSettings(
+                active_thread_percentage=mps.default_active_thread_percentage,
+                pinned_limits=limits,
+                multi_user=bool(mps.multi_user),
+            )
+            settings.check(uuids)
+            planned.append(_MpsGroup(claim_daemon_id(claim.uid, uuids), names, uuids, settings))
+        if planned and self._mps is None:
+            raise PrepareError(
+                f"{planned[0].daemon_id}: MPS is not available on node {self._pool}: the plugin "
+                "has no MPS control daemon manager (see its start-up log)"
+            )
+        return planned
 
-        device_names = sorted({r.device for r in results})
-        async with self._locked_devices(device_names):
-            return await _in_thread_to_completion(self._check_and_commit, claim, results)
+    def _uuid(self, device_name: str) -> str:
+        gpu = self._inventory.by_name(device_name)
+        assert gpu is not None  # checked in _our_results
+        return gpu.uuid
 
     def _lookup(self, claim: ClaimRef) -> tuple[CheckpointEntry | None, ResourceClaim | None]:
         """The claim's checkpoint entry; without one, the claim as read from the API."""
@@ -256,15 +365,33 @@ class WholeGpuPreparer:
                 )
 
     def _check_and_commit(
-        self, claim: ClaimRef, results: Sequence[_Result]
+        self, claim: ClaimRef, results: Sequence[_Result], mps_groups: Sequence[_MpsGroup]
     ) -> tuple[PreparedDevice, ...]:
         """`_check_not_taken`, then `_commit`: one thread hop, under the caller's device locks."""
         self._check_not_taken(claim, results)
-        return self._commit(claim, results)
+        return self._commit(claim, results, mps_groups)
 
-    def _commit(self, claim: ClaimRef, results: Sequence[_Result]) -> tuple[PreparedDevice, ...]:
+    def _commit(
+        self, claim: ClaimRef, results: Sequence[_Result], mps_groups: Sequence[_MpsGroup]
+    ) -> tuple[PreparedDevice, ...]:
         self._checkpoint.put(CheckpointEntry(claim=claim, phase=ClaimPhase.PREPARE_STARTED))
+        handles: list[DaemonHandle] = []
         try:
+            mps_edits: dict[str, ContainerEdits] = {}
+            for group in mps_groups:
+                assert self._mps is not None  # checked in _mps_groups
+                handle = self._mps.start(group.daemon_id, group.uuids, group.settings)
+                handles.append(handle)
+                # On disk before anything else: a crash from here on is rolled back from it.
+                self._checkpoint.put(
+                    CheckpointEntry(
+                        claim=claim,
+                        phase=ClaimPhase.PREPARE_STARTED,
+                        state={MPS_STATE_KEY: handles_to_state(handles)},
+                    )
+                )
+                edits = workload_edits(handle.paths)
+                mps_edits.update(dict.fromkeys(group.device_names, edits))
             claim_dir = self._claims_dir / claim.uid
             claim_dir.mkdir(parents=True, exist_ok=True)
             claim_dir.chmod(0o755)
@@ -276,9 +403,10 @@ class WholeGpuPreparer:
             for device_name, device_results in sorted(by_device.items()):
                 gpu = self._inventory.by_name(device_name)
                 assert gpu is not None  # checked in _our_results
-                cdi_devices.append(
-                    CdiDevice(device_name, self._inventory.container_edits(gpu, claim_dir))
-                )
+                edits = self._inventory.container_edits(gpu, claim_dir)
+                if device_name in mps_edits:
+                    edits = merged_edits(edits, mps_edits[device_name])
+                cdi_devices.append(CdiDevice(device_name, edits))
                 prepared.append(
                     PreparedDevice(
                         request_names=tuple(sorted({r.base_request for r in device_results})),
@@ -291,16 +419,21 @@ class WholeGpuPreparer:
             self._cdi.write(claim.uid, cdi_devices)
             devices = tuple(prepared)
             admin = sorted({r.device for r in results if r.admin_access})
+            state: dict[str, JsonValue] = {}
+            if admin:
+                state[ADMIN_ACCESS_STATE] = list(admin)
+            if handles:
+                state[MPS_STATE_KEY] = handles_to_state(handles)
             self._checkpoint.put(
                 CheckpointEntry(
                     claim=claim,
                     phase=ClaimPhase.PREPARE_COMPLETED,
                     devices=devices,
-                    state={ADMIN_ACCESS_STATE: list(admin)} if admin else {},
+                    state=state,
                 )
             )
         except BaseException:
-            self._undo(claim.uid)
+            self._undo(claim.uid, handles)
             raise
         return devices
 
@@ -314,17 +447,73 @@ class WholeGpuPreparer:
                     return None
                 async with self._locked_devices(sorted(d.device_name for d in entry.devices)):
                     await _in_thread_to_completion(self._undo, claim.uid)
-        except (InvalidNameError, OSError, DomainError) as error:
+        except (InvalidNameError, OSError, DomainError, MpsError) as error:
             log.exception("unprepare failed claim_uid=%s", claim.uid)
             return f"claim {claim.namespace}/{claim.name} ({claim.uid}): {error}"
         log.info("unprepared claim_uid=%s", claim.uid)
         return None
 
-    def _undo(self, claim_uid: str) -> None:
-        """Remove everything a prepare of this claim may have left; the checkpoint entry last."""
+    def _undo(self, claim_uid: str, started: Sequence[DaemonHandle] = ()) -> None:
+        """Remove everything a prepare of this claim may have left; the checkpoint entry last.
+
+        MPS daemons go first: those the entry records and ``started`` (daemons of the prepare
+        being rolled back that may not be recorded yet). A daemon that cannot be stopped
+        raises, and the entry stays for the next try."""
+        entry = self._checkpoint.get(claim_uid)
+        handles = list(started)
+        if entry is not None:
+            recorded = handles_from_state(entry.state)
+            handles += [h for h in recorded if h not in handles]
+        if handles:
+            if self._mps is None:
+                raise MpsError(
+                    f"claim {claim_uid} has MPS daemons ({', '.join(h.daemon_id for h in handles)})"
+                    " but this plugin has no MPS control daemon manager to stop them"
+                )
+            for handle in handles:
+                self._mps.stop(handle)
         self._cdi.remove(claim_uid)
         shutil.rmtree(self._claims_dir / claim_uid, ignore_errors=True)
         self._checkpoint.remove(claim_uid)
+
+    def _adopt_daemons(self, entry: CheckpointEntry) -> None:
+        """Re-attach to the MPS daemons of a prepared claim; a dead or faulty one is logged
+        (the claim stays prepared: its pods keep running, unprepare cleans up)."""
+        try:
+            handles = handles_from_state(entry.state)
+        except MpsError as error:
+            log.error("mps state of claim_uid=%s unusable: %s", entry.uid, error)
+            return
+        for handle in handles:
+            if self._mps is None:
+                log.error(
+                    "claim_uid=%s has MPS daemon %s but MPS is not available in this plugin",
+                    entry.uid,
+                    handle.daemon_id,
+                )
+                continue
+            try:
+                self._mps.adopt(handle)
+                status = self._mps.status(handle)
+            except MpsDaemonGoneError as error:
+                log.error(
+                    "mps daemon of prepared claim is gone claim_uid=%s: %s; CUDA processes that "
+                    "start now run without MPS; unprepare cleans up",
+                    entry.uid,
+                    error,
+                )
+                continue
+            except MpsError as error:
+                log.error("mps daemon not adopted claim_uid=%s: %s", entry.uid, error)
+                continue
+            if not status.healthy:
+                log.warning(
+                    "mps daemon adopted in state %s claim_uid=%s daemon_id=%s: %s",
+                    status.state,
+                    entry.uid,
+                    handle.daemon_id,
+                    status.detail,
+                )
 
     # ---- locks -----------------------------------------------------------------------------------
     def _claim_lock(self, uid: str) -> asyncio.Lock:
@@ -344,6 +533,17 @@ class WholeGpuPreparer:
                 held.append(lock)
                 await stack.enter_async_context(lock)
             yield
+
+
+def merged_edits(first: ContainerEdits, second: ContainerEdits) -> ContainerEdits:
+    """``first`` then ``second``: environments combined (``second`` wins a name), the rest
+    concatenated."""
+    return ContainerEdits(
+        env={**first.env, **second.env},
+        device_nodes=first.device_nodes + second.device_nodes,
+        mounts=first.mounts + second.mounts,
+        hooks=first.hooks + second.hooks,
+    )
 
 
 def _get_claim(reader: ClaimReader, claim: ClaimRef) -> ResourceClaim:

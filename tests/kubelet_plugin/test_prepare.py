@@ -485,8 +485,8 @@ def test_invalid_opaque_config_names_claim_entry_and_field_and_leaves_nothing(
     assert node.cdi.writes == []
 
 
-@pytest.mark.parametrize("strategy", ["TimeSlicing", "MPS"])
-def test_sharing_on_a_whole_gpu_is_refused_with_a_fix(node: Node, strategy: str) -> None:
+@pytest.mark.parametrize("strategy", ["TimeSlicing"])
+def test_time_slicing_on_a_whole_gpu_is_refused_with_a_fix(node: Node, strategy: str) -> None:
     config = opaque_config(gpu_config(sharing={"strategy": strategy}), requests=["gpu"])
     claim = node.add(
         resource_claim(UID_A, results=[allocation_result("gpu-0")], claim_configs=[config])

@@ -1,0 +1,604 @@
+"""Per-claim MPS in the whole-GPU preparer, NVIDIA-compatible: the real `MpsDaemonManager`
+running the ``nvidia-cuda-mps-control`` test double (real processes, plain-directory shm), the
+real checkpoint and CDI store, GPUs of the simulated hgx-h100 node.
+
+Every test runs its daemons under a scratch root of its own and fails if any daemon or server
+process is left running there afterwards.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpu_dra.driver.discovery import discover_gpus
+from gpu_dra.driver.nvml.simulated import SimulatedHost
+from gpu_dra.kubelet_plugin.cdi import CdiDevice, ContainerEdits
+from gpu_dra.kubelet_plugin.checkpoint import Checkpoint, CheckpointEntry, ClaimPhase, LoadResult
+from gpu_dra.kubelet_plugin.inventory import NodeInventory
+from gpu_dra.kubelet_plugin.mps import (
+    MPS_STATE_KEY,
+    DaemonHandle,
+    DaemonState,
+    MpsDaemonManager,
+    PlainDirectoryShm,
+    claim_daemon_id,
+    handles_from_state,
+)
+from gpu_dra.kubelet_plugin.mps.process import start_time
+from gpu_dra.kubelet_plugin.prepare import WholeGpuPreparer
+from gpu_dra.kubelet_plugin.preparer import ClaimRef
+from tests.doubles import nvidia_cuda_mps_control as double
+from tests.doubles.mps_helpers import (
+    DOUBLE_BINARY,
+    double_env,
+    kill_processes_under,
+    processes_under,
+    scratch_root,
+)
+from tests.fakes.claim_reader import allocation_result, gpu_config, opaque_config, resource_claim
+from tests.kubelet_plugin.test_prepare import (
+    DRIVER,
+    NODE,
+    UID_A,
+    UID_B,
+    Node,
+    RecordingSpecStore,
+    device_env,
+    failed,
+    ok,
+)
+
+MPS_CONFIG: dict[str, Any] = {
+    "defaultActiveThreadPercentage": 25,
+    "defaultPinnedDeviceMemoryLimit": "10Gi",
+    "defaultPerDevicePinnedMemoryLimit": {"1": "4Gi"},
+}
+
+
+class FailingSpecStore(RecordingSpecStore):
+    """The CDI store whose writes fail (a full disk)."""
+
+    def write(
+        self,
+        claim_uid: str,
+        devices: Sequence[CdiDevice],
+        *,
+        common_edits: ContainerEdits | None = None,
+    ) -> Path:
+        self.writes.append(claim_uid)
+        raise OSError(28, "No space left on device")
+
+
+class MpsNode(Node):
+    """`Node` whose preparer has a real MPS daemon manager running the test double."""
+
+    def __init__(self, root: Path, inventory: NodeInventory, mps_root: Path) -> None:
+        self.mps_root = mps_root
+        self.fail_cdi_writes = False
+        super().__init__(root, inventory)
+
+    def restart(self) -> LoadResult:
+        self.checkpoint = Checkpoint(self.data_dir, boot_id=self.boot)
+        loaded = self.checkpoint.load()
+        store = FailingSpecStore if self.fail_cdi_writes else RecordingSpecStore
+        self.cdi = store(self.cdi_root)
+        self.mps = MpsDaemonManager(
+            self.mps_root, binary=DOUBLE_BINARY, base_env=double_env(), shm=PlainDirectoryShm()
+        )
+        self.preparer = WholeGpuPreparer(
+            driver_name=DRIVER,
+            node_name=NODE,
+            inventory=self.inventory,
+            claims=self.api,
+            checkpoint=self.checkpoint,
+            cdi=self.cdi,
+            claims_dir=self.claims_dir,
+            mps=self.mps,
+        )
+        return loaded
+
+    def add_mps(
+        self,
+        claim_uid: str,
+        *devices: str,
+        mps_config: dict[str, Any] | None = None,
+        name: str = "claim-a",
+    ) -> ClaimRef:
+        """A claim for ``devices`` (request ``gpu``) with one MPS config for all of them."""
+        sharing: dict[str, Any] = {"strategy": "MPS"}
+        if mps_config is not None:
+            sharing["mpsConfig"] = mps_config
+        config = opaque_config(gpu_config(sharing=sharing), requests=["gpu"])
+        results = [allocation_result(device) for device in devices]
+        return self.add(resource_claim(claim_uid, name, results=results, claim_configs=[config]))
+
+    def handles(self, claim_uid: str) -> list[DaemonHandle]:
+        entry = self.checkpoint.get(claim_uid)
+        assert entry is not None
+        return handles_from_state(entry.state)
+
+    def daemon_dirs(self) -> list[str]:
+        base = self.mps_root / "mps"
+        return sorted(p.name for p in base.iterdir()) if base.exists() else []
+
+    def running(self) -> list[int]:
+        return processes_under(self.mps_root)
+
+
+@pytest.fixture(scope="module")
+def inventory() -> NodeInventory:
+    host = SimulatedHost.load("hgx-h100", NODE)
+    return NodeInventory(tuple(discover_gpus(host.nvml, host.pci)), simulated=True)
+
+
+@pytest.fixture
+def mps_root() -> Iterator[Path]:
+    """A short scratch data dir for the daemons (socket paths stay below 108 bytes)."""
+    path = scratch_root("gpu-dra-prep-mps-")
+    yield path
+    leftovers = kill_processes_under(path)
+    subprocess.run(["rm", "-rf", str(path)], check=False)
+    assert not leftovers, f"test left MPS processes running: {leftovers}"
+
+
+@pytest.fixture
+def node(tmp_path: Path, inventory: NodeInventory, mps_root: Path) -> MpsNode:
+    return MpsNode(tmp_path, inventory, mps_root)
+
+
+def commands(handle: DaemonHandle) -> list[str]:
+    lines = (handle.paths.log / "control.log").read_text().splitlines()
+    entries = [line.split("] ", 1)[1] for line in lines]
+    return [e.removeprefix("Cmd:") for e in entries if e.startswith("Cmd:")]
+
+
+def mounts(spec_device: dict[str, Any]) -> dict[str, tuple[str, list[str]]]:
+    """``{containerPath: (hostPath, options)}`` of a CDI device's mounts."""
+    return {
+        m["containerPath"]: (m["hostPath"], m["options"])
+        for m in spec_device["containerEdits"].get("mounts", [])
+    }
+
+
+def wait_dead(pid: int, timeout_s: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while start_time(pid) is not None:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+# ---- prepare ---------------------------------------------------------------------------------
+
+
+def test_mps_claim_starts_one_daemon_with_the_configured_settings(node: MpsNode) -> None:
+    claim = node.add_mps(UID_A, "gpu-0", "gpu-1", mps_config=MPS_CONFIG)
+    uuids = sorted([node.uuid_of("gpu-0"), node.uuid_of("gpu-1")])
+
+    devices = ok(node.prepare(claim)[UID_A])
+
+    assert [d.device_name for d in devices] == ["gpu-0", "gpu-1"]
+    [handle] = node.handles(UID_A)
+    assert handle.daemon_id == claim_daemon_id(UID_A, uuids)
+    assert handle.root == node.mps_root / "mps" / handle.daemon_id
+    assert handle.devices == tuple(uuids)
+    assert node.daemon_dirs() == [handle.daemon_id]
+    state = double.read_state(handle.paths.pipe)
+    assert state["visibleDevices"] == uuids
+    assert state["multiUser"] is False
+    # 10Gi for every device, index 1 (in sorted UUID order) overridden with 4Gi.
+    limits = {uuids[0]: "10240M", uuids[1]: "4096M"}
+    assert state["defaults"] == {"activeThreadPercentage": 25.0, "pinnedMemLimits": limits}
+    assert commands(handle)[1:4] == [
+        "set_default_active_thread_percentage 25",
+        f"set_default_device_pinned_mem_limit {uuids[0]} 10240M",
+        f"set_default_device_pinned_mem_limit {uuids[1]} 4096M",
+    ]
+    assert state["servers"] == []  # no server before a client comes
+    assert node.mps.status(handle).state is DaemonState.READY
+    assert node.running() == [handle.pid]
+    entry = node.checkpoint.get(UID_A)
+    assert entry is not None
+    assert entry.phase is ClaimPhase.PREPARE_COMPLETED
+    node.unprepare(claim)
+    assert node.running() == []
+
+
+def test_multi_user_starts_the_daemon_with_dash_m(node: MpsNode) -> None:
+    claim = node.add_mps(UID_A, "gpu-2", mps_config={"multiUser": True})
+
+    ok(node.prepare(claim)[UID_A])
+
+    [handle] = node.handles(UID_A)
+    state = double.read_state(handle.paths.pipe)
+    assert state["multiUser"] is True
+    assert state["defaults"]["activeThreadPercentage"] == 100.0  # type: ignore[index]
+    assert not [c for c in commands(handle) if c.startswith("set_")]
+    node.unprepare(claim)
+    assert node.running() == []
+
+
+def test_cdi_spec_gives_every_device_of_the_group_the_pipe_and_shm(node: MpsNode) -> None:
+    claim = node.add_mps(UID_A, "gpu-0", "gpu-3")
+
+    ok(node.prepare(claim)[UID_A])
+
+    [handle] = node.handles(UID_A)
+    spec = node.spec(UID_A)
+    options = ["rw", "nosuid", "nodev", "bind"]
+    for spec_device in spec["devices"]:
+        name = spec_device["name"].removeprefix(f"{UID_A}-")
+        env = device_env(spec_device)
+        assert env["CUDA_MPS_PIPE_DIRECTORY"] == "/tmp/nvidia-mps"
+        # The inventory's edits are kept next to the daemon's.
+        prefix = "GPU_DRA_" + name.upper().replace("-", "_")
+        assert env[f"{prefix}_UUID"] == node.uuid_of(name)
+        assert "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT" not in env  # daemon defaults only
+        found = mounts(spec_device)
+        assert found["/tmp/nvidia-mps"] == (str(handle.paths.pipe), options)
+        assert found["/dev/shm"] == (str(handle.paths.shm), options)
+        assert f"/run/gpu-dra/devices/{name}.json" in found
+    assert sorted(d["name"] for d in spec["devices"]) == [f"{UID_A}-gpu-0", f"{UID_A}-gpu-3"]
+    node.unprepare(claim)
+    assert node.running() == []
+
+
+def test_two_config_groups_get_two_daemons(node: MpsNode) -> None:
+    configs = [
+        opaque_config(
+            gpu_config(
+                sharing={"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 30}}
+            ),
+            requests=["a"],
+        ),
+        opaque_config(
+            gpu_config(
+                sharing={"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 70}}
+            ),
+            requests=["b"],
+        ),
+    ]
+    results = [
+        allocation_result("gpu-0", request="a"),
+        allocation_result("gpu-1", request="a"),
+        allocation_result("gpu-2", request="b"),
+        allocation_result("gpu-4"),  # request gpu: no sharing
+    ]
+    claim = node.add(resource_claim(UID_A, results=results, claim_configs=configs))
+
+    ok(node.prepare(claim)[UID_A])
+
+    handles = {h.daemon_id: h for h in node.handles(UID_A)}
+    group_a = claim_daemon_id(UID_A, [node.uuid_of("gpu-0"), node.uuid_of("gpu-1")])
+    group_b = claim_daemon_id(UID_A, [node.uuid_of("gpu-2")])
+    assert sorted(handles) == sorted([group_a, group_b])
+    assert handles[group_a].settings.active_thread_percentage == 30
+    assert handles[group_b].settings.active_thread_percentage == 70
+    assert double.read_state(handles[group_b].paths.pipe)["visibleDevices"] == [
+        node.uuid_of("gpu-2")
+    ]
+    assert sorted(node.running()) == sorted(h.pid for h in handles.values())
+    pipes = {
+        d["name"].removeprefix(f"{UID_A}-"): mounts(d).get("/tmp/nvidia-mps", ("",))[0]
+        for d in node.spec(UID_A)["devices"]
+    }
+    assert pipes == {
+        "gpu-0": str(handles[group_a].paths.pipe),
+        "gpu-1": str(handles[group_a].paths.pipe),
+        "gpu-2": str(handles[group_b].paths.pipe),
+        "gpu-4": "",
+    }
+    node.unprepare(claim)
+    assert node.running() == []
+    assert node.daemon_dirs() == []
+
+
+def test_preparing_twice_starts_no_second_daemon(node: MpsNode) -> None:
+    claim = node.add_mps(UID_A, "gpu-0")
+    first = ok(node.prepare(claim)[UID_A])
+    [handle] = node.handles(UID_A)
+
+    assert ok(node.prepare(claim)[UID_A]) == first
+    assert node.handles(UID_A) == [handle]
+    assert node.running() == [handle.pid]
+    node.unprepare(claim)
+    assert node.running() == []
+
+
+@pytest.mark.parametrize(
+    ("mps_config", "expected"),
+    [
+        pytest.param(
+            {"defaultPerDevicePinnedMemoryLimit": {"5": "1Gi"}},
+            "spec.devices.config[0]: parameters.sharing.mpsConfig."
+            "defaultPerDevicePinnedMemoryLimit[5]: device index 5 is out of range",
+            id="index-out-of-range",
+        ),
+        pytest.param(
+            {
+                "defaultPerDevicePinnedMemoryLimit": {
+                    "GPU-00000000-0000-0000-0000-000000000000": "1Gi"
+                }
+            },
+            "is neither the UUID of a device in this config group",
+            id="uuid-not-in-group",
+        ),
+        pytest.param(
+            {"defaultActiveThreadPercentage": 101},
+            "active thread percentage must be between 0 and 100",
+            id="percentage",
+        ),
+        pytest.param(
+            {"defaultPinnedDeviceMemoryLimit": "100Ki"},
+            "pinned memory limit '100Ki' is too low",
+            id="limit-too-low",
+        ),
+    ],
+)
+def test_invalid_mps_config_is_a_config_error_and_starts_nothing(
+    node: MpsNode, mps_config: dict[str, Any], expected: str
+) -> None:
+    claim = node.add_mps(UID_A, "gpu-0", "gpu-1", mps_config=mps_config)
+
+    error = failed(node.prepare(claim)[UID_A])
+
+    assert f"default/claim-a ({UID_A}): " in error
+    assert expected in error
+    assert "(will retry)" not in error
+    node.assert_nothing_left(UID_A)
+    assert node.cdi.writes == []
+    assert node.daemon_dirs() == []
+    assert node.running() == []
+
+
+def test_time_slicing_is_still_refused_and_starts_nothing(node: MpsNode) -> None:
+    config = opaque_config(gpu_config(sharing={"strategy": "TimeSlicing"}), requests=["gpu"])
+    claim = node.add(
+        resource_claim(UID_A, results=[allocation_result("gpu-0")], claim_configs=[config])
+    )
+
+    error = failed(node.prepare(claim)[UID_A])
+
+    assert "sharing strategy TimeSlicing is not supported for whole-GPU claims" in error
+    node.assert_nothing_left(UID_A)
+    assert node.daemon_dirs() == []
+    assert node.running() == []
+
+
+def test_mps_on_an_admin_access_device_is_refused(node: MpsNode) -> None:
+    config = opaque_config(gpu_config(sharing={"strategy": "MPS"}), requests=["gpu"])
+    claim = node.add(
+        resource_claim(
+            UID_A,
+            results=[allocation_result("gpu-0", admin_access=True)],
+            claim_configs=[config],
+        )
+    )
+
+    error = failed(node.prepare(claim)[UID_A])
+
+    assert "MPS cannot be used on devices allocated with adminAccess (gpu-0)" in error
+    node.assert_nothing_left(UID_A)
+    assert node.running() == []
+
+
+def test_mps_claim_without_a_daemon_manager_fails_clearly(
+    tmp_path: Path,
+    inventory: NodeInventory,
+) -> None:
+    plain = Node(tmp_path, inventory)  # no MPS control program on this node
+    config = opaque_config(gpu_config(sharing={"strategy": "MPS"}), requests=["gpu"])
+    claim = plain.add(
+        resource_claim(UID_A, results=[allocation_result("gpu-0")], claim_configs=[config])
+    )
+
+    error = failed(plain.prepare(claim)[UID_A])
+
+    assert f"MPS is not available on node {NODE}" in error
+    plain.assert_nothing_left(UID_A)
+
+
+# ---- failures after the daemon started ---------------------------------------------------------
+
+
+def test_failed_cdi_write_after_the_daemon_started_stops_it_again(node: MpsNode) -> None:
+    node.fail_cdi_writes = True
+    node.restart()
+    claim = node.add_mps(UID_A, "gpu-0", "gpu-1", mps_config=MPS_CONFIG)
+
+    error = failed(node.prepare(claim)[UID_A])
+
+    assert "No space left on device" in error
+    assert error.endswith("(will retry)")
+    assert node.cdi.writes == [UID_A]  # the daemon had started: the write came after it
+    node.assert_nothing_left(UID_A)
+    assert node.daemon_dirs() == []
+    assert node.running() == []
+    # The GPUs are free again.
+    node.fail_cdi_writes = False
+    node.restart()
+    other = node.add_mps(UID_B, "gpu-0", "gpu-1", name="claim-b")
+    ok(node.prepare(other)[UID_B])
+    node.unprepare(other)
+    assert node.running() == []
+
+
+def test_daemon_that_fails_to_start_fails_the_prepare_and_leaves_nothing(
+    node: MpsNode,
+) -> None:
+    node.mps.base_env["GPU_DRA_MPS_DOUBLE_FAIL_START"] = "no GPU today"
+    claim = node.add_mps(UID_A, "gpu-0")
+
+    error = failed(node.prepare(claim)[UID_A])
+
+    assert f"MPS control daemon {claim_daemon_id(UID_A, [node.uuid_of('gpu-0')])}" in error
+    assert error.endswith("(will retry)")
+    node.assert_nothing_left(UID_A)
+    assert node.cdi.writes == []
+    assert node.daemon_dirs() == []
+    assert node.running() == []
+
+
+def test_second_group_failing_to_start_stops_the_first(node: MpsNode) -> None:
+    configs = [
+        opaque_config(gpu_config(sharing={"strategy": "MPS"}), requests=["a"]),
+        opaque_config(
+            gpu_config(
+                sharing={"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 50}}
+            ),
+            requests=["b"],
+        ),
+    ]
+    results = [allocation_result("gpu-0", request="a"), allocation_result("gpu-1", request="b")]
+    claim = node.add(resource_claim(UID_A, results=results, claim_configs=configs))
+    # The double refuses the command only the second daemon gets.
+    node.mps.base_env["GPU_DRA_MPS_DOUBLE_FAIL_COMMAND"] = "set_default_active_thread_percentage"
+
+    error = failed(node.prepare(claim)[UID_A])
+
+    assert "set_default_active_thread_percentage" in error
+    node.assert_nothing_left(UID_A)
+    assert node.daemon_dirs() == []
+    assert node.running() == []
+
+
+# ---- unprepare ---------------------------------------------------------------------------------
+
+
+def test_unprepare_stops_the_daemon_and_removes_its_directories(node: MpsNode) -> None:
+    claim = node.add_mps(UID_A, "gpu-0", "gpu-1", mps_config=MPS_CONFIG)
+    keep = node.add_mps(UID_B, "gpu-2", name="claim-b")
+    ok(node.prepare(claim)[UID_A])
+    ok(node.prepare(keep)[UID_B])
+    [handle] = node.handles(UID_A)
+    [kept] = node.handles(UID_B)
+
+    assert node.unprepare(claim) == {UID_A: None}
+
+    assert wait_dead(handle.pid)
+    assert not handle.root.exists()
+    node.assert_nothing_left(UID_A)
+    assert node.running() == [kept.pid]
+    assert node.unprepare(claim) == {UID_A: None}  # again: nothing to do
+    node.unprepare(keep)
+    assert node.running() == []
+    assert node.daemon_dirs() == []
+
+
+def test_unprepare_of_a_claim_whose_daemon_died_cleans_up(node: MpsNode) -> None:
+    claim = node.add_mps(UID_A, "gpu-0")
+    ok(node.prepare(claim)[UID_A])
+    [handle] = node.handles(UID_A)
+    os.kill(handle.pid, signal.SIGKILL)
+    assert wait_dead(handle.pid)
+
+    assert node.unprepare(claim) == {UID_A: None}
+
+    node.assert_nothing_left(UID_A)
+    assert node.daemon_dirs() == []
+    assert node.running() == []
+
+
+# ---- plugin restarts ---------------------------------------------------------------------------
+
+
+def test_recover_after_a_restart_adopts_the_running_daemon_and_unprepare_stops_it(
+    node: MpsNode, caplog: pytest.LogCaptureFixture
+) -> None:
+    claim = node.add_mps(UID_A, "gpu-0", mps_config={"defaultActiveThreadPercentage": 40})
+    devices = ok(node.prepare(claim)[UID_A])
+    [handle] = node.handles(UID_A)
+
+    node.restart()  # a new plugin process: new checkpoint, CDI store, daemon manager
+    with caplog.at_level(logging.INFO):
+        node.recover()
+
+    assert f"mps daemon adopted daemon_id={handle.daemon_id}" in caplog.text
+    assert node.running() == [handle.pid]  # the same daemon, untouched
+    assert node.mps.status(handle).state is DaemonState.READY
+    assert ok(node.prepare(claim)[UID_A]) == devices
+    assert node.unprepare(claim) == {UID_A: None}
+    assert wait_dead(handle.pid)
+    node.assert_nothing_left(UID_A)
+    assert node.running() == []
+    assert node.daemon_dirs() == []
+
+
+def test_recover_logs_a_dead_daemon_and_keeps_the_claim_prepared(
+    node: MpsNode, caplog: pytest.LogCaptureFixture
+) -> None:
+    claim = node.add_mps(UID_A, "gpu-0")
+    ok(node.prepare(claim)[UID_A])
+    [handle] = node.handles(UID_A)
+    os.kill(handle.pid, signal.SIGKILL)
+    assert wait_dead(handle.pid)
+
+    node.restart()
+    with caplog.at_level(logging.INFO):
+        node.recover()
+
+    assert "mps daemon of prepared claim is gone" in caplog.text
+    entry = node.checkpoint.get(UID_A)
+    assert entry is not None
+    assert entry.phase is ClaimPhase.PREPARE_COMPLETED
+    assert node.cdi.path_for(UID_A).exists()
+    assert node.unprepare(claim) == {UID_A: None}
+    node.assert_nothing_left(UID_A)
+    assert node.daemon_dirs() == []
+    assert node.running() == []
+
+
+def test_recover_stops_the_daemon_of_an_interrupted_prepare(node: MpsNode) -> None:
+    claim = node.add_mps(UID_A, "gpu-0", "gpu-1")
+    ok(node.prepare(claim)[UID_A])
+    entry = node.checkpoint.get(UID_A)
+    assert entry is not None
+    [handle] = handles_from_state(entry.state)
+    # The plugin died after the daemon started and was recorded, before PrepareCompleted.
+    node.checkpoint.put(
+        CheckpointEntry(
+            claim=entry.claim,
+            phase=ClaimPhase.PREPARE_STARTED,
+            state={MPS_STATE_KEY: entry.state[MPS_STATE_KEY]},
+        )
+    )
+
+    node.restart()
+    node.recover()
+
+    assert wait_dead(handle.pid)
+    node.assert_nothing_left(UID_A)
+    assert node.daemon_dirs() == []
+    assert node.running() == []
+
+
+def test_prepare_after_an_interrupted_prepare_replaces_its_daemon(node: MpsNode) -> None:
+    claim = node.add_mps(UID_A, "gpu-0")
+    ok(node.prepare(claim)[UID_A])
+    entry = node.checkpoint.get(UID_A)
+    assert entry is not None
+    [old] = handles_from_state(entry.state)
+    node.checkpoint.put(
+        CheckpointEntry(claim=entry.claim, phase=ClaimPhase.PREPARE_STARTED, state=entry.state)
+    )
+    node.restart()
+
+    ok(node.prepare(claim)[UID_A])  # rolls the interrupted one back first
+
+    [new] = node.handles(UID_A)
+    assert new.daemon_id == old.daemon_id
+    assert new.pid != old.pid
+    assert wait_dead(old.pid)
+    assert node.running() == [new.pid]
+    node.unprepare(claim)
+    assert node.running() == []
