@@ -3,14 +3,17 @@
 Order matters: discover the GPUs, recover from the checkpoint (roll back half-done prepares,
 remove orphaned CDI specs), start publishing the node's ResourceSlices and caching the
 ResourceClaims, then serve the DRA socket, and only then the registration socket (PluginServer
-does both in that order). Every successful registration republishes the slices: the kubelet wipes
-them when it starts. Prepares GET their claims until the cache has listed them.
+does both in that order). The MPS daemon manager exists before recovery, which adopts the daemons
+of prepared claims and stops those of interrupted prepares. Every successful registration
+republishes the slices: the kubelet wipes them when it starts. Prepares GET their claims until the
+cache has listed them.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 import sys
 from collections.abc import Sequence
@@ -31,6 +34,12 @@ from gpu_dra.kubelet_plugin.claimcache import CachedClaimReader
 from gpu_dra.kubelet_plugin.inventory import NodeInventory
 from gpu_dra.kubelet_plugin.kubeapi import KubernetesClaimReader
 from gpu_dra.kubelet_plugin.metrics import PluginMetrics
+from gpu_dra.kubelet_plugin.mps import (
+    MpsDaemonManager,
+    PlainDirectoryShm,
+    ShmMounter,
+    TmpfsShmMounter,
+)
 from gpu_dra.kubelet_plugin.prepare import WholeGpuPreparer
 from gpu_dra.kubelet_plugin.server import PluginServer
 from gpu_dra.kubelet_plugin.settings import KubeletPluginSettings
@@ -43,6 +52,39 @@ def _nvml(settings: KubeletPluginSettings) -> tuple[NvmlLibrary, PciTopology]:
         host = SimulatedHost.load(settings.simulate, settings.node_name)
         return host.nvml, host.pci
     return RealNvml(settings.driver_root), SysfsPciTopology()
+
+
+def _mps(settings: KubeletPluginSettings) -> MpsDaemonManager | None:
+    """The MPS daemon manager, or None (claims asking for MPS then fail with a message).
+
+    The workloads' shm is a tmpfs per daemon on real GPUs when the plugin runs as root (it needs
+    CAP_SYS_ADMIN, and the data dir must be mounted with Bidirectional propagation for
+    containers to see it); simulated nodes, and a plugin that is not root, use a plain
+    directory, so that e2e runs need no mount privileges.
+    """
+    binary = settings.resolved_mps_control_binary()
+    if binary is None:
+        log.warning(
+            "MPS control program %r not found on PATH nor under %s/usr/bin: "
+            "claims with sharing strategy MPS will fail on this node",
+            settings.mps_control_binary,
+            settings.driver_root,
+        )
+        return None
+    shm: ShmMounter
+    if settings.simulate is None and os.geteuid() == 0:
+        shm = TmpfsShmMounter()
+    else:
+        shm = PlainDirectoryShm()
+        if settings.simulate is None:
+            log.warning("not root: MPS shm directories are plain directories, not tmpfs mounts")
+    try:
+        manager = MpsDaemonManager(settings.state_dir, binary=binary, shm=shm)
+    except ValueError as error:
+        log.error("MPS is unavailable: %s", error)
+        return None
+    log.info("mps control program=%s shm=%s", binary, type(shm).__name__)
+    return manager
 
 
 async def run(settings: KubeletPluginSettings) -> None:
@@ -78,6 +120,7 @@ async def run(settings: KubeletPluginSettings) -> None:
         checkpoint=checkpoint,
         cdi=ClaimSpecStore(settings.cdi_root, driver_name=settings.driver_name),
         claims_dir=settings.state_dir / "claims",
+        mps=_mps(settings),
     )
     await preparer.recover()
 

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from gpu_dra.driver.naming import DEFAULT_DRIVER_NAME
+
+DEFAULT_MPS_CONTROL_BINARY = "nvidia-cuda-mps-control"
 
 
 @dataclass(frozen=True)
@@ -37,10 +40,32 @@ class KubeletPluginSettings:
     """Deadline of one prepare/unprepare call, below the kubelet's 45 s."""
     metrics_port: int = 8081
     """Port of the Prometheus `/metrics` endpoint; 0 turns it off."""
+    mps_control_binary: str = DEFAULT_MPS_CONTROL_BINARY
+    """The MPS control program: a path, or a name looked up on `PATH`, then under
+    `<driver_root>/usr/bin` (`resolved_mps_control_binary`)."""
 
     @property
     def state_dir(self) -> Path:
         return self.data_dir or self.kubelet_plugins_dir / self.driver_name
+
+    def resolved_mps_control_binary(self, path: str | None = None) -> Path | None:
+        """The MPS control program to run, or None when it is not found.
+
+        A value with a ``/`` is taken as it is (if it is an executable file); a bare name is
+        looked up on ``path`` (default: this process's ``PATH``), then in
+        ``<driver_root>/usr/bin``.
+        """
+        name = self.mps_control_binary
+        if "/" in name:
+            candidate = Path(name)
+            return candidate if os.access(candidate, os.X_OK) and candidate.is_file() else None
+        found = shutil.which(name, path=os.environ.get("PATH", "") if path is None else path)
+        if found:
+            return Path(found)
+        under_root = self.driver_root / "usr" / "bin" / name
+        if under_root.is_file() and os.access(under_root, os.X_OK):
+            return under_root
+        return None
 
     @classmethod
     def parse(
@@ -81,6 +106,12 @@ class KubeletPluginSettings:
         option("--kubeconfig", "kubeconfig file (default: in-cluster service account)", None)
         option("--call-timeout", "seconds per prepare/unprepare call (< 45)", "40")
         option("--metrics-port", "port of the Prometheus /metrics endpoint (0 = off)", "8081")
+        option(
+            "--mps-control-binary",
+            "MPS control program: a path, or a name looked up on PATH, then under "
+            "<driver-root>/usr/bin",
+            DEFAULT_MPS_CONTROL_BINARY,
+        )
         args = parser.parse_args(argv)
         if not args.node_name:
             parser.error("--node-name (or GPU_DRA_NODE_NAME / NODE_NAME) is required")
@@ -108,4 +139,5 @@ class KubeletPluginSettings:
             kubeconfig=Path(args.kubeconfig) if args.kubeconfig else None,
             call_timeout_s=timeout,
             metrics_port=metrics_port,
+            mps_control_binary=args.mps_control_binary or DEFAULT_MPS_CONTROL_BINARY,
         )

@@ -22,6 +22,7 @@ ALL_FLAGS = [
     "--kubeconfig=/root/.kube/config",
     "--call-timeout=12.5",
     "--metrics-port=9400",
+    "--mps-control-binary=/opt/mps/nvidia-cuda-mps-control",
 ]
 
 EXPECTED = KubeletPluginSettings(
@@ -36,6 +37,7 @@ EXPECTED = KubeletPluginSettings(
     kubeconfig=Path("/root/.kube/config"),
     call_timeout_s=12.5,
     metrics_port=9400,
+    mps_control_binary="/opt/mps/nvidia-cuda-mps-control",
 )
 
 
@@ -181,3 +183,41 @@ def test_a_bad_metrics_port_is_a_usage_error(
 
 def test_metrics_port_zero_turns_the_endpoint_off() -> None:
     assert KubeletPluginSettings.parse(["--node-name=n", "--metrics-port=0"], {}).metrics_port == 0
+
+
+def executable(path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("#!/bin/sh\n")
+    path.chmod(0o755)
+    return path
+
+
+def test_mps_control_binary_is_found_on_path_first(tmp_path: Path) -> None:
+    on_path = executable(tmp_path / "bin" / "nvidia-cuda-mps-control")
+    executable(tmp_path / "root" / "usr" / "bin" / "nvidia-cuda-mps-control")
+    settings = KubeletPluginSettings(node_name="n", driver_root=tmp_path / "root")
+
+    assert settings.mps_control_binary == "nvidia-cuda-mps-control"
+    assert settings.resolved_mps_control_binary(path=str(tmp_path / "bin")) == on_path
+
+
+def test_mps_control_binary_is_found_under_the_driver_root(tmp_path: Path) -> None:
+    under_root = executable(tmp_path / "root" / "usr" / "bin" / "nvidia-cuda-mps-control")
+    settings = KubeletPluginSettings(node_name="n", driver_root=tmp_path / "root")
+
+    assert settings.resolved_mps_control_binary(path=str(tmp_path / "empty")) == under_root
+
+
+def test_mps_control_binary_path_is_used_as_given_and_missing_means_none(tmp_path: Path) -> None:
+    given = executable(tmp_path / "my-mps-control")
+    settings = KubeletPluginSettings(node_name="n", mps_control_binary=str(given))
+    missing = KubeletPluginSettings(node_name="n", driver_root=tmp_path)
+
+    assert settings.resolved_mps_control_binary(path="") == given
+    assert missing.resolved_mps_control_binary(path=str(tmp_path)) is None
+    assert (
+        KubeletPluginSettings(
+            node_name="n", mps_control_binary=str(tmp_path / "nope")
+        ).resolved_mps_control_binary()
+        is None
+    )
