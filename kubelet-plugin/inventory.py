@@ -1,20 +1,27 @@
 """This node's devices: what gets published, and what a container receives for each.
 
-Real GPUs get their device nodes (`/dev/nvidia<minor>` plus the control nodes). Simulated GPUs
-have no device nodes, so they get what a container can prove instead: per-device environment
-variables and a read-only file with the device's facts, mounted from the plugin's data dir. Both
-kinds also carry the per-device environment, so workloads and tests can see which GPU they got.
+Devices are whole GPUs (MIG mode off) and static MIG devices (made before the plugin started; a
+GPU in MIG mode is not offered whole). Real GPUs get their device nodes (`/dev/nvidia<minor>`
+plus the control nodes); a real MIG device gets its parent's device nodes plus the MIG
+capability nodes of its GPU and compute instance (`/dev/nvidia-caps/nvidia-cap<N>`), which is
+what lets a process open that one slice. Simulated devices have no device nodes, so they get
+what a container can prove instead: per-device environment variables and a read-only file with
+the device's facts, mounted from the plugin's data dir. Both kinds also carry the per-device
+environment, so workloads and tests can see which GPU or slice they got.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Final
 
 from gpu_dra.driver import attributes, slices
-from gpu_dra.driver.model import Gpu
-from gpu_dra.driver.naming import gpu_device_name
+from gpu_dra.driver.model import Gpu, MigDevice, NodeDevices
+from gpu_dra.driver.naming import gpu_device_name, mig_device_name
 from gpu_dra.driver.resourceapi import Device
 from gpu_dra.kubelet_plugin.cdi import ContainerEdits, DeviceNode, Mount
 
@@ -22,6 +29,23 @@ from gpu_dra.kubelet_plugin.cdi import ContainerEdits, DeviceNode, Mount
 CONTROL_DEVICE_NODES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
 # Where simulated devices' fact files appear inside containers.
 CONTAINER_DEVICE_DIR = "/run/gpu-dra/devices"
+# MIG capability device nodes: /dev/nvidia-caps/nvidia-cap<minor>.
+MIG_CAPABILITY_NODE_DIR: Final = "/dev/nvidia-caps"
+
+InventoryDevice = Gpu | MigDevice
+"""What `NodeInventory.by_name` hands out: a whole GPU or a static MIG device."""
+
+MigCapabilityLookup = Callable[[int, int, int | None], int]
+"""(parent GPU minor, GI id, CI id or None for the GI itself) -> minor of its nvidia-cap node."""
+
+_DEVICE_FILE_MINOR: Final = re.compile(r"^DeviceFileMinor:\s*(\d+)\s*$", re.MULTILINE)
+
+
+class MigCapabilityError(OSError):
+    """A MIG device's capability device node cannot be found; the message says where we looked.
+
+    An `OSError`: the preparer reports it as a claim failure the kubelet retries.
+    """
 
 
 def device_env_prefix(device_name: str) -> str:
@@ -29,28 +53,139 @@ def device_env_prefix(device_name: str) -> str:
     return "GPU_DRA_" + device_name.upper().replace("-", "_")
 
 
+def device_name(device: InventoryDevice) -> str:
+    """The published name: ``gpu-<minor>`` or ``gpu-<minor>-mig-<profile>-<id>-<start>``."""
+    if isinstance(device, MigDevice):
+        return mig_device_name(
+            device.parent.minor, device.profile, device.gi_profile_id, device.placement_start
+        )
+    return gpu_device_name(device.minor)
+
+
+class ProcMigCapabilities:
+    """`MigCapabilityLookup` from the NVIDIA driver's procfs, as the container toolkit does it.
+
+    The capability of GPU instance `g` on GPU `m` is
+    ``<proc>/driver/nvidia/capabilities/gpu<m>/mig/gi<g>/access`` (a compute instance's adds
+    ``/ci<c>``); its ``DeviceFileMinor:`` line is N of ``/dev/nvidia-caps/nvidia-cap<N>``.
+    Drivers that do not print it are answered from ``<proc>/driver/nvidia-caps/mig-minors``
+    (lines like ``gpu0/gi1/ci0/access 13``). Roots are tried in order; the first answer wins.
+    """
+
+    def __init__(self, proc_roots: Sequence[Path] = (Path("/proc"),)) -> None:
+        self.proc_roots = tuple(dict.fromkeys(proc_roots))
+
+    def __call__(self, parent_minor: int, gi_id: int, ci_id: int | None) -> int:
+        capability = f"gpu{parent_minor}/mig/gi{gi_id}" + ("" if ci_id is None else f"/ci{ci_id}")
+        legacy = f"gpu{parent_minor}/gi{gi_id}" + ("" if ci_id is None else f"/ci{ci_id}")
+        looked = []
+        for root in self.proc_roots:
+            access = root / "driver/nvidia/capabilities" / capability / "access"
+            looked.append(str(access))
+            minor = _read_minor(access)
+            if minor is not None:
+                return minor
+            minors_file = root / "driver/nvidia-caps/mig-minors"
+            looked.append(f"{minors_file} ({legacy}/access)")
+            minor = _mig_minors(minors_file).get(f"{legacy}/access")
+            if minor is not None:
+                return minor
+        what = f"GPU instance {gi_id}" + ("" if ci_id is None else f", compute instance {ci_id}")
+        raise MigCapabilityError(
+            f"cannot find the MIG capability device of GPU {parent_minor} {what}: looked in "
+            f"{', '.join(looked)}; is the MIG device still there and the driver's procfs "
+            "visible to the plugin?"
+        )
+
+
+def _read_minor(access: Path) -> int | None:
+    try:
+        text = access.read_text()
+    except OSError:
+        return None
+    match = _DEVICE_FILE_MINOR.search(text)
+    return None if match is None else int(match[1])
+
+
+def _mig_minors(path: Path) -> dict[str, int]:
+    try:
+        lines = path.read_text().splitlines()
+    except OSError:
+        return {}
+    minors = {}
+    for line in lines:
+        parts = line.split()
+        if len(parts) == 2 and parts[1].isdigit():
+            minors[parts[0]] = int(parts[1])
+    return minors
+
+
 @dataclass(frozen=True)
 class NodeInventory:
-    """The GPUs of this node, by device name, and how they are handed to containers."""
+    """The devices of this node, by device name, and how they are handed to containers.
+
+    `gpus` are all GPUs (those in MIG mode included: they are never published whole);
+    `mig_devices` the static MIG devices discovered on them. `mig_capabilities` finds the
+    capability nodes of real MIG devices (default: the driver's procfs under the driver root,
+    then ``/proc``).
+    """
 
     gpus: tuple[Gpu, ...]
     simulated: bool
     driver_root: Path = Path("/")
+    mig_devices: tuple[MigDevice, ...] = ()
+    mig_capabilities: MigCapabilityLookup | None = None
+    _by_name: dict[str, InventoryDevice] = field(
+        init=False, repr=False, compare=False, default_factory=dict
+    )
 
     def __post_init__(self) -> None:
         names = [gpu_device_name(gpu.minor) for gpu in self.gpus]
         if len(set(names)) != len(names):
             raise ValueError(f"two GPUs share a minor number: {sorted(names)}")
+        uuids = {gpu.uuid for gpu in self.gpus}
+        by_name = self._by_name
+        for device in self._offered():
+            name = device_name(device)
+            if isinstance(device, MigDevice) and device.parent.uuid not in uuids:
+                raise ValueError(f"MIG device {name}: parent GPU {device.parent.uuid} is unknown")
+            if name in by_name:
+                raise ValueError(
+                    f"two devices share the name {name}: {_uuid(by_name[name])} and "
+                    f"{_uuid(device)} (two compute instances in one GPU instance?)"
+                )
+            by_name[name] = device
 
-    def by_name(self, device_name: str) -> Gpu | None:
-        for gpu in self.gpus:
-            if gpu_device_name(gpu.minor) == device_name:
-                return gpu
-        return None
+    @classmethod
+    def from_discovery(
+        cls,
+        devices: NodeDevices,
+        *,
+        simulated: bool,
+        driver_root: Path = Path("/"),
+        mig_capabilities: MigCapabilityLookup | None = None,
+    ) -> NodeInventory:
+        """The inventory of what `discover_devices` found."""
+        return cls(
+            devices.gpus,
+            simulated=simulated,
+            driver_root=driver_root,
+            mig_devices=devices.mig_devices,
+            mig_capabilities=mig_capabilities,
+        )
+
+    def _offered(self) -> list[InventoryDevice]:
+        offered: list[InventoryDevice] = [gpu for gpu in self.gpus if not gpu.mig_enabled]
+        offered.extend(self.mig_devices)
+        return offered
+
+    def by_name(self, device_name: str) -> InventoryDevice | None:
+        """The published device with this name; None for unknown names and MIG-mode parents."""
+        return self._by_name.get(device_name)
 
     def published_devices(self) -> list[Device]:
-        """Devices in PCI bus order (the order NVIDIA's driver publishes them in)."""
-        return [attributes.gpu_device(gpu) for gpu in sorted(self.gpus, key=lambda g: g.pci_bus_id)]
+        """Devices in PCI bus order, MIG devices by placement (NVIDIA's publishing order)."""
+        return attributes.published_devices(self.gpus, self.mig_devices)
 
     def desired_pool(self, driver: str, node_name: str) -> slices.DesiredPool:
         return slices.build_pool(
@@ -61,14 +196,27 @@ class NodeInventory:
             order=slices.DeviceOrder.GIVEN,
         )
 
-    def container_edits(self, gpu: Gpu, claim_dir: Path) -> ContainerEdits:
-        """Edits for one whole GPU; simulated ones write their fact file under `claim_dir`."""
-        name = gpu_device_name(gpu.minor)
+    def container_edits(self, device: InventoryDevice, claim_dir: Path) -> ContainerEdits:
+        """Edits for one device; simulated ones write their fact file under `claim_dir`.
+
+        Raises `MigCapabilityError` for a real MIG device whose capability nodes are not found.
+        """
+        name = device_name(device)
         prefix = device_env_prefix(name)
-        env = {f"{prefix}_UUID": gpu.uuid, f"{prefix}_PRODUCT": gpu.product_name}
+        if isinstance(device, MigDevice):
+            gpu = device.parent
+            env = {
+                f"{prefix}_UUID": device.uuid,
+                f"{prefix}_PARENT_UUID": gpu.uuid,
+                f"{prefix}_PROFILE": device.profile,
+                f"{prefix}_PRODUCT": gpu.product_name,
+            }
+        else:
+            gpu = device
+            env = {f"{prefix}_UUID": gpu.uuid, f"{prefix}_PRODUCT": gpu.product_name}
         if self.simulated:
             facts = claim_dir / f"{name}.json"
-            facts.write_text(json.dumps(_facts(gpu), indent=2, sort_keys=True) + "\n")
+            facts.write_text(json.dumps(_facts(device), indent=2, sort_keys=True) + "\n")
             facts.chmod(0o644)
             return ContainerEdits(
                 env={**env, f"{prefix}_SIMULATED": "true"},
@@ -81,6 +229,13 @@ class NodeInventory:
                 ),
             )
         nodes = [f"/dev/nvidia{gpu.minor}", *CONTROL_DEVICE_NODES]
+        if isinstance(device, MigDevice):
+            lookup = self.mig_capabilities or ProcMigCapabilities(
+                (self.driver_root / "proc", Path("/proc"))
+            )
+            for ci_id in (None, device.ci_id):
+                minor = lookup(gpu.minor, device.gi_id, ci_id)
+                nodes.append(f"{MIG_CAPABILITY_NODE_DIR}/nvidia-cap{minor}")
         return ContainerEdits(
             env=env,
             device_nodes=tuple(
@@ -95,12 +250,31 @@ class NodeInventory:
         return str(self.driver_root / node.lstrip("/"))
 
 
-def _facts(gpu: Gpu) -> dict[str, object]:
+def _uuid(device: InventoryDevice) -> str:
+    return device.uuid
+
+
+def _facts(device: InventoryDevice) -> dict[str, object]:
+    if isinstance(device, MigDevice):
+        return {
+            "name": device_name(device),
+            "uuid": device.uuid,
+            "parentUUID": device.parent.uuid,
+            "parentMinor": device.parent.minor,
+            "profile": device.profile,
+            "productName": device.parent.product_name,
+            "pciBusID": device.parent.pci_bus_id,
+            "memoryBytes": device.memory_bytes,
+            "gpuInstanceProfileId": device.gi_profile_id,
+            "placement": {"start": device.placement_start, "size": device.placement_size},
+            "gpuInstanceId": device.gi_id,
+            "computeInstanceId": device.ci_id,
+        }
     return {
-        "name": gpu_device_name(gpu.minor),
-        "uuid": gpu.uuid,
-        "productName": gpu.product_name,
-        "pciBusID": gpu.pci_bus_id,
-        "memoryBytes": gpu.memory_bytes,
-        "minor": gpu.minor,
+        "name": gpu_device_name(device.minor),
+        "uuid": device.uuid,
+        "productName": device.product_name,
+        "pciBusID": device.pci_bus_id,
+        "memoryBytes": device.memory_bytes,
+        "minor": device.minor,
     }

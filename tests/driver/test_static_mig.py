@@ -436,8 +436,17 @@ def test_the_mig_device_class_selects_exactly_the_static_mig_devices():
     assert selected("mig.nvidia.com") == H100_MIG_NAMES
 
 
-def test_the_gpu_device_class_selects_only_the_gpu_with_mig_off():
-    assert selected("gpu.nvidia.com") == ["gpu-7"]
+@pytest.mark.parametrize(
+    "class_name",
+    [
+        "gpu.nvidia.com",
+        "hopper.gpu.nvidia.com",
+        "large-memory.gpu.nvidia.com",
+        "training.gpu.nvidia.com",
+    ],
+)
+def test_whole_gpu_classes_select_only_the_gpu_with_mig_off(class_name):
+    assert selected(class_name) == ["gpu-7"]
 
 
 @pytest.mark.parametrize(

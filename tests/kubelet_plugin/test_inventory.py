@@ -1,20 +1,31 @@
-"""The node's GPUs: what is published, and what a container gets for each GPU (device nodes on
-real GPUs, environment and a fact file on simulated ones)."""
+"""The node's devices (whole GPUs and static MIG devices): what is published, and what a container
+gets for each (device nodes on real GPUs, environment and a fact file on simulated ones)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import stat
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import yaml
 
-from gpu_dra.driver.discovery import discover_gpus
-from gpu_dra.driver.model import Gpu
+from gpu_dra.driver.discovery import discover_devices, discover_gpus
+from gpu_dra.driver.model import Gpu, MigDevice, NodeDevices
 from gpu_dra.driver.nvml.simulated import SimulatedHost
-from gpu_dra.kubelet_plugin.cdi import CdiDevice, DeviceNode, build_claim_spec
-from gpu_dra.kubelet_plugin.inventory import NodeInventory, device_env_prefix
+from gpu_dra.kubelet_plugin.cdi import CdiDevice, ClaimSpecStore, DeviceNode, build_claim_spec
+from gpu_dra.kubelet_plugin.checkpoint import Checkpoint
+from gpu_dra.kubelet_plugin.inventory import (
+    MigCapabilityError,
+    NodeInventory,
+    ProcMigCapabilities,
+    device_env_prefix,
+)
+from gpu_dra.kubelet_plugin.prepare import WholeGpuPreparer
+from gpu_dra.kubelet_plugin.preparer import ClaimRef
+from tests.fakes.claim_reader import InMemoryClaimReader, allocation_result, resource_claim
 
 NODE = "node-a"
 DRIVER = "gpu.nvidia.com"
@@ -31,7 +42,7 @@ def gpus() -> tuple[Gpu, ...]:
 
 def gpu_named(inventory: NodeInventory, name: str) -> Gpu:
     gpu = inventory.by_name(name)
-    assert gpu is not None, name
+    assert isinstance(gpu, Gpu), name
     return gpu
 
 
@@ -178,3 +189,241 @@ def test_real_gpu_edits_make_a_valid_cdi_device(gpus: tuple[Gpu, ...], tmp_path:
         "hostPath": "/run/nvidia/driver/dev/nvidia0",
         "permissions": "rw",
     }
+
+
+# ---- static MIG --------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def mig_devices() -> NodeDevices:
+    """The hgx-h100-mig node: GPUs 0-6 in MIG mode (5 without slices), GPU 7 whole."""
+    host = SimulatedHost.load("hgx-h100-mig", NODE)
+    return discover_devices(host.nvml, host.pci)
+
+
+def mig_named(inventory: NodeInventory, name: str) -> MigDevice:
+    device = inventory.by_name(name)
+    assert isinstance(device, MigDevice), name
+    return device
+
+
+class RecordingCapabilities:
+    """A `MigCapabilityLookup` answering minor 100 + 10*GI (+ CI + 1 for a compute instance)."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[int, int, int | None]] = []
+
+    def __call__(self, parent_minor: int, gi_id: int, ci_id: int | None) -> int:
+        self.calls.append((parent_minor, gi_id, ci_id))
+        return 100 + 10 * gi_id + (0 if ci_id is None else ci_id + 1)
+
+
+def test_mig_inventory_publishes_whole_gpus_with_mig_off_and_the_static_mig_devices(
+    mig_devices: NodeDevices,
+) -> None:
+    inventory = NodeInventory.from_discovery(mig_devices, simulated=True)
+
+    names = [d["name"] for d in inventory.published_devices()]
+
+    assert names[:3] == ["gpu-0-mig-1g10gb-19-0", "gpu-0-mig-1g10gb-19-1", "gpu-0-mig-1g10gb-19-2"]
+    assert names[7:11] == [
+        "gpu-1-mig-2g20gb-14-0",
+        "gpu-1-mig-1g10gb-19-2",
+        "gpu-1-mig-1g10gb-me-20-3",
+        "gpu-1-mig-3g40gb-9-4",
+    ]
+    assert names[-1] == "gpu-7"
+    assert len(names) == 20
+    assert not [name for name in names if name in {f"gpu-{i}" for i in range(7)}]
+    (spec,) = inventory.desired_pool(DRIVER, NODE).slices
+    assert [d["name"] for d in spec["devices"]] == names
+
+
+def test_by_name_resolves_mig_devices_and_refuses_their_parents(mig_devices: NodeDevices) -> None:
+    inventory = NodeInventory.from_discovery(mig_devices, simulated=True)
+
+    mig = mig_named(inventory, "gpu-2-mig-3g40gb-9-4")
+    assert (mig.parent.minor, mig.profile, mig.placement_start) == (2, "3g.40gb", 4)
+    assert mig.uuid.startswith("MIG-")
+    assert inventory.by_name("gpu-2") is None  # MIG on: not offered whole
+    assert inventory.by_name("gpu-5") is None  # MIG on, no slices
+    assert inventory.by_name("gpu-6-mig-3g40gb-9-0") is None  # a GI without compute instance
+    whole = inventory.by_name("gpu-7")
+    assert isinstance(whole, Gpu)
+    assert whole.minor == 7
+
+
+def test_without_discovered_mig_devices_mig_parents_are_still_not_offered(
+    mig_devices: NodeDevices,
+) -> None:
+    inventory = NodeInventory(mig_devices.gpus, simulated=True)
+
+    assert [d["name"] for d in inventory.published_devices()] == ["gpu-7"]
+    assert inventory.by_name("gpu-0") is None
+
+
+def test_two_mig_devices_with_one_name_are_refused(mig_devices: NodeDevices) -> None:
+    first = mig_devices.mig_devices[0]
+    twin = replace(first, ci_id=1, uuid="MIG-00000000-0000-5000-8000-000000000001")
+    with pytest.raises(ValueError, match="two devices share the name gpu-0-mig-1g10gb-19-0"):
+        NodeInventory(mig_devices.gpus, simulated=True, mig_devices=(first, twin))
+
+
+def test_simulated_mig_device_gets_its_mig_uuid_parent_and_a_fact_file(
+    mig_devices: NodeDevices, tmp_path: Path
+) -> None:
+    inventory = NodeInventory.from_discovery(mig_devices, simulated=True)
+    mig = mig_named(inventory, "gpu-1-mig-1g10gb-me-20-3")
+
+    edits = inventory.container_edits(mig, tmp_path)
+
+    prefix = "GPU_DRA_GPU_1_MIG_1G10GB_ME_20_3"
+    assert dict(edits.env) == {
+        f"{prefix}_UUID": mig.uuid,
+        f"{prefix}_PARENT_UUID": mig.parent.uuid,
+        f"{prefix}_PROFILE": "1g.10gb+me",
+        f"{prefix}_PRODUCT": "NVIDIA H100 80GB HBM3",
+        f"{prefix}_SIMULATED": "true",
+    }
+    assert edits.device_nodes == ()
+    (mount,) = edits.mounts
+    name = "gpu-1-mig-1g10gb-me-20-3"
+    assert mount.container_path == f"/run/gpu-dra/devices/{name}.json"
+    assert "ro" in mount.options
+    facts = json.loads((tmp_path / f"{name}.json").read_text())
+    assert facts == {
+        "name": name,
+        "uuid": mig.uuid,
+        "parentUUID": mig.parent.uuid,
+        "parentMinor": 1,
+        "profile": "1g.10gb+me",
+        "productName": "NVIDIA H100 80GB HBM3",
+        "pciBusID": "0000:43:00.0",
+        "memoryBytes": 9984 * 1024 * 1024,
+        "gpuInstanceProfileId": 20,
+        "placement": {"start": 3, "size": 1},
+        "gpuInstanceId": mig.gi_id,
+        "computeInstanceId": 0,
+    }
+    assert stat.S_IMODE((tmp_path / f"{name}.json").stat().st_mode) == 0o644
+
+
+def test_real_mig_device_gets_its_parent_node_and_the_gi_and_ci_capability_nodes(
+    mig_devices: NodeDevices, tmp_path: Path
+) -> None:
+    capabilities = RecordingCapabilities()
+    inventory = NodeInventory.from_discovery(
+        mig_devices, simulated=False, mig_capabilities=capabilities
+    )
+    mig = mig_named(inventory, "gpu-4-mig-1g20gb-15-6")
+    claim_dir = tmp_path / "claim"
+
+    edits = inventory.container_edits(mig, claim_dir)
+
+    gi = mig.gi_id
+    assert capabilities.calls == [(4, gi, None), (4, gi, 0)]
+    assert [n.path for n in edits.device_nodes] == [
+        "/dev/nvidia4",
+        *CONTROL_NODES,
+        f"/dev/nvidia-caps/nvidia-cap{100 + 10 * gi}",
+        f"/dev/nvidia-caps/nvidia-cap{100 + 10 * gi + 1}",
+    ]
+    assert {n.permissions for n in edits.device_nodes} == {"rw"}
+    prefix = "GPU_DRA_GPU_4_MIG_1G20GB_15_6"
+    assert dict(edits.env)[f"{prefix}_UUID"] == mig.uuid
+    assert dict(edits.env)[f"{prefix}_PARENT_UUID"] == mig.parent.uuid
+    assert f"{prefix}_SIMULATED" not in dict(edits.env)
+    assert edits.mounts == ()
+    assert not claim_dir.exists()
+
+
+def write_proc(root: Path, relative: str, text: str) -> None:
+    path = root / relative
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
+def test_capability_minors_come_from_the_drivers_procfs_under_the_driver_root(
+    mig_devices: NodeDevices, tmp_path: Path
+) -> None:
+    mig = next(m for m in mig_devices.mig_devices if m.parent.minor == 3)  # the 7g.80gb
+    caps = f"proc/driver/nvidia/capabilities/gpu3/mig/gi{mig.gi_id}"
+    write_proc(tmp_path, f"{caps}/access", "DeviceFileMinor: 30\nDeviceFileMode: 292\n")
+    write_proc(tmp_path, f"{caps}/ci0/access", "DeviceFileMinor: 31\nDeviceFileMode: 292\n")
+    inventory = NodeInventory.from_discovery(mig_devices, simulated=False, driver_root=tmp_path)
+
+    edits = inventory.container_edits(mig, tmp_path / "claim")
+
+    assert [(n.path, n.host_path) for n in edits.device_nodes][-2:] == [
+        ("/dev/nvidia-caps/nvidia-cap30", f"{tmp_path}/dev/nvidia-caps/nvidia-cap30"),
+        ("/dev/nvidia-caps/nvidia-cap31", f"{tmp_path}/dev/nvidia-caps/nvidia-cap31"),
+    ]
+
+
+def test_capability_minors_fall_back_to_the_mig_minors_table(tmp_path: Path) -> None:
+    write_proc(
+        tmp_path,
+        "driver/nvidia-caps/mig-minors",
+        "config 1\nmonitor 2\ngpu0/gi1/access 12\ngpu0/gi1/ci0/access 13\ngpu1/gi1/access 147\n",
+    )
+    lookup = ProcMigCapabilities((tmp_path,))
+
+    assert lookup(0, 1, None) == 12
+    assert lookup(0, 1, 0) == 13
+    assert lookup(1, 1, None) == 147
+
+
+def test_an_unresolvable_capability_is_a_clear_error(
+    mig_devices: NodeDevices, tmp_path: Path
+) -> None:
+    inventory = NodeInventory.from_discovery(
+        mig_devices,
+        simulated=False,
+        mig_capabilities=ProcMigCapabilities((tmp_path / "proc",)),
+    )
+    mig = mig_named(inventory, "gpu-0-mig-1g10gb-19-0")
+
+    with pytest.raises(MigCapabilityError, match="cannot find the MIG capability device of GPU 0"):
+        inventory.container_edits(mig, tmp_path / "claim")
+    assert issubclass(MigCapabilityError, OSError)  # the preparer reports it, will retry
+
+
+def test_the_preparer_hands_out_mig_devices_through_by_name_and_container_edits(
+    mig_devices: NodeDevices, tmp_path: Path
+) -> None:
+    inventory = NodeInventory.from_discovery(mig_devices, simulated=True)
+    api = InMemoryClaimReader()
+    names = ["gpu-1-mig-2g20gb-14-0", "gpu-1-mig-3g40gb-9-4"]
+    api.add(
+        resource_claim(
+            UID,
+            "mig-claim",
+            results=[allocation_result(n, request="mig") for n in names],
+        )
+    )
+    cdi = ClaimSpecStore(tmp_path / "cdi", driver_name=DRIVER)
+    checkpoint = Checkpoint(tmp_path / "data", boot_id=lambda: "boot-1")
+    checkpoint.load()
+    preparer = WholeGpuPreparer(
+        driver_name=DRIVER,
+        node_name=NODE,
+        inventory=inventory,
+        claims=api,
+        checkpoint=checkpoint,
+        cdi=cdi,
+        claims_dir=tmp_path / "data" / "claims",
+    )
+    claim = ClaimRef("default", UID, "mig-claim")
+
+    result = asyncio.run(preparer.prepare([claim]))[UID]
+
+    assert result.error is None, result.error
+    assert [d.device_name for d in result.devices] == names
+    spec = yaml.safe_load(cdi.path_for(UID).read_text())
+    for device, name in zip(spec["devices"], names, strict=True):
+        env = dict(item.split("=", 1) for item in device["containerEdits"]["env"])
+        prefix = device_env_prefix(name)
+        assert env[f"{prefix}_UUID"] == mig_named(inventory, name).uuid
+        assert env[f"{prefix}_PARENT_UUID"] == mig_devices.gpus[1].uuid
+    assert asyncio.run(preparer.unprepare([claim])) == {UID: None}
+    assert not cdi.path_for(UID).exists()
