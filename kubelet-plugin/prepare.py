@@ -54,6 +54,7 @@ from gpu_dra.driver.config import (
     resolve_configs,
 )
 from gpu_dra.driver.config.errors import DomainError
+from gpu_dra.driver.model import MigDevice
 from gpu_dra.driver.naming import InvalidNameError, validate_claim_uid
 from gpu_dra.kubelet_plugin.cdi import (
     CdiDevice,
@@ -169,7 +170,10 @@ class WholeGpuPreparer:
     # ---- start-up --------------------------------------------------------------------------------
     async def recover(self) -> None:
         """Roll back half-done prepares (stopping their MPS daemons), adopt the MPS daemons of
-        prepared claims, and remove CDI specs/claim files nobody owns."""
+        prepared claims, and remove MPS daemons, CDI specs and claim files nobody owns.
+
+        Run it before serving: a daemon that a prepare running beside it has started but not
+        recorded yet would be taken for a leftover."""
         entries = await asyncio.to_thread(self._checkpoint.all)
         for uid, entry in entries.items():
             if entry.phase is ClaimPhase.PREPARE_STARTED:
@@ -181,6 +185,8 @@ class WholeGpuPreparer:
                     log.error("rollback of claim_uid=%s incomplete: %s", uid, error)
             else:
                 await _in_thread_to_completion(self._adopt_daemons, entry)
+        if self._mps is not None:
+            await _in_thread_to_completion(self._remove_unrecorded_daemons)
         owned = {uid for uid, e in entries.items() if e.phase is ClaimPhase.PREPARE_COMPLETED}
         for uid in await asyncio.to_thread(self._cdi.claim_uids):
             if uid not in owned:
@@ -266,6 +272,13 @@ class WholeGpuPreparer:
                     "config to get the GPU exclusively"
                 )
             names = tuple(sorted({d.device for d in group.devices}))
+            mig = [n for n in names if isinstance(self._inventory.by_name(n), MigDevice)]
+            if mig:
+                raise PrepareError(
+                    f"{group.origin.label}: MPS on MIG devices ({', '.join(mig)}) is not "
+                    "supported by this gpu-dra version yet; remove `sharing` from the config to "
+                    "get the MIG devices exclusively"
+                )
             shared = sorted(admin.intersection(names))
             if shared:
                 raise PrepareError(
@@ -475,6 +488,27 @@ class WholeGpuPreparer:
         self._cdi.remove(claim_uid)
         shutil.rmtree(self._claims_dir / claim_uid, ignore_errors=True)
         self._checkpoint.remove(claim_uid)
+
+    def _remove_unrecorded_daemons(self) -> None:
+        """Remove daemons no checkpoint entry records: started by a plugin that died before it
+        could record them (the window between `MpsControl.start` and the checkpoint write)."""
+        assert self._mps is not None
+        recorded: set[str] = set()
+        for uid, entry in self._checkpoint.all().items():
+            try:
+                recorded.update(h.daemon_id for h in handles_from_state(entry.state))
+            except MpsError as error:
+                # Its daemons cannot be told apart from leftovers: remove none at all.
+                log.error("mps state of claim_uid=%s unusable, leftovers kept: %s", uid, error)
+                return
+        for daemon_id in self._mps.leftovers():
+            if daemon_id in recorded:
+                continue
+            log.info("removing MPS daemon no claim records daemon_id=%s", daemon_id)
+            try:
+                self._mps.remove_leftover(daemon_id)
+            except MpsError as error:
+                log.error("mps leftover daemon_id=%s not removed: %s", daemon_id, error)
 
     def _adopt_daemons(self, entry: CheckpointEntry) -> None:
         """Re-attach to the MPS daemons of a prepared claim; a dead or faulty one is logged

@@ -33,8 +33,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Final
 
+from gpu_dra.driver.naming import InvalidNameError
 from gpu_dra.kubelet_plugin.mps.control import ControlClient
-from gpu_dra.kubelet_plugin.mps.ids import checked_device_uuid
+from gpu_dra.kubelet_plugin.mps.ids import checked_daemon_id, checked_device_uuid
 from gpu_dra.kubelet_plugin.mps.interface import (
     DaemonHandle,
     DaemonPaths,
@@ -237,6 +238,25 @@ class MpsDaemonManager:
             ) from error
         log.info("mps daemon adopted daemon_id=%s pid=%d", handle.daemon_id, handle.pid)
         return handle
+
+    def leftovers(self) -> list[str]:
+        try:
+            names = [entry.name for entry in (self.data_dir / "mps").iterdir() if entry.is_dir()]
+        except FileNotFoundError:
+            return []
+        ids = []
+        for name in names:
+            try:
+                ids.append(checked_daemon_id(name))
+            except InvalidNameError:
+                continue  # not a daemon directory of this manager
+        return sorted(ids)
+
+    def remove_leftover(self, daemon_id: str) -> None:
+        paths = DaemonPaths.of(self.data_dir, daemon_id)
+        with self._lock(daemon_id):
+            self._remove(paths, None, mounted=True)
+        log.info("mps leftover removed daemon_id=%s", daemon_id)
 
     # -- steps -----------------------------------------------------------------------------
 

@@ -293,3 +293,15 @@ class MpsControl(Protocol):
 
         Raises `MpsDaemonGoneError` when it is not running; `stop` then cleans up."""
         ...
+
+    def leftovers(self) -> list[str]:
+        """Ids of the daemons that have directories (running or not), sorted.
+
+        At start-up, those no checkpoint entry records are leftovers of a plugin that died
+        between starting a daemon and recording it: `remove_leftover` removes them."""
+        ...
+
+    def remove_leftover(self, daemon_id: str) -> None:
+        """Kill what runs for daemon ``daemon_id``, unmount its shm, remove its directories,
+        without a handle. Idempotent; `MpsStopError` when something cannot be removed."""
+        ...

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from gpu_dra.driver.discovery import discover_gpus
+from gpu_dra.driver.discovery import discover_devices, discover_gpus
 from gpu_dra.driver.nvml.simulated import SimulatedHost
 from gpu_dra.kubelet_plugin.cdi import CdiDevice, ContainerEdits
 from gpu_dra.kubelet_plugin.checkpoint import Checkpoint, CheckpointEntry, ClaimPhase, LoadResult
@@ -29,6 +29,7 @@ from gpu_dra.kubelet_plugin.mps import (
     DaemonHandle,
     DaemonState,
     MpsDaemonManager,
+    MpsSettings,
     PlainDirectoryShm,
     claim_daemon_id,
     handles_from_state,
@@ -601,4 +602,38 @@ def test_prepare_after_an_interrupted_prepare_replaces_its_daemon(node: MpsNode)
     assert wait_dead(old.pid)
     assert node.running() == [new.pid]
     node.unprepare(claim)
+    assert node.running() == []
+
+
+def test_recover_removes_a_daemon_no_claim_records(node: MpsNode) -> None:
+    kept_claim = node.add_mps(UID_B, "gpu-2", name="claim-b")
+    ok(node.prepare(kept_claim)[UID_B])
+    [kept] = node.handles(UID_B)
+    # The plugin died after starting claim A's daemon, before recording it.
+    uuid = node.uuid_of("gpu-0")
+    orphan = node.mps.start(claim_daemon_id(UID_A, [uuid]), [uuid], MpsSettings())
+    assert sorted(node.running()) == sorted([kept.pid, orphan.pid])
+
+    node.restart()
+    node.recover()
+
+    assert wait_dead(orphan.pid)
+    assert not orphan.root.exists()
+    assert node.running() == [kept.pid]
+    assert node.daemon_dirs() == [kept.daemon_id]
+    node.unprepare(kept_claim)
+    assert node.running() == []
+
+
+def test_mps_on_a_mig_device_is_refused_for_now(tmp_path: Path, mps_root: Path) -> None:
+    host = SimulatedHost.load("hgx-h100-mig", NODE)
+    devices = discover_devices(host.nvml, host.pci)
+    node = MpsNode(tmp_path, NodeInventory.from_discovery(devices, simulated=True), mps_root)
+    claim = node.add_mps(UID_A, "gpu-0-mig-1g10gb-19-0", "gpu-7")
+
+    error = failed(node.prepare(claim)[UID_A])
+
+    assert "MPS on MIG devices (gpu-0-mig-1g10gb-19-0) is not supported" in error
+    node.assert_nothing_left(UID_A)
+    assert node.daemon_dirs() == []
     assert node.running() == []
