@@ -1,6 +1,6 @@
 """MPS control daemons for prepared claims: start, stop, status, adopt, and workload CDI edits.
 
-Not wired into prepare yet. Layout:
+The whole-GPU preparer uses it for per-claim MPS (``docs/mps.md``). Layout:
 
 * :mod:`.interface` - values (`MpsSettings`, `DaemonHandle`, `DaemonStatus`), the `MpsControl`
   Protocol and the error vocabulary;
