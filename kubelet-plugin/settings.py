@@ -51,13 +51,14 @@ class KubeletPluginSettings:
     def resolved_mps_control_binary(self, path: str | None = None) -> Path | None:
         """The MPS control program to run, or None when it is not found.
 
-        A value with a ``/`` is taken as it is (if it is an executable file); a bare name is
+        A value with a ``/`` is taken as it is (if it is an executable file; made absolute, as
+        the daemon outlives the working directory's meaning); a bare name is
         looked up on ``path`` (default: this process's ``PATH``), then in
         ``<driver_root>/usr/bin``.
         """
         name = self.mps_control_binary
         if "/" in name:
-            candidate = Path(name)
+            candidate = Path(name).absolute()
             return candidate if os.access(candidate, os.X_OK) and candidate.is_file() else None
         found = shutil.which(name, path=os.environ.get("PATH", "") if path is None else path)
         if found:
