@@ -6,6 +6,8 @@
 * ``check-config`` validates the opaque ``GpuConfig``/``MigDeviceConfig`` entries of
   ResourceClaims, ResourceClaimTemplates and DeviceClasses before they are applied, with the
   messages the kubelet plugin would put in pod events.
+* ``lint`` compiles the CEL selectors of DeviceClasses and claims and evaluates the classes on
+  the devices of the simulated machines (`gpu_dra.controller.lint`).
 
 Each subcommand is a `Subcommand`: one function adding its arguments, one running it. To add one,
 write those two functions and list it in `SUBCOMMANDS`. Flags describing the node (``--simulate``,
@@ -30,15 +32,24 @@ from typing import Any, Final, Literal, TextIO
 
 import yaml
 
+from gpu_dra.controller.lint import (
+    LintReport,
+    PublishedNames,
+    SimulatedDevice,
+    Source,
+    lint,
+    publishable_names,
+)
 from gpu_dra.driver.attributes import (
     NUMA_NODE,
     PCI_BUS_ID,
     DeviceAttributeError,
-    gpu_device,
+    published_devices,
 )
+from gpu_dra.driver.cel import CelRuntimeError, to_cel_device
 from gpu_dra.driver.config import ConfigError, ConfigProblem, resolve_configs
 from gpu_dra.driver.config.resolve import NOT_OPAQUE
-from gpu_dra.driver.discovery import DiscoveryError, discover_gpus
+from gpu_dra.driver.discovery import DiscoveryError, discover_devices
 from gpu_dra.driver.naming import DEFAULT_DRIVER_NAME
 from gpu_dra.driver.nvml.interface import NvmlLibrary, PciTopology
 from gpu_dra.driver.nvml.profiles import ProfileError, builtin_profile_names, load_profile
@@ -214,16 +225,9 @@ def add_devices_arguments(parser: argparse.ArgumentParser, environ: Mapping[str,
 def run_devices(args: argparse.Namespace, streams: Streams) -> int:
     nvml, pci = _node(args)
     try:
-        gpus = discover_gpus(nvml, pci)
-    except DiscoveryError as error:
-        raise CliError(str(error)) from error
+        devices = _published_devices(nvml, pci)
     except OSError as error:  # libnvidia-ml.so.1 exists but cannot be loaded
         raise CliError(f"cannot load the NVML library under {args.driver_root}: {error}") from error
-    try:
-        # PCI bus order, the order the kubelet plugin publishes them in.
-        devices = [gpu_device(gpu) for gpu in sorted(gpus, key=lambda gpu: gpu.pci_bus_id)]
-    except DeviceAttributeError as error:
-        raise CliError(f"cannot publish the GPUs: {error}") from error
     if args.output != "table":
         _write_data(streams, devices, args.output)
         return EXIT_OK
@@ -234,6 +238,20 @@ def run_devices(args: argparse.Namespace, streams: Streams) -> int:
     headers += ["PCI BUS ID", "NUMA", "UUID"]
     _write_table(streams, headers, [_device_row(device) for device in devices])
     return EXIT_OK
+
+
+def _published_devices(nvml: NvmlLibrary, pci: PciTopology) -> list[Device]:
+    """The devices the kubelet plugin publishes for the node, in its order: whole GPUs with MIG
+    off and static MIG devices, by PCI bus id then placement; `CliError` when discovery or
+    publishing fails. `gpu-dra lint` evaluates on these."""
+    try:
+        found = discover_devices(nvml, pci)
+    except DiscoveryError as error:
+        raise CliError(str(error)) from error
+    try:
+        return published_devices(found.gpus, found.mig_devices)
+    except DeviceAttributeError as error:
+        raise CliError(f"cannot publish the GPUs: {error}") from error
 
 
 def _node(args: argparse.Namespace) -> tuple[NvmlLibrary, PciTopology]:
@@ -436,6 +454,135 @@ def _yaml_message(error: yaml.YAMLError) -> str:
     return " ".join(str(error).split())
 
 
+# ---- gpu-dra lint --------------------------------------------------------------------------------
+
+_LINT_NODE: Final = "lint-node"  # seeds the simulated UUIDs, which no selector should read
+
+
+def add_lint_arguments(parser: argparse.ArgumentParser, environ: Mapping[str, str]) -> None:
+    parser.add_argument(
+        "paths",
+        nargs="+",
+        metavar="PATH",
+        help="YAML manifest file (several documents and List objects allowed), directory (its "
+        f"*.yaml and *.yml files) or {STDIN} for standard input",
+    )
+    parser.add_argument(
+        "--profile",
+        action="append",
+        metavar="PROFILE",
+        help="evaluate on this simulated machine only: a built-in name (see `gpu-dra profiles`) "
+        "or the path of a .json/.yaml profile file; repeatable (default: every built-in profile)",
+    )
+    parser.add_argument(
+        "--strict", action="store_true", help="warnings fail the lint too (exit status 1)"
+    )
+    _add_env_argument(
+        parser,
+        environ,
+        "--driver-name",
+        env=("GPU_DRA_DRIVER_NAME",),
+        metavar="NAME",
+        help="DRA driver name: the domain of the published attributes and device.driver",
+        default=DEFAULT_DRIVER_NAME,
+    )
+    parser.add_argument(
+        "-o",
+        "--output",
+        choices=("text", "json", "yaml"),
+        default="text",
+        help="output format (default: text, one line per finding and a summary)",
+    )
+
+
+def run_lint(args: argparse.Namespace, streams: Streams) -> int:
+    devices = _lint_devices(args.profile or builtin_profile_names())
+    every_builtin = _lint_devices(builtin_profile_names())
+    sources: list[Source] = []
+    unreadable: list[str] = []
+    for path in args.paths:
+        try:
+            files = _lint_files(path)
+        except CliError as error:
+            _error(streams, LINT, str(error))
+            unreadable.append(str(error))
+            continue
+        for file in files:
+            try:
+                documents = _load_documents(file, streams.stdin)
+            except CliError as error:
+                _error(streams, LINT, str(error))
+                unreadable.append(str(error))
+                continue
+            sources.append(Source(_STDIN_LABEL if file == STDIN else file, documents))
+    try:
+        report = lint(
+            sources,
+            devices,
+            driver=args.driver_name,
+            published=_published(every_builtin, args.driver_name),
+        )
+    except CelRuntimeError as error:
+        raise CliError(f"a simulated device cannot be evaluated: {error}", EXIT_USAGE) from error
+    _write_lint_report(streams, report, len(sources), unreadable, args.output)
+    if unreadable:
+        return EXIT_USAGE
+    return EXIT_FAILED if report.failed(strict=args.strict) else EXIT_OK
+
+
+def _lint_files(path: str) -> list[str]:
+    """`path` itself, or the sorted *.yaml / *.yml files of a directory (CliError if none)."""
+    if path == STDIN or not Path(path).is_dir():
+        return [path]
+    files = sorted(
+        str(child)
+        for child in Path(path).iterdir()
+        if child.suffix in (".yaml", ".yml") and child.is_file()
+    )
+    if not files:
+        raise CliError(f"no .yaml or .yml files in directory {path}", EXIT_USAGE)
+    return files
+
+
+def _lint_devices(profiles: Sequence[str]) -> list[SimulatedDevice]:
+    devices: list[SimulatedDevice] = []
+    for spec in profiles:
+        try:
+            host = SimulatedHost.load(spec, _LINT_NODE)
+        except ProfileError as error:
+            raise CliError(str(error), EXIT_USAGE) from error
+        try:
+            published = _published_devices(host.nvml, host.pci)
+        except CliError as error:  # a profile with injected NVML faults
+            raise CliError(f"simulated machine {spec}: {error}", EXIT_USAGE) from error
+        devices.extend(SimulatedDevice(host.profile.name, device) for device in published)
+    return devices
+
+
+def _published(devices: Sequence[SimulatedDevice], driver: str) -> PublishedNames:
+    """What gpu-dra publishes on any built-in profile, and can publish on any whole GPU."""
+    converted = [to_cel_device(driver, device.device) for device in devices]
+    return publishable_names(driver) | PublishedNames.of(converted)
+
+
+def _write_lint_report(
+    streams: Streams, report: LintReport, files: int, unreadable: Sequence[str], output: str
+) -> None:
+    if output != "text":
+        data = report.to_json(files)
+        data["unreadable"] = list(unreadable)
+        _write_data(streams, data, output)
+        return
+    for finding in report.findings:
+        print(finding, file=streams.out)
+    if not report.objects:
+        print("no DeviceClasses, ResourceClaims or ResourceClaimTemplates found", file=streams.err)
+    summary = report.summary(files)
+    if unreadable:
+        summary += f"; {len(unreadable)} inputs unreadable"
+    print(f"{PROG} lint: {summary}", file=streams.out)
+
+
 # ---- the command table ---------------------------------------------------------------------------
 
 PROFILES: Final = Subcommand(
@@ -487,7 +634,30 @@ CHECK_CONFIG: Final = Subcommand(
     run=run_check_config,
 )
 
-SUBCOMMANDS: Final[tuple[Subcommand, ...]] = (PROFILES, DEVICES, CHECK_CONFIG)
+LINT: Final = Subcommand(
+    name="lint",
+    summary="check the CEL selectors of DeviceClasses and claims on simulated GPUs",
+    description="Compile every CEL selector of the DeviceClasses, ResourceClaims and\n"
+    "ResourceClaimTemplates in the files, and evaluate each DeviceClass (and each claim\n"
+    "request on the devices of its class) against every device of the simulated machines,\n"
+    "as the scheduler evaluates them. One line per finding:\n"
+    "  LEVEL <file> <kind>/<name>: [<path>: ]<message>\n"
+    "ERROR: a compile error, a runtime error on some device (e.g. a missing attribute read\n"
+    "without has()), an attribute or capacity gpu-dra never publishes (with a suggestion).\n"
+    "WARNING: a class selecting no device, two classes selecting the same devices, a name\n"
+    "only NVIDIA's driver publishes (MIG). INFO: what each class selects, overlaps.\n"
+    "Exit status: 0 no errors (warnings allowed unless --strict), 1 errors (or warnings\n"
+    "with --strict), 2 an input or profile cannot be read or parsed.",
+    examples=(
+        "gpu-dra lint deviceclasses/",
+        "gpu-dra lint --strict --profile hgx-h100 --profile my-node.yaml classes/ claim.yaml",
+        "kubectl get deviceclasses -o yaml | gpu-dra lint -o json -",
+    ),
+    add_arguments=add_lint_arguments,
+    run=run_lint,
+)
+
+SUBCOMMANDS: Final[tuple[Subcommand, ...]] = (PROFILES, DEVICES, CHECK_CONFIG, LINT)
 
 
 # ---- shared helpers ------------------------------------------------------------------------------
