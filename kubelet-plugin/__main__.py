@@ -23,7 +23,7 @@ from prometheus_client import CollectorRegistry, start_http_server
 from gpu_dra.controller.kubeapi import KubernetesSliceApi, new_api_client
 from gpu_dra.controller.metrics import SliceMetrics
 from gpu_dra.controller.publisher import SlicePublisher
-from gpu_dra.driver.discovery import discover_gpus
+from gpu_dra.driver.discovery import discover_devices
 from gpu_dra.driver.nvml.interface import NvmlLibrary, PciTopology
 from gpu_dra.driver.nvml.real import RealNvml
 from gpu_dra.driver.nvml.simulated import SimulatedHost
@@ -89,13 +89,14 @@ def _mps(settings: KubeletPluginSettings) -> MpsDaemonManager | None:
 
 async def run(settings: KubeletPluginSettings) -> None:
     nvml, pci = _nvml(settings)
-    gpus = await asyncio.to_thread(discover_gpus, nvml, pci)
-    inventory = NodeInventory(
-        tuple(gpus), simulated=settings.simulate is not None, driver_root=settings.driver_root
+    devices = await asyncio.to_thread(discover_devices, nvml, pci)
+    inventory = NodeInventory.from_discovery(
+        devices, simulated=settings.simulate is not None, driver_root=settings.driver_root
     )
     log.info(
-        "discovered %d GPU(s) node=%s simulated=%s",
-        len(gpus),
+        "discovered %d GPU(s) and %d MIG device(s) node=%s simulated=%s",
+        len(devices.gpus),
+        len(devices.mig_devices),
         settings.node_name,
         settings.simulate,
     )

@@ -49,6 +49,7 @@ from gpu_dra.driver.config import (
     AllocatedDevice,
     ConfigError,
     ConfigGroup,
+    DeviceType,
     mps_config,
     pinned_memory_limits,
     resolve_configs,
@@ -238,7 +239,12 @@ class WholeGpuPreparer:
         allocation = resource_claim["status"]["allocation"]["devices"]
         configs = resolve_configs(
             allocation.get("config", []),
-            [AllocatedDevice(request=r.request, device=r.device, type="gpu") for r in results],
+            [
+                AllocatedDevice(
+                    request=r.request, device=r.device, type=self._device_type(r.device)
+                )
+                for r in results
+            ],
             driver=self._driver,
             claim=f"{claim.namespace}/{claim.name}",
             spec_configs=resource_claim.get("spec", {}).get("devices", {}).get("config"),
@@ -339,6 +345,11 @@ class WholeGpuPreparer:
         if not resource_claim.get("status", {}).get("allocation"):
             raise PrepareError("the claim is not allocated")
         return resource_claim
+
+    def _device_type(self, device_name: str) -> DeviceType:
+        """`mig` for MIG devices, else `gpu`: decides which config kinds apply (GpuConfig or
+        MigDeviceConfig) and which are a mismatch error."""
+        return "mig" if isinstance(self._inventory.by_name(device_name), MigDevice) else "gpu"
 
     def _our_results(self, resource_claim: ResourceClaim) -> list[_Result]:
         raw: list[dict[str, Any]] = resource_claim["status"]["allocation"]["devices"].get(

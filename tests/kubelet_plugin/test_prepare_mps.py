@@ -629,11 +629,33 @@ def test_mps_on_a_mig_device_is_refused_for_now(tmp_path: Path, mps_root: Path) 
     host = SimulatedHost.load("hgx-h100-mig", NODE)
     devices = discover_devices(host.nvml, host.pci)
     node = MpsNode(tmp_path, NodeInventory.from_discovery(devices, simulated=True), mps_root)
-    claim = node.add_mps(UID_A, "gpu-0-mig-1g10gb-19-0", "gpu-7")
+    mig_mps = {
+        "apiVersion": "resource.nvidia.com/v1beta1",
+        "kind": "MigDeviceConfig",
+        "sharing": {"strategy": "MPS"},
+    }
+    config = opaque_config(mig_mps, requests=["gpu"])
+    results = [allocation_result("gpu-0-mig-1g10gb-19-0")]
+    claim = node.add(resource_claim(UID_A, "claim-a", results=results, claim_configs=[config]))
 
     error = failed(node.prepare(claim)[UID_A])
 
     assert "MPS on MIG devices (gpu-0-mig-1g10gb-19-0) is not supported" in error
     node.assert_nothing_left(UID_A)
     assert node.daemon_dirs() == []
+    assert node.running() == []
+
+
+def test_a_gpu_config_naming_a_mig_device_is_a_type_mismatch(
+    tmp_path: Path, mps_root: Path
+) -> None:
+    host = SimulatedHost.load("hgx-h100-mig", NODE)
+    devices = discover_devices(host.nvml, host.pci)
+    node = MpsNode(tmp_path, NodeInventory.from_discovery(devices, simulated=True), mps_root)
+    claim = node.add_mps(UID_A, "gpu-0-mig-1g10gb-19-0")
+
+    error = failed(node.prepare(claim)[UID_A])
+
+    assert 'cannot apply GpuConfig to device "gpu-0-mig-1g10gb-19-0" of type "mig"' in error
+    node.assert_nothing_left(UID_A)
     assert node.running() == []
