@@ -19,11 +19,11 @@ import re
 from fractions import Fraction
 
 _BINARY = {"Ki": 1, "Mi": 2, "Gi": 3, "Ti": 4, "Pi": 5, "Ei": 6}
-_DECIMAL = {"m": -1, "": 0, "k": 1, "M": 2, "G": 3, "T": 4, "P": 5, "E": 6}
+_DECIMAL = {"n": -3, "u": -2, "m": -1, "": 0, "k": 1, "M": 2, "G": 3, "T": 4, "P": 5, "E": 6}
 
 _PATTERN = re.compile(
     r"(?P<sign>[+-]?)(?P<number>[0-9]+(?:\.[0-9]*)?|\.[0-9]+)"
-    r"(?:(?P<exponent>[eE][+-]?[0-9]+)|(?P<suffix>[KMGTPE]i|[mkMGTPE])?)"
+    r"(?:(?P<exponent>[eE][+-]?[0-9]+)|(?P<suffix>[KMGTPE]i|[numkMGTPE])?)"
 )
 
 # Go keeps quantities within int64 when they are read as integers; so do we. The digit and
@@ -32,7 +32,7 @@ MAX_VALUE = 2**63 - 1
 _MAX_DIGITS = 64
 _MAX_EXPONENT = 64
 
-SUFFIXES = "Ki|Mi|Gi|Ti|Pi|Ei|m|k|M|G|T|P|E|e<n>"
+SUFFIXES = "Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E|e<n>"
 
 
 class QuantityError(ValueError):

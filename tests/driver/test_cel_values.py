@@ -123,9 +123,6 @@ def test_kubernetes_library_runtime_errors(expression, message):
         evaluate(expression)
 
 
-@pytest.mark.xfail(
-    strict=True, reason="driver/config/quantity.py lacks the n and u suffixes Kubernetes accepts"
-)
 def test_nano_and_micro_suffixes():
     assert evaluate(
         "quantity('1500000n') == quantity('1500u') && quantity('1500u') == quantity('1.5m')"

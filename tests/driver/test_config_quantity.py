@@ -40,7 +40,13 @@ def test_parse_quantity_gives_the_exact_integer_value(text: str, expected: int) 
 
 @pytest.mark.parametrize(
     ("text", "expected"),
-    [("100m", Fraction(1, 10)), ("1.5", Fraction(3, 2)), ("1e-3", Fraction(1, 1000))],
+    [
+        ("100m", Fraction(1, 10)),
+        ("250u", Fraction(1, 4000)),
+        ("5n", Fraction(1, 200000000)),
+        ("1.5", Fraction(3, 2)),
+        ("1e-3", Fraction(1, 1000)),
+    ],
 )
 def test_parse_quantity_keeps_fractions_exact(text: str, expected: Fraction) -> None:
     assert parse_quantity(text) == expected
