@@ -4,7 +4,9 @@ Order matters: discover the GPUs, recover from the checkpoint (roll back half-do
 remove orphaned CDI specs), start publishing the node's ResourceSlices and caching the
 ResourceClaims, then serve the DRA socket, and only then the registration socket (PluginServer
 does both in that order). The MPS daemon manager exists before recovery, which adopts the daemons
-of prepared claims and stops those of interrupted prepares. Every successful registration
+of prepared claims and stops those of interrupted prepares; the time slicer (nvidia-smi on real
+GPUs, a recorded fake on simulated nodes) exists before recovery too, which resets the time-slice
+intervals of interrupted prepares. Every successful registration
 republishes the slices: the kubelet wipes them when it starts. Prepares GET their claims until the
 cache has listed them.
 """
@@ -24,6 +26,7 @@ from gpu_dra.controller.kubeapi import KubernetesSliceApi, new_api_client
 from gpu_dra.controller.metrics import SliceMetrics
 from gpu_dra.controller.publisher import SlicePublisher
 from gpu_dra.driver.discovery import discover_devices
+from gpu_dra.driver.model import NodeDevices
 from gpu_dra.driver.nvml.interface import NvmlLibrary, PciTopology
 from gpu_dra.driver.nvml.real import RealNvml
 from gpu_dra.driver.nvml.simulated import SimulatedHost
@@ -43,6 +46,12 @@ from gpu_dra.kubelet_plugin.mps import (
 from gpu_dra.kubelet_plugin.prepare import WholeGpuPreparer
 from gpu_dra.kubelet_plugin.server import PluginServer
 from gpu_dra.kubelet_plugin.settings import KubeletPluginSettings
+from gpu_dra.kubelet_plugin.timeslicing import (
+    RECORD_FILE,
+    NvidiaSmiTimeSlicer,
+    RecordedTimeSlicer,
+    TimeSlicer,
+)
 
 log = logging.getLogger("gpu_dra.kubelet_plugin")
 
@@ -87,6 +96,32 @@ def _mps(settings: KubeletPluginSettings) -> MpsDaemonManager | None:
     return manager
 
 
+PASCAL_ARCHITECTURE = 4
+"""``NVML_DEVICE_ARCH_PASCAL``: simulated GPUs of this architecture or older answer "Not
+Supported" to time-slice commands, as the Tesla P4 does (NVIDIA issues #41, #81, #363)."""
+
+
+def _time_slicer(settings: KubeletPluginSettings, devices: NodeDevices) -> TimeSlicer | None:
+    """nvidia-smi on real GPUs (None when it is not found: TimeSlicing claims then fail with a
+    message); on simulated nodes the recorded fake, writing `<data-dir>/time-slicing.json`."""
+    if settings.simulate:
+        unsupported = {g.uuid for g in devices.gpus if g.architecture <= PASCAL_ARCHITECTURE}
+        path = settings.state_dir / RECORD_FILE
+        log.info("time-slicing simulated: recorded in %s", path)
+        return RecordedTimeSlicer(path, not_supported=unsupported)
+    binary = settings.resolved_nvidia_smi()
+    if binary is None:
+        log.warning(
+            "nvidia-smi %r not found on PATH nor under %s/usr/bin: claims with sharing strategy "
+            "TimeSlicing on full GPUs will fail on this node",
+            settings.nvidia_smi,
+            settings.driver_root,
+        )
+        return None
+    log.info("time-slicing with %s", binary)
+    return NvidiaSmiTimeSlicer(binary)
+
+
 async def run(settings: KubeletPluginSettings) -> None:
     nvml, pci = _nvml(settings)
     devices = await asyncio.to_thread(discover_devices, nvml, pci)
@@ -122,6 +157,7 @@ async def run(settings: KubeletPluginSettings) -> None:
         cdi=ClaimSpecStore(settings.cdi_root, driver_name=settings.driver_name),
         claims_dir=settings.state_dir / "claims",
         mps=_mps(settings),
+        time_slicer=_time_slicer(settings, devices),
     )
     await preparer.recover()
 

@@ -10,8 +10,10 @@ Prepare, per claim (claims of one call run concurrently):
 4. lock the claim's devices (per-device locks, in name order) and refuse a device already
    prepared for another claim; admin-access results neither are refused nor block others (the
    scheduler does not count them as allocated);
-5. record `PrepareStarted`; start one MPS control daemon per config group with
-   `sharing.strategy: MPS` and record its handle in a `PrepareStarted` update at once; write the
+5. record `PrepareStarted` (with the time-slice intervals about to be applied); set the
+   interval of every full GPU of a config group with `sharing.strategy: TimeSlicing`; start one
+   MPS control daemon per config group with `sharing.strategy: MPS` and record its handle in a
+   `PrepareStarted` update at once; write the
    CDI spec (one CDI device per allocated device, named `<claimUID>-<device>`; devices of an MPS
    group also get the daemon's pipe directory and shm), record `PrepareCompleted` with the
    devices and the daemon handles, return the devices. Each record is on disk before the next
@@ -23,14 +25,22 @@ is rolled back by the next prepare of that claim or by `recover()` at start-up. 
 keeps its locks until its file work in the worker thread is done (a thread cannot be stopped).
 
 Unprepare works from the checkpoint alone (the claim may be gone): stop the claim's MPS daemons
-(handles in the entry's `state`), remove the CDI spec and the claim's files, then the checkpoint
-entry. Unknown claims succeed. `recover()` at start-up adopts the daemons of prepared claims (a
-dead one is logged; the claim stays prepared) and rolls back interrupted prepares, daemons
-included.
+(handles in the entry's `state`), reset the time-slice intervals it recorded to Default (unless
+another prepared claim still records the same GPU), remove the CDI spec and the claim's files,
+then the checkpoint entry. Unknown claims succeed. `recover()` at start-up adopts the daemons of
+prepared claims (a dead one is logged; the claim stays prepared) and rolls back interrupted
+prepares, daemons and time slices included.
 
 MPS (NVIDIA-compatible, `nvidia-compat.md` §7): one daemon per (claim, config group), id
 `claim_daemon_id(claimUID, UUIDs)`, defaults from `mpsConfig`. Compute mode EXCLUSIVE_PROCESS is
-not set yet (no NVML seam for it). `TimeSlicing` is refused on whole GPUs.
+not set yet (no NVML seam for it).
+
+Time-slicing (`nvidia-compat.md` §8, `timeslicing.py`): full GPUs of a TimeSlicing group get
+their interval through the `TimeSlicer` seam; `MigDeviceConfig` TimeSlicing on MIG devices is
+accepted and changes nothing (as NVIDIA's driver). "Not Supported" fails the claim with a
+message, except for interval Default, which then needs no change. MPS and TimeSlicing on one
+physical GPU at once, or two claims time-slicing one GPU (adminAccess) with different intervals,
+are refused.
 """
 
 from __future__ import annotations
@@ -55,7 +65,7 @@ from gpu_dra.driver.config import (
     resolve_configs,
 )
 from gpu_dra.driver.config.errors import DomainError
-from gpu_dra.driver.model import MigDevice
+from gpu_dra.driver.model import Gpu, MigDevice
 from gpu_dra.driver.naming import InvalidNameError, validate_claim_uid
 from gpu_dra.kubelet_plugin.cdi import (
     CdiDevice,
@@ -84,6 +94,15 @@ from gpu_dra.kubelet_plugin.mps import (
     workload_edits,
 )
 from gpu_dra.kubelet_plugin.preparer import ClaimRef, PreparedDevice, PrepareResult
+from gpu_dra.kubelet_plugin.timeslicing import (
+    TIME_SLICE_STATE_KEY,
+    TimeSlicer,
+    TimeSlicingError,
+    TimeSlicingNotSupportedError,
+    interval_name,
+    time_slices_from_state,
+    time_slices_to_state,
+)
 
 log = logging.getLogger(__name__)
 
@@ -121,6 +140,18 @@ class _MpsGroup:
     settings: MpsSettings
 
 
+@dataclass(frozen=True)
+class _TimeSlice:
+    """One full GPU whose time-slice interval a claim sets."""
+
+    device_name: str
+    uuid: str
+    product: str
+    interval: int
+    label: str
+    """The config entry asking for it, as messages name it."""
+
+
 class WholeGpuPreparer:
     """`ClaimPreparer` for whole GPUs on one node."""
 
@@ -136,12 +167,15 @@ class WholeGpuPreparer:
         claims_dir: Path,
         uncached_claims: ClaimReader | None = None,
         mps: MpsControl | None = None,
+        time_slicer: TimeSlicer | None = None,
     ) -> None:
         """`uncached_claims` reads the API server directly; give it when `claims` is a cache, which
         may not have seen a claim replaced under the same name yet: a claim whose UID does not
         match is read once more from there before it is reported replaced.
 
-        `mps` starts and stops MPS control daemons; without it, claims asking for MPS fail."""
+        `mps` starts and stops MPS control daemons; without it, claims asking for MPS fail.
+        `time_slicer` sets time-slice intervals; without it, claims asking for TimeSlicing on
+        full GPUs fail."""
         self._driver = driver_name
         self._pool = node_name
         self._inventory = inventory
@@ -151,6 +185,7 @@ class WholeGpuPreparer:
         self._cdi = cdi
         self._claims_dir = claims_dir
         self._mps = mps
+        self._time_slicer = time_slicer
         # Locks live while someone holds them: no growth with the number of claims ever seen.
         self._device_locks: weakref.WeakValueDictionary[str, asyncio.Lock] = (
             weakref.WeakValueDictionary()
@@ -181,7 +216,7 @@ class WholeGpuPreparer:
                 log.info("rolling back interrupted prepare claim_uid=%s", uid)
                 try:
                     await _in_thread_to_completion(self._undo, uid)
-                except (MpsError, OSError) as error:
+                except (MpsError, TimeSlicingError, OSError) as error:
                     # Kept in the checkpoint: the next prepare or unprepare retries.
                     log.error("rollback of claim_uid=%s incomplete: %s", uid, error)
             else:
@@ -214,7 +249,7 @@ class WholeGpuPreparer:
         except (DomainError, OSError, ClaimReadError) as error:
             log.exception("prepare failed claim_uid=%s", claim.uid)
             return PrepareResult.failure(f"{where}: {error} (will retry)")
-        except MpsError as error:
+        except (MpsError, TimeSlicingError) as error:
             log.exception("prepare failed claim_uid=%s", claim.uid)
             retry = " (will retry)" if error.retryable else ""
             return PrepareResult.failure(f"{where}: {error}{retry}")
@@ -250,19 +285,19 @@ class WholeGpuPreparer:
             spec_configs=resource_claim.get("spec", {}).get("devices", {}).get("config"),
         )
         mps_groups = self._mps_groups(claim, configs.groups, results)
+        time_slices = self._time_slices(configs.groups, mps_groups)
 
         device_names = sorted({r.device for r in results})
         async with self._locked_devices(device_names):
             return await _in_thread_to_completion(
-                self._check_and_commit, claim, results, mps_groups
+                self._check_and_commit, claim, results, mps_groups, time_slices
             )
 
     def _mps_groups(
         self, claim: ClaimRef, groups: Sequence[ConfigGroup], results: Sequence[_Result]
     ) -> list[_MpsGroup]:
-        """The MPS daemons the claim needs, one per config group with strategy MPS; refuses
-        TimeSlicing. Config errors that need the group's UUIDs are raised here, before
-        anything is started."""
+        """The MPS daemons the claim needs, one per config group with strategy MPS. Config
+        errors that need the group's UUIDs are raised here, before anything is started."""
         admin = {r.device for r in results if r.admin_access}
         planned: list[_MpsGroup] = []
         taken: dict[str, str] = {}
@@ -272,11 +307,7 @@ class WholeGpuPreparer:
                 continue
             mps = mps_config(group.config)
             if mps is None:
-                raise PrepareError(
-                    f"{group.origin.label}: sharing strategy {sharing.strategy} is not supported "
-                    "for whole-GPU claims by this gpu-dra version; remove `sharing` from the "
-                    "config to get the GPU exclusively"
-                )
+                continue  # TimeSlicing: `_time_slices`
             names = tuple(sorted({d.device for d in group.devices}))
             mig = [n for n in names if isinstance(self._inventory.by_name(n), MigDevice)]
             if mig:
@@ -313,6 +344,103 @@ class WholeGpuPreparer:
                 "has no MPS control daemon manager (see its start-up log)"
             )
         return planned
+
+    def _time_slices(
+        self, groups: Sequence[ConfigGroup], mps_groups: Sequence[_MpsGroup]
+    ) -> list[_TimeSlice]:
+        """The full GPUs whose interval the claim sets, one per GPU, by device name. MIG
+        devices of a TimeSlicing group are a no-op (logged); a GPU asked for two intervals, or
+        for MPS and TimeSlicing, is an error."""
+        planned: dict[str, _TimeSlice] = {}
+        for group in groups:
+            sharing = getattr(group.config, "sharing", None)
+            if sharing is None or sharing.strategy != "TimeSlicing":
+                continue
+            slicing = getattr(sharing, "time_slicing_config", None)
+            interval = 0 if slicing is None else slicing.nvidia_smi_value
+            for name in sorted({d.device for d in group.devices}):
+                device = self._inventory.by_name(name)
+                if isinstance(device, MigDevice):
+                    log.info(
+                        "time-slicing on MIG device %s accepted as a no-op (%s): MIG devices "
+                        "have no time-slice interval of their own",
+                        name,
+                        group.origin.label,
+                    )
+                    continue
+                assert isinstance(device, Gpu)  # checked in _our_results
+                wanted = _TimeSlice(
+                    name, device.uuid, device.product_name, interval, group.origin.label
+                )
+                earlier = planned.get(name)
+                if earlier is not None and earlier.interval != interval:
+                    raise PrepareError(
+                        f"{group.origin.label}: device {name} is also in config group "
+                        f"{earlier.label} with time-slice interval "
+                        f"{interval_name(earlier.interval)}; one GPU has one interval (this "
+                        f"entry asks for {interval_name(interval)})"
+                    )
+                planned.setdefault(name, wanted)
+        for mps_group in mps_groups:
+            for name in mps_group.device_names:
+                if name in planned:
+                    raise PrepareError(
+                        f"{planned[name].label}: device {name} is time-sliced and also served by "
+                        f"MPS daemon {mps_group.daemon_id}; MPS and TimeSlicing cannot both be "
+                        "active on one GPU"
+                    )
+        if planned and self._time_slicer is None:
+            first = next(iter(planned.values()))
+            raise PrepareError(
+                f"{first.label}: time-slicing is not available on node {self._pool}: the plugin "
+                "has no nvidia-smi to set intervals with (--nvidia-smi; see its start-up log)"
+            )
+        return [planned[name] for name in sorted(planned)]
+
+    def _check_sharing_conflicts(
+        self,
+        claim: ClaimRef,
+        mps_groups: Sequence[_MpsGroup],
+        time_slices: Sequence[_TimeSlice],
+    ) -> None:
+        """Refuse what other prepared claims make impossible on the same GPUs: a different
+        time-slice interval, or MPS beside TimeSlicing (possible where adminAccess lets two
+        claims hold one GPU)."""
+        if not time_slices and not mps_groups:
+            return
+        mine = {ts.uuid: ts for ts in time_slices}
+        mps_uuids = {uuid: group for group in mps_groups for uuid in group.uuids}
+        for uid, entry in self._checkpoint.all().items():
+            if uid == claim.uid:
+                continue
+            other = entry.claim
+            owner = f"claim {other.namespace}/{other.name} ({other.uid})"
+            try:
+                theirs = time_slices_from_state(entry.state)
+                their_mps = {u for h in handles_from_state(entry.state) for u in h.devices}
+            except (TimeSlicingError, MpsError) as error:
+                raise PrepareError(
+                    f"the sharing state of {owner} is unusable ({error}); cannot tell whether it "
+                    "conflicts"
+                ) from error
+            for uuid, ts in mine.items():
+                if uuid in their_mps:
+                    raise PrepareError(
+                        f"{ts.label}: device {ts.device_name} ({uuid}) runs an MPS daemon of "
+                        f"{owner}; MPS and TimeSlicing cannot both be active on one GPU"
+                    )
+                if uuid in theirs and theirs[uuid] != ts.interval:
+                    raise PrepareError(
+                        f"{ts.label}: device {ts.device_name} ({uuid}) is already time-sliced "
+                        f"with interval {interval_name(theirs[uuid])} by {owner}; this claim "
+                        f"asks for {interval_name(ts.interval)}"
+                    )
+            for uuid, group in mps_uuids.items():
+                if uuid in theirs:
+                    raise PrepareError(
+                        f"{group.daemon_id}: GPU {uuid} is time-sliced by {owner}; MPS and "
+                        "TimeSlicing cannot both be active on one GPU"
+                    )
 
     def _uuid(self, device_name: str) -> str:
         gpu = self._inventory.by_name(device_name)
@@ -389,18 +517,37 @@ class WholeGpuPreparer:
                 )
 
     def _check_and_commit(
-        self, claim: ClaimRef, results: Sequence[_Result], mps_groups: Sequence[_MpsGroup]
+        self,
+        claim: ClaimRef,
+        results: Sequence[_Result],
+        mps_groups: Sequence[_MpsGroup],
+        time_slices: Sequence[_TimeSlice],
     ) -> tuple[PreparedDevice, ...]:
-        """`_check_not_taken`, then `_commit`: one thread hop, under the caller's device locks."""
+        """`_check_not_taken` and `_check_sharing_conflicts`, then `_commit`: one thread hop,
+        under the caller's device locks."""
         self._check_not_taken(claim, results)
-        return self._commit(claim, results, mps_groups)
+        self._check_sharing_conflicts(claim, mps_groups, time_slices)
+        return self._commit(claim, results, mps_groups, time_slices)
 
     def _commit(
-        self, claim: ClaimRef, results: Sequence[_Result], mps_groups: Sequence[_MpsGroup]
+        self,
+        claim: ClaimRef,
+        results: Sequence[_Result],
+        mps_groups: Sequence[_MpsGroup],
+        time_slices: Sequence[_TimeSlice] = (),
     ) -> tuple[PreparedDevice, ...]:
-        self._checkpoint.put(CheckpointEntry(claim=claim, phase=ClaimPhase.PREPARE_STARTED))
+        started: dict[str, JsonValue] = {}
+        if time_slices:
+            # Recorded before nvidia-smi runs: a crash in between is rolled back from it.
+            started[TIME_SLICE_STATE_KEY] = time_slices_to_state(
+                {ts.uuid: ts.interval for ts in time_slices}
+            )
+        self._checkpoint.put(
+            CheckpointEntry(claim=claim, phase=ClaimPhase.PREPARE_STARTED, state=started)
+        )
         handles: list[DaemonHandle] = []
         try:
+            applied = self._apply_time_slices(time_slices)
             mps_edits: dict[str, ContainerEdits] = {}
             for group in mps_groups:
                 assert self._mps is not None  # checked in _mps_groups
@@ -411,7 +558,7 @@ class WholeGpuPreparer:
                     CheckpointEntry(
                         claim=claim,
                         phase=ClaimPhase.PREPARE_STARTED,
-                        state={MPS_STATE_KEY: handles_to_state(handles)},
+                        state={**started, MPS_STATE_KEY: handles_to_state(handles)},
                     )
                 )
                 edits = workload_edits(handle.paths)
@@ -448,6 +595,8 @@ class WholeGpuPreparer:
                 state[ADMIN_ACCESS_STATE] = list(admin)
             if handles:
                 state[MPS_STATE_KEY] = handles_to_state(handles)
+            if applied:
+                state[TIME_SLICE_STATE_KEY] = time_slices_to_state(applied)
             self._checkpoint.put(
                 CheckpointEntry(
                     claim=claim,
@@ -461,6 +610,28 @@ class WholeGpuPreparer:
             raise
         return devices
 
+    def _apply_time_slices(self, time_slices: Sequence[_TimeSlice]) -> dict[str, int]:
+        """Set each GPU's interval; ``{uuid: value}`` of those set. "Not Supported" fails the
+        claim, except for Default: such a GPU has no other interval, nothing to change."""
+        applied: dict[str, int] = {}
+        for ts in time_slices:
+            assert self._time_slicer is not None  # checked in _time_slices
+            try:
+                self._time_slicer.set_interval(ts.uuid, ts.interval)
+            except TimeSlicingNotSupportedError as error:
+                if ts.interval == 0:
+                    log.warning(
+                        "GPU %s (%s, %s) does not support time-slice intervals; interval "
+                        "Default needs no change",
+                        ts.device_name,
+                        ts.uuid,
+                        ts.product,
+                    )
+                    continue
+                raise PrepareError(f"{ts.label}: {error.for_product(ts.product)}") from error
+            applied[ts.uuid] = ts.interval
+        return applied
+
     # ---- unprepare -------------------------------------------------------------------------------
     async def _unprepare_one(self, claim: ClaimRef) -> str | None:
         try:
@@ -471,7 +642,7 @@ class WholeGpuPreparer:
                     return None
                 async with self._locked_devices(sorted(d.device_name for d in entry.devices)):
                     await _in_thread_to_completion(self._undo, claim.uid)
-        except (InvalidNameError, OSError, DomainError, MpsError) as error:
+        except (InvalidNameError, OSError, DomainError, MpsError, TimeSlicingError) as error:
             log.exception("unprepare failed claim_uid=%s", claim.uid)
             return f"claim {claim.namespace}/{claim.name} ({claim.uid}): {error}"
         log.info("unprepared claim_uid=%s", claim.uid)
@@ -496,9 +667,43 @@ class WholeGpuPreparer:
                 )
             for handle in handles:
                 self._mps.stop(handle)
+        if entry is not None:
+            self._reset_time_slices(claim_uid, time_slices_from_state(entry.state))
         self._cdi.remove(claim_uid)
         shutil.rmtree(self._claims_dir / claim_uid, ignore_errors=True)
         self._checkpoint.remove(claim_uid)
+
+    def _reset_time_slices(self, claim_uid: str, slices: Mapping[str, int]) -> None:
+        """Set the GPUs of ``slices`` back to Default, except those another claim in the
+        checkpoint still records. Every GPU is tried; the first failure is raised after."""
+        if not slices:
+            return
+        if self._time_slicer is None:
+            raise TimeSlicingError(
+                f"claim {claim_uid} set time-slice intervals on {', '.join(sorted(slices))} but "
+                "this plugin has no nvidia-smi to reset them with"
+            )
+        kept: set[str] = set()
+        for uid, entry in self._checkpoint.all().items():
+            if uid != claim_uid:
+                with contextlib.suppress(TimeSlicingError):
+                    kept.update(time_slices_from_state(entry.state))
+        failures: list[TimeSlicingError] = []
+        for uuid in sorted(slices):
+            if uuid in kept:
+                log.info("time-slice of uuid=%s kept: another claim still uses it", uuid)
+                continue
+            try:
+                self._time_slicer.reset(uuid)
+            except TimeSlicingNotSupportedError:
+                log.info("time-slice reset of uuid=%s: not supported, nothing to reset", uuid)
+            except TimeSlicingError as error:
+                log.error(
+                    "time-slice reset of uuid=%s failed claim_uid=%s: %s", uuid, claim_uid, error
+                )
+                failures.append(error)
+        if failures:
+            raise failures[0]
 
     def _remove_unrecorded_daemons(self) -> None:
         """Remove daemons no checkpoint entry records: started by a plugin that died before it

@@ -12,6 +12,7 @@ from pathlib import Path
 from gpu_dra.driver.naming import DEFAULT_DRIVER_NAME
 
 DEFAULT_MPS_CONTROL_BINARY = "nvidia-cuda-mps-control"
+DEFAULT_NVIDIA_SMI = "nvidia-smi"
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,9 @@ class KubeletPluginSettings:
     mps_control_binary: str = DEFAULT_MPS_CONTROL_BINARY
     """The MPS control program: a path, or a name looked up on `PATH`, then under
     `<driver_root>/usr/bin` (`resolved_mps_control_binary`)."""
+    nvidia_smi: str = DEFAULT_NVIDIA_SMI
+    """`nvidia-smi`, which sets time-slice intervals on real GPUs: a path, or a name looked up
+    on `PATH`, then under `<driver_root>/usr/bin` (`resolved_nvidia_smi`)."""
 
     @property
     def state_dir(self) -> Path:
@@ -56,7 +60,14 @@ class KubeletPluginSettings:
         looked up on ``path`` (default: this process's ``PATH``), then in
         ``<driver_root>/usr/bin``.
         """
-        name = self.mps_control_binary
+        return self._resolve_program(self.mps_control_binary, path)
+
+    def resolved_nvidia_smi(self, path: str | None = None) -> Path | None:
+        """The ``nvidia-smi`` program to run, or None when it is not found; looked up as
+        `resolved_mps_control_binary` does."""
+        return self._resolve_program(self.nvidia_smi, path)
+
+    def _resolve_program(self, name: str, path: str | None) -> Path | None:
         if "/" in name:
             candidate = Path(name).absolute()
             return candidate if os.access(candidate, os.X_OK) and candidate.is_file() else None
@@ -113,6 +124,12 @@ class KubeletPluginSettings:
             "<driver-root>/usr/bin",
             DEFAULT_MPS_CONTROL_BINARY,
         )
+        option(
+            "--nvidia-smi",
+            "nvidia-smi program that sets time-slice intervals (real GPUs): a path, or a name "
+            "looked up on PATH, then under <driver-root>/usr/bin",
+            DEFAULT_NVIDIA_SMI,
+        )
         args = parser.parse_args(argv)
         if not args.node_name:
             parser.error("--node-name (or GPU_DRA_NODE_NAME / NODE_NAME) is required")
@@ -141,4 +158,5 @@ class KubeletPluginSettings:
             call_timeout_s=timeout,
             metrics_port=metrics_port,
             mps_control_binary=args.mps_control_binary or DEFAULT_MPS_CONTROL_BINARY,
+            nvidia_smi=args.nvidia_smi or DEFAULT_NVIDIA_SMI,
         )

@@ -485,9 +485,8 @@ def test_invalid_opaque_config_names_claim_entry_and_field_and_leaves_nothing(
     assert node.cdi.writes == []
 
 
-@pytest.mark.parametrize("strategy", ["TimeSlicing"])
-def test_time_slicing_on_a_whole_gpu_is_refused_with_a_fix(node: Node, strategy: str) -> None:
-    config = opaque_config(gpu_config(sharing={"strategy": strategy}), requests=["gpu"])
+def test_time_slicing_without_a_time_slicer_is_refused_clearly(node: Node) -> None:
+    config = opaque_config(gpu_config(sharing={"strategy": "TimeSlicing"}), requests=["gpu"])
     claim = node.add(
         resource_claim(UID_A, results=[allocation_result("gpu-0")], claim_configs=[config])
     )
@@ -495,8 +494,9 @@ def test_time_slicing_on_a_whole_gpu_is_refused_with_a_fix(node: Node, strategy:
     error = failed(node.prepare(claim)[UID_A])
 
     assert f"default/claim-a ({UID_A}): spec.devices.config[0]: " in error
-    assert f"sharing strategy {strategy} is not supported for whole-GPU claims" in error
-    assert "remove `sharing` from the config" in error
+    assert "time-slicing is not available on node node-a" in error
+    assert "no nvidia-smi" in error
+    assert "(will retry)" not in error
     node.assert_nothing_left(UID_A)
     assert node.cdi.writes == []
     # Nothing holds the GPU either.

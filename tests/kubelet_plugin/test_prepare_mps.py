@@ -362,7 +362,7 @@ def test_invalid_mps_config_is_a_config_error_and_starts_nothing(
     assert node.running() == []
 
 
-def test_time_slicing_is_still_refused_and_starts_nothing(node: MpsNode) -> None:
+def test_time_slicing_without_a_time_slicer_starts_nothing(node: MpsNode) -> None:
     config = opaque_config(gpu_config(sharing={"strategy": "TimeSlicing"}), requests=["gpu"])
     claim = node.add(
         resource_claim(UID_A, results=[allocation_result("gpu-0")], claim_configs=[config])
@@ -370,7 +370,7 @@ def test_time_slicing_is_still_refused_and_starts_nothing(node: MpsNode) -> None
 
     error = failed(node.prepare(claim)[UID_A])
 
-    assert "sharing strategy TimeSlicing is not supported for whole-GPU claims" in error
+    assert "time-slicing is not available on node node-a" in error
     node.assert_nothing_left(UID_A)
     assert node.daemon_dirs() == []
     assert node.running() == []

@@ -23,6 +23,7 @@ ALL_FLAGS = [
     "--call-timeout=12.5",
     "--metrics-port=9400",
     "--mps-control-binary=/opt/mps/nvidia-cuda-mps-control",
+    "--nvidia-smi=/opt/nvidia/bin/nvidia-smi",
 ]
 
 EXPECTED = KubeletPluginSettings(
@@ -38,6 +39,7 @@ EXPECTED = KubeletPluginSettings(
     call_timeout_s=12.5,
     metrics_port=9400,
     mps_control_binary="/opt/mps/nvidia-cuda-mps-control",
+    nvidia_smi="/opt/nvidia/bin/nvidia-smi",
 )
 
 
@@ -221,3 +223,43 @@ def test_mps_control_binary_path_is_used_as_given_and_missing_means_none(tmp_pat
         ).resolved_mps_control_binary()
         is None
     )
+
+
+def test_nvidia_smi_defaults_to_the_name_and_is_found_on_path_then_under_the_driver_root(
+    tmp_path: Path,
+) -> None:
+    on_path = executable(tmp_path / "bin" / "nvidia-smi")
+    under_root = executable(tmp_path / "root" / "usr" / "bin" / "nvidia-smi")
+    settings = KubeletPluginSettings(node_name="n", driver_root=tmp_path / "root")
+
+    assert settings.nvidia_smi == "nvidia-smi"
+    assert settings.resolved_nvidia_smi(path=str(tmp_path / "bin")) == on_path
+    assert settings.resolved_nvidia_smi(path=str(tmp_path / "empty")) == under_root
+
+
+def test_nvidia_smi_path_is_used_as_given_and_missing_means_none(tmp_path: Path) -> None:
+    given = executable(tmp_path / "my-nvidia-smi")
+
+    assert (
+        KubeletPluginSettings(node_name="n", nvidia_smi=str(given)).resolved_nvidia_smi() == given
+    )
+    assert (
+        KubeletPluginSettings(node_name="n", driver_root=tmp_path).resolved_nvidia_smi(
+            path=str(tmp_path)
+        )
+        is None
+    )
+    assert (
+        KubeletPluginSettings(
+            node_name="n", nvidia_smi=str(tmp_path / "nope")
+        ).resolved_nvidia_smi()
+        is None
+    )
+
+
+def test_nvidia_smi_has_an_environment_twin() -> None:
+    settings = KubeletPluginSettings.parse(
+        ["--node-name=n"], {"GPU_DRA_NVIDIA_SMI": "/x/nvidia-smi"}
+    )
+
+    assert settings.nvidia_smi == "/x/nvidia-smi"

@@ -1,0 +1,232 @@
+"""Time-slice intervals of whole GPUs: the `TimeSlicer` seam, ``nvidia-smi`` and a recorded fake.
+
+NVIDIA-compatible (``nvidia-compat.md`` §8): a claim whose `GpuConfig` says
+``sharing.strategy: TimeSlicing`` gets ``nvidia-smi -i <uuid> -c DEFAULT`` and then
+``nvidia-smi compute-policy -i <uuid> --set-timeslice <0-3>`` on each of its full GPUs
+(``Default``=0, ``Short``=1, ``Medium``=2, ``Long``=3; there is no NVML API for it), and the
+interval goes back to ``Default`` when the claim is unprepared. Some GPUs (Tesla P4, NVIDIA
+issues #41, #81, #363) answer "Not Supported" with exit status 3: that is
+`TimeSlicingNotSupportedError`, never retried. Other failures are `TimeSlicingError`, retryable.
+
+* `NvidiaSmiTimeSlicer` runs the ``nvidia-smi`` program (real GPUs);
+* `RecordedTimeSlicer` changes nothing and records every call and the resulting interval per
+  GPU in a JSON file (``<data-dir>/time-slicing.json`` on simulated nodes), so tests and e2e runs
+  can prove what was applied; GPUs it is told about answer "Not Supported".
+
+The preparer records the intervals it applies in the claim's checkpoint ``state`` under
+`TIME_SLICE_STATE_KEY` (``{uuid: value}``), before running the commands.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import threading
+from collections.abc import Collection, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Final, Protocol
+
+from gpu_dra.driver.config.sharing import TIME_SLICE_VALUES
+from gpu_dra.kubelet_plugin.atomic_file import write_atomically
+from gpu_dra.kubelet_plugin.checkpoint import JsonValue
+
+log = logging.getLogger(__name__)
+
+TIME_SLICE_STATE_KEY: Final = "timeSliceApplied"
+"""Checkpoint `state` key: ``{GPU UUID: --set-timeslice value}`` a claim applied (or applies)."""
+
+DEFAULT_INTERVAL: Final = 0
+NOT_SUPPORTED_EXIT_STATUS: Final = 3
+"""nvidia-smi's exit status for "the requested operation is not available on target device"."""
+RECORD_FILE: Final = "time-slicing.json"
+_OUTPUT_SHOWN: Final = 500
+_CALLS_KEPT: Final = 1000
+
+INTERVAL_NAMES: Final[dict[int, str]] = {value: name for name, value in TIME_SLICE_VALUES.items()}
+
+
+def interval_name(value: int) -> str:
+    """``3`` -> ``Long``."""
+    return INTERVAL_NAMES.get(value, str(value))
+
+
+class TimeSlicingError(Exception):
+    """A time-slice command failed; the message names the GPU and what went wrong."""
+
+    retryable: bool = True
+    """Whether trying again later can succeed (the kubelet retries)."""
+
+
+class TimeSlicingNotSupportedError(TimeSlicingError):
+    """The GPU does not support time-slice intervals ("Not Supported", exit status 3)."""
+
+    retryable = False
+
+    def __init__(self, uuid: str, product: str | None = None, detail: str = "") -> None:
+        self.uuid = uuid
+        self.product = product
+        self.detail = detail
+        gpu = f"GPU {uuid} ({product})" if product else f"GPU {uuid}"
+        message = (
+            f"{gpu} does not support time-slice intervals; remove timeSlicingConfig or use Default"
+        )
+        super().__init__(f"{message} (nvidia-smi: {detail})" if detail else message)
+
+    def for_product(self, product: str) -> TimeSlicingNotSupportedError:
+        """The same error, naming the GPU's product."""
+        return TimeSlicingNotSupportedError(self.uuid, product, self.detail)
+
+
+class TimeSlicingStateError(TimeSlicingError):
+    """A checkpoint entry's time-slice state is not usable."""
+
+    retryable = False
+
+
+class TimeSlicer(Protocol):
+    """Sets and resets the time-slice interval of a full GPU."""
+
+    def set_interval(self, uuid: str, interval: int) -> None:
+        """Compute mode ``DEFAULT``, then time-slice ``interval`` (0-3) on GPU ``uuid``."""
+        ...
+
+    def reset(self, uuid: str) -> None:
+        """Time-slice interval back to ``Default`` (0); idempotent."""
+        ...
+
+
+def _check_interval(interval: int) -> None:
+    if isinstance(interval, bool) or interval not in INTERVAL_NAMES:
+        raise ValueError(f"time-slice interval must be 0, 1, 2 or 3, got {interval!r}")
+
+
+class NvidiaSmiTimeSlicer:
+    """`TimeSlicer` running ``nvidia-smi`` (one command per step, each with a timeout)."""
+
+    def __init__(
+        self,
+        binary: str | Path,
+        *,
+        base_env: Mapping[str, str] | None = None,
+        timeout_s: float = 10.0,
+    ) -> None:
+        self.binary = str(binary)
+        self.base_env = dict(os.environ if base_env is None else base_env)
+        self.timeout_s = timeout_s
+
+    def set_interval(self, uuid: str, interval: int) -> None:
+        _check_interval(interval)
+        self._run(uuid, ["-i", uuid, "-c", "DEFAULT"])
+        self._run(uuid, ["compute-policy", "-i", uuid, "--set-timeslice", str(interval)])
+        log.info("time-slice set uuid=%s interval=%s", uuid, interval_name(interval))
+
+    def reset(self, uuid: str) -> None:
+        self._run(uuid, ["compute-policy", "-i", uuid, "--set-timeslice", str(DEFAULT_INTERVAL)])
+        log.info("time-slice reset uuid=%s", uuid)
+
+    def _run(self, uuid: str, args: Sequence[str]) -> str:
+        command = [self.binary, *args]
+        shown = " ".join(command)
+        try:
+            done = subprocess.run(
+                command,
+                env=self.base_env,
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                text=True,
+                timeout=self.timeout_s,
+                check=False,
+            )
+        except subprocess.TimeoutExpired as error:
+            raise TimeSlicingError(f"{shown}: no answer in {error.timeout}s") from error
+        except OSError as error:
+            raise TimeSlicingError(f"cannot run {self.binary}: {error}") from error
+        output = (done.stderr.strip() or done.stdout.strip())[:_OUTPUT_SHOWN]
+        if done.returncode == 0:
+            return done.stdout
+        combined = f"{done.stdout}\n{done.stderr}".lower()
+        if done.returncode == NOT_SUPPORTED_EXIT_STATUS or "not supported" in combined:
+            raise TimeSlicingNotSupportedError(uuid, detail=output or "Not Supported")
+        raise TimeSlicingError(f"{shown} exited with {done.returncode}: {output}")
+
+
+class RecordedTimeSlicer:
+    """`TimeSlicer` for simulated nodes: changes nothing, records everything in ``path``.
+
+    The file holds ``{"intervals": {uuid: value}, "calls": [...]}``: the interval each GPU
+    would have now, and the calls in order (``{"call": "set_interval", "uuid", "interval"}``,
+    ``{"call": "reset", "uuid"}``, with ``"result": "Not Supported"`` when refused; the last
+    1000). GPUs in ``not_supported`` answer "Not Supported" as a Tesla P4 does.
+    """
+
+    def __init__(self, path: Path, *, not_supported: Collection[str] = ()) -> None:
+        self.path = path
+        self.not_supported = frozenset(not_supported)
+        self._lock = threading.Lock()
+
+    def set_interval(self, uuid: str, interval: int) -> None:
+        _check_interval(interval)
+        self._record({"call": "set_interval", "uuid": uuid, "interval": interval}, uuid, interval)
+
+    def reset(self, uuid: str) -> None:
+        self._record({"call": "reset", "uuid": uuid}, uuid, DEFAULT_INTERVAL)
+
+    def read(self) -> dict[str, Any]:
+        """The record: ``{"intervals": {...}, "calls": [...]}`` (empty ones when there is none)."""
+        try:
+            loaded = json.loads(self.path.read_text())
+        except FileNotFoundError:
+            loaded = {}
+        except (OSError, ValueError) as error:
+            log.warning("time-slicing record %s unreadable, starting afresh: %s", self.path, error)
+            loaded = {}
+        if not isinstance(loaded, dict):
+            loaded = {}
+        intervals = loaded.get("intervals")
+        calls = loaded.get("calls")
+        return {
+            "intervals": intervals if isinstance(intervals, dict) else {},
+            "calls": calls if isinstance(calls, list) else [],
+        }
+
+    def intervals(self) -> dict[str, int]:
+        """``{uuid: value}`` as the GPUs would be set now."""
+        return dict(self.read()["intervals"])
+
+    def _record(self, call: dict[str, Any], uuid: str, interval: int) -> None:
+        refused = uuid in self.not_supported
+        if refused:
+            call["result"] = "Not Supported"
+        with self._lock:
+            record = self.read()
+            record["calls"] = [*record["calls"], call][-_CALLS_KEPT:]
+            if not refused:
+                record["intervals"][uuid] = interval
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            write_atomically(self.path, (json.dumps(record, indent=2) + "\n").encode(), mode=0o644)
+        if refused:
+            raise TimeSlicingNotSupportedError(uuid, detail="Not Supported")
+        log.info("time-slice recorded %s uuid=%s interval=%s", call["call"], uuid, interval)
+
+
+def time_slices_to_state(applied: Mapping[str, int]) -> dict[str, JsonValue]:
+    return {uuid: applied[uuid] for uuid in sorted(applied)}
+
+
+def time_slices_from_state(state: Mapping[str, JsonValue]) -> dict[str, int]:
+    """The ``{uuid: value}`` an entry's ``state`` records; `TimeSlicingStateError` if unusable."""
+    raw = state.get(TIME_SLICE_STATE_KEY)
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise TimeSlicingStateError(f"{TIME_SLICE_STATE_KEY} is not an object: {raw!r}"[:200])
+    slices: dict[str, int] = {}
+    for uuid, value in raw.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value not in INTERVAL_NAMES:
+            raise TimeSlicingStateError(
+                f"{TIME_SLICE_STATE_KEY}[{uuid}] is not a time-slice value 0-3: {value!r}"[:200]
+            )
+        slices[uuid] = value
+    return slices
