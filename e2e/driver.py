@@ -27,6 +27,13 @@ PLUGIN = "gpu-dra-kubelet-plugin"
 CDI_ROOT = Path("/var/run/cdi")
 METRICS_PORT = 8081  # the plugin's default
 BIN = Path(sys.executable).parent
+MPS_CONTROL_DOUBLE = REPO_ROOT / "tests" / "doubles" / "bin" / "nvidia-cuda-mps-control"
+"""The TEST DOUBLE of nvidia-cuda-mps-control (tests/doubles): the plugin's MPS control binary."""
+DATA_DIR_LINK = "gd"
+"""``<state>/gd`` -> ``kubelet/plugins/gpu.nvidia.com``: the plugin's ``--data-dir``. MPS
+control sockets are ``<data-dir>/mps/<id>/pipe/control`` and must fit in 107 bytes; under the
+plugin directory of the e2e state dir they would not (113 with the longest id), so the plugin
+refuses MPS there. The link keeps every file where it was, under a shorter name."""
 
 
 @dataclass
@@ -78,6 +85,26 @@ class Driver:
         )
 
     @property
+    def data_dir(self) -> Path:
+        """The plugin's ``--data-dir`` as the plugin sees it (a link to `state_dir`): MPS
+        daemons' ``CUDA_MPS_PIPE_DIRECTORY`` and the CDI mounts use this path."""
+        return self.cluster.paths.state / DATA_DIR_LINK
+
+    @property
+    def mps_dir(self) -> Path:
+        """``<state_dir>/mps``: one directory per MPS control daemon."""
+        return self.state_dir / "mps"
+
+    def _link_data_dir(self) -> None:
+        self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o750)
+        link = self.data_dir
+        if link.is_symlink() and link.resolve() == self.state_dir.resolve():
+            return
+        if link.is_symlink():
+            link.unlink()
+        link.symlink_to(self.state_dir.relative_to(link.parent))
+
+    @property
     def kubeconfig(self) -> Path:
         return self.cluster.paths.state / "gpu-dra-driver.kubeconfig"
 
@@ -87,6 +114,7 @@ class Driver:
         paths = self.cluster.paths
         log = paths.logs / f"{PLUGIN}.log"
         offset = log.stat().st_size if log.exists() else 0
+        self._link_data_dir()
         self.cluster.start_process(
             PLUGIN,
             [
@@ -97,8 +125,11 @@ class Driver:
                 f"--kubelet-registry-dir={paths.plugins_registry}",
                 f"--cdi-root={CDI_ROOT}",
                 f"--kubeconfig={self.kubeconfig}",
+                f"--data-dir={self.data_dir}",
+                f"--mps-control-binary={MPS_CONTROL_DOUBLE}",
             ],
-            env=dict(os.environ, PYTHONUNBUFFERED="1"),
+            # PYTHON: the interpreter the double's wrapper runs (standard library only).
+            env=dict(os.environ, PYTHONUNBUFFERED="1", PYTHON=sys.executable),
         )
 
         def registered() -> bool:

@@ -15,6 +15,15 @@ SHOW_GPUS = (
     "cat /run/gpu-dra/devices/*.json 2>/dev/null; sleep 3600 & wait"
 )
 
+# Prints what an MPS client container sees: the CUDA_MPS_* environment and the pipe directory
+# mounted at /tmp/nvidia-mps (the daemon's files, its PID), between markers; then as SHOW_GPUS.
+SHOW_MPS = (
+    "trap 'exit 0' TERM; echo '--- env'; env | grep ^CUDA_MPS_ | sort; "
+    "echo '--- ls'; ls -a /tmp/nvidia-mps; "
+    "echo '--- pid'; cat /tmp/nvidia-mps/nvidia-cuda-mps-control.pid; echo '--- end'; "
+    "sleep 3600 & wait"
+)
+
 
 def container(name: str = "ctr", command: str = SHOW_GPUS, claims: list[Obj] | None = None) -> Obj:
     spec: Obj = {
@@ -50,14 +59,19 @@ def pod(
 
 
 def gpu_pod(
-    name: str, namespace: str, *, template: str | None = None, claim: str | None = None
+    name: str,
+    namespace: str,
+    *,
+    template: str | None = None,
+    claim: str | None = None,
+    command: str = SHOW_GPUS,
 ) -> Obj:
     """One container using pod claim `gpu`, from a template or an existing claim."""
     source = {"resourceClaimTemplateName": template} if template else {"resourceClaimName": claim}
     return pod(
         name,
         namespace,
-        [container(claims=[{"name": "gpu"}])],
+        [container(command=command, claims=[{"name": "gpu"}])],
         [{"name": "gpu", **source}],
     )
 
@@ -111,3 +125,11 @@ def gpu_config(parameters: Obj, requests: list[str] | None = None) -> Obj:
     if requests:
         entry["requests"] = requests
     return entry
+
+
+def mps_sharing(**mps_config: Any) -> Obj:
+    """`GpuConfig` parameters with `sharing.strategy: MPS` and the given `mpsConfig` fields."""
+    sharing: Obj = {"strategy": "MPS"}
+    if mps_config:
+        sharing["mpsConfig"] = mps_config
+    return {"kind": "GpuConfig", "sharing": sharing}
