@@ -1,4 +1,4 @@
-"""`gpu-dra`: the operator's command line; needs no cluster.
+"""`gpu-dra`: the operator's command line; only ``explain`` and ``inventory`` need a cluster.
 
 * ``profiles`` lists the built-in simulated machine profiles.
 * ``devices`` prints the devices the kubelet plugin would publish for this node's GPUs (or for a
@@ -8,6 +8,9 @@
   messages the kubelet plugin would put in pod events.
 * ``lint`` compiles the CEL selectors of DeviceClasses and claims and evaluates the classes on
   the devices of the simulated machines (`gpu_dra.controller.lint`).
+* ``explain <namespace>/<claim>`` reads a live cluster and says why a ResourceClaim is (not)
+  allocatable (`gpu_dra.controller.explain`); ``inventory`` lists the driver's devices per node
+  with their holders and each DeviceClass's total and free devices (`gpu_dra.controller.inventory`).
 
 Each subcommand is a `Subcommand`: one function adding its arguments, one running it. To add one,
 write those two functions and list it in `SUBCOMMANDS`. Flags describing the node (``--simulate``,
@@ -20,18 +23,23 @@ Exit status: 0 success, 1 the check or discovery failed, 2 usage error or unusab
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import socket
 import sys
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, Literal, TextIO
 
 import yaml
 
+from gpu_dra.controller import errors as api_errors
+from gpu_dra.controller.explain import explain, render_explanation
+from gpu_dra.controller.inventory import inventory, render_inventory
+from gpu_dra.controller.kubeapi import list_resource_objects, new_api_client, read_resource_claim
 from gpu_dra.controller.lint import (
     LintReport,
     PublishedNames,
@@ -131,7 +139,7 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=PROG,
         description="Operator tools of gpu-dra, the Kubernetes DRA driver for NVIDIA GPUs.\n"
-        "None of them needs a cluster. `gpu-dra COMMAND --help` explains each command.",
+        "Only explain and inventory read a cluster; `gpu-dra COMMAND --help` explains each.",
         epilog=_examples(SUBCOMMANDS),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -583,6 +591,107 @@ def _write_lint_report(
     print(f"{PROG} lint: {summary}", file=streams.out)
 
 
+# ---- gpu-dra explain / inventory (live cluster) -----------------------------------------------
+
+
+def add_explain_arguments(parser: argparse.ArgumentParser, environ: Mapping[str, str]) -> None:
+    parser.add_argument(
+        "claim", metavar="NAMESPACE/CLAIM", help="the ResourceClaim to explain, e.g. default/gpu"
+    )
+    _add_cluster_arguments(parser, environ)
+
+
+def run_explain(args: argparse.Namespace, streams: Streams) -> int:
+    namespace, slash, name = str(args.claim).partition("/")
+    if not (slash and namespace and name and "/" not in name):
+        raise CliError(f"expected NAMESPACE/CLAIM, got {args.claim!r}", EXIT_USAGE)
+    with _cluster_errors():
+        client = _api_client(args.kubeconfig)
+        claim = read_resource_claim(client, namespace, name)
+        classes = list_resource_objects(client, "deviceclasses")
+        slices = list_resource_objects(client, "resourceslices")
+        claims = list_resource_objects(client, "resourceclaims")
+    report = explain(claim, classes, slices, claims)
+    if args.output != "table":
+        _write_data(streams, report.to_json(), args.output)
+    else:
+        _write_blocks(streams, render_explanation(report))
+    satisfied = report.allocated or all(r.satisfied for r in report.requests)
+    return EXIT_OK if satisfied and all(c.satisfiable for c in report.constraints) else EXIT_FAILED
+
+
+def add_inventory_arguments(parser: argparse.ArgumentParser, environ: Mapping[str, str]) -> None:
+    _add_env_argument(
+        parser,
+        environ,
+        "--driver-name",
+        env=("GPU_DRA_DRIVER_NAME",),
+        metavar="NAME",
+        help="DRA driver whose devices are listed per node (classes count every driver's)",
+        default=DEFAULT_DRIVER_NAME,
+    )
+    _add_cluster_arguments(parser, environ)
+
+
+def run_inventory(args: argparse.Namespace, streams: Streams) -> int:
+    with _cluster_errors():
+        client = _api_client(args.kubeconfig)
+        classes = list_resource_objects(client, "deviceclasses")
+        slices = list_resource_objects(client, "resourceslices")
+        claims = list_resource_objects(client, "resourceclaims")
+    report = inventory(slices, classes, claims, driver=args.driver_name)
+    if args.output != "table":
+        _write_data(streams, report.to_json(), args.output)
+    else:
+        _write_blocks(streams, render_inventory(report))
+    return EXIT_OK
+
+
+def _add_cluster_arguments(parser: argparse.ArgumentParser, environ: Mapping[str, str]) -> None:
+    _add_output_argument(parser)
+    _add_env_argument(
+        parser,
+        environ,
+        "--kubeconfig",
+        env=("KUBECONFIG",),
+        metavar="FILE",
+        help="kubeconfig of the cluster to read",
+        shown_default="~/.kube/config if it exists, else the pod's service account",
+    )
+
+
+def _api_client(kubeconfig: str | None) -> Any:
+    if kubeconfig:
+        path: Path | None = Path(kubeconfig.split(os.pathsep)[0])
+    else:
+        default = Path.home() / ".kube" / "config"
+        path = default if default.exists() else None
+    return new_api_client(path)
+
+
+@contextlib.contextmanager
+def _cluster_errors() -> Iterator[None]:
+    """Turns client configuration and API failures into `CliError`s."""
+    try:
+        yield
+    except api_errors.ClientConfigError as error:
+        raise CliError(str(error), EXIT_USAGE) from error
+    except api_errors.ApiError as error:
+        raise CliError(str(error)) from error
+
+
+def _write_blocks(
+    streams: Streams, blocks: Sequence[tuple[list[str], list[list[str]]] | str]
+) -> None:
+    for block in blocks:
+        if isinstance(block, str):
+            print(block, file=streams.out)
+        elif block[1]:
+            _write_table(streams, block[0], block[1])
+        else:
+            print("  (none)", file=streams.out)
+
+
 # ---- the command table ---------------------------------------------------------------------------
 
 PROFILES: Final = Subcommand(
@@ -657,7 +766,48 @@ LINT: Final = Subcommand(
     run=run_lint,
 )
 
-SUBCOMMANDS: Final[tuple[Subcommand, ...]] = (PROFILES, DEVICES, CHECK_CONFIG, LINT)
+EXPLAIN: Final = Subcommand(
+    name="explain",
+    summary="say why a ResourceClaim is or is not allocatable (reads the cluster)",
+    description="Read the claim, the DeviceClasses, every ResourceSlice (highest generation per\n"
+    "pool; incomplete pools are marked) and every ResourceClaim, and show, for each request\n"
+    "(or firstAvailable subrequest), how many devices in which pools pass each step: the\n"
+    "class selectors, the request selectors (CEL evaluated as the scheduler does; runtime\n"
+    "errors counted with an example), not allocated to another claim, capacity requests,\n"
+    "shared counters; which claims hold the matching devices; which attribute values the\n"
+    "matchAttribute / distinctAttribute constraints can use. The first line is the verdict.\n"
+    "No backtracking search is made across requests: the verdict is a bound.\n"
+    "Exit status: 0 allocated or allocatable, 1 not allocatable now or the cluster cannot\n"
+    "be read, 2 usage error or unusable kubeconfig.",
+    examples=(
+        "gpu-dra explain default/my-claim",
+        "gpu-dra explain team-a/training -o json --kubeconfig ~/.kube/prod",
+    ),
+    add_arguments=add_explain_arguments,
+    run=run_explain,
+)
+
+INVENTORY: Final = Subcommand(
+    name="inventory",
+    summary="devices per node with their holders, free devices per DeviceClass (reads the cluster)",
+    description="Read every ResourceSlice (highest generation per pool), DeviceClass and\n"
+    "ResourceClaim and print, per node, the driver's devices (type gpu / mig / ...) with\n"
+    "their allocation state (free, allocated, shared, admin) and the claims holding them,\n"
+    "and per DeviceClass the devices its selectors match and how many are free.\n"
+    "Exit status: 0 success, 1 the cluster cannot be read, 2 usage error.",
+    examples=("gpu-dra inventory", "gpu-dra inventory -o json | jq .classes"),
+    add_arguments=add_inventory_arguments,
+    run=run_inventory,
+)
+
+SUBCOMMANDS: Final[tuple[Subcommand, ...]] = (
+    PROFILES,
+    DEVICES,
+    CHECK_CONFIG,
+    LINT,
+    EXPLAIN,
+    INVENTORY,
+)
 
 
 # ---- shared helpers ------------------------------------------------------------------------------

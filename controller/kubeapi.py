@@ -390,3 +390,47 @@ def _response_lines(response: Any) -> Iterator[str]:
 def _describe(body: ResourceSlice) -> str:
     metadata = body["metadata"]
     return metadata.get("name") or f"{metadata.get('generateName', '')}*"
+
+
+def list_resource_objects(
+    api_client: k8s.ApiClient, plural: str, *, request_timeout_s: float = 30.0
+) -> list[dict[str, Any]]:
+    """Every ``resource.k8s.io/v1`` object of `plural` (``resourceslices``, ``deviceclasses``,
+    ``resourceclaims``: all namespaces), raw; read-only, for `gpu-dra explain` / ``inventory``."""
+    objects = k8s.CustomObjectsApi(api_client)
+    items: list[dict[str, Any]] = []
+    token: str | None = None
+    while True:
+        with translated_errors(f"list {plural}"):
+            listing = cast(
+                "dict[str, Any]",
+                objects.list_cluster_custom_object(
+                    API_GROUP,
+                    _VERSION,
+                    plural,
+                    limit=500,
+                    _continue=token,
+                    _request_timeout=request_timeout_s,
+                ),
+            )
+        items.extend(cast("list[dict[str, Any]]", listing.get("items") or []))
+        token = (listing.get("metadata") or {}).get("continue") or None
+        if token is None:
+            return items
+
+
+def read_resource_claim(
+    api_client: k8s.ApiClient, namespace: str, name: str, *, request_timeout_s: float = 30.0
+) -> dict[str, Any]:
+    """The raw ResourceClaim `namespace`/`name` (`errors.NotFoundError` when there is none)."""
+    objects = k8s.CustomObjectsApi(api_client)
+    with translated_errors(f"read ResourceClaim {namespace}/{name}"):
+        claim = objects.get_namespaced_custom_object(
+            API_GROUP,
+            _VERSION,
+            namespace,
+            "resourceclaims",
+            name,
+            _request_timeout=request_timeout_s,
+        )
+    return cast("dict[str, Any]", claim)

@@ -1,0 +1,764 @@
+"""`gpu-dra explain <namespace>/<claim>`: why a ResourceClaim is (not) allocatable. Pure logic.
+
+Input: the raw ``resource.k8s.io/v1`` dictionaries (the claim, DeviceClasses, ResourceSlices and
+all ResourceClaims); no I/O. For each request (``exactly``, or each ``firstAvailable``
+subrequest) every device of every pool (highest generation, `inventory.build_cluster_state`) goes
+through a funnel of the scheduler's checks (resource-api.md §9.3), and each step says how many
+devices pass, per pool:
+
+1. each DeviceClass selector, then each request selector (compiled with `gpu_dra.driver.cel`);
+   a CEL runtime error is counted (with one example) and the device drops out;
+2. not already allocated to another claim (skipped for ``adminAccess``; multi-allocatable devices
+   pass and are judged by capacity);
+3. capacity requests fit (``requestPolicy`` rounding, what other allocations consumed);
+4. shared counters (partitionable devices) still cover the device's consumption.
+
+Constraints (``matchAttribute``, ``distinctAttribute``) list the attribute values available
+among the devices that pass. The funnel orders the checks for explanation; the scheduler checks
+"in use" before the selectors, so a runtime error on an allocated device would not stop it.
+The verdict is a bound, not an allocation: no backtracking search is made across requests.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from fractions import Fraction
+from typing import Any, Final
+
+from gpu_dra.controller.inventory import (
+    ALL_NODES,
+    ClusterState,
+    Obj,
+    PoolDevice,
+    build_cluster_state,
+    claim_key,
+    compile_class,
+    selector_expressions,
+)
+from gpu_dra.driver.cel import (
+    CelCompileError,
+    CelRuntimeError,
+    CelValueError,
+    Quantity,
+    Selector,
+    compile_selector,
+)
+from gpu_dra.driver.cel.device import split_qualified_name
+
+_SHOWN_HOLDERS: Final = 5
+_SHOWN_EXPRESSION: Final = 70
+_VERDICT_EXPRESSION: Final = 160
+
+
+@dataclass
+class Step:
+    """One funnel step: how many devices came in, passed, were rejected, or raised errors."""
+
+    name: str
+    """``class gpu.nvidia.com selector #0``, ``request selector #1``, ``not allocated``, ..."""
+    detail: str = ""
+    """The CEL expression, or what the step checks."""
+    entered: int = 0
+    passed: int = 0
+    rejected: int = 0
+    errors: int = 0
+    error_example: str = ""
+    passing_by_pool: dict[str, int] = field(default_factory=dict)
+    holders: list[str] = field(default_factory=list)
+    """For ``not allocated``: the claims holding the rejected devices."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "step": self.name,
+            "detail": self.detail,
+            "in": self.entered,
+            "pass": self.passed,
+            "rejected": self.rejected,
+            "errors": self.errors,
+            "errorExample": self.error_example,
+            "passingByPool": dict(self.passing_by_pool),
+            "holders": list(self.holders),
+        }
+
+
+@dataclass
+class Alternative:
+    """An ``exactly`` request or one ``firstAvailable`` subrequest, and its funnel."""
+
+    name: str
+    """``gpu`` or ``gpu/small``."""
+    device_class: str
+    mode: str
+    count: int
+    admin_access: bool
+    class_selectors: tuple[str, ...]
+    request_selectors: tuple[str, ...]
+    steps: list[Step] = field(default_factory=list)
+    problem: str = ""
+    """A reason no device can be considered: unknown class, compile error."""
+    candidates: list[PoolDevice] = field(default_factory=list)
+    allocated: list[str] = field(default_factory=list)
+    """``device -> holder`` for devices matching the selectors that are held by claims."""
+    total: int = 0
+
+    @property
+    def needed(self) -> int:
+        return max(self.count, 1) if self.mode != "All" else 1
+
+    @property
+    def satisfied(self) -> bool:
+        if self.problem:
+            return False
+        if self.mode == "All":
+            return bool(self.candidates)
+        return best_node_count(self.candidates) >= self.count
+
+    def verdict(self) -> str:
+        wanted = "all matching devices" if self.mode == "All" else f"{self.count}"
+        head = (
+            f"request {self.name}: {len(self.candidates)} of {self.total} devices pass"
+            f" (needs {wanted})"
+        )
+        if self.problem:
+            return f"request {self.name}: {self.problem}"
+        losses = []
+        for step in self.steps:
+            if step.rejected:
+                if step.name == "not allocated":
+                    losses.append(
+                        f"{step.rejected} allocated to other claims ({_shortlist(step.holders)})"
+                    )
+                else:
+                    detail = _short(step.detail, _VERDICT_EXPRESSION)
+                    what = f"{step.name} ({detail})" if step.detail else step.name
+                    losses.append(f"{step.rejected} rejected by {what}")
+            if step.errors:
+                losses.append(
+                    f"{step.errors} CEL runtime errors in {step.name} (e.g. {step.error_example})"
+                )
+        text = head + (": " + "; ".join(losses) if losses else "")
+        if (
+            not self.problem
+            and self.mode != "All"
+            and len(self.candidates) >= self.count > best_node_count(self.candidates)
+        ):
+            text += f"; no single node has {self.count} of them"
+        return text
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "deviceClassName": self.device_class,
+            "allocationMode": self.mode,
+            "count": self.count,
+            "adminAccess": self.admin_access,
+            "classSelectors": list(self.class_selectors),
+            "requestSelectors": list(self.request_selectors),
+            "problem": self.problem,
+            "funnel": [step.to_json() for step in self.steps],
+            "candidates": [device.label for device in self.candidates],
+            "allocated": list(self.allocated),
+            "satisfied": self.satisfied,
+            "verdict": self.verdict(),
+        }
+
+
+@dataclass
+class RequestReport:
+    name: str
+    alternatives: list[Alternative]
+    first_available: bool
+
+    @property
+    def satisfied(self) -> bool:
+        return any(alternative.satisfied for alternative in self.alternatives)
+
+    def verdict(self) -> str:
+        if not self.first_available:
+            return self.alternatives[0].verdict()
+        chosen = next((a for a in self.alternatives if a.satisfied), None)
+        lines = "; ".join(a.verdict() for a in self.alternatives)
+        if chosen is None:
+            return f"request {self.name}: no firstAvailable subrequest can be satisfied: {lines}"
+        return f"request {self.name}: subrequest {chosen.name} can be satisfied: {lines}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "firstAvailable": self.first_available,
+            "satisfied": self.satisfied,
+            "verdict": self.verdict(),
+            "alternatives": [alternative.to_json() for alternative in self.alternatives],
+        }
+
+
+@dataclass
+class ConstraintReport:
+    kind: str
+    """``matchAttribute`` or ``distinctAttribute``."""
+    attribute: str
+    requests: list[str]
+    values: dict[str, dict[str, int]]
+    """Attribute value (as text) -> request name -> candidate devices having that value."""
+    missing: dict[str, int]
+    """Request name -> candidates that lack the attribute (they cannot be chosen)."""
+    satisfiable: bool
+    note: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "attribute": self.attribute,
+            "requests": list(self.requests),
+            "values": {k: dict(v) for k, v in self.values.items()},
+            "missingAttribute": dict(self.missing),
+            "satisfiable": self.satisfiable,
+            "note": self.note,
+        }
+
+
+@dataclass
+class Explanation:
+    claim: str
+    allocated: bool
+    allocation: list[dict[str, Any]]
+    reserved_for: list[str]
+    pools: list[dict[str, Any]]
+    requests: list[RequestReport]
+    constraints: list[ConstraintReport]
+    verdict: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "claim": self.claim,
+            "allocated": self.allocated,
+            "allocation": list(self.allocation),
+            "reservedFor": list(self.reserved_for),
+            "verdict": self.verdict,
+            "pools": list(self.pools),
+            "requests": [request.to_json() for request in self.requests],
+            "constraints": [constraint.to_json() for constraint in self.constraints],
+        }
+
+
+# ---- the analysis ------------------------------------------------------------------------------
+
+
+def explain(
+    claim: Obj, classes: Sequence[Obj], slices: Sequence[Obj], claims: Sequence[Obj]
+) -> Explanation:
+    """Explain `claim` against the cluster given by `classes`, `slices` and all `claims`."""
+    key = claim_key(claim)
+    state = build_cluster_state(slices, claims)
+    by_name = {str((c.get("metadata") or {}).get("name", "")): c for c in classes}
+    devices_spec = (claim.get("spec") or {}).get("devices") or {}
+    requests = [
+        _request(request, by_name, state, key) for request in devices_spec.get("requests") or []
+    ]
+    constraints = [
+        _constraint(constraint, requests) for constraint in devices_spec.get("constraints") or []
+    ]
+    status = claim.get("status") or {}
+    allocation = status.get("allocation")
+    results = [
+        {
+            "request": str(r.get("request", "")),
+            "device": f"{r.get('driver', '')}/{r.get('pool', '')}/{r.get('device', '')}",
+            **({"adminAccess": True} if r.get("adminAccess") else {}),
+            **({"shareID": str(r["shareID"])} if r.get("shareID") else {}),
+        }
+        for r in ((allocation or {}).get("devices") or {}).get("results") or []
+    ]
+    reserved = [
+        f"{r.get('resource', '')}/{r.get('name', '')}" for r in status.get("reservedFor") or []
+    ]
+    verdict = _verdict(key, allocation is not None, results, reserved, requests, constraints)
+    return Explanation(
+        claim=key,
+        allocated=allocation is not None,
+        allocation=results,
+        reserved_for=reserved,
+        pools=[pool.to_json() for pool in state.pools],
+        requests=requests,
+        constraints=constraints,
+        verdict=verdict,
+    )
+
+
+def _verdict(  # noqa: PLR0917 - private, called once
+    key: str,
+    allocated: bool,
+    results: Sequence[Mapping[str, Any]],
+    reserved: Sequence[str],
+    requests: Sequence[RequestReport],
+    constraints: Sequence[ConstraintReport],
+) -> str:
+    if allocated:
+        devices = ", ".join(f"{r['request']} -> {r['device']}" for r in results) or "no devices"
+        users = f"; reserved for {', '.join(reserved)}" if reserved else "; not reserved by a pod"
+        return f"claim {key} is allocated: {devices}{users}"
+    failing = [request.verdict() for request in requests if not request.satisfied]
+    failing += [f"{c.kind} {c.attribute}: {c.note}" for c in constraints if not c.satisfiable]
+    if failing:
+        return f"claim {key} cannot be allocated now: " + " | ".join(failing)
+    return (
+        f"claim {key} is not allocated, but each request has enough devices: it is allocated "
+        "when a pod using it is scheduled (no backtracking search was made across requests)"
+    )
+
+
+def _request(
+    request: Obj, classes: Mapping[str, Obj], state: ClusterState, claim: str
+) -> RequestReport:
+    name = str(request.get("name", ""))
+    if isinstance(request.get("firstAvailable"), list):
+        alternatives = [
+            _alternative(f"{name}/{sub.get('name', '')}", sub, classes, state, claim)
+            for sub in request["firstAvailable"]
+        ]
+        return RequestReport(name, alternatives, True)
+    exactly = request.get("exactly") or {}
+    return RequestReport(name, [_alternative(name, exactly, classes, state, claim)], False)
+
+
+def _alternative(
+    name: str, spec: Obj, classes: Mapping[str, Obj], state: ClusterState, claim: str
+) -> Alternative:
+    class_name = str(spec.get("deviceClassName", ""))
+    mode = str(spec.get("allocationMode") or "ExactCount")
+    alternative = Alternative(
+        name=name,
+        device_class=class_name,
+        mode=mode,
+        count=int(spec.get("count") or 1) if mode != "All" else 0,
+        admin_access=bool(spec.get("adminAccess", False)),
+        class_selectors=(),
+        request_selectors=selector_expressions(spec.get("selectors")),
+        total=len(state.devices),
+    )
+    device_class = classes.get(class_name)
+    if device_class is None:
+        alternative.problem = f"DeviceClass {class_name} does not exist"
+        return alternative
+    compiled = compile_class(device_class)
+    alternative.class_selectors = compiled.expressions
+    if compiled.error:
+        alternative.problem = f"class {class_name}: {compiled.error}"
+        return alternative
+    request_selectors: list[Selector] = []
+    for number, expression in enumerate(alternative.request_selectors):
+        try:
+            request_selectors.append(compile_selector(expression))
+        except CelCompileError as error:
+            first = str(error).splitlines()[0] if str(error) else "compile error"
+            alternative.problem = f"request selector #{number} does not compile: {first}"
+            return alternative
+    devices = state.devices
+    for number, selector in enumerate(compiled.selectors):
+        devices = _selector_step(
+            alternative, f"class {class_name} selector #{number}", selector, devices
+        )
+    for number, selector in enumerate(request_selectors):
+        devices = _selector_step(alternative, f"request selector #{number}", selector, devices)
+    alternative.allocated = [
+        f"{device.label} -> "
+        + ", ".join(sorted({h.claim if h.claim != claim else "this claim" for h in busy}))
+        for device in devices
+        if (busy := device.busy_holders())
+    ]
+    devices = _filter_step(
+        alternative,
+        "not allocated",
+        "adminAccess: allocated devices allowed" if alternative.admin_access else "",
+        devices,
+        lambda d: alternative.admin_access or d.multi_allocatable or not d.busy_holders(claim),
+        holders=lambda d: [h.claim for h in d.busy_holders(claim)],
+    )
+    capacity = {
+        str(k): str(v) for k, v in ((spec.get("capacity") or {}).get("requests") or {}).items()
+    }
+    if capacity or any(d.multi_allocatable for d in devices):
+        detail = ", ".join(f"{k}={v}" for k, v in sorted(capacity.items()))
+        devices = _filter_step(
+            alternative,
+            "capacity",
+            detail,
+            devices,
+            lambda d: capacity_fits(d, capacity, claim) is None,
+        )
+    if any(d.raw.get("consumesCounters") for d in devices):
+        pools = {pool.key: pool for pool in state.pools}
+        consumed = _consumed_counters(state, claim)
+        devices = _filter_step(
+            alternative,
+            "counters",
+            "shared counters of the pool",
+            devices,
+            lambda d: _counters_fit(
+                d, pools[f"{d.driver}/{d.pool}"].counter_sets, consumed[(d.driver, d.pool)]
+            ),
+        )
+    alternative.candidates = devices
+    return alternative
+
+
+def _selector_step(
+    alternative: Alternative, name: str, selector: Selector, devices: list[PoolDevice]
+) -> list[PoolDevice]:
+    step = Step(name, selector.expression, entered=len(devices))
+    passing: list[PoolDevice] = []
+    for device in devices:
+        try:
+            matched = selector.matches(device.cel())
+        except CelRuntimeError as error:
+            step.errors += 1
+            step.error_example = step.error_example or f"{device.label}: {error}"
+            continue
+        if matched:
+            passing.append(device)
+        else:
+            step.rejected += 1
+    _finish(step, passing)
+    alternative.steps.append(step)
+    return passing
+
+
+def _filter_step(
+    alternative: Alternative,
+    name: str,
+    detail: str,
+    devices: list[PoolDevice],
+    keep: Callable[[PoolDevice], bool],
+    *,
+    holders: Callable[[PoolDevice], list[str]] | None = None,
+) -> list[PoolDevice]:
+    step = Step(name, detail, entered=len(devices))
+    passing: list[PoolDevice] = []
+    for device in devices:
+        if keep(device):
+            passing.append(device)
+            continue
+        step.rejected += 1
+        for holder in holders(device) if holders else []:
+            if holder not in step.holders:
+                step.holders.append(holder)
+    _finish(step, passing)
+    alternative.steps.append(step)
+    return passing
+
+
+def _finish(step: Step, passing: Sequence[PoolDevice]) -> None:
+    step.passed = len(passing)
+    by_pool: dict[str, int] = defaultdict(int)
+    for device in passing:
+        by_pool[f"{device.driver}/{device.pool}"] += 1
+    step.passing_by_pool = dict(by_pool)
+
+
+def best_node_count(devices: Sequence[PoolDevice]) -> int:
+    """The most candidates one node can use: its node-local devices plus the cluster-wide ones."""
+    shared = sum(1 for d in devices if d.node == ALL_NODES)
+    per_node: dict[str, int] = defaultdict(int)
+    for device in devices:
+        if device.node != ALL_NODES:
+            per_node[device.node] += 1
+    return shared + max(per_node.values(), default=0)
+
+
+# ---- capacity and counters ---------------------------------------------------------------------
+
+
+def capacity_fits(device: PoolDevice, requests: Mapping[str, str], claim: str = "") -> str | None:
+    """None when `device` can serve the capacity `requests`, else why not (resource-api.md §5.1)."""
+    capacities: dict[tuple[str, str], Obj] = {
+        split_qualified_name(str(k), device.driver): v
+        for k, v in (device.raw.get("capacity") or {}).items()
+    }
+    wanted: dict[tuple[str, str], Fraction] = {}
+    for key, amount in requests.items():
+        qualified = split_qualified_name(key, device.driver)
+        if qualified not in capacities:
+            return f"no capacity {key}"
+        try:
+            wanted[qualified] = Quantity.parse(amount).value
+        except CelValueError:
+            return f"capacity request {key}={amount} is not a quantity"
+    consumed: dict[tuple[str, str], Fraction] = defaultdict(Fraction)
+    if device.multi_allocatable:
+        for holder in device.busy_holders(claim):
+            for key, amount in holder.consumed_capacity.items():
+                try:
+                    value = Quantity.parse(amount).value
+                except CelValueError:
+                    continue
+                consumed[split_qualified_name(key, device.driver)] += value
+    for qualified, entry in capacities.items():
+        try:
+            total = Quantity.parse(str(entry.get("value", "0"))).value
+            demand = _rounded(
+                wanted.get(qualified), entry.get("requestPolicy"), total, device.multi_allocatable
+            )
+        except CelValueError:
+            return f"capacity {qualified[1]} is not a quantity"
+        if demand is None:
+            return f"capacity {qualified[1]}: request outside the requestPolicy"
+        available = total - consumed[qualified]
+        if demand > available:
+            return f"capacity {qualified[1]}: needs {_q(demand)}, {_q(available)} left"
+    return None
+
+
+def _rounded(
+    request: Fraction | None, policy: object, total: Fraction, multi: bool
+) -> Fraction | None:
+    """What a request consumes after the device's ``requestPolicy``; None when not allowed."""
+    if not isinstance(policy, Mapping):
+        policy = {}
+    if request is None:
+        if not multi:
+            return Fraction(0)
+        default = policy.get("default")
+        return Quantity.parse(str(default)).value if default is not None else total
+    valid = policy.get("validValues")
+    if isinstance(valid, list) and valid:
+        options = sorted(Quantity.parse(str(v)).value for v in valid)
+        return next((v for v in options if v >= request), None)
+    limits = policy.get("validRange")
+    if isinstance(limits, Mapping):
+        low = Quantity.parse(str(limits.get("min", "0"))).value
+        value = max(request, low)
+        if limits.get("step") is not None:
+            step = Quantity.parse(str(limits["step"])).value
+            if step > 0:
+                steps = -((low - value) // step)  # ceiling
+                value = low + steps * step
+        if limits.get("max") is not None and value > Quantity.parse(str(limits["max"])).value:
+            return None
+        return value
+    return request
+
+
+def _q(value: Fraction) -> str:
+    return str(Quantity(value))
+
+
+def _consumed_counters(
+    state: ClusterState, claim: str
+) -> dict[tuple[str, str], dict[tuple[str, str], Fraction]]:
+    consumed: dict[tuple[str, str], dict[tuple[str, str], Fraction]] = defaultdict(
+        lambda: defaultdict(Fraction)
+    )
+    for device in state.devices:
+        if not device.busy_holders(claim):
+            continue
+        for entry in device.raw.get("consumesCounters") or []:
+            for counter, amount in (entry.get("counters") or {}).items():
+                try:
+                    value = Quantity.parse(str((amount or {}).get("value", "0"))).value
+                except CelValueError:
+                    continue
+                key = (str(entry.get("counterSet", "")), str(counter))
+                consumed[(device.driver, device.pool)][key] += value
+    return consumed
+
+
+def _counters_fit(
+    device: PoolDevice,
+    counter_sets: Mapping[str, Mapping[str, str]],
+    consumed: Mapping[tuple[str, str], Fraction],
+) -> bool:
+    for entry in device.raw.get("consumesCounters") or []:
+        counter_set = counter_sets.get(str(entry.get("counterSet", "")))
+        if counter_set is None:
+            return False
+        for counter, amount in (entry.get("counters") or {}).items():
+            if counter not in counter_set:
+                return False
+            try:
+                total = Quantity.parse(counter_set[counter]).value
+                need = Quantity.parse(str((amount or {}).get("value", "0"))).value
+            except CelValueError:
+                return False
+            if total - consumed.get((str(entry.get("counterSet", "")), counter), 0) < need:
+                return False
+    return True
+
+
+# ---- constraints -------------------------------------------------------------------------------
+
+
+def _constraint(constraint: Obj, requests: Sequence[RequestReport]) -> ConstraintReport:
+    kind = "matchAttribute" if constraint.get("matchAttribute") else "distinctAttribute"
+    attribute = str(constraint.get(kind) or "")
+    named = [str(r) for r in constraint.get("requests") or []]
+    domain, identifier = split_qualified_name(attribute, "")
+    # Which alternatives the constraint covers: "req" (all its subrequests) or "req/sub".
+    groups: list[tuple[str, list[Alternative]]] = []
+    for request in requests:
+        if not named or request.name in named:
+            groups.append((request.name, list(request.alternatives)))
+            continue
+        chosen = [a for a in request.alternatives if a.name in named]
+        if chosen:
+            groups.append((request.name, chosen))
+    values: dict[str, dict[str, int]] = defaultdict(dict)
+    missing: dict[str, int] = {}
+    best: dict[str, dict[str, int]] = defaultdict(dict)  # value -> request -> max over alternatives
+    needed: dict[str, int] = {}
+    for request_name, alternatives in groups:
+        needed[request_name] = min((a.needed for a in alternatives), default=1)
+        lacking = 0
+        for alternative in alternatives:
+            counts: dict[str, int] = defaultdict(int)
+            for device in alternative.candidates:
+                value = _attribute(device, domain, identifier)
+                if value is None:
+                    lacking += 1
+                else:
+                    counts[value] += 1
+            for value, count in counts.items():
+                values[value][alternative.name] = count
+                best[value][request_name] = max(best[value].get(request_name, 0), count)
+        missing[request_name] = lacking
+    if kind == "matchAttribute":
+        feasible = [
+            value
+            for value, per_request in best.items()
+            if all(per_request.get(r, 0) >= n for r, n in needed.items())
+        ]
+        satisfiable = bool(feasible) or not groups
+        shown = ", ".join(f"{v!s}" for v in sorted(feasible))
+        note = (
+            f"values every request can meet: {shown}"
+            if feasible
+            else "no single value of the attribute has enough candidate devices for every request"
+        )
+    else:
+        distinct = len(best)
+        total_needed = sum(needed.values())
+        satisfiable = distinct >= total_needed or not groups
+        note = f"{distinct} distinct values available for {total_needed} devices"
+    return ConstraintReport(
+        kind=kind,
+        attribute=attribute,
+        requests=named or [r.name for r in requests],
+        values=dict(values),
+        missing=missing,
+        satisfiable=satisfiable,
+        note=note,
+    )
+
+
+def _attribute(device: PoolDevice, domain: str, identifier: str) -> str | None:
+    try:
+        value = device.cel().attributes.get(domain, {}).get(identifier)
+    except CelRuntimeError:
+        return None
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return json.dumps(value)
+    if isinstance(value, int):
+        return str(value)
+    return f"semver('{value}')"
+
+
+# ---- table output ------------------------------------------------------------------------------
+
+
+Block = tuple[list[str], list[list[str]]] | str
+
+
+def render_explanation(explanation: Explanation) -> list[Block]:
+    """The table output: lines (str) and tables (headers, rows), in order; verdict first."""
+    out: list[Block] = [f"verdict: {explanation.verdict}"]
+    if explanation.allocated:
+        out.append("allocation:")
+        out.append(
+            (
+                ["REQUEST", "DEVICE"],
+                [[r["request"], r["device"]] for r in explanation.allocation],
+            )
+        )
+    for pool in explanation.pools:
+        flag = "  INCOMPLETE" if pool["incomplete"] else ""
+        out.append(
+            f"pool {pool['driver']}/{pool['pool']}: generation {pool['generation']}, "
+            f"{pool['devices']} devices, {pool['slices']}/{pool['resourceSliceCount']} slices, "
+            f"nodes {', '.join(pool['nodes'])}{flag}"
+        )
+    for request in explanation.requests:
+        for alternative in request.alternatives:
+            mode = (
+                "all devices"
+                if alternative.mode == "All"
+                else f"{alternative.count} device{'s' * (alternative.count != 1)}"
+            )
+            admin = ", adminAccess" if alternative.admin_access else ""
+            out.append(
+                f"request {alternative.name}: {mode} of class {alternative.device_class}{admin}"
+            )
+            if alternative.steps:
+                out.append(
+                    (
+                        [
+                            "STEP",
+                            "SELECTOR / DETAIL",
+                            "IN",
+                            "PASS",
+                            "OUT",
+                            "ERRORS",
+                            "PASS BY POOL",
+                        ],
+                        [
+                            [
+                                step.name,
+                                _short(step.detail) or "-",
+                                str(step.entered),
+                                str(step.passed),
+                                str(step.rejected),
+                                str(step.errors),
+                                ", ".join(f"{p}: {n}" for p, n in step.passing_by_pool.items())
+                                or "-",
+                            ]
+                            for step in alternative.steps
+                        ],
+                    )
+                )
+            for step in alternative.steps:
+                if step.errors:
+                    out.append(
+                        f"  {step.errors} CEL runtime errors in {step.name}, e.g. "
+                        f"{step.error_example}"
+                    )
+            for line in alternative.allocated:
+                out.append(f"  allocated: {line}")
+            out.append(f"  {alternative.verdict()}")
+        if request.first_available:
+            out.append(f"  {request.verdict()}")
+    for constraint in explanation.constraints:
+        values = "; ".join(
+            f"{value} ({', '.join(f'{r}: {n}' for r, n in per.items())})"
+            for value, per in sorted(constraint.values.items())
+        )
+        out.append(
+            f"constraint {constraint.kind} {constraint.attribute} "
+            f"(requests {', '.join(constraint.requests)}): {constraint.note}"
+            f"; available values: {values or 'none'}"
+        )
+    return out
+
+
+def _short(text: str, limit: int = _SHOWN_EXPRESSION) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _shortlist(items: Sequence[str]) -> str:
+    shown = ", ".join(items[:_SHOWN_HOLDERS])
+    return shown + (", ..." if len(items) > _SHOWN_HOLDERS else "")

@@ -1,0 +1,291 @@
+"""`gpu-dra inventory` pure logic (`controller/inventory.py`): pools at their highest generation,
+devices per node with allocation state and holders, DeviceClass totals and free counts.
+
+The raw-object builders at the top are shared with test_explain.py."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpu_dra.controller.inventory import ALL_NODES, build_cluster_state, inventory, render_inventory
+
+DRIVER = "gpu.nvidia.com"
+Obj = dict[str, Any]
+
+GPU_CLASS_CEL = f"device.driver == '{DRIVER}' && device.attributes['{DRIVER}'].type == 'gpu'"
+MIG_CLASS_CEL = f"device.driver == '{DRIVER}' && device.attributes['{DRIVER}'].type == 'mig'"
+
+
+def gpu(
+    name: str,
+    product: str = "NVIDIA L4",
+    *,
+    memory: str = "23034Mi",
+    driver_version: str = "580.65.6",
+    kind: str = "gpu",
+    **extra: Any,
+) -> Obj:
+    device: Obj = {
+        "name": name,
+        "attributes": {
+            "type": {"string": kind},
+            "productName": {"string": product},
+            "driverVersion": {"version": driver_version},
+            "uuid": {"string": f"GPU-{name}"},
+        },
+        "capacity": {"memory": {"value": memory}},
+    }
+    device.update(extra)
+    return device
+
+
+def l4(name: str) -> Obj:
+    return gpu(name, "NVIDIA L4")
+
+
+def a100(name: str) -> Obj:
+    return gpu(name, "NVIDIA A100 80GB PCIe", memory="80Gi")
+
+
+def resource_slice(
+    node: str | None,
+    devices: list[Obj],
+    *,
+    pool: str | None = None,
+    generation: int = 1,
+    count: int = 1,
+    name: str | None = None,
+    driver: str = DRIVER,
+    shared_counters: list[Obj] | None = None,
+) -> Obj:
+    spec: Obj = {
+        "driver": driver,
+        "pool": {
+            "name": pool or node or "cluster",
+            "generation": generation,
+            "resourceSliceCount": count,
+        },
+        "devices": devices,
+    }
+    if node is None:
+        spec["allNodes"] = True
+    else:
+        spec["nodeName"] = node
+    if shared_counters is not None:
+        spec["sharedCounters"] = shared_counters
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"name": name or f"{pool or node}-{generation}-{len(devices)}"},
+        "spec": spec,
+    }
+
+
+def device_class(name: str, *expressions: str) -> Obj:
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "DeviceClass",
+        "metadata": {"name": name},
+        "spec": {"selectors": [{"cel": {"expression": e}} for e in expressions]},
+    }
+
+
+def standard_classes() -> list[Obj]:
+    return [
+        device_class("gpu.nvidia.com", GPU_CLASS_CEL),
+        device_class("mig.nvidia.com", MIG_CLASS_CEL),
+    ]
+
+
+def exactly(
+    name: str = "gpu",
+    device_class: str = "gpu.nvidia.com",
+    *selectors: str,
+    count: int | None = None,
+    **extra: Any,
+) -> Obj:
+    spec: Obj = {"deviceClassName": device_class}
+    if selectors:
+        spec["selectors"] = [{"cel": {"expression": e}} for e in selectors]
+    if count is not None:
+        spec["count"] = count
+    spec.update(extra)
+    return {"name": name, "exactly": spec}
+
+
+def claim(
+    namespace: str,
+    name: str,
+    requests: list[Obj] | None = None,
+    *,
+    constraints: list[Obj] | None = None,
+    allocated: list[tuple[str, str]] | None = None,
+    pool: str = "node-a",
+    results: list[Obj] | None = None,
+) -> Obj:
+    """A claim; `allocated` = [(request, device)] in `pool`, or full `results` entries."""
+    devices: Obj = {"requests": requests if requests is not None else [exactly()]}
+    if constraints:
+        devices["constraints"] = constraints
+    obj: Obj = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": namespace, "uid": f"uid-{name}"},
+        "spec": {"devices": devices},
+    }
+    entries = list(results or [])
+    entries += [
+        {"request": request, "driver": DRIVER, "pool": pool, "device": device}
+        for request, device in allocated or []
+    ]
+    if entries:
+        obj["status"] = {
+            "allocation": {"devices": {"results": entries}},
+            "reservedFor": [{"resource": "pods", "name": f"{name}-pod", "uid": "u"}],
+        }
+    return obj
+
+
+def mixed_node(node: str = "node-a") -> Obj:
+    """The e2e cluster's "mixed" profile: 2x A100 80GB, 2x L4."""
+    return resource_slice(node, [a100("gpu-0"), a100("gpu-1"), l4("gpu-2"), l4("gpu-3")])
+
+
+# ---- tests -------------------------------------------------------------------------------------
+
+
+def test_pools_keep_only_the_highest_generation_and_mark_incomplete_pools() -> None:
+    slices = [
+        resource_slice("node-a", [l4("old-0"), l4("old-1")], generation=1),
+        resource_slice("node-a", [l4("gpu-0")], generation=2, count=2, name="a-2"),
+        resource_slice("node-b", [a100("gpu-0")]),
+    ]
+    state = build_cluster_state(slices, [])
+    pools = {pool.key: pool for pool in state.pools}
+    assert [d.name for d in pools["gpu.nvidia.com/node-a"].devices] == ["gpu-0"]
+    assert pools["gpu.nvidia.com/node-a"].incomplete
+    assert not pools["gpu.nvidia.com/node-b"].incomplete
+    report = inventory(slices, standard_classes(), [])
+    lines = [block for block in render_inventory(report) if isinstance(block, str)]
+    assert any("pool gpu.nvidia.com/node-a is incomplete (1 of 2 slices" in line for line in lines)
+
+
+def test_devices_per_node_with_state_and_holders() -> None:
+    slices = [
+        mixed_node("node-a"),
+        resource_slice(
+            "node-b",
+            [
+                gpu("gpu-0", "NVIDIA A100-SXM4-40GB", memory="40Gi"),
+                gpu("gpu-0-mig-1g5gb-0", "NVIDIA A100-SXM4-40GB", kind="mig"),
+                gpu("gpu-0-mig-1g5gb-1", "NVIDIA A100-SXM4-40GB", kind="mig"),
+            ],
+        ),
+        resource_slice("node-c", [l4("gpu-0")], driver="other.example.com"),
+    ]
+    claims = [
+        claim("team-a", "train", allocated=[("gpu", "gpu-0")]),
+        claim("team-b", "infer", allocated=[("gpu", "gpu-2")]),
+        claim("team-b", "mig", allocated=[("mig", "gpu-0-mig-1g5gb-1")], pool="node-b"),
+        claim(
+            "monitoring",
+            "admin",
+            results=[
+                {
+                    "request": "all",
+                    "driver": DRIVER,
+                    "pool": "node-a",
+                    "device": "gpu-3",
+                    "adminAccess": True,
+                }
+            ],
+        ),
+        claim("team-c", "pending"),
+    ]
+    report = inventory(slices, standard_classes(), claims)
+    rows = {(r.node, r.device): r for r in report.devices}
+    assert len(rows) == 7  # the other driver's node-c is not listed
+    assert rows[("node-a", "gpu-0")].state == "allocated"
+    assert rows[("node-a", "gpu-0")].holders == ("team-a/train (gpu)",)
+    assert rows[("node-a", "gpu-1")].state == "free"
+    assert rows[("node-a", "gpu-2")].holders == ("team-b/infer (gpu)",)
+    assert rows[("node-a", "gpu-3")].state == "admin"
+    assert rows[("node-b", "gpu-0-mig-1g5gb-1")].type == "mig"
+    assert rows[("node-b", "gpu-0-mig-1g5gb-1")].state == "allocated"
+    nodes = report.nodes()
+    assert nodes["node-a"]["devices"] == 4
+    assert nodes["node-a"]["free"] == 2  # gpu-1, and gpu-3 (admin access only)
+    assert nodes["node-a"]["allocated"] == 2
+    assert nodes["node-b"]["types"] == {
+        "gpu": {"devices": 1, "free": 1},
+        "mig": {"devices": 2, "free": 1},
+    }
+    assert "node-c" not in nodes
+
+
+def test_class_totals_and_free_counts_over_all_devices() -> None:
+    slices = [
+        mixed_node("node-a"),
+        mixed_node("node-b"),
+        resource_slice("node-b", [gpu("gpu-9-mig", kind="mig")], pool="node-b-mig"),
+    ]
+    classes = [
+        *standard_classes(),
+        device_class(
+            "large",
+            GPU_CLASS_CEL,
+            f"device.capacity['{DRIVER}'].memory.compareTo(quantity('40Gi')) >= 0",
+        ),
+        device_class("broken", "device.attributes['gpu.nvidia.com'].vendorName == 'x'"),
+        device_class("syntax", "device.driver =="),
+    ]
+    claims = [
+        claim("ns", "a", allocated=[("gpu", "gpu-0"), ("gpu", "gpu-2")]),
+        claim("ns", "b", allocated=[("gpu", "gpu-1")], pool="node-b"),
+    ]
+    report = inventory(slices, classes, claims)
+    by_class = {row.name: row for row in report.classes}
+    assert (by_class["gpu.nvidia.com"].total, by_class["gpu.nvidia.com"].free) == (8, 5)
+    assert (by_class["large"].total, by_class["large"].free) == (4, 2)
+    assert (by_class["mig.nvidia.com"].total, by_class["mig.nvidia.com"].free) == (1, 1)
+    assert by_class["broken"].errors == 9
+    assert "no such key: vendorName" in by_class["broken"].error
+    assert by_class["syntax"].error.startswith("selector #0: ")
+    data = report.to_json()
+    assert data["nodes"]["node-b"]["devices"] == 5
+    assert {c["name"]: c["free"] for c in data["classes"]}["large"] == 2
+
+
+def test_multi_allocatable_devices_are_shared_and_stay_free_for_the_class() -> None:
+    shared = gpu("gpu-0", allowMultipleAllocations=True)
+    slices = [resource_slice("node-a", [shared])]
+    claims = [
+        claim(
+            "ns",
+            "s1",
+            results=[
+                {
+                    "request": "gpu",
+                    "driver": DRIVER,
+                    "pool": "node-a",
+                    "device": "gpu-0",
+                    "shareID": "0b7c",
+                    "consumedCapacity": {"memory": "1Gi"},
+                }
+            ],
+        )
+    ]
+    report = inventory(slices, standard_classes(), claims)
+    (row,) = report.devices
+    assert row.state == "shared"
+    assert {c.name: c.free for c in report.classes}["gpu.nvidia.com"] == 1
+
+
+def test_cluster_wide_pools_and_allocations_of_unknown_devices() -> None:
+    slices = [resource_slice(None, [l4("net-0")], pool="fabric")]
+    claims = [claim("ns", "gone", allocated=[("gpu", "gpu-7")])]
+    report = inventory(slices, standard_classes(), claims)
+    assert [r.node for r in report.devices] == [ALL_NODES]
+    assert report.unknown_allocations == ("gpu.nvidia.com/node-a/gpu-7 held by ns/gone",)
+    rendered = render_inventory(report)
+    assert any(isinstance(b, str) and "gpu-7 held by ns/gone" in b for b in rendered)
