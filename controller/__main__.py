@@ -3,6 +3,11 @@
 The controller's cluster-level duty for now: keep the DeviceClass catalog applied. It applies every
 class at start, then again every resync interval (reloading the directory, so a mounted ConfigMap
 can change), sooner when a class failed. With `--once` it applies once and exits.
+
+Beside it, every `--inventory-interval` seconds (0: never, nor with `--once`), it reads the
+cluster's ResourceSlices, DeviceClasses and ResourceClaims with the list helpers of `gpu-dra
+inventory` (in a worker thread) and exports the inventory as gauges (`InventoryMetrics`); a failed
+read keeps the last snapshot and counts an error.
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from prometheus_client import CollectorRegistry, start_http_server
 
@@ -26,9 +31,11 @@ from gpu_dra.controller.catalog import (
     apply_catalog,
     load_catalog,
 )
-from gpu_dra.controller.kubeapi import new_api_client
-from gpu_dra.controller.metrics import CatalogMetrics
+from gpu_dra.controller.inventory import Inventory, inventory
+from gpu_dra.controller.kubeapi import list_resource_objects, new_api_client
+from gpu_dra.controller.metrics import CatalogMetrics, InventoryMetrics
 from gpu_dra.controller.settings import ControllerSettings
+from gpu_dra.driver.naming import DEFAULT_DRIVER_NAME
 
 log = logging.getLogger("gpu_dra.controller")
 
@@ -54,7 +61,52 @@ def main(argv: Sequence[str] | None = None) -> int:
         log.error("%s", error)
         return EXIT_BAD_SETUP
     api = KubernetesDeviceClassApi(api_client, field_manager=settings.field_manager)
-    return asyncio.run(run(settings, api, CatalogMetrics(registry)))
+
+    def read() -> Inventory:
+        classes = list_resource_objects(api_client, "deviceclasses")
+        slices = list_resource_objects(api_client, "resourceslices")
+        claims = list_resource_objects(api_client, "resourceclaims")
+        return inventory(slices, classes, claims, driver=DEFAULT_DRIVER_NAME)
+
+    return asyncio.run(
+        run(
+            settings,
+            api,
+            CatalogMetrics(registry),
+            read_inventory=read,
+            inventory_metrics=InventoryMetrics(registry),
+        )
+    )
+
+
+InventoryReader = Callable[[], Inventory]
+"""Reads the cluster and builds its inventory (blocking: run in a worker thread)."""
+
+
+async def refresh_inventory(read: InventoryReader, metrics: InventoryMetrics) -> bool:
+    """One inventory read exported as gauges; on failure the last snapshot stays, counted."""
+    try:
+        report = await asyncio.to_thread(read)
+    except errors.ApiError as error:
+        log.warning("inventory read failed, keeping the last snapshot: %s", error)
+        metrics.count_error()
+        return False
+    except Exception:
+        log.exception("inventory read failed, keeping the last snapshot")
+        metrics.count_error()
+        return False
+    metrics.update(report.device_counts(), report.class_counts())
+    return True
+
+
+async def inventory_loop(
+    interval_s: float, read: InventoryReader, metrics: InventoryMetrics, stop: asyncio.Event
+) -> None:
+    """`refresh_inventory` now and every `interval_s` seconds until `stop`."""
+    while not stop.is_set():
+        await refresh_inventory(read, metrics)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), timeout=interval_s)
 
 
 async def run(
@@ -63,9 +115,37 @@ async def run(
     metrics: CatalogMetrics,
     *,
     stop: asyncio.Event | None = None,
+    read_inventory: InventoryReader | None = None,
+    inventory_metrics: InventoryMetrics | None = None,
 ) -> int:
-    """Keep the catalog applied until SIGTERM/SIGINT (or `stop`); the process exit status."""
+    """Keep the catalog applied until SIGTERM/SIGINT (or `stop`), exporting the inventory when
+    `read_inventory` and `inventory_metrics` are given; the process exit status."""
     stop = stop or _stop_on_signals()
+    task: asyncio.Task[None] | None = None
+    if (
+        read_inventory is not None
+        and inventory_metrics is not None
+        and settings.inventory_interval_s > 0
+        and not settings.once
+    ):
+        task = asyncio.create_task(
+            inventory_loop(settings.inventory_interval_s, read_inventory, inventory_metrics, stop)
+        )
+    try:
+        return await _keep_applied(settings, api, metrics, stop)
+    finally:
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+
+async def _keep_applied(
+    settings: ControllerSettings,
+    api: DeviceClassApi,
+    metrics: CatalogMetrics,
+    stop: asyncio.Event,
+) -> int:
     try:
         catalog = load_catalog(settings.deviceclasses_dir)
     except CatalogError as error:

@@ -35,6 +35,8 @@ Obj = Mapping[str, Any]
 ALL_NODES: Final = "<all nodes>"
 """The node column of devices in pools that are not node-local (allNodes, nodeSelector)."""
 _FREE_STATES: Final = ("free", "admin")
+DEVICE_STATES: Final = ("free", "allocated", "shared", "admin")
+"""Every value of `DeviceRow.state`."""
 
 
 @dataclass(frozen=True)
@@ -322,6 +324,24 @@ class Inventory:
             types["devices"] += 1
             types["free"] += free
         return summary
+
+    def device_counts(self) -> dict[tuple[str, str, str], int]:
+        """(node, type, state) -> devices; every state of `DEVICE_STATES` for each node and type
+        seen, zeros included."""
+        counts: dict[tuple[str, str, str], int] = {}
+        for row in self.devices:
+            for state in DEVICE_STATES:
+                counts.setdefault((row.node, row.type, state), 0)
+            counts[(row.node, row.type, row.state)] += 1
+        return counts
+
+    def class_counts(self) -> dict[tuple[str, str], int]:
+        """(class, ``total`` | ``free``) -> devices."""
+        counts: dict[tuple[str, str], int] = {}
+        for row in self.classes:
+            counts[(row.name, "total")] = row.total
+            counts[(row.name, "free")] = row.free
+        return counts
 
     def to_json(self) -> dict[str, Any]:
         return {

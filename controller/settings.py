@@ -67,6 +67,13 @@ def parse_seconds(text: str) -> float:
     return seconds
 
 
+def parse_interval_or_off(text: str) -> float:
+    seconds = float(text)
+    if seconds < 0:
+        raise ValueError(f"must be 0 (off) or more seconds, got {text}")
+    return seconds
+
+
 def parse_log_level(text: str) -> str:
     level = text.upper()
     if level not in LOG_LEVELS:
@@ -140,6 +147,16 @@ class ControllerSettings:
             "GPU_DRA_METRICS_PORT",
             "port of the Prometheus /metrics endpoint; 0: no endpoint",
             parse_port,
+        ),
+    )
+    inventory_interval_s: float = field(
+        default=30.0,
+        metadata=option(
+            "--inventory-interval",
+            "GPU_DRA_INVENTORY_INTERVAL",
+            "seconds between inventory reads exported as gpu_dra_devices and "
+            "gpu_dra_deviceclass_devices gauges; 0: off",
+            parse_interval_or_off,
         ),
     )
     log_level: str = field(
