@@ -366,15 +366,8 @@ def run_check_config(args: argparse.Namespace, streams: Streams) -> int:
 
 
 def check_object(file: str, manifest: Mapping[str, Any], *, driver: str) -> list[ConfigCheck]:
-    """The verdict on each config entry of a manifest (other kinds have none; Lists are opened)."""
+    """The verdict on each config entry of a manifest (other kinds have none)."""
     kind = manifest.get("kind")
-    if kind == "List" and isinstance(manifest.get("items"), list):
-        return [
-            check
-            for item in manifest["items"]
-            if isinstance(item, Mapping)
-            for check in check_object(file, item, driver=driver)
-        ]
     api_version = manifest.get("apiVersion")
     if not (
         isinstance(kind, str)
@@ -434,7 +427,8 @@ def check_entry(entry: object, *, source: str, driver: str) -> tuple[Verdict, st
 
 
 def _load_documents(file: str, stdin: TextIO) -> list[Mapping[str, Any]]:
-    """The non-empty YAML documents of `file`; `CliError` (usage) if it cannot be used."""
+    """The objects in `file` (non-empty YAML documents, Lists opened); `CliError` (usage) if it
+    cannot be used."""
     label = _STDIN_LABEL if file == STDIN else file
     try:
         text = stdin.read() if file == STDIN else Path(file).read_text(encoding="utf-8")
@@ -450,7 +444,18 @@ def _load_documents(file: str, stdin: TextIO) -> list[Mapping[str, Any]]:
                 f"{label}: document {number} is not a Kubernetes object (a YAML mapping)",
                 EXIT_USAGE,
             )
-    return [document for document in documents if document is not None]
+    return [obj for document in documents if document is not None for obj in _objects(document)]
+
+
+def _objects(document: Mapping[str, Any]) -> Iterator[Mapping[str, Any]]:
+    """The objects of a document: itself, or the items of a `kind: List` (nested ones too)."""
+    items = document.get("items")
+    if document.get("kind") == "List" and isinstance(items, list):
+        for item in items:
+            if isinstance(item, Mapping):
+                yield from _objects(item)
+    else:
+        yield document
 
 
 def _yaml_message(error: yaml.YAMLError) -> str:

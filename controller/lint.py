@@ -96,7 +96,7 @@ class Finding:
 
 @dataclass(frozen=True)
 class Source:
-    """The documents of one input file (``<stdin>`` for standard input)."""
+    """The objects of one input file (``<stdin>`` for standard input), Lists already opened."""
 
     file: str
     documents: Sequence[Mapping[str, Any]]
@@ -335,11 +335,10 @@ class _Linter:
     def objects(self, sources: Sequence[Source]) -> list[_Object]:
         found: list[_Object] = []
         for source in sources:
-            for document in source.documents:
-                for manifest in _flatten(document):
-                    obj = self._read(source.file, manifest)
-                    if obj is not None:
-                        found.append(obj)
+            for manifest in source.documents:
+                obj = self._read(source.file, manifest)
+                if obj is not None:
+                    found.append(obj)
         return found
 
     def _read(self, file: str, manifest: Mapping[str, Any]) -> _Object | None:
@@ -822,16 +821,6 @@ def _bind_alias(found: Sequence[Token], start: int, after: int) -> tuple[str, in
         if depth == 0:
             return found[open_index + 1].text, k
     return None
-
-
-def _flatten(document: Mapping[str, Any]) -> Iterator[Mapping[str, Any]]:
-    items = document.get("items")
-    if document.get("kind") == "List" and isinstance(items, list):
-        for item in items:
-            if isinstance(item, Mapping):
-                yield from _flatten(item)
-    else:
-        yield document
 
 
 def _plural(kind: str) -> str:

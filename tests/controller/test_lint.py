@@ -123,6 +123,17 @@ def test_syntax_error_fails_with_file_object_and_selector_path(capsys, tmp_path)
     assert "Syntax error" in error
 
 
+def test_objects_inside_a_list_are_linted(capsys, tmp_path):
+    broken = device_class("broken", "device.driver ==")
+    file = write(tmp_path / "list.yaml", {"apiVersion": "v1", "kind": "List", "items": [broken]})
+
+    code, out, _ = run(capsys, file)
+
+    assert code == EXIT_FAILED
+    [error] = lines(out, "ERROR")
+    assert error.startswith(f"ERROR {file} DeviceClass/broken: spec.selectors[0].cel.expression")
+
+
 def test_claim_selectors_are_compiled_with_their_request_paths(capsys, tmp_path):
     claim = {
         "apiVersion": "resource.k8s.io/v1",
