@@ -18,9 +18,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from e2e.cluster import Cluster, versions
 from e2e.cluster.paths import REPO_ROOT
 from e2e.kube import Kube, wait_for
-from gpu_dra.driver.discovery import discover_gpus
-from gpu_dra.driver.naming import gpu_device_name
+from gpu_dra.driver.discovery import discover_devices
 from gpu_dra.driver.nvml.simulated import SimulatedHost
+from gpu_dra.kubelet_plugin.inventory import NodeInventory
 
 DRIVER = "gpu.nvidia.com"
 PLUGIN = "gpu-dra-kubelet-plugin"
@@ -147,9 +147,12 @@ class Driver:
         )
 
     def expected_device_names(self) -> set[str]:
-        """What the plugin must publish for this profile (same discovery code, same profile)."""
+        """What the plugin must publish for this profile (the plugin's own discovery and
+        inventory code on the same profile, MIG devices included)."""
         host = SimulatedHost.load(self.profile, versions.NODE_NAME)
-        return {gpu_device_name(gpu.minor) for gpu in discover_gpus(host.nvml, host.pci)}
+        found = discover_devices(host.nvml, host.pci)
+        inventory = NodeInventory.from_discovery(found, simulated=True)
+        return {device["name"] for device in inventory.published_devices()}
 
     def stop_plugin(self) -> None:
         self.cluster.stop_component(PLUGIN)
