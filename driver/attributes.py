@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-from typing import Final
+from typing import Final, Protocol
 
-from gpu_dra.driver.model import Gpu, MigDevice
+from gpu_dra.driver.model import Gpu, MigDevice, MigPartition
 from gpu_dra.driver.naming import DEFAULT_DRIVER_NAME, gpu_device_name, mig_device_name
 from gpu_dra.driver.resourceapi import (
     STANDARD_ATTRIBUTE_DOMAIN,
@@ -151,31 +151,68 @@ def mig_device(mig: MigDevice) -> Device:
 
 def mig_attributes(mig: MigDevice) -> dict[str, DeviceAttribute]:
     """``type``, ``uuid``, ``parentUUID``, ``profile``, then the parent's copied attributes."""
-    parent = gpu_attributes(mig.parent)
-    attributes: dict[str, DeviceAttribute] = {
-        "type": {"string": "mig"},
-        "uuid": {"string": mig.uuid},
-        "parentUUID": {"string": mig.parent.uuid},
-        "profile": {"string": mig.profile},
-    }
+    return _mig_attributes(mig.parent, mig.profile, mig.uuid)
+
+
+def mig_partition_attributes(partition: MigPartition) -> dict[str, DeviceAttribute]:
+    """A dynamic MIG partition's attributes: those of a static MIG device of its profile without
+    ``uuid``, since the slice does not exist until a claim is prepared (nvidia-compat.md §3.2)."""
+    return _mig_attributes(partition.parent, partition.profile_name, None)
+
+
+def _mig_attributes(parent: Gpu, profile: str, uuid: str | None) -> dict[str, DeviceAttribute]:
+    copied = gpu_attributes(parent)
+    attributes: dict[str, DeviceAttribute] = {"type": {"string": "mig"}}
+    if uuid is not None:
+        attributes["uuid"] = {"string": uuid}
+    attributes["parentUUID"] = {"string": parent.uuid}
+    attributes["profile"] = {"string": profile}
     for key in _COPIED_FROM_PARENT:
-        if key in parent:
-            attributes[key] = parent[key]
+        if key in copied:
+            attributes[key] = copied[key]
     return attributes
+
+
+class MigSizes(Protocol):
+    """What a GPU-instance profile provides (`MigDevice` and `MigProfile` both carry it)."""
+
+    @property
+    def multiprocessors(self) -> int: ...
+    @property
+    def copy_engines(self) -> int: ...
+    @property
+    def decoders(self) -> int: ...
+    @property
+    def encoders(self) -> int: ...
+    @property
+    def jpeg_engines(self) -> int: ...
+    @property
+    def ofa_engines(self) -> int: ...
+    @property
+    def memory_bytes(self) -> int: ...
+
+
+def mig_sizes(sizes: MigSizes) -> dict[str, int]:
+    """Published capacity name -> amount: SMs, engines and memory (bytes) of a GI profile."""
+    return {
+        "multiprocessors": sizes.multiprocessors,
+        "copyEngines": sizes.copy_engines,
+        "decoders": sizes.decoders,
+        "encoders": sizes.encoders,
+        "jpegEngines": sizes.jpeg_engines,
+        "ofaEngines": sizes.ofa_engines,
+        "memory": sizes.memory_bytes,
+    }
 
 
 def mig_capacity(mig: MigDevice) -> dict[str, DeviceCapacity]:
     """The GPU-instance profile's SMs, engines and memory, and one ``memorySlice<i>`` per slice."""
-    counts = {
-        "multiprocessors": mig.multiprocessors,
-        "copyEngines": mig.copy_engines,
-        "decoders": mig.decoders,
-        "encoders": mig.encoders,
-        "jpegEngines": mig.jpeg_engines,
-        "ofaEngines": mig.ofa_engines,
-        "memory": mig.memory_bytes,
-        **{f"memorySlice{i}": 1 for i in mig.memory_slices},
-    }
+    counts = {**mig_sizes(mig), **{f"memorySlice{i}": 1 for i in mig.memory_slices}}
+    return quantities(counts)
+
+
+def quantities(counts: dict[str, int]) -> dict[str, DeviceCapacity]:
+    """Capacities from plain amounts, each in canonical BinarySI form."""
     return {key: {"value": binary_si_quantity(value)} for key, value in counts.items()}
 
 

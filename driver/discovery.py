@@ -12,6 +12,13 @@ to ``nvmlDeviceGetMaxMigDeviceCount`` (NOT_FOUND = empty), then each MIG device'
 (``GetComputeInstanceById`` -> info: CI profile), and the GI profile found by scanning the
 ``NVML_GPU_INSTANCE_PROFILE_*`` indexes for that profile ID. A GPU instance without a compute
 instance has no MIG device and is not published.
+
+Dynamic MIG (`discover_devices(..., mig_profiles=True)`): for each MIG-capable GPU (MIG mode on or
+off), the GPU-instance profiles it offers, as NVIDIA's driver reads them: every
+``NVML_GPU_INSTANCE_PROFILE_*`` index (NOT_SUPPORTED / INVALID_ARGUMENT = not offered), and each
+profile's possible placements (``nvmlDeviceGetGpuInstancePossiblePlacements``, which answers
+whether MIG is on or not). A MIG-capable GPU without any profile (the simulated B200, whose sizes
+are unknown) is left out of `NodeDevices.mig_profiles`.
 """
 
 from __future__ import annotations
@@ -21,7 +28,7 @@ from collections.abc import Callable
 from functools import partial
 from typing import TypeVar
 
-from gpu_dra.driver.model import Gpu, MigDevice, NodeDevices
+from gpu_dra.driver.model import Gpu, MigCapableGpu, MigDevice, MigProfile, NodeDevices
 from gpu_dra.driver.naming import InvalidNameError, mig_profile_name
 from gpu_dra.driver.nvml.interface import (
     NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED,
@@ -67,15 +74,23 @@ def discover_gpus(nvml: NvmlLibrary, pci: PciTopology) -> list[Gpu]:
     Initialises NVML with ``NVML_INIT_FLAG_NO_GPUS`` (a node without GPUs yields ``[]``) and shuts
     it down again; NVML counts initialisations, so callers may hold their own.
     """
-    return list(_discover(nvml, pci, with_mig=False).gpus)
+    return list(_discover(nvml, pci, with_mig=False, with_profiles=False).gpus)
 
 
-def discover_devices(nvml: NvmlLibrary, pci: PciTopology) -> NodeDevices:
-    """All GPUs (as `discover_gpus`) and the existing MIG devices of those in MIG mode."""
-    return _discover(nvml, pci, with_mig=True)
+def discover_devices(
+    nvml: NvmlLibrary, pci: PciTopology, *, mig_profiles: bool = False
+) -> NodeDevices:
+    """All GPUs (as `discover_gpus`) and the existing MIG devices of those in MIG mode.
+
+    With `mig_profiles` (dynamic MIG), also the GPU-instance profiles and placements of every
+    MIG-capable GPU.
+    """
+    return _discover(nvml, pci, with_mig=True, with_profiles=mig_profiles)
 
 
-def _discover(nvml: NvmlLibrary, pci: PciTopology, *, with_mig: bool) -> NodeDevices:
+def _discover(
+    nvml: NvmlLibrary, pci: PciTopology, *, with_mig: bool, with_profiles: bool
+) -> NodeDevices:
     try:
         nvml.init_with_flags(NVML_INIT_FLAG_NO_GPUS)
     except NVMLError as error:
@@ -84,7 +99,7 @@ def _discover(nvml: NvmlLibrary, pci: PciTopology, *, with_mig: bool) -> NodeDev
             "and that the driver root setting points at its installation"
         ) from error
     try:
-        devices = _read_devices(nvml, pci, with_mig=with_mig)
+        devices = _read_devices(nvml, pci, with_mig=with_mig, with_profiles=with_profiles)
     except BaseException:
         with contextlib.suppress(NVMLError):  # the error being raised says what went wrong
             nvml.shutdown()
@@ -96,18 +111,25 @@ def _discover(nvml: NvmlLibrary, pci: PciTopology, *, with_mig: bool) -> NodeDev
     return devices
 
 
-def _read_devices(nvml: NvmlLibrary, pci: PciTopology, *, with_mig: bool) -> NodeDevices:
+def _read_devices(
+    nvml: NvmlLibrary, pci: PciTopology, *, with_mig: bool, with_profiles: bool
+) -> NodeDevices:
     driver_version = _system(nvml.system_get_driver_version, "nvmlSystemGetDriverVersion")
     cuda_version = _system(nvml.system_get_cuda_driver_version, "nvmlSystemGetCudaDriverVersion")
     count = _system(nvml.device_get_count, "nvmlDeviceGetCount")
     gpus = []
     mig_devices: list[MigDevice] = []
+    mig_capable: list[MigCapableGpu] = []
     for index in range(count):
         handle, gpu = _read_gpu(nvml, pci, index, driver_version, cuda_version)
         gpus.append(gpu)
         if with_mig and gpu.mig_enabled:
             mig_devices.extend(_read_mig_devices(nvml, handle, gpu))
-    return NodeDevices(tuple(gpus), tuple(mig_devices))
+        if with_profiles and gpu.mig_capable:
+            profiles = _MigWalk(nvml, handle, gpu).offered_profiles()
+            if profiles:
+                mig_capable.append(MigCapableGpu(gpu, profiles))
+    return NodeDevices(tuple(gpus), tuple(mig_devices), tuple(mig_capable))
 
 
 def _read_gpu(
@@ -211,6 +233,55 @@ class _MigWalk:
                 raise _gpu_error(self.where, self.gpu.index, call, error) from error
             devices.append(self.device(mig, self.gpu.memory_bytes))
         return sorted(devices, key=lambda d: (d.placement_start, d.gi_id, d.ci_id))
+
+    def offered_profiles(self) -> tuple[MigProfile, ...]:
+        """Every GPU-instance profile of the GPU with its possible placements, by profile index."""
+        if self.gpu.memory_bytes is None:
+            raise self.error(
+                "the GPU has MIG but nvmlDeviceGetMemoryInfo is not supported; MIG profile names "
+                "(e.g. 1g.10gb) are derived from the GPU's total memory"
+            )
+        total_memory = self.gpu.memory_bytes
+        profiles = []
+        for profile_id, (index, info) in self.gi_profiles().items():
+            placements = self.call(
+                "nvmlDeviceGetGpuInstancePossiblePlacements",
+                partial(
+                    self.nvml.device_get_gpu_instance_possible_placements, self.handle, profile_id
+                ),
+            )
+            if not placements:
+                continue
+            sizes = {placement.size for placement in placements}
+            if len(sizes) != 1:
+                raise self.error(
+                    f"GPU-instance profile {profile_id} has placements of different sizes "
+                    f"{sorted(sizes)}; one size per profile is expected"
+                )
+            try:
+                name = mig_profile_name(
+                    index, None, info.memorySizeMB, total_memory, gi_slices=info.sliceCount
+                )
+            except InvalidNameError as error:
+                raise self.error(f"GPU-instance profile {profile_id}: {error}") from error
+            profiles.append(
+                MigProfile(
+                    name=name,
+                    gi_profile_id=profile_id,
+                    gi_profile_index=index,
+                    slice_count=info.sliceCount,
+                    placement_starts=tuple(sorted(p.start for p in placements)),
+                    placement_size=sizes.pop(),
+                    memory_bytes=info.memorySizeMB * _MIB,
+                    multiprocessors=info.multiprocessorCount,
+                    copy_engines=info.copyEngineCount,
+                    decoders=info.decoderCount,
+                    encoders=info.encoderCount,
+                    jpeg_engines=info.jpegCount,
+                    ofa_engines=info.ofaCount,
+                )
+            )
+        return tuple(profiles)
 
     def gi_profiles(self) -> dict[int, tuple[int, GpuInstanceProfileInfo]]:
         """(profile index, info) of every GPU-instance profile of the GPU, by profile ID."""

@@ -100,3 +100,92 @@ class NodeDevices:
     """Every GPU in NVML index order, MIG parents included (`Gpu.mig_enabled` tells them apart)."""
     mig_devices: tuple[MigDevice, ...] = ()
     """The existing MIG devices of the GPUs in MIG mode, by parent index, then placement."""
+    mig_profiles: tuple[MigCapableGpu, ...] = ()
+    """The MIG-capable GPUs with their GPU-instance profiles (read for dynamic MIG only)."""
+
+
+@dataclass(frozen=True)
+class MigProfile:
+    """One GPU-instance profile of a MIG-capable GPU, as dynamic MIG offers it.
+
+    From ``nvmlDeviceGetGpuInstanceProfileInfo`` and ``...PossiblePlacements``; only the full
+    compute instance (C == G) is offered, so `name` never has a ``<C>c.`` part.
+    """
+
+    name: str
+    """go-nvlib profile name: ``1g.10gb``, ``1g.10gb+me``, ``3g.40gb``."""
+    gi_profile_id: int
+    """GPU-instance profile *ID* (``info.id``: 19 for 1g on 8-slice parts), as in device names."""
+    gi_profile_index: int
+    """``NVML_GPU_INSTANCE_PROFILE_*`` index (``nvmlDeviceGetGpuInstanceProfileInfo`` argument)."""
+    slice_count: int
+    """Compute slices (the G of ``<G>g``)."""
+    placement_starts: tuple[int, ...]
+    """Every possible placement's first memory slice, ascending."""
+    placement_size: int
+    """Memory slices one instance spans (8 for a 7g, 4 for a 3g, 2 for a 1g.REV2)."""
+    memory_bytes: int
+    """``memorySizeMB`` (MiB) in bytes."""
+    multiprocessors: int
+    copy_engines: int
+    decoders: int
+    encoders: int
+    jpeg_engines: int
+    ofa_engines: int
+
+
+@dataclass(frozen=True)
+class MigPartition:
+    """One possible placement of one MIG profile on a GPU: a MIG device that can be made on demand.
+
+    Dynamic MIG publishes every partition of every MIG-capable GPU as a partitionable device (see
+    `gpu_dra.driver.partitions`); the GPU instance exists only while a claim holds it, so a
+    partition has no ``MIG-`` UUID of its own. Named like the static MIG device it becomes:
+    ``gpu-<parent minor>-mig-<profile slug>-<GI profile ID>-<placement start>``.
+    """
+
+    parent: Gpu
+    """The physical GPU the instance is (to be) made on."""
+    profile: MigProfile
+    """The GPU-instance profile; `gi_profile_id` and `profile_name` are shortcuts into it."""
+    placement_start: int
+    """First memory slice of the placement (one of `MigProfile.placement_starts`)."""
+
+    @property
+    def gi_profile_id(self) -> int:
+        return self.profile.gi_profile_id
+
+    @property
+    def profile_name(self) -> str:
+        return self.profile.name
+
+    @property
+    def placement_size(self) -> int:
+        return self.profile.placement_size
+
+    @property
+    def memory_slices(self) -> range:
+        """The memory slices of the placement: ``start .. start+size-1``."""
+        return range(self.placement_start, self.placement_start + self.placement_size)
+
+
+@dataclass(frozen=True)
+class MigCapableGpu:
+    """A MIG-capable GPU with the GPU-instance profiles it offers (dynamic MIG)."""
+
+    gpu: Gpu
+    profiles: tuple[MigProfile, ...]
+    """By profile index, i.e. NVML's ``NVML_GPU_INSTANCE_PROFILE_*`` order."""
+
+    @property
+    def memory_slices(self) -> int:
+        """Memory slices of the GPU: the largest placement size (8 on A100/H100/H200, 4 on A30)."""
+        return max((profile.placement_size for profile in self.profiles), default=0)
+
+    def partitions(self) -> list[MigPartition]:
+        """Every (profile, possible placement), by profile order, then placement start."""
+        return [
+            MigPartition(self.gpu, profile, start)
+            for profile in self.profiles
+            for start in profile.placement_starts
+        ]

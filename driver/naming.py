@@ -104,7 +104,7 @@ _GIB: Final = 1024 * 1024 * 1024
 
 def mig_profile_name(
     gi_profile_index: int,
-    ci_profile: int,
+    ci_profile: int | None,
     memory_mib: int,
     device_memory_bytes: int,
     *,
@@ -114,7 +114,8 @@ def mig_profile_name(
     """go-nvlib's name of a MIG profile: ``1g.10gb``, ``1g.10gb+me``, ``1c.3g.40gb``.
 
     `gi_profile_index` is the ``NVML_GPU_INSTANCE_PROFILE_*`` index (not the profile ID),
-    `ci_profile` the ``NVML_COMPUTE_INSTANCE_PROFILE_*`` value, `memory_mib` the GI profile's
+    `ci_profile` the ``NVML_COMPUTE_INSTANCE_PROFILE_*`` value (None: the full compute instance,
+    C == G, as dynamic MIG makes it), `memory_mib` the GI profile's
     ``memorySizeMB`` and `device_memory_bytes` the parent's total memory (the GB figure is the
     memory fraction rounded up to eighths, times the parent's size in whole GiB, so the total
     must be exact to reproduce NVIDIA's names). Profiles go-nvlib does not know (newer NVML
@@ -122,7 +123,7 @@ def mig_profile_name(
     ``sliceCount``); without them they are an `InvalidNameError`.
     """
     g = _GI_PROFILE_SLICES.get(gi_profile_index, gi_slices)
-    c = _CI_PROFILE_SLICES.get(ci_profile, ci_slices)
+    c = g if ci_profile is None else _CI_PROFILE_SLICES.get(ci_profile, ci_slices)
     if g is None or c is None or g <= 0 or c <= 0:
         raise InvalidNameError(
             f"no MIG profile name for GPU-instance profile {gi_profile_index} / compute-instance "

@@ -8,8 +8,11 @@ Rules (`shared/reference/resource-api.md` §5-6):
 
 - at most 128 devices per slice, at most 64 when any device in the slice has taints or
   consumesCounters;
-- shared counters never share a slice with devices (1.35+ "split" layout), at most 8 counter sets
-  per slice, counter-set names unique in the pool;
+- `SliceLayout.SPLIT` (Kubernetes 1.35+): shared counters never share a slice with devices, at
+  most 8 counter sets per slice; `SliceLayout.COMBINED` (1.34): each counter set shares one slice
+  with the devices that consume it (at most 128 devices, 32 counters and 1024 device-counter
+  entries per slice), devices that consume no counters are paged as usual. Counter-set names are
+  unique in the pool either way, and a pool of one layout is invalid on the other version;
 - device names unique in the pool;
 - a managed pool always has at least one slice, so an empty pool is published as one slice with no
   devices ("empty pool" is not "no pool").
@@ -31,6 +34,10 @@ from gpu_dra.driver.resourceapi import CounterSet, Device, ResourcePool, Resourc
 MAX_DEVICES_PER_SLICE = 128
 MAX_DEVICES_PER_SLICE_WITH_TAINTS_OR_COUNTERS = 64
 MAX_COUNTER_SETS_PER_SLICE = 8
+# Kubernetes 1.34 (combined layout): per slice, counters summed over its counter sets, and
+# device-counter entries (counters consumed, summed over its devices).
+MAX_COUNTERS_PER_COMBINED_SLICE = 32
+MAX_CONSUMED_COUNTERS_PER_COMBINED_SLICE = 1024
 
 # Placeholder until the publisher stamps the pool generation it writes.
 UNSTAMPED_GENERATION = 0
@@ -44,6 +51,16 @@ class DeviceOrder(enum.Enum):
 
     BY_NAME = "by-name"
     """Sort by device name."""
+
+
+class SliceLayout(enum.Enum):
+    """Where shared counters go (resource-api.md §5.2); the apiserver accepts only one."""
+
+    SPLIT = "split"
+    """Kubernetes 1.35+: counter sets in slices of their own, devices in other slices."""
+
+    COMBINED = "combined"
+    """Kubernetes 1.34: each counter set in one slice with the devices that consume it."""
 
 
 class SliceLayoutError(ValueError):
@@ -76,12 +93,15 @@ def build_pool(
     counter_sets: Iterable[CounterSet] = (),
     *,
     order: DeviceOrder,
+    layout: SliceLayout = SliceLayout.SPLIT,
 ) -> DesiredPool:
     """Cut one node-local pool into slices (see the module docstring for the rules)."""
     ordered = _ordered_devices(devices, order)
     sets = sorted(counter_sets, key=lambda counter_set: counter_set["name"])
     _check_unique("device", [device["name"] for device in ordered], pool)
     _check_unique("counter set", [counter_set["name"] for counter_set in sets], pool)
+    if layout is SliceLayout.COMBINED:
+        return _combined_pool(driver, pool, node_name, ordered, sets)
 
     counter_pages = [
         sets[start : start + MAX_COUNTER_SETS_PER_SLICE]
@@ -108,6 +128,77 @@ def build_pool(
         device_slice["devices"] = copy.deepcopy(device_page)
         slices.append(device_slice)
     return DesiredPool(driver=driver, name=pool, node_name=node_name, slices=tuple(slices))
+
+
+def _combined_pool(
+    driver: str, pool: str, node_name: str, devices: list[Device], sets: list[CounterSet]
+) -> DesiredPool:
+    """The 1.34 layout: one slice per counter set with its consumers, other devices paged."""
+    by_name = {counter_set["name"]: counter_set for counter_set in sets}
+    groups: dict[str | None, list[Device]] = {}
+    for device in devices:
+        consumed = {entry["counterSet"] for entry in device.get("consumesCounters", [])}
+        unknown = sorted(consumed - by_name.keys())
+        if unknown:
+            raise SliceLayoutError(
+                f"pool {pool!r}: device {device['name']} consumes counter set(s) "
+                f"{', '.join(unknown)}, which the pool does not publish"
+            )
+        if len(consumed) > 1:
+            raise SliceLayoutError(
+                f"pool {pool!r}: device {device['name']} consumes counters of "
+                f"{len(consumed)} counter sets; the combined (Kubernetes 1.34) layout puts each "
+                "counter set in one slice with its devices, so a device may use only one"
+            )
+        groups.setdefault(consumed.pop() if consumed else None, []).append(device)
+    for set_name in by_name:
+        groups.setdefault(set_name, [])
+
+    contents: list[tuple[CounterSet | None, list[Device]]] = []
+    for group, members in groups.items():
+        if group is None:
+            contents.extend((None, page) for page in page_devices(members))
+            continue
+        _check_combined_limits(pool, by_name[group], members)
+        contents.append((by_name[group], members))
+    if not contents:
+        contents = [(None, [])]
+
+    resource_pool = ResourcePool(
+        name=pool, generation=UNSTAMPED_GENERATION, resourceSliceCount=len(contents)
+    )
+    slices: list[ResourceSliceSpec] = []
+    for shared, members in contents:
+        spec = ResourceSliceSpec(
+            driver=driver, pool=copy.deepcopy(resource_pool), nodeName=node_name
+        )
+        if shared is not None:
+            spec["sharedCounters"] = [copy.deepcopy(shared)]
+        spec["devices"] = copy.deepcopy(members)
+        slices.append(spec)
+    return DesiredPool(driver=driver, name=pool, node_name=node_name, slices=tuple(slices))
+
+
+def _check_combined_limits(pool: str, counter_set: CounterSet, devices: list[Device]) -> None:
+    where = f"pool {pool!r}: counter set {counter_set['name']}"
+    if len(devices) > MAX_DEVICES_PER_SLICE:
+        raise SliceLayoutError(
+            f"{where} has {len(devices)} devices; one slice holds at most "
+            f"{MAX_DEVICES_PER_SLICE} in the combined (Kubernetes 1.34) layout"
+        )
+    if len(counter_set["counters"]) > MAX_COUNTERS_PER_COMBINED_SLICE:
+        raise SliceLayoutError(
+            f"{where} has {len(counter_set['counters'])} counters; a slice holds at most "
+            f"{MAX_COUNTERS_PER_COMBINED_SLICE} in the combined (Kubernetes 1.34) layout"
+        )
+    consumed = sum(
+        len(entry["counters"]) for device in devices for entry in device.get("consumesCounters", [])
+    )
+    if consumed > MAX_CONSUMED_COUNTERS_PER_COMBINED_SLICE:
+        raise SliceLayoutError(
+            f"{where}: its devices consume {consumed} counters in all; a slice allows at most "
+            f"{MAX_CONSUMED_COUNTERS_PER_COMBINED_SLICE} in the combined (Kubernetes 1.34) layout"
+        )
 
 
 def page_devices(devices: Sequence[Device]) -> list[list[Device]]:

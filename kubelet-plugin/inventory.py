@@ -1,7 +1,10 @@
 """This node's devices: what gets published, and what a container receives for each.
 
 Devices are whole GPUs (MIG mode off) and static MIG devices (made before the plugin started; a
-GPU in MIG mode is not offered whole). Real GPUs get their device nodes (`/dev/nvidia<minor>`
+GPU in MIG mode is not offered whole). With dynamic MIG (`dynamic_mig`), partitionable GPUs are
+published in partitionable form instead (`gpu_dra.driver.partitions`): a counter set per GPU,
+the whole GPU and every placement of every MIG profile as a `MigPartition`, which the prepare
+step makes into a MIG device. Real GPUs get their device nodes (`/dev/nvidia<minor>`
 plus the control nodes); a real MIG device gets its parent's device nodes plus the MIG
 capability nodes of its GPU and compute instance (`/dev/nvidia-caps/nvidia-cap<N>`), which is
 what lets a process open that one slice. Simulated devices have no device nodes, so they get
@@ -19,10 +22,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
-from gpu_dra.driver import attributes, slices
-from gpu_dra.driver.model import Gpu, MigDevice, NodeDevices
+from gpu_dra.driver import attributes, partitions, slices
+from gpu_dra.driver.model import Gpu, MigCapableGpu, MigDevice, MigPartition, NodeDevices
 from gpu_dra.driver.naming import gpu_device_name, mig_device_name
-from gpu_dra.driver.resourceapi import Device
+from gpu_dra.driver.resourceapi import CounterSet, Device
 from gpu_dra.kubelet_plugin.cdi import ContainerEdits, DeviceNode, Mount
 
 # Control nodes every CUDA process needs next to its /dev/nvidia<minor>.
@@ -33,7 +36,11 @@ CONTAINER_DEVICE_DIR = "/run/gpu-dra/devices"
 MIG_CAPABILITY_NODE_DIR: Final = "/dev/nvidia-caps"
 
 InventoryDevice = Gpu | MigDevice
-"""What `NodeInventory.by_name` hands out: a whole GPU or a static MIG device."""
+"""What a container can be given: a whole GPU or an existing (static or made) MIG device."""
+
+PublishedDevice = Gpu | MigDevice | MigPartition
+"""What `NodeInventory.by_name` hands out: a whole GPU, a static MIG device, or (dynamic MIG) a
+partition, which the prepare step turns into a MIG device before handing it out."""
 
 MigCapabilityLookup = Callable[[int, int, int | None], int]
 """(parent GPU minor, GI id, CI id or None for the GI itself) -> minor of its nvidia-cap node."""
@@ -53,8 +60,10 @@ def device_env_prefix(device_name: str) -> str:
     return "GPU_DRA_" + device_name.upper().replace("-", "_")
 
 
-def device_name(device: InventoryDevice) -> str:
+def device_name(device: PublishedDevice) -> str:
     """The published name: ``gpu-<minor>`` or ``gpu-<minor>-mig-<profile>-<id>-<start>``."""
+    if isinstance(device, MigPartition):
+        return partitions.partition_device_name(device)
     if isinstance(device, MigDevice):
         return mig_device_name(
             device.parent.minor, device.profile, device.gi_profile_id, device.placement_start
@@ -127,7 +136,9 @@ class NodeInventory:
     `gpus` are all GPUs (those in MIG mode included: they are never published whole);
     `mig_devices` the static MIG devices discovered on them. `mig_capabilities` finds the
     capability nodes of real MIG devices (default: the driver's procfs under the driver root,
-    then ``/proc``).
+    then ``/proc``). With `dynamic_mig`, the GPUs of `mig_profiles` that
+    `partitions.is_partitionable` accepts are published in partitionable form (their static MIG
+    devices are not published); without it `mig_profiles` is ignored.
     """
 
     gpus: tuple[Gpu, ...]
@@ -135,8 +146,13 @@ class NodeInventory:
     driver_root: Path = Path("/")
     mig_devices: tuple[MigDevice, ...] = ()
     mig_capabilities: MigCapabilityLookup | None = None
-    _by_name: dict[str, InventoryDevice] = field(
+    dynamic_mig: bool = False
+    mig_profiles: tuple[MigCapableGpu, ...] = ()
+    _by_name: dict[str, PublishedDevice] = field(
         init=False, repr=False, compare=False, default_factory=dict
+    )
+    _partitioned: partitions.PartitionedNode | None = field(
+        init=False, repr=False, compare=False, default=None
     )
 
     def __post_init__(self) -> None:
@@ -144,15 +160,20 @@ class NodeInventory:
         if len(set(names)) != len(names):
             raise ValueError(f"two GPUs share a minor number: {sorted(names)}")
         uuids = {gpu.uuid for gpu in self.gpus}
+        if self.dynamic_mig:
+            partitioned = partitions.partitioned_node(
+                self.gpus, self.mig_devices, self.mig_profiles
+            )
+            object.__setattr__(self, "_partitioned", partitioned)
         by_name = self._by_name
         for device in self._offered():
             name = device_name(device)
-            if isinstance(device, MigDevice) and device.parent.uuid not in uuids:
+            if not isinstance(device, Gpu) and device.parent.uuid not in uuids:
                 raise ValueError(f"MIG device {name}: parent GPU {device.parent.uuid} is unknown")
             if name in by_name:
                 raise ValueError(
-                    f"two devices share the name {name}: {_uuid(by_name[name])} and "
-                    f"{_uuid(device)} (two compute instances in one GPU instance?)"
+                    f"two devices share the name {name}: {_describe(by_name[name])} and "
+                    f"{_describe(device)} (two compute instances in one GPU instance?)"
                 )
             by_name[name] = device
 
@@ -164,36 +185,72 @@ class NodeInventory:
         simulated: bool,
         driver_root: Path = Path("/"),
         mig_capabilities: MigCapabilityLookup | None = None,
+        dynamic_mig: bool = False,
     ) -> NodeInventory:
-        """The inventory of what `discover_devices` found."""
+        """The inventory of what `discover_devices` found (with ``mig_profiles=dynamic_mig``)."""
         return cls(
             devices.gpus,
             simulated=simulated,
             driver_root=driver_root,
             mig_devices=devices.mig_devices,
             mig_capabilities=mig_capabilities,
+            dynamic_mig=dynamic_mig,
+            mig_profiles=devices.mig_profiles,
         )
 
-    def _offered(self) -> list[InventoryDevice]:
-        offered: list[InventoryDevice] = [gpu for gpu in self.gpus if not gpu.mig_enabled]
+    def _offered(self) -> list[PublishedDevice]:
+        offered: list[PublishedDevice]
+        if self._partitioned is not None:
+            whole = {gpu_device_name(gpu.minor): gpu for gpu in self.gpus}
+            static = {device_name(mig): mig for mig in self.mig_devices}
+            partitioned = {device_name(p): p for p in self._partitioned.partitions}
+            offered = []
+            for device in self._partitioned.devices:
+                name = device["name"]
+                found = partitioned.get(name) or static.get(name) or whole.get(name)
+                if found is None:  # a bug in partitions.partitioned_node
+                    raise ValueError(f"published device {name} is not in the inventory")
+                offered.append(found)
+            return offered
+        offered = [gpu for gpu in self.gpus if not gpu.mig_enabled]
         offered.extend(self.mig_devices)
         return offered
 
-    def by_name(self, device_name: str) -> InventoryDevice | None:
-        """The published device with this name; None for unknown names and MIG-mode parents."""
+    def by_name(self, device_name: str) -> PublishedDevice | None:
+        """The published device with this name; None for unknown names and MIG-mode parents.
+
+        With dynamic MIG, a partition's name gives its `MigPartition` (parent GPU, profile,
+        placement); the MIG device it becomes exists only while a claim holds it.
+        """
         return self._by_name.get(device_name)
 
     def published_devices(self) -> list[Device]:
-        """Devices in PCI bus order, MIG devices by placement (NVIDIA's publishing order)."""
+        """Devices in PCI bus order, MIG devices by placement (NVIDIA's publishing order); with
+        dynamic MIG, each partitionable GPU's devices by name."""
+        if self._partitioned is not None:
+            return list(self._partitioned.devices)
         return attributes.published_devices(self.gpus, self.mig_devices)
 
-    def desired_pool(self, driver: str, node_name: str) -> slices.DesiredPool:
+    def counter_sets(self) -> list[CounterSet]:
+        """The counter sets the published devices consume (dynamic MIG only; else none)."""
+        return [] if self._partitioned is None else list(self._partitioned.counter_sets)
+
+    def desired_pool(
+        self,
+        driver: str,
+        node_name: str,
+        layout: slices.SliceLayout = slices.SliceLayout.SPLIT,
+    ) -> slices.DesiredPool:
+        """The node's pool: counter sets in their own slices (`SliceLayout.SPLIT`, Kubernetes
+        1.35+) or with the devices that consume them (`SliceLayout.COMBINED`, 1.34)."""
         return slices.build_pool(
             driver,
             node_name,
             node_name,
             self.published_devices(),
+            self.counter_sets(),
             order=slices.DeviceOrder.GIVEN,
+            layout=layout,
         )
 
     def container_edits(self, device: InventoryDevice, claim_dir: Path) -> ContainerEdits:
@@ -250,7 +307,9 @@ class NodeInventory:
         return str(self.driver_root / node.lstrip("/"))
 
 
-def _uuid(device: InventoryDevice) -> str:
+def _describe(device: PublishedDevice) -> str:
+    if isinstance(device, MigPartition):
+        return f"a partition of {device.parent.uuid}"
     return device.uuid
 
 

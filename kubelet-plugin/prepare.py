@@ -65,7 +65,7 @@ from gpu_dra.driver.config import (
     resolve_configs,
 )
 from gpu_dra.driver.config.errors import DomainError
-from gpu_dra.driver.model import Gpu, MigDevice
+from gpu_dra.driver.model import Gpu, MigDevice, MigPartition
 from gpu_dra.driver.naming import InvalidNameError, validate_claim_uid
 from gpu_dra.kubelet_plugin.cdi import (
     CdiDevice,
@@ -444,7 +444,7 @@ class WholeGpuPreparer:
 
     def _uuid(self, device_name: str) -> str:
         gpu = self._inventory.by_name(device_name)
-        assert gpu is not None  # checked in _our_results
+        assert isinstance(gpu, Gpu | MigDevice)  # checked in _our_results
         return gpu.uuid
 
     def _lookup(self, claim: ClaimRef) -> tuple[CheckpointEntry | None, ResourceClaim | None]:
@@ -477,7 +477,8 @@ class WholeGpuPreparer:
     def _device_type(self, device_name: str) -> DeviceType:
         """`mig` for MIG devices, else `gpu`: decides which config kinds apply (GpuConfig or
         MigDeviceConfig) and which are a mismatch error."""
-        return "mig" if isinstance(self._inventory.by_name(device_name), MigDevice) else "gpu"
+        device = self._inventory.by_name(device_name)
+        return "mig" if isinstance(device, MigDevice | MigPartition) else "gpu"
 
     def _our_results(self, resource_claim: ResourceClaim) -> list[_Result]:
         raw: list[dict[str, Any]] = resource_claim["status"]["allocation"]["devices"].get(
@@ -487,10 +488,16 @@ class WholeGpuPreparer:
         for item in raw:
             if item.get("driver") != self._driver or item.get("pool") != self._pool:
                 continue
-            if self._inventory.by_name(item["device"]) is None:
+            device = self._inventory.by_name(item["device"])
+            if device is None:
                 raise PrepareError(
                     f"allocated device {item['device']} does not exist on node {self._pool}; "
                     "the ResourceSlice it came from is stale"
+                )
+            if isinstance(device, MigPartition):
+                raise PrepareError(
+                    f"allocated device {item['device']} is a dynamic MIG partition; making MIG "
+                    "devices on demand is not supported by this gpu-dra version yet"
                 )
             results.append(
                 _Result(
@@ -573,7 +580,7 @@ class WholeGpuPreparer:
             prepared = []
             for device_name, device_results in sorted(by_device.items()):
                 gpu = self._inventory.by_name(device_name)
-                assert gpu is not None  # checked in _our_results
+                assert isinstance(gpu, Gpu | MigDevice)  # checked in _our_results
                 edits = self._inventory.container_edits(gpu, claim_dir)
                 if device_name in mps_edits:
                     edits = merged_edits(edits, mps_edits[device_name])

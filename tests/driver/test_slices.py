@@ -12,6 +12,7 @@ from gpu_dra.driver.slices import (
     MAX_COUNTER_SETS_PER_SLICE,
     UNSTAMPED_GENERATION,
     DeviceOrder,
+    SliceLayout,
     SliceLayoutError,
     build_pool,
     page_devices,
@@ -167,4 +168,82 @@ def test_duplicate_counter_set_names_are_refused() -> None:
     with pytest.raises(SliceLayoutError, match="counter set"):
         build_pool(
             DRIVER, NODE, NODE, [], [counter_set("c"), counter_set("c")], order=DeviceOrder.GIVEN
+        )
+
+
+def test_combined_layout_puts_each_counter_set_with_its_consumers() -> None:
+
+    devices = [plain("gpu-0"), partition("a", "gpu-1"), partition("b", "gpu-1"), plain("gpu-2")]
+    devices += [partition("c", "gpu-3")]
+    pool = build_pool(
+        DRIVER,
+        NODE,
+        NODE,
+        devices,
+        [counter_set("gpu-3"), counter_set("gpu-1"), counter_set("unused")],
+        order=DeviceOrder.GIVEN,
+        layout=SliceLayout.COMBINED,
+    )
+
+    shapes = [
+        (
+            [c["name"] for c in spec.get("sharedCounters", [])],
+            [d["name"] for d in spec.get("devices", [])],
+        )
+        for spec in pool.slices
+    ]
+    assert shapes == [
+        ([], ["gpu-0", "gpu-2"]),
+        (["gpu-1"], ["a", "b"]),
+        (["gpu-3"], ["c"]),
+        (["unused"], []),
+    ]
+    assert {spec["pool"]["resourceSliceCount"] for spec in pool.slices} == {4}
+
+
+def test_combined_layout_refuses_what_kubernetes_1_34_cannot_hold() -> None:
+
+    two_sets = Device(
+        name="x",
+        consumesCounters=[
+            {"counterSet": "gpu-0", "counters": {"memory": {"value": "1"}}},
+            {"counterSet": "gpu-1", "counters": {"memory": {"value": "1"}}},
+        ],
+    )
+    sets = [counter_set("gpu-0"), counter_set("gpu-1")]
+    with pytest.raises(SliceLayoutError, match="device x consumes counters of 2 counter sets"):
+        build_pool(
+            DRIVER,
+            NODE,
+            NODE,
+            [two_sets],
+            sets,
+            order=DeviceOrder.GIVEN,
+            layout=SliceLayout.COMBINED,
+        )
+    with pytest.raises(SliceLayoutError, match=r"counter set.*gpu-9.*does not publish"):
+        build_pool(
+            DRIVER,
+            NODE,
+            NODE,
+            [partition("y", "gpu-9")],
+            sets,
+            order=DeviceOrder.GIVEN,
+            layout=SliceLayout.COMBINED,
+        )
+    many = [partition(f"p{i}") for i in range(129)]
+    with pytest.raises(SliceLayoutError, match="129 devices"):
+        build_pool(
+            DRIVER, NODE, NODE, many, sets, order=DeviceOrder.GIVEN, layout=SliceLayout.COMBINED
+        )
+    wide = CounterSet(name="gpu-0", counters={f"c{i}": {"value": "1"} for i in range(33)})
+    with pytest.raises(SliceLayoutError, match="33 counters"):
+        build_pool(
+            DRIVER,
+            NODE,
+            NODE,
+            [partition("z")],
+            [wide],
+            order=DeviceOrder.GIVEN,
+            layout=SliceLayout.COMBINED,
         )

@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from gpu_dra.driver import slices
 from gpu_dra.driver.discovery import discover_devices, discover_gpus
-from gpu_dra.driver.model import Gpu, MigDevice, NodeDevices
+from gpu_dra.driver.model import Gpu, MigDevice, MigPartition, NodeDevices
 from gpu_dra.driver.nvml.simulated import SimulatedHost
 from gpu_dra.kubelet_plugin.cdi import CdiDevice, ClaimSpecStore, DeviceNode, build_claim_spec
 from gpu_dra.kubelet_plugin.checkpoint import Checkpoint
@@ -427,3 +428,66 @@ def test_the_preparer_hands_out_mig_devices_through_by_name_and_container_edits(
         assert env[f"{prefix}_PARENT_UUID"] == mig_devices.gpus[1].uuid
     assert asyncio.run(preparer.unprepare([claim])) == {UID: None}
     assert not cdi.path_for(UID).exists()
+
+
+def dynamic_inventory(profile: str) -> NodeInventory:
+    host = SimulatedHost.load(profile, NODE)
+    found = discover_devices(host.nvml, host.pci, mig_profiles=True)
+    return NodeInventory.from_discovery(found, simulated=True, dynamic_mig=True)
+
+
+def test_dynamic_mig_partitions_are_found_by_name_with_parent_profile_and_placement() -> None:
+    inventory = dynamic_inventory("hgx-h100")
+
+    partition = inventory.by_name("gpu-3-mig-3g40gb-9-4")
+    assert isinstance(partition, MigPartition)
+    assert partition.parent == gpu_named(inventory, "gpu-3")
+    assert (partition.gi_profile_id, partition.profile_name) == (9, "3g.40gb")
+    assert (partition.placement_start, partition.placement_size) == (4, 4)
+    assert list(partition.memory_slices) == [4, 5, 6, 7]
+    assert inventory.by_name("gpu-3-mig-3g40gb-9-2") is None  # not a possible placement
+    names = [device["name"] for device in inventory.published_devices()]
+    assert len(names) == 8 * 26
+    assert [inventory.by_name(name) is not None for name in names] == [True] * len(names)
+
+
+def test_without_dynamic_mig_partitions_are_neither_published_nor_found() -> None:
+    host = SimulatedHost.load("hgx-h100", NODE)
+    found = discover_devices(host.nvml, host.pci, mig_profiles=True)
+    inventory = NodeInventory.from_discovery(found, simulated=True)
+
+    assert inventory.by_name("gpu-3-mig-3g40gb-9-4") is None
+    assert [d["name"] for d in inventory.published_devices()] == [f"gpu-{i}" for i in range(8)]
+    assert inventory.counter_sets() == []
+
+
+def test_dynamic_mig_replaces_static_devices_of_partitionable_gpus() -> None:
+    inventory = dynamic_inventory("hgx-h100-mig")
+
+    device = inventory.by_name("gpu-1-mig-3g40gb-9-4")  # exists statically, published as partition
+    assert isinstance(device, MigPartition)
+    assert len(inventory.counter_sets()) == 8
+
+
+def test_dynamic_mig_pool_split_layout_keeps_counters_apart_and_64_devices_per_slice() -> None:
+    pool = dynamic_inventory("hgx-h100").desired_pool(DRIVER, NODE, slices.SliceLayout.SPLIT)
+
+    counter_slices = [s for s in pool.slices if "sharedCounters" in s]
+    device_slices = [s for s in pool.slices if "sharedCounters" not in s]
+    assert [len(s["sharedCounters"]) for s in counter_slices] == [8]
+    assert all("devices" not in s for s in counter_slices)
+    assert [len(s["devices"]) for s in device_slices] == [64, 64, 64, 16]
+    assert pool.slices[0] is counter_slices[0]
+    assert pool.device_count == 8 * 26
+
+
+def test_dynamic_mig_pool_combined_layout_is_one_slice_per_gpu() -> None:
+    pool = dynamic_inventory("hgx-h100").desired_pool(DRIVER, NODE, slices.SliceLayout.COMBINED)
+
+    assert len(pool.slices) == 8
+    for minor, spec in enumerate(pool.slices):
+        (shared,) = spec["sharedCounters"]
+        assert shared["name"] == f"gpu-{minor}-counter-set"
+        consumed = {e["counterSet"] for d in spec["devices"] for e in d["consumesCounters"]}
+        assert consumed == {shared["name"]}
+        assert len(spec["devices"]) == 26

@@ -1,0 +1,215 @@
+"""Dynamic MIG publication: MIG-capable GPUs as partitionable devices (nvidia-compat.md §3.3).
+
+Pure: values in, values out. For each partitionable GPU (`is_partitionable`):
+
+- one counter set ``gpu-<minor>-counter-set`` holding the GPU's MIG resources: the capacities in
+  DNS form (``multiprocessors``, ``copy-engines``, ``decoders``, ``encoders``, ``jpeg-engines``,
+  ``ofa-engines``, ``memory``), each at its maximum across the GPU's profiles, plus
+  ``memory-slice-<i>: 1`` for every memory slice;
+- the full GPU (``gpu-<minor>``, when `offers_whole`), consuming every counter at its full value;
+- one device per (GPU-instance profile, possible placement), named like the static MIG device it
+  becomes (``gpu-<minor>-mig-<profile slug>-<GI profile ID>-<start>``), with the attributes and
+  capacities of a static MIG device of that profile (no ``uuid``, no ``memorySlice<i>``
+  capacities), consuming its profile's capacities and ``memory-slice-<start>`` ..
+  ``memory-slice-<start+size-1>``.
+
+The scheduler allocates a device only while every counter it consumes has enough left, so two
+overlapping placements never both fit (they share a memory slice) and the full GPU never fits
+next to any slice of it (both need the same memory slices).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Final
+
+from gpu_dra.driver import attributes
+from gpu_dra.driver.model import Gpu, MigCapableGpu, MigDevice, MigPartition
+from gpu_dra.driver.naming import gpu_device_name, mig_device_name
+from gpu_dra.driver.resourceapi import Counter, CounterSet, Device
+
+COUNTER_NAMES: Final = {
+    "multiprocessors": "multiprocessors",
+    "copyEngines": "copy-engines",
+    "decoders": "decoders",
+    "encoders": "encoders",
+    "jpegEngines": "jpeg-engines",
+    "ofaEngines": "ofa-engines",
+    "memory": "memory",
+}
+"""Published capacity name -> counter name (counter names are DNS labels)."""
+
+HOPPER_ARCHITECTURE: Final = 9
+"""``NVML_DEVICE_ARCH_HOPPER``: from Hopper on, MIG mode toggles without a GPU reset."""
+
+
+def counter_set_name(minor: int) -> str:
+    """``gpu-<minor>-counter-set``: the counter set of one physical GPU."""
+    return f"{gpu_device_name(minor)}-counter-set"
+
+
+def memory_slice_counter(index: int) -> str:
+    """``memory-slice-<index>``: one memory slice of a GPU, value 1."""
+    return f"memory-slice-{index}"
+
+
+def toggles_mig_without_reset(gpu: Gpu) -> bool:
+    """Hopper and later switch MIG mode on and off without a GPU reset; Ampere needs a reset."""
+    return gpu.architecture >= HOPPER_ARCHITECTURE
+
+
+def is_partitionable(mig_gpu: MigCapableGpu) -> bool:
+    """Whether dynamic MIG offers the GPU's partitions.
+
+    Hopper and later always (the MIG mode is switched when the first slice is made). Ampere only
+    when its MIG mode is already on: turning it on needs a GPU reset, so an A100 or A30 with MIG
+    off stays a plain whole GPU. A GPU without profiles has nothing to partition.
+    """
+    if not mig_gpu.profiles:
+        return False
+    return toggles_mig_without_reset(mig_gpu.gpu) or mig_gpu.gpu.mig_enabled
+
+
+def offers_whole(mig_gpu: MigCapableGpu) -> bool:
+    """Whether a partitionable GPU is also offered whole.
+
+    Yes where MIG mode can be turned off again without a reset (Hopper and later); an Ampere GPU
+    in MIG mode is offered only as slices, as without dynamic MIG.
+    """
+    return toggles_mig_without_reset(mig_gpu.gpu) or not mig_gpu.gpu.mig_enabled
+
+
+def gpu_counters(mig_gpu: MigCapableGpu) -> dict[str, int]:
+    """Counter name -> value of the GPU's counter set (see the module docstring)."""
+    counters = dict.fromkeys(COUNTER_NAMES.values(), 0)
+    for profile in mig_gpu.profiles:
+        for capacity, amount in attributes.mig_sizes(profile).items():
+            counter = COUNTER_NAMES[capacity]
+            counters[counter] = max(counters[counter], amount)
+    counters.update((memory_slice_counter(i), 1) for i in range(mig_gpu.memory_slices))
+    return counters
+
+
+def counter_set(mig_gpu: MigCapableGpu) -> CounterSet:
+    """The GPU's ``gpu-<minor>-counter-set``."""
+    return {
+        "name": counter_set_name(mig_gpu.gpu.minor),
+        "counters": _counters(gpu_counters(mig_gpu)),
+    }
+
+
+def partition_counters(partition: MigPartition) -> dict[str, int]:
+    """What one partition consumes: its profile's capacities and its memory slices."""
+    counters = {
+        COUNTER_NAMES[capacity]: amount
+        for capacity, amount in attributes.mig_sizes(partition.profile).items()
+    }
+    counters.update((memory_slice_counter(i), 1) for i in partition.memory_slices)
+    return counters
+
+
+def full_gpu_device(mig_gpu: MigCapableGpu) -> Device:
+    """The whole GPU in partitionable form: its usual attributes, the MIG capacities at their
+    maximum across profiles (``memory`` stays the GPU's total), consuming every counter."""
+    gpu = mig_gpu.gpu
+    counters = gpu_counters(mig_gpu)
+    capacity = {name: counters[counter] for name, counter in COUNTER_NAMES.items()}
+    if gpu.memory_bytes is not None:
+        capacity["memory"] = gpu.memory_bytes
+    device: Device = {
+        "name": gpu_device_name(gpu.minor),
+        "attributes": attributes.gpu_attributes(gpu),
+        "capacity": attributes.quantities(capacity),
+        "consumesCounters": [
+            {"counterSet": counter_set_name(gpu.minor), "counters": _counters(counters)}
+        ],
+    }
+    attributes.check_limits(device)
+    return device
+
+
+def partition_device_name(partition: MigPartition) -> str:
+    """``gpu-<parent minor>-mig-<profile slug>-<GI profile ID>-<placement start>``."""
+    return mig_device_name(
+        partition.parent.minor,
+        partition.profile_name,
+        partition.gi_profile_id,
+        partition.placement_start,
+    )
+
+
+def partition_device(partition: MigPartition) -> Device:
+    """One placement of one profile as a partitionable device (see the module docstring)."""
+    device: Device = {
+        "name": partition_device_name(partition),
+        "attributes": attributes.mig_partition_attributes(partition),
+        "capacity": attributes.quantities(attributes.mig_sizes(partition.profile)),
+        "consumesCounters": [
+            {
+                "counterSet": counter_set_name(partition.parent.minor),
+                "counters": _counters(partition_counters(partition)),
+            }
+        ],
+    }
+    attributes.check_limits(device)
+    return device
+
+
+def gpu_partition_devices(mig_gpu: MigCapableGpu) -> list[Device]:
+    """The devices of one partitionable GPU, sorted by name (the full GPU first), as NVIDIA's
+    driver sorts them."""
+    devices = [partition_device(partition) for partition in mig_gpu.partitions()]
+    if offers_whole(mig_gpu):
+        devices.append(full_gpu_device(mig_gpu))
+    return sorted(devices, key=lambda device: device["name"])
+
+
+@dataclass(frozen=True)
+class PartitionedNode:
+    """A node's devices with dynamic MIG: what gets published, and the counter sets behind it."""
+
+    devices: tuple[Device, ...]
+    """Ordered by PCI bus id: plain devices as without dynamic MIG, then per partitionable GPU
+    its devices by name."""
+    counter_sets: tuple[CounterSet, ...]
+    """One per partitionable GPU, in PCI bus order."""
+    partitions: tuple[MigPartition, ...]
+    """Every published partition, in the order of `devices`."""
+
+
+def partitioned_node(
+    gpus: Iterable[Gpu],
+    mig_devices: Iterable[MigDevice],
+    mig_capable: Iterable[MigCapableGpu],
+) -> PartitionedNode:
+    """The node's devices as NVIDIA's driver publishes them with ``DynamicMIG``.
+
+    Partitionable GPUs are published in partitionable form (existing MIG devices on them are not
+    published: dynamic MIG owns those GPUs); every other GPU as without dynamic MIG.
+    """
+    partitionable = sorted(
+        (mig_gpu for mig_gpu in mig_capable if is_partitionable(mig_gpu)),
+        key=lambda mig_gpu: mig_gpu.gpu.pci_bus_id,
+    )
+    owned = {mig_gpu.gpu.uuid for mig_gpu in partitionable}
+    plain = attributes.published_devices(
+        (gpu for gpu in gpus if gpu.uuid not in owned),
+        (mig for mig in mig_devices if mig.parent.uuid not in owned),
+    )
+    devices = plain + [device for g in partitionable for device in gpu_partition_devices(g)]
+    devices.sort(key=lambda device: device["attributes"][attributes.PCI_BUS_ID].get("string", ""))
+    by_name = {
+        partition_device_name(partition): partition
+        for mig_gpu in partitionable
+        for partition in mig_gpu.partitions()
+    }
+    return PartitionedNode(
+        devices=tuple(devices),
+        counter_sets=tuple(counter_set(mig_gpu) for mig_gpu in partitionable),
+        partitions=tuple(by_name[d["name"]] for d in devices if d["name"] in by_name),
+    )
+
+
+def _counters(amounts: dict[str, int]) -> dict[str, Counter]:
+    return {name: {"value": attributes.binary_si_quantity(n)} for name, n in amounts.items()}

@@ -1,0 +1,330 @@
+"""Dynamic MIG publication: counter sets, partition devices, names, and that the counters let
+the scheduler allocate exactly the placements the hardware can hold at once.
+
+Each model is a one-GPU simulated node (gpu-hardware.json geometry). Conflicts are checked with
+the scheduler's rule (resource-api.md §5.2): a set of devices fits while, for every counter, the
+sum of what they consume stays within the counter set. The simulated NVML is the referee for what
+the hardware accepts.
+"""
+
+from __future__ import annotations
+
+import itertools
+from functools import cache
+
+import pytest
+
+from gpu_dra.driver import attributes
+from gpu_dra.driver.discovery import discover_devices
+from gpu_dra.driver.model import MigCapableGpu, MigPartition, NodeDevices
+from gpu_dra.driver.nvml.interface import NVMLError, NvmlLibrary
+from gpu_dra.driver.nvml.profiles import parse_profile
+from gpu_dra.driver.nvml.simulated import SimulatedHost
+from gpu_dra.driver.partitions import (
+    counter_set,
+    gpu_partition_devices,
+    is_partitionable,
+    offers_whole,
+    partitioned_node,
+)
+from gpu_dra.driver.resourceapi import CounterSet, Device
+
+# Per model: MIG mode that makes it partitionable, then the partition names (slug-id-start).
+MODELS = {
+    "A100-SXM4-40GB": (
+        [1, 1],
+        ["1g5gb-19"] * 7 + ["1g5gb-me-20"] * 7 + ["1g10gb-15"] * 4 + ["2g10gb-14"] * 3,
+        ["3g20gb-9"] * 2 + ["4g20gb-5", "7g40gb-0"],
+    ),
+    "A100-SXM4-80GB": (
+        [1, 1],
+        ["1g10gb-19"] * 7 + ["1g10gb-me-20"] * 7 + ["1g20gb-15"] * 4 + ["2g20gb-14"] * 3,
+        ["3g40gb-9"] * 2 + ["4g40gb-5", "7g80gb-0"],
+    ),
+    "A30": (
+        [1, 1],
+        ["1g6gb-14"] * 4 + ["1g6gb-me-21"] * 4 + ["2g12gb-5"] * 2,
+        ["2g12gb-me-6"] * 2 + ["4g24gb-0"],
+    ),
+    "H100-SXM5-80GB": (
+        [0, 0],
+        ["1g10gb-19"] * 7 + ["1g10gb-me-20"] * 7 + ["1g20gb-15"] * 4 + ["2g20gb-14"] * 3,
+        ["3g40gb-9"] * 2 + ["4g40gb-5", "7g80gb-0"],
+    ),
+    "H200-141GB": (
+        [0, 0],
+        ["1g18gb-19"] * 7 + ["1g18gb-me-20"] * 7 + ["1g35gb-15"] * 4 + ["2g35gb-14"] * 3,
+        ["3g71gb-9"] * 2 + ["4g71gb-5", "7g141gb-0"],
+    ),
+}
+HOPPER = {"H100-SXM5-80GB", "H200-141GB"}
+
+
+def host_of(gpus: list[dict[str, object]]) -> SimulatedHost:
+    doc = {"driverVersion": "580.65.06", "cudaDriverVersion": 13000, "gpus": gpus}
+    return SimulatedHost.from_profile(parse_profile(doc, name="test", node_name="node-a"))
+
+
+@cache
+def one_gpu(model: str) -> tuple[NodeDevices, SimulatedHost]:
+    mode = MODELS[model][0]
+    host = host_of([{"model": model, "busId": "0000:1b:00.0", "migMode": mode}])
+    return discover_devices(host.nvml, host.pci, mig_profiles=True), host
+
+
+def mig_gpu(model: str) -> MigCapableGpu:
+    (found,) = one_gpu(model)[0].mig_profiles
+    return found
+
+
+def devices_by_name(model: str) -> dict[str, Device]:
+    return {device["name"]: device for device in gpu_partition_devices(mig_gpu(model))}
+
+
+def fits(devices: list[Device], shared: CounterSet) -> bool:
+    """The scheduler's counter check: the devices' summed consumption stays within the set."""
+    available = {name: quantity(c["value"]) for name, c in shared["counters"].items()}
+    used: dict[str, int] = {}
+    for device in devices:
+        for entry in device.get("consumesCounters", []):
+            assert entry["counterSet"] == shared["name"]
+            for name, counter in entry["counters"].items():
+                used[name] = used.get(name, 0) + quantity(counter["value"])
+    return all(amount <= available[name] for name, amount in used.items())
+
+
+def quantity(text: str) -> int:
+    for power, suffix in enumerate(("Ki", "Mi", "Gi", "Ti"), start=1):
+        if text.endswith(suffix):
+            return int(text[: -len(suffix)]) * 1024**power
+    return int(text)
+
+
+@pytest.mark.parametrize("model", sorted(MODELS))
+def test_every_placement_of_every_profile_is_a_device(model: str) -> None:
+    _, small, large = MODELS[model]
+    names = set(devices_by_name(model))
+    mig_names = {name for name in names if "-mig-" in name}
+
+    assert len(mig_names) == len(small) + len(large)
+    assert {name.rsplit("-", 1)[0].removeprefix("gpu-0-mig-") for name in mig_names} == set(
+        small + large
+    )
+    assert ("gpu-0" in names) is (model in HOPPER)  # an Ampere in MIG mode is not offered whole
+
+
+def test_names_spell_profile_id_and_placement_start() -> None:
+    names = set(devices_by_name("H100-SXM5-80GB"))
+    expected = (
+        {f"gpu-0-mig-1g10gb-19-{s}" for s in range(7)}
+        | {f"gpu-0-mig-1g10gb-me-20-{s}" for s in range(7)}
+        | {f"gpu-0-mig-1g20gb-15-{s}" for s in (0, 2, 4, 6)}
+        | {f"gpu-0-mig-2g20gb-14-{s}" for s in (0, 2, 4)}
+        | {"gpu-0-mig-3g40gb-9-0", "gpu-0-mig-3g40gb-9-4", "gpu-0-mig-4g40gb-5-0"}
+        | {"gpu-0-mig-7g80gb-0-0", "gpu-0"}
+    )
+    assert names == expected
+    a30 = set(devices_by_name("A30"))
+    assert {"gpu-0-mig-1g6gb-14-3", "gpu-0-mig-2g12gb-me-6-2", "gpu-0-mig-4g24gb-0-0"} <= a30
+
+
+@pytest.mark.parametrize("model", sorted(MODELS))
+def test_counter_set_holds_max_resources_and_one_counter_per_memory_slice(model: str) -> None:
+    gpu = mig_gpu(model)
+    shared = counter_set(gpu)
+    slices = 4 if model == "A30" else 8
+    full = max(gpu.profiles, key=lambda profile: profile.placement_size)
+
+    assert shared["name"] == "gpu-0-counter-set"
+    counters = {name: quantity(c["value"]) for name, c in shared["counters"].items()}
+    assert [counters.pop(f"memory-slice-{i}") for i in range(slices)] == [1] * slices
+    assert counters["memory"] == full.memory_bytes  # the largest profile spans the GPU
+    assert counters["multiprocessors"] == max(p.multiprocessors for p in gpu.profiles)
+    assert counters["copy-engines"] == max(p.copy_engines for p in gpu.profiles)
+    assert set(counters) == {
+        "multiprocessors",
+        "copy-engines",
+        "decoders",
+        "encoders",
+        "jpeg-engines",
+        "ofa-engines",
+        "memory",
+    }
+
+
+def test_partition_consumes_its_profile_and_memory_slices() -> None:
+    device = devices_by_name("H100-SXM5-80GB")["gpu-0-mig-3g40gb-9-4"]
+    (entry,) = device["consumesCounters"]
+
+    assert entry["counterSet"] == "gpu-0-counter-set"
+    assert entry["counters"] == {
+        "multiprocessors": {"value": "60"},
+        "copy-engines": {"value": "3"},
+        "decoders": {"value": "3"},
+        "encoders": {"value": "0"},
+        "jpeg-engines": {"value": "3"},
+        "ofa-engines": {"value": "0"},
+        "memory": {"value": "40448Mi"},
+        **{f"memory-slice-{i}": {"value": "1"} for i in (4, 5, 6, 7)},
+    }
+
+
+@pytest.mark.parametrize("model", sorted(MODELS))
+def test_two_partitions_fit_exactly_when_the_hardware_holds_both(model: str) -> None:
+    """Every pair of placements: counters allow it iff the simulated NVML creates both."""
+    gpu = mig_gpu(model)
+    devices = devices_by_name(model)
+    shared = counter_set(gpu)
+    partitions = {name: p for name, p in zip_partitions(gpu)}
+    _, host = one_gpu(model)
+    nvml = host.nvml
+    nvml.init()
+    handle = nvml.device_get_handle_by_index(0)
+    if not gpu.gpu.mig_enabled:
+        nvml.device_set_mig_mode(handle, 1)
+    try:
+        for a, b in itertools.combinations_with_replacement(sorted(partitions), 2):
+            pair = [devices[a], devices[b]] if a != b else [devices[a], devices[a]]
+            assert fits(pair, shared) == hardware_holds(
+                nvml, handle, partitions[a], partitions[b]
+            ), (a, b)
+    finally:
+        if not gpu.gpu.mig_enabled:
+            nvml.device_set_mig_mode(handle, 0)
+        nvml.shutdown()
+
+
+def zip_partitions(gpu: MigCapableGpu) -> list[tuple[str, MigPartition]]:
+    by_name = {d["name"] for d in gpu_partition_devices(gpu)}
+    pairs = [
+        (f"gpu-0-mig-{slug(p)}-{p.gi_profile_id}-{p.placement_start}", p) for p in gpu.partitions()
+    ]
+    assert {name for name, _ in pairs} <= by_name
+    return pairs
+
+
+def slug(partition: MigPartition) -> str:
+    return partition.profile_name.replace(".", "").replace("+", "-")
+
+
+def hardware_holds(nvml: NvmlLibrary, handle: object, a: MigPartition, b: MigPartition) -> bool:
+    made = []
+    try:
+        for partition in (a, b):
+            placement = _Placement(partition.placement_start, partition.placement_size)
+            made.append(
+                nvml.device_create_gpu_instance_with_placement(
+                    handle, partition.gi_profile_id, placement
+                )
+            )
+        return True
+    except NVMLError:
+        return False
+    finally:
+        for gi in made:
+            nvml.gpu_instance_destroy(gi)
+
+
+class _Placement:
+    def __init__(self, start: int, size: int) -> None:
+        self.start = start
+        self.size = size
+
+
+@pytest.mark.parametrize(
+    ("model", "layout"),
+    [
+        ("H100-SXM5-80GB", [f"1g10gb-19-{s}" for s in range(7)]),
+        ("H100-SXM5-80GB", ["1g20gb-15-0", "1g20gb-15-2", "1g20gb-15-4", "1g20gb-15-6"]),
+        ("H100-SXM5-80GB", ["2g20gb-14-0", "2g20gb-14-2", "2g20gb-14-4", "1g10gb-me-20-6"]),
+        ("H100-SXM5-80GB", ["4g40gb-5-0", "3g40gb-9-4"]),
+        ("H200-141GB", ["3g71gb-9-0", "3g71gb-9-4"]),
+        ("A100-SXM4-40GB", ["3g20gb-9-0", "2g10gb-14-4", "1g5gb-19-6"]),
+        ("A100-SXM4-80GB", ["1g10gb-me-20-0"] + [f"1g10gb-19-{s}" for s in range(1, 7)]),
+        ("A30", ["2g12gb-me-6-0", "1g6gb-14-2", "1g6gb-14-3"]),
+    ],
+)
+def test_full_layouts_fit_and_nothing_more(model: str, layout: list[str]) -> None:
+    devices = devices_by_name(model)
+    shared = counter_set(mig_gpu(model))
+    chosen = [devices[f"gpu-0-mig-{name}"] for name in layout]
+
+    assert fits(chosen, shared)
+    free_slice = [d for n, d in devices.items() if n not in layout and fits([*chosen, d], shared)]
+    assert [d["name"] for d in free_slice] == []
+
+
+@pytest.mark.parametrize("model", sorted(HOPPER))
+def test_the_whole_gpu_excludes_every_partition(model: str) -> None:
+    devices = devices_by_name(model)
+    shared = counter_set(mig_gpu(model))
+    whole = devices.pop("gpu-0")
+
+    assert fits([whole], shared)
+    assert [name for name, device in devices.items() if fits([whole, device], shared)] == []
+
+
+def test_partition_attributes_are_a_static_mig_devices_without_uuid() -> None:
+    """gpu-1 of hgx-h100-mig has a static 3g.40gb at 4; its partition twin publishes the same."""
+    host = SimulatedHost.load("hgx-h100-mig", "node-a")
+    found = discover_devices(host.nvml, host.pci, mig_profiles=True)
+    (static,) = [
+        attributes.mig_device(mig)
+        for mig in found.mig_devices
+        if attributes.mig_device(mig)["name"] == "gpu-1-mig-3g40gb-9-4"
+    ]
+    node = partitioned_node(found.gpus, found.mig_devices, found.mig_profiles)
+    (dynamic,) = [d for d in node.devices if d["name"] == "gpu-1-mig-3g40gb-9-4"]
+
+    static_attributes = dict(static["attributes"])
+    assert static_attributes.pop("uuid")["string"].startswith("MIG-")
+    assert dynamic["attributes"] == static_attributes
+    static_capacity = {k: v for k, v in static["capacity"].items() if "memorySlice" not in k}
+    assert dynamic["capacity"] == static_capacity
+    # dynamic MIG owns every H100 there: no static device is published next to the partitions
+    assert len(node.devices) == 8 * 26
+    assert next(p for p in node.partitions if p.parent.minor == 1).parent == found.gpus[1]
+
+
+def test_ampere_with_mig_off_stays_a_plain_whole_gpu() -> None:
+    host = host_of([{"model": "A100-SXM4-80GB", "busId": "0000:07:00.0", "migMode": [0, 0]}])
+    found = discover_devices(host.nvml, host.pci, mig_profiles=True)
+    (gpu,) = found.mig_profiles
+
+    assert not is_partitionable(gpu)
+    node = partitioned_node(found.gpus, found.mig_devices, found.mig_profiles)
+    assert [d["name"] for d in node.devices] == ["gpu-0"]
+    assert "consumesCounters" not in node.devices[0]
+    assert node.counter_sets == ()
+
+
+def test_mixed_node_orders_by_pci_bus_and_keeps_plain_gpus_plain() -> None:
+    host = host_of(
+        [
+            {"model": "L4", "busId": "0000:c1:00.0"},
+            {"model": "H100-SXM5-80GB", "busId": "0000:1b:00.0"},
+            {"model": "B200", "busId": "0000:0a:00.0"},  # MIG without known profiles
+        ]
+    )
+    found = discover_devices(host.nvml, host.pci, mig_profiles=True)
+    node = partitioned_node(found.gpus, found.mig_devices, found.mig_profiles)
+    bus = [d["attributes"][attributes.PCI_BUS_ID]["string"] for d in node.devices]
+
+    assert bus == sorted(bus)
+    assert [c["name"] for c in node.counter_sets] == [f"gpu-{found.gpus[1].minor}-counter-set"]
+    plain = [d for d in node.devices if "consumesCounters" not in d]
+    assert sorted(d["name"] for d in plain) == sorted(
+        f"gpu-{g.minor}" for g in found.gpus if g.product_name != found.gpus[1].product_name
+    )
+    assert offers_whole(found.mig_profiles[0])
+
+
+def test_partition_devices_stay_within_the_attribute_limit() -> None:
+    for model in MODELS:
+        for device in gpu_partition_devices(mig_gpu(model)):
+            attributes.check_limits(device)
+            count = len(device.get("attributes", {})) + len(device.get("capacity", {}))
+            assert count <= attributes.MAX_ATTRIBUTES_AND_CAPACITIES
+            assert len(device.get("consumesCounters", [])) <= 2  # 1.35+ limit
+            for entry in device.get("consumesCounters", []):
+                assert len(entry["counters"]) <= 32
