@@ -182,6 +182,26 @@ def _read_gpu(
     )
 
 
+def describe_mig_device(
+    nvml: NvmlLibrary, handle: DeviceHandle, gpu: Gpu, mig: DeviceHandle
+) -> MigDevice:
+    """The `MigDevice` of MIG device handle `mig` of `gpu` (device handle `handle`), described
+    as static discovery describes it (dynamic MIG uses it for the instances it creates). NVML
+    must be initialised; raises `DiscoveryError`."""
+    walk = _MigWalk(nvml, handle, gpu)
+    if gpu.memory_bytes is None:
+        raise walk.error("nvmlDeviceGetMemoryInfo is not supported: no MIG profile names")
+    return walk.device(mig, gpu.memory_bytes)
+
+
+def gpu_instance_profiles(
+    nvml: NvmlLibrary, handle: DeviceHandle, gpu: Gpu
+) -> dict[int, tuple[int, GpuInstanceProfileInfo]]:
+    """(profile index, info) of every GPU-instance profile of `gpu`, by profile ID; raises
+    `DiscoveryError`."""
+    return _MigWalk(nvml, handle, gpu).gi_profiles()
+
+
 def _read_mig_devices(nvml: NvmlLibrary, handle: DeviceHandle, gpu: Gpu) -> list[MigDevice]:
     """The MIG devices of `gpu` (MIG mode on), by placement start."""
     return _MigWalk(nvml, handle, gpu).devices()

@@ -18,13 +18,16 @@ Pure values and rules, no pynvml: failures raise the pynvml error NVML returns (
   one each time a compute instance is created; the simulator derives it from the parent UUID, the
   slice and a per-GPU creation counter, so runs are reproducible and a re-created slice gets a
   new UUID. Static MIG devices of a profile file are created first, so theirs are stable.
+- `MigState.snapshot` / `MigState.restore` turn a GPU's mode and instances into JSON values and
+  back (the creation counter included), so a simulated node can keep them across a restart of
+  the process, as real GPUs keep their MIG instances when the plugin restarts.
 """
 
 from __future__ import annotations
 
 import threading
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Concatenate, Final, ParamSpec, TypeVar
 
@@ -35,6 +38,7 @@ from gpu_dra.driver.nvml.interface import (
     NVML_ERROR_INSUFFICIENT_RESOURCES,
     NVML_ERROR_INVALID_ARGUMENT,
     NVML_ERROR_NOT_SUPPORTED,
+    NVMLError,
     nvml_error,
 )
 
@@ -262,6 +266,73 @@ class MigState:
             self.destroy_gpu_instance(gi)
         self.current = self.pending
 
+    @_locked
+    def snapshot(self) -> dict[str, object]:
+        """Mode, instances and creation counter as JSON values (`restore` reads them back)."""
+        return {
+            "current": self.current,
+            "pending": self.pending,
+            "computeInstancesCreated": self._compute_instances_created,
+            "gpuInstances": [
+                {
+                    "id": gi.id,
+                    "profileId": gi.profile.id,
+                    "start": gi.start,
+                    "computeInstances": [
+                        {"id": ci.id, "profileId": ci.profile_id, "uuid": ci.uuid}
+                        for _, ci in sorted(gi.compute_instances.items())
+                    ],
+                }
+                for _, gi in sorted(self.gpu_instances.items())
+            ],
+        }
+
+    @_locked
+    def restore(self, saved: Mapping[str, object]) -> None:
+        """Replace mode and instances with a `snapshot`; raises `MigSnapshotError` (this state
+        unchanged) when it does not fit the profile table: unknown profile, bad placement,
+        overlap, duplicate ids."""
+        trial = MigState(self.geometry, (self.current, self.pending), self.parent_uuid)
+        try:
+            trial.current = _int(saved, "current")
+            trial.pending = _int(saved, "pending")
+            trial._compute_instances_created = _int(saved, "computeInstancesCreated")
+            for raw_gi in _list(saved, "gpuInstances"):
+                trial._restore_gpu_instance(raw_gi)
+        except (KeyError, TypeError, ValueError, AttributeError) as error:
+            raise MigSnapshotError(f"MIG state of GPU {self.parent_uuid}: {error}") from error
+        except NVMLError as error:
+            raise MigSnapshotError(
+                f"MIG state of GPU {self.parent_uuid} does not fit its profiles: {error}"
+            ) from error
+        self.current, self.pending = trial.current, trial.pending
+        self._compute_instances_created = trial._compute_instances_created
+        self.gpu_instances = trial.gpu_instances
+
+    def _restore_gpu_instance(self, raw: object) -> None:
+        if not isinstance(raw, Mapping):
+            raise TypeError(f"GPU instance {raw!r} is not an object")
+        gi_id, profile_id, start = _int(raw, "id"), _int(raw, "profileId"), _int(raw, "start")
+        if gi_id in self.gpu_instances:
+            raise ValueError(f"GPU instance id {gi_id} appears twice")
+        profile = self.profile(profile_id, unknown=NVML_ERROR_INVALID_ARGUMENT)
+        if start not in profile.placement_starts:
+            raise ValueError(f"GPU instance {gi_id}: {start} is no placement of {profile.name}")
+        refusal = self._refusal(profile, start)
+        if refusal is not None:
+            raise nvml_error(refusal)
+        gi = GpuInstance(gi_id, profile, start)
+        for raw_ci in _list(raw, "computeInstances"):
+            if not isinstance(raw_ci, Mapping):
+                raise TypeError(f"compute instance {raw_ci!r} is not an object")
+            ci_id, ci_uuid = _int(raw_ci, "id"), raw_ci["uuid"]
+            if not isinstance(ci_uuid, str) or ci_id in gi.compute_instances:
+                raise ValueError(f"GPU instance {gi_id}: bad compute instance {raw_ci!r}")
+            gi.compute_instances[ci_id] = ComputeInstance(
+                gi, ci_id, _int(raw_ci, "profileId"), ci_uuid
+            )
+        self.gpu_instances[gi_id] = gi
+
     def _refusal(self, profile: GpuInstanceProfile, start: int) -> int | None:
         """Why a GI of `profile` cannot go at `start` now (an NVML code), or None if it can."""
         used = {s for gi in self.gpu_instances.values() for s in gi.slices}
@@ -293,6 +364,24 @@ class MigState:
         return free[0]
 
 
+class MigSnapshotError(ValueError):
+    """A saved MIG state does not fit this GPU's profile table; the message says what."""
+
+
 def full_compute_instance_profile(profile: GpuInstanceProfile) -> int:
     """``NVML_COMPUTE_INSTANCE_PROFILE_*`` of the CI spanning every compute slice of a GI."""
     return COMPUTE_INSTANCE_PROFILE_FOR_SLICES[profile.slice_count]
+
+
+def _int(raw: Mapping[str, object], key: str) -> int:
+    value = raw[key]
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ValueError(f"{key} must be a non-negative integer, got {value!r}")
+    return value
+
+
+def _list(raw: Mapping[str, object], key: str) -> list[object]:
+    value = raw[key]
+    if not isinstance(value, list):
+        raise TypeError(f"{key} must be a list, got {value!r}")
+    return value

@@ -12,11 +12,19 @@ Hopper and later switch at once (no reset); Ampere only records the pending mode
 `SimulatedNvml.reset_gpu` (what ``nvidia-smi -r`` or a reboot does on a real A100). MIG device
 handles answer ``device_get_uuid``, ``device_get_memory_info`` (the profile's memory) and the
 MIG-handle calls; other device calls on them raise InvalidArgument (not modelled).
+
+Persistence: `SimulatedNvml.mig_snapshot` is the MIG mode and instances of every GPU as JSON
+values; a `SimulatedNvml` built with ``saved_mig`` (a snapshot) starts from it instead of the
+profile's static MIG devices, and ``on_mig_change`` receives a new snapshot after every change
+(mode, GI or CI created or destroyed, reset), in order. The caller stores it (the kubelet plugin
+writes ``<data-dir>/simulated-nvml.json``), so MIG instances outlive the process as they outlive
+the plugin on a real GPU.
 """
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
@@ -53,6 +61,7 @@ from gpu_dra.driver.nvml.mig import (
     MAX_COMPUTE_INSTANCES_PER_GI,
     ComputeInstance,
     GpuInstance,
+    MigSnapshotError,
     MigState,
     full_compute_instance_profile,
 )
@@ -147,10 +156,23 @@ class SimulatedComputeInstanceInfo:
     placement: GpuInstancePlacement
 
 
+MigSnapshot = dict[str, object]
+"""`SimulatedNvml.mig_snapshot`: ``{"gpus": {<GPU UUID>: <MigState.snapshot>}}``."""
+
+
 class SimulatedNvml:
     """`NvmlLibrary` over a `MachineProfile`."""
 
-    def __init__(self, profile: MachineProfile) -> None:
+    def __init__(
+        self,
+        profile: MachineProfile,
+        *,
+        saved_mig: Mapping[str, object] | None = None,
+        on_mig_change: Callable[[MigSnapshot], None] | None = None,
+    ) -> None:
+        """`saved_mig`: a `mig_snapshot` to start from (GPUs it does not name start from the
+        profile); raises `MigSnapshotError` when it does not fit the profile. `on_mig_change`
+        gets a snapshot after every MIG change."""
         self.profile = profile
         self._init_count = 0
         self._handles = tuple(SimulatedDeviceHandle(self, gpu.index) for gpu in profile.gpus)
@@ -168,6 +190,42 @@ class SimulatedNvml:
                 )
                 if device.compute_instance:
                     state.create_compute_instance(gi, full_compute_instance_profile(gi.profile))
+        if saved_mig is not None:
+            self._restore(saved_mig)
+        self._on_mig_change = on_mig_change
+        self._persist_lock = threading.Lock()
+
+    def _restore(self, saved: Mapping[str, object]) -> None:
+        gpus = saved.get("gpus")
+        if not isinstance(gpus, Mapping):
+            raise MigSnapshotError("saved MIG state has no 'gpus' object")
+        by_uuid = {gpu.uuid: gpu.index for gpu in self.profile.gpus}
+        unknown = sorted(set(gpus) - set(by_uuid))
+        if unknown:
+            raise MigSnapshotError(
+                f"saved MIG state names GPUs this profile does not have: {', '.join(unknown)}"
+            )
+        for uuid, state in gpus.items():
+            if not isinstance(state, Mapping):
+                raise MigSnapshotError(f"saved MIG state of GPU {uuid} is not an object")
+            self._mig[by_uuid[uuid]].restore(state)
+
+    def mig_snapshot(self) -> MigSnapshot:
+        """MIG mode and instances of every MIG-capable GPU, by UUID (JSON values)."""
+        return {
+            "gpus": {
+                gpu.uuid: self._mig[gpu.index].snapshot()
+                for gpu in self.profile.gpus
+                if gpu.model.mig_capable
+            }
+        }
+
+    def _mig_changed(self) -> None:
+        """Hand a snapshot to `on_mig_change`; serialized, so a later one has every change."""
+        if self._on_mig_change is None:
+            return
+        with self._persist_lock:
+            self._on_mig_change(self.mig_snapshot())
 
     @property
     def initialized(self) -> bool:
@@ -282,7 +340,9 @@ class SimulatedNvml:
     def device_set_mig_mode(self, handle: DeviceHandle, mode: int) -> int:
         state = self._mig_state(handle, "device_set_mig_mode")
         architecture = self.profile.gpus[self._index(handle)].model.architecture
-        return state.set_mode(mode, resetless=architecture >= NVML_DEVICE_ARCH_HOPPER)
+        status = state.set_mode(mode, resetless=architecture >= NVML_DEVICE_ARCH_HOPPER)
+        self._mig_changed()
+        return status
 
     def reset_gpu(self, handle: DeviceHandle) -> None:
         """Simulator only: a GPU reset (``nvidia-smi -r``, reboot); the pending MIG mode applies
@@ -296,6 +356,7 @@ class SimulatedNvml:
                 with self._handles_lock:
                     self._gi_handles.pop(gi, None)
             state.reset()
+        self._mig_changed()
 
     def device_get_gpu_instance_profile_info(
         self, handle: DeviceHandle, profile: int, version: int = 2
@@ -344,13 +405,16 @@ class SimulatedNvml:
         self, handle: DeviceHandle, profile_id: int
     ) -> GpuInstanceHandle:
         state = self._mig_state(handle, "device_create_gpu_instance")
-        return self._gi_handle(self._index(handle), state.create_gpu_instance(profile_id))
+        gi = state.create_gpu_instance(profile_id)
+        self._mig_changed()
+        return self._gi_handle(self._index(handle), gi)
 
     def device_create_gpu_instance_with_placement(
         self, handle: DeviceHandle, profile_id: int, placement: GpuInstancePlacement
     ) -> GpuInstanceHandle:
         state = self._mig_state(handle, "device_create_gpu_instance_with_placement")
         gi = state.create_gpu_instance(profile_id, (placement.start, placement.size))
+        self._mig_changed()
         return self._gi_handle(self._index(handle), gi)
 
     def device_get_gpu_instances(
@@ -421,6 +485,7 @@ class SimulatedNvml:
         if not 0 <= profile_id < NVML_COMPUTE_INSTANCE_PROFILE_COUNT:
             raise nvml_error(NVML_ERROR_INVALID_ARGUMENT)
         ci = self._mig[index].create_compute_instance(gi, profile_id)
+        self._mig_changed()
         return self._ci_handle(index, ci)
 
     def gpu_instance_get_compute_instances(
@@ -463,12 +528,14 @@ class SimulatedNvml:
         index, ci = self._compute_instance(compute_instance, "compute_instance_destroy")
         self._mig[index].destroy_compute_instance(ci)
         self._forget_compute_instance(ci)
+        self._mig_changed()
 
     def gpu_instance_destroy(self, gpu_instance: GpuInstanceHandle) -> None:
         index, gi = self._gpu_instance(gpu_instance, "gpu_instance_destroy")
         self._mig[index].destroy_gpu_instance(gi)
         with self._handles_lock:
             self._gi_handles.pop(gi, None)
+        self._mig_changed()
 
     def device_get_max_mig_device_count(self, handle: DeviceHandle) -> int:
         gpu = self._gpu(handle, "device_get_max_mig_device_count")
@@ -642,13 +709,31 @@ class SimulatedHost:
     pci: SimulatedPciTopology
 
     @classmethod
-    def from_profile(cls, profile: MachineProfile) -> SimulatedHost:
-        return cls(profile, SimulatedNvml(profile), SimulatedPciTopology(profile))
+    def from_profile(
+        cls,
+        profile: MachineProfile,
+        *,
+        saved_mig: Mapping[str, object] | None = None,
+        on_mig_change: Callable[[MigSnapshot], None] | None = None,
+    ) -> SimulatedHost:
+        """A host over `profile`; `saved_mig` and `on_mig_change` as `SimulatedNvml` takes them."""
+        nvml = SimulatedNvml(profile, saved_mig=saved_mig, on_mig_change=on_mig_change)
+        return cls(profile, nvml, SimulatedPciTopology(profile))
 
     @classmethod
-    def load(cls, spec: str, node_name: str) -> SimulatedHost:
-        """`load_profile(spec, node_name)` wired into a host; raises `ProfileError`."""
-        return cls.from_profile(load_profile(spec, node_name))
+    def load(
+        cls,
+        spec: str,
+        node_name: str,
+        *,
+        saved_mig: Mapping[str, object] | None = None,
+        on_mig_change: Callable[[MigSnapshot], None] | None = None,
+    ) -> SimulatedHost:
+        """`load_profile(spec, node_name)` wired into a host; raises `ProfileError` (and
+        `MigSnapshotError` for a `saved_mig` that does not fit)."""
+        return cls.from_profile(
+            load_profile(spec, node_name), saved_mig=saved_mig, on_mig_change=on_mig_change
+        )
 
 
 if TYPE_CHECKING:

@@ -1,0 +1,47 @@
+"""Dynamic MIG at the plugin edge: MIG devices made at prepare and destroyed at unprepare.
+
+* :mod:`.lifecycle` - `MigLifecycle`: NVML create/destroy/list of GPU and compute instances,
+  MIG mode on Hopper and later, clear `MigError` messages, the test-only crash point;
+* :mod:`.claims` - `DynamicMig`: the claim side (checkpoint intents, create, release, the
+  start-up sweep of instances no prepared claim owns);
+* :mod:`.simulated_state` - the simulated node's MIG state file, so simulated MIG instances
+  outlive a plugin restart as real ones do.
+"""
+
+from gpu_dra.kubelet_plugin.mig.claims import (
+    DYNAMIC_MIG_STATE_KEY,
+    DynamicMig,
+    MigIntent,
+    Partition,
+    intents_from_state,
+    intents_to_state,
+)
+from gpu_dra.kubelet_plugin.mig.lifecycle import (
+    CRASH_AFTER_GPU_INSTANCE,
+    CrashPoint,
+    MigError,
+    MigInstance,
+    MigLifecycle,
+)
+from gpu_dra.kubelet_plugin.mig.simulated_state import (
+    SIMULATED_STATE_FILE,
+    SimulatedMigStateFile,
+    SimulatedStateError,
+)
+
+__all__ = [
+    "CRASH_AFTER_GPU_INSTANCE",
+    "DYNAMIC_MIG_STATE_KEY",
+    "SIMULATED_STATE_FILE",
+    "CrashPoint",
+    "DynamicMig",
+    "MigError",
+    "MigInstance",
+    "MigIntent",
+    "MigLifecycle",
+    "Partition",
+    "SimulatedMigStateFile",
+    "SimulatedStateError",
+    "intents_from_state",
+    "intents_to_state",
+]

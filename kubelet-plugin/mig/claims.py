@@ -1,0 +1,325 @@
+"""Dynamic MIG devices of prepared claims: what the checkpoint records, create, release, sweep.
+
+The preparer delegates here for the partition devices of a claim (``docs/mig.md``, lifecycle):
+
+1. `DynamicMig.plan` turns the claim's partition devices into `MigIntent`s (device name, parent
+   UUID, GI profile ID, placement start); the preparer records them in the claim's
+   ``PrepareStarted`` checkpoint entry (state key `DYNAMIC_MIG_STATE_KEY`) **before** any NVML
+   call;
+2. `DynamicMig.create` makes each GPU and compute instance; on a failure it destroys what it made
+   and raises. The intents, now with GI id, CI id and MIG UUID, are recorded again before the
+   CDI spec is written, and kept in ``PrepareCompleted``;
+3. `DynamicMig.release` destroys the instances of a claim's intents (unprepare, after the CDI spec
+   is gone; rollback). An intent without a GI id (the process died between creating the GPU
+   instance and recording it) is found by its placement, unless another claim records that
+   placement; an intent with a GI id destroys only a GPU instance with that id.
+4. `DynamicMig.remove_unowned` (start-up, after interrupted prepares are rolled back) destroys
+   every MIG instance on a dynamic-MIG GPU that no ``PrepareCompleted`` claim records, and turns
+   MIG mode off on Hopper-or-later GPUs left without instances.
+
+Ownership is by (parent UUID, GI profile ID, placement start): placements of live GPU instances
+never overlap, so at most one GPU instance matches.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Final, Protocol
+
+from gpu_dra.driver.model import Gpu, MigDevice
+from gpu_dra.driver.naming import GpuDeviceName, InvalidNameError, parse_device_name
+from gpu_dra.kubelet_plugin.checkpoint import CheckpointEntry, ClaimPhase, JsonValue
+from gpu_dra.kubelet_plugin.mig.lifecycle import MigError, MigLifecycle, gpu_label
+
+log = logging.getLogger(__name__)
+
+DYNAMIC_MIG_STATE_KEY: Final = "dynamicMig"
+"""Checkpoint `state` key: the claim's `MigIntent`s, as a list of objects."""
+
+
+class Partition(Protocol):
+    """A MIG device that can be made on demand: a GPU-instance profile at one placement."""
+
+    @property
+    def parent(self) -> Gpu: ...
+
+    @property
+    def gi_profile_id(self) -> int: ...
+
+    @property
+    def placement_start(self) -> int: ...
+
+
+@dataclass(frozen=True)
+class MigIntent:
+    """One MIG device a claim makes: where, and (once made) its ids and UUID."""
+
+    device: str
+    parent_uuid: str
+    gi_profile_id: int
+    placement_start: int
+    gi_id: int | None = None
+    ci_id: int | None = None
+    uuid: str | None = None
+
+    @property
+    def key(self) -> tuple[str, int, int]:
+        """(parent UUID, GI profile ID, placement start): what identifies the GPU instance."""
+        return (self.parent_uuid, self.gi_profile_id, self.placement_start)
+
+    def to_json(self) -> dict[str, JsonValue]:
+        value: dict[str, JsonValue] = {
+            "device": self.device,
+            "parentUUID": self.parent_uuid,
+            "giProfileID": self.gi_profile_id,
+            "placementStart": self.placement_start,
+        }
+        if self.gi_id is not None:
+            value["giID"] = self.gi_id
+        if self.ci_id is not None:
+            value["ciID"] = self.ci_id
+        if self.uuid is not None:
+            value["uuid"] = self.uuid
+        return value
+
+
+def intents_to_state(intents: Iterable[MigIntent]) -> JsonValue:
+    return [intent.to_json() for intent in intents]
+
+
+def intents_from_state(state: Mapping[str, JsonValue]) -> list[MigIntent]:
+    """The intents recorded in a checkpoint `state`; raises `MigError` when they are unusable."""
+    raw = state.get(DYNAMIC_MIG_STATE_KEY)
+    if raw is None:
+        return []
+    if not isinstance(raw, list):
+        raise MigError(f"checkpoint state {DYNAMIC_MIG_STATE_KEY} is not a list: {raw!r}")
+    intents = []
+    for item in raw:
+        if not isinstance(item, dict):
+            raise MigError(f"checkpoint state {DYNAMIC_MIG_STATE_KEY} entry {item!r} is no object")
+        try:
+            intents.append(
+                MigIntent(
+                    device=_str(item, "device"),
+                    parent_uuid=_str(item, "parentUUID"),
+                    gi_profile_id=_int(item, "giProfileID"),
+                    placement_start=_int(item, "placementStart"),
+                    gi_id=_optional_int(item, "giID"),
+                    ci_id=_optional_int(item, "ciID"),
+                    uuid=_optional_str(item, "uuid"),
+                )
+            )
+        except (KeyError, TypeError) as error:
+            raise MigError(
+                f"checkpoint state {DYNAMIC_MIG_STATE_KEY} entry {item!r} is unusable: {error}"
+            ) from error
+    return intents
+
+
+class DynamicMig:
+    """The dynamic-MIG part of preparing claims on one node (see the module doc)."""
+
+    def __init__(self, lifecycle: MigLifecycle, gpus: Sequence[Gpu]) -> None:
+        """`gpus`: the GPUs whose MIG devices are made on demand (their partitions are
+        published); only their instances are ever destroyed by `remove_unowned`."""
+        self._lifecycle = lifecycle
+        self._gpus = {gpu.uuid: gpu for gpu in gpus}
+
+    @property
+    def gpus(self) -> tuple[Gpu, ...]:
+        return tuple(self._gpus.values())
+
+    def plan(self, partitions: Mapping[str, Partition]) -> list[MigIntent]:
+        """One intent per partition device (by device name), nothing created yet."""
+        return [
+            MigIntent(name, p.parent.uuid, p.gi_profile_id, p.placement_start)
+            for name, p in sorted(partitions.items())
+        ]
+
+    def create(self, intents: Sequence[MigIntent]) -> tuple[list[MigIntent], dict[str, MigDevice]]:
+        """Make every intent's MIG device, in order; returns the intents with their ids and the
+        devices by name. On failure destroys the devices it made, then raises `MigError`."""
+        done: list[MigIntent] = []
+        devices: dict[str, MigDevice] = {}
+        try:
+            for intent in intents:
+                device = self._lifecycle.create(
+                    self._gpu(intent), intent.gi_profile_id, intent.placement_start
+                )
+                done.append(
+                    replace(intent, gi_id=device.gi_id, ci_id=device.ci_id, uuid=device.uuid)
+                )
+                devices[intent.device] = device
+        except BaseException:
+            self._destroy_made(done)
+            raise
+        return done, devices
+
+    def _destroy_made(self, made: Sequence[MigIntent]) -> None:
+        for intent in reversed(made):
+            try:
+                self._lifecycle.destroy(
+                    self._gpu(intent),
+                    intent.gi_profile_id,
+                    intent.placement_start,
+                    gi_id=intent.gi_id,
+                )
+            except MigError as error:
+                # The claim's rollback retries from the recorded intents (and start-up sweeps).
+                log.error("rollback of MIG device %s failed: %s", intent.device, error)
+
+    def release(
+        self,
+        claim_uid: str,
+        intents: Sequence[MigIntent],
+        others: Mapping[str, CheckpointEntry],
+    ) -> None:
+        """Destroy the MIG devices of `intents` (a claim's), leaving alone any placement that
+        another claim in `others` records. Every intent is tried; the first failure is raised
+        after."""
+        taken = {
+            intent.key: uid
+            for uid, entry in others.items()
+            if uid != claim_uid
+            for intent in _recorded(uid, entry)
+        }
+        failures: list[MigError] = []
+        for intent in intents:
+            owner = taken.get(intent.key)
+            if owner is not None:
+                log.warning(
+                    "MIG device %s of claim_uid=%s not destroyed: claim_uid=%s records its "
+                    "placement",
+                    intent.device,
+                    claim_uid,
+                    owner,
+                )
+                continue
+            try:
+                destroyed = self._lifecycle.destroy(
+                    self._gpu(intent),
+                    intent.gi_profile_id,
+                    intent.placement_start,
+                    gi_id=intent.gi_id,
+                )
+            except MigError as error:
+                log.error("MIG device %s of claim_uid=%s: %s", intent.device, claim_uid, error)
+                failures.append(error)
+                continue
+            if destroyed:
+                log.info("destroyed MIG device %s claim_uid=%s", intent.device, claim_uid)
+        if failures:
+            raise failures[0]
+
+    def conflict(
+        self,
+        claim_uid: str,
+        intents: Sequence[MigIntent],
+        whole_gpus: Iterable[Gpu],
+        others: Mapping[str, CheckpointEntry],
+    ) -> str | None:
+        """Why the claim cannot have its MIG devices and whole GPUs beside what other claims
+        hold: a whole GPU another claim has MIG devices on, or a MIG device on a GPU another
+        claim holds whole (the scheduler's counters prevent both; this guards races). None when
+        there is no conflict."""
+        mine_whole = {gpu.uuid: gpu for gpu in whole_gpus}
+        mine_mig = {intent.parent_uuid: intent for intent in intents}
+        by_minor = {gpu.minor: gpu for gpu in self._gpus.values()}
+        for uid, entry in others.items():
+            if uid == claim_uid:
+                continue
+            owner = f"claim {entry.claim.namespace}/{entry.claim.name} ({uid})"
+            for intent in _recorded(uid, entry):
+                gpu = mine_whole.get(intent.parent_uuid)
+                if gpu is not None:
+                    return (
+                        f"GPU {gpu_label(gpu)} has MIG device {intent.device} of {owner}; a "
+                        "GPU with MIG devices cannot be handed out whole"
+                    )
+            for device in entry.devices:
+                gpu = by_minor.get(_whole_gpu_minor(device.device_name))
+                held = None if gpu is None else mine_mig.get(gpu.uuid)
+                if gpu is not None and held is not None:
+                    return (
+                        f"MIG device {held.device} cannot be made: its GPU {gpu_label(gpu)} is "
+                        f"prepared whole for {owner}"
+                    )
+        return None
+
+    def remove_unowned(self, entries: Mapping[str, CheckpointEntry]) -> None:
+        """Destroy every MIG instance of the dynamic-MIG GPUs that no ``PrepareCompleted`` entry
+        records; MIG mode off where nothing is left (Hopper and later). Errors are logged."""
+        owned: set[tuple[str, int, int]] = set()
+        for uid, entry in entries.items():
+            if entry.phase is ClaimPhase.PREPARE_COMPLETED:
+                owned.update(intent.key for intent in _recorded(uid, entry))
+        for gpu in self._gpus.values():
+            try:
+                for instance in self._lifecycle.instances(gpu):
+                    key = (gpu.uuid, instance.gi_profile_id, instance.placement_start)
+                    if key in owned:
+                        continue
+                    log.info(
+                        "destroying MIG instance no prepared claim owns: %s GI %d (profile ID "
+                        "%d, memory slices %d..%d)",
+                        gpu_label(gpu),
+                        instance.gi_id,
+                        instance.gi_profile_id,
+                        instance.placement_start,
+                        instance.placement_start + instance.placement_size - 1,
+                    )
+                    self._lifecycle.destroy_instance(gpu, instance)
+                self._lifecycle.disable_if_unused(gpu)
+            except MigError as error:
+                log.error("leftover MIG instances of %s not removed: %s", gpu_label(gpu), error)
+
+    def _gpu(self, intent: MigIntent) -> Gpu:
+        gpu = self._gpus.get(intent.parent_uuid)
+        if gpu is None:
+            raise MigError(
+                f"MIG device {intent.device}: GPU {intent.parent_uuid} is not a dynamic-MIG GPU "
+                "of this node (was the plugin started without --dynamic-mig, or the GPU removed?)"
+            )
+        return gpu
+
+
+def _recorded(uid: str, entry: CheckpointEntry) -> list[MigIntent]:
+    try:
+        return intents_from_state(entry.state)
+    except MigError as error:
+        log.error("dynamic MIG state of claim_uid=%s unusable: %s", uid, error)
+        return []
+
+
+def _str(raw: Mapping[str, JsonValue], key: str) -> str:
+    value = raw[key]
+    if not isinstance(value, str):
+        raise TypeError(f"{key} must be a string, got {value!r}")
+    return value
+
+
+def _int(raw: Mapping[str, JsonValue], key: str) -> int:
+    value = raw[key]
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise TypeError(f"{key} must be a non-negative integer, got {value!r}")
+    return value
+
+
+def _optional_int(raw: Mapping[str, JsonValue], key: str) -> int | None:
+    return None if raw.get(key) is None else _int(raw, key)
+
+
+def _optional_str(raw: Mapping[str, JsonValue], key: str) -> str | None:
+    return None if raw.get(key) is None else _str(raw, key)
+
+
+def _whole_gpu_minor(device_name: str) -> int:
+    """N of a ``gpu-<N>`` device name; -1 for any other name."""
+    try:
+        name = parse_device_name(device_name)
+    except InvalidNameError:
+        return -1
+    return name.minor if isinstance(name, GpuDeviceName) else -1

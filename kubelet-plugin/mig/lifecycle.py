@@ -1,0 +1,500 @@
+"""Dynamic MIG on one node: create a MIG device at a placement, destroy it, list what exists.
+
+`MigLifecycle` makes the NVML calls NVIDIA's driver makes (``gpu-hardware.md`` §6):
+
+- **create**: MIG mode on if it is off (Hopper and later switch without a reset; an Ampere GPU
+  switches only at a reset, so there MIG must already be on, else a clear error), the GPU
+  instance at the allocated placement (``CreateGpuInstanceWithPlacement``), then the compute
+  instance spanning all of it (the CI profile with as many slices as the GI, shared engines);
+  the result is the `MigDevice` (UUID, GI and CI ids) as discovery describes static ones.
+- **destroy**: the compute instances of the GPU instance at (profile ID, placement start), then
+  the GPU instance; a GPU instance that is not there any more is success. On Hopper and later,
+  MIG mode goes off again when the last GPU instance of the GPU is gone.
+- **instances**: the GPU instances of a GPU and their compute instances.
+
+Calls on one GPU are serialized (a per-GPU lock): MIG mode goes off only when no create on that
+GPU is under way. Every NVML failure becomes a `MigError` whose message names the GPU, what was
+being done and what to do (an occupied placement names what occupies it).
+
+`CRASH_AFTER_GPU_INSTANCE` is a test-only fault injection point: the composition root passes a
+`crash_point` that kills the process there when the e2e tests ask for it (simulated nodes only).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from functools import partial
+from typing import Final, TypeVar
+
+from gpu_dra.driver.discovery import DiscoveryError, describe_mig_device, gpu_instance_profiles
+from gpu_dra.driver.model import Gpu, MigDevice
+from gpu_dra.driver.nvml.interface import (
+    NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED,
+    NVML_COMPUTE_INSTANCE_PROFILE_COUNT,
+    NVML_DEVICE_ARCH_HOPPER,
+    NVML_DEVICE_MIG_DISABLE,
+    NVML_DEVICE_MIG_ENABLE,
+    NVML_ERROR_IN_USE,
+    NVML_ERROR_INSUFFICIENT_RESOURCES,
+    NVML_ERROR_INVALID_ARGUMENT,
+    NVML_ERROR_NOT_FOUND,
+    NVML_ERROR_NOT_SUPPORTED,
+    DeviceHandle,
+    GpuInstanceHandle,
+    GpuInstanceProfileInfo,
+    NVMLError,
+    NvmlLibrary,
+    return_code,
+    return_code_name,
+)
+
+log = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
+
+CRASH_AFTER_GPU_INSTANCE: Final = "mig-after-gpu-instance"
+"""Fault injection point (tests only): after the GPU instance exists, before its compute
+instance does."""
+
+CrashPoint = Callable[[str], None]
+"""Called with the name of each fault injection point reached; may end the process."""
+
+_NO_SUCH_PROFILE: Final = frozenset({NVML_ERROR_NOT_SUPPORTED, NVML_ERROR_INVALID_ARGUMENT})
+_CI_PROFILE_1_SLICE_REV1: Final = 7
+"""``NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE_REV1``: NVIDIA's dynamic MIG skips it."""
+
+
+class MigError(Exception):
+    """A MIG create or destroy failed; the message says what, where, and what to do."""
+
+    def __init__(self, message: str, *, retryable: bool = False) -> None:
+        super().__init__(message)
+        self.retryable = retryable
+
+
+@dataclass(frozen=True)
+class MigInstance:
+    """A GPU instance on a GPU and the ids of its compute instances."""
+
+    parent_uuid: str
+    gi_id: int
+    gi_profile_id: int
+    placement_start: int
+    placement_size: int
+    ci_ids: tuple[int, ...]
+
+    @property
+    def slices(self) -> range:
+        return range(self.placement_start, self.placement_start + self.placement_size)
+
+
+def supports_mig_mode_toggle(gpu: Gpu) -> bool:
+    """Hopper and later switch MIG mode without a GPU reset; Ampere needs one."""
+    return gpu.architecture >= NVML_DEVICE_ARCH_HOPPER
+
+
+def gpu_label(gpu: Gpu) -> str:
+    """``gpu-3 (GPU-..., NVIDIA H100 80GB HBM3)``: how messages name a GPU."""
+    return f"gpu-{gpu.minor} ({gpu.uuid}, {gpu.product_name})"
+
+
+class MigLifecycle:
+    """Creates and destroys MIG devices through NVML (see the module doc)."""
+
+    def __init__(self, nvml: NvmlLibrary, *, crash_point: CrashPoint | None = None) -> None:
+        self._nvml = nvml
+        self._crash_point = crash_point
+        self._locks: dict[str, threading.Lock] = {}
+        self._locks_lock = threading.Lock()
+
+    # ---- create ----------------------------------------------------------------------------------
+    def create(
+        self,
+        parent: Gpu,
+        gi_profile_id: int,
+        placement_start: int,
+    ) -> MigDevice:
+        """Create the GPU instance of `gi_profile_id` at `placement_start` on `parent` and its
+        full compute instance. Raises `MigError` after destroying what it created (and turning
+        MIG mode off again when it turned it on and nothing else is there)."""
+        with self._gpu_lock(parent.uuid), self._session(parent) as handle:
+            try:
+                return self._create(parent, handle, gi_profile_id, placement_start)
+            except BaseException:
+                with contextlib.suppress(MigError):
+                    self._disable_mig_if_unused(parent, handle)
+                raise
+
+    def _create(
+        self, parent: Gpu, handle: DeviceHandle, gi_profile_id: int, placement_start: int
+    ) -> MigDevice:
+        self._enable_mig(parent, handle)
+        profile = self._gi_profile(parent, handle, gi_profile_id)
+        placement = next(
+            (
+                p
+                for p in self._call(
+                    parent,
+                    "list the placements of GPU-instance profile "
+                    f"{_profile_label(profile, gi_profile_id)}",
+                    lambda: self._nvml.device_get_gpu_instance_possible_placements(
+                        handle, gi_profile_id
+                    ),
+                )
+                if p.start == placement_start
+            ),
+            None,
+        )
+        if placement is None:
+            raise MigError(
+                f"{gpu_label(parent)}: {placement_start} is no placement start of "
+                f"GPU-instance profile {_profile_label(profile, gi_profile_id)}; the device "
+                "name does not match this GPU (a stale ResourceSlice?)"
+            )
+        where = (
+            f"{_profile_label(profile, gi_profile_id)} at memory slices "
+            f"{placement.start}..{placement.start + placement.size - 1}"
+        )
+        try:
+            gi = self._nvml.device_create_gpu_instance_with_placement(
+                handle, gi_profile_id, placement
+            )
+        except NVMLError as error:
+            if return_code(error) == NVML_ERROR_INSUFFICIENT_RESOURCES:
+                raise MigError(
+                    f"cannot create GPU instance {where} on {gpu_label(parent)}: "
+                    f"{self._occupied_by(parent, handle, placement.start, placement.size)}",
+                    retryable=True,
+                ) from error
+            raise self._error(parent, f"create GPU instance {where}", error) from error
+        try:
+            gi_id = self._call(
+                parent,
+                "read the new GPU instance",
+                lambda: self._nvml.gpu_instance_get_info(gi).id,
+            )
+            log.info("created GPU instance %s gi_id=%d on %s", where, gi_id, parent.uuid)
+            if self._crash_point is not None:
+                self._crash_point(CRASH_AFTER_GPU_INSTANCE)
+            ci_profile = self._full_ci_profile(parent, gi, profile)
+            ci = self._call(
+                parent,
+                f"create the compute instance of GPU instance {gi_id} ({where})",
+                lambda: self._nvml.gpu_instance_create_compute_instance(gi, ci_profile),
+            )
+            mig = self._call(
+                parent,
+                "read the new compute instance",
+                lambda: self._nvml.compute_instance_get_info(ci).device,
+            )
+            try:
+                device = describe_mig_device(self._nvml, handle, parent, mig)
+            except DiscoveryError as error:
+                raise MigError(f"cannot describe the new MIG device: {error}") from error
+        except BaseException as error:
+            try:
+                self._destroy_gpu_instance(parent, gi)
+            except MigError as cleanup:
+                log.error("GPU instance of a failed create not destroyed: %s", cleanup)
+                error.add_note(f"the GPU instance it made is left: {cleanup}")
+            raise
+        log.info(
+            "created MIG device %s %s gi_id=%d ci_id=%d on %s",
+            device.uuid,
+            device.profile,
+            device.gi_id,
+            device.ci_id,
+            parent.uuid,
+        )
+        return device
+
+    def _enable_mig(self, parent: Gpu, handle: DeviceHandle) -> None:
+        current, pending = self._call(
+            parent, "read the MIG mode", lambda: self._nvml.device_get_mig_mode(handle)
+        )
+        if current == NVML_DEVICE_MIG_ENABLE:
+            return
+        if not supports_mig_mode_toggle(parent):
+            pending_note = (
+                " (it is set to turn on at the next GPU reset: reset the GPU or reboot)"
+                if pending == NVML_DEVICE_MIG_ENABLE
+                else ""
+            )
+            raise MigError(
+                f"{gpu_label(parent)} has MIG mode off{pending_note}; gpu-dra switches MIG mode "
+                "only on Hopper and later GPUs, because an Ampere GPU needs a reset for it. "
+                f"Turn MIG on by hand (nvidia-smi -i {parent.uuid} -mig 1, then reset the GPU) "
+                "to use dynamic MIG on it"
+            )
+        status = self._call(
+            parent,
+            "turn MIG mode on",
+            lambda: self._nvml.device_set_mig_mode(handle, NVML_DEVICE_MIG_ENABLE),
+        )
+        if status != 0:
+            raise MigError(
+                f"{gpu_label(parent)}: turning MIG mode on was not applied "
+                f"({return_code_name(status)}); is the GPU in use by another process?",
+                retryable=True,
+            )
+        log.info("MIG mode on gpu=%s", parent.uuid)
+
+    def _gi_profile(
+        self, parent: Gpu, handle: DeviceHandle, gi_profile_id: int
+    ) -> GpuInstanceProfileInfo:
+        try:
+            profiles = gpu_instance_profiles(self._nvml, handle, parent)
+        except DiscoveryError as error:
+            raise MigError(f"cannot list the MIG profiles: {error}") from error
+        found = profiles.get(gi_profile_id)
+        if found is None:
+            raise MigError(
+                f"{gpu_label(parent)} has no GPU-instance profile ID {gi_profile_id} (it has "
+                f"{', '.join(str(i) for i in sorted(profiles)) or 'none'}); the device name "
+                "does not match this GPU (a stale ResourceSlice?)"
+            )
+        return found[1]
+
+    def _full_ci_profile(
+        self, parent: Gpu, gi: GpuInstanceHandle, profile: GpuInstanceProfileInfo
+    ) -> int:
+        """The compute-instance profile spanning the GI (as many slices), shared engines."""
+        for index in range(NVML_COMPUTE_INSTANCE_PROFILE_COUNT):
+            if index == _CI_PROFILE_1_SLICE_REV1:
+                continue
+            try:
+                info = self._nvml.gpu_instance_get_compute_instance_profile_info(
+                    gi, index, NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED
+                )
+            except NVMLError as error:
+                if return_code(error) in _NO_SUCH_PROFILE:
+                    continue
+                raise self._error(parent, "read compute-instance profiles", error) from error
+            if info.sliceCount == profile.sliceCount:
+                return info.id
+        raise MigError(
+            f"{gpu_label(parent)}: no compute-instance profile spans all {profile.sliceCount} "
+            "slices of the GPU instance"
+        )
+
+    def _occupied_by(self, parent: Gpu, handle: DeviceHandle, start: int, size: int) -> str:
+        """What keeps a GI from `start`..`start+size-1`: the GIs overlapping it, or why not."""
+        try:
+            existing = self._instances(parent, handle)
+        except MigError as error:
+            return (
+                f"NVML reports insufficient resources (and listing the instances failed: {error})"
+            )
+        wanted = set(range(start, start + size))
+        overlapping = [i for i in existing if wanted & set(i.slices)]
+        if overlapping:
+            names = ", ".join(
+                f"GPU instance {i.gi_id} (profile ID {i.gi_profile_id}) at memory slices "
+                f"{i.placement_start}..{i.placement_start + i.placement_size - 1}"
+                for i in overlapping
+            )
+            return (
+                f"placement {start}..{start + size - 1} is occupied by {names}; the scheduler "
+                "should not have allocated it (another claim's MIG device, or one made outside "
+                "gpu-dra); the kubelet retries"
+            )
+        return (
+            f"placement {start}..{start + size - 1} is free, but NVML reports insufficient "
+            f"resources ({len(existing)} GPU instance(s) exist: the profile's instance limit or "
+            "the GPU's single media engine set is taken); the kubelet retries"
+        )
+
+    # ---- destroy ---------------------------------------------------------------------------------
+    def destroy(
+        self, parent: Gpu, gi_profile_id: int, placement_start: int, *, gi_id: int | None = None
+    ) -> bool:
+        """Destroy the GPU instance of `gi_profile_id` at `placement_start` (if `gi_id` is given,
+        only if it has that id) and its compute instances; False when there is none. Turns MIG
+        mode off on Hopper and later when no GPU instance is left."""
+        with self._gpu_lock(parent.uuid), self._session(parent) as handle:
+            found = None
+            for instance, gi in self._instance_handles(parent, handle):
+                if (
+                    instance.gi_profile_id == gi_profile_id
+                    and instance.placement_start == placement_start
+                    and (gi_id is None or instance.gi_id == gi_id)
+                ):
+                    found = gi
+            if found is not None:
+                self._destroy_gpu_instance(parent, found)
+            self._disable_mig_if_unused(parent, handle)
+            return found is not None
+
+    def destroy_instance(self, parent: Gpu, instance: MigInstance) -> None:
+        """Destroy one listed GPU instance (`instances`), as `destroy` does."""
+        self.destroy(parent, instance.gi_profile_id, instance.placement_start, gi_id=instance.gi_id)
+
+    def disable_if_unused(self, parent: Gpu) -> None:
+        """MIG mode off on a Hopper-or-later GPU that has no GPU instance (a crash can leave it
+        on between turning it on and creating the first instance)."""
+        with self._gpu_lock(parent.uuid), self._session(parent) as handle:
+            self._disable_mig_if_unused(parent, handle)
+
+    def _destroy_gpu_instance(self, parent: Gpu, gi: GpuInstanceHandle) -> None:
+        gi_id = self._call(
+            parent, "read a GPU instance", lambda: self._nvml.gpu_instance_get_info(gi).id
+        )
+        for ci in self._compute_instances(parent, gi):
+            try:
+                self._nvml.compute_instance_destroy(ci)
+            except NVMLError as error:
+                if return_code(error) == NVML_ERROR_IN_USE:
+                    raise MigError(
+                        f"cannot destroy compute instance of GPU instance {gi_id} on "
+                        f"{gpu_label(parent)}: processes still use it (NVML IN_USE); it is "
+                        "retried with the next unprepare or at the next start",
+                        retryable=True,
+                    ) from error
+                raise self._error(
+                    parent, f"destroy a compute instance of GPU instance {gi_id}", error
+                ) from error
+        try:
+            self._nvml.gpu_instance_destroy(gi)
+        except NVMLError as error:
+            raise self._error(parent, f"destroy GPU instance {gi_id}", error) from error
+        log.info("destroyed GPU instance gi_id=%d on %s", gi_id, parent.uuid)
+
+    def _disable_mig_if_unused(self, parent: Gpu, handle: DeviceHandle) -> None:
+        if not supports_mig_mode_toggle(parent):
+            return  # Ampere: MIG mode stays as the administrator set it
+        current, _ = self._call(
+            parent, "read the MIG mode", lambda: self._nvml.device_get_mig_mode(handle)
+        )
+        if current != NVML_DEVICE_MIG_ENABLE or self._instances(parent, handle):
+            return
+        status = self._call(
+            parent,
+            "turn MIG mode off",
+            lambda: self._nvml.device_set_mig_mode(handle, NVML_DEVICE_MIG_DISABLE),
+        )
+        if status != 0:
+            raise MigError(
+                f"{gpu_label(parent)}: turning MIG mode off was not applied "
+                f"({return_code_name(status)})",
+                retryable=True,
+            )
+        log.info("MIG mode off gpu=%s (no MIG device left)", parent.uuid)
+
+    # ---- listing ---------------------------------------------------------------------------------
+    def instances(self, parent: Gpu) -> list[MigInstance]:
+        """The GPU instances of `parent`, by placement start; none while MIG mode is off."""
+        with self._gpu_lock(parent.uuid), self._session(parent) as handle:
+            return self._instances(parent, handle)
+
+    def _instances(self, parent: Gpu, handle: DeviceHandle) -> list[MigInstance]:
+        return [instance for instance, _ in self._instance_handles(parent, handle)]
+
+    def _instance_handles(
+        self, parent: Gpu, handle: DeviceHandle
+    ) -> list[tuple[MigInstance, GpuInstanceHandle]]:
+        current, _ = self._call(
+            parent, "read the MIG mode", lambda: self._nvml.device_get_mig_mode(handle)
+        )
+        if current != NVML_DEVICE_MIG_ENABLE:
+            return []
+        try:
+            profile_ids = sorted(gpu_instance_profiles(self._nvml, handle, parent))
+        except DiscoveryError as error:
+            raise MigError(f"cannot list the MIG profiles: {error}") from error
+        found = []
+        for profile_id in profile_ids:
+            gis = self._call(
+                parent,
+                f"list the GPU instances of profile ID {profile_id}",
+                partial(self._nvml.device_get_gpu_instances, handle, profile_id),
+            )
+            for gi in gis:
+                info = self._call(
+                    parent, "read a GPU instance", partial(self._nvml.gpu_instance_get_info, gi)
+                )
+                ci_ids = tuple(
+                    sorted(
+                        self._call(
+                            parent,
+                            "read a compute instance",
+                            partial(self._nvml.compute_instance_get_info, ci),
+                        ).id
+                        for ci in self._compute_instances(parent, gi)
+                    )
+                )
+                found.append(
+                    (
+                        MigInstance(
+                            parent_uuid=parent.uuid,
+                            gi_id=info.id,
+                            gi_profile_id=info.profileId,
+                            placement_start=info.placement.start,
+                            placement_size=info.placement.size,
+                            ci_ids=ci_ids,
+                        ),
+                        gi,
+                    )
+                )
+        return sorted(found, key=lambda pair: (pair[0].placement_start, pair[0].gi_id))
+
+    def _compute_instances(self, parent: Gpu, gi: GpuInstanceHandle) -> list[object]:
+        found: list[object] = []
+        for index in range(NVML_COMPUTE_INSTANCE_PROFILE_COUNT):
+            try:
+                found.extend(self._nvml.gpu_instance_get_compute_instances(gi, index))
+            except NVMLError as error:
+                if return_code(error) in _NO_SUCH_PROFILE:
+                    continue
+                raise self._error(parent, "list compute instances", error) from error
+        return found
+
+    # ---- plumbing --------------------------------------------------------------------------------
+    def _gpu_lock(self, uuid: str) -> threading.Lock:
+        with self._locks_lock:
+            return self._locks.setdefault(uuid, threading.Lock())
+
+    @contextlib.contextmanager
+    def _session(self, parent: Gpu) -> Iterator[DeviceHandle]:
+        """NVML initialised (reference-counted) and `parent`'s handle, by UUID."""
+        try:
+            self._nvml.init()
+        except NVMLError as error:
+            raise self._error(parent, "initialise NVML", error) from error
+        try:
+            yield self._call(
+                parent,
+                "find the GPU by UUID",
+                lambda: self._nvml.device_get_handle_by_uuid(parent.uuid),
+            )
+        finally:
+            with contextlib.suppress(NVMLError):
+                self._nvml.shutdown()
+
+    def _call(self, parent: Gpu, what: str, call: Callable[[], _T]) -> _T:
+        try:
+            return call()
+        except NVMLError as error:
+            raise self._error(parent, what, error) from error
+
+    def _error(self, parent: Gpu, what: str, error: Exception) -> MigError:
+        code = return_code(error)
+        name = "" if code is None else f" ({return_code_name(code)})"
+        retryable = code not in (NVML_ERROR_NOT_SUPPORTED, NVML_ERROR_INVALID_ARGUMENT)
+        hint = ""
+        if code == NVML_ERROR_NOT_FOUND:
+            hint = "; was the GPU removed or reset?"
+        return MigError(
+            f"{gpu_label(parent)}: cannot {what}: {error}{name}{hint}", retryable=retryable
+        )
+
+
+def _profile_label(profile: GpuInstanceProfileInfo, profile_id: int) -> str:
+    name = getattr(profile, "name", "")
+    if isinstance(name, bytes):
+        name = name.decode(errors="replace")
+    name = str(name).removeprefix("MIG ")
+    return f"{name} (profile ID {profile_id})" if name else f"profile ID {profile_id}"

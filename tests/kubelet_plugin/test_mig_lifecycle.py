@@ -1,0 +1,201 @@
+"""MigLifecycle against the simulated NVML: create at a placement, destroy, MIG mode on Hopper
+vs Ampere, clear errors, and nothing left behind when a step fails."""
+
+from __future__ import annotations
+
+import pynvml
+import pytest
+
+from gpu_dra.driver.discovery import discover_gpus
+from gpu_dra.driver.model import Gpu
+from gpu_dra.driver.nvml.profiles import parse_profile
+from gpu_dra.driver.nvml.simulated import SimulatedHost, SimulatedNvml
+from gpu_dra.kubelet_plugin.mig import CRASH_AFTER_GPU_INSTANCE, MigError, MigLifecycle
+
+ON, OFF = pynvml.NVML_DEVICE_MIG_ENABLE, pynvml.NVML_DEVICE_MIG_DISABLE
+
+
+class Node:
+    def __init__(self, host: SimulatedHost) -> None:
+        self.nvml = host.nvml
+        self.gpus = discover_gpus(host.nvml, host.pci)
+        self.mig = MigLifecycle(host.nvml)
+
+    def mode(self, gpu: Gpu) -> list[int]:
+        self.nvml.init()
+        try:
+            return self.nvml.device_get_mig_mode(self.nvml.device_get_handle_by_uuid(gpu.uuid))
+        finally:
+            self.nvml.shutdown()
+
+    def layout(self, gpu: Gpu) -> list[tuple[int, int, tuple[int, ...]]]:
+        return [(i.gi_profile_id, i.placement_start, i.ci_ids) for i in self.mig.instances(gpu)]
+
+
+@pytest.fixture
+def h100() -> Node:
+    return Node(SimulatedHost.load("hgx-h100", "node-a"))
+
+
+def a100(mig_mode: list[int]) -> Node:
+    doc = {
+        "driverVersion": "580.95.05",
+        "cudaDriverVersion": 13000,
+        "gpus": [{"model": "A100-SXM4-40GB", "busId": "0000:07:00.0", "migMode": mig_mode}],
+    }
+    return Node(SimulatedHost.from_profile(parse_profile(doc, name="a100", node_name="node-a")))
+
+
+def test_create_turns_mig_on_and_makes_the_slice_at_the_placement(h100: Node) -> None:
+    gpu = h100.gpus[0]
+
+    device = h100.mig.create(gpu, 9, 4)
+
+    assert h100.mode(gpu) == [ON, ON]
+    assert (device.profile, device.gi_profile_id, device.placement_start) == ("3g.40gb", 9, 4)
+    assert device.placement_size == 4
+    assert device.parent.uuid == gpu.uuid
+    assert device.uuid.startswith("MIG-")
+    assert h100.layout(gpu) == [(9, 4, (device.ci_id,))]
+    assert h100.nvml.initialized is False  # every NVML session is closed again
+
+
+def test_four_slices_fill_one_gpu_each_with_its_own_uuid(h100: Node) -> None:
+    gpu = h100.gpus[1]
+
+    made = [h100.mig.create(gpu, pid, start) for pid, start in ((19, 0), (19, 1), (14, 2), (9, 4))]
+
+    assert len({d.uuid for d in made}) == 4
+    assert [d.profile for d in made] == ["1g.10gb", "1g.10gb", "2g.20gb", "3g.40gb"]
+    assert [(pid, start) for pid, start, _ in h100.layout(gpu)] == [
+        (19, 0),
+        (19, 1),
+        (14, 2),
+        (9, 4),
+    ]
+
+
+def test_destroying_the_last_slice_turns_mig_off_on_hopper(h100: Node) -> None:
+    gpu = h100.gpus[0]
+    h100.mig.create(gpu, 19, 0)
+    h100.mig.create(gpu, 19, 3)
+
+    assert h100.mig.destroy(gpu, 19, 0) is True
+    assert h100.mode(gpu) == [ON, ON]  # one slice left
+    assert h100.mig.destroy(gpu, 19, 3) is True
+
+    assert h100.mode(gpu) == [OFF, OFF]
+    assert h100.mig.instances(gpu) == []
+
+
+def test_destroying_what_is_not_there_is_success_and_touches_nothing_else(h100: Node) -> None:
+    gpu = h100.gpus[0]
+    kept = h100.mig.create(gpu, 19, 0)
+
+    assert h100.mig.destroy(gpu, 19, 5) is False
+    assert h100.mig.destroy(gpu, 19, 0, gi_id=kept.gi_id + 1) is False  # another GI's id
+
+    assert h100.layout(gpu) == [(19, 0, (kept.ci_id,))]
+    assert h100.mig.destroy(h100.gpus[2], 19, 0) is False  # MIG off: nothing to destroy
+
+
+def test_an_occupied_placement_is_refused_naming_what_occupies_it(h100: Node) -> None:
+    gpu = h100.gpus[0]
+    big = h100.mig.create(gpu, 9, 4)
+
+    with pytest.raises(MigError) as raised:
+        h100.mig.create(gpu, 14, 4)
+
+    message = str(raised.value)
+    assert "placement 4..5" in message
+    assert f"occupied by GPU instance {big.gi_id} (profile ID 9) at memory slices 4..7" in message
+    assert gpu.uuid in message
+    assert raised.value.retryable
+    assert h100.layout(gpu) == [(9, 4, (big.ci_id,))]
+
+
+def test_a_start_that_is_no_placement_of_the_profile_is_refused(h100: Node) -> None:
+    with pytest.raises(MigError, match="1 is no placement start of GPU-instance profile 3g"):
+        h100.mig.create(h100.gpus[0], 9, 1)
+    with pytest.raises(MigError, match="has no GPU-instance profile ID 42"):
+        h100.mig.create(h100.gpus[0], 42, 0)
+    assert h100.mig.instances(h100.gpus[0]) == []
+
+
+def test_ampere_with_mig_off_is_refused_without_touching_the_mode() -> None:
+    node = a100([0, 0])
+
+    with pytest.raises(MigError) as raised:
+        node.mig.create(node.gpus[0], 19, 0)
+
+    assert "has MIG mode off" in str(raised.value)
+    assert "only on Hopper and later" in str(raised.value)
+    assert f"nvidia-smi -i {node.gpus[0].uuid} -mig 1" in str(raised.value)
+    assert node.mode(node.gpus[0]) == [OFF, OFF]
+
+
+def test_ampere_with_mig_pending_says_a_reset_is_needed() -> None:
+    node = a100([0, 1])
+
+    with pytest.raises(MigError, match="at the next GPU reset"):
+        node.mig.create(node.gpus[0], 19, 0)
+
+
+def test_ampere_with_mig_on_gets_slices_and_keeps_mig_on_after_the_last() -> None:
+    node = a100([1, 1])
+    gpu = node.gpus[0]
+
+    device = node.mig.create(gpu, 19, 6)
+    assert device.profile == "1g.5gb"
+    node.mig.destroy(gpu, 19, 6)
+
+    assert node.mode(gpu) == [ON, ON]
+    assert node.mig.instances(gpu) == []
+
+
+def test_a_failed_compute_instance_destroys_the_gpu_instance_it_made() -> None:
+    doc = {
+        "driverVersion": "580.95.05",
+        "cudaDriverVersion": 13000,
+        "gpus": [
+            {
+                "model": "H100-SXM5-80GB",
+                "busId": "0000:1b:00.0",
+                "faults": {"gpu_instance_create_compute_instance": "UNKNOWN"},
+            }
+        ],
+    }
+    node = Node(SimulatedHost.from_profile(parse_profile(doc, name="h", node_name="node-a")))
+
+    with pytest.raises(MigError) as raised:
+        node.mig.create(node.gpus[0], 19, 0)
+
+    assert "cannot create the compute instance of GPU instance" in str(raised.value)
+    assert "NVML_ERROR_UNKNOWN" in str(raised.value)
+    assert node.mig.instances(node.gpus[0]) == []
+    assert node.mode(node.gpus[0]) == [OFF, OFF]  # turned on for it, off again
+
+
+def test_the_crash_point_sits_between_the_gpu_instance_and_the_compute_instance() -> None:
+    host = SimulatedHost.load("hgx-h100", "node-a")
+    gpus = discover_gpus(host.nvml, host.pci)
+    seen: list[tuple[str, list[tuple[int, tuple[int, ...]]]]] = []
+    mig = MigLifecycle(host.nvml)
+
+    class Crash(BaseException):
+        pass
+
+    def crash(point: str) -> None:
+        seen.append((point, [(i.placement_start, i.ci_ids) for i in mig.instances(gpus[0])]))
+        raise Crash
+
+    crashing = MigLifecycle(host.nvml, crash_point=crash)
+    with pytest.raises(Crash):
+        crashing.create(gpus[0], 19, 2)
+
+    assert seen == [(CRASH_AFTER_GPU_INSTANCE, [(2, ())])]  # GI made, no CI yet
+
+
+def test_listing_is_empty_on_a_gpu_with_mig_off(h100: Node) -> None:
+    assert h100.mig.instances(h100.gpus[5]) == []
+    assert isinstance(h100.nvml, SimulatedNvml)
