@@ -65,8 +65,12 @@ from gpu_dra.driver.nvml.real import RealNvml
 from gpu_dra.driver.nvml.simulated import SimulatedHost
 from gpu_dra.driver.nvml.sysfs import SysfsPciTopology
 from gpu_dra.driver.resourceapi import API_GROUP, Device
+from gpu_dra.driver.shares import ShareSelection, with_shares
 
 PROG: Final = "gpu-dra"
+MPS_SHARES_VARIANT: Final = "+mps-shares"
+"""Suffix of the profile name under which `gpu-dra lint` evaluates a machine's whole GPUs as
+they are published when offered as MPS shares (``--mps-shares=all``)."""
 
 EXIT_OK: Final = 0
 EXIT_FAILED: Final = 1
@@ -248,16 +252,22 @@ def run_devices(args: argparse.Namespace, streams: Streams) -> int:
     return EXIT_OK
 
 
-def _published_devices(nvml: NvmlLibrary, pci: PciTopology) -> list[Device]:
+def _published_devices(
+    nvml: NvmlLibrary, pci: PciTopology, *, mps_shares: bool = False
+) -> list[Device]:
     """The devices the kubelet plugin publishes for the node, in its order: whole GPUs with MIG
-    off and static MIG devices, by PCI bus id then placement; `CliError` when discovery or
-    publishing fails. `gpu-dra lint` evaluates on these."""
+    off and static MIG devices, by PCI bus id then placement; with ``mps_shares``, every whole
+    GPU offered as MPS shares (``--mps-shares=all``). `CliError` when discovery or publishing
+    fails. `gpu-dra lint` evaluates on these."""
     try:
         found = discover_devices(nvml, pci)
     except DiscoveryError as error:
         raise CliError(str(error)) from error
     try:
-        return published_devices(found.gpus, found.mig_devices)
+        published = published_devices(found.gpus, found.mig_devices)
+        if mps_shares:
+            published = with_shares(published, ShareSelection(every_gpu=True).select(found.gpus))
+        return published
     except DeviceAttributeError as error:
         raise CliError(f"cannot publish the GPUs: {error}") from error
 
@@ -509,8 +519,8 @@ def add_lint_arguments(parser: argparse.ArgumentParser, environ: Mapping[str, st
 
 
 def run_lint(args: argparse.Namespace, streams: Streams) -> int:
-    devices = _lint_devices(args.profile or builtin_profile_names())
-    every_builtin = _lint_devices(builtin_profile_names())
+    every_builtin = _lint_devices(builtin_profile_names(), mps_shares=True)
+    devices = _lint_devices(args.profile) if args.profile else every_builtin
     sources: list[Source] = []
     unreadable: list[str] = []
     for path in args.paths:
@@ -557,7 +567,9 @@ def _lint_files(path: str) -> list[str]:
     return files
 
 
-def _lint_devices(profiles: Sequence[str]) -> list[SimulatedDevice]:
+def _lint_devices(profiles: Sequence[str], *, mps_shares: bool = False) -> list[SimulatedDevice]:
+    """The published devices of each profile; with ``mps_shares`` also, as profile
+    ``<name>+mps-shares``, its whole GPUs as published with ``--mps-shares=all``."""
     devices: list[SimulatedDevice] = []
     for spec in profiles:
         try:
@@ -569,6 +581,14 @@ def _lint_devices(profiles: Sequence[str]) -> list[SimulatedDevice]:
         except CliError as error:  # a profile with injected NVML faults
             raise CliError(f"simulated machine {spec}: {error}", EXIT_USAGE) from error
         devices.extend(SimulatedDevice(host.profile.name, device) for device in published)
+        if not mps_shares:
+            continue
+        shared = _published_devices(host.nvml, host.pci, mps_shares=True)
+        devices.extend(
+            SimulatedDevice(f"{host.profile.name}{MPS_SHARES_VARIANT}", device)
+            for device in shared
+            if device.get("allowMultipleAllocations")
+        )
     return devices
 
 

@@ -45,6 +45,7 @@ from gpu_dra.driver.cel.source import LexError, Token, tokens
 from gpu_dra.driver.model import Gpu, MigDevice
 from gpu_dra.driver.naming import DEFAULT_DRIVER_NAME
 from gpu_dra.driver.resourceapi import API_GROUP, Device
+from gpu_dra.driver.shares import offered_device
 
 Level = Literal["ERROR", "WARNING", "INFO"]
 LEVELS: Final[tuple[Level, ...]] = ("ERROR", "WARNING", "INFO")
@@ -190,7 +191,7 @@ def publishable_names(driver: str = DEFAULT_DRIVER_NAME) -> PublishedNames:
         jpeg_engines=7,
         ofa_engines=1,
     )
-    devices = [gpu_device(full), mig_device(mig)]
+    devices = [gpu_device(full), offered_device(gpu_device(full), full), mig_device(mig)]
     return PublishedNames.of([to_cel_device(driver, device) for device in devices])
 
 

@@ -31,6 +31,7 @@ from gpu_dra.driver.nvml.interface import NvmlLibrary, PciTopology
 from gpu_dra.driver.nvml.real import RealNvml
 from gpu_dra.driver.nvml.simulated import SimulatedHost
 from gpu_dra.driver.nvml.sysfs import SysfsPciTopology
+from gpu_dra.driver.shares import ShareSelectionError
 from gpu_dra.kubelet_plugin.cdi import ClaimSpecStore
 from gpu_dra.kubelet_plugin.checkpoint import Checkpoint
 from gpu_dra.kubelet_plugin.claimcache import CachedClaimReader
@@ -126,7 +127,10 @@ async def run(settings: KubeletPluginSettings) -> None:
     nvml, pci = _nvml(settings)
     devices = await asyncio.to_thread(discover_devices, nvml, pci)
     inventory = NodeInventory.from_discovery(
-        devices, simulated=settings.simulate is not None, driver_root=settings.driver_root
+        devices,
+        simulated=settings.simulate is not None,
+        driver_root=settings.driver_root,
+        mps_shares=settings.mps_shares,
     )
     log.info(
         "discovered %d GPU(s) and %d MIG device(s) node=%s simulated=%s",
@@ -135,6 +139,12 @@ async def run(settings: KubeletPluginSettings) -> None:
         settings.node_name,
         settings.simulate,
     )
+    if inventory.mps_shares:
+        log.info(
+            "offering GPU(s) %s as MPS shares (max share %d%%)",
+            ",".join(str(gpu.index) for gpu in inventory.mps_shares),
+            settings.mps_share_max_percent,
+        )
     settings.state_dir.mkdir(parents=True, exist_ok=True, mode=0o750)
     checkpoint = Checkpoint(settings.state_dir)
     loaded = await asyncio.to_thread(checkpoint.load)
@@ -215,7 +225,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s %(message)s",
         stream=sys.stderr,
     )
-    asyncio.run(run(settings))
+    try:
+        asyncio.run(run(settings))
+    except ShareSelectionError as error:
+        log.error("cannot start: %s", error)
+        return 2
     return 0
 
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
-from gpu_dra.driver import attributes, partitions, slices
+from gpu_dra.driver import attributes, partitions, shares, slices
 from gpu_dra.driver.model import Gpu, MigCapableGpu, MigDevice, MigPartition, NodeDevices
 from gpu_dra.driver.naming import gpu_device_name, mig_device_name
 from gpu_dra.driver.resourceapi import CounterSet, Device
@@ -148,6 +148,8 @@ class NodeInventory:
     mig_capabilities: MigCapabilityLookup | None = None
     dynamic_mig: bool = False
     mig_profiles: tuple[MigCapableGpu, ...] = ()
+    mps_shares: tuple[Gpu, ...] = ()
+    """Whole GPUs offered as MPS shares (`shares.ShareSelection.select`); not with dynamic MIG."""
     _by_name: dict[str, PublishedDevice] = field(
         init=False, repr=False, compare=False, default_factory=dict
     )
@@ -186,8 +188,17 @@ class NodeInventory:
         driver_root: Path = Path("/"),
         mig_capabilities: MigCapabilityLookup | None = None,
         dynamic_mig: bool = False,
+        mps_shares: shares.ShareSelection | None = None,
     ) -> NodeInventory:
-        """The inventory of what `discover_devices` found (with ``mig_profiles=dynamic_mig``)."""
+        """The inventory of what `discover_devices` found (with ``mig_profiles=dynamic_mig``);
+        `mps_shares` picks the GPUs offered as MPS shares (`shares.ShareSelectionError` when it
+        names a GPU that is not there, or is combined with dynamic MIG)."""
+        selection = mps_shares or shares.ShareSelection()
+        if dynamic_mig and not selection.empty:
+            raise shares.ShareSelectionError(
+                "--mps-shares cannot be combined with dynamic MIG yet: a GPU is published either "
+                "as MIG partitions or as MPS shares"
+            )
         return cls(
             devices.gpus,
             simulated=simulated,
@@ -196,6 +207,7 @@ class NodeInventory:
             mig_capabilities=mig_capabilities,
             dynamic_mig=dynamic_mig,
             mig_profiles=devices.mig_profiles,
+            mps_shares=selection.select(devices.gpus),
         )
 
     def _offered(self) -> list[PublishedDevice]:
@@ -224,12 +236,19 @@ class NodeInventory:
         """
         return self._by_name.get(device_name)
 
+    def shared_gpu(self, device_name: str) -> Gpu | None:
+        """The GPU named ``device_name`` if it is offered as MPS shares."""
+        device = self._by_name.get(device_name)
+        return device if isinstance(device, Gpu) and device in self.mps_shares else None
+
     def published_devices(self) -> list[Device]:
         """Devices in PCI bus order, MIG devices by placement (NVIDIA's publishing order); with
-        dynamic MIG, each partitionable GPU's devices by name."""
+        dynamic MIG, each partitionable GPU's devices by name; GPUs offered as MPS shares with
+        their consumable capacities (`shares.with_shares`)."""
         if self._partitioned is not None:
             return list(self._partitioned.devices)
-        return attributes.published_devices(self.gpus, self.mig_devices)
+        published = attributes.published_devices(self.gpus, self.mig_devices)
+        return shares.with_shares(published, self.mps_shares)
 
     def counter_sets(self) -> list[CounterSet]:
         """The counter sets the published devices consume (dynamic MIG only; else none)."""

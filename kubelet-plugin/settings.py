@@ -6,10 +6,11 @@ import argparse
 import os
 import shutil
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpu_dra.driver.naming import DEFAULT_DRIVER_NAME
+from gpu_dra.driver.shares import ShareSelection, ShareSelectionError
 
 DEFAULT_MPS_CONTROL_BINARY = "nvidia-cuda-mps-control"
 DEFAULT_NVIDIA_SMI = "nvidia-smi"
@@ -47,6 +48,13 @@ class KubeletPluginSettings:
     nvidia_smi: str = DEFAULT_NVIDIA_SMI
     """`nvidia-smi`, which sets time-slice intervals on real GPUs: a path, or a name looked up
     on `PATH`, then under `<driver_root>/usr/bin` (`resolved_nvidia_smi`)."""
+    mps_shares: ShareSelection = field(default_factory=ShareSelection)
+    """GPUs offered as MPS shares through consumable capacity (`all`, `none`, or indexes /
+    UUIDs); none by default, so that default publishing is NVIDIA's."""
+    mps_share_max_percent: int = 100
+    """The largest MPS share, in percent of a GPU's SMs and memory: the shared daemon's default
+    caps, which bind a client that drops its `CUDA_MPS_*` environment; larger shares are
+    refused at prepare."""
 
     @property
     def state_dir(self) -> Path:
@@ -130,6 +138,18 @@ class KubeletPluginSettings:
             "looked up on PATH, then under <driver-root>/usr/bin",
             DEFAULT_NVIDIA_SMI,
         )
+        option(
+            "--mps-shares",
+            "GPUs offered as MPS shares through consumable capacity: all, none, or "
+            "comma-separated GPU indexes or UUIDs",
+            "none",
+        )
+        option(
+            "--mps-share-max-percent",
+            "largest MPS share in percent of a GPU's SMs and memory (1-100): the shared MPS "
+            "daemon's default caps; larger shares are refused at prepare",
+            "100",
+        )
         args = parser.parse_args(argv)
         if not args.node_name:
             parser.error("--node-name (or GPU_DRA_NODE_NAME / NODE_NAME) is required")
@@ -145,6 +165,19 @@ class KubeletPluginSettings:
             parser.error(f"--metrics-port must be a port number, got {args.metrics_port!r}")
         if not 0 <= metrics_port <= 65535:
             parser.error(f"--metrics-port must be between 0 and 65535, got {metrics_port}")
+        try:
+            mps_shares = ShareSelection.parse(args.mps_shares or "none")
+        except ShareSelectionError as error:
+            parser.error(str(error))
+        try:
+            max_share = int(args.mps_share_max_percent)
+        except ValueError:
+            parser.error(
+                f"--mps-share-max-percent must be a whole percentage, got "
+                f"{args.mps_share_max_percent!r}"
+            )
+        if not 1 <= max_share <= 100:
+            parser.error(f"--mps-share-max-percent must be between 1 and 100, got {max_share}")
         return cls(
             node_name=args.node_name,
             driver_name=args.driver_name,
@@ -159,4 +192,6 @@ class KubeletPluginSettings:
             metrics_port=metrics_port,
             mps_control_binary=args.mps_control_binary or DEFAULT_MPS_CONTROL_BINARY,
             nvidia_smi=args.nvidia_smi or DEFAULT_NVIDIA_SMI,
+            mps_shares=mps_shares,
+            mps_share_max_percent=max_share,
         )

@@ -369,8 +369,10 @@ def test_the_shipped_device_classes_pass(capsys):
     code, out, err = run(capsys, "check-config", *files)
 
     assert code == EXIT_OK
-    assert out == ""
-    assert "no config entries found" in err
+    # The only class config: MPS for the shares class.
+    mps = REPO / "deviceclasses" / "mps.gpu.nvidia.com.yaml"
+    assert out == f"OK {mps} DeviceClass/mps.gpu.nvidia.com spec.config[0]\n"
+    assert err == ""
 
 
 def test_manifest_is_read_from_stdin(capsys, monkeypatch):

@@ -61,8 +61,9 @@ def test_shipped_catalog_lints_clean_on_every_builtin_profile(capsys):
     assert code == EXIT_OK, out
     assert err == ""
     assert lines(out, "ERROR") == []
-    assert out.splitlines()[-1].startswith("gpu-dra lint: 5 files: 5 DeviceClasses")
-    assert f"of {len(builtin_profile_names())} profiles" in out.splitlines()[-1]
+    assert out.splitlines()[-1].startswith("gpu-dra lint: 6 files: 6 DeviceClasses")
+    # Each profile as published by default, and with --mps-shares=all.
+    assert f"of {2 * len(builtin_profile_names())} profiles" in out.splitlines()[-1]
 
 
 # Profiles without MIG devices: what mig.nvidia.com meets on most clusters today.
@@ -98,6 +99,10 @@ def test_shipped_catalog_selects_what_docs_say(capsys):
     for whole in ("gpu.nvidia.com", "hopper.gpu.nvidia.com", "training.gpu.nvidia.com"):
         assert not any("-mig-" in name for names in selects[whole].values() for name in names)
     assert selects["gpu.nvidia.com"]["t4"] == ["gpu-0"]
+    # MPS shares only on GPUs offered as shares; whole-GPU classes select those GPUs too.
+    assert all(profile.endswith("+mps-shares") for profile in selects["mps.gpu.nvidia.com"])
+    assert selects["mps.gpu.nvidia.com"]["t4+mps-shares"] == ["gpu-0"]
+    assert selects["gpu.nvidia.com"]["t4+mps-shares"] == ["gpu-0"]
     assert "hgx-h100" in selects["hopper.gpu.nvidia.com"]
     assert "dgx-a100" not in selects["hopper.gpu.nvidia.com"]
     assert "l4x4" not in selects["large-memory.gpu.nvidia.com"]

@@ -29,6 +29,7 @@ from gpu_dra.driver.cel import engine_cel_expr_python as engine
 from gpu_dra.driver.discovery import discover_gpus
 from gpu_dra.driver.nvml.simulated import SimulatedHost
 from gpu_dra.driver.resourceapi import Device
+from gpu_dra.driver.shares import with_shares
 
 DRIVER = "gpu.nvidia.com"
 DEVICECLASSES = Path(__file__).resolve().parents[2] / "deviceclasses"
@@ -245,6 +246,7 @@ ALL_GPUS = {H100, *A100, "NVIDIA L4", "Tesla T4"}
         ("hopper.gpu.nvidia.com", {H100}),
         ("training.gpu.nvidia.com", {H100, *A100}),
         ("mig.nvidia.com", set()),
+        ("mps.gpu.nvidia.com", set()),  # no GPU is offered as MPS shares by default
     ],
 )
 def test_device_class_selects_the_expected_simulated_gpus(class_name, expected):
@@ -259,6 +261,7 @@ def test_every_shipped_device_class_is_tested_and_compiles():
         "hopper.gpu.nvidia.com",
         "training.gpu.nvidia.com",
         "mig.nvidia.com",
+        "mps.gpu.nvidia.com",
     }
     for expressions in classes.values():
         for text in expressions:
@@ -445,3 +448,16 @@ def test_iteration_budget_is_a_runtime_error():
     selector = compile_selector(f"{hundred}.all(x, {hundred}.all(y, x == y))")
     with pytest.raises(CelRuntimeError, match="iteration budget"):
         selector.matches(device("h100"))
+
+
+def test_mps_class_selects_exactly_the_gpus_offered_as_shares():
+    selectors = [compile_selector(text) for text in device_classes()["mps.gpu.nvidia.com"]]
+    host = SimulatedHost.load("mixed", "node-a")
+    gpus = discover_gpus(host.nvml, host.pci)
+    devices = with_shares([gpu_device(gpu) for gpu in gpus], gpus[1:3])
+    selected = [
+        device["name"]
+        for device in devices
+        if all(selector.matches(to_cel_device(DRIVER, device)) for selector in selectors)
+    ]
+    assert selected == [gpu_device(gpu)["name"] for gpu in gpus[1:3]]

@@ -16,6 +16,7 @@ from gpu_dra.driver import slices
 from gpu_dra.driver.discovery import discover_devices, discover_gpus
 from gpu_dra.driver.model import Gpu, MigDevice, MigPartition, NodeDevices
 from gpu_dra.driver.nvml.simulated import SimulatedHost
+from gpu_dra.driver.shares import ShareSelection, ShareSelectionError
 from gpu_dra.kubelet_plugin.cdi import CdiDevice, ClaimSpecStore, DeviceNode, build_claim_spec
 from gpu_dra.kubelet_plugin.checkpoint import Checkpoint
 from gpu_dra.kubelet_plugin.inventory import (
@@ -491,3 +492,39 @@ def test_dynamic_mig_pool_combined_layout_is_one_slice_per_gpu() -> None:
         consumed = {e["counterSet"] for d in spec["devices"] for e in d["consumesCounters"]}
         assert consumed == {shared["name"]}
         assert len(spec["devices"]) == 26
+
+
+def test_gpus_offered_as_mps_shares_are_published_with_consumable_capacity(
+    gpus: tuple[Gpu, ...],
+) -> None:
+    inventory = NodeInventory.from_discovery(
+        NodeDevices(gpus), simulated=True, mps_shares=ShareSelection.parse(f"1,{gpus[3].uuid}")
+    )
+
+    published = {device["name"]: device for device in inventory.published_devices()}
+    offered = sorted(name for name, d in published.items() if d.get("allowMultipleAllocations"))
+    assert offered == ["gpu-1", "gpu-3"]
+    assert set(published["gpu-1"]["capacity"]) == {"memory", "compute"}
+    assert published["gpu-0"]["capacity"] == {
+        "memory": {"value": "81559Mi"}
+    }  # as NVIDIA publishes it
+    assert inventory.shared_gpu("gpu-3") == gpus[3]
+    assert inventory.shared_gpu("gpu-0") is None
+    assert inventory.shared_gpu("gpu-9") is None
+
+
+def test_default_publishing_offers_no_mps_shares(gpus: tuple[Gpu, ...]) -> None:
+    inventory = NodeInventory.from_discovery(NodeDevices(gpus), simulated=True)
+
+    assert inventory.mps_shares == ()
+    assert not any("allowMultipleAllocations" in d for d in inventory.published_devices())
+
+
+def test_mps_shares_are_refused_with_dynamic_mig(gpus: tuple[Gpu, ...]) -> None:
+    with pytest.raises(ShareSelectionError, match="cannot be combined with dynamic MIG"):
+        NodeInventory.from_discovery(
+            NodeDevices(gpus),
+            simulated=True,
+            dynamic_mig=True,
+            mps_shares=ShareSelection.parse("0"),
+        )

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from gpu_dra.driver.shares import ShareSelection
 from gpu_dra.kubelet_plugin.settings import KubeletPluginSettings
 
 ALL_FLAGS = [
@@ -24,6 +25,8 @@ ALL_FLAGS = [
     "--metrics-port=9400",
     "--mps-control-binary=/opt/mps/nvidia-cuda-mps-control",
     "--nvidia-smi=/opt/nvidia/bin/nvidia-smi",
+    "--mps-shares=0,GPU-a75cda02-62ce-2c30-9150-555ef08935e2",
+    "--mps-share-max-percent=50",
 ]
 
 EXPECTED = KubeletPluginSettings(
@@ -40,6 +43,8 @@ EXPECTED = KubeletPluginSettings(
     metrics_port=9400,
     mps_control_binary="/opt/mps/nvidia-cuda-mps-control",
     nvidia_smi="/opt/nvidia/bin/nvidia-smi",
+    mps_shares=ShareSelection(names=("0", "GPU-a75cda02-62ce-2c30-9150-555ef08935e2")),
+    mps_share_max_percent=50,
 )
 
 
@@ -263,3 +268,24 @@ def test_nvidia_smi_has_an_environment_twin() -> None:
     )
 
     assert settings.nvidia_smi == "/x/nvidia-smi"
+
+
+def test_mps_shares_default_to_none_and_all_means_every_gpu() -> None:
+    assert KubeletPluginSettings.parse(["--node-name=n"], {}).mps_shares.empty
+    assert KubeletPluginSettings.parse(["--node-name=n", "--mps-shares=all"], {}).mps_shares == (
+        ShareSelection(every_gpu=True)
+    )
+
+
+@pytest.mark.parametrize(
+    ("flag", "message"),
+    [
+        ("--mps-shares=gpu-0", "neither a GPU index"),
+        ("--mps-share-max-percent=0", "between 1 and 100"),
+        ("--mps-share-max-percent=half", "whole percentage"),
+    ],
+)
+def test_bad_mps_share_settings_are_usage_errors(
+    capsys: pytest.CaptureFixture[str], flag: str, message: str
+) -> None:
+    assert message in usage_error(capsys, ["--node-name=n", flag], {})

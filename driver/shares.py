@@ -1,0 +1,216 @@
+"""MPS shares of whole GPUs through consumable capacity: what is published, what a share is.
+
+A GPU offered as MPS shares (``--mps-shares``) is published with
+``allowMultipleAllocations: true`` and two consumable capacities, each with a request policy
+(``shared/reference/resource-api.md`` §5.1):
+
+============ =============================== ============ =====================================
+capacity     value                           step         default (a request naming no amount)
+============ =============================== ============ =====================================
+``memory``   frame buffer, rounded down to   ``1Mi``      the whole value
+             a multiple of 1 MiB
+``compute``  ``100`` (percent of the SMs)    ``1``        ``100``
+============ =============================== ============ =====================================
+
+Both ranges go from one step to the whole value. The defaults are the whole GPU, so a claim that
+names no amount (a plain ``gpu.nvidia.com`` claim landing on the device) consumes all of it:
+exclusive and shared use never meet on one GPU, and a claim naming only ``memory`` still takes
+all of ``compute``. A share's consumed ``compute`` becomes its clients'
+``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE``, its consumed ``memory`` their
+``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`` (``docs/mps.md``).
+
+Pure: values in, values out. The kubelet plugin decides which GPUs are offered
+(`ShareSelection`) and reads allocation results back with `consumed_share`.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Final
+
+from gpu_dra.driver.attributes import binary_si_quantity
+from gpu_dra.driver.config.quantity import QuantityError, parse_quantity
+from gpu_dra.driver.model import Gpu
+from gpu_dra.driver.naming import gpu_device_name
+from gpu_dra.driver.resourceapi import Device, DeviceCapacity
+
+MEMORY: Final = "memory"
+"""Capacity: pinned device memory in bytes (BinarySI)."""
+COMPUTE: Final = "compute"
+"""Capacity: percent of the GPU's SMs, the unit of ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE``."""
+MIB: Final = 2**20
+FULL_COMPUTE: Final = 100
+
+
+class ShareSelectionError(ValueError):
+    """An ``--mps-shares`` value is malformed or names no GPU of the node."""
+
+
+class ShareError(ValueError):
+    """An allocation result's consumed capacity cannot be read as an MPS share."""
+
+
+@dataclass(frozen=True)
+class ShareSize:
+    """An amount of one GPU: pinned memory (whole MiB, in bytes) and percent of its SMs."""
+
+    memory_bytes: int
+    compute_percent: int
+
+    @property
+    def memory_mib(self) -> int:
+        return self.memory_bytes // MIB
+
+    def __str__(self) -> str:
+        return f"{MEMORY} {binary_si_quantity(self.memory_bytes)}, {COMPUTE} {self.compute_percent}"
+
+
+def shareable_memory(gpu: Gpu) -> int:
+    """The GPU's memory rounded down to a whole MiB (the ``memory`` capacity of an offered GPU)."""
+    if gpu.memory_bytes is None:
+        raise ShareSelectionError(
+            f"GPU {gpu.index} ({gpu.uuid}) reports no memory size; it cannot be offered as MPS "
+            "shares"
+        )
+    return gpu.memory_bytes // MIB * MIB
+
+
+def whole_gpu(gpu: Gpu) -> ShareSize:
+    """All of an offered GPU: what a request naming no amount consumes."""
+    return ShareSize(shareable_memory(gpu), FULL_COMPUTE)
+
+
+def share_capacity(gpu: Gpu) -> dict[str, DeviceCapacity]:
+    """``memory`` and ``compute`` with their request policies (see the module doc)."""
+    memory = binary_si_quantity(shareable_memory(gpu))
+    return {
+        MEMORY: {
+            "value": memory,
+            "requestPolicy": {
+                "default": memory,
+                "validRange": {"min": "1Mi", "max": memory, "step": "1Mi"},
+            },
+        },
+        COMPUTE: {
+            "value": str(FULL_COMPUTE),
+            "requestPolicy": {
+                "default": str(FULL_COMPUTE),
+                "validRange": {"min": "1", "max": str(FULL_COMPUTE), "step": "1"},
+            },
+        },
+    }
+
+
+def offered_device(device: Device, gpu: Gpu) -> Device:
+    """A copy of ``gpu``'s published device, offered as MPS shares."""
+    offered = copy.deepcopy(device)
+    offered["allowMultipleAllocations"] = True
+    offered["capacity"] = {**offered.get("capacity", {}), **share_capacity(gpu)}
+    return offered
+
+
+def with_shares(devices: Sequence[Device], offered: Iterable[Gpu]) -> list[Device]:
+    """``devices`` (as `attributes.published_devices` orders them) with the ``offered`` GPUs'
+    devices replaced by their `offered_device`; everything else unchanged."""
+    by_name = {gpu_device_name(gpu.minor): gpu for gpu in offered}
+    return [
+        offered_device(device, by_name[device["name"]]) if device["name"] in by_name else device
+        for device in devices
+    ]
+
+
+@dataclass(frozen=True)
+class ShareSelection:
+    """Which GPUs are offered as MPS shares: ``all``, ``none`` or a list of indexes/UUIDs."""
+
+    every_gpu: bool = False
+    names: tuple[str, ...] = ()
+    """NVML indexes (``"0"``) or GPU UUIDs, as given."""
+
+    @classmethod
+    def parse(cls, text: str) -> ShareSelection:
+        """``all``, ``none`` (or empty), or comma-separated GPU indexes / ``GPU-`` UUIDs."""
+        value = text.strip()
+        if value.lower() in ("", "none"):
+            return cls()
+        if value.lower() == "all":
+            return cls(every_gpu=True)
+        names = tuple(part.strip() for part in value.split(","))
+        for name in names:
+            if not (name.isdigit() or name.startswith("GPU-")):
+                raise ShareSelectionError(
+                    f"--mps-shares: {name!r} is neither a GPU index (0, 1, ...) nor a GPU UUID "
+                    "(GPU-...); use all, none, or a comma-separated list of those"
+                )
+        return cls(names=tuple(dict.fromkeys(names)))
+
+    @property
+    def empty(self) -> bool:
+        return not self.every_gpu and not self.names
+
+    def select(self, gpus: Sequence[Gpu]) -> tuple[Gpu, ...]:
+        """The offered GPUs among ``gpus``. ``all`` skips GPUs in MIG mode and GPUs without a
+        memory size; a listed index or UUID that is not a whole GPU of the node is an error."""
+        if self.every_gpu:
+            return tuple(g for g in gpus if not g.mig_enabled and g.memory_bytes is not None)
+        chosen: list[Gpu] = []
+        for name in self.names:
+            gpu = next((g for g in gpus if name in (str(g.index), g.uuid)), None)
+            if gpu is None:
+                known = ", ".join(f"{g.index} ({g.uuid})" for g in gpus) or "none"
+                raise ShareSelectionError(
+                    f"--mps-shares names GPU {name}, which this node does not have (GPUs: {known})"
+                )
+            if gpu.mig_enabled:
+                raise ShareSelectionError(
+                    f"--mps-shares names GPU {name}, which is in MIG mode: only whole GPUs are "
+                    "offered as MPS shares"
+                )
+            shareable_memory(gpu)  # raises for a GPU without a memory size
+            if gpu not in chosen:
+                chosen.append(gpu)
+        return tuple(sorted(chosen, key=lambda g: g.index))
+
+
+def consumed_share(consumed: Mapping[str, str] | None, gpu: Gpu) -> ShareSize:
+    """What one allocation result of an offered GPU consumed (``consumedCapacity``).
+
+    The scheduler lists every capacity of the device there; a capacity it does not list (an
+    allocator without consumable capacity) counts as the whole of it."""
+    whole = whole_gpu(gpu)
+    given = dict(consumed or {})
+    try:
+        memory = given.get(MEMORY)
+        compute = given.get(COMPUTE)
+        memory_bytes = whole.memory_bytes if memory is None else parse_quantity(memory)
+        percent = whole.compute_percent if compute is None else parse_quantity(compute)
+    except QuantityError as error:
+        raise ShareError(f"consumedCapacity of {gpu_device_name(gpu.minor)}: {error}") from error
+    if memory_bytes <= 0 or memory_bytes > whole.memory_bytes or memory_bytes % MIB:
+        raise ShareError(
+            f"consumedCapacity of {gpu_device_name(gpu.minor)}: {MEMORY} {memory} is not a whole "
+            f"number of MiB between 1Mi and {binary_si_quantity(whole.memory_bytes)}"
+        )
+    if percent.denominator != 1 or not 0 < percent <= FULL_COMPUTE:
+        raise ShareError(
+            f"consumedCapacity of {gpu_device_name(gpu.minor)}: {COMPUTE} {compute} is not a whole "
+            f"percentage between 1 and {FULL_COMPUTE}"
+        )
+    return ShareSize(int(memory_bytes), int(percent))
+
+
+def is_partial(size: ShareSize, gpu: Gpu) -> bool:
+    """Whether ``size`` is less than the whole GPU in memory or compute: an MPS share. A result
+    that consumed all of both holds the GPU exclusively, as on a GPU not offered as shares."""
+    return size != whole_gpu(gpu)
+
+
+def ceiling(gpu: Gpu, max_percent: int) -> ShareSize:
+    """The largest share of ``gpu`` allowed by ``--mps-share-max-percent``: ``max_percent`` of its
+    SMs and of its memory (rounded down to whole MiB). The shared daemon's defaults."""
+    if not 0 < max_percent <= FULL_COMPUTE:
+        raise ValueError(f"max share percent must be 1..100, got {max_percent}")
+    memory = shareable_memory(gpu) * max_percent // FULL_COMPUTE // MIB * MIB
+    return ShareSize(max(memory, MIB), max_percent)

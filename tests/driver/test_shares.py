@@ -1,0 +1,187 @@
+"""GPUs offered as MPS shares: capacities, request policies, selection, consumed shares."""
+
+from __future__ import annotations
+
+import dataclasses
+from fractions import Fraction
+
+import pytest
+
+from gpu_dra.driver.attributes import gpu_device, published_devices
+from gpu_dra.driver.config.quantity import parse_quantity
+from gpu_dra.driver.model import Gpu
+from gpu_dra.driver.shares import (
+    ShareError,
+    ShareSelection,
+    ShareSelectionError,
+    ShareSize,
+    ceiling,
+    consumed_share,
+    is_partial,
+    offered_device,
+    share_capacity,
+    with_shares,
+)
+
+GIB = 2**30
+MIB = 2**20
+
+H100 = Gpu(
+    index=0,
+    minor=4,
+    uuid="GPU-a75cda02-62ce-2c30-9150-555ef08935e2",
+    product_name="NVIDIA H100 80GB HBM3",
+    brand=14,
+    architecture=9,
+    cuda_compute_capability=(9, 0),
+    driver_version="580.65.06",
+    cuda_driver_version=13000,
+    pci_bus_id="0000:65:00.0",
+    pci_device_id=0x233010DE,
+    memory_bytes=81559 * MIB + 123,  # not a whole MiB
+)
+SECOND = dataclasses.replace(
+    H100,
+    index=1,
+    minor=5,
+    uuid="GPU-b75cda02-62ce-2c30-9150-555ef08935e2",
+    pci_bus_id="0000:66:00.0",
+)
+MIG_MODE = dataclasses.replace(
+    H100,
+    index=2,
+    minor=6,
+    uuid="GPU-c75cda02-62ce-2c30-9150-555ef08935e2",
+    pci_bus_id="0000:67:00.0",
+    mig_enabled=True,
+)
+
+
+def test_offered_gpu_has_memory_rounded_to_mib_and_compute_with_whole_gpu_defaults():
+    assert share_capacity(H100) == {
+        "memory": {
+            "value": "81559Mi",
+            "requestPolicy": {
+                "default": "81559Mi",
+                "validRange": {"min": "1Mi", "max": "81559Mi", "step": "1Mi"},
+            },
+        },
+        "compute": {
+            "value": "100",
+            "requestPolicy": {
+                "default": "100",
+                "validRange": {"min": "1", "max": "100", "step": "1"},
+            },
+        },
+    }
+
+
+@pytest.mark.parametrize("name", ["memory", "compute"])
+def test_request_policies_are_valid_for_the_api(name):
+    """resource-api.md §5.1: min <= value, max <= value, default and max multiples of step and
+    within the range, min + step <= value."""
+    capacity = share_capacity(H100)[name]
+    value = parse_quantity(capacity["value"])
+    policy = capacity["requestPolicy"]
+    limits = policy["validRange"]
+    low, high, step = (parse_quantity(limits[k]) for k in ("min", "max", "step"))
+    default = parse_quantity(policy["default"])
+    assert 0 <= low <= value
+    assert high <= value
+    assert low + step <= value
+    assert default % step == 0
+    assert high % step == 0
+    assert low <= default <= high
+    assert default == value  # a request naming no amount consumes the whole GPU
+
+
+def test_offered_device_allows_multiple_allocations_and_keeps_attributes():
+    published = gpu_device(H100)
+    offered = offered_device(published, H100)
+    assert offered["allowMultipleAllocations"] is True
+    assert offered["attributes"] == published["attributes"]
+    assert set(offered["capacity"]) == {"memory", "compute"}
+    assert "allowMultipleAllocations" not in published  # the input is not changed
+
+
+def test_with_shares_changes_only_the_offered_gpus():
+    devices = published_devices([H100, SECOND])
+    result = with_shares(devices, [SECOND])
+    assert result[0] == devices[0]
+    assert result[1]["name"] == "gpu-5"
+    assert result[1]["allowMultipleAllocations"] is True
+    assert with_shares(devices, []) == devices
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("none", ()),
+        ("", ()),
+        ("all", (H100, SECOND)),  # the MIG-mode GPU is skipped
+        ("1", (SECOND,)),
+        (f"{SECOND.uuid},0", (H100, SECOND)),
+        ("0,0", (H100,)),
+    ],
+)
+def test_selection_picks_gpus_by_index_or_uuid(text, expected):
+    assert ShareSelection.parse(text).select([H100, SECOND, MIG_MODE]) == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("gpu-0", "neither a GPU index"),
+        ("7", "GPU 7, which this node does not have"),
+        ("2", "MIG mode"),
+        ("GPU-nope", "GPU GPU-nope, which this node does not have"),
+    ],
+)
+def test_selection_errors_say_what_is_wrong(text, message):
+    with pytest.raises(ShareSelectionError, match=message):
+        ShareSelection.parse(text).select([H100, SECOND, MIG_MODE])
+
+
+def test_a_gpu_without_memory_size_cannot_be_offered():
+    no_memory = dataclasses.replace(H100, memory_bytes=None)
+    assert ShareSelection.parse("all").select([no_memory]) == ()
+    with pytest.raises(ShareSelectionError, match="reports no memory size"):
+        ShareSelection.parse("0").select([no_memory])
+
+
+def test_consumed_capacity_is_read_as_a_share():
+    size = consumed_share({"memory": "10Gi", "compute": "25"}, H100)
+    assert size == ShareSize(10 * GIB, 25)
+    assert size.memory_mib == 10240
+    assert is_partial(size, H100)
+    assert str(size) == "memory 10Gi, compute 25"
+
+
+def test_whole_gpu_consumption_is_not_a_share():
+    assert not is_partial(consumed_share({"memory": "81559Mi", "compute": "100"}, H100), H100)
+    assert not is_partial(consumed_share(None, H100), H100)  # capacities not listed: the whole
+    assert is_partial(consumed_share({"memory": "81559Mi", "compute": "99"}, H100), H100)
+
+
+@pytest.mark.parametrize(
+    ("consumed", "message"),
+    [
+        ({"memory": "lots"}, "not a quantity|quantity"),
+        ({"memory": "100Gi"}, "between 1Mi and 81559Mi"),
+        ({"memory": "1000"}, "whole number of MiB"),
+        ({"compute": "0"}, "whole percentage"),
+        ({"compute": "2.5"}, "whole percentage"),
+    ],
+)
+def test_unreadable_consumed_capacity_is_an_error(consumed, message):
+    with pytest.raises(ShareError, match=message):
+        consumed_share(consumed, H100)
+
+
+def test_ceiling_is_a_percentage_of_memory_and_sms():
+    assert ceiling(H100, 100) == ShareSize(81559 * MIB, 100)
+    half = ceiling(H100, 50)
+    assert half.compute_percent == 50
+    assert half.memory_bytes == Fraction(81559 * MIB, 2) // MIB * MIB
+    with pytest.raises(ValueError, match=r"1\.\.100"):
+        ceiling(H100, 0)
