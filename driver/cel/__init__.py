@@ -2,10 +2,12 @@
 
     selector = compile_selector("device.attributes['gpu.nvidia.com'].type == 'gpu'")
     selector.matches(to_cel_device("gpu.nvidia.com", published_device))
+    select(selector, DeviceTable(many_devices))  # the same results, each distinct device once
 
 Semantics, engine choice and limits: docs/cel.md. Pure: no I/O.
 """
 
+from gpu_dra.driver.cel.batch import DeviceTable, Selection, select
 from gpu_dra.driver.cel.device import AttributeValue, DraDevice, to_cel_device
 from gpu_dra.driver.cel.errors import CelCompileError, CelError, CelRuntimeError
 from gpu_dra.driver.cel.selector import MAX_EXPRESSION_LENGTH, Selector, compile_selector
@@ -18,10 +20,13 @@ __all__ = [
     "CelError",
     "CelRuntimeError",
     "CelValueError",
+    "DeviceTable",
     "DraDevice",
     "Quantity",
+    "Selection",
     "Selector",
     "Semver",
     "compile_selector",
+    "select",
     "to_cel_device",
 ]

@@ -18,6 +18,9 @@ How the Kubernetes additions map onto the engine:
   over the message fields (`_native_comparison`): no callback. Quantities carry, besides the exact
   ``num``, ``whole``/``nano`` (the value rounded up to nano units, as Kubernetes stores it) for
   that.
+- A quantity or semver compared with ``==`` / ``!=`` to a literal of another type is a runtime
+  error in Kubernetes (its types' ``Equal``), false in cel-cpp: ``<path> == <literal>`` is
+  compiled to a type test that fails such a comparison with ``no such overload``.
 - Unknown domains read as empty maps through `source.default_unknown_domains`; the original text
   is compiled first so compile errors point at what the user wrote.
 - The converted device (the activation data, not an ``Activation``: see `_Environment.data`) is
@@ -47,6 +50,7 @@ from gpu_dra.driver.cel.source import (
     default_unknown_domains,
     fold_literal_calls,
     line_column,
+    literal_equalities,
     native_comparisons,
     root_identifier_offsets,
 )
@@ -102,7 +106,8 @@ def compile_program(expression: str) -> Program:
             f"ERROR: <input>:{line}:{column}: undeclared reference to 'kubernetes'"
         )
     result_type = str(checked.return_type().name()).lower()
-    rewritten = native_comparisons(expression, _native_comparison)
+    rewritten = literal_equalities(expression, _typed_equality)
+    rewritten = native_comparisons(rewritten, _native_comparison)
     rewritten = default_unknown_domains(fold_literal_calls(rewritten, _literal))
     compiled = checked if rewritten == expression else environment.compile(rewritten)
     return Program(expression, compiled, result_type, rewritten)
@@ -287,7 +292,11 @@ class _Environment:
             shared("compareTo", integer, compared),
             shared("isGreaterThan", boolean, lambda a, b: compared(a, b) > 0),
             shared("isLessThan", boolean, lambda a, b: compared(a, b) < 0),
-            member("sign", integer, lambda m: q_of(m).sign()),
+            # A global function in Kubernetes (sign(q)), unlike the other quantity functions.
+            cel.FunctionDecl(
+                "sign",
+                [overload("quantity_sign", integer, [q], lambda m: q_of(m).sign(), member=False)],
+            ),
             member("isInteger", boolean, lambda m: q_of(m).is_integer()),
             member("asInteger", integer, lambda m: q_of(m).as_integer()),
             member("asApproximateFloat", cel.Type.DOUBLE, lambda m: q_of(m).as_approximate_float()),
@@ -357,6 +366,24 @@ def _native_comparison(
     }[method]
 
 
+def _typed_equality(path: str, operator: str, literal: str) -> str:
+    """``path == literal`` where a quantity or semver compared with a string, number, bool or
+    null is an error (``no such overload``), as Kubernetes' types make it; cel-cpp's
+    heterogeneous equality would say false. (``!=`` is true in both.)"""
+    if operator == "!=" or path.replace(" ", "") in (
+        "device.driver",
+        "device.allowMultipleAllocations",
+    ):
+        # != of the same pair is true in Kubernetes (observed), as in cel-cpp; device.driver
+        # and allowMultipleAllocations are a string and a bool: nothing to check.
+        return f"{path} {operator} {literal}"
+    p = f"({path})"
+    return (
+        f"(type{p} in [kubernetes.Semver, kubernetes.Quantity] ? "
+        f"dyn{p} < dyn({literal}) : {p} {operator} {literal})"
+    )
+
+
 def _nano_key(value: Fraction) -> tuple[int, int]:
     """(whole, nano): `value` rounded up to nano units (as resource.Quantity stores it), split so
     that comparing the pairs compares the values."""
@@ -415,6 +442,8 @@ def _runtime_message(text: str) -> str:
         return f"no such key: {match[1]}"
     if match := _NO_OVERLOAD.match(text):
         return f"no such overload: {match[1]}"
+    if text == "divide by zero":
+        return "division by zero"
     if _ITERATIONS in text:
         return "operation cancelled: iteration budget of 10000 exceeded"
     return text

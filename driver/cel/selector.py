@@ -12,11 +12,26 @@ from typing import Final
 from gpu_dra.driver.cel import engine_cel_expr_python as engine
 from gpu_dra.driver.cel.device import DraDevice
 from gpu_dra.driver.cel.errors import CelCompileError, CelRuntimeError
-from gpu_dra.driver.cel.source import line_column, undefined_device_fields
+from gpu_dra.driver.cel.source import (
+    DevicePath,
+    device_footprint,
+    line_column,
+    undefined_device_fields,
+)
 
 # resource.k8s.io/v1 CELSelectorExpressionMaxLength; Go counts bytes.
 MAX_EXPRESSION_LENGTH: Final = 10 * 1024
 _BOOL_OR_DYN: Final = frozenset({"bool", "dyn"})
+# cel-go's names of the result types a selector can produce, for the scheduler's message.
+_CEL_TYPE_NAMES: Final[dict[type, str]] = {
+    str: "string",
+    int: "int",
+    float: "double",
+    bytes: "bytes",
+    dict: "map",
+    list: "list",
+    type(None): "null_type",
+}
 
 
 class Selector:
@@ -24,6 +39,8 @@ class Selector:
 
     def __init__(self, program: engine.Program) -> None:
         self._program = program
+        self.footprint: frozenset[DevicePath] | None = device_footprint(program.expression)
+        """The parts of ``device`` the result depends on (None: not known); see `batch`."""
 
     @property
     def expression(self) -> str:
@@ -34,9 +51,8 @@ class Selector:
         a non-bool result) where the scheduler would fail allocation."""
         result = self._program.evaluate(device)
         if not isinstance(result, bool):
-            raise CelRuntimeError(
-                f"expression must evaluate to bool, got {type(result).__name__}: {result!r:.60}"
-            )
+            kind = _CEL_TYPE_NAMES.get(type(result), type(result).__name__)
+            raise CelRuntimeError(f"CEL result of type {kind} could not be converted to bool")
         return result
 
     def __repr__(self) -> str:

@@ -303,3 +303,102 @@ def _raw_string_end(expression: str, position: int, quote: str) -> int:
     if end < 0 or (len(quote) == 1 and "\n" in expression[position:end]):
         raise LexError("unterminated string literal")
     return end + len(quote)
+
+
+# A path into ``device`` that a selector reads: ("driver",), ("allowMultipleAllocations",),
+# (field, domain) for a whole domain map, (field, domain, id) for one entry; field is
+# "attributes" or "capacity".
+DevicePath = tuple[str, ...]
+_SCALAR_FIELDS: Final = frozenset({"driver", "allowMultipleAllocations"})
+
+
+def device_footprint(expression: str) -> frozenset[DevicePath] | None:
+    """Every part of ``device`` that `expression` can read, or None when that cannot be told
+    from the text: a selector's result is a function of these paths' values (entry present or
+    not, and its value), so devices that agree on them get the same result.
+
+    Conservative: None unless every root ``device`` is one of ``device.driver``,
+    ``device.allowMultipleAllocations``, ``device.attributes[D]`` / ``device.capacity[D]``
+    with a plain string literal ``D`` (the whole domain map), or those followed by ``.x`` (not a
+    call) / ``['x']`` (one entry). Anything else (``device.attributes.exists(...)``,
+    ``'d' in device.attributes``, ``device`` rebound as a variable, escapes in literals) gives None.
+    """
+    try:
+        found = tokens(expression)
+    except LexError:
+        return None
+    paths: set[DevicePath] = set()
+    for i, token in enumerate(found):
+        if token.kind != "ident" or token.text != "device" or (i and found[i - 1].text == "."):
+            continue
+        path = _footprint_at(found, i)
+        if path is None:
+            return None
+        paths.add(path)
+    return frozenset(paths)
+
+
+def _footprint_at(found: list[Token], i: int) -> DevicePath | None:
+    def text(j: int) -> str:
+        return found[j].text if j < len(found) else ""
+
+    if text(i + 1) != "." or i + 2 >= len(found) or found[i + 2].kind != "ident":
+        return None
+    field = found[i + 2].text
+    if field in _SCALAR_FIELDS:
+        return (field,)
+    if field not in _DEFAULTED_FIELDS or text(i + 3) != "[" or text(i + 5) != "]":
+        return None
+    domain = _plain_string(found[i + 4])
+    if domain is None:
+        return None
+    member = text(i + 6) == "." and i + 7 < len(found) and found[i + 7].kind == "ident"
+    if member and text(i + 8) != "(":  # .x, not a method call on the domain map
+        return (field, domain, found[i + 7].text)
+    if text(i + 6) == "[" and i + 7 < len(found) and text(i + 8) == "]":
+        entry = _plain_string(found[i + 7])
+        if entry is not None:
+            return (field, domain, entry)
+    return (field, domain)
+
+
+def _plain_string(token: Token) -> str | None:
+    """The value of a quoted literal without prefix or escapes (``'gpu.nvidia.com'``)."""
+    text = token.text
+    if token.kind != "string" or text[0] not in "'\"" or "\\" in text or text[:3] in ("'''", '"""'):
+        return None
+    return text[1:-1]
+
+
+# (path source, operator, literal source) -> replacement source
+EqualityRewriter = Callable[[str, str, str], str]
+_OPERAND_LEFT_EDGE: Final = frozenset({"(", "[", ",", "&&", "||", "?", ":"})
+_OPERAND_RIGHT_EDGE: Final = frozenset({")", "]", ",", "&&", "||", "?", ":"})
+_LITERAL_WORDS: Final = frozenset({"true", "false", "null"})
+
+
+def literal_equalities(expression: str, rewrite: EqualityRewriter) -> str:
+    """`expression` with each ``<path> == <literal>`` / ``<path> != <literal>`` (a plain path
+    such as ``device.attributes['d'].v``, one string, number, bool or null token) replaced by
+    ``rewrite(path, operator, literal)``, where nothing binds tighter to the two operands."""
+    try:
+        found = tokens(expression)
+    except LexError:
+        return expression
+    edits: list[tuple[int, int, str]] = []
+    for k, token in enumerate(found):
+        if token.kind != "punct" or token.text not in ("==", "!=") or k == 0:
+            continue
+        if k + 1 >= len(found):
+            continue
+        literal = found[k + 1]
+        if literal.kind not in ("string", "number") and literal.text not in _LITERAL_WORDS:
+            continue
+        if k + 2 < len(found) and found[k + 2].text not in _OPERAND_RIGHT_EDGE:
+            continue
+        root = _receiver_root(found, k - 1)
+        if root is None or (root > 0 and found[root - 1].text not in _OPERAND_LEFT_EDGE):
+            continue
+        path = expression[found[root].start : found[k - 1].end]
+        edits.append((found[root].start, literal.end, rewrite(path, token.text, literal.text)))
+    return _apply(expression, edits)

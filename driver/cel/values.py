@@ -131,7 +131,9 @@ def _parse_semver(text: str) -> Semver:
     core, dash, pre = core.partition("-")
     parts = core.split(".")
     if len(parts) != 3:
-        raise CelValueError(f"{shown} is not a semantic version: expected MAJOR.MINOR.PATCH")
+        raise CelValueError(
+            f"{shown} is not a semantic version: No Major.Minor.Patch elements found"
+        )
     numbers = []
     for what, part in zip(("major", "minor", "patch"), parts, strict=True):
         if not _NUMERIC.fullmatch(part):

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from functools import cache
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
@@ -35,16 +34,6 @@ DRIVER = "gpu.nvidia.com"
 DEVICECLASSES = Path(__file__).resolve().parents[2] / "deviceclasses"
 G = "device.attributes['gpu.nvidia.com']"
 C = "device.capacity['gpu.nvidia.com']"
-STD = "device.attributes['resource.kubernetes.io']"
-MATCH, NO_MATCH = True, False
-
-
-def runtime(message: str) -> tuple[str, str]:
-    return ("runtime", message)
-
-
-def compile_error(message: str) -> tuple[str, str]:
-    return ("compile", message)
 
 
 @cache
@@ -85,128 +74,10 @@ def device(kind: str) -> DraDevice:
     return to_cel_device(DRIVER, profile_devices(profile)[0])
 
 
-# (expression, device, expected); the H100 is an "NVIDIA H100 80GB HBM3" with 81559Mi, cc 9.0.0,
-# driver 580.95.5, NUMA node 0, PCI bus 0000:1b:00.0.
-CASES: list[tuple[str, str, Any]] = [
-    # plain access
-    ("device.driver == 'gpu.nvidia.com'", "h100", MATCH),
-    ("device.driver == 'gpu.nvidia.com'", "channel", NO_MATCH),
-    (f"{G}.productName == 'NVIDIA H100 80GB HBM3'", "h100", MATCH),
-    (f"{G}['productName'].startsWith('NVIDIA H')", "t4", NO_MATCH),
-    (f"{G}.type in ['gpu', 'vfio']", "h100", MATCH),
-    ("'gpu.nvidia.com' in device.attributes", "h100", MATCH),
-    ("'other.example.com' in device.attributes", "h100", NO_MATCH),
-    ("device.attributes.exists(d, d.endsWith('kubernetes.io'))", "h100", MATCH),
-    ("'memory' in device.capacity['gpu.nvidia.com']", "h100", MATCH),
-    ("device.allowMultipleAllocations == false", "h100", MATCH),
-    ("device.allowMultipleAllocations", "channel", MATCH),
-    ("device.attributes['compute-domain.nvidia.com'].id == 0", "channel", MATCH),
-    # standard domain: qualified names are grouped under their own domain, not the driver's
-    (f"{STD}.pciBusID == '0000:1b:00.0'", "h100", MATCH),
-    (f"{STD}.numaNode == 0 && {STD}.pcieRoot.startsWith('pci')", "h100", MATCH),
-    (f"{G}['resource.kubernetes.io/pciBusID'] == ''", "h100", runtime("no such key")),
-    # has() and missing keys
-    (f"has({G}.productName)", "h100", MATCH),
-    (f"has({G}.profile) && {G}.profile == '1g.5gb'", "h100", NO_MATCH),
-    (f"{G}.profile == '1g.5gb'", "h100", runtime("no such key: profile")),
-    (f"{G}.profile == '1g.5gb'", "mig", MATCH),
-    # unknown domain = empty map (scheduler: newStringInterfaceMapWithDefault)
-    ("'foo' in device.attributes['other.example.com']", "h100", NO_MATCH),
-    ("has(device.attributes['other.example.com'].foo)", "h100", NO_MATCH),
-    ("device.attributes['other.example.com'].size() == 0", "h100", MATCH),
-    ("'memory' in device.capacity['other.example.com']", "h100", NO_MATCH),
-    ("device.attributes['other.example.com'].foo == 'x'", "h100", runtime("no such key: foo")),
-    (
-        "!('x' in device.capacity['other.example.com']) || "
-        "device.capacity['other.example.com'].x.isGreaterThan(quantity('1Ki'))",
-        "h100",
-        MATCH,
-    ),
-    # quantities: compared and equal by value
-    (f"{C}.memory.compareTo(quantity('40Gi')) >= 0", "h100", MATCH),
-    (f"{C}.memory.compareTo(quantity('40Gi')) >= 0", "l4", NO_MATCH),
-    (f"{C}.memory.isGreaterThan(quantity('81559Mi'))", "h100", NO_MATCH),
-    (f"{C}.memory.isLessThan(quantity('80Gi'))", "h100", MATCH),
-    (f"{C}.memory == quantity('81559Mi')", "h100", MATCH),
-    (f"{C}.memory.asInteger() == 81559 * 1024 * 1024", "h100", MATCH),
-    (f"{C}.multiprocessors.isGreaterThan(quantity('10'))", "mig", MATCH),
-    (f"{C}.memory.compareTo(quantity('200K')) > 0", "h100", runtime("not a Kubernetes quantity")),
-    # versions: semver values
-    (f"{G}.cudaComputeCapability.compareTo(semver('8.0.0')) >= 0", "a100", MATCH),
-    (f"{G}.cudaComputeCapability.compareTo(semver('8.0.0')) >= 0", "t4", NO_MATCH),
-    (f"{G}.driverVersion.isGreaterThan(semver('580.95.4'))", "h100", MATCH),
-    (f"{G}.driverVersion == semver('580.95.5')", "h100", MATCH),
-    (
-        f"{G}.cudaComputeCapability.major() == 9 && {G}.cudaComputeCapability.minor() == 0",
-        "h100",
-        MATCH,
-    ),
-    (f"{G}.driverVersion.isLessThan(semver('v600', true))", "h100", MATCH),
-    (f"{G}.driverVersion.isLessThan(semver('600'))", "h100", runtime("not a semantic version")),
-    # strings, regex, bindings
-    (f"{G}.productName.lowerAscii().matches('^.*h100.*$')", "h100", MATCH),
-    (f"{G}.productName.lowerAscii().contains('a100')", "h100", NO_MATCH),
-    (f"{G}.uuid.matches(r'^GPU-[0-9a-f]{{8}}-')", "h100", MATCH),
-    (f"{G}.productName == 'NVIDIA H100 80GB\\u0020HBM3'", "h100", MATCH),
-    ("'xNVIDIA'.matches('NVIDIA')", "h100", MATCH),
-    (f"cel.bind(g, {G}, g.type == 'gpu' && g.architecture == 'Hopper')", "h100", MATCH),
-    (f"cel.bind(g, {G}, has(g.profile) && g.profile == '1g.5gb')", "a100", NO_MATCH),
-    # CEL typing at run time
-    (f"{STD}.numaNode == 0u && {STD}.numaNode < 0.5", "h100", MATCH),
-    (f"{STD}.numaNode == '0'", "h100", NO_MATCH),
-    (f"{G}.productName > 5", "h100", runtime("no such overload")),
-    (f"{G}.productName", "h100", runtime("must evaluate to bool")),
-    ("false && (1 / 0 == 1)", "h100", NO_MATCH),
-    ("1 / 0 == 1", "h100", runtime("divide by zero")),
-    # rejected at compile time
-    ("device.driver ==", "h100", compile_error("Syntax error")),
-    ("device.vendor == 'NVIDIA'", "h100", compile_error("<input>:1:7: undefined field 'vendor'")),
-    ("gpuCount(device) > 0", "h100", compile_error("undeclared reference to 'gpuCount'")),
-    (f"{C}.memory.compareTo(quantity(40)) >= 0", "h100", compile_error("no matching overload")),
-    (
-        "quantity('1').compareTo(semver('1.0.0')) == 0",
-        "h100",
-        compile_error("no matching overload"),
-    ),
-    ("'gpu-' + 0 == 'gpu-0'", "h100", compile_error("no matching overload")),
-    ("1 + 1", "h100", compile_error("must evaluate to bool or the unknown type, not int")),
-    ("math.greatest(1, 2) == 2", "h100", compile_error("undeclared reference")),
-    (f"has({G})", "h100", compile_error("")),
-    (
-        f"{C}.memory == kubernetes.Quantity{{num: '1/1'}}",
-        "h100",
-        compile_error("undeclared reference to 'kubernetes'"),
-    ),
-    ("'a1'.matches('\\d')", "h100", compile_error("")),
-]
-
-
-def outcome(expression: str, dra_device: DraDevice) -> Any:
-    try:
-        selector = compile_selector(expression)
-    except CelCompileError as error:
-        return ("compile", str(error))
-    try:
-        return selector.matches(dra_device)
-    except CelRuntimeError as error:
-        return ("runtime", str(error))
-
-
-@pytest.mark.parametrize(("expression", "kind", "expected"), CASES)
-def test_selector_outcome_matches_the_scheduler(expression, kind, expected):
-    got = outcome(expression, device(kind))
-    if isinstance(expected, bool):
-        assert got is expected
-    else:
-        assert isinstance(got, tuple), f"expected {expected[0]} error, got {got!r}"
-        assert got[0] == expected[0], got
-        assert expected[1] in got[1]
-
-
-def test_the_table_covers_every_outcome():
-    kinds = {e if isinstance(e, bool) else e[0] for _, _, e in CASES}
-    assert kinds == {True, False, "runtime", "compile"}
-    assert len(CASES) >= 30
+def test_the_wrappers_message_types_are_not_user_visible():
+    # The conformance table (tests/cel_conformance.py) covers the language; this is the wrapper's.
+    with pytest.raises(CelCompileError, match="undeclared reference to 'kubernetes'"):
+        compile_selector(f"{C}.memory == kubernetes.Quantity{{num: '1/1'}}")
 
 
 # ---- the shipped DeviceClasses against the simulated machines ---------------------------------
