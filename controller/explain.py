@@ -8,10 +8,12 @@ devices pass, per pool:
 
 1. each DeviceClass selector, then each request selector (compiled with `gpu_dra.driver.cel`);
    a CEL runtime error is counted (with one example) and the device drops out;
-2. not already allocated to another claim (skipped for ``adminAccess``; multi-allocatable devices
+2. no untolerated ``NoSchedule`` / ``NoExecute`` device taint (``spec.devices[].taints`` of the
+   slice against the request's ``tolerations``; shown when some device is tainted);
+3. not already allocated to another claim (skipped for ``adminAccess``; multi-allocatable devices
    pass and are judged by capacity);
-3. capacity requests fit (``requestPolicy`` rounding, what other allocations consumed);
-4. shared counters (partitionable devices) still cover the device's consumption.
+4. capacity requests fit (``requestPolicy`` rounding, what other allocations consumed);
+5. shared counters (partitionable devices) still cover the device's consumption.
 
 Constraints (``matchAttribute``, ``distinctAttribute``) list the attribute values available
 among the devices that pass. The funnel orders the checks for explanation; the scheduler checks
@@ -69,6 +71,8 @@ class Step:
     passing_by_pool: dict[str, int] = field(default_factory=dict)
     holders: list[str] = field(default_factory=list)
     """For ``not allocated``: the claims holding the rejected devices."""
+    taints: list[str] = field(default_factory=list)
+    """For ``not tainted``: the untolerated taints (``key=value:Effect``) of rejected devices."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -81,6 +85,7 @@ class Step:
             "errorExample": self.error_example,
             "passingByPool": dict(self.passing_by_pool),
             "holders": list(self.holders),
+            "taints": list(self.taints),
         }
 
 
@@ -131,6 +136,8 @@ class Alternative:
                     losses.append(
                         f"{step.rejected} allocated to other claims ({_shortlist(step.holders)})"
                     )
+                elif step.name == "not tainted":
+                    losses.append(f"{step.rejected} excluded by taint ({_shortlist(step.taints)})")
                 else:
                     detail = _short(step.detail, _VERDICT_EXPRESSION)
                     what = f"{step.name} ({detail})" if step.detail else step.name
@@ -363,6 +370,9 @@ def _alternative(
         )
     for number, selector in enumerate(request_selectors):
         devices = _selector_step(alternative, f"request selector #{number}", selector, devices)
+    tolerations = [t for t in spec.get("tolerations") or [] if isinstance(t, Mapping)]
+    if any(untolerated_taints(d.raw, ()) for d in devices):
+        devices = _taint_step(alternative, tolerations, devices)
     alternative.allocated = [
         f"{device.label} -> "
         + ", ".join(sorted({h.claim if h.claim != claim else "this claim" for h in busy}))
@@ -424,6 +434,64 @@ def _selector_step(
     _finish(step, passing)
     alternative.steps.append(step)
     return passing
+
+
+# Taint effects that keep the allocator away (resource-api.md §5.3); ``None`` is informational.
+_SCHEDULING_EFFECTS: Final = frozenset({"NoSchedule", "NoExecute"})
+
+
+def untolerated_taints(device: Obj, tolerations: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The device's ``NoSchedule`` / ``NoExecute`` taints that no toleration tolerates, as
+    ``key=value:Effect`` (``key:Effect`` without a value). A toleration tolerates a taint when
+    its effect is empty or the same, its key is the taint's (or empty with ``Exists``), and
+    with ``Equal`` (the default operator) its value is the taint's."""
+    found = []
+    for taint in device.get("taints") or []:
+        effect = str(taint.get("effect", ""))
+        if effect not in _SCHEDULING_EFFECTS:
+            continue
+        if any(_tolerates(toleration, taint) for toleration in tolerations):
+            continue
+        value = str(taint.get("value") or "")
+        found.append(f"{taint.get('key', '')}{'=' + value if value else ''}:{effect}")
+    return found
+
+
+def _tolerates(toleration: Mapping[str, Any], taint: Mapping[str, Any]) -> bool:
+    effect = toleration.get("effect") or ""
+    if effect and effect != taint.get("effect"):
+        return False
+    key = toleration.get("key") or ""
+    operator = toleration.get("operator") or "Equal"
+    if operator == "Exists":
+        return not key or key == taint.get("key")
+    return key == taint.get("key") and (toleration.get("value") or "") == (taint.get("value") or "")
+
+
+def _taint_step(
+    alternative: Alternative, tolerations: Sequence[Mapping[str, Any]], devices: list[PoolDevice]
+) -> list[PoolDevice]:
+    detail = ", ".join(_toleration_text(t) for t in tolerations)
+    step = Step("not tainted", f"tolerations: {detail}" if detail else "no tolerations")
+    step.entered = len(devices)
+    passing: list[PoolDevice] = []
+    for device in devices:
+        taints = untolerated_taints(device.raw, tolerations)
+        if not taints:
+            passing.append(device)
+            continue
+        step.rejected += 1
+        step.taints.extend(t for t in taints if t not in step.taints)
+    _finish(step, passing)
+    alternative.steps.append(step)
+    return passing
+
+
+def _toleration_text(toleration: Mapping[str, Any]) -> str:
+    operator = toleration.get("operator") or "Equal"
+    key = toleration.get("key") or "*"
+    text = f"{key} Exists" if operator == "Exists" else f"{key}={toleration.get('value') or ''}"
+    return f"{text}:{toleration['effect']}" if toleration.get("effect") else text
 
 
 def _filter_step(

@@ -383,3 +383,96 @@ def test_every_class_selector_is_a_step_of_its_own() -> None:
         ("class big selector #1", 2),
     ]
     assert "2 rejected by class big selector #1" in alternative.verdict()
+
+
+# ---- device taints and tolerations (resource-api.md §5.3) --------------------------------------
+UNHEALTHY = {"key": "gpu.nvidia.com/unhealthy", "value": "xid-79", "effect": "NoSchedule"}
+MAINTENANCE = {"key": "example.com/maintenance", "effect": "NoExecute"}
+
+
+def tainted_node() -> Obj:
+    """gpu-0: unhealthy (NoSchedule), gpu-1: maintenance (NoExecute), gpu-2: an informational
+    taint (effect None), gpu-3: untainted."""
+    return resource_slice(
+        "node-a",
+        [
+            gpu("gpu-0", taints=[UNHEALTHY]),
+            gpu("gpu-1", taints=[MAINTENANCE]),
+            gpu("gpu-2", taints=[{"key": "example.com/note", "effect": "None"}]),
+            gpu("gpu-3"),
+        ],
+    )
+
+
+def test_untolerated_taints_exclude_devices_and_name_the_taint_keys() -> None:
+    target = claim("ns", "any", [exactly("gpu", "gpu.nvidia.com", count=3)])
+    report = run_explain(target, slices=[tainted_node()])
+    taint_step = step(report, "not tainted")
+    assert (taint_step.entered, taint_step.passed, taint_step.rejected) == (4, 2, 2)
+    assert taint_step.taints == [
+        "gpu.nvidia.com/unhealthy=xid-79:NoSchedule",
+        "example.com/maintenance:NoExecute",
+    ]
+    assert taint_step.detail == "no tolerations"
+    assert report.requests[0].alternatives[0].candidates[0].name == "gpu-2"
+    assert not report.requests[0].satisfied
+    assert (
+        "2 excluded by taint (gpu.nvidia.com/unhealthy=xid-79:NoSchedule, "
+        "example.com/maintenance:NoExecute)" in report.verdict
+    )
+    assert report.to_json()["requests"][0]["alternatives"][0]["funnel"][1]["taints"] == [
+        "gpu.nvidia.com/unhealthy=xid-79:NoSchedule",
+        "example.com/maintenance:NoExecute",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("tolerations", "tolerated"),
+    [
+        ([{"key": "gpu.nvidia.com/unhealthy", "operator": "Exists"}], {"gpu-0"}),
+        ([{"key": "gpu.nvidia.com/unhealthy", "value": "xid-79"}], {"gpu-0"}),
+        ([{"key": "gpu.nvidia.com/unhealthy", "value": "xid-48"}], set()),
+        ([{"key": "gpu.nvidia.com/unhealthy", "operator": "Exists", "effect": "NoExecute"}], set()),
+        ([{"operator": "Exists"}], {"gpu-0", "gpu-1"}),
+        ([{"operator": "Exists", "effect": "NoExecute"}], {"gpu-1"}),
+        (
+            [
+                {"key": "example.com/maintenance", "operator": "Exists", "tolerationSeconds": 60},
+                {"key": "gpu.nvidia.com/unhealthy", "operator": "Equal", "value": "xid-79"},
+            ],
+            {"gpu-0", "gpu-1"},
+        ),
+    ],
+)
+def test_tolerations_let_tainted_devices_through(
+    tolerations: list[Obj], tolerated: set[str]
+) -> None:
+    target = claim("ns", "t", [exactly("gpu", "gpu.nvidia.com", tolerations=tolerations)])
+    report = run_explain(target, slices=[tainted_node()])
+    passing = {d.name for d in report.requests[0].alternatives[0].candidates}
+    assert passing == {"gpu-2", "gpu-3"} | tolerated
+    taint_step = step(report, "not tainted")
+    assert taint_step.detail.startswith("tolerations: ")
+    assert taint_step.rejected == 2 - len(tolerated)
+
+
+def test_first_available_subrequests_have_their_own_tolerations() -> None:
+    tolerant = {
+        "name": "tolerant",
+        "deviceClassName": "gpu.nvidia.com",
+        "count": 3,
+        "tolerations": [{"operator": "Exists"}],
+    }
+    strict = {"name": "strict", "deviceClassName": "gpu.nvidia.com", "count": 3}
+    target = claim("ns", "fa", [{"name": "gpu", "firstAvailable": [strict, tolerant]}])
+    report = run_explain(target, slices=[tainted_node()])
+    strict_report, tolerant_report = report.requests[0].alternatives
+    assert not strict_report.satisfied
+    assert tolerant_report.satisfied
+    assert report.requests[0].satisfied
+
+
+def test_no_taint_step_when_no_device_is_tainted() -> None:
+    target = claim("ns", "plain", [exactly("gpu", "gpu.nvidia.com")])
+    report = run_explain(target, slices=[mixed_node()])
+    assert all(s.name != "not tainted" for s in report.requests[0].alternatives[0].steps)
