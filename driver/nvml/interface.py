@@ -61,6 +61,12 @@ NVML_COMPUTE_INSTANCE_PROFILE_COUNT: Final[int] = pynvml.NVML_COMPUTE_INSTANCE_P
 NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED: Final[int] = (
     pynvml.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED
 )
+NVML_ERROR_NO_PERMISSION: Final[int] = pynvml.NVML_ERROR_NO_PERMISSION
+NVML_COMPUTEMODE_DEFAULT: Final[int] = pynvml.NVML_COMPUTEMODE_DEFAULT
+NVML_COMPUTEMODE_EXCLUSIVE_THREAD: Final[int] = pynvml.NVML_COMPUTEMODE_EXCLUSIVE_THREAD
+"""Removed from NVML (CUDA 8+): setting it is an invalid argument."""
+NVML_COMPUTEMODE_PROHIBITED: Final[int] = pynvml.NVML_COMPUTEMODE_PROHIBITED
+NVML_COMPUTEMODE_EXCLUSIVE_PROCESS: Final[int] = pynvml.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS
 
 
 def nvml_error(code: int) -> Exception:
@@ -347,6 +353,16 @@ class NvmlLibrary(Protocol):
 
     def device_get_compute_instance_id(self, handle: DeviceHandle) -> int:
         """CI id of a MIG device handle; NotSupported for a GPU handle."""
+
+    def device_get_compute_mode(self, handle: DeviceHandle) -> int:
+        """``NVML_COMPUTEMODE_*`` of a full GPU (0 default, 2 prohibited, 3 exclusive process)."""
+        ...
+
+    def device_set_compute_mode(self, handle: DeviceHandle, mode: int) -> None:
+        """Set a full GPU's compute mode (root only; lost on reboot). NotSupported on MIG
+        devices and, for EXCLUSIVE_PROCESS, on GPUs with MIG on; InvalidArgument for
+        EXCLUSIVE_THREAD or an unknown mode."""
+        ...
 
 
 class PciTopology(Protocol):

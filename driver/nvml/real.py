@@ -166,6 +166,12 @@ class RealNvml:
     def device_set_mig_mode(self, handle: DeviceHandle, mode: int) -> int:
         return int(pynvml.nvmlDeviceSetMigMode(handle, mode))
 
+    def device_get_compute_mode(self, handle: DeviceHandle) -> int:
+        return int(pynvml.nvmlDeviceGetComputeMode(handle))
+
+    def device_set_compute_mode(self, handle: DeviceHandle, mode: int) -> None:
+        pynvml.nvmlDeviceSetComputeMode(handle, mode)
+
     def device_get_gpu_instance_profile_info(
         self, handle: DeviceHandle, profile: int, version: int = 2
     ) -> GpuInstanceProfileInfo:

@@ -11,7 +11,11 @@ MIG follows the model's profile table and the rules in `gpu_dra.driver.nvml.mig`
 Hopper and later switch at once (no reset); Ampere only records the pending mode until
 `SimulatedNvml.reset_gpu` (what ``nvidia-smi -r`` or a reboot does on a real A100). MIG device
 handles answer ``device_get_uuid``, ``device_get_memory_info`` (the profile's memory) and the
-MIG-handle calls; other device calls on them raise InvalidArgument (not modelled).
+MIG-handle calls; other device calls on them raise InvalidArgument (not modelled), except the
+compute-mode calls, which raise NotSupported there (compute modes are a full-GPU setting; MPS on
+MIG runs without EXCLUSIVE_PROCESS). Compute modes start at DEFAULT; EXCLUSIVE_PROCESS on a GPU
+with MIG on is NotSupported, EXCLUSIVE_THREAD (removed from NVML) and unknown modes are
+InvalidArgument.
 
 Persistence: `SimulatedNvml.mig_snapshot` is the MIG mode and instances of every GPU as JSON
 values; a `SimulatedNvml` built with ``saved_mig`` (a snapshot) starts from it instead of the
@@ -33,6 +37,9 @@ import pynvml
 from gpu_dra.driver.nvml.interface import (
     NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED,
     NVML_COMPUTE_INSTANCE_PROFILE_COUNT,
+    NVML_COMPUTEMODE_DEFAULT,
+    NVML_COMPUTEMODE_EXCLUSIVE_PROCESS,
+    NVML_COMPUTEMODE_PROHIBITED,
     NVML_DEVICE_ARCH_HOPPER,
     NVML_ERROR_FUNCTION_NOT_FOUND,
     NVML_ERROR_IN_USE,
@@ -181,6 +188,7 @@ class SimulatedNvml:
         self._ci_handles: dict[ComputeInstance, SimulatedComputeInstanceHandle] = {}
         self._mig_handles: dict[ComputeInstance, SimulatedMigDeviceHandle] = {}
         self._handles_lock = threading.Lock()
+        self._compute_modes = [NVML_COMPUTEMODE_DEFAULT] * len(profile.gpus)
         for gpu in profile.gpus:
             state = self._mig[gpu.index]
             for device in gpu.mig_devices:  # checked by the profile parser
@@ -343,6 +351,28 @@ class SimulatedNvml:
         status = state.set_mode(mode, resetless=architecture >= NVML_DEVICE_ARCH_HOPPER)
         self._mig_changed()
         return status
+
+    def device_get_compute_mode(self, handle: DeviceHandle) -> int:
+        if isinstance(handle, SimulatedMigDeviceHandle):
+            self._mig_device(handle, "device_get_compute_mode")
+            raise nvml_error(NVML_ERROR_NOT_SUPPORTED)
+        return self._compute_modes[self._gpu(handle, "device_get_compute_mode").index]
+
+    def device_set_compute_mode(self, handle: DeviceHandle, mode: int) -> None:
+        if isinstance(handle, SimulatedMigDeviceHandle):
+            self._mig_device(handle, "device_set_compute_mode")
+            raise nvml_error(NVML_ERROR_NOT_SUPPORTED)
+        gpu = self._gpu(handle, "device_set_compute_mode")
+        allowed = (
+            NVML_COMPUTEMODE_DEFAULT,
+            NVML_COMPUTEMODE_PROHIBITED,
+            NVML_COMPUTEMODE_EXCLUSIVE_PROCESS,
+        )
+        if mode not in allowed:
+            raise nvml_error(NVML_ERROR_INVALID_ARGUMENT)
+        if mode == NVML_COMPUTEMODE_EXCLUSIVE_PROCESS and self._mig[gpu.index].enabled:
+            raise nvml_error(NVML_ERROR_NOT_SUPPORTED)
+        self._compute_modes[gpu.index] = mode
 
     def reset_gpu(self, handle: DeviceHandle) -> None:
         """Simulator only: a GPU reset (``nvidia-smi -r``, reboot); the pending MIG mode applies

@@ -200,3 +200,52 @@ def test_profile_level_fault_hits_system_calls():
     with pytest.raises(pynvml.NVMLError_Unknown):
         nvml.device_get_count()
     assert nvml.device_get_name(nvml.device_get_handle_by_index(0)) == "NVIDIA L4"
+
+
+# -- compute mode ----------------------------------------------------------------------------
+
+
+def test_compute_mode_starts_default_and_is_set_per_gpu():
+    nvml = _nvml()
+    first, second = nvml.device_get_handle_by_index(0), nvml.device_get_handle_by_index(1)
+    assert nvml.device_get_compute_mode(first) == pynvml.NVML_COMPUTEMODE_DEFAULT
+
+    nvml.device_set_compute_mode(first, pynvml.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS)
+
+    assert nvml.device_get_compute_mode(first) == pynvml.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS
+    assert nvml.device_get_compute_mode(second) == pynvml.NVML_COMPUTEMODE_DEFAULT
+    nvml.device_set_compute_mode(first, pynvml.NVML_COMPUTEMODE_DEFAULT)
+    assert nvml.device_get_compute_mode(first) == pynvml.NVML_COMPUTEMODE_DEFAULT
+
+
+@pytest.mark.parametrize("mode", [pynvml.NVML_COMPUTEMODE_EXCLUSIVE_THREAD, 4, -1])
+def test_a_removed_or_unknown_compute_mode_is_an_invalid_argument(mode):
+    nvml = _nvml()
+    handle = nvml.device_get_handle_by_index(0)
+    with pytest.raises(pynvml.NVMLError_InvalidArgument):
+        nvml.device_set_compute_mode(handle, mode)
+    assert nvml.device_get_compute_mode(handle) == pynvml.NVML_COMPUTEMODE_DEFAULT
+
+
+def test_mig_devices_have_no_compute_mode_and_mig_gpus_refuse_exclusive_process():
+    nvml = _nvml("hgx-h100-mig")
+    parent = nvml.device_get_handle_by_index(0)
+    assert nvml.device_get_mig_mode(parent)[0] == pynvml.NVML_DEVICE_MIG_ENABLE
+    mig = nvml.device_get_mig_device_handle_by_index(parent, 0)
+    with pytest.raises(pynvml.NVMLError_NotSupported):
+        nvml.device_set_compute_mode(mig, pynvml.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS)
+    with pytest.raises(pynvml.NVMLError_NotSupported):
+        nvml.device_get_compute_mode(mig)
+    with pytest.raises(pynvml.NVMLError_NotSupported):
+        nvml.device_set_compute_mode(parent, pynvml.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS)
+    nvml.device_set_compute_mode(parent, pynvml.NVML_COMPUTEMODE_DEFAULT)  # allowed
+
+
+def test_compute_mode_calls_need_init():
+    nvml = _nvml()
+    handle = nvml.device_get_handle_by_index(0)
+    nvml.shutdown()
+    with pytest.raises(pynvml.NVMLError_Uninitialized):
+        nvml.device_set_compute_mode(handle, pynvml.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS)
+    with pytest.raises(pynvml.NVMLError_Uninitialized):
+        nvml.device_get_compute_mode(handle)
