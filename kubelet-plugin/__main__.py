@@ -20,6 +20,7 @@ import signal
 import sys
 from collections.abc import Sequence
 
+from kubernetes.client import ApiClient
 from prometheus_client import CollectorRegistry, start_http_server
 
 from gpu_dra.controller.kubeapi import KubernetesSliceApi, new_api_client
@@ -36,11 +37,15 @@ from gpu_dra.kubelet_plugin.cdi import ClaimSpecStore
 from gpu_dra.kubelet_plugin.checkpoint import Checkpoint
 from gpu_dra.kubelet_plugin.claimcache import CachedClaimReader
 from gpu_dra.kubelet_plugin.inventory import NodeInventory
-from gpu_dra.kubelet_plugin.kubeapi import KubernetesClaimReader
+from gpu_dra.kubelet_plugin.kubeapi import KubernetesClaimReader, KubernetesPodApi
 from gpu_dra.kubelet_plugin.metrics import PluginMetrics
 from gpu_dra.kubelet_plugin.mps import (
+    DaemonRunner,
     MpsDaemonManager,
+    NvmlComputeMode,
     PlainDirectoryShm,
+    PodRunner,
+    ProcessRunner,
     ShmMounter,
     TmpfsShmMounter,
 )
@@ -64,13 +69,21 @@ def _nvml(settings: KubeletPluginSettings) -> tuple[NvmlLibrary, PciTopology]:
     return RealNvml(settings.driver_root), SysfsPciTopology()
 
 
-def _mps(settings: KubeletPluginSettings) -> MpsDaemonManager | None:
+POD_START_TIMEOUT_S = 25.0
+"""Start-up deadline of a daemon pod (pod sandbox, container, socket), below --call-timeout."""
+
+
+def _mps(
+    settings: KubeletPluginSettings, api_client: ApiClient, nvml: NvmlLibrary
+) -> MpsDaemonManager | None:
     """The MPS daemon manager, or None (claims asking for MPS then fail with a message).
 
     The workloads' shm is a tmpfs per daemon on real GPUs when the plugin runs as root (it needs
     CAP_SYS_ADMIN, and the data dir must be mounted with Bidirectional propagation for
     containers to see it); simulated nodes, and a plugin that is not root, use a plain
-    directory, so that e2e runs need no mount privileges.
+    directory, so that e2e runs need no mount privileges. Daemons run as host processes or as
+    pods of this node (``--mps-daemon-runner``); the compute mode of their full GPUs is set only
+    with ``--mps-exclusive-compute-mode``.
     """
     binary = settings.resolved_mps_control_binary()
     if binary is None:
@@ -88,12 +101,38 @@ def _mps(settings: KubeletPluginSettings) -> MpsDaemonManager | None:
         shm = PlainDirectoryShm()
         if settings.simulate is None:
             log.warning("not root: MPS shm directories are plain directories, not tmpfs mounts")
+    runner: DaemonRunner = ProcessRunner()
+    start_timeout_s = 10.0
+    if settings.mps_daemon_runner == "pod":
+        runner = PodRunner(
+            KubernetesPodApi(api_client),
+            namespace=settings.mps_daemon_namespace,
+            node_name=settings.node_name,
+            image=settings.mps_daemon_image,
+            driver_root=settings.driver_root,
+        )
+        start_timeout_s = POD_START_TIMEOUT_S
     try:
-        manager = MpsDaemonManager(settings.state_dir, binary=binary, shm=shm)
+        manager = MpsDaemonManager(
+            settings.state_dir,
+            binary=binary,
+            shm=shm,
+            runner=runner,
+            start_timeout_s=start_timeout_s,
+            compute_mode=NvmlComputeMode(nvml) if settings.mps_exclusive_compute_mode else None,
+        )
     except ValueError as error:
         log.error("MPS is unavailable: %s", error)
         return None
-    log.info("mps control program=%s shm=%s", binary, type(shm).__name__)
+    log.info(
+        "mps control program=%s shm=%s runner=%s image=%s namespace=%s exclusive_compute_mode=%s",
+        binary,
+        type(shm).__name__,
+        runner.name,
+        settings.mps_daemon_image or "-",
+        settings.mps_daemon_namespace,
+        settings.mps_exclusive_compute_mode,
+    )
     return manager
 
 
@@ -166,7 +205,7 @@ async def run(settings: KubeletPluginSettings) -> None:
         checkpoint=checkpoint,
         cdi=ClaimSpecStore(settings.cdi_root, driver_name=settings.driver_name),
         claims_dir=settings.state_dir / "claims",
-        mps=_mps(settings),
+        mps=_mps(settings, api_client, nvml),
         time_slicer=_time_slicer(settings, devices),
     )
     await preparer.recover()

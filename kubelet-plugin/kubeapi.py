@@ -1,5 +1,7 @@
 """Reading ResourceClaims: the `ClaimReader` Protocol, the list and watch a cache of claims needs
-(`ClaimApi`), and their adapter on the `kubernetes` client.
+(`ClaimApi`), and their adapter on the `kubernetes` client. The MPS daemon pods of this node:
+the `PodApi` Protocol (create, get, list by label, delete with a UID precondition) and its
+adapter `KubernetesPodApi`; its calls fail with `gpu_dra.controller.errors.ApiError` subclasses.
 
 `get_claim` fails with this module's `ClaimNotFoundError` / `ClaimReadError`, which the preparer
 turns into the claim's error. `list_claims` and `watch_claims` fail like the controller's slice API,
@@ -9,6 +11,7 @@ only the claim cache calls them.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any, Protocol, cast
 
@@ -16,6 +19,7 @@ import urllib3
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
+from gpu_dra.controller import errors
 from gpu_dra.controller.kubeapi import (
     RawWatchStream,
     WatchEventType,
@@ -177,3 +181,85 @@ class KubernetesClaimWatch(RawWatchStream[ClaimEvent]):
 def parse_claim_event(line: str) -> ClaimEvent:
     """Decode one ResourceClaim watch line (see `parse_raw_watch_event`)."""
     return claim_event(*parse_raw_watch_event(line, "ResourceClaims"))
+
+
+Pod = dict[str, Any]
+"""A raw `v1` Pod as the API server serves it."""
+
+
+class PodApi(Protocol):
+    """Pods of one namespace (blocking); errors are `errors.ApiError` subclasses."""
+
+    def create_pod(self, namespace: str, pod: Pod) -> Pod:
+        """Create ``pod``; `errors.AlreadyExistsError` when its name is taken."""
+        ...
+
+    def get_pod(self, namespace: str, name: str) -> Pod | None:
+        """The pod, or None when there is none."""
+        ...
+
+    def list_pods(self, namespace: str, label_selector: str, field_selector: str = "") -> list[Pod]:
+        """The pods matching ``label_selector`` (``k=v,k2=v2``) and ``field_selector``
+        (``spec.nodeName=<node>``)."""
+        ...
+
+    def delete_pod(
+        self, namespace: str, name: str, *, uid: str | None, grace_period_s: int | None = None
+    ) -> None:
+        """Delete the pod (only if it has ``uid``, unless None). A pod that is gone is no
+        error; another pod of that name is `errors.ConflictError`."""
+        ...
+
+
+class KubernetesPodApi:
+    """`PodApi` on the `kubernetes` client, with raw dictionaries."""
+
+    def __init__(self, api_client: k8s.ApiClient, *, request_timeout_s: float = 10.0) -> None:
+        # Any: raw dictionaries in and out (_preload_content=False), not the typed models.
+        self._core: Any = k8s.CoreV1Api(api_client)
+        self._timeout = request_timeout_s
+
+    def create_pod(self, namespace: str, pod: Pod) -> Pod:
+        name = pod.get("metadata", {}).get("name", "")
+        with translated_errors(f"create Pod {namespace}/{name}"):
+            response = self._core.create_namespaced_pod(
+                namespace, pod, _preload_content=False, _request_timeout=self._timeout
+            )
+        return cast("Pod", json.loads(response.data))
+
+    def get_pod(self, namespace: str, name: str) -> Pod | None:
+        try:
+            with translated_errors(f"get Pod {namespace}/{name}"):
+                response = self._core.read_namespaced_pod(
+                    name, namespace, _preload_content=False, _request_timeout=self._timeout
+                )
+        except errors.NotFoundError:
+            return None
+        return cast("Pod", json.loads(response.data))
+
+    def list_pods(self, namespace: str, label_selector: str, field_selector: str = "") -> list[Pod]:
+        with translated_errors(f"list Pods {namespace} {label_selector}"):
+            response = self._core.list_namespaced_pod(
+                namespace,
+                label_selector=label_selector,
+                field_selector=field_selector,
+                _preload_content=False,
+                _request_timeout=self._timeout,
+            )
+        return list(json.loads(response.data).get("items") or [])
+
+    def delete_pod(
+        self, namespace: str, name: str, *, uid: str | None, grace_period_s: int | None = None
+    ) -> None:
+        body: dict[str, Any] = {"apiVersion": "v1", "kind": "DeleteOptions"}
+        if uid is not None:
+            body["preconditions"] = {"uid": uid}
+        if grace_period_s is not None:
+            body["gracePeriodSeconds"] = grace_period_s
+        try:
+            with translated_errors(f"delete Pod {namespace}/{name}"):
+                self._core.delete_namespaced_pod(
+                    name, namespace, body=body, _request_timeout=self._timeout
+                )
+        except errors.NotFoundError:
+            return

@@ -14,6 +14,8 @@ from gpu_dra.driver.shares import ShareSelection, ShareSelectionError
 
 DEFAULT_MPS_CONTROL_BINARY = "nvidia-cuda-mps-control"
 DEFAULT_NVIDIA_SMI = "nvidia-smi"
+MPS_DAEMON_RUNNERS = ("process", "pod")
+DEFAULT_MPS_DAEMON_NAMESPACE = "gpu-dra"
 
 
 @dataclass(frozen=True)
@@ -55,6 +57,16 @@ class KubeletPluginSettings:
     """The largest MPS share, in percent of a GPU's SMs and memory: the shared daemon's default
     caps, which bind a client that drops its `CUDA_MPS_*` environment; larger shares are
     refused at prepare."""
+    mps_daemon_runner: str = "process"
+    """How MPS control daemons run: `process` (a host process started by the plugin; local and
+    dev setups) or `pod` (a pod bound to this node; the DaemonSet's setting)."""
+    mps_daemon_image: str = ""
+    """Image of the daemon pods (runner `pod`): runs `nvidia-cuda-mps-control -f`."""
+    mps_daemon_namespace: str = DEFAULT_MPS_DAEMON_NAMESPACE
+    """Namespace of the daemon pods (runner `pod`); default `$POD_NAMESPACE`, else `gpu-dra`."""
+    mps_exclusive_compute_mode: bool = False
+    """Set the compute mode EXCLUSIVE_PROCESS on the full GPUs of an MPS daemon while it runs
+    (DEFAULT again when it stops), as NVIDIA's driver does; never on MIG devices."""
 
     @property
     def state_dir(self) -> Path:
@@ -150,6 +162,25 @@ class KubeletPluginSettings:
             "daemon's default caps; larger shares are refused at prepare",
             "100",
         )
+        option(
+            "--mps-daemon-runner",
+            "how MPS control daemons run: process (host process; local/dev) or pod (a pod bound "
+            "to this node, needs --mps-daemon-image)",
+            "process",
+            choices=MPS_DAEMON_RUNNERS,
+        )
+        option("--mps-daemon-image", "image of the MPS control daemon pods (runner pod)", None)
+        option(
+            "--mps-daemon-namespace",
+            "namespace of the MPS control daemon pods (runner pod); default $POD_NAMESPACE",
+            environ.get("POD_NAMESPACE") or DEFAULT_MPS_DAEMON_NAMESPACE,
+        )
+        option(
+            "--mps-exclusive-compute-mode",
+            "true: set compute mode EXCLUSIVE_PROCESS on the full GPUs of each MPS daemon while "
+            "it runs (never on MIG devices)",
+            "false",
+        )
         args = parser.parse_args(argv)
         if not args.node_name:
             parser.error("--node-name (or GPU_DRA_NODE_NAME / NODE_NAME) is required")
@@ -178,6 +209,22 @@ class KubeletPluginSettings:
             )
         if not 1 <= max_share <= 100:
             parser.error(f"--mps-share-max-percent must be between 1 and 100, got {max_share}")
+        exclusive = str(args.mps_exclusive_compute_mode).strip().lower()
+        if exclusive not in ("true", "false", "1", "0", "yes", "no"):
+            parser.error(
+                "--mps-exclusive-compute-mode must be true or false, got "
+                f"{args.mps_exclusive_compute_mode!r}"
+            )
+        if args.mps_daemon_runner not in MPS_DAEMON_RUNNERS:
+            parser.error(
+                f"--mps-daemon-runner must be one of {', '.join(MPS_DAEMON_RUNNERS)}, got "
+                f"{args.mps_daemon_runner!r}"
+            )
+        if args.mps_daemon_runner == "pod" and not args.mps_daemon_image:
+            parser.error(
+                "--mps-daemon-runner=pod needs --mps-daemon-image (or GPU_DRA_MPS_DAEMON_IMAGE): "
+                "the image whose nvidia-cuda-mps-control the daemon pods run"
+            )
         return cls(
             node_name=args.node_name,
             driver_name=args.driver_name,
@@ -194,4 +241,8 @@ class KubeletPluginSettings:
             nvidia_smi=args.nvidia_smi or DEFAULT_NVIDIA_SMI,
             mps_shares=mps_shares,
             mps_share_max_percent=max_share,
+            mps_daemon_runner=args.mps_daemon_runner,
+            mps_daemon_image=args.mps_daemon_image or "",
+            mps_daemon_namespace=args.mps_daemon_namespace or DEFAULT_MPS_DAEMON_NAMESPACE,
+            mps_exclusive_compute_mode=exclusive in ("true", "1", "yes"),
         )

@@ -6,12 +6,19 @@ The whole-GPU preparer uses it for per-claim MPS (``docs/mps.md``). Layout:
   Protocol and the error vocabulary;
 * :mod:`.ids` - NVIDIA-compatible per-claim daemon ids and per-device shared-daemon ids;
 * :mod:`.control` - runs control commands through the control binary (stdin, one per call);
-* :mod:`.process` - the `DaemonRunner` seam (host process now, a pod later) and process checks;
+* :mod:`.process` - the `DaemonRunner` seam and the host-process runner, process checks;
+* :mod:`.pod` - `PodRunner`: the daemon as a pod bound to this node (production);
+* :mod:`.computemode` - the `ComputeModeControl` seam: EXCLUSIVE_PROCESS on full GPUs via NVML;
 * :mod:`.shm` - the `ShmMounter` seam: tmpfs in production, a plain directory in tests;
 * :mod:`.daemon` - `MpsDaemonManager`, the real `MpsControl`;
 * :mod:`.edits` - the CDI container edits of a daemon's workloads.
 """
 
+from gpu_dra.kubelet_plugin.mps.computemode import (
+    ComputeModeControl,
+    ComputeModeError,
+    NvmlComputeMode,
+)
 from gpu_dra.kubelet_plugin.mps.control import ControlClient
 from gpu_dra.kubelet_plugin.mps.daemon import MpsDaemonManager
 from gpu_dra.kubelet_plugin.mps.edits import (
@@ -38,19 +45,23 @@ from gpu_dra.kubelet_plugin.mps.interface import (
     handles_from_state,
     handles_to_state,
 )
-from gpu_dra.kubelet_plugin.mps.process import DaemonRunner, ProcessRunner
+from gpu_dra.kubelet_plugin.mps.pod import PodRunner
+from gpu_dra.kubelet_plugin.mps.process import DaemonRunner, LaunchedDaemon, ProcessRunner
 from gpu_dra.kubelet_plugin.mps.shm import PlainDirectoryShm, ShmMounter, TmpfsShmMounter
 
 __all__ = [
     "CONTAINER_PIPE_DIRECTORY",
     "MPS_STATE_KEY",
     "ClientCaps",
+    "ComputeModeControl",
+    "ComputeModeError",
     "ControlClient",
     "DaemonHandle",
     "DaemonPaths",
     "DaemonRunner",
     "DaemonState",
     "DaemonStatus",
+    "LaunchedDaemon",
     "MpsCommandError",
     "MpsControl",
     "MpsDaemonGoneError",
@@ -60,7 +71,9 @@ __all__ = [
     "MpsStartError",
     "MpsStateError",
     "MpsStopError",
+    "NvmlComputeMode",
     "PlainDirectoryShm",
+    "PodRunner",
     "ProcessRunner",
     "ShmMounter",
     "TmpfsShmMounter",

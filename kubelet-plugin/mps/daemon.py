@@ -15,9 +15,16 @@ Start, in the order ``mps.md`` §3.1 requires:
 
 Any failure removes whatever was started or created, then raises `MpsStartError`.
 
-Stop: ``quit``, wait, SIGTERM/SIGKILL if it stays, kill leftover servers, unmount shm, remove the
-directories. Status: the process (PID + start time), ``get_server_list`` and
-``get_server_status`` (``FAULT``). The manager's calls block; run them in a worker thread.
+With a `ComputeModeControl` (``--mps-exclusive-compute-mode``), the full GPUs of the daemon
+(never MIG devices) are set to ``EXCLUSIVE_PROCESS`` between steps 2 and 3; the UUIDs are written
+to ``<root>/compute-mode`` first, so whoever removes the directory - stop, a failed start, a
+leftover removal after a crash - sets them back to ``DEFAULT``.
+
+Stop: ``quit``, wait, remove what the runner made (the daemon pod, waited for), SIGTERM/SIGKILL
+what still runs, kill leftover servers, reset the compute mode, unmount shm, remove the
+directories. Status: the runner's object (the pod), the process (PID + start time),
+``get_server_list`` and ``get_server_status`` (``FAULT``). The manager's calls block; run them
+in a worker thread.
 """
 
 from __future__ import annotations
@@ -34,6 +41,13 @@ from pathlib import Path
 from typing import Final
 
 from gpu_dra.driver.naming import InvalidNameError
+from gpu_dra.kubelet_plugin.mps.computemode import (
+    DEFAULT,
+    EXCLUSIVE_PROCESS,
+    ComputeModeControl,
+    ComputeModeError,
+    is_full_gpu,
+)
 from gpu_dra.kubelet_plugin.mps.control import ControlClient
 from gpu_dra.kubelet_plugin.mps.ids import checked_daemon_id, checked_device_uuid
 from gpu_dra.kubelet_plugin.mps.interface import (
@@ -72,6 +86,8 @@ _LOG_TAIL: Final = 600
 _LOCK_STRIPES: Final = 64
 DIR_MODE: Final = 0o755
 SHM_MODE: Final = 0o1777
+COMPUTE_MODE_RECORD: Final = "compute-mode"
+"""``<root>/compute-mode``: the full GPUs set to EXCLUSIVE_PROCESS for this daemon, one a line."""
 
 
 class MpsDaemonManager:
@@ -89,10 +105,15 @@ class MpsDaemonManager:
         command_timeout_s: float = 5.0,
         stop_timeout_s: float = 5.0,
         status_timeout_s: float = 2.0,
+        remove_timeout_s: float = 30.0,
+        compute_mode: ComputeModeControl | None = None,
     ) -> None:
         """``base_env``: the daemon's and the control client's environment besides the MPS
         variables (``PATH``, ``LD_LIBRARY_PATH`` for the driver's libraries); default this
-        process's. ``shm`` defaults to a tmpfs per daemon (needs CAP_SYS_ADMIN)."""
+        process's. ``shm`` defaults to a tmpfs per daemon (needs CAP_SYS_ADMIN).
+        ``remove_timeout_s`` bounds the wait for the runner's object (pod) to go.
+        ``compute_mode``: set EXCLUSIVE_PROCESS on the full GPUs while their daemon runs;
+        None leaves compute modes alone."""
         self.data_dir = data_dir
         socket_path = DaemonPaths.of(data_dir, _LONGEST_ID).pipe / SOCKET
         if len(os.fsencode(socket_path)) > MAX_SOCKET_PATH:
@@ -108,6 +129,8 @@ class MpsDaemonManager:
         self.start_timeout_s = start_timeout_s
         self.stop_timeout_s = stop_timeout_s
         self.status_timeout_s = status_timeout_s
+        self.remove_timeout_s = remove_timeout_s
+        self.compute_mode = compute_mode
         # Striped: calls for one daemon id serialize, memory stays bounded.
         self._locks = tuple(threading.Lock() for _ in range(_LOCK_STRIPES))
 
@@ -126,7 +149,12 @@ class MpsDaemonManager:
                     self._remove(paths, None, mounted=True)
                 except MpsStopError as error:
                     raise MpsStartError(f"MPS control daemon {daemon_id}: {error}") from error
+            try:
+                self.runner.remove(daemon_id, None, self.remove_timeout_s)  # a leftover pod
+            except MpsStopError as error:
+                raise MpsStartError(f"MPS control daemon {daemon_id}: {error}") from error
             identity: ProcessIdentity | None = None
+            ref: str | None = None
             mounted = False
             try:
                 for directory in (paths.root, paths.pipe, paths.log, paths.shm):
@@ -134,16 +162,18 @@ class MpsDaemonManager:
                     directory.chmod(DIR_MODE)  # not narrowed by the umask
                 mounted = self.shm.mount(paths.shm)
                 paths.shm.chmod(SHM_MODE)
+                self._set_exclusive(paths, uuids)
                 deadline = time.monotonic() + self.start_timeout_s
-                identity = self.runner.launch(
+                launched = self.runner.launch(
                     self._command(settings), self._daemon_env(paths, uuids), paths,
                     self.start_timeout_s,
                 )  # fmt: skip
+                identity, ref = launched.identity, launched.ref
                 self._wait_ready(paths, identity, deadline)
                 self.client.run_all(paths.pipe, settings.commands())
                 self._verify(paths, settings)
             except BaseException as error:
-                self._remove_quietly(paths, identity, mounted)
+                self._remove_quietly(paths, identity, mounted, ref)
                 if isinstance(error, MpsError | OSError):
                     raise MpsStartError(
                         f"MPS control daemon {daemon_id} for {', '.join(uuids)}: {error}"
@@ -158,6 +188,7 @@ class MpsDaemonManager:
             settings=settings,
             runner=self.runner.name,
             shm_mounted=mounted,
+            runner_ref=ref or "",
         )
         log.info(
             "mps daemon started daemon_id=%s pid=%d devices=%s settings=%s",
@@ -188,12 +219,17 @@ class MpsDaemonManager:
                 if not wait_gone(identity, self.stop_timeout_s):
                     log.warning("mps daemon killed daemon_id=%s pid=%d", handle.daemon_id,
                                 handle.pid)  # fmt: skip
-            self._remove(handle.paths, identity, mounted=handle.shm_mounted)
+            self._remove(
+                handle.paths, identity, mounted=handle.shm_mounted, ref=handle.runner_ref or None
+            )
         log.info("mps daemon stopped daemon_id=%s", handle.daemon_id)
 
     def status(self, handle: DaemonHandle) -> DaemonStatus:
         self._check_runner(handle)
         identity = ProcessIdentity(handle.pid, handle.pid_start_time)
+        missing = self.runner.missing(handle.daemon_id, handle.runner_ref)
+        if missing is not None:
+            return DaemonStatus(DaemonState.DEAD, missing)
         if not is_alive(identity):
             return DaemonStatus(DaemonState.DEAD, f"control daemon pid {handle.pid} is gone")
         pipe = handle.paths.pipe
@@ -220,6 +256,9 @@ class MpsDaemonManager:
         self._check_runner(handle)
         identity = ProcessIdentity(handle.pid, handle.pid_start_time)
         pipe = handle.paths.pipe
+        missing = self.runner.missing(handle.daemon_id, handle.runner_ref)
+        if missing is not None:
+            raise MpsDaemonGoneError(f"MPS control daemon {handle.daemon_id}: {missing}")
         if not is_alive(identity):
             raise MpsDaemonGoneError(
                 f"MPS control daemon {handle.daemon_id} (pid {handle.pid}) is not running"
@@ -243,11 +282,11 @@ class MpsDaemonManager:
         try:
             names = [entry.name for entry in (self.data_dir / "mps").iterdir() if entry.is_dir()]
         except FileNotFoundError:
-            return []
-        ids = []
+            names = []
+        ids = set(self.runner.daemon_ids())
         for name in names:
             try:
-                ids.append(checked_daemon_id(name))
+                ids.add(checked_daemon_id(name))
             except InvalidNameError:
                 continue  # not a daemon directory of this manager
         return sorted(ids)
@@ -310,14 +349,66 @@ class MpsDaemonManager:
         if wrong:
             raise MpsError(f"the daemon reports {'; '.join(wrong)}")
 
-    def _remove(self, paths: DaemonPaths, identity: ProcessIdentity | None, mounted: bool) -> None:
-        """Kill what still runs for ``paths``, unmount shm, remove the directories."""
+    def _set_exclusive(self, paths: DaemonPaths, uuids: Sequence[str]) -> None:
+        """EXCLUSIVE_PROCESS on the full GPUs of ``uuids``, each recorded before it is set (a
+        GPU NVML refuses is unchanged and dropped from the record again)."""
+        gpus = [uuid for uuid in uuids if is_full_gpu(uuid)]
+        if self.compute_mode is None or not gpus:
+            return
+        record = paths.root / COMPUTE_MODE_RECORD
+        done: list[str] = []
+        for uuid in gpus:
+            record.write_text("".join(f"{u}\n" for u in [*done, uuid]))  # before NVML runs
+            try:
+                self.compute_mode.set_mode(uuid, EXCLUSIVE_PROCESS)
+            except ComputeModeError:
+                record.write_text("".join(f"{u}\n" for u in done))  # refused: unchanged
+                raise
+            done.append(uuid)
+        log.info("mps compute mode EXCLUSIVE_PROCESS set daemon_id=%s gpus=%s",
+                 paths.root.name, ",".join(gpus))  # fmt: skip
+
+    def _reset_compute_mode(self, paths: DaemonPaths) -> None:
+        """DEFAULT on the GPUs ``<root>/compute-mode`` records (every one is tried)."""
+        try:
+            recorded = (paths.root / COMPUTE_MODE_RECORD).read_text().split()
+        except (FileNotFoundError, NotADirectoryError):
+            return
+        if self.compute_mode is None:
+            raise MpsStopError(
+                f"{paths.root} recorded EXCLUSIVE_PROCESS on {', '.join(recorded)} but this "
+                "plugin has no compute-mode control to reset it (--mps-exclusive-compute-mode)"
+            )
+        failures: list[str] = []
+        for uuid in recorded:
+            try:
+                self.compute_mode.set_mode(uuid, DEFAULT)
+            except ComputeModeError as error:
+                if error.not_supported:
+                    log.info("compute mode reset of %s not supported: %s", uuid, error)
+                    continue
+                failures.append(str(error))
+        if failures:
+            raise MpsStopError("; ".join(failures))
+        (paths.root / COMPUTE_MODE_RECORD).unlink()
+
+    def _remove(
+        self,
+        paths: DaemonPaths,
+        identity: ProcessIdentity | None,
+        mounted: bool,
+        ref: str | None = None,
+    ) -> None:
+        """Remove the runner's object (``ref``: the pod; None: any of this id), kill what still
+        runs for ``paths``, reset the compute mode, unmount shm, remove the directories."""
+        self.runner.remove(paths.root.name, ref, self.remove_timeout_s)
         survivors = [identity] if identity is not None and is_alive(identity) else []
         survivors += [p for p in processes_using_pipe(paths.pipe) if p not in survivors]
         grace_s = min(1.0, self.stop_timeout_s)
         stuck = [p.pid for p in survivors if not kill(p, grace_s=grace_s)]
         if stuck:
             raise MpsStopError(f"MPS daemon processes {stuck} of {paths.root} do not exit")
+        self._reset_compute_mode(paths)
         try:
             if mounted:
                 self.shm.unmount(paths.shm)
@@ -328,10 +419,14 @@ class MpsDaemonManager:
             raise MpsStopError(f"cannot remove MPS directory {paths.root}: {error}") from error
 
     def _remove_quietly(
-        self, paths: DaemonPaths, identity: ProcessIdentity | None, mounted: bool
+        self,
+        paths: DaemonPaths,
+        identity: ProcessIdentity | None,
+        mounted: bool,
+        ref: str | None,
     ) -> None:
         try:
-            self._remove(paths, identity, mounted)
+            self._remove(paths, identity, mounted, ref)
         except MpsError as error:
             log.error("mps cleanup after failed start incomplete root=%s: %s", paths.root, error)
 

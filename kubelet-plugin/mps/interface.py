@@ -158,9 +158,11 @@ class DaemonHandle:
     """Start time of ``pid`` (clock ticks after boot): a reused PID is never taken for it."""
     settings: MpsSettings
     runner: str
-    """Name of the `DaemonRunner` that started it (``process``; ``pod`` later)."""
+    """Name of the `DaemonRunner` that started it (``process`` or ``pod``)."""
     shm_mounted: bool
     """Whether ``shm`` is a mount that stop must undo."""
+    runner_ref: str = ""
+    """The runner's reference to what it made: the daemon pod's UID; empty for ``process``."""
 
     @property
     def paths(self) -> DaemonPaths:
@@ -178,6 +180,7 @@ class DaemonHandle:
             "settings": self.settings.to_json(),
             "runner": self.runner,
             "shmMounted": self.shm_mounted,
+            **({"runnerRef": self.runner_ref} if self.runner_ref else {}),
         }
 
     @classmethod
@@ -210,6 +213,7 @@ class DaemonHandle:
                 settings=MpsSettings.from_json(settings),
                 runner=str(data["runner"]),
                 shm_mounted=bool(data["shmMounted"]),
+                runner_ref=str(data.get("runnerRef") or ""),
             )
         except (KeyError, TypeError, ValueError, InvalidNameError) as error:
             raise MpsStateError(f"MPS daemon state is incomplete or invalid: {error}") from error

@@ -6,9 +6,9 @@ with the plugin's process group or session); it writes its PID to
 ``<pipe>/nvidia-cuda-mps-control.pid``. The plugin finds it again by that PID plus the
 process's start time, so a PID reused after the daemon's death is never mistaken for it.
 
-In production the daemon should run as a pod on the node (it then outlives plugin upgrades and
-is visible to operators): a ``PodRunner`` implementing `DaemonRunner` would create that pod
-with the same environment and directories, and report the daemon's host PID (``hostPID``).
+In production the daemon runs as a pod on the node instead (:mod:`.pod`, ``PodRunner``): it
+then outlives plugin upgrades and is visible to operators. The pod shares the host's PID
+namespace, so the daemon's PID file holds a host PID and the same process checks apply.
 
 Linux only: process checks read ``/proc``. A zombie counts as gone (the daemon is not the
 plugin's child; whoever adopted it reaps it, possibly late).
@@ -21,7 +21,7 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final, Protocol
@@ -110,8 +110,47 @@ def wait_gone(identity: ProcessIdentity, timeout_s: float) -> bool:
     return True
 
 
+def wait_for_daemon_pid(
+    paths: DaemonPaths,
+    deadline: float,
+    timeout_s: float,
+    failed: Callable[[], str | None] = lambda: None,
+) -> ProcessIdentity:
+    """The daemon's identity once its PID file names a live process; `MpsStartError` when the
+    named process is gone, when ``failed()`` says why the start failed, or at the deadline."""
+    delay = 0.005
+    while True:
+        pid = read_pid_file(paths.pipe)
+        started = start_time(pid) if pid is not None else None
+        if pid is not None and started is not None:
+            return ProcessIdentity(pid, started)
+        if pid is not None:
+            raise MpsStartError(f"the MPS control daemon (pid {pid}) exited right after start")
+        why = failed()
+        if why is not None:
+            raise MpsStartError(why)
+        if time.monotonic() >= deadline:
+            raise MpsStartError(
+                f"the MPS control daemon wrote no live PID to {paths.pipe / PID_FILE} "
+                f"within {timeout_s}s"
+            )
+        time.sleep(delay)
+        delay = min(delay * 2, 0.1)
+
+
+@dataclass(frozen=True)
+class LaunchedDaemon:
+    """What `DaemonRunner.launch` started."""
+
+    identity: ProcessIdentity
+    """The control daemon process (host PID namespace)."""
+    ref: str = ""
+    """The runner's own reference, kept in the handle: the pod's UID; empty for a host process."""
+
+
 class DaemonRunner(Protocol):
-    """Runs the control daemon for a set of directories; the manager does the rest."""
+    """Runs the control daemon for a set of directories; the manager does the rest (readiness
+    through the control pipe, settings, process checks, directories)."""
 
     name: str
     """Recorded in the handle; a handle is only stopped or adopted by its own runner kind."""
@@ -122,9 +161,24 @@ class DaemonRunner(Protocol):
         env: Mapping[str, str],
         paths: DaemonPaths,
         timeout_s: float,
-    ) -> ProcessIdentity:
-        """Start the daemon (``command`` is ``[binary, "-d", ...]``) and return its identity
-        once its PID is known; raise `MpsStartError` if it does not start."""
+    ) -> LaunchedDaemon:
+        """Start the daemon (``command`` is ``[binary, "-d", ...]``; the daemon id is
+        ``paths.root.name``) and return it once its PID is known; raise `MpsStartError` if it
+        does not start (what the runner created for it is removed again)."""
+        ...
+
+    def missing(self, daemon_id: str, ref: str) -> str | None:
+        """None while what the runner made for the daemon (its pod ``ref``) still runs it;
+        otherwise why not (the daemon then counts as dead)."""
+        ...
+
+    def remove(self, daemon_id: str, ref: str | None, timeout_s: float) -> None:
+        """Remove what the runner made for the daemon and wait until it is gone; ``ref`` None:
+        whatever it made for that id. Idempotent; `MpsStopError` when it stays."""
+        ...
+
+    def daemon_ids(self) -> list[str]:
+        """Ids of the daemons the runner has something for on this node (pods), sorted."""
         ...
 
 
@@ -139,7 +193,7 @@ class ProcessRunner:
         env: Mapping[str, str],
         paths: DaemonPaths,
         timeout_s: float,
-    ) -> ProcessIdentity:
+    ) -> LaunchedDaemon:
         deadline = time.monotonic() + timeout_s
         # Output to a file, not a pipe: a daemonized child that kept a pipe open would block
         # the wait for the launching process.
@@ -163,18 +217,13 @@ class ProcessRunner:
             raise MpsStartError(f"cannot run {command[0]}: {error}") from error
         if done.returncode != 0:
             raise MpsStartError(f"{' '.join(command)} exited with {done.returncode}: {text}")
-        delay = 0.005
-        while True:
-            pid = read_pid_file(paths.pipe)
-            started = start_time(pid) if pid is not None else None
-            if pid is not None and started is not None:
-                return ProcessIdentity(pid, started)
-            if pid is not None:
-                raise MpsStartError(f"the MPS control daemon (pid {pid}) exited right after start")
-            if time.monotonic() >= deadline:
-                raise MpsStartError(
-                    f"the MPS control daemon wrote no live PID to {paths.pipe / PID_FILE} "
-                    f"within {timeout_s}s"
-                )
-            time.sleep(delay)
-            delay = min(delay * 2, 0.1)
+        return LaunchedDaemon(wait_for_daemon_pid(paths, deadline, timeout_s))
+
+    def missing(self, daemon_id: str, ref: str) -> str | None:
+        return None  # nothing besides the process, which the manager checks
+
+    def remove(self, daemon_id: str, ref: str | None, timeout_s: float) -> None:
+        return None  # the manager kills the processes and removes the directories
+
+    def daemon_ids(self) -> list[str]:
+        return []  # the manager finds leftovers by their directories

@@ -27,6 +27,10 @@ ALL_FLAGS = [
     "--nvidia-smi=/opt/nvidia/bin/nvidia-smi",
     "--mps-shares=0,GPU-a75cda02-62ce-2c30-9150-555ef08935e2",
     "--mps-share-max-percent=50",
+    "--mps-daemon-runner=pod",
+    "--mps-daemon-image=registry.example/gpu-dra:1",
+    "--mps-daemon-namespace=gpu-system",
+    "--mps-exclusive-compute-mode=true",
 ]
 
 EXPECTED = KubeletPluginSettings(
@@ -45,6 +49,10 @@ EXPECTED = KubeletPluginSettings(
     nvidia_smi="/opt/nvidia/bin/nvidia-smi",
     mps_shares=ShareSelection(names=("0", "GPU-a75cda02-62ce-2c30-9150-555ef08935e2")),
     mps_share_max_percent=50,
+    mps_daemon_runner="pod",
+    mps_daemon_image="registry.example/gpu-dra:1",
+    mps_daemon_namespace="gpu-system",
+    mps_exclusive_compute_mode=True,
 )
 
 
@@ -289,3 +297,47 @@ def test_bad_mps_share_settings_are_usage_errors(
     capsys: pytest.CaptureFixture[str], flag: str, message: str
 ) -> None:
     assert message in usage_error(capsys, ["--node-name=n", flag], {})
+
+
+def test_mps_daemons_run_as_host_processes_without_compute_mode_changes_by_default() -> None:
+    settings = KubeletPluginSettings.parse(["--node-name=n"], {})
+
+    assert settings.mps_daemon_runner == "process"
+    assert settings.mps_exclusive_compute_mode is False
+    assert settings.mps_daemon_namespace == "gpu-dra"
+
+
+def test_the_daemon_pod_namespace_defaults_to_the_plugins_own() -> None:
+    settings = KubeletPluginSettings.parse(["--node-name=n"], {"POD_NAMESPACE": "nvidia-dra"})
+
+    assert settings.mps_daemon_namespace == "nvidia-dra"
+
+
+def test_the_pod_runner_without_an_image_is_a_usage_error(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    error = usage_error(capsys, ["--node-name=n"], {"GPU_DRA_MPS_DAEMON_RUNNER": "pod"})
+
+    assert "--mps-daemon-runner=pod needs --mps-daemon-image" in error
+
+
+@pytest.mark.parametrize(
+    ("argv", "env"),
+    [
+        pytest.param(["--mps-daemon-runner=deployment"], {}, id="flag"),
+        pytest.param([], {"GPU_DRA_MPS_DAEMON_RUNNER": "deployment"}, id="env"),
+    ],
+)
+def test_an_unknown_daemon_runner_is_a_usage_error(
+    capsys: pytest.CaptureFixture[str], argv: list[str], env: dict[str, str]
+) -> None:
+    error = usage_error(capsys, ["--node-name=n", *argv], env)
+
+    assert "deployment" in error
+    assert "process" in error
+
+
+def test_exclusive_compute_mode_must_be_a_boolean(capsys: pytest.CaptureFixture[str]) -> None:
+    error = usage_error(capsys, ["--node-name=n", "--mps-exclusive-compute-mode=sometimes"], {})
+
+    assert "--mps-exclusive-compute-mode must be true or false, got 'sometimes'" in error

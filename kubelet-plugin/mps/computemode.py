@@ -1,0 +1,82 @@
+"""Compute mode of the full GPUs an MPS daemon serves: the `ComputeModeControl` seam.
+
+NVIDIA's driver sets ``EXCLUSIVE_PROCESS`` on the full GPUs of an MPS group before it starts the
+daemon and ``DEFAULT`` on teardown (``nvidia-compat.md`` §7, ``mps.md`` §5): then only the MPS
+server can open the GPU, and a process that bypasses MPS fails instead of competing with it.
+MIG devices are never touched: compute modes do not apply to MIG (``mps.md`` §8). gpu-dra does
+this only when configured (``--mps-exclusive-compute-mode``); `NvmlComputeMode` goes through the
+`NvmlLibrary` interface, so simulated nodes exercise the same calls and errors.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Final, Protocol
+
+from gpu_dra.driver.nvml.interface import (
+    NVML_COMPUTEMODE_DEFAULT,
+    NVML_COMPUTEMODE_EXCLUSIVE_PROCESS,
+    NVML_ERROR_NOT_SUPPORTED,
+    NVMLError,
+    NvmlLibrary,
+    return_code,
+    return_code_name,
+)
+from gpu_dra.kubelet_plugin.mps.interface import MpsError
+
+EXCLUSIVE_PROCESS: Final = NVML_COMPUTEMODE_EXCLUSIVE_PROCESS
+DEFAULT: Final = NVML_COMPUTEMODE_DEFAULT
+
+
+def is_full_gpu(uuid: str) -> bool:
+    """Whether ``uuid`` names a full GPU (``GPU-``), not a MIG device (``MIG-``)."""
+    return uuid.startswith("GPU-")
+
+
+class ComputeModeError(MpsError):
+    """NVML refused to read or change a GPU's compute mode."""
+
+    def __init__(self, message: str, *, not_supported: bool = False) -> None:
+        super().__init__(message)
+        self.not_supported = not_supported
+        self.retryable = not not_supported
+
+
+class ComputeModeControl(Protocol):
+    def set_mode(self, uuid: str, mode: int) -> None:
+        """Set the compute mode of full GPU ``uuid``; `ComputeModeError` when NVML refuses."""
+        ...
+
+
+class NvmlComputeMode:
+    """`ComputeModeControl` through NVML (one ``init``/``shutdown`` per call, thread-safe as
+    NVML is)."""
+
+    def __init__(self, nvml: NvmlLibrary) -> None:
+        self._nvml = nvml
+
+    def set_mode(self, uuid: str, mode: int) -> None:
+        if not is_full_gpu(uuid):
+            raise ComputeModeError(
+                f"compute mode of {uuid}: only full GPUs have one, MIG devices are never changed",
+                not_supported=True,
+            )
+        name = "EXCLUSIVE_PROCESS" if mode == EXCLUSIVE_PROCESS else str(mode)
+        name = "DEFAULT" if mode == DEFAULT else name
+        try:
+            self._nvml.init()
+        except NVMLError as error:
+            raise ComputeModeError(f"cannot set compute mode {name} of {uuid}: {error}") from error
+        try:
+            handle = self._nvml.device_get_handle_by_uuid(uuid)
+            self._nvml.device_set_compute_mode(handle, mode)
+        except NVMLError as error:
+            code = return_code(error)
+            raise ComputeModeError(
+                f"cannot set compute mode {name} of {uuid}: "
+                f"{return_code_name(code) if code is not None else ''} {error}".replace("  ", " "),
+                not_supported=code == NVML_ERROR_NOT_SUPPORTED,
+            ) from error
+        finally:
+            with contextlib.suppress(NVMLError):
+                self._nvml.shutdown()
