@@ -31,9 +31,10 @@ then the checkpoint entry. Unknown claims succeed. `recover()` at start-up adopt
 prepared claims (a dead one is logged; the claim stays prepared) and rolls back interrupted
 prepares, daemons and time slices included.
 
-MPS (NVIDIA-compatible, `nvidia-compat.md` §7): one daemon per (claim, config group), id
-`claim_daemon_id(claimUID, UUIDs)`, defaults from `mpsConfig`. Compute mode EXCLUSIVE_PROCESS is
-not set yet (no NVML seam for it).
+MPS (NVIDIA-compatible, `nvidia-compat.md` §7): one daemon per (claim, config group) for the
+group's full GPUs and one per MIG device of the group (``MigDeviceConfig``; CUDA_VISIBLE_DEVICES
+and pinned limits keyed by the MIG UUID), id `claim_daemon_id(claimUID, UUIDs)`, defaults from
+`mpsConfig`. The manager sets EXCLUSIVE_PROCESS on the full GPUs when configured.
 
 Time-slicing (`nvidia-compat.md` §8, `timeslicing.py`): full GPUs of a TimeSlicing group get
 their interval through the `TimeSlicer` seam; `MigDeviceConfig` TimeSlicing on MIG devices is
@@ -309,13 +310,6 @@ class WholeGpuPreparer:
             if mps is None:
                 continue  # TimeSlicing: `_time_slices`
             names = tuple(sorted({d.device for d in group.devices}))
-            mig = [n for n in names if isinstance(self._inventory.by_name(n), MigDevice)]
-            if mig:
-                raise PrepareError(
-                    f"{group.origin.label}: MPS on MIG devices ({', '.join(mig)}) is not "
-                    "supported by this gpu-dra version yet; remove `sharing` from the config to "
-                    "get the MIG devices exclusively"
-                )
             shared = sorted(admin.intersection(names))
             if shared:
                 raise PrepareError(
@@ -331,13 +325,21 @@ class WholeGpuPreparer:
                 taken[name] = group.origin.label
             uuids = tuple(sorted(self._uuid(name) for name in names))
             limits = pinned_memory_limits(group, uuids, claim=f"{claim.namespace}/{claim.name}")
-            settings = MpsSettings(
-                active_thread_percentage=mps.default_active_thread_percentage,
-                pinned_limits=limits,
-                multi_user=bool(mps.multi_user),
-            )
-            settings.check(uuids)
-            planned.append(_MpsGroup(claim_daemon_id(claim.uid, uuids), names, uuids, settings))
+            # Full GPUs of the group share one daemon (NVIDIA's model); each MIG device gets a
+            # daemon of its own (MPS on MIG needs one per MIG device, mps.md §8).
+            gpus = tuple(n for n in names if not isinstance(self._inventory.by_name(n), MigDevice))
+            daemons = [gpus] if gpus else []
+            daemons += [(n,) for n in names if n not in gpus]
+            for daemon_names in daemons:
+                daemon_uuids = tuple(sorted(self._uuid(name) for name in daemon_names))
+                settings = MpsSettings(
+                    active_thread_percentage=mps.default_active_thread_percentage,
+                    pinned_limits={u: v for u, v in limits.items() if u in daemon_uuids},
+                    multi_user=bool(mps.multi_user),
+                )
+                settings.check(daemon_uuids)
+                daemon_id = claim_daemon_id(claim.uid, daemon_uuids)
+                planned.append(_MpsGroup(daemon_id, daemon_names, daemon_uuids, settings))
         if planned and self._mps is None:
             raise PrepareError(
                 f"{planned[0].daemon_id}: MPS is not available on node {self._pool}: the plugin "

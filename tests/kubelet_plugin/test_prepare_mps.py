@@ -625,22 +625,51 @@ def test_recover_removes_a_daemon_no_claim_records(node: MpsNode) -> None:
     assert node.running() == []
 
 
-def test_mps_on_a_mig_device_is_refused_for_now(tmp_path: Path, mps_root: Path) -> None:
+def test_mps_on_mig_runs_one_daemon_per_mig_device_keyed_by_its_mig_uuid(
+    tmp_path: Path, mps_root: Path
+) -> None:
     host = SimulatedHost.load("hgx-h100-mig", NODE)
     devices = discover_devices(host.nvml, host.pci)
     node = MpsNode(tmp_path, NodeInventory.from_discovery(devices, simulated=True), mps_root)
     mig_mps = {
         "apiVersion": "resource.nvidia.com/v1beta1",
         "kind": "MigDeviceConfig",
-        "sharing": {"strategy": "MPS"},
+        "sharing": {
+            "strategy": "MPS",
+            "mpsConfig": {
+                "defaultActiveThreadPercentage": 30,
+                "defaultPinnedDeviceMemoryLimit": "4Gi",
+                "defaultPerDevicePinnedMemoryLimit": {"1": "2Gi"},
+            },
+        },
     }
+    names = ["gpu-0-mig-1g10gb-19-0", "gpu-1-mig-2g20gb-14-0"]
     config = opaque_config(mig_mps, requests=["gpu"])
-    results = [allocation_result("gpu-0-mig-1g10gb-19-0")]
+    results = [allocation_result(name) for name in names]
     claim = node.add(resource_claim(UID_A, "claim-a", results=results, claim_configs=[config]))
+    uuids = {name: node.uuid_of(name) for name in names}
+    assert all(uuid.startswith("MIG-") for uuid in uuids.values())
+    second = sorted(uuids.values())[1]  # key "1": index into the group's sorted UUIDs
 
-    error = failed(node.prepare(claim)[UID_A])
+    ok(node.prepare(claim)[UID_A])
 
-    assert "MPS on MIG devices (gpu-0-mig-1g10gb-19-0) is not supported" in error
+    handles = {h.devices: h for h in node.handles(UID_A)}
+    assert set(handles) == {(uuid,) for uuid in uuids.values()}
+    for name, uuid in uuids.items():
+        handle = handles[(uuid,)]
+        assert handle.daemon_id == claim_daemon_id(UID_A, [uuid])
+        state = double.read_state(handle.paths.pipe)
+        assert state["visibleDevices"] == [uuid]
+        assert state["defaults"] == {
+            "activeThreadPercentage": 30.0,
+            "pinnedMemLimits": {uuid: "2048M" if uuid == second else "4096M"},
+        }
+        (spec_device,) = [d for d in node.spec(UID_A)["devices"] if d["name"] == f"{UID_A}-{name}"]
+        assert mounts(spec_device)["/tmp/nvidia-mps"][0] == str(handle.paths.pipe)
+        assert device_env(spec_device)["CUDA_MPS_PIPE_DIRECTORY"] == "/tmp/nvidia-mps"
+    assert sorted(node.running()) == sorted(h.pid for h in handles.values())
+
+    node.unprepare(claim)
     node.assert_nothing_left(UID_A)
     assert node.daemon_dirs() == []
     assert node.running() == []
