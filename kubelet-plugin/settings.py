@@ -8,6 +8,7 @@ import shutil
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from gpu_dra.driver.naming import DEFAULT_DRIVER_NAME
 from gpu_dra.driver.shares import ShareSelection, ShareSelectionError
@@ -209,22 +210,6 @@ class KubeletPluginSettings:
             )
         if not 1 <= max_share <= 100:
             parser.error(f"--mps-share-max-percent must be between 1 and 100, got {max_share}")
-        exclusive = str(args.mps_exclusive_compute_mode).strip().lower()
-        if exclusive not in ("true", "false", "1", "0", "yes", "no"):
-            parser.error(
-                "--mps-exclusive-compute-mode must be true or false, got "
-                f"{args.mps_exclusive_compute_mode!r}"
-            )
-        if args.mps_daemon_runner not in MPS_DAEMON_RUNNERS:
-            parser.error(
-                f"--mps-daemon-runner must be one of {', '.join(MPS_DAEMON_RUNNERS)}, got "
-                f"{args.mps_daemon_runner!r}"
-            )
-        if args.mps_daemon_runner == "pod" and not args.mps_daemon_image:
-            parser.error(
-                "--mps-daemon-runner=pod needs --mps-daemon-image (or GPU_DRA_MPS_DAEMON_IMAGE): "
-                "the image whose nvidia-cuda-mps-control the daemon pods run"
-            )
         return cls(
             node_name=args.node_name,
             driver_name=args.driver_name,
@@ -241,8 +226,33 @@ class KubeletPluginSettings:
             nvidia_smi=args.nvidia_smi or DEFAULT_NVIDIA_SMI,
             mps_shares=mps_shares,
             mps_share_max_percent=max_share,
-            mps_daemon_runner=args.mps_daemon_runner,
-            mps_daemon_image=args.mps_daemon_image or "",
-            mps_daemon_namespace=args.mps_daemon_namespace or DEFAULT_MPS_DAEMON_NAMESPACE,
-            mps_exclusive_compute_mode=exclusive in ("true", "1", "yes"),
+            **_mps_daemon_settings(parser, args),
         )
+
+
+def _mps_daemon_settings(
+    parser: argparse.ArgumentParser, args: argparse.Namespace
+) -> dict[str, Any]:
+    """The MPS daemon fields of the settings from parsed ``args``; usage errors exit."""
+    exclusive = str(args.mps_exclusive_compute_mode).strip().lower()
+    if exclusive not in ("true", "false", "1", "0", "yes", "no"):
+        parser.error(
+            "--mps-exclusive-compute-mode must be true or false, got "
+            f"{args.mps_exclusive_compute_mode!r}"
+        )
+    if args.mps_daemon_runner not in MPS_DAEMON_RUNNERS:
+        parser.error(
+            f"--mps-daemon-runner must be one of {', '.join(MPS_DAEMON_RUNNERS)}, got "
+            f"{args.mps_daemon_runner!r}"
+        )
+    if args.mps_daemon_runner == "pod" and not args.mps_daemon_image:
+        parser.error(
+            "--mps-daemon-runner=pod needs --mps-daemon-image (or GPU_DRA_MPS_DAEMON_IMAGE): "
+            "the image whose nvidia-cuda-mps-control the daemon pods run"
+        )
+    return {
+        "mps_daemon_runner": args.mps_daemon_runner,
+        "mps_daemon_image": args.mps_daemon_image or "",
+        "mps_daemon_namespace": args.mps_daemon_namespace or DEFAULT_MPS_DAEMON_NAMESPACE,
+        "mps_exclusive_compute_mode": exclusive in ("true", "1", "yes"),
+    }
