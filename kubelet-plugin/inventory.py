@@ -250,6 +250,14 @@ class NodeInventory:
         published = attributes.published_devices(self.gpus, self.mig_devices)
         return shares.with_shares(published, self.mps_shares)
 
+    def partitionable_gpus(self) -> tuple[Gpu, ...]:
+        """The GPUs published in partitionable form, in PCI bus order: dynamic MIG makes and
+        destroys their MIG devices. None without dynamic MIG."""
+        if self._partitioned is None:
+            return ()
+        parents = {p.parent.uuid: p.parent for p in self._partitioned.partitions}
+        return tuple(sorted(parents.values(), key=lambda gpu: gpu.pci_bus_id))
+
     def counter_sets(self) -> list[CounterSet]:
         """The counter sets the published devices consume (dynamic MIG only; else none)."""
         return [] if self._partitioned is None else list(self._partitioned.counter_sets)

@@ -36,6 +36,14 @@ group's full GPUs and one per MIG device of the group (``MigDeviceConfig``; CUDA
 and pinned limits keyed by the MIG UUID), id `claim_daemon_id(claimUID, UUIDs)`, defaults from
 `mpsConfig`. The manager sets EXCLUSIVE_PROCESS on the full GPUs when configured.
 
+Dynamic MIG (`mig/`, `docs/mig.md`): a claim's partition devices (`MigPartition`) become MIG
+devices during prepare. Their intents (parent, GI profile ID, placement) are in the first
+`PrepareStarted` record, before any NVML call; the GPU and compute instances are made after the
+time slices and MPS daemons, their ids recorded in a second `PrepareStarted` record, and the
+CDI spec then gets the new MIG devices' edits. Unprepare and rollback destroy them after the CDI
+spec is gone; `recover()` also destroys every MIG instance of a dynamic-MIG GPU that no
+prepared claim records.
+
 Time-slicing (`nvidia-compat.md` §8, `timeslicing.py`): full GPUs of a TimeSlicing group get
 their interval through the `TimeSlicer` seam; `MigDeviceConfig` TimeSlicing on MIG devices is
 accepted and changes nothing (as NVIDIA's driver). "Not Supported" fails the claim with a
@@ -81,6 +89,14 @@ from gpu_dra.kubelet_plugin.kubeapi import (
     ClaimReader,
     ClaimReadError,
     ResourceClaim,
+)
+from gpu_dra.kubelet_plugin.mig import (
+    DYNAMIC_MIG_STATE_KEY,
+    DynamicMig,
+    MigError,
+    MigIntent,
+    intents_from_state,
+    intents_to_state,
 )
 from gpu_dra.kubelet_plugin.mps import (
     MPS_STATE_KEY,
@@ -169,6 +185,7 @@ class WholeGpuPreparer:
         uncached_claims: ClaimReader | None = None,
         mps: MpsControl | None = None,
         time_slicer: TimeSlicer | None = None,
+        dynamic_mig: DynamicMig | None = None,
     ) -> None:
         """`uncached_claims` reads the API server directly; give it when `claims` is a cache, which
         may not have seen a claim replaced under the same name yet: a claim whose UID does not
@@ -176,7 +193,8 @@ class WholeGpuPreparer:
 
         `mps` starts and stops MPS control daemons; without it, claims asking for MPS fail.
         `time_slicer` sets time-slice intervals; without it, claims asking for TimeSlicing on
-        full GPUs fail."""
+        full GPUs fail. `dynamic_mig` makes the MIG devices of partition devices; without it,
+        claims with partition devices fail."""
         self._driver = driver_name
         self._pool = node_name
         self._inventory = inventory
@@ -187,6 +205,7 @@ class WholeGpuPreparer:
         self._claims_dir = claims_dir
         self._mps = mps
         self._time_slicer = time_slicer
+        self._dynamic_mig = dynamic_mig
         # Locks live while someone holds them: no growth with the number of claims ever seen.
         self._device_locks: weakref.WeakValueDictionary[str, asyncio.Lock] = (
             weakref.WeakValueDictionary()
@@ -217,13 +236,16 @@ class WholeGpuPreparer:
                 log.info("rolling back interrupted prepare claim_uid=%s", uid)
                 try:
                     await _in_thread_to_completion(self._undo, uid)
-                except (MpsError, TimeSlicingError, OSError) as error:
+                except (MpsError, TimeSlicingError, MigError, OSError) as error:
                     # Kept in the checkpoint: the next prepare or unprepare retries.
                     log.error("rollback of claim_uid=%s incomplete: %s", uid, error)
             else:
                 await _in_thread_to_completion(self._adopt_daemons, entry)
         if self._mps is not None:
             await _in_thread_to_completion(self._remove_unrecorded_daemons)
+        if self._dynamic_mig is not None:
+            remaining = await asyncio.to_thread(self._checkpoint.all)
+            await _in_thread_to_completion(self._dynamic_mig.remove_unowned, remaining)
         owned = {uid for uid, e in entries.items() if e.phase is ClaimPhase.PREPARE_COMPLETED}
         for uid in await asyncio.to_thread(self._cdi.claim_uids):
             if uid not in owned:
@@ -250,7 +272,7 @@ class WholeGpuPreparer:
         except (DomainError, OSError, ClaimReadError) as error:
             log.exception("prepare failed claim_uid=%s", claim.uid)
             return PrepareResult.failure(f"{where}: {error} (will retry)")
-        except (MpsError, TimeSlicingError) as error:
+        except (MpsError, TimeSlicingError, MigError) as error:
             log.exception("prepare failed claim_uid=%s", claim.uid)
             retry = " (will retry)" if error.retryable else ""
             return PrepareResult.failure(f"{where}: {error}{retry}")
@@ -287,12 +309,30 @@ class WholeGpuPreparer:
         )
         mps_groups = self._mps_groups(claim, configs.groups, results)
         time_slices = self._time_slices(configs.groups, mps_groups)
+        mig_intents = self._mig_intents(results)
 
         device_names = sorted({r.device for r in results})
         async with self._locked_devices(device_names):
             return await _in_thread_to_completion(
-                self._check_and_commit, claim, results, mps_groups, time_slices
+                self._check_and_commit, claim, results, mps_groups, time_slices, mig_intents
             )
+
+    def _mig_intents(self, results: Sequence[_Result]) -> list[MigIntent]:
+        """The MIG devices the claim makes: one per partition device (dynamic MIG)."""
+        partitions = {
+            r.device: device
+            for r in results
+            if isinstance(device := self._inventory.by_name(r.device), MigPartition)
+        }
+        if not partitions:
+            return []
+        if self._dynamic_mig is None:
+            raise PrepareError(
+                f"allocated device {min(partitions)} is a dynamic MIG partition, but this plugin "
+                "does not make MIG devices (it runs without dynamic MIG); the ResourceSlice it "
+                "came from is stale"
+            )
+        return self._dynamic_mig.plan(partitions)
 
     def _mps_groups(
         self, claim: ClaimRef, groups: Sequence[ConfigGroup], results: Sequence[_Result]
@@ -310,6 +350,16 @@ class WholeGpuPreparer:
             if mps is None:
                 continue  # TimeSlicing: `_time_slices`
             names = tuple(sorted({d.device for d in group.devices}))
+            made_on_demand = [
+                n for n in names if isinstance(self._inventory.by_name(n), MigPartition)
+            ]
+            if made_on_demand:
+                raise PrepareError(
+                    f"{group.origin.label}: MPS on dynamic MIG devices "
+                    f"({', '.join(made_on_demand)}) is not supported (as with NVIDIA's driver "
+                    "and DynamicMIG); remove `sharing` from the config to get the MIG devices "
+                    "exclusively"
+                )
             shared = sorted(admin.intersection(names))
             if shared:
                 raise PrepareError(
@@ -362,7 +412,7 @@ class WholeGpuPreparer:
             interval = 0 if slicing is None else slicing.nvidia_smi_value
             for name in sorted({d.device for d in group.devices}):
                 device = self._inventory.by_name(name)
-                if isinstance(device, MigDevice):
+                if isinstance(device, MigDevice | MigPartition):
                     log.info(
                         "time-slicing on MIG device %s accepted as a no-op (%s): MIG devices "
                         "have no time-slice interval of their own",
@@ -496,11 +546,6 @@ class WholeGpuPreparer:
                     f"allocated device {item['device']} does not exist on node {self._pool}; "
                     "the ResourceSlice it came from is stale"
                 )
-            if isinstance(device, MigPartition):
-                raise PrepareError(
-                    f"allocated device {item['device']} is a dynamic MIG partition; making MIG "
-                    "devices on demand is not supported by this gpu-dra version yet"
-                )
             results.append(
                 _Result(
                     request=item["request"],
@@ -531,12 +576,32 @@ class WholeGpuPreparer:
         results: Sequence[_Result],
         mps_groups: Sequence[_MpsGroup],
         time_slices: Sequence[_TimeSlice],
+        mig_intents: Sequence[MigIntent] = (),
     ) -> tuple[PreparedDevice, ...]:
-        """`_check_not_taken` and `_check_sharing_conflicts`, then `_commit`: one thread hop,
-        under the caller's device locks."""
+        """`_check_not_taken`, `_check_sharing_conflicts` and `_check_mig_conflicts`, then
+        `_commit`: one thread hop, under the caller's device locks."""
         self._check_not_taken(claim, results)
         self._check_sharing_conflicts(claim, mps_groups, time_slices)
-        return self._commit(claim, results, mps_groups, time_slices)
+        self._check_mig_conflicts(claim, results, mig_intents)
+        return self._commit(claim, results, mps_groups, time_slices, mig_intents)
+
+    def _check_mig_conflicts(
+        self, claim: ClaimRef, results: Sequence[_Result], mig_intents: Sequence[MigIntent]
+    ) -> None:
+        """Refuse a whole GPU another claim has MIG devices on, and a MIG device on a GPU
+        another claim holds whole (the scheduler's counters prevent both; this guards races)."""
+        if self._dynamic_mig is None:
+            return
+        whole = [
+            device
+            for r in results
+            if not r.admin_access and isinstance(device := self._inventory.by_name(r.device), Gpu)
+        ]
+        if not whole and not mig_intents:
+            return
+        conflict = self._dynamic_mig.conflict(claim.uid, mig_intents, whole, self._checkpoint.all())
+        if conflict is not None:
+            raise PrepareError(conflict)
 
     def _commit(
         self,
@@ -544,8 +609,12 @@ class WholeGpuPreparer:
         results: Sequence[_Result],
         mps_groups: Sequence[_MpsGroup],
         time_slices: Sequence[_TimeSlice] = (),
+        mig_intents: Sequence[MigIntent] = (),
     ) -> tuple[PreparedDevice, ...]:
         started: dict[str, JsonValue] = {}
+        if mig_intents:
+            # Recorded before any NVML call: a crash from here on is rolled back from it.
+            started[DYNAMIC_MIG_STATE_KEY] = intents_to_state(mig_intents)
         if time_slices:
             # Recorded before nvidia-smi runs: a crash in between is rolled back from it.
             started[TIME_SLICE_STATE_KEY] = time_slices_to_state(
@@ -572,6 +641,7 @@ class WholeGpuPreparer:
                 )
                 edits = workload_edits(handle.paths)
                 mps_edits.update(dict.fromkeys(group.device_names, edits))
+            made = self._make_mig_devices(claim, mig_intents, started, handles)
             claim_dir = self._claims_dir / claim.uid
             claim_dir.mkdir(parents=True, exist_ok=True)
             claim_dir.chmod(0o755)
@@ -581,8 +651,8 @@ class WholeGpuPreparer:
             cdi_devices = []
             prepared = []
             for device_name, device_results in sorted(by_device.items()):
-                gpu = self._inventory.by_name(device_name)
-                assert isinstance(gpu, Gpu | MigDevice)  # checked in _our_results
+                gpu = made.get(device_name) or self._inventory.by_name(device_name)
+                assert isinstance(gpu, Gpu | MigDevice)  # partitions are in `made`
                 edits = self._inventory.container_edits(gpu, claim_dir)
                 if device_name in mps_edits:
                     edits = merged_edits(edits, mps_edits[device_name])
@@ -606,6 +676,8 @@ class WholeGpuPreparer:
                 state[MPS_STATE_KEY] = handles_to_state(handles)
             if applied:
                 state[TIME_SLICE_STATE_KEY] = time_slices_to_state(applied)
+            if made:
+                state[DYNAMIC_MIG_STATE_KEY] = started[DYNAMIC_MIG_STATE_KEY]
             self._checkpoint.put(
                 CheckpointEntry(
                     claim=claim,
@@ -618,6 +690,28 @@ class WholeGpuPreparer:
             self._undo(claim.uid, handles)
             raise
         return devices
+
+    def _make_mig_devices(
+        self,
+        claim: ClaimRef,
+        intents: Sequence[MigIntent],
+        started: dict[str, JsonValue],
+        handles: Sequence[DaemonHandle],
+    ) -> dict[str, MigDevice]:
+        """Make the claim's MIG devices and record their ids in `started` and in a
+        `PrepareStarted` record (the intents are on disk already); the devices by name."""
+        if not intents:
+            return {}
+        assert self._dynamic_mig is not None  # checked in _mig_intents
+        created, made = self._dynamic_mig.create(intents)
+        started[DYNAMIC_MIG_STATE_KEY] = intents_to_state(created)
+        recorded = dict(started)
+        if handles:
+            recorded[MPS_STATE_KEY] = handles_to_state(handles)
+        self._checkpoint.put(
+            CheckpointEntry(claim=claim, phase=ClaimPhase.PREPARE_STARTED, state=recorded)
+        )
+        return made
 
     def _apply_time_slices(self, time_slices: Sequence[_TimeSlice]) -> dict[str, int]:
         """Set each GPU's interval; ``{uuid: value}`` of those set. "Not Supported" fails the
@@ -651,7 +745,14 @@ class WholeGpuPreparer:
                     return None
                 async with self._locked_devices(sorted(d.device_name for d in entry.devices)):
                     await _in_thread_to_completion(self._undo, claim.uid)
-        except (InvalidNameError, OSError, DomainError, MpsError, TimeSlicingError) as error:
+        except (
+            InvalidNameError,
+            OSError,
+            DomainError,
+            MpsError,
+            TimeSlicingError,
+            MigError,
+        ) as error:
             log.exception("unprepare failed claim_uid=%s", claim.uid)
             return f"claim {claim.namespace}/{claim.name} ({claim.uid}): {error}"
         log.info("unprepared claim_uid=%s", claim.uid)
@@ -680,7 +781,22 @@ class WholeGpuPreparer:
             self._reset_time_slices(claim_uid, time_slices_from_state(entry.state))
         self._cdi.remove(claim_uid)
         shutil.rmtree(self._claims_dir / claim_uid, ignore_errors=True)
+        if entry is not None:
+            self._release_mig(claim_uid, intents_from_state(entry.state))
         self._checkpoint.remove(claim_uid)
+
+    def _release_mig(self, claim_uid: str, intents: Sequence[MigIntent]) -> None:
+        """Destroy the claim's MIG devices (after its CDI spec is gone); raises, keeping the
+        entry for the next try, when one cannot be destroyed."""
+        if not intents:
+            return
+        if self._dynamic_mig is None:
+            raise MigError(
+                f"claim {claim_uid} has MIG devices ({', '.join(i.device for i in intents)}) but "
+                "this plugin runs without dynamic MIG and cannot destroy them; restart it with "
+                "dynamic MIG on"
+            )
+        self._dynamic_mig.release(claim_uid, intents, self._checkpoint.all())
 
     def _reset_time_slices(self, claim_uid: str, slices: Mapping[str, int]) -> None:
         """Set the GPUs of ``slices`` back to Default, except those another claim in the

@@ -29,7 +29,12 @@ from dataclasses import dataclass, replace
 from typing import Final, Protocol
 
 from gpu_dra.driver.model import Gpu, MigDevice
-from gpu_dra.driver.naming import GpuDeviceName, InvalidNameError, parse_device_name
+from gpu_dra.driver.naming import (
+    GpuDeviceName,
+    InvalidNameError,
+    mig_device_name,
+    parse_device_name,
+)
 from gpu_dra.kubelet_plugin.checkpoint import CheckpointEntry, ClaimPhase, JsonValue
 from gpu_dra.kubelet_plugin.mig.lifecycle import MigError, MigLifecycle, gpu_label
 
@@ -146,13 +151,23 @@ class DynamicMig:
         devices: dict[str, MigDevice] = {}
         try:
             for intent in intents:
+                parent = self._gpu(intent)
                 device = self._lifecycle.create(
-                    self._gpu(intent), intent.gi_profile_id, intent.placement_start
+                    parent, intent.gi_profile_id, intent.placement_start
                 )
                 done.append(
                     replace(intent, gi_id=device.gi_id, ci_id=device.ci_id, uuid=device.uuid)
                 )
                 devices[intent.device] = device
+                name = mig_device_name(
+                    parent.minor, device.profile, device.gi_profile_id, device.placement_start
+                )
+                if name != intent.device:
+                    raise MigError(
+                        f"the MIG device made for {intent.device} on {gpu_label(parent)} is "
+                        f"{name} ({device.profile}); the published partition does not match "
+                        "what NVML makes"
+                    )
         except BaseException:
             self._destroy_made(done)
             raise

@@ -35,7 +35,6 @@ from gpu_dra.driver.model import Gpu, MigDevice
 from gpu_dra.driver.nvml.interface import (
     NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED,
     NVML_COMPUTE_INSTANCE_PROFILE_COUNT,
-    NVML_DEVICE_ARCH_HOPPER,
     NVML_DEVICE_MIG_DISABLE,
     NVML_DEVICE_MIG_ENABLE,
     NVML_ERROR_IN_USE,
@@ -51,6 +50,7 @@ from gpu_dra.driver.nvml.interface import (
     return_code,
     return_code_name,
 )
+from gpu_dra.driver.partitions import toggles_mig_without_reset
 
 log = logging.getLogger(__name__)
 
@@ -90,11 +90,6 @@ class MigInstance:
     @property
     def slices(self) -> range:
         return range(self.placement_start, self.placement_start + self.placement_size)
-
-
-def supports_mig_mode_toggle(gpu: Gpu) -> bool:
-    """Hopper and later switch MIG mode without a GPU reset; Ampere needs one."""
-    return gpu.architecture >= NVML_DEVICE_ARCH_HOPPER
 
 
 def gpu_label(gpu: Gpu) -> str:
@@ -218,7 +213,7 @@ class MigLifecycle:
         )
         if current == NVML_DEVICE_MIG_ENABLE:
             return
-        if not supports_mig_mode_toggle(parent):
+        if not toggles_mig_without_reset(parent):
             pending_note = (
                 " (it is set to turn on at the next GPU reset: reset the GPU or reboot)"
                 if pending == NVML_DEVICE_MIG_ENABLE
@@ -364,7 +359,7 @@ class MigLifecycle:
         log.info("destroyed GPU instance gi_id=%d on %s", gi_id, parent.uuid)
 
     def _disable_mig_if_unused(self, parent: Gpu, handle: DeviceHandle) -> None:
-        if not supports_mig_mode_toggle(parent):
+        if not toggles_mig_without_reset(parent):
             return  # Ampere: MIG mode stays as the administrator set it
         current, _ = self._call(
             parent, "read the MIG mode", lambda: self._nvml.device_get_mig_mode(handle)

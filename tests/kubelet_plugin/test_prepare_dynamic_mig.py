@@ -1,0 +1,392 @@
+"""Dynamic MIG through prepare/unprepare on a simulated hgx-h100 node: partition devices become
+MIG devices at prepare and go at unprepare; intents are on disk before any NVML call; a plugin
+that dies halfway is rolled back on restart (a new simulator from the state file) or by the next
+prepare of the claim; start-up removes instances no prepared claim owns."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pynvml
+import pytest
+import yaml
+
+from gpu_dra.driver.discovery import discover_devices
+from gpu_dra.driver.nvml.simulated import SimulatedHost
+from gpu_dra.kubelet_plugin.cdi import ClaimSpecStore
+from gpu_dra.kubelet_plugin.checkpoint import Checkpoint, ClaimPhase
+from gpu_dra.kubelet_plugin.inventory import NodeInventory
+from gpu_dra.kubelet_plugin.mig import (
+    CRASH_AFTER_GPU_INSTANCE,
+    DYNAMIC_MIG_STATE_KEY,
+    DynamicMig,
+    MigLifecycle,
+    SimulatedMigStateFile,
+)
+from gpu_dra.kubelet_plugin.prepare import WholeGpuPreparer
+from gpu_dra.kubelet_plugin.preparer import ClaimRef, PrepareResult
+from tests.fakes.claim_reader import (
+    InMemoryClaimReader,
+    allocation_result,
+    opaque_config,
+    resource_claim,
+)
+
+DRIVER = "gpu.nvidia.com"
+NODE = "node-a"
+PROFILE = "hgx-h100"
+UID_A = "0b6a1e3c-8f43-4a55-9a0e-2f7d1c9b8a01"
+UID_B = "5d2c9f71-3e8a-4b6d-8c1f-6a4e2b0d9c02"
+ON, OFF = pynvml.NVML_DEVICE_MIG_ENABLE, pynvml.NVML_DEVICE_MIG_DISABLE
+
+# gpu-test4's shape on an H100: 1g.10gb x2, 2g.20gb, 3g.40gb fill all 8 memory slices of gpu-1.
+FOUR = (
+    "gpu-1-mig-1g10gb-19-0",
+    "gpu-1-mig-1g10gb-19-1",
+    "gpu-1-mig-2g20gb-14-2",
+    "gpu-1-mig-3g40gb-9-4",
+)
+
+
+class Crash(BaseException):
+    """Raised at a crash point, after the node's files were frozen (`Node.crashed`)."""
+
+
+class Node:
+    """The plugin on one simulated node; `restart` is a new process over the same files,
+    simulated GPUs included (their MIG state comes back from the state file)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.api = InMemoryClaimReader()
+        self.data_dir = root / "data"
+        self.data_dir.mkdir()
+        self.cdi_root = root / "cdi"
+        self.cdi_root.mkdir()
+        self.restart()
+
+    def restart(self, *, crash_at: str | None = None, dynamic: bool = True) -> None:
+        state = SimulatedMigStateFile(self.data_dir / "simulated-nvml.json", PROFILE)
+        self.host = SimulatedHost.load(
+            PROFILE, NODE, saved_mig=state.load(), on_mig_change=state.save
+        )
+        found = discover_devices(self.host.nvml, self.host.pci, mig_profiles=True)
+        self.inventory = NodeInventory.from_discovery(found, simulated=True, dynamic_mig=True)
+        self.checkpoint = Checkpoint(self.data_dir, boot_id=lambda: "boot-1")
+        self.checkpoint.load()
+        self.cdi = ClaimSpecStore(self.cdi_root, driver_name=DRIVER)
+
+        def crash(point: str) -> None:
+            if point == crash_at:
+                # The process dies here: what is on disk now is all the next one finds. The
+                # exception unwinds (and cleans up) in this process; `crashed` puts back the
+                # files as they were at this moment.
+                shutil.copytree(self.data_dir, self.root / "at-crash" / "data")
+                shutil.copytree(self.cdi_root, self.root / "at-crash" / "cdi")
+                raise Crash(point)
+
+        self.lifecycle = MigLifecycle(self.host.nvml, crash_point=crash)
+        dynamic_mig = DynamicMig(self.lifecycle, self.inventory.partitionable_gpus())
+        self.preparer = WholeGpuPreparer(
+            driver_name=DRIVER,
+            node_name=NODE,
+            inventory=self.inventory,
+            claims=self.api,
+            checkpoint=self.checkpoint,
+            cdi=self.cdi,
+            claims_dir=self.data_dir / "claims",
+            dynamic_mig=dynamic_mig if dynamic else None,
+        )
+
+    def crashed(self) -> None:
+        """A new plugin process after the crash: the files as the crash point froze them."""
+        for name, path in (("data", self.data_dir), ("cdi", self.cdi_root)):
+            shutil.rmtree(path)
+            shutil.copytree(self.root / "at-crash" / name, path)
+        shutil.rmtree(self.root / "at-crash")
+        self.restart()
+
+    def add(self, uid: str, *devices: str, name: str = "claim-a", **kwargs: Any) -> ClaimRef:
+        results = [allocation_result(device, request=f"r{i}") for i, device in enumerate(devices)]
+        self.api.add(resource_claim(uid, name, results=results, **kwargs))
+        return ClaimRef("default", uid, name)
+
+    def prepare(self, claim: ClaimRef) -> PrepareResult:
+        return asyncio.run(self.preparer.prepare([claim]))[claim.uid]
+
+    def unprepare(self, claim: ClaimRef) -> str | None:
+        return asyncio.run(self.preparer.unprepare([claim]))[claim.uid]
+
+    def recover(self) -> None:
+        asyncio.run(self.preparer.recover())
+
+    def gpu(self, minor: int) -> Any:
+        return next(g for g in self.inventory.gpus if g.minor == minor)
+
+    def layout(self, minor: int) -> list[tuple[int, int, tuple[int, ...]]]:
+        """(GI profile ID, placement start, CI ids) of every GPU instance, read through NVML."""
+        return [
+            (i.gi_profile_id, i.placement_start, i.ci_ids)
+            for i in self.lifecycle.instances(self.gpu(minor))
+        ]
+
+    def mig_mode(self, minor: int) -> list[int]:
+        nvml = self.host.nvml
+        nvml.init()
+        try:
+            return nvml.device_get_mig_mode(nvml.device_get_handle_by_uuid(self.gpu(minor).uuid))
+        finally:
+            nvml.shutdown()
+
+    def all_instances(self) -> dict[str, list[Any]]:
+        snapshot = self.host.nvml.mig_snapshot()["gpus"]
+        assert isinstance(snapshot, dict)
+        return {uuid: s["gpuInstances"] for uuid, s in snapshot.items() if s["gpuInstances"]}
+
+    def spec(self, uid: str) -> dict[str, Any]:
+        loaded: dict[str, Any] = yaml.safe_load(self.cdi.path_for(uid).read_text())
+        return loaded
+
+    def assert_nothing_left(self, uid: str) -> None:
+        assert not self.cdi.path_for(uid).exists(), "CDI spec left behind"
+        assert not (self.data_dir / "claims" / uid).exists(), "claim files left behind"
+        assert self.checkpoint.get(uid) is None, "checkpoint entry left behind"
+        assert self.all_instances() == {}, "MIG instances left behind"
+        assert all(m == [OFF, OFF] for m in (self.mig_mode(g.minor) for g in self.inventory.gpus))
+
+
+@pytest.fixture
+def node(tmp_path: Path) -> Node:
+    return Node(tmp_path)
+
+
+def ok(result: PrepareResult) -> Any:
+    assert result.error is None, result.error
+    return result.devices
+
+
+def failed(result: PrepareResult) -> str:
+    assert result.error is not None, f"prepared {result.devices}"
+    return result.error
+
+
+def env_of(spec: dict[str, Any]) -> dict[str, dict[str, str]]:
+    return {
+        d["name"]: dict(item.split("=", 1) for item in d["containerEdits"]["env"])
+        for d in spec["devices"]
+    }
+
+
+def test_four_partitions_become_mig_devices_each_container_sees_its_uuid(node: Node) -> None:
+    claim = node.add(UID_A, *FOUR)
+
+    devices = ok(node.prepare(claim))
+
+    assert [d.device_name for d in devices] == sorted(FOUR)
+    assert node.layout(1) == [(19, 0, (0,)), (19, 1, (0,)), (14, 2, (0,)), (9, 4, (0,))]
+    assert node.mig_mode(1) == [ON, ON]
+    # The CDI device of each partition carries the UUID of the MIG device made for it ...
+    env = env_of(node.spec(UID_A))
+    uuids = {name: env[f"{UID_A}-{name}"][_var(name, "UUID")] for name in FOUR}
+    assert all(u.startswith("MIG-") for u in uuids.values())
+    assert len(set(uuids.values())) == 4
+    assert {env[f"{UID_A}-{n}"][_var(n, "PARENT_UUID")] for n in FOUR} == {node.gpu(1).uuid}
+    # ... the same the simulated GPU holds, and the checkpoint records.
+    held = {
+        ci["uuid"] for gi in node.all_instances()[node.gpu(1).uuid] for ci in gi["computeInstances"]
+    }
+    assert held == set(uuids.values())
+    entry = node.checkpoint.get(UID_A)
+    assert entry is not None
+    assert entry.phase is ClaimPhase.PREPARE_COMPLETED
+    recorded = {i["device"]: i for i in entry.state[DYNAMIC_MIG_STATE_KEY]}  # type: ignore[union-attr]
+    assert {name: i["uuid"] for name, i in recorded.items()} == uuids
+    assert recorded["gpu-1-mig-3g40gb-9-4"]["parentUUID"] == node.gpu(1).uuid
+    assert recorded["gpu-1-mig-3g40gb-9-4"]["giProfileID"] == 9
+    assert recorded["gpu-1-mig-3g40gb-9-4"]["placementStart"] == 4
+
+
+def _var(device: str, suffix: str) -> str:
+    return "GPU_DRA_" + device.upper().replace("-", "_") + "_" + suffix
+
+
+def test_preparing_again_returns_the_same_devices_and_makes_nothing(node: Node) -> None:
+    claim = node.add(UID_A, FOUR[0])
+    first = ok(node.prepare(claim))
+    before = node.all_instances()
+
+    assert ok(node.prepare(claim)) == first
+    assert node.all_instances() == before
+
+
+def test_unprepare_destroys_the_instances_and_turns_mig_off(node: Node) -> None:
+    claim = node.add(UID_A, *FOUR)
+    ok(node.prepare(claim))
+
+    assert node.unprepare(claim) is None
+
+    node.assert_nothing_left(UID_A)
+    # The whole GPU can be prepared again.
+    whole = node.add(UID_B, "gpu-1", name="claim-b")
+    ok(node.prepare(whole))
+
+
+def test_the_intent_is_on_disk_before_the_gpu_instance_and_a_restart_rolls_it_back(
+    node: Node,
+) -> None:
+    node.restart(crash_at=CRASH_AFTER_GPU_INSTANCE)
+    claim = node.add(UID_A, "gpu-2-mig-3g40gb-9-0")
+
+    with pytest.raises(Crash):
+        node.prepare(claim)
+
+    # What the dead plugin left: the intent (no ids yet) and a GPU instance without CI.
+    node.crashed()
+    entry = node.checkpoint.get(UID_A)
+    assert entry is not None
+    assert entry.phase is ClaimPhase.PREPARE_STARTED
+    assert entry.state[DYNAMIC_MIG_STATE_KEY] == [
+        {
+            "device": "gpu-2-mig-3g40gb-9-0",
+            "parentUUID": node.gpu(2).uuid,
+            "giProfileID": 9,
+            "placementStart": 0,
+        }
+    ]
+    assert node.layout(2) == [(9, 0, ())]
+
+    node.recover()
+
+    node.assert_nothing_left(UID_A)
+
+
+def test_the_next_prepare_of_a_crashed_claim_rolls_back_first_then_prepares(node: Node) -> None:
+    node.restart(crash_at=CRASH_AFTER_GPU_INSTANCE)
+    claim = node.add(UID_A, "gpu-2-mig-1g10gb-19-5", "gpu-2-mig-2g20gb-14-0")
+    with pytest.raises(Crash):
+        node.prepare(claim)
+    node.crashed()
+
+    devices = ok(node.prepare(claim))
+
+    assert [d.device_name for d in devices] == ["gpu-2-mig-1g10gb-19-5", "gpu-2-mig-2g20gb-14-0"]
+    assert node.layout(2) == [(14, 0, (0,)), (19, 5, (0,))]
+    assert node.unprepare(claim) is None
+    node.assert_nothing_left(UID_A)
+
+
+def test_a_failure_halfway_destroys_what_was_made_and_names_the_occupant(node: Node) -> None:
+    # Something outside gpu-dra holds memory slices 4..7 of gpu-3.
+    node.lifecycle.create(node.gpu(3), 9, 4)
+    outside = node.layout(3)
+    claim = node.add(UID_A, "gpu-3-mig-1g10gb-19-0", "gpu-3-mig-2g20gb-14-4")
+
+    error = failed(node.prepare(claim))
+
+    assert f"claim default/claim-a ({UID_A})" in error
+    assert "2g.20gb (profile ID 14) at memory slices 4..5" in error
+    assert "occupied by GPU instance" in error
+    assert "(will retry)" in error
+    assert node.layout(3) == outside  # the 1g made first is gone again; the outsider stays
+    assert node.checkpoint.get(UID_A) is None
+    assert not node.cdi.path_for(UID_A).exists()
+
+
+def test_start_up_destroys_instances_no_prepared_claim_owns_and_keeps_the_others(
+    node: Node,
+) -> None:
+    kept = node.add(UID_A, "gpu-4-mig-3g40gb-9-0")
+    ok(node.prepare(kept))
+    node.lifecycle.create(node.gpu(4), 19, 6)  # a leftover beside a prepared claim's device
+    node.lifecycle.create(node.gpu(5), 0, 0)  # a leftover alone on its GPU
+
+    node.restart()
+    node.recover()
+
+    assert node.layout(4) == [(9, 0, (0,))]
+    assert node.layout(5) == []
+    assert node.mig_mode(5) == [OFF, OFF]
+    assert node.unprepare(kept) is None
+    node.assert_nothing_left(UID_A)
+
+
+def test_start_up_turns_off_mig_left_on_without_instances(node: Node) -> None:
+    nvml = node.host.nvml
+    nvml.init()
+    nvml.device_set_mig_mode(nvml.device_get_handle_by_uuid(node.gpu(6).uuid), ON)
+    nvml.shutdown()
+
+    node.restart()
+    node.recover()
+
+    assert node.mig_mode(6) == [OFF, OFF]
+
+
+def test_a_whole_gpu_with_another_claims_mig_device_is_refused_and_vice_versa(node: Node) -> None:
+    mig = node.add(UID_A, "gpu-0-mig-1g10gb-19-3", name="slices")
+    ok(node.prepare(mig))
+
+    whole = node.add(UID_B, "gpu-0", name="whole")
+    error = failed(node.prepare(whole))
+    assert "has MIG device gpu-0-mig-1g10gb-19-3 of claim default/slices" in error
+    assert node.checkpoint.get(UID_B) is None
+
+    assert node.unprepare(mig) is None
+    ok(node.prepare(whole))
+    again = node.add(UID_A, "gpu-0-mig-1g10gb-19-3", name="slices")
+    error = failed(node.prepare(again))
+    assert "its GPU gpu-0" in error
+    assert "is prepared whole for claim default/whole" in error
+    assert node.all_instances() == {}
+
+
+def test_mig_device_config_time_slicing_is_a_no_op_and_gpu_config_a_mismatch(
+    node: Node,
+) -> None:
+    time_sliced = opaque_config(
+        {
+            "apiVersion": "resource.nvidia.com/v1beta1",
+            "kind": "MigDeviceConfig",
+            "sharing": {"strategy": "TimeSlicing"},
+        }
+    )
+    claim = node.add(UID_A, "gpu-7-mig-1g10gb-19-0", claim_configs=[time_sliced])
+    ok(node.prepare(claim))
+    assert node.unprepare(claim) is None
+
+    gpu_config = opaque_config(
+        {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig"}, requests=["r0"]
+    )
+    wrong = node.add(UID_B, "gpu-7-mig-1g10gb-19-0", name="wrong", claim_configs=[gpu_config])
+    error = failed(node.prepare(wrong))
+    assert "cannot apply GpuConfig" in error
+    assert node.all_instances() == {}
+
+
+def test_mps_on_a_partition_is_refused_before_anything_is_made(node: Node) -> None:
+    mps = opaque_config(
+        {
+            "apiVersion": "resource.nvidia.com/v1beta1",
+            "kind": "MigDeviceConfig",
+            "sharing": {"strategy": "MPS"},
+        }
+    )
+    claim = node.add(UID_A, "gpu-7-mig-1g10gb-19-0", claim_configs=[mps])
+
+    assert "MPS on dynamic MIG devices (gpu-7-mig-1g10gb-19-0) is not supported" in failed(
+        node.prepare(claim)
+    )
+    assert node.all_instances() == {}
+
+
+def test_a_plugin_without_dynamic_mig_refuses_partitions_clearly(node: Node) -> None:
+    node.restart(dynamic=False)
+    claim = node.add(UID_A, "gpu-7-mig-1g10gb-19-0")
+
+    error = failed(node.prepare(claim))
+
+    assert "gpu-7-mig-1g10gb-19-0 is a dynamic MIG partition" in error
+    assert "without dynamic MIG" in error
