@@ -1,11 +1,16 @@
 """Runs gpu-dra on the e2e cluster's node: the kubelet plugin on a simulated machine profile,
 and the controller applying the DeviceClass catalog. Processes are registered with the cluster,
-so `down` stops them too; tests stop what they start."""
+so `down` stops them too; tests stop what they start.
+
+MPS control daemons run as pods (``--mps-daemon-runner=pod``) in `MPS_DAEMON_NAMESPACE`, from a
+locally built image of the nvidia-cuda-mps-control TEST DOUBLE (`e2e.cluster.images.
+mps_double_image`), imported into the cluster's containerd once per content hash."""
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import urllib.request
@@ -15,7 +20,7 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from e2e.cluster import Cluster, versions
+from e2e.cluster import Cluster, images, versions
 from e2e.cluster.paths import REPO_ROOT
 from e2e.kube import Kube, wait_for
 from gpu_dra.driver.discovery import discover_devices
@@ -29,6 +34,9 @@ METRICS_PORT = 8081  # the plugin's default
 BIN = Path(sys.executable).parent
 MPS_CONTROL_DOUBLE = REPO_ROOT / "tests" / "doubles" / "bin" / "nvidia-cuda-mps-control"
 """The TEST DOUBLE of nvidia-cuda-mps-control (tests/doubles): the plugin's MPS control binary."""
+MPS_DAEMON_NAMESPACE = "gpu-dra"
+"""Where the plugin creates its MPS daemon pods (the namespace of deployments/rbac.yaml)."""
+MPS_DAEMON_SELECTOR = "app.kubernetes.io/component=mps-control-daemon"
 DATA_DIR_LINK = "gd"
 """``<state>/gd`` -> ``kubelet/plugins/gpu.nvidia.com``: the plugin's ``--data-dir``. MPS
 control sockets are ``<data-dir>/mps/<id>/pipe/control`` and must fit in 107 bytes; under the
@@ -41,14 +49,41 @@ class Driver:
     cluster: Cluster
     kube: Kube
     profile: str
+    mps_daemon_image: str = ""
+    """Reference of the MPS daemon image (`install` builds and imports it)."""
 
     @property
     def state_dir(self) -> Path:
         return self.cluster.paths.plugins_dir / DRIVER
 
     def install(self) -> None:
-        """RBAC for the driver's identity and the DeviceClass catalog (through the controller)."""
+        """RBAC for the driver's identity, the DeviceClass catalog (through the controller) and
+        the MPS daemon image."""
         self.cluster.kubectl("apply", "-f", str(REPO_ROOT / "deployments" / "rbac.yaml"))
+        self.cluster.kubectl(
+            "apply", "-f", "-",
+            input=json.dumps(
+                {
+                    "apiVersion": "rbac.authorization.k8s.io/v1",
+                    "kind": "RoleBinding",
+                    "metadata": {"name": "gpu-dra-mps-daemons-e2e",
+                                 "namespace": MPS_DAEMON_NAMESPACE},
+                    "roleRef": {
+                        "apiGroup": "rbac.authorization.k8s.io",
+                        "kind": "Role",
+                        "name": "gpu-dra-mps-daemons",
+                    },
+                    "subjects": [
+                        {
+                            "apiGroup": "rbac.authorization.k8s.io",
+                            "kind": "User",
+                            "name": "gpu-dra-driver",
+                        }
+                    ],
+                }
+            ),
+        )  # fmt: skip
+        self.mps_daemon_image = self.ensure_mps_daemon_image()
         self.cluster.kubectl(
             "apply", "-f", "-",
             input=json.dumps(
@@ -127,6 +162,9 @@ class Driver:
                 f"--kubeconfig={self.kubeconfig}",
                 f"--data-dir={self.data_dir}",
                 f"--mps-control-binary={MPS_CONTROL_DOUBLE}",
+                "--mps-daemon-runner=pod",
+                f"--mps-daemon-image={self.mps_daemon_image}",
+                f"--mps-daemon-namespace={MPS_DAEMON_NAMESPACE}",
             ],
             # PYTHON: the interpreter the double's wrapper runs (standard library only).
             env=dict(os.environ, PYTHONUNBUFFERED="1", PYTHON=sys.executable),
@@ -156,6 +194,34 @@ class Driver:
 
     def stop_plugin(self) -> None:
         self.cluster.stop_component(PLUGIN)
+
+    def kill_plugin(self) -> None:
+        """SIGKILL the plugin (a crash: no shutdown code runs) and wait until it is gone."""
+        pid = self.cluster.pid(PLUGIN)
+        assert pid is not None, "the plugin is not running"
+        os.kill(pid, signal.SIGKILL)
+        self.cluster.stop_component(PLUGIN)  # reaps it and forgets it
+        wait_for("the killed plugin to be gone", lambda: self.cluster.pid(PLUGIN) is None, 10)
+
+    def ensure_mps_daemon_image(self) -> str:
+        """Build the MPS double image (cached by content) and import it if containerd lacks it;
+        its reference."""
+        spec = images.mps_double_image(REPO_ROOT / "tests" / "doubles")
+        archive = (
+            self.cluster.paths.images_dir / f"mps-double-{spec.reference.rsplit(':', 1)[1]}.tar"
+        )
+        if not archive.exists():
+            images.write_oci_archive(spec, archive)
+        ctr, socket = self.cluster.bin_dir / "ctr", self.cluster.paths.containerd_socket
+        if not images.image_present(ctr, socket, spec.reference):
+            images.import_images(ctr, socket, [archive])
+        return spec.reference
+
+    def mps_daemon_pods(self) -> dict[str, dict[str, Any]]:
+        """The MPS control daemon pods of the plugin, by name."""
+        pods = self.kube.list("v1", "Pod", namespace=MPS_DAEMON_NAMESPACE,
+                              label_selector=MPS_DAEMON_SELECTOR)  # fmt: skip
+        return {p["metadata"]["name"]: p for p in pods}
 
     @property
     def registration_socket(self) -> Path:

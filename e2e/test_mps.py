@@ -1,7 +1,9 @@
 """Per-claim MPS end to end (issue 5, e2e (a)): NVIDIA's gpu-test-mps shape on a simulated
-hgx-h100 node. The plugin runs the nvidia-cuda-mps-control TEST DOUBLE (tests/doubles) as its
-MPS control binary, so the daemon is a real host process with real directories, settings and
-control.log, and the pods get the daemon's pipe directory through the claim's CDI spec."""
+hgx-h100 node. The plugin runs each daemon as a pod (``--mps-daemon-runner=pod``) from a locally
+built image of the nvidia-cuda-mps-control TEST DOUBLE (tests/doubles), and uses the double as
+its control client, so the daemon is a real process (in the host's PID namespace) with real
+directories, settings and control.log, and the pods get the daemon's pipe directory through the
+claim's CDI spec."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ from typing import Any
 import pytest
 
 from e2e import manifests as m
-from e2e.driver import CDI_ROOT, Driver
+from e2e.driver import CDI_ROOT, MPS_DAEMON_NAMESPACE, Driver
 from e2e.kube import Kube, wait_for
 from e2e.test_whole_gpu import allocated_devices, wait_running
 from gpu_dra.kubelet_plugin.mps import claim_daemon_id
@@ -30,13 +32,18 @@ _SECTION = re.compile(r"^--- (\w+)\n(.*?)(?=^--- )", re.M | re.S)
 
 
 @pytest.fixture(autouse=True)
-def no_daemon_left(driver: Driver) -> Iterator[None]:
-    """Every test starts and ends without MPS daemons; a daemon a failed test left is killed
-    (and fails the test) so that no double process outlives the run."""
+def no_daemon_left(driver: Driver, kube: Kube) -> Iterator[None]:
+    """Every test starts and ends without MPS daemons or daemon pods; what a failed test left is
+    removed (and fails the test) so that no double process outlives the run."""
     assert not daemons(driver), "MPS daemons left by an earlier test"
+    assert not driver.mps_daemon_pods(), "MPS daemon pods left by an earlier test"
     yield
+    left_pods = sorted(driver.mps_daemon_pods())
+    for name in left_pods:
+        kube.delete("v1", "Pod", name, MPS_DAEMON_NAMESPACE)
     left = kill_processes_under(driver.data_dir / "mps", grace_s=10)
     assert not left, f"MPS daemon processes left behind: {left}"
+    assert not left_pods, f"MPS daemon pods left behind: {left_pods}"
 
 
 def daemons(driver: Driver) -> list[int]:
@@ -107,6 +114,11 @@ def test_one_mps_claim_shared_by_two_pods_runs_one_daemon_with_its_settings(
     (handle,) = checkpoint_entry(driver, uid)["state"]["mpsDaemons"]
     assert handle["daemonId"] == daemon_id
     assert handle["pid"] == pid
+    # ... run as a pod bound to the node: its container is that process.
+    (daemon_pod,) = driver.mps_daemon_pods().values()
+    assert daemon_pod["metadata"]["name"] == f"mps-control-daemon-{daemon_id}"
+    assert daemon_pod["status"]["phase"] == "Running"
+    assert (handle["runner"], handle["runnerRef"]) == ("pod", daemon_pod["metadata"]["uid"])
 
     # Its settings: 50 % of the threads, 10Gi = 10240M pinned memory on the claim's GPU.
     state = read_state(root / "pipe")
@@ -140,6 +152,7 @@ def test_one_mps_claim_shared_by_two_pods_runs_one_daemon_with_its_settings(
     kube.wait_gone("v1", "Pod", "mps-pod-2", namespace)
     wait_for("the claim to be unprepared", lambda: uid not in driver.checkpoint_claims(), 60)
     assert daemons(driver) == []
+    assert driver.mps_daemon_pods() == {}
     assert not root.exists()
     assert list(driver.mps_dir.iterdir()) == []
     assert uid not in driver.cdi_spec_claims()
@@ -159,6 +172,7 @@ def test_an_invalid_mps_config_becomes_a_pod_event_and_starts_no_daemon(
     assert "150" in message
     uid = kube.get("resource.k8s.io/v1", "ResourceClaim", "bad-mps", namespace)["metadata"]["uid"]
     assert daemons(driver) == []
+    assert driver.mps_daemon_pods() == {}
     assert not driver.mps_dir.exists() or list(driver.mps_dir.iterdir()) == []
     assert uid not in driver.checkpoint_claims()
     assert uid not in driver.cdi_spec_claims()

@@ -1,8 +1,11 @@
 """Assembles OCI image tarballs locally (no registry, no Docker) and imports them into containerd.
 
-Two images: the busybox-based test image (static busybox from Debian with its applets linked) and
-the pod sandbox image (the project's own `pause`, built by toolchain.py). Layers are reproducible:
-fixed timestamps and owners, sorted entries, so the same inputs give the same digests.
+Three images: the busybox-based test image (static busybox from Debian with its applets linked),
+the pod sandbox image (the project's own `pause`, built by toolchain.py), and the MPS daemon image
+of the e2e tests (`mps_double_image`): the nvidia-cuda-mps-control TEST DOUBLE with the host
+Python interpreter and just the part of its standard library the double imports. Layers are
+reproducible: fixed timestamps and owners, sorted entries, so the same inputs give the same
+digests.
 """
 
 from __future__ import annotations
@@ -10,9 +13,12 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import os
+import re
 import subprocess
+import sys
 import tarfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from e2e.cluster import versions
@@ -27,6 +33,8 @@ class ImageSpec:
     symlinks: dict[str, str]  # path in image -> target
     entrypoint: list[str]
     cmd: list[str]
+    executables: frozenset[str] = field(default_factory=frozenset)
+    """Paths of ``files`` given as bytes that get mode 0755 (host files always do)."""
 
 
 def _layer(spec: ImageSpec) -> bytes:
@@ -47,7 +55,7 @@ def _layer(spec: ImageSpec) -> bytes:
             data = source.read_bytes() if isinstance(source, Path) else source
             info = tarfile.TarInfo(path.strip("/"))
             info.size = len(data)
-            info.mode = 0o755 if isinstance(source, Path) else 0o644
+            info.mode = 0o755 if isinstance(source, Path) or path in spec.executables else 0o644
             tar.addfile(info, io.BytesIO(data))
         for path in sorted(spec.symlinks):
             info = tarfile.TarInfo(path.strip("/"))
@@ -149,6 +157,98 @@ def pause_image(pause_binary: Path) -> ImageSpec:
         entrypoint=["/pause"],
         cmd=[],
     )
+
+
+MPS_DOUBLE_IMAGE = "localhost/gpu-dra/mps-control-double"
+"""Repository of the MPS daemon image of the e2e tests; the tag is a hash of the content."""
+MPS_DOUBLE_DIR = "opt/gpu-dra-mps-double"
+"""Where the double's two modules go in the image; ``/usr/bin/nvidia-cuda-mps-control`` links to
+the entry module (Python resolves the link, so the daemon module is found next to it)."""
+_LDD_PATH = re.compile(r"(/\S+)")
+_PROBE = """
+import json, os, sys, traceback
+sys.path.insert(0, sys.argv[1])
+import nvidia_cuda_mps_control, mps_double_daemon
+import importlib.machinery
+files = sorted({m.__file__ for m in list(sys.modules.values()) if getattr(m, "__file__", None)})
+print(json.dumps({"executable": os.path.realpath(sys.executable), "files": files,
+                  "stdlib": os.path.dirname(os.__file__)}))
+"""
+
+
+def _shared_libraries(binaries: list[Path]) -> set[Path]:
+    """What ``ldd`` says the binaries load (the dynamic loader included), by the paths it names."""
+    found: set[Path] = set()
+    for binary in binaries:
+        done = subprocess.run(["ldd", str(binary)], capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            continue  # not dynamic: nothing to add
+        for line in done.stdout.splitlines():
+            match = _LDD_PATH.search(line.split("=>")[-1])
+            if match:
+                found.add(Path(match[1]))
+    return found
+
+
+SYSTEM_PYTHON = Path("/usr/bin/python3")
+"""Preferred interpreter of the MPS double image (Debian's: libpython linked in, small); else
+the interpreter running the tests."""
+
+
+def mps_double_image(doubles_dir: Path, python: str | None = None) -> ImageSpec:
+    """The MPS daemon image of the e2e tests: the TEST DOUBLE of ``nvidia-cuda-mps-control``
+    (``tests/doubles``, not NVIDIA software) as ``/usr/bin/nvidia-cuda-mps-control``, run by a
+    copy of the host's Python at its host path with the standard-library modules the double
+    imports (asked of that interpreter) and the shared libraries they load (``ldd``). Tagged with
+    a hash of its content, so a changed double is a new image."""
+    if python is None:
+        python = str(SYSTEM_PYTHON) if SYSTEM_PYTHON.exists() else sys.executable
+    probe = subprocess.run(
+        [python, "-S", "-c", _PROBE, str(doubles_dir)],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    found = json.loads(probe.stdout)
+    interpreter = Path(found["executable"])
+    stdlib = Path(found["stdlib"])
+    modules = [Path(f) for f in found["files"] if Path(f).is_relative_to(stdlib)]
+    files: dict[str, bytes | Path] = {str(interpreter).lstrip("/"): interpreter}
+    # The prefix landmark Python looks for at start-up (os is frozen, but getpath needs os.py).
+    for module in [*modules, stdlib / "os.py"]:
+        files[str(module).lstrip("/")] = module
+    extensions = [m for m in modules if m.suffix == ".so"]
+    for library in _shared_libraries([interpreter, *extensions]):
+        files[str(library).lstrip("/")] = Path(os.path.realpath(library))
+    entry = doubles_dir / "nvidia_cuda_mps_control.py"
+    script = entry.read_bytes().split(b"\n", 1)[1]
+    files[f"{MPS_DOUBLE_DIR}/nvidia_cuda_mps_control.py"] = (
+        f"#!{interpreter} -S\n".encode() + script
+    )
+    files[f"{MPS_DOUBLE_DIR}/mps_double_daemon.py"] = doubles_dir / "mps_double_daemon.py"
+    symlinks = {
+        "usr/bin/nvidia-cuda-mps-control": f"/{MPS_DOUBLE_DIR}/nvidia_cuda_mps_control.py",
+        "usr/bin/python3": str(interpreter),
+    }
+    digest = hashlib.sha256()
+    for path in sorted(files):
+        source = files[path]
+        digest.update(path.encode() + b"\0")
+        digest.update(source.read_bytes() if isinstance(source, Path) else source)
+    return ImageSpec(
+        reference=f"{MPS_DOUBLE_IMAGE}:{digest.hexdigest()[:12]}",
+        files=files,
+        symlinks=symlinks,
+        entrypoint=["/usr/bin/nvidia-cuda-mps-control"],
+        cmd=["-f"],
+        executables=frozenset({f"{MPS_DOUBLE_DIR}/nvidia_cuda_mps_control.py"}),
+    )
+
+
+def image_present(ctr: Path, socket: Path, reference: str) -> bool:
+    listed = subprocess.run(
+        [str(ctr), "--address", str(socket), "--namespace", "k8s.io", "images", "ls", "-q"],
+        check=True, capture_output=True, text=True,
+    ).stdout.split()  # fmt: skip
+    return reference in listed
 
 
 def import_images(ctr: Path, socket: Path, archives: list[Path]) -> None:
