@@ -161,6 +161,24 @@ def new_api_client(kubeconfig: Path | None) -> k8s.ApiClient:
     return k8s.ApiClient(configuration)
 
 
+def read_server_version(api_client: k8s.ApiClient, *, timeout_s: float = 30.0) -> tuple[str, str]:
+    """(major, minor) from the apiserver's ``/version``, as it reports them (``1``, ``35+``)."""
+    action = "read the apiserver version (/version)"
+    with translated_errors(action):
+        response: Any = k8s.VersionApi(api_client).get_code(
+            _request_timeout=timeout_s, _preload_content=False
+        )
+        body: bytes = response.data
+    # raw JSON: vendor builds leave out fields the client's model insists on
+    try:
+        info = json.loads(body)
+    except ValueError as error:
+        raise errors.ApiError(f"{action}: not JSON: {body[:200]!r}") from error
+    if not isinstance(info, dict):
+        raise errors.ApiError(f"{action}: expected an object, got {body[:200]!r}")
+    return str(info.get("major") or ""), str(info.get("minor") or "")
+
+
 class KubernetesSliceApi:
     """`SliceApi` on the `kubernetes` client, with raw dictionaries (`CustomObjectsApi`)."""
 

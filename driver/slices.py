@@ -26,6 +26,7 @@ from __future__ import annotations
 import collections
 import copy
 import enum
+import itertools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -61,6 +62,21 @@ class SliceLayout(enum.Enum):
 
     COMBINED = "combined"
     """Kubernetes 1.34: each counter set in one slice with the devices that consume it."""
+
+
+def layout_for_kubernetes(major: str, minor: str) -> SliceLayout:
+    """The layout the apiserver of version `major`.`minor` (``/version`` fields) accepts.
+
+    Vendor builds decorate the minor (``35+``); only its leading digits count. Versions before
+    1.35 get `SliceLayout.COMBINED`, later ones `SliceLayout.SPLIT`.
+    """
+    digits = "".join(itertools.takewhile(str.isdigit, minor.strip()))
+    if not major.strip().isdigit() or not digits:
+        raise ValueError(
+            f"cannot read a Kubernetes version from major {major!r}, minor {minor!r}; "
+            "set the slice layout explicitly"
+        )
+    return SliceLayout.COMBINED if (int(major), int(digits)) < (1, 35) else SliceLayout.SPLIT
 
 
 class SliceLayoutError(ValueError):

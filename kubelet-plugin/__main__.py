@@ -23,9 +23,11 @@ from collections.abc import Sequence
 from kubernetes.client import ApiClient
 from prometheus_client import CollectorRegistry, start_http_server
 
-from gpu_dra.controller.kubeapi import KubernetesSliceApi, new_api_client
+from gpu_dra.controller.errors import ApiError
+from gpu_dra.controller.kubeapi import KubernetesSliceApi, new_api_client, read_server_version
 from gpu_dra.controller.metrics import SliceMetrics
 from gpu_dra.controller.publisher import SlicePublisher
+from gpu_dra.driver import slices
 from gpu_dra.driver.discovery import discover_devices
 from gpu_dra.driver.model import NodeDevices
 from gpu_dra.driver.nvml.interface import NvmlLibrary, PciTopology
@@ -162,21 +164,41 @@ def _time_slicer(settings: KubeletPluginSettings, devices: NodeDevices) -> TimeS
     return NvidiaSmiTimeSlicer(binary)
 
 
+def _slice_layout(settings: KubeletPluginSettings, api_client: ApiClient) -> slices.SliceLayout:
+    """`--slice-layout`, or the layout the apiserver's version accepts (1.34 combined, 1.35+
+    split); split when the version cannot be read (logged, naming the flag)."""
+    if settings.slice_layout is not None:
+        return settings.slice_layout
+    try:
+        major, minor = read_server_version(api_client)
+        layout = slices.layout_for_kubernetes(major, minor)
+    except (ApiError, ValueError) as error:
+        log.warning("%s; publishing the split layout (set --slice-layout to choose)", error)
+        return slices.SliceLayout.SPLIT
+    log.info("apiserver version %s.%s: %s slice layout", major, minor, layout.value)
+    return layout
+
+
 async def run(settings: KubeletPluginSettings) -> None:
     nvml, pci = _nvml(settings)
-    devices = await asyncio.to_thread(discover_devices, nvml, pci)
+    dynamic_mig = settings.dynamic_mig_enabled
+    devices = await asyncio.to_thread(discover_devices, nvml, pci, mig_profiles=dynamic_mig)
     inventory = NodeInventory.from_discovery(
         devices,
         simulated=settings.simulate is not None,
         driver_root=settings.driver_root,
         mps_shares=settings.mps_shares,
+        dynamic_mig=dynamic_mig,
     )
     log.info(
-        "discovered %d GPU(s) and %d MIG device(s) node=%s simulated=%s",
+        "discovered %d GPU(s) and %d MIG device(s) node=%s simulated=%s dynamic_mig=%s "
+        "partitionable GPUs=%d",
         len(devices.gpus),
         len(devices.mig_devices),
         settings.node_name,
         settings.simulate,
+        dynamic_mig,
+        len(inventory.counter_sets()),
     )
     if inventory.mps_shares:
         log.info(
@@ -220,7 +242,10 @@ async def run(settings: KubeletPluginSettings) -> None:
         node_name=settings.node_name,
         metrics=SliceMetrics(registry),
     )
-    publisher.set_desired(inventory.desired_pool(settings.driver_name, settings.node_name))
+    layout = slices.SliceLayout.SPLIT
+    if inventory.counter_sets():
+        layout = await asyncio.to_thread(_slice_layout, settings, api_client)
+    publisher.set_desired(inventory.desired_pool(settings.driver_name, settings.node_name, layout))
     publishing = asyncio.create_task(publisher.run(), name="publisher")
 
     async def registered() -> None:

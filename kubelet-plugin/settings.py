@@ -5,18 +5,80 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from gpu_dra.driver.naming import DEFAULT_DRIVER_NAME
 from gpu_dra.driver.shares import ShareSelection, ShareSelectionError
+from gpu_dra.driver.slices import SliceLayout
 
 DEFAULT_MPS_CONTROL_BINARY = "nvidia-cuda-mps-control"
 DEFAULT_NVIDIA_SMI = "nvidia-smi"
 MPS_DAEMON_RUNNERS = ("process", "pod")
 DEFAULT_MPS_DAEMON_NAMESPACE = "gpu-dra"
+
+# NVIDIA's driver feature gates (nvidia-compat.md §10) and what gpu-dra does with them.
+GATE_DYNAMIC_MIG = "DynamicMIG"
+GATES_ALWAYS_ON = frozenset({"TimeSlicingSettings", "MPSSupport"})
+"""Behaviour gpu-dra always has: accepted either way, no effect."""
+GATES_NOT_IMPLEMENTED = frozenset(
+    {
+        "IMEXDaemonsWithDNSNames",
+        "PassthroughSupport",
+        "NVMLDeviceHealthCheck",
+        "ComputeDomainCliques",
+        "CrashOnNVLinkFabricErrors",
+        "DeviceMetadata",
+        "DRAListTypeAttributes",
+        "FabricManagerPartitioning",
+        "HostManagedIMEXDaemon",
+        "ConsumableShares",
+    }
+)
+"""Accepted when false; true is an error, as gpu-dra does not implement them."""
+
+_TRUE = frozenset({"true", "1", "yes", "on"})
+_FALSE = frozenset({"false", "0", "no", "off", ""})
+
+
+def parse_bool(text: str, what: str) -> bool:
+    """``true``/``false`` (also 1/0, yes/no, on/off, any case); ValueError names `what`."""
+    value = text.strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise ValueError(f"{what} must be true or false, got {text!r}")
+
+
+def parse_feature_gates(text: str) -> tuple[str, ...]:
+    """NVIDIA's ``--feature-gates`` / ``FEATURE_GATES`` (``K1=v1,K2=v2,``): the gates turned on.
+
+    ``DynamicMIG`` turns on dynamic MIG; ``TimeSlicingSettings`` and ``MPSSupport`` are always on
+    in gpu-dra; NVIDIA's other gates may only be false. Unknown names are an error.
+    """
+    enabled = []
+    for item in text.split(","):
+        if not item.strip():
+            continue
+        name, separator, raw = item.partition("=")
+        name = name.strip()
+        if not separator:
+            raise ValueError(f"feature gate {item.strip()!r} must be written Name=true|false")
+        value = parse_bool(raw, f"feature gate {name}")
+        if name == GATE_DYNAMIC_MIG or name in GATES_ALWAYS_ON:
+            pass
+        elif name in GATES_NOT_IMPLEMENTED:
+            if value:
+                raise ValueError(f"feature gate {name} is not implemented by gpu-dra")
+        else:
+            known = sorted({GATE_DYNAMIC_MIG, *GATES_ALWAYS_ON, *GATES_NOT_IMPLEMENTED})
+            raise ValueError(f"unknown feature gate {name!r}; known: {', '.join(known)}")
+        if value:
+            enabled.append(name)
+    return tuple(dict.fromkeys(enabled))
 
 
 @dataclass(frozen=True)
@@ -68,6 +130,18 @@ class KubeletPluginSettings:
     mps_exclusive_compute_mode: bool = False
     """Set the compute mode EXCLUSIVE_PROCESS on the full GPUs of an MPS daemon while it runs
     (DEFAULT again when it stops), as NVIDIA's driver does; never on MIG devices."""
+    dynamic_mig: bool = False
+    """Publish MIG-capable GPUs as partitionable devices (MIG slices made on demand)."""
+    feature_gates: tuple[str, ...] = ()
+    """NVIDIA feature gates turned on (``DynamicMIG`` implies `dynamic_mig`)."""
+    slice_layout: SliceLayout | None = None
+    """Where shared counters go; None = from the apiserver's version (1.34 combined, else
+    split)."""
+
+    @property
+    def dynamic_mig_enabled(self) -> bool:
+        """`dynamic_mig`, or NVIDIA's spelling ``--feature-gates DynamicMIG=true``."""
+        return self.dynamic_mig or GATE_DYNAMIC_MIG in self.feature_gates
 
     @property
     def state_dir(self) -> Path:
@@ -182,6 +256,7 @@ class KubeletPluginSettings:
             "it runs (never on MIG devices)",
             "false",
         )
+        _add_dynamic_mig_options(option, environ)
         args = parser.parse_args(argv)
         if not args.node_name:
             parser.error("--node-name (or GPU_DRA_NODE_NAME / NODE_NAME) is required")
@@ -227,6 +302,7 @@ class KubeletPluginSettings:
             mps_shares=mps_shares,
             mps_share_max_percent=max_share,
             **_mps_daemon_settings(parser, args),
+            **_dynamic_mig_settings(parser, args),
         )
 
 
@@ -255,4 +331,48 @@ def _mps_daemon_settings(
         "mps_daemon_image": args.mps_daemon_image or "",
         "mps_daemon_namespace": args.mps_daemon_namespace or DEFAULT_MPS_DAEMON_NAMESPACE,
         "mps_exclusive_compute_mode": exclusive in ("true", "1", "yes"),
+    }
+
+
+def _add_dynamic_mig_options(option: Callable[..., None], environ: Mapping[str, str]) -> None:
+    """`--dynamic-mig`, `--feature-gates` and `--slice-layout`."""
+    option(
+        "--dynamic-mig",
+        "publish MIG-capable GPUs as partitionable devices: every placement of every MIG "
+        "profile, MIG slices made on demand (true/false; a bare flag means true)",
+        "false",
+        nargs="?",
+        const="true",
+    )
+    option(
+        "--feature-gates",
+        "NVIDIA's feature gates, Name=true|false,...: DynamicMIG=true is --dynamic-mig; "
+        "also read from FEATURE_GATES",
+        environ.get("FEATURE_GATES"),
+    )
+    option(
+        "--slice-layout",
+        "where shared counters go: auto (from the apiserver version), split (Kubernetes "
+        "1.35+: own slices) or combined (1.34: with their devices)",
+        "auto",
+    )
+
+
+def _dynamic_mig_settings(
+    parser: argparse.ArgumentParser, args: argparse.Namespace
+) -> dict[str, Any]:
+    """`--dynamic-mig`, `--feature-gates` and `--slice-layout` (None = auto), or a usage error."""
+    try:
+        dynamic_mig = parse_bool(args.dynamic_mig or "", "--dynamic-mig")
+        feature_gates = parse_feature_gates(args.feature_gates or "")
+    except ValueError as error:
+        parser.error(str(error))
+    layout_name = (args.slice_layout or "auto").strip().lower()
+    layouts = {layout.value: layout for layout in SliceLayout}
+    if layout_name != "auto" and layout_name not in layouts:
+        parser.error(f"--slice-layout must be auto, split or combined, got {args.slice_layout!r}")
+    return {
+        "dynamic_mig": dynamic_mig,
+        "feature_gates": feature_gates,
+        "slice_layout": layouts.get(layout_name),
     }

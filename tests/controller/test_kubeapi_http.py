@@ -21,6 +21,7 @@ from gpu_dra.controller.kubeapi import (
     ResourceSlice,
     SliceEvent,
     SliceSelector,
+    read_server_version,
 )
 
 SLICES = "/apis/resource.k8s.io/v1/resourceslices"
@@ -83,6 +84,8 @@ class StubApiserver(BaseHTTPRequestHandler):
         path, query, _ = self._record()
         if path == "/api/v1/nodes/node-a":
             self._reply(200, {"kind": "Node", "metadata": {"name": "node-a", "uid": "uid-a"}})
+        elif path.rstrip("/") == "/version":
+            self._reply(200, {"major": "1", "minor": "34+", "gitVersion": "v1.34.2-gke.1"})
         elif path == SLICES and query.get("watch") == ["true"]:
             self.send_response(200)
             self.send_header("Content-Type", "application/json")
@@ -194,6 +197,11 @@ def test_delete_sends_uid_and_version_preconditions(api_client: k8s.ApiClient) -
     (request,) = StubApiserver.requests
     assert (request["method"], request["path"]) == ("DELETE", f"{SLICES}/s1")
     assert request["body"]["preconditions"] == {"uid": "uid-s1", "resourceVersion": "5"}
+
+
+def test_server_version_is_read_from_slash_version(api_client: k8s.ApiClient) -> None:
+    assert read_server_version(api_client) == ("1", "34+")
+    assert StubApiserver.requests[-1]["path"].rstrip("/") == "/version"
 
 
 def test_node_uid_is_read_from_the_node(api_client: k8s.ApiClient) -> None:

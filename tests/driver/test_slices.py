@@ -15,6 +15,7 @@ from gpu_dra.driver.slices import (
     SliceLayout,
     SliceLayoutError,
     build_pool,
+    layout_for_kubernetes,
     page_devices,
 )
 
@@ -247,3 +248,22 @@ def test_combined_layout_refuses_what_kubernetes_1_34_cannot_hold() -> None:
             order=DeviceOrder.GIVEN,
             layout=SliceLayout.COMBINED,
         )
+
+
+@pytest.mark.parametrize(
+    ("major", "minor", "layout"),
+    [
+        ("1", "34", SliceLayout.COMBINED),
+        ("1", "34+", SliceLayout.COMBINED),
+        ("1", "35", SliceLayout.SPLIT),
+        ("1", "37", SliceLayout.SPLIT),
+        ("2", "0", SliceLayout.SPLIT),
+    ],
+)
+def test_layout_follows_the_apiserver_version(major: str, minor: str, layout: SliceLayout) -> None:
+    assert layout_for_kubernetes(major, minor) is layout
+
+
+def test_unreadable_version_names_the_way_out() -> None:
+    with pytest.raises(ValueError, match="set the slice layout explicitly"):
+        layout_for_kubernetes("", "x")

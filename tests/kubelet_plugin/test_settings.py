@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from gpu_dra.driver.shares import ShareSelection
+from gpu_dra.driver.slices import SliceLayout
 from gpu_dra.kubelet_plugin.settings import KubeletPluginSettings
 
 ALL_FLAGS = [
@@ -31,6 +32,9 @@ ALL_FLAGS = [
     "--mps-daemon-image=registry.example/gpu-dra:1",
     "--mps-daemon-namespace=gpu-system",
     "--mps-exclusive-compute-mode=true",
+    "--dynamic-mig=true",
+    "--feature-gates=DynamicMIG=true,MPSSupport=false,TimeSlicingSettings=true",
+    "--slice-layout=combined",
 ]
 
 EXPECTED = KubeletPluginSettings(
@@ -53,6 +57,9 @@ EXPECTED = KubeletPluginSettings(
     mps_daemon_image="registry.example/gpu-dra:1",
     mps_daemon_namespace="gpu-system",
     mps_exclusive_compute_mode=True,
+    dynamic_mig=True,
+    feature_gates=("DynamicMIG", "TimeSlicingSettings"),
+    slice_layout=SliceLayout.COMBINED,
 )
 
 
@@ -341,3 +348,42 @@ def test_exclusive_compute_mode_must_be_a_boolean(capsys: pytest.CaptureFixture[
     error = usage_error(capsys, ["--node-name=n", "--mps-exclusive-compute-mode=sometimes"], {})
 
     assert "--mps-exclusive-compute-mode must be true or false, got 'sometimes'" in error
+
+
+def test_dynamic_mig_is_off_by_default_and_a_bare_flag_turns_it_on() -> None:
+    assert not KubeletPluginSettings.parse(["--node-name=a"], {}).dynamic_mig_enabled
+    assert KubeletPluginSettings.parse(["--node-name=a", "--dynamic-mig"], {}).dynamic_mig
+    env = {"GPU_DRA_DYNAMIC_MIG": "false"}
+    assert not KubeletPluginSettings.parse(["--node-name=a"], env).dynamic_mig
+
+
+def test_nvidia_dynamic_mig_gate_turns_dynamic_mig_on_from_flag_or_feature_gates_env() -> None:
+    by_flag = KubeletPluginSettings.parse(["--node-name=a", "--feature-gates=DynamicMIG=true"], {})
+    by_env = KubeletPluginSettings.parse(["--node-name=a"], {"FEATURE_GATES": "DynamicMIG=true,"})
+    off = KubeletPluginSettings.parse(["--node-name=a"], {"FEATURE_GATES": "DynamicMIG=false"})
+
+    assert (by_flag.dynamic_mig, by_flag.dynamic_mig_enabled) == (False, True)
+    assert by_env.dynamic_mig_enabled
+    assert not off.dynamic_mig_enabled
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--dynamic-mig=maybe"], "--dynamic-mig must be true or false, got 'maybe'"),
+        (["--feature-gates=DynamicMig=true"], "unknown feature gate 'DynamicMig'"),
+        (["--feature-gates=DynamicMIG"], "must be written Name=true|false"),
+        (["--feature-gates=PassthroughSupport=true"], "PassthroughSupport is not implemented"),
+        (["--slice-layout=flat"], "--slice-layout must be auto, split or combined"),
+    ],
+)
+def test_bad_dynamic_mig_settings_are_usage_errors(
+    capsys: pytest.CaptureFixture[str], argv: list[str], message: str
+) -> None:
+    assert message in usage_error(capsys, ["--node-name=a", *argv], {})
+
+
+def test_slice_layout_auto_leaves_the_choice_to_the_apiserver_version() -> None:
+    assert KubeletPluginSettings.parse(["--node-name=a"], {}).slice_layout is None
+    split = KubeletPluginSettings.parse(["--node-name=a", "--slice-layout=split"], {})
+    assert split.slice_layout is SliceLayout.SPLIT
