@@ -229,6 +229,7 @@ async def run(settings: KubeletPluginSettings) -> None:
         claims_dir=settings.state_dir / "claims",
         mps=_mps(settings, api_client, nvml),
         time_slicer=_time_slicer(settings, devices),
+        mps_share_max_percent=settings.mps_share_max_percent,
     )
     await preparer.recover()
 

@@ -36,6 +36,11 @@ group's full GPUs and one per MIG device of the group (``MigDeviceConfig``; CUDA
 and pinned limits keyed by the MIG UUID), id `claim_daemon_id(claimUID, UUIDs)`, defaults from
 `mpsConfig`. The manager sets EXCLUSIVE_PROCESS on the full GPUs when configured.
 
+MPS shares (`mps.shares`): a result on a GPU offered as shares that consumed less than the whole
+GPU joins the GPU's one shared daemon (started by the first share, stopped with the last, counted
+through the checkpoint) and gets its consumed capacity as client caps in its CDI devices. Shares
+of one GPU do not exclude each other; a share and a whole-GPU hold of one GPU do.
+
 Dynamic MIG (`mig/`, `docs/mig.md`): a claim's partition devices (`MigPartition`) become MIG
 devices during prepare. Their intents (parent, GI profile ID, placement) are in the first
 `PrepareStarted` record, before any NVML call; the GPU and compute instances are made after the
@@ -56,10 +61,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import shutil
 import weakref
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, TypeVar
@@ -76,6 +82,7 @@ from gpu_dra.driver.config import (
 from gpu_dra.driver.config.errors import DomainError
 from gpu_dra.driver.model import Gpu, MigDevice, MigPartition
 from gpu_dra.driver.naming import InvalidNameError, validate_claim_uid
+from gpu_dra.driver.shares import ShareError
 from gpu_dra.kubelet_plugin.cdi import (
     CdiDevice,
     ClaimSpecStore,
@@ -110,6 +117,15 @@ from gpu_dra.kubelet_plugin.mps import (
     handles_to_state,
     workload_edits,
 )
+from gpu_dra.kubelet_plugin.mps.shares import (
+    SHARES_STATE_KEY,
+    PlannedShare,
+    SharedDaemons,
+    ShareRefusedError,
+    is_shared_daemon,
+    plan_shares,
+    share_devices,
+)
 from gpu_dra.kubelet_plugin.preparer import ClaimRef, PreparedDevice, PrepareResult
 from gpu_dra.kubelet_plugin.timeslicing import (
     TIME_SLICE_STATE_KEY,
@@ -141,6 +157,8 @@ class _Result:
     device: str
     admin_access: bool
     share_id: str | None
+    consumed: Mapping[str, str] | None = None
+    """``consumedCapacity`` (devices that allow multiple allocations)."""
 
     @property
     def base_request(self) -> str:
@@ -186,6 +204,7 @@ class WholeGpuPreparer:
         mps: MpsControl | None = None,
         time_slicer: TimeSlicer | None = None,
         dynamic_mig: DynamicMig | None = None,
+        mps_share_max_percent: int = 100,
     ) -> None:
         """`uncached_claims` reads the API server directly; give it when `claims` is a cache, which
         may not have seen a claim replaced under the same name yet: a claim whose UID does not
@@ -194,7 +213,8 @@ class WholeGpuPreparer:
         `mps` starts and stops MPS control daemons; without it, claims asking for MPS fail.
         `time_slicer` sets time-slice intervals; without it, claims asking for TimeSlicing on
         full GPUs fail. `dynamic_mig` makes the MIG devices of partition devices; without it,
-        claims with partition devices fail."""
+        claims with partition devices fail. `mps_share_max_percent` is the largest MPS share
+        (`mps.shares`)."""
         self._driver = driver_name
         self._pool = node_name
         self._inventory = inventory
@@ -206,6 +226,10 @@ class WholeGpuPreparer:
         self._mps = mps
         self._time_slicer = time_slicer
         self._dynamic_mig = dynamic_mig
+        self._max_share = mps_share_max_percent
+        self._shared = None
+        if mps is not None:
+            self._shared = SharedDaemons(mps, checkpoint, max_percent=mps_share_max_percent)
         # Locks live while someone holds them: no growth with the number of claims ever seen.
         self._device_locks: weakref.WeakValueDictionary[str, asyncio.Lock] = (
             weakref.WeakValueDictionary()
@@ -307,15 +331,37 @@ class WholeGpuPreparer:
             claim=f"{claim.namespace}/{claim.name}",
             spec_configs=resource_claim.get("spec", {}).get("devices", {}).get("config"),
         )
-        mps_groups = self._mps_groups(claim, configs.groups, results)
+        shares = self._plan_shares(results, configs.groups)
+        mps_groups = self._mps_groups(
+            claim, configs.groups, results, skip={s.device_name for s in shares}
+        )
         time_slices = self._time_slices(configs.groups, mps_groups)
         mig_intents = self._mig_intents(results)
 
         device_names = sorted({r.device for r in results})
         async with self._locked_devices(device_names):
+            commit = functools.partial(self._check_and_commit, shares=shares)
             return await _in_thread_to_completion(
-                self._check_and_commit, claim, results, mps_groups, time_slices, mig_intents
+                commit, claim, results, mps_groups, time_slices, mig_intents
             )
+
+    def _plan_shares(
+        self, results: Sequence[_Result], groups: Sequence[ConfigGroup]
+    ) -> list[PlannedShare]:
+        """The MPS shares among the results (`mps.shares`); errors become `PrepareError`s."""
+        try:
+            shares = plan_shares(
+                results, groups, self._inventory.shared_gpu, max_percent=self._max_share
+            )
+        except (ShareRefusedError, ShareError) as error:
+            raise PrepareError(str(error)) from error
+        if shares and self._shared is None:
+            raise PrepareError(
+                f"device {shares[0].device_name} is an MPS share, but MPS is not available on "
+                f"node {self._pool}: the plugin has no MPS control daemon manager (see its "
+                "start-up log)"
+            )
+        return shares
 
     def _mig_intents(self, results: Sequence[_Result]) -> list[MigIntent]:
         """The MIG devices the claim makes: one per partition device (dynamic MIG)."""
@@ -335,9 +381,14 @@ class WholeGpuPreparer:
         return self._dynamic_mig.plan(partitions)
 
     def _mps_groups(
-        self, claim: ClaimRef, groups: Sequence[ConfigGroup], results: Sequence[_Result]
+        self,
+        claim: ClaimRef,
+        groups: Sequence[ConfigGroup],
+        results: Sequence[_Result],
+        skip: Collection[str] = (),
     ) -> list[_MpsGroup]:
-        """The MPS daemons the claim needs, one per config group with strategy MPS. Config
+        """The MPS daemons the claim needs, one per config group with strategy MPS, leaving out
+        the devices in ``skip`` (MPS shares, served by their GPU's shared daemon). Config
         errors that need the group's UUIDs are raised here, before anything is started."""
         admin = {r.device for r in results if r.admin_access}
         planned: list[_MpsGroup] = []
@@ -349,7 +400,9 @@ class WholeGpuPreparer:
             mps = mps_config(group.config)
             if mps is None:
                 continue  # TimeSlicing: `_time_slices`
-            names = tuple(sorted({d.device for d in group.devices}))
+            names = tuple(sorted({d.device for d in group.devices}.difference(skip)))
+            if not names:
+                continue
             made_on_demand = [
                 n for n in names if isinstance(self._inventory.by_name(n), MigPartition)
             ]
@@ -552,16 +605,22 @@ class WholeGpuPreparer:
                     device=item["device"],
                     admin_access=bool(item.get("adminAccess")),
                     share_id=item.get("shareID"),
+                    consumed=item.get("consumedCapacity"),
                 )
             )
         return results
 
-    def _check_not_taken(self, claim: ClaimRef, results: Sequence[_Result]) -> None:
-        exclusive = {r.device for r in results if not r.admin_access}
+    def _check_not_taken(
+        self, claim: ClaimRef, results: Sequence[_Result], shares: Sequence[PlannedShare] = ()
+    ) -> None:
+        """Refuse a device another prepared claim holds for itself; MPS shares of one GPU do
+        not exclude each other, but a share and a whole-GPU hold do."""
+        held = {r.device for r in results if not r.admin_access}
+        whole = held - {share.device_name for share in shares}
         for uid, entry in self._checkpoint.all().items():
             if uid == claim.uid:
                 continue
-            taken = exclusive & _exclusive_devices(entry)
+            taken = (held & _exclusive_devices(entry)) | (whole & share_devices(entry.state))
             if taken:
                 other = entry.claim
                 raise PrepareError(
@@ -577,13 +636,15 @@ class WholeGpuPreparer:
         mps_groups: Sequence[_MpsGroup],
         time_slices: Sequence[_TimeSlice],
         mig_intents: Sequence[MigIntent] = (),
+        *,
+        shares: Sequence[PlannedShare] = (),
     ) -> tuple[PreparedDevice, ...]:
         """`_check_not_taken`, `_check_sharing_conflicts` and `_check_mig_conflicts`, then
         `_commit`: one thread hop, under the caller's device locks."""
-        self._check_not_taken(claim, results)
+        self._check_not_taken(claim, results, shares)
         self._check_sharing_conflicts(claim, mps_groups, time_slices)
         self._check_mig_conflicts(claim, results, mig_intents)
-        return self._commit(claim, results, mps_groups, time_slices, mig_intents)
+        return self._commit(claim, results, mps_groups, time_slices, mig_intents, shares=shares)
 
     def _check_mig_conflicts(
         self, claim: ClaimRef, results: Sequence[_Result], mig_intents: Sequence[MigIntent]
@@ -610,6 +671,8 @@ class WholeGpuPreparer:
         mps_groups: Sequence[_MpsGroup],
         time_slices: Sequence[_TimeSlice] = (),
         mig_intents: Sequence[MigIntent] = (),
+        *,
+        shares: Sequence[PlannedShare] = (),
     ) -> tuple[PreparedDevice, ...]:
         started: dict[str, JsonValue] = {}
         if mig_intents:
@@ -641,6 +704,7 @@ class WholeGpuPreparer:
                 )
                 edits = workload_edits(handle.paths)
                 mps_edits.update(dict.fromkeys(group.device_names, edits))
+            mps_edits.update(self._join_shares(claim, shares, started, handles))
             made = self._make_mig_devices(claim, mig_intents, started, handles)
             claim_dir = self._claims_dir / claim.uid
             claim_dir.mkdir(parents=True, exist_ok=True)
@@ -674,6 +738,8 @@ class WholeGpuPreparer:
                 state[ADMIN_ACCESS_STATE] = list(admin)
             if handles:
                 state[MPS_STATE_KEY] = handles_to_state(handles)
+            if shares:
+                state[SHARES_STATE_KEY] = {s.device_name: s.to_state() for s in shares}
             if applied:
                 state[TIME_SLICE_STATE_KEY] = time_slices_to_state(applied)
             if made:
@@ -690,6 +756,34 @@ class WholeGpuPreparer:
             self._undo(claim.uid, handles)
             raise
         return devices
+
+    def _join_shares(
+        self,
+        claim: ClaimRef,
+        shares: Sequence[PlannedShare],
+        started: Mapping[str, JsonValue],
+        handles: list[DaemonHandle],
+    ) -> dict[str, ContainerEdits]:
+        """Join each share's GPU daemon, recording its handle (appended to ``handles``) in the
+        claim's `PrepareStarted` entry before another claim could stop it; the CDI edits (pipe
+        dir, shm, the share's caps) by device name."""
+        edits: dict[str, ContainerEdits] = {}
+        for share in shares:
+            assert self._shared is not None  # checked in _plan_shares
+
+            def record(joined: DaemonHandle) -> None:
+                handles.append(joined)
+                self._checkpoint.put(
+                    CheckpointEntry(
+                        claim=claim,
+                        phase=ClaimPhase.PREPARE_STARTED,
+                        state={**started, MPS_STATE_KEY: handles_to_state(handles)},
+                    )
+                )
+
+            handle = self._shared.join(claim.uid, share, record)
+            edits[share.device_name] = workload_edits(handle.paths, share.caps())
+        return edits
 
     def _make_mig_devices(
         self,
@@ -776,7 +870,10 @@ class WholeGpuPreparer:
                     " but this plugin has no MPS control daemon manager to stop them"
                 )
             for handle in handles:
-                self._mps.stop(handle)
+                if is_shared_daemon(handle.daemon_id) and self._shared is not None:
+                    self._shared.release(claim_uid, handle)  # stops it after the last share
+                else:
+                    self._mps.stop(handle)
         if entry is not None:
             self._reset_time_slices(claim_uid, time_slices_from_state(entry.state))
         self._cdi.remove(claim_uid)
@@ -929,10 +1026,11 @@ def _get_claim(reader: ClaimReader, claim: ClaimRef) -> ResourceClaim:
 
 
 def _exclusive_devices(entry: CheckpointEntry) -> set[str]:
-    """Devices `entry` holds for itself: all but those it was given with adminAccess."""
+    """Devices `entry` holds for itself: all but those it was given with adminAccess and its
+    MPS shares."""
     admin = entry.state.get(ADMIN_ACCESS_STATE)
     shared = {name for name in admin if isinstance(name, str)} if isinstance(admin, list) else set()
-    return {d.device_name for d in entry.devices} - shared
+    return {d.device_name for d in entry.devices} - shared - share_devices(entry.state)
 
 
 async def _in_thread_to_completion(func: Callable[..., _T], /, *args: object) -> _T:

@@ -11,7 +11,9 @@ The whole-GPU preparer uses it for per-claim MPS (``docs/mps.md``). Layout:
 * :mod:`.computemode` - the `ComputeModeControl` seam: EXCLUSIVE_PROCESS on full GPUs via NVML;
 * :mod:`.shm` - the `ShmMounter` seam: tmpfs in production, a plain directory in tests;
 * :mod:`.daemon` - `MpsDaemonManager`, the real `MpsControl`;
-* :mod:`.edits` - the CDI container edits of a daemon's workloads.
+* :mod:`.edits` - the CDI container edits of a daemon's workloads;
+* :mod:`.shares` - MPS shares: which results are shares, the per-GPU shared daemon and its
+  checkpoint-derived reference count.
 """
 
 from gpu_dra.kubelet_plugin.mps.computemode import (

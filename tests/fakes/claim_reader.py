@@ -60,6 +60,7 @@ def allocation_result(
     pool: str = "node-a",
     admin_access: bool | None = None,
     share_id: str | None = None,
+    consumed_capacity: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """One ``status.allocation.devices.results[]`` entry."""
     result: dict[str, Any] = {"request": request, "driver": driver, "pool": pool, "device": device}
@@ -67,6 +68,8 @@ def allocation_result(
         result["adminAccess"] = admin_access
     if share_id is not None:
         result["shareID"] = share_id
+    if consumed_capacity is not None:
+        result["consumedCapacity"] = dict(consumed_capacity)
     return result
 
 
