@@ -64,6 +64,7 @@ from gpu_dra.driver.nvml.profiles import ProfileError, builtin_profile_names, lo
 from gpu_dra.driver.nvml.real import RealNvml
 from gpu_dra.driver.nvml.simulated import SimulatedHost
 from gpu_dra.driver.nvml.sysfs import SysfsPciTopology
+from gpu_dra.driver.partitions import partitioned_node
 from gpu_dra.driver.resourceapi import API_GROUP, Device
 from gpu_dra.driver.shares import ShareSelection, with_shares
 
@@ -71,6 +72,9 @@ PROG: Final = "gpu-dra"
 MPS_SHARES_VARIANT: Final = "+mps-shares"
 """Suffix of the profile name under which `gpu-dra lint` evaluates a machine's whole GPUs as
 they are published when offered as MPS shares (``--mps-shares=all``)."""
+DYNAMIC_MIG_VARIANT: Final = "+dynamic-mig"
+"""Suffix of the profile name under which `gpu-dra lint` evaluates a machine's partitionable
+GPUs as they are published with ``--dynamic-mig`` (the whole GPU and every MIG placement)."""
 
 EXIT_OK: Final = 0
 EXIT_FAILED: Final = 1
@@ -211,6 +215,12 @@ def add_devices_arguments(parser: argparse.ArgumentParser, environ: Mapping[str,
         "of a .json/.yaml profile file",
         shown_default="none: the real GPUs through NVML",
     )
+    parser.add_argument(
+        "--dynamic-mig",
+        action="store_true",
+        help="show the devices as the kubelet plugin publishes them with --dynamic-mig: "
+        "MIG-capable GPUs as the whole GPU and every placement of every MIG profile",
+    )
     _add_env_argument(
         parser,
         environ,
@@ -237,7 +247,7 @@ def add_devices_arguments(parser: argparse.ArgumentParser, environ: Mapping[str,
 def run_devices(args: argparse.Namespace, streams: Streams) -> int:
     nvml, pci = _node(args)
     try:
-        devices = _published_devices(nvml, pci)
+        devices = _published_devices(nvml, pci, dynamic_mig=args.dynamic_mig)
     except OSError as error:  # libnvidia-ml.so.1 exists but cannot be loaded
         raise CliError(f"cannot load the NVML library under {args.driver_root}: {error}") from error
     if args.output != "table":
@@ -253,17 +263,21 @@ def run_devices(args: argparse.Namespace, streams: Streams) -> int:
 
 
 def _published_devices(
-    nvml: NvmlLibrary, pci: PciTopology, *, mps_shares: bool = False
+    nvml: NvmlLibrary, pci: PciTopology, *, mps_shares: bool = False, dynamic_mig: bool = False
 ) -> list[Device]:
     """The devices the kubelet plugin publishes for the node, in its order: whole GPUs with MIG
     off and static MIG devices, by PCI bus id then placement; with ``mps_shares``, every whole
-    GPU offered as MPS shares (``--mps-shares=all``). `CliError` when discovery or publishing
-    fails. `gpu-dra lint` evaluates on these."""
+    GPU offered as MPS shares (``--mps-shares=all``); with ``dynamic_mig``, partitionable GPUs in
+    partitionable form (``--dynamic-mig``). `CliError` when discovery or publishing fails.
+    `gpu-dra lint` evaluates on these."""
     try:
-        found = discover_devices(nvml, pci)
+        found = discover_devices(nvml, pci, mig_profiles=dynamic_mig)
     except DiscoveryError as error:
         raise CliError(str(error)) from error
     try:
+        if dynamic_mig:
+            node = partitioned_node(found.gpus, found.mig_devices, found.mig_profiles)
+            return list(node.devices)
         published = published_devices(found.gpus, found.mig_devices)
         if mps_shares:
             published = with_shares(published, ShareSelection(every_gpu=True).select(found.gpus))
@@ -519,7 +533,7 @@ def add_lint_arguments(parser: argparse.ArgumentParser, environ: Mapping[str, st
 
 
 def run_lint(args: argparse.Namespace, streams: Streams) -> int:
-    every_builtin = _lint_devices(builtin_profile_names(), mps_shares=True)
+    every_builtin = _lint_devices(builtin_profile_names(), variants=True)
     devices = _lint_devices(args.profile) if args.profile else every_builtin
     sources: list[Source] = []
     unreadable: list[str] = []
@@ -567,9 +581,11 @@ def _lint_files(path: str) -> list[str]:
     return files
 
 
-def _lint_devices(profiles: Sequence[str], *, mps_shares: bool = False) -> list[SimulatedDevice]:
-    """The published devices of each profile; with ``mps_shares`` also, as profile
-    ``<name>+mps-shares``, its whole GPUs as published with ``--mps-shares=all``."""
+def _lint_devices(profiles: Sequence[str], *, variants: bool = False) -> list[SimulatedDevice]:
+    """The published devices of each profile; with ``variants`` also, as profile
+    ``<name>+mps-shares``, its whole GPUs as published with ``--mps-shares=all``, and as
+    ``<name>+dynamic-mig``, its partitionable GPUs' devices as published with ``--dynamic-mig``
+    (profiles without such GPUs add nothing)."""
     devices: list[SimulatedDevice] = []
     for spec in profiles:
         try:
@@ -581,13 +597,19 @@ def _lint_devices(profiles: Sequence[str], *, mps_shares: bool = False) -> list[
         except CliError as error:  # a profile with injected NVML faults
             raise CliError(f"simulated machine {spec}: {error}", EXIT_USAGE) from error
         devices.extend(SimulatedDevice(host.profile.name, device) for device in published)
-        if not mps_shares:
+        if not variants:
             continue
         shared = _published_devices(host.nvml, host.pci, mps_shares=True)
         devices.extend(
             SimulatedDevice(f"{host.profile.name}{MPS_SHARES_VARIANT}", device)
             for device in shared
             if device.get("allowMultipleAllocations")
+        )
+        partitioned = _published_devices(host.nvml, host.pci, dynamic_mig=True)
+        devices.extend(
+            SimulatedDevice(f"{host.profile.name}{DYNAMIC_MIG_VARIANT}", device)
+            for device in partitioned
+            if device.get("consumesCounters")
         )
     return devices
 

@@ -19,9 +19,10 @@ import yaml
 from gpu_dra.controller.cli import EXIT_FAILED, EXIT_OK, EXIT_USAGE, main
 from gpu_dra.driver.attributes import gpu_device
 from gpu_dra.driver.config.resolve import NOT_OPAQUE
-from gpu_dra.driver.discovery import discover_gpus
+from gpu_dra.driver.discovery import discover_devices, discover_gpus
 from gpu_dra.driver.nvml.profiles import builtin_profile_names
 from gpu_dra.driver.nvml.simulated import SimulatedHost
+from gpu_dra.kubelet_plugin.inventory import NodeInventory
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -102,6 +103,22 @@ def test_devices_json_is_exactly_what_the_plugin_publishes(capsys, profile):
 
     assert code == EXIT_OK
     assert json.loads(out) == published(profile, "node-a")
+
+
+def test_devices_dynamic_mig_shows_the_partitionable_form_the_plugin_publishes(capsys):
+    code, out, _ = run(
+        capsys, "devices", "--simulate", "hgx-h100", "--node", "n", "--dynamic-mig", "-o", "json"
+    )
+    host = SimulatedHost.load("hgx-h100", "n")
+    found = discover_devices(host.nvml, host.pci, mig_profiles=True)
+    plugin = NodeInventory.from_discovery(found, simulated=True, dynamic_mig=True)
+
+    assert code == EXIT_OK
+    assert json.loads(out) == plugin.published_devices()
+    assert len(json.loads(out)) == 8 * 26
+    code, out, _ = run(capsys, "devices", "--simulate", "hgx-h100", "--node", "n", "--dynamic-mig")
+    names = [row[0] for row in table(out)[1:]]
+    assert names[:3] == ["gpu-0", "gpu-0-mig-1g10gb-19-0", "gpu-0-mig-1g10gb-19-1"]
 
 
 def test_devices_yaml_holds_the_same_device_objects_as_json(capsys):

@@ -61,9 +61,14 @@ def test_shipped_catalog_lints_clean_on_every_builtin_profile(capsys):
     assert code == EXIT_OK, out
     assert err == ""
     assert lines(out, "ERROR") == []
-    assert out.splitlines()[-1].startswith("gpu-dra lint: 6 files: 6 DeviceClasses")
-    # Each profile as published by default, and with --mps-shares=all.
-    assert f"of {2 * len(builtin_profile_names())} profiles" in out.splitlines()[-1]
+    classes = len(list((REPO / "deviceclasses").glob("*.yaml")))
+    assert out.splitlines()[-1].startswith(
+        f"gpu-dra lint: {classes} files: {classes} DeviceClasses"
+    )
+    # Each profile as published by default, and with --mps-shares=all; with --dynamic-mig the
+    # two profiles with partitionable GPUs (H100s).
+    assert f"of {2 * len(builtin_profile_names()) + 2} profiles" in out.splitlines()[-1]
+    assert "hgx-h100+dynamic-mig, hgx-h100-mig, hgx-h100-mig+mps-shares, " in out
 
 
 # Profiles without MIG devices: what mig.nvidia.com meets on most clusters today.
@@ -93,9 +98,21 @@ def test_shipped_catalog_selects_what_docs_say(capsys):
 
     assert code == EXIT_OK
     selects = {c["name"]: c["selects"] for c in json.loads(out)["classes"]}
-    # MIG devices only where static MIG is configured, and only through mig.nvidia.com.
-    assert set(selects["mig.nvidia.com"]) == {"hgx-h100-mig"}
+    # MIG devices only where static MIG is configured or MIG is dynamic, only through the MIG
+    # classes; each family class selects its family on every one of those profiles.
+    mig_profiles = {"hgx-h100-mig", "hgx-h100+dynamic-mig", "hgx-h100-mig+dynamic-mig"}
+    assert set(selects["mig.nvidia.com"]) == mig_profiles
     assert all("-mig-" in name for name in selects["mig.nvidia.com"]["hgx-h100-mig"])
+    assert len(selects["mig.nvidia.com"]["hgx-h100+dynamic-mig"]) == 8 * 25
+    for family in ("1g", "2g", "3g", "4g", "7g"):
+        by_profile = selects[f"mig-{family}.gpu.nvidia.com"]
+        assert set(by_profile) == mig_profiles
+        names = [name for names in by_profile.values() for name in names]
+        assert all(f"-mig-{family}" in name for name in names), family
+    assert sorted(selects["mig-4g.gpu.nvidia.com"]["hgx-h100+dynamic-mig"]) == [
+        f"gpu-{minor}-mig-4g40gb-5-0" for minor in range(8)
+    ]
+    assert "gpu-0" in selects["gpu.nvidia.com"]["hgx-h100+dynamic-mig"]
     for whole in ("gpu.nvidia.com", "hopper.gpu.nvidia.com", "training.gpu.nvidia.com"):
         assert not any("-mig-" in name for names in selects[whole].values() for name in names)
     assert selects["gpu.nvidia.com"]["t4"] == ["gpu-0"]

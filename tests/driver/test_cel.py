@@ -118,6 +118,8 @@ ALL_GPUS = {H100, *A100, "NVIDIA L4", "Tesla T4"}
         ("training.gpu.nvidia.com", {H100, *A100}),
         ("mig.nvidia.com", set()),
         ("mps.gpu.nvidia.com", set()),  # no GPU is offered as MPS shares by default
+        # MIG families: no MIG devices without static MIG or --dynamic-mig (test_partitions.py)
+        *((f"mig-{family}.gpu.nvidia.com", set()) for family in ("1g", "2g", "3g", "4g", "7g")),
     ],
 )
 def test_device_class_selects_the_expected_simulated_gpus(class_name, expected):
@@ -133,6 +135,7 @@ def test_every_shipped_device_class_is_tested_and_compiles():
         "training.gpu.nvidia.com",
         "mig.nvidia.com",
         "mps.gpu.nvidia.com",
+        *(f"mig-{family}.gpu.nvidia.com" for family in ("1g", "2g", "3g", "4g", "7g")),
     }
     for expressions in classes.values():
         for text in expressions:

@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import itertools
 from functools import cache
+from pathlib import Path
 
 import pytest
+import yaml
 
 from gpu_dra.driver import attributes
+from gpu_dra.driver.cel import Selector, compile_selector, to_cel_device
 from gpu_dra.driver.discovery import discover_devices
 from gpu_dra.driver.model import MigCapableGpu, MigPartition, NodeDevices
 from gpu_dra.driver.nvml.interface import NVMLError, NvmlLibrary
@@ -328,3 +331,37 @@ def test_partition_devices_stay_within_the_attribute_limit() -> None:
             assert len(device.get("consumesCounters", [])) <= 2  # 1.35+ limit
             for entry in device.get("consumesCounters", []):
                 assert len(entry["counters"]) <= 32
+
+
+# ---- the MIG family DeviceClasses on every model's partitions ---------------------------------
+
+DEVICECLASSES = Path(__file__).resolve().parents[2] / "deviceclasses"
+
+
+def class_selectors(name: str) -> list[Selector]:
+    doc = yaml.safe_load((DEVICECLASSES / f"{name}.yaml").read_text())
+    return [compile_selector(s["cel"]["expression"]) for s in doc["spec"]["selectors"]]
+
+
+@pytest.mark.parametrize("model", sorted(MODELS))
+def test_family_classes_select_their_compute_slice_count_on_every_model(model: str) -> None:
+    devices = gpu_partition_devices(mig_gpu(model))
+    cel_devices = [(d["name"], to_cel_device("gpu.nvidia.com", d)) for d in devices]
+    chosen = {}
+    for family in ("1g", "2g", "3g", "4g", "7g"):
+        selectors = class_selectors(f"mig-{family}.gpu.nvidia.com")
+        chosen[family] = {n for n, d in cel_devices if all(s.matches(d) for s in selectors)}
+    expected = {
+        family: {
+            f"gpu-0-mig-{slug(p)}-{p.gi_profile_id}-{p.placement_start}"
+            for p in mig_gpu(model).partitions()
+            if p.profile.slice_count == int(family[0])
+        }
+        for family in chosen
+    }
+
+    assert chosen == expected
+    assert chosen["1g"]  # every model has small slices
+    everything = set().union(*chosen.values())
+    mig_class = class_selectors("mig.nvidia.com")
+    assert everything == {n for n, d in cel_devices if all(s.matches(d) for s in mig_class)}
