@@ -18,10 +18,12 @@ from gpu_dra.kubelet_plugin.mig.claims import (
 )
 from gpu_dra.kubelet_plugin.mig.lifecycle import (
     CRASH_AFTER_GPU_INSTANCE,
+    TEST_CRASH_ENV,
     CrashPoint,
     MigError,
     MigInstance,
     MigLifecycle,
+    crash_point_from_env,
 )
 from gpu_dra.kubelet_plugin.mig.simulated_state import (
     SIMULATED_STATE_FILE,
@@ -33,6 +35,7 @@ __all__ = [
     "CRASH_AFTER_GPU_INSTANCE",
     "DYNAMIC_MIG_STATE_KEY",
     "SIMULATED_STATE_FILE",
+    "TEST_CRASH_ENV",
     "CrashPoint",
     "DynamicMig",
     "MigError",
@@ -42,6 +45,7 @@ __all__ = [
     "Partition",
     "SimulatedMigStateFile",
     "SimulatedStateError",
+    "crash_point_from_env",
     "intents_from_state",
     "intents_to_state",
 ]

@@ -3,6 +3,10 @@ vs Ampere, clear errors, and nothing left behind when a step fails."""
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import sys
+
 import pynvml
 import pytest
 
@@ -10,7 +14,13 @@ from gpu_dra.driver.discovery import discover_gpus
 from gpu_dra.driver.model import Gpu
 from gpu_dra.driver.nvml.profiles import parse_profile
 from gpu_dra.driver.nvml.simulated import SimulatedHost, SimulatedNvml
-from gpu_dra.kubelet_plugin.mig import CRASH_AFTER_GPU_INSTANCE, MigError, MigLifecycle
+from gpu_dra.kubelet_plugin.mig import (
+    CRASH_AFTER_GPU_INSTANCE,
+    TEST_CRASH_ENV,
+    MigError,
+    MigLifecycle,
+    crash_point_from_env,
+)
 
 ON, OFF = pynvml.NVML_DEVICE_MIG_ENABLE, pynvml.NVML_DEVICE_MIG_DISABLE
 
@@ -199,3 +209,28 @@ def test_the_crash_point_sits_between_the_gpu_instance_and_the_compute_instance(
 def test_listing_is_empty_on_a_gpu_with_mig_off(h100: Node) -> None:
     assert h100.mig.instances(h100.gpus[5]) == []
     assert isinstance(h100.nvml, SimulatedNvml)
+
+
+def test_the_test_crash_setting_is_honoured_on_simulated_nodes_only() -> None:
+    assert crash_point_from_env({}, simulated=True) is None
+    assert crash_point_from_env({TEST_CRASH_ENV: CRASH_AFTER_GPU_INSTANCE}, simulated=False) is None
+    with pytest.raises(ValueError, match="names no fault injection point"):
+        crash_point_from_env({TEST_CRASH_ENV: "somewhere"}, simulated=True)
+    crash = crash_point_from_env({TEST_CRASH_ENV: CRASH_AFTER_GPU_INSTANCE}, simulated=True)
+    assert crash is not None
+    crash("another-point")  # not the one asked for: nothing happens
+
+
+def test_the_test_crash_point_kills_the_process_with_sigkill() -> None:
+    code = (
+        "from gpu_dra.kubelet_plugin.mig import crash_point_from_env as c\n"
+        "c({'GPU_DRA_TEST_CRASH_AT': 'mig-after-gpu-instance'}, simulated=True)"
+        "('mig-after-gpu-instance')\n"
+        "print('survived')"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], check=False, capture_output=True, timeout=60
+    )
+
+    assert done.returncode == -signal.SIGKILL
+    assert b"survived" not in done.stdout
