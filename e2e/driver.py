@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import urllib.request
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -51,6 +52,8 @@ class Driver:
     profile: str
     mps_daemon_image: str = ""
     """Reference of the MPS daemon image (`install` builds and imports it)."""
+    dynamic_mig: bool = False
+    """Run the plugin with ``--dynamic-mig`` (MIG-capable GPUs published as partitions)."""
 
     @property
     def state_dir(self) -> Path:
@@ -143,9 +146,9 @@ class Driver:
     def kubeconfig(self) -> Path:
         return self.cluster.paths.state / "gpu-dra-driver.kubeconfig"
 
-    def start_plugin(self) -> None:
-        """Start the plugin and wait until the kubelet registered it: a pod that needs the driver
-        before that backs off for over a minute."""
+    def start_plugin(self, env: Mapping[str, str] | None = None) -> None:
+        """Start the plugin (with `env` added to its environment) and wait until the kubelet
+        registered it: a pod that needs the driver before that backs off for over a minute."""
         paths = self.cluster.paths
         log = paths.logs / f"{PLUGIN}.log"
         offset = log.stat().st_size if log.exists() else 0
@@ -165,9 +168,10 @@ class Driver:
                 "--mps-daemon-runner=pod",
                 f"--mps-daemon-image={self.mps_daemon_image}",
                 f"--mps-daemon-namespace={MPS_DAEMON_NAMESPACE}",
+                *(["--dynamic-mig"] if self.dynamic_mig else []),
             ],
             # PYTHON: the interpreter the double's wrapper runs (standard library only).
-            env=dict(os.environ, PYTHONUNBUFFERED="1", PYTHON=sys.executable),
+            env=dict(os.environ, PYTHONUNBUFFERED="1", PYTHON=sys.executable, **(env or {})),
         )
 
         def registered() -> bool:
@@ -188,8 +192,10 @@ class Driver:
         """What the plugin must publish for this profile (the plugin's own discovery and
         inventory code on the same profile, MIG devices included)."""
         host = SimulatedHost.load(self.profile, versions.NODE_NAME)
-        found = discover_devices(host.nvml, host.pci)
-        inventory = NodeInventory.from_discovery(found, simulated=True)
+        found = discover_devices(host.nvml, host.pci, mig_profiles=self.dynamic_mig)
+        inventory = NodeInventory.from_discovery(
+            found, simulated=True, dynamic_mig=self.dynamic_mig
+        )
         return {device["name"] for device in inventory.published_devices()}
 
     def stop_plugin(self) -> None:

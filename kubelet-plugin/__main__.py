@@ -6,7 +6,8 @@ ResourceClaims, then serve the DRA socket, and only then the registration socket
 does both in that order). The MPS daemon manager exists before recovery, which adopts the daemons
 of prepared claims and stops those of interrupted prepares; the time slicer (nvidia-smi on real
 GPUs, a recorded fake on simulated nodes) exists before recovery too, which resets the time-slice
-intervals of interrupted prepares. Every successful registration
+intervals of interrupted prepares. With dynamic MIG, recovery also destroys the MIG instances of
+partitionable GPUs that no prepared claim owns. Every successful registration
 republishes the slices: the kubelet wipes them when it starts. Prepares GET their claims until the
 cache has listed them.
 """
@@ -41,6 +42,13 @@ from gpu_dra.kubelet_plugin.claimcache import CachedClaimReader
 from gpu_dra.kubelet_plugin.inventory import NodeInventory
 from gpu_dra.kubelet_plugin.kubeapi import KubernetesClaimReader, KubernetesPodApi
 from gpu_dra.kubelet_plugin.metrics import PluginMetrics
+from gpu_dra.kubelet_plugin.mig import (
+    SIMULATED_STATE_FILE,
+    DynamicMig,
+    MigLifecycle,
+    SimulatedMigStateFile,
+    crash_point_from_env,
+)
 from gpu_dra.kubelet_plugin.mps import (
     DaemonRunner,
     MpsDaemonManager,
@@ -65,10 +73,28 @@ log = logging.getLogger("gpu_dra.kubelet_plugin")
 
 
 def _nvml(settings: KubeletPluginSettings) -> tuple[NvmlLibrary, PciTopology]:
+    """Real NVML, or the simulated profile, whose MIG state lives in
+    ``<data-dir>/simulated-nvml.json`` (loaded now, rewritten on every change) so that simulated
+    MIG instances outlive the process as real ones do."""
     if settings.simulate:
-        host = SimulatedHost.load(settings.simulate, settings.node_name)
+        settings.state_dir.mkdir(parents=True, exist_ok=True, mode=0o750)
+        state = SimulatedMigStateFile(settings.state_dir / SIMULATED_STATE_FILE, settings.simulate)
+        host = SimulatedHost.load(
+            settings.simulate, settings.node_name, saved_mig=state.load(), on_mig_change=state.save
+        )
         return host.nvml, host.pci
     return RealNvml(settings.driver_root), SysfsPciTopology()
+
+
+def _dynamic_mig(
+    settings: KubeletPluginSettings, nvml: NvmlLibrary, inventory: NodeInventory
+) -> DynamicMig | None:
+    """The MIG lifecycle of the partitionable GPUs (dynamic MIG only), with the test-only crash
+    point of ``GPU_DRA_TEST_CRASH_AT`` on simulated nodes."""
+    if not settings.dynamic_mig_enabled:
+        return None
+    crash_point = crash_point_from_env(os.environ, simulated=settings.simulate is not None)
+    return DynamicMig(MigLifecycle(nvml, crash_point=crash_point), inventory.partitionable_gpus())
 
 
 POD_START_TIMEOUT_S = 25.0
@@ -230,6 +256,7 @@ async def run(settings: KubeletPluginSettings) -> None:
         mps=_mps(settings, api_client, nvml),
         time_slicer=_time_slicer(settings, devices),
         mps_share_max_percent=settings.mps_share_max_percent,
+        dynamic_mig=_dynamic_mig(settings, nvml, inventory),
     )
     await preparer.recover()
 

@@ -1,0 +1,294 @@
+"""Dynamic MIG end to end (issue 4) on a simulated hgx-h100 node with --dynamic-mig: the
+scheduler picks placements from the partitionable devices, the plugin makes the MIG devices at
+prepare and destroys them at unprepare. The simulated GPUs keep their MIG state in the plugin's
+``simulated-nvml.json``, which these tests read as the "hardware"."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import yaml
+
+from e2e import manifests as m
+from e2e.cluster import Cluster
+from e2e.driver import CDI_ROOT, PLUGIN, Driver
+from e2e.kube import Kube, wait_for
+from e2e.test_whole_gpu import allocated_devices, wait_running
+from gpu_dra.kubelet_plugin.mig import (
+    CRASH_AFTER_GPU_INSTANCE,
+    SIMULATED_STATE_FILE,
+    TEST_CRASH_ENV,
+)
+
+pytestmark = pytest.mark.e2e
+
+SIMULATED_PROFILE = "hgx-h100"
+MIG_CLASS = "mig.nvidia.com"
+# gpu-test4 on an H100: 1g.10gb x2, 2g.20gb, 3g.40gb, all on one GPU (8 memory slices).
+FOUR_PROFILES = {
+    "mig-1g-a": "1g.10gb",
+    "mig-1g-b": "1g.10gb",
+    "mig-2g": "2g.20gb",
+    "mig-3g": "3g.40gb",
+}
+_ENV_UUID = re.compile(r"^GPU_DRA_(GPU_\d+_MIG_\w+?)_UUID=(MIG-[0-9a-f-]+)$", re.M)
+
+
+@pytest.fixture(scope="module")
+def driver(cluster: Cluster, kube: Kube) -> Iterator[Driver]:
+    """The plugin with dynamic MIG; the simulated GPUs start without MIG and must end so."""
+    running = Driver(cluster, kube, SIMULATED_PROFILE, dynamic_mig=True)
+    (running.state_dir / SIMULATED_STATE_FILE).unlink(missing_ok=True)
+    running.install()
+    running.start_plugin()
+    yield running
+    running.stop_plugin()
+    # Later modules simulate this profile without dynamic MIG: no MIG state may carry over.
+    (running.state_dir / SIMULATED_STATE_FILE).unlink(missing_ok=True)
+
+
+@pytest.fixture(autouse=True)
+def no_mig_left(driver: Driver) -> Iterator[None]:
+    assert mig_instances(driver) == {}, "MIG instances left by an earlier test"
+    yield
+    wait_for("every claim to be unprepared", lambda: not driver.checkpoint_claims(), 120)
+    assert mig_instances(driver) == {}, "MIG instances left behind"
+    assert all(mode == [0, 0] for mode in mig_modes(driver).values()), mig_modes(driver)
+
+
+def gpu_states(driver: Driver) -> dict[str, dict[str, Any]]:
+    """MIG state of every simulated GPU, by UUID (the plugin's simulated-nvml.json)."""
+    path = driver.state_dir / SIMULATED_STATE_FILE
+    if not path.exists():
+        return {}
+    return dict(json.loads(path.read_text())["gpus"])
+
+
+def mig_instances(driver: Driver) -> dict[str, list[dict[str, Any]]]:
+    return {u: s["gpuInstances"] for u, s in gpu_states(driver).items() if s["gpuInstances"]}
+
+
+def mig_modes(driver: Driver) -> dict[str, list[int]]:
+    return {u: [s["current"], s["pending"]] for u, s in gpu_states(driver).items()}
+
+
+def whole_gpus(driver: Driver) -> dict[str, str]:
+    """{UUID: device name} of the published whole GPUs (partitions have no UUID)."""
+    return {
+        d["attributes"]["uuid"]["string"]: name
+        for name, d in driver.devices().items()
+        if d["attributes"]["type"]["string"] == "gpu"
+    }
+
+
+def whole_gpu_name(driver: Driver, uuid: str) -> str:
+    return whole_gpus(driver)[uuid]
+
+
+def mig_request(name: str, profile: str, *selectors: str) -> m.Obj:
+    return m.request(
+        name,
+        MIG_CLASS,
+        selectors=[f"device.attributes['gpu.nvidia.com'].profile == '{profile}'", *selectors],
+    )
+
+
+def uuid_request(name: str, uuid: str) -> m.Obj:
+    return m.request(name, selectors=[f"device.attributes['gpu.nvidia.com'].uuid == '{uuid}'"])
+
+
+def claim_uid(kube: Kube, name: str, namespace: str) -> str:
+    return str(kube.get("resource.k8s.io/v1", "ResourceClaim", name, namespace)["metadata"]["uid"])
+
+
+def mig_uuids_seen(kube: Kube, pod: str, namespace: str, count: int) -> dict[str, str]:
+    """{device env name: MIG UUID} the container printed; waits for `count` of them."""
+    seen: dict[str, str] = {}
+
+    def printed() -> bool:
+        seen.clear()
+        seen.update(_ENV_UUID.findall(kube.pod_log(pod, namespace)))
+        return len(seen) >= count
+
+    wait_for(f"{count} MIG UUIDs in {pod}'s log", printed, 30)
+    return seen
+
+
+def wait_unschedulable(kube: Kube, pod: str, namespace: str) -> None:
+    def unschedulable() -> bool:
+        return any(e["reason"] == "FailedScheduling" for e in kube.events_for(namespace, pod))
+
+    wait_for(f"a FailedScheduling event of {pod}", unschedulable, 90)
+    assert kube.get("v1", "Pod", pod, namespace)["status"]["phase"] == "Pending"
+
+
+def delete_pod_and_claim(kube: Kube, pod: str, claim: str, namespace: str) -> None:
+    kube.delete("v1", "Pod", pod, namespace)
+    kube.wait_gone("v1", "Pod", pod, namespace)
+    kube.delete("resource.k8s.io/v1", "ResourceClaim", claim, namespace)
+    kube.wait_gone("resource.k8s.io/v1", "ResourceClaim", claim, namespace)
+
+
+def test_four_mig_requests_on_one_gpu_are_made_and_each_container_sees_them(
+    driver: Driver, kube: Kube, namespace: str
+) -> None:
+    spec = m.claim_spec([mig_request(name, p) for name, p in FOUR_PROFILES.items()])
+    spec["devices"]["constraints"] = [{"matchAttribute": "gpu.nvidia.com/parentUUID"}]
+    kube.create(m.claim("slices", namespace, spec))
+    kube.create(m.gpu_pod("pod", namespace, claim="slices"))
+    wait_running(kube, "pod", namespace, timeout=120)
+
+    names = allocated_devices(kube, "slices", namespace)
+    published = driver.devices()
+    parents = {published[n]["attributes"]["parentUUID"]["string"] for n in names}
+    assert len(parents) == 1, names
+    (parent,) = parents
+    assert sorted(published[n]["attributes"]["profile"]["string"] for n in names) == sorted(
+        FOUR_PROFILES.values()
+    )
+
+    # The simulated GPU now holds one GPU instance (with its compute instance) per device, at
+    # the placement the device name gives.
+    held = mig_instances(driver)
+    assert list(held) == [parent]
+    placements = sorted((gi["profileId"], gi["start"]) for gi in held[parent])
+    assert placements == sorted((int(n.split("-")[-2]), int(n.split("-")[-1])) for n in names)
+    made_uuids = {ci["uuid"] for gi in held[parent] for ci in gi["computeInstances"]}
+    assert len(made_uuids) == 4
+
+    # The container got each MIG device's UUID, as the claim's CDI spec says.
+    uid = claim_uid(kube, "slices", namespace)
+    seen = mig_uuids_seen(kube, "pod", namespace, 4)
+    assert set(seen.values()) == made_uuids
+    cdi = yaml.safe_load((CDI_ROOT / f"k8s.gpu.nvidia.com-claim_{uid}.yaml").read_text())
+    in_spec = {
+        value
+        for device in cdi["devices"]
+        for key, value in (item.split("=", 1) for item in device["containerEdits"]["env"])
+        if key.endswith("_UUID") and not key.endswith("_PARENT_UUID")
+    }
+    assert in_spec == made_uuids
+    entry = json.loads((driver.state_dir / "gpu-dra-checkpoint.json").read_text())["claims"][uid]
+    assert entry["phase"] == "PrepareCompleted"
+    assert {i["uuid"] for i in entry["state"]["dynamicMig"]} == made_uuids
+
+    delete_pod_and_claim(kube, "pod", "slices", namespace)
+
+
+def test_whole_gpus_and_mig_slices_exclude_each_other_until_unprepared(
+    driver: Driver, kube: Kube, namespace: str
+) -> None:
+    first, second = sorted(whole_gpus(driver))[:2]
+
+    # A MIG slice on the first GPU, the second GPU whole.
+    kube.create(
+        m.claim(
+            "slice",
+            namespace,
+            m.claim_spec(
+                [
+                    mig_request(
+                        "mig",
+                        "1g.10gb",
+                        f"device.attributes['gpu.nvidia.com'].parentUUID == '{first}'",
+                    )
+                ]
+            ),
+        )
+    )
+    kube.create(m.gpu_pod("slice-pod", namespace, claim="slice"))
+    kube.create(m.claim("whole", namespace, m.claim_spec([uuid_request("gpu", second)])))
+    kube.create(m.gpu_pod("whole-pod", namespace, claim="whole"))
+    wait_running(kube, "slice-pod", namespace, timeout=120)
+    wait_running(kube, "whole-pod", namespace, timeout=120)
+    assert list(mig_instances(driver)) == [first]
+
+    # The first GPU cannot be had whole while its slice lives, nor a slice of the second one.
+    kube.create(m.claim("whole-first", namespace, m.claim_spec([uuid_request("gpu", first)])))
+    kube.create(m.gpu_pod("whole-first-pod", namespace, claim="whole-first"))
+    parent_is_second = f"device.attributes['gpu.nvidia.com'].parentUUID == '{second}'"
+    kube.create(
+        m.claim(
+            "slice-second",
+            namespace,
+            m.claim_spec([mig_request("mig", "1g.10gb", parent_is_second)]),
+        )
+    )
+    kube.create(m.gpu_pod("slice-second-pod", namespace, claim="slice-second"))
+    wait_unschedulable(kube, "whole-first-pod", namespace)
+    wait_unschedulable(kube, "slice-second-pod", namespace)
+
+    # Deleting the slice's pod and claim destroys the MIG device and turns MIG off: the first GPU
+    # is whole again, and the waiting pod gets it.
+    slice_uid = claim_uid(kube, "slice", namespace)
+    delete_pod_and_claim(kube, "slice-pod", "slice", namespace)
+    wait_for("the slice to be unprepared", lambda: slice_uid not in driver.checkpoint_claims(), 60)
+    assert mig_instances(driver) == {}
+    assert mig_modes(driver)[first] == [0, 0]
+    wait_running(kube, "whole-first-pod", namespace, timeout=180)
+    assert allocated_devices(kube, "whole-first", namespace) == [whole_gpu_name(driver, first)]
+    # Likewise the second GPU: once its whole-GPU pod goes, the slice is made on it.
+    delete_pod_and_claim(kube, "whole-pod", "whole", namespace)
+    wait_running(kube, "slice-second-pod", namespace, timeout=180)
+    assert list(mig_instances(driver)) == [second]
+
+    delete_pod_and_claim(kube, "whole-first-pod", "whole-first", namespace)
+    delete_pod_and_claim(kube, "slice-second-pod", "slice-second", namespace)
+
+
+def test_plugin_crash_between_gpu_and_compute_instance_leaves_nothing_behind(
+    driver: Driver, cluster: Cluster, kube: Kube, namespace: str
+) -> None:
+    driver.stop_plugin()
+    driver.start_plugin(env={TEST_CRASH_ENV: CRASH_AFTER_GPU_INSTANCE})
+    kube.create(m.claim("slice", namespace, m.claim_spec([mig_request("mig", "3g.40gb")])))
+    kube.create(m.gpu_pod("pod", namespace, claim="slice"))
+    uid = ""
+
+    def crashed() -> bool:
+        return cluster.pid(PLUGIN) is None
+
+    try:
+        wait_for("the plugin to kill itself at the crash point", crashed, 120)
+        uid = claim_uid(kube, "slice", namespace)
+        # What the dead plugin left: its intent, and a GPU instance without compute instance.
+        entry = json.loads((driver.state_dir / "gpu-dra-checkpoint.json").read_text())["claims"][
+            uid
+        ]
+        assert entry["phase"] == "PrepareStarted"
+        (intent,) = entry["state"]["dynamicMig"]
+        assert set(intent) == {"device", "parentUUID", "giProfileID", "placementStart"}
+        left = mig_instances(driver)
+        assert list(left) == [intent["parentUUID"]]
+        assert [
+            (gi["profileId"], gi["start"], gi["computeInstances"])
+            for gi in left[intent["parentUUID"]]
+        ] == [(9, intent["placementStart"], [])]
+    finally:
+        driver.stop_plugin()  # reaps the killed process (or stops one that did not crash)
+        driver.start_plugin()  # without the crash setting
+
+    log = (cluster.paths.logs / f"{PLUGIN}.log").read_text()
+    assert f"rolling back interrupted prepare claim_uid={uid}" in log
+    # The kubelet retries the prepare, which now succeeds: the claim's one MIG device exists,
+    # nothing else does.
+    wait_running(kube, "pod", namespace, timeout=300)
+    (device,) = allocated_devices(kube, "slice", namespace)
+    held = mig_instances(driver)
+    assert [len(gis) for gis in held.values()] == [1]
+    (gi,) = next(iter(held.values()))
+    assert (gi["profileId"], gi["start"], len(gi["computeInstances"])) == (
+        9,
+        int(device.split("-")[-1]),
+        1,
+    )
+    assert driver.checkpoint_claims() == {uid}
+    assert driver.cdi_spec_claims() == {uid}
+
+    delete_pod_and_claim(kube, "pod", "slice", namespace)
+    wait_for("the claim to be unprepared", lambda: not driver.checkpoint_claims(), 60)
+    assert driver.cdi_spec_claims() == set()
