@@ -44,8 +44,10 @@ of one GPU do not exclude each other; a share and a whole-GPU hold of one GPU do
 Dynamic MIG (`mig/`, `docs/mig.md`): a claim's partition devices (`MigPartition`) become MIG
 devices during prepare. Their intents (parent, GI profile ID, placement) are in the first
 `PrepareStarted` record, before any NVML call; the GPU and compute instances are made after the
-time slices and MPS daemons, their ids recorded in a second `PrepareStarted` record, and the
-CDI spec then gets the new MIG devices' edits. Unprepare and rollback destroy them after the CDI
+time slices and the MPS daemons of published devices, their ids recorded in a second
+`PrepareStarted` record; then the MPS daemons of config groups with new MIG devices start (one
+per MIG device, keyed by the UUID it was made with; each recorded at once), and the CDI spec
+gets the new MIG devices' edits. Unprepare and rollback destroy them after the CDI
 spec is gone; `recover()` also destroys every MIG instance of a dynamic-MIG GPU that no
 prepared claim records.
 
@@ -173,6 +175,9 @@ class _MpsGroup:
     device_names: tuple[str, ...]
     uuids: tuple[str, ...]
     settings: MpsSettings
+    deferred: ConfigGroup | None = None
+    """A config group with dynamic MIG devices: its daemons are planned and started once the MIG
+    devices exist (their UUIDs are known only then); ``daemon_id`` and ``uuids`` are empty."""
 
 
 @dataclass(frozen=True)
@@ -403,16 +408,6 @@ class WholeGpuPreparer:
             names = tuple(sorted({d.device for d in group.devices}.difference(skip)))
             if not names:
                 continue
-            made_on_demand = [
-                n for n in names if isinstance(self._inventory.by_name(n), MigPartition)
-            ]
-            if made_on_demand:
-                raise PrepareError(
-                    f"{group.origin.label}: MPS on dynamic MIG devices "
-                    f"({', '.join(made_on_demand)}) is not supported (as with NVIDIA's driver "
-                    "and DynamicMIG); remove `sharing` from the config to get the MIG devices "
-                    "exclusively"
-                )
             shared = sorted(admin.intersection(names))
             if shared:
                 raise PrepareError(
@@ -426,28 +421,46 @@ class WholeGpuPreparer:
                         f"{taken[name]}; one device can be served by one MPS daemon only"
                     )
                 taken[name] = group.origin.label
-            uuids = tuple(sorted(self._uuid(name) for name in names))
-            limits = pinned_memory_limits(group, uuids, claim=f"{claim.namespace}/{claim.name}")
-            # Full GPUs of the group share one daemon (NVIDIA's model); each MIG device gets a
-            # daemon of its own (MPS on MIG needs one per MIG device, mps.md §8).
-            gpus = tuple(n for n in names if not isinstance(self._inventory.by_name(n), MigDevice))
-            daemons = [gpus] if gpus else []
-            daemons += [(n,) for n in names if n not in gpus]
-            for daemon_names in daemons:
-                daemon_uuids = tuple(sorted(self._uuid(name) for name in daemon_names))
-                settings = MpsSettings(
-                    active_thread_percentage=mps.default_active_thread_percentage,
-                    pinned_limits={u: v for u, v in limits.items() if u in daemon_uuids},
-                    multi_user=bool(mps.multi_user),
-                )
-                settings.check(daemon_uuids)
-                daemon_id = claim_daemon_id(claim.uid, daemon_uuids)
-                planned.append(_MpsGroup(daemon_id, daemon_names, daemon_uuids, settings))
+            if any(isinstance(self._inventory.by_name(n), MigPartition) for n in names):
+                planned.append(_MpsGroup("", names, (), MpsSettings(), deferred=group))
+                continue  # planned in `_commit` once the MIG devices exist
+            planned += self._group_daemons(claim, group, names, self._uuid)
         if planned and self._mps is None:
             raise PrepareError(
-                f"{planned[0].daemon_id}: MPS is not available on node {self._pool}: the plugin "
-                "has no MPS control daemon manager (see its start-up log)"
+                f"{planned[0].daemon_id or ', '.join(planned[0].device_names)}: MPS is not "
+                f"available on node {self._pool}: the plugin has no MPS control daemon manager "
+                "(see its start-up log)"
             )
+        return planned
+
+    def _group_daemons(
+        self,
+        claim: ClaimRef,
+        group: ConfigGroup,
+        names: Sequence[str],
+        uuid_of: Callable[[str], str],
+    ) -> list[_MpsGroup]:
+        """The daemons for ``names`` of one MPS config group: its full GPUs share one (NVIDIA's
+        model); each MIG device gets one of its own (MPS on MIG needs one per MIG device,
+        mps.md §8)."""
+        mps = mps_config(group.config)
+        assert mps is not None  # only groups with strategy MPS get here
+        uuids = tuple(sorted(uuid_of(name) for name in names))
+        limits = pinned_memory_limits(group, uuids, claim=f"{claim.namespace}/{claim.name}")
+        gpus = tuple(n for n in names if isinstance(self._inventory.by_name(n), Gpu))
+        daemons = [gpus] if gpus else []
+        daemons += [(n,) for n in names if n not in gpus]
+        planned = []
+        for daemon_names in daemons:
+            daemon_uuids = tuple(sorted(uuid_of(name) for name in daemon_names))
+            settings = MpsSettings(
+                active_thread_percentage=mps.default_active_thread_percentage,
+                pinned_limits={u: v for u, v in limits.items() if u in daemon_uuids},
+                multi_user=bool(mps.multi_user),
+            )
+            settings.check(daemon_uuids)
+            daemon_id = claim_daemon_id(claim.uid, daemon_uuids)
+            planned.append(_MpsGroup(daemon_id, daemon_names, daemon_uuids, settings))
         return planned
 
     def _time_slices(
@@ -691,21 +704,21 @@ class WholeGpuPreparer:
             applied = self._apply_time_slices(time_slices)
             mps_edits: dict[str, ContainerEdits] = {}
             for group in mps_groups:
-                assert self._mps is not None  # checked in _mps_groups
-                handle = self._mps.start(group.daemon_id, group.uuids, group.settings)
-                handles.append(handle)
-                # On disk before anything else: a crash from here on is rolled back from it.
-                self._checkpoint.put(
-                    CheckpointEntry(
-                        claim=claim,
-                        phase=ClaimPhase.PREPARE_STARTED,
-                        state={**started, MPS_STATE_KEY: handles_to_state(handles)},
-                    )
-                )
-                edits = workload_edits(handle.paths)
-                mps_edits.update(dict.fromkeys(group.device_names, edits))
+                if group.deferred is None:
+                    self._start_daemon(claim, group, started, handles, mps_edits)
             mps_edits.update(self._join_shares(claim, shares, started, handles))
             made = self._make_mig_devices(claim, mig_intents, started, handles)
+            # MPS on dynamic MIG: the daemons of groups with new MIG devices, keyed by the UUIDs
+            # those devices got; their handles are recorded with the devices' ids.
+            for pending in (g for g in mps_groups if g.deferred is not None):
+                assert pending.deferred is not None
+                for group in self._group_daemons(
+                    claim,
+                    pending.deferred,
+                    pending.device_names,
+                    lambda n: self._made_or_published(made, n).uuid,
+                ):
+                    self._start_daemon(claim, group, started, handles, mps_edits)
             claim_dir = self._claims_dir / claim.uid
             claim_dir.mkdir(parents=True, exist_ok=True)
             claim_dir.chmod(0o755)
@@ -715,8 +728,7 @@ class WholeGpuPreparer:
             cdi_devices = []
             prepared = []
             for device_name, device_results in sorted(by_device.items()):
-                gpu = made.get(device_name) or self._inventory.by_name(device_name)
-                assert isinstance(gpu, Gpu | MigDevice)  # partitions are in `made`
+                gpu = self._made_or_published(made, device_name)
                 edits = self._inventory.container_edits(gpu, claim_dir)
                 if device_name in mps_edits:
                     edits = merged_edits(edits, mps_edits[device_name])
@@ -784,6 +796,34 @@ class WholeGpuPreparer:
             handle = self._shared.join(claim.uid, share, record)
             edits[share.device_name] = workload_edits(handle.paths, share.caps())
         return edits
+
+    def _start_daemon(
+        self,
+        claim: ClaimRef,
+        group: _MpsGroup,
+        started: Mapping[str, JsonValue],
+        handles: list[DaemonHandle],
+        mps_edits: dict[str, ContainerEdits],
+    ) -> None:
+        """Start one MPS daemon, record its handle (with ``started``) in a `PrepareStarted`
+        record at once, and note its workload edits for the group's devices."""
+        assert self._mps is not None  # checked in _mps_groups
+        handle = self._mps.start(group.daemon_id, group.uuids, group.settings)
+        handles.append(handle)
+        # On disk before anything else: a crash from here on is rolled back from it.
+        self._checkpoint.put(
+            CheckpointEntry(
+                claim=claim,
+                phase=ClaimPhase.PREPARE_STARTED,
+                state={**started, MPS_STATE_KEY: handles_to_state(handles)},
+            )
+        )
+        mps_edits.update(dict.fromkeys(group.device_names, workload_edits(handle.paths)))
+
+    def _made_or_published(self, made: Mapping[str, MigDevice], name: str) -> Gpu | MigDevice:
+        device = made.get(name) or self._inventory.by_name(name)
+        assert isinstance(device, Gpu | MigDevice)  # partitions are in `made`
+        return device
 
     def _make_mig_devices(
         self,

@@ -366,22 +366,6 @@ def test_mig_device_config_time_slicing_is_a_no_op_and_gpu_config_a_mismatch(
     assert node.all_instances() == {}
 
 
-def test_mps_on_a_partition_is_refused_before_anything_is_made(node: Node) -> None:
-    mps = opaque_config(
-        {
-            "apiVersion": "resource.nvidia.com/v1beta1",
-            "kind": "MigDeviceConfig",
-            "sharing": {"strategy": "MPS"},
-        }
-    )
-    claim = node.add(UID_A, "gpu-7-mig-1g10gb-19-0", claim_configs=[mps])
-
-    assert "MPS on dynamic MIG devices (gpu-7-mig-1g10gb-19-0) is not supported" in failed(
-        node.prepare(claim)
-    )
-    assert node.all_instances() == {}
-
-
 def test_a_plugin_without_dynamic_mig_refuses_partitions_clearly(node: Node) -> None:
     node.restart(dynamic=False)
     claim = node.add(UID_A, "gpu-7-mig-1g10gb-19-0")
