@@ -41,7 +41,7 @@ from gpu_dra.kubelet_plugin.checkpoint import Checkpoint
 from gpu_dra.kubelet_plugin.claimcache import CachedClaimReader
 from gpu_dra.kubelet_plugin.inventory import NodeInventory
 from gpu_dra.kubelet_plugin.kubeapi import KubernetesClaimReader, KubernetesPodApi
-from gpu_dra.kubelet_plugin.metrics import PluginMetrics
+from gpu_dra.kubelet_plugin.metrics import MpsCollector, PluginMetrics
 from gpu_dra.kubelet_plugin.mig import (
     SIMULATED_STATE_FILE,
     DynamicMig,
@@ -261,6 +261,7 @@ async def run(settings: KubeletPluginSettings) -> None:
     await preparer.recover()
 
     registry = CollectorRegistry()
+    registry.register(MpsCollector(settings.node_name, checkpoint.all))
     if settings.metrics_port:
         start_http_server(settings.metrics_port, registry=registry)
         log.info("metrics on :%d/metrics", settings.metrics_port)

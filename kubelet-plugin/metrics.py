@@ -1,4 +1,4 @@
-"""Prometheus metrics of the kubelet plugin's DRA calls.
+"""Prometheus metrics of the kubelet plugin: its DRA calls, and its MPS daemons and caps.
 
 Registered on a registry passed in (no process-global default), exported by `__main__` on
 `--metrics-port` together with the slice publisher's metrics.
@@ -6,9 +6,22 @@ Registered on a registry passed in (no process-global default), exported by `__m
 
 from __future__ import annotations
 
+import logging
+from collections import defaultdict
+from collections.abc import Callable, Iterator, Mapping
 from typing import Literal
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from gpu_dra.driver.shares import FULL_COMPUTE
+from gpu_dra.kubelet_plugin.checkpoint import CheckpointEntry, CheckpointError
+from gpu_dra.kubelet_plugin.mps.interface import DaemonHandle, MpsError, handles_from_state
+from gpu_dra.kubelet_plugin.mps.process import ProcessIdentity, is_alive
+from gpu_dra.kubelet_plugin.mps.shares import SHARES_STATE_KEY, is_shared_daemon, shares_from_state
+
+log = logging.getLogger(__name__)
 
 Operation = Literal["prepare", "unprepare"]
 OPERATIONS: tuple[Operation, ...] = ("prepare", "unprepare")
@@ -42,3 +55,102 @@ class PluginMetrics:
 
     def count_claim(self, operation: Operation, ok: bool) -> None:
         self.claims.labels(operation=operation, result="ok" if ok else "error").inc()
+
+
+CheckpointEntries = Callable[[], Mapping[str, CheckpointEntry]]
+"""The checkpoint's entries by claim UID (`Checkpoint.all`)."""
+
+
+class MpsCollector(Collector):
+    """MPS daemons and per-claim caps, read from the checkpoint at every scrape.
+
+    The checkpoint is what the plugin knows about prepared claims, so gauges of a daemon or a
+    claim disappear as soon as its last claim is unprepared. Per-claim daemons report their
+    defaults as the claim's caps; MPS shares report their own caps (`mps.shares`).
+    """
+
+    def __init__(
+        self,
+        node: str,
+        entries: CheckpointEntries,
+        alive: Callable[[DaemonHandle], bool] | None = None,
+    ) -> None:
+        """``alive`` says whether a daemon's process runs (default: its PID and start time)."""
+        self._node = node
+        self._entries = entries
+        self._alive = alive or _process_runs
+
+    def collect(self) -> Iterator[Metric]:
+        daemons = GaugeMetricFamily(
+            "gpu_dra_mps_daemons",
+            "MPS control daemons of prepared claims whose process runs, by kind (shared: the "
+            "daemon of a GPU's MPS shares; claim: a claim's own daemon).",
+            labels=["node", "kind"],
+        )
+        clients = GaugeMetricFamily(
+            "gpu_dra_mps_daemon_claims",
+            "Claims an MPS control daemon serves (its reference count for a shared daemon).",
+            labels=["node", "daemon"],
+        )
+        memory = GaugeMetricFamily(
+            "gpu_dra_mps_claim_pinned_memory_limit_bytes",
+            "Pinned device memory cap of a claim's MPS clients per GPU (a share's allocated "
+            "memory, or a claim daemon's default limit).",
+            labels=["node", "daemon", "claim", "claim_uid", "gpu"],
+        )
+        threads = GaugeMetricFamily(
+            "gpu_dra_mps_claim_active_thread_percentage",
+            "Active thread percentage (percent of SMs) a claim's MPS clients may use (a share's "
+            "allocated compute, or a claim daemon's default).",
+            labels=["node", "daemon", "claim", "claim_uid"],
+        )
+        try:
+            entries = self._entries()
+        except (OSError, CheckpointError) as error:
+            log.warning("MPS metrics: cannot read the checkpoint: %s", error)
+            entries = {}
+        users: dict[str, set[str]] = defaultdict(set)
+        handles: dict[str, DaemonHandle] = {}
+        for uid, entry in sorted(entries.items()):
+            try:
+                recorded = handles_from_state(entry.state)
+            except MpsError as error:
+                log.warning("MPS metrics: state of claim_uid=%s unusable: %s", uid, error)
+                continue
+            claim = f"{entry.claim.namespace}/{entry.claim.name}"
+            shares = shares_from_state(entry.state)
+            share_uuids = {_share_uuid(entry, name): size for name, size in shares.items()}
+            for handle in recorded:
+                users[handle.daemon_id].add(uid)
+                handles.setdefault(handle.daemon_id, handle)
+                base = [self._node, handle.daemon_id, claim, uid]
+                if is_shared_daemon(handle.daemon_id):
+                    for gpu, size in share_uuids.items():
+                        if gpu in handle.devices:
+                            memory.add_metric([*base, gpu], size.memory_bytes)
+                            threads.add_metric(base, size.compute_percent)
+                    continue
+                settings = handle.settings
+                for gpu, limit in sorted(settings.pinned_limits.items()):
+                    memory.add_metric([*base, gpu], int(limit.removesuffix("M")) * 2**20)
+                percent = settings.active_thread_percentage
+                threads.add_metric(base, FULL_COMPUTE if percent is None else percent)
+        running = {"shared": 0, "claim": 0}
+        for daemon_id, handle in handles.items():
+            clients.add_metric([self._node, daemon_id], len(users[daemon_id]))
+            if self._alive(handle):
+                running["shared" if is_shared_daemon(daemon_id) else "claim"] += 1
+        for kind, count in running.items():
+            daemons.add_metric([self._node, kind], count)
+        yield from (daemons, clients, memory, threads)
+
+
+def _share_uuid(entry: CheckpointEntry, device_name: str) -> str:
+    share = entry.state.get(SHARES_STATE_KEY, {})
+    value = share.get(device_name) if isinstance(share, dict) else None
+    uuid = value.get("uuid") if isinstance(value, dict) else None
+    return uuid if isinstance(uuid, str) else ""
+
+
+def _process_runs(handle: DaemonHandle) -> bool:
+    return is_alive(ProcessIdentity(handle.pid, handle.pid_start_time))
