@@ -180,7 +180,8 @@ def consumed_share(consumed: Mapping[str, str] | None, gpu: Gpu) -> ShareSize:
     The scheduler lists every capacity of the device there; a capacity it does not list (an
     allocator without consumable capacity) counts as the whole of it."""
     whole = whole_gpu(gpu)
-    given = dict(consumed or {})
+    # Keys are the device's capacity names; a fully qualified one names the same capacity.
+    given = {key.rsplit("/", 1)[-1]: value for key, value in (consumed or {}).items()}
     try:
         memory = given.get(MEMORY)
         compute = given.get(COMPUTE)

@@ -43,8 +43,14 @@ def kube(cluster: Cluster) -> Kube:
 
 @pytest.fixture(scope="module")
 def driver(cluster: Cluster, kube: Kube, request: pytest.FixtureRequest) -> Iterator[Driver]:
-    """gpu-dra on the node, simulating the module's SIMULATED_PROFILE (default hgx-h100)."""
-    running = Driver(cluster, kube, getattr(request.module, "SIMULATED_PROFILE", "hgx-h100"))
+    """gpu-dra on the node, simulating the module's SIMULATED_PROFILE (default hgx-h100), with
+    the module's PLUGIN_ARGS (default none) as further plugin flags."""
+    running = Driver(
+        cluster,
+        kube,
+        getattr(request.module, "SIMULATED_PROFILE", "hgx-h100"),
+        plugin_args=tuple(getattr(request.module, "PLUGIN_ARGS", ())),
+    )
     running.install()
     running.start_plugin()
     yield running

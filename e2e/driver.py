@@ -54,6 +54,8 @@ class Driver:
     """Reference of the MPS daemon image (`install` builds and imports it)."""
     dynamic_mig: bool = False
     """Run the plugin with ``--dynamic-mig`` (MIG-capable GPUs published as partitions)."""
+    plugin_args: tuple[str, ...] = ()
+    """Further plugin flags (a test module's ``PLUGIN_ARGS``, e.g. ``--mps-shares=0``)."""
 
     @property
     def state_dir(self) -> Path:
@@ -169,6 +171,7 @@ class Driver:
                 f"--mps-daemon-image={self.mps_daemon_image}",
                 f"--mps-daemon-namespace={MPS_DAEMON_NAMESPACE}",
                 *(["--dynamic-mig"] if self.dynamic_mig else []),
+                *self.plugin_args,
             ],
             # PYTHON: the interpreter the double's wrapper runs (standard library only).
             env=dict(os.environ, PYTHONUNBUFFERED="1", PYTHON=sys.executable, **(env or {})),

@@ -155,6 +155,8 @@ def test_consumed_capacity_is_read_as_a_share():
     assert size.memory_mib == 10240
     assert is_partial(size, H100)
     assert str(size) == "memory 10Gi, compute 25"
+    qualified = {"gpu.nvidia.com/memory": "10Gi", "gpu.nvidia.com/compute": "25"}
+    assert consumed_share(qualified, H100) == size
 
 
 def test_whole_gpu_consumption_is_not_a_share():

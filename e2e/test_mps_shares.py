@@ -1,0 +1,188 @@
+"""MPS shares end to end (issue 5, e2e (b)): scheduler-accounted memory/compute shares of one
+GPU, from claims in two namespaces, served by ONE MPS control daemon with per-claim caps.
+
+A simulated hgx-h100 node (H100 80GB, 81559Mi) whose gpu-0 is offered as MPS shares
+(``--mps-shares=0``). The plugin runs the daemon as a pod from a locally built image of the
+nvidia-cuda-mps-control TEST DOUBLE (tests/doubles), so the daemon is a real process with real
+directories, settings and control.log; each pod prints the CUDA_MPS_* environment its CDI spec
+gave it and the daemon files it sees in the mounted pipe directory."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from e2e import manifests as m
+from e2e.driver import MPS_DAEMON_NAMESPACE, Driver
+from e2e.kube import Kube, wait_for
+from e2e.test_mps import daemons, mps_output
+from e2e.test_whole_gpu import wait_running
+from gpu_dra.kubelet_plugin.mps import shared_daemon_id
+from tests.doubles.mps_helpers import kill_processes_under
+from tests.doubles.nvidia_cuda_mps_control import PID_FILE, SOCKET, read_state
+
+pytestmark = pytest.mark.e2e
+
+SIMULATED_PROFILE = "hgx-h100"
+PLUGIN_ARGS = ("--mps-shares=0",)
+MPS_CLASS = "mps.gpu.nvidia.com"
+PIPE = "/tmp/nvidia-mps"
+
+
+@pytest.fixture(autouse=True)
+def no_daemon_left(driver: Driver, kube: Kube) -> Iterator[None]:
+    """Every test starts and ends without MPS daemons or daemon pods (leftovers are removed and
+    fail the test)."""
+    assert not daemons(driver), "MPS daemons left by an earlier test"
+    assert not driver.mps_daemon_pods(), "MPS daemon pods left by an earlier test"
+    yield
+    left_pods = sorted(driver.mps_daemon_pods())
+    for name in left_pods:
+        kube.delete("v1", "Pod", name, MPS_DAEMON_NAMESPACE)
+    left = kill_processes_under(driver.data_dir / "mps", grace_s=10)
+    assert not left, f"MPS daemon processes left behind: {left}"
+    assert not left_pods, f"MPS daemon pods left behind: {left_pods}"
+
+
+@pytest.fixture
+def other_namespace(kube: Kube, namespace: str) -> Iterator[str]:
+    """A second namespace for the test (shares come from any namespace)."""
+    name = f"{namespace[:55]}-b"
+    kube.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+    yield name
+    kube.delete("v1", "Namespace", name)
+    kube.wait_gone("v1", "Namespace", name, None, timeout=180)
+
+
+def share_claim(name: str, namespace: str, memory: str, compute: int) -> dict[str, Any]:
+    """A claim of the MPS shares class naming only the amounts (the class carries the config)."""
+    request = m.request("share", device_class=MPS_CLASS)
+    request["exactly"]["capacity"] = {"requests": {"memory": memory, "compute": str(compute)}}
+    return m.claim(name, namespace, m.claim_spec([request]))
+
+
+def failed_scheduling(kube: Kube, namespace: str, pod: str) -> str:
+    message = ""
+
+    def seen() -> bool:
+        nonlocal message
+        for event in kube.events_for(namespace, pod):
+            if event["reason"] == "FailedScheduling":
+                message = event["message"]
+                return True
+        return False
+
+    wait_for(f"a FailedScheduling event of {namespace}/{pod}", seen, 60)
+    return message
+
+
+def wait_unprepared(driver: Driver, uid: str) -> None:
+    wait_for(f"claim {uid} to be unprepared", lambda: uid not in driver.checkpoint_claims(), 60)
+
+
+def checkpoint_state(driver: Driver, uid: str) -> dict[str, Any]:
+    claims = json.loads((driver.state_dir / "gpu-dra-checkpoint.json").read_text())["claims"]
+    return dict(claims[uid]["state"])
+
+
+def test_three_shares_from_two_namespaces_run_on_one_daemon_with_their_own_caps(
+    driver: Driver, kube: Kube, namespace: str, other_namespace: str
+) -> None:
+    published = driver.devices()["gpu-0"]
+    assert published["allowMultipleAllocations"] is True
+    assert published["capacity"]["compute"]["value"] == "100"
+    assert "allowMultipleAllocations" not in driver.devices()["gpu-1"]  # not offered
+    uuid = driver.uuid_of("gpu-0")
+    shares = {  # pod / claim name: (namespace, memory, MiB, compute)
+        "small": (namespace, "10Gi", 10240, 10),
+        "medium": (other_namespace, "20Gi", 20480, 20),
+        "large": (namespace, "40Gi", 40960, 40),
+    }
+    for name, (ns, memory, _, compute) in shares.items():
+        kube.create(share_claim(name, ns, memory, compute))
+        kube.create(m.gpu_pod(name, ns, claim=name, command=m.SHOW_MPS))
+    for name, (ns, *_) in shares.items():
+        wait_running(kube, name, ns)
+
+    # The scheduler accounted each share on gpu-0: its shareID and consumed capacity.
+    uids = {}
+    for name, (ns, memory, _, compute) in shares.items():
+        claim = kube.get("resource.k8s.io/v1", "ResourceClaim", name, ns)
+        uids[name] = claim["metadata"]["uid"]
+        (result,) = claim["status"]["allocation"]["devices"]["results"]
+        assert result["device"] == "gpu-0"
+        assert result["shareID"]
+        assert result["consumedCapacity"] == {"memory": memory, "compute": str(compute)}
+
+    # One daemon for the GPU, named after it, serving all three claims.
+    daemon_id = shared_daemon_id(uuid)
+    assert [p.name for p in driver.mps_dir.iterdir()] == [daemon_id]
+    root = driver.mps_dir / daemon_id
+    pid = int((root / "pipe" / PID_FILE).read_text())
+    assert daemons(driver) == [pid]
+    assert list(driver.mps_daemon_pods()) == [f"mps-control-daemon-{daemon_id}"]
+    for uid in uids.values():
+        state = checkpoint_state(driver, uid)
+        assert [h["daemonId"] for h in state["mpsDaemons"]] == [daemon_id]
+        assert state["mpsShares"]["gpu-0"]["uuid"] == uuid
+    assert driver.metric("gpu_dra_mps_daemon_claims", daemon=daemon_id) == 3
+    assert driver.metric("gpu_dra_mps_daemons", kind="shared") == 1
+    # Daemon defaults, set before any server: the largest share allowed (the whole GPU).
+    assert read_state(root / "pipe")["defaults"] == {
+        "activeThreadPercentage": 100.0,
+        "pinnedMemLimits": {uuid: "81559M"},
+    }
+
+    # Each container: its own caps, the daemon's pipe directory.
+    for name, (ns, _, mib, compute) in shares.items():
+        seen = mps_output(kube, name, ns)
+        assert seen["env"].splitlines() == [
+            f"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE={compute}",
+            f"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT={uuid}={mib}M",
+            f"CUDA_MPS_PIPE_DIRECTORY={PIPE}",
+        ], (name, seen)
+        assert {SOCKET, PID_FILE} <= set(seen["ls"].split()), (name, seen)
+        assert seen["pid"] == str(pid), (name, seen)
+        assert (
+            driver.metric(
+                "gpu_dra_mps_claim_pinned_memory_limit_bytes", claim=f"{ns}/{name}", gpu=uuid
+            )
+            == mib * 2**20
+        )
+
+    # A fourth share does not fit (70 of 100 compute taken, 40 more asked): not scheduled.
+    kube.create(share_claim("too-big", other_namespace, "20Gi", 40))
+    kube.create(m.gpu_pod("too-big", other_namespace, claim="too-big", command=m.SHOW_MPS))
+    failed_scheduling(kube, other_namespace, "too-big")
+    # A whole-GPU claim for gpu-0 (naming no amount: all of it) cannot land beside the shares.
+    whole = m.request("gpu", selectors=[f"device.attributes['gpu.nvidia.com'].uuid == '{uuid}'"])
+    kube.create(m.claim("whole", namespace, m.claim_spec([whole])))
+    kube.create(m.gpu_pod("whole", namespace, claim="whole"))
+    failed_scheduling(kube, namespace, "whole")
+    for ns, name in ((other_namespace, "too-big"), (namespace, "whole")):
+        assert kube.get("v1", "Pod", name, ns)["status"]["phase"] == "Pending"
+        claim = kube.get("resource.k8s.io/v1", "ResourceClaim", name, ns)
+        assert not claim.get("status", {}).get("allocation")
+        kube.delete("v1", "Pod", name, ns)
+        kube.wait_gone("v1", "Pod", name, ns)
+    assert daemons(driver) == [pid]
+
+    # The daemon stays while any share is prepared, and goes with the last one.
+    for name in ("small", "medium"):
+        ns = shares[name][0]
+        kube.delete("v1", "Pod", name, ns)
+        kube.wait_gone("v1", "Pod", name, ns)
+        wait_unprepared(driver, uids[name])
+        assert daemons(driver) == [pid]
+    assert driver.metric("gpu_dra_mps_daemon_claims", daemon=daemon_id) == 1
+    kube.delete("v1", "Pod", "large", namespace)
+    kube.wait_gone("v1", "Pod", "large", namespace)
+    wait_for("the last share to be unprepared", lambda: not driver.checkpoint_claims(), 60)
+    wait_for("the daemon to stop", lambda: not daemons(driver), 30)
+    assert driver.mps_daemon_pods() == {}
+    assert not root.exists()  # pipe, log and shm directories removed
+    assert list(driver.mps_dir.iterdir()) == []
+    assert not set(uids.values()) & driver.cdi_spec_claims()
