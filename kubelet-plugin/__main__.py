@@ -15,11 +15,12 @@ cache has listed them.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from kubernetes.client import ApiClient
 from prometheus_client import CollectorRegistry, start_http_server
@@ -190,13 +191,16 @@ def _time_slicer(settings: KubeletPluginSettings, devices: NodeDevices) -> TimeS
     return NvidiaSmiTimeSlicer(binary)
 
 
-def _slice_layout(settings: KubeletPluginSettings, api_client: ApiClient) -> slices.SliceLayout:
+def slice_layout(
+    settings: KubeletPluginSettings, server_version: Callable[[], tuple[str, str]]
+) -> slices.SliceLayout:
     """`--slice-layout`, or the layout the apiserver's version accepts (1.34 combined, 1.35+
-    split); split when the version cannot be read (logged, naming the flag)."""
+    split; `server_version` gives ``/version``'s major and minor); split when the version cannot
+    be read (logged, naming the flag)."""
     if settings.slice_layout is not None:
         return settings.slice_layout
     try:
-        major, minor = read_server_version(api_client)
+        major, minor = server_version()
         layout = slices.layout_for_kubernetes(major, minor)
     except (ApiError, ValueError) as error:
         log.warning("%s; publishing the split layout (set --slice-layout to choose)", error)
@@ -273,7 +277,9 @@ async def run(settings: KubeletPluginSettings) -> None:
     )
     layout = slices.SliceLayout.SPLIT
     if inventory.counter_sets():
-        layout = await asyncio.to_thread(_slice_layout, settings, api_client)
+        layout = await asyncio.to_thread(
+            slice_layout, settings, functools.partial(read_server_version, api_client)
+        )
     publisher.set_desired(inventory.desired_pool(settings.driver_name, settings.node_name, layout))
     publishing = asyncio.create_task(publisher.run(), name="publisher")
 
