@@ -374,3 +374,55 @@ def test_a_plugin_without_dynamic_mig_refuses_partitions_clearly(node: Node) -> 
 
     assert "gpu-7-mig-1g10gb-19-0 is a dynamic MIG partition" in error
     assert "without dynamic MIG" in error
+
+
+def test_a_gpu_instance_still_in_use_fails_the_unprepare_and_keeps_the_entry(
+    node: Node, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    claim = node.add(UID_A, "gpu-6-mig-2g20gb-14-4")
+    ok(node.prepare(claim))
+    nvml = node.host.nvml
+    real_destroy = nvml.compute_instance_destroy
+
+    def busy(compute_instance: object) -> None:
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_IN_USE)
+
+    monkeypatch.setattr(nvml, "compute_instance_destroy", busy)
+    error = node.unprepare(claim)
+
+    assert error is not None
+    assert "processes still use it (NVML IN_USE)" in error
+    assert node.checkpoint.get(UID_A) is not None  # the kubelet's next unprepare retries
+    assert not node.cdi.path_for(UID_A).exists()  # the CDI spec went first
+    assert node.layout(6) == [(14, 4, (0,))]
+
+    monkeypatch.setattr(nvml, "compute_instance_destroy", real_destroy)
+    assert node.unprepare(claim) is None
+    node.assert_nothing_left(UID_A)
+
+
+def test_rolling_back_an_intent_without_ids_spares_a_placement_another_claim_records(
+    node: Node,
+) -> None:
+    # Claim A died after recording its intent; its instance never got made (or is gone). Claim
+    # B has since prepared the same placement. Rolling A back must not destroy B's device.
+    node.restart(crash_at=CRASH_AFTER_GPU_INSTANCE)
+    a = node.add(UID_A, "gpu-0-mig-3g40gb-9-4", name="crashed")
+    with pytest.raises(Crash):
+        node.prepare(a)
+    node.crashed()
+    entry = node.checkpoint.get(UID_A)
+    assert entry is not None
+    # B's prepare runs while A's entry still waits for its rollback (as if recovery had failed):
+    # the bare GPU instance of A goes first, by hand, so B can make its own there.
+    node.lifecycle.destroy(node.gpu(0), 9, 4)
+    b = node.add(UID_B, "gpu-0-mig-3g40gb-9-4", name="later")
+    ok(node.prepare(b))
+    made = node.layout(0)
+
+    assert node.unprepare(a) is None
+
+    assert node.checkpoint.get(UID_A) is None
+    assert node.layout(0) == made  # B's MIG device is still there
+    assert node.unprepare(b) is None
+    node.assert_nothing_left(UID_B)
