@@ -472,3 +472,25 @@ def test_a_dead_shared_daemon_is_replaced_for_the_next_share_and_all_is_removed_
 def test_unprepare_of_an_unknown_share_claim_succeeds(node: SharesNode) -> None:
     claim = ClaimRef("default", UID_D, "gone")
     assert node.unprepare(claim) == {UID_D: None}
+
+
+def test_a_share_waits_while_the_shared_daemon_does_not_answer(node: SharesNode) -> None:
+    a = node.add_share(UID_A, "10Gi", "10", name="a")
+    ok(node.prepare(a)[UID_A])
+    handle = only(node.shared_handles().values())
+    node.mps.client.timeout_s = 0.5
+    os.kill(handle.pid, signal.SIGSTOP)
+    try:
+        b = node.add_share(UID_B, "10Gi", "10", name="b")
+        error = failed(node.prepare(b)[UID_B])
+    finally:
+        os.kill(handle.pid, signal.SIGCONT)
+
+    assert "that serves this GPU's shares does not answer" in error
+    assert error.endswith("(will retry)")
+    node.assert_nothing_left(UID_B)
+    assert node.running() == [handle.pid]  # not replaced: its clients keep running
+    ok(node.prepare(b)[UID_B])  # the kubelet's retry, once it answers again
+    assert node.shared_handles()[UID_B] == handle
+    node.unprepare(a, b)
+    assert node.running() == []
