@@ -186,3 +186,39 @@ def test_three_shares_from_two_namespaces_run_on_one_daemon_with_their_own_caps(
     assert not root.exists()  # pipe, log and shm directories removed
     assert list(driver.mps_dir.iterdir()) == []
     assert not set(uids.values()) & driver.cdi_spec_claims()
+
+
+def test_a_restarted_plugin_adopts_the_shared_daemon_and_its_reference_count(
+    driver: Driver, kube: Kube, namespace: str
+) -> None:
+    for name, memory, compute in (("first", "10Gi", 10), ("second", "20Gi", 20)):
+        kube.create(share_claim(name, namespace, memory, compute))
+        kube.create(m.gpu_pod(name, namespace, claim=name, command=m.SHOW_MPS))
+        wait_running(kube, name, namespace)
+    daemon_id = shared_daemon_id(driver.uuid_of("gpu-0"))
+    (pid,) = daemons(driver)
+    (daemon_pod,) = driver.mps_daemon_pods().values()
+
+    driver.kill_plugin()
+    assert daemons(driver) == [pid]  # the daemon does not die with the plugin
+    driver.start_plugin()
+
+    # Same daemon pod and process; a third share joins it instead of starting another.
+    assert daemons(driver) == [pid]
+    assert (
+        driver.mps_daemon_pods()[daemon_pod["metadata"]["name"]]["metadata"]["uid"]
+        == (daemon_pod["metadata"]["uid"])
+    )
+    kube.create(share_claim("third", namespace, "30Gi", 30))
+    kube.create(m.gpu_pod("third", namespace, claim="third", command=m.SHOW_MPS))
+    wait_running(kube, "third", namespace)
+    assert mps_output(kube, "third", namespace)["pid"] == str(pid)
+    assert driver.metric("gpu_dra_mps_daemon_claims", daemon=daemon_id) == 3
+
+    for name in ("first", "second", "third"):
+        kube.delete("v1", "Pod", name, namespace)
+        kube.wait_gone("v1", "Pod", name, namespace)
+    wait_for("the shares to be unprepared", lambda: not driver.checkpoint_claims(), 60)
+    wait_for("the daemon to stop", lambda: not daemons(driver), 30)
+    assert driver.mps_daemon_pods() == {}
+    assert not (driver.mps_dir / daemon_id).exists()
