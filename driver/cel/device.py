@@ -13,6 +13,7 @@ Unknown domains read as empty maps; that rule is the engine's job (see `engine_c
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -56,7 +57,7 @@ def to_cel_device(driver: str, device: Device) -> DraDevice:
     for key, entry in device.get("capacity", {}).items():
         domain, identifier = split_qualified_name(key, driver)
         try:
-            capacity.setdefault(domain, {})[identifier] = Quantity.parse(entry["value"])
+            capacity.setdefault(domain, {})[identifier] = _quantity(entry["value"])
         except CelValueError as error:
             raise CelRuntimeError(f"device {name}: capacity {key}: {error}") from error
     return DraDevice(
@@ -83,7 +84,19 @@ def _attribute_value(device: str, key: str, attribute: DeviceAttribute) -> Attri
         return str(attribute["string"])
     if "version" in attribute:
         try:
-            return Semver.parse(attribute["version"])
+            return _semver(attribute["version"])
         except CelValueError as error:
             raise CelRuntimeError(f"device {device}: attribute {key}: {error}") from error
     raise CelRuntimeError(f"device {device}: attribute {key} has no value")
+
+
+# Inventories repeat the same few capacity and version texts on every device ("16", "9984Mi",
+# "580.95.5"); the values are immutable, so each text is parsed once.
+@functools.lru_cache(maxsize=4096)
+def _quantity(text: str) -> Quantity:
+    return Quantity.parse(text)
+
+
+@functools.lru_cache(maxsize=4096)
+def _semver(text: str) -> Semver:
+    return Semver.parse(text)

@@ -108,6 +108,20 @@ def missing_binaries(paths: ClusterPaths) -> list[str]:
     return [name for name in BINARIES if not (directory / name).is_file()]
 
 
+def go_env(paths: ClusterPaths) -> dict[str, str]:
+    """The environment of every Go build from pinned modules: the module and build caches in
+    the cluster cache, the installed toolchain only, the pins exactly as written (no go.mod
+    updates), no cgo. bench/cel builds its reference program with it too."""
+    return dict(
+        os.environ,
+        GOMODCACHE=str(paths.gomodcache),
+        GOCACHE=str(paths.gocache),
+        GOFLAGS="-modcacherw -mod=readonly",
+        CGO_ENABLED="0",
+        GOTOOLCHAIN="local",
+    )
+
+
 def build(paths: ClusterPaths) -> Path:
     """Build whatever is missing; return the directory holding all binaries."""
     directory = bin_dir(paths)
@@ -118,14 +132,7 @@ def build(paths: ClusterPaths) -> Path:
         raise RuntimeError("Go is needed to build the e2e cluster binaries; install Go ≥ 1.26")
     staging = directory.with_name(directory.name + ".partial")
     staging.mkdir(parents=True, exist_ok=True)
-    env = dict(
-        os.environ,
-        GOMODCACHE=str(paths.gomodcache),
-        GOCACHE=str(paths.gocache),
-        GOFLAGS="-modcacherw -mod=readonly",
-        CGO_ENABLED="0",
-        GOTOOLCHAIN="local",
-    )
+    env = go_env(paths)
     for item in BUILDS:
         wanted = [Path(p).name if p != "." else item.module_dir for p in item.packages]
         if all((staging / name).is_file() for name in wanted):
