@@ -42,6 +42,8 @@ COMPUTE: Final = "compute"
 """Capacity: percent of the GPU's SMs, the unit of ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE``."""
 MIB: Final = 2**20
 FULL_COMPUTE: Final = 100
+VOLTA: Final = 5
+"""``NVML_DEVICE_ARCH_VOLTA``: MPS memory and thread caps need Volta or newer (mps.md §11)."""
 
 
 class ShareSelectionError(ValueError):
@@ -151,10 +153,15 @@ class ShareSelection:
         return not self.every_gpu and not self.names
 
     def select(self, gpus: Sequence[Gpu]) -> tuple[Gpu, ...]:
-        """The offered GPUs among ``gpus``. ``all`` skips GPUs in MIG mode and GPUs without a
-        memory size; a listed index or UUID that is not a whole GPU of the node is an error."""
+        """The offered GPUs among ``gpus``. ``all`` skips GPUs in MIG mode, GPUs without a
+        memory size and GPUs older than Volta; a listed index or UUID that is not such a whole
+        GPU of the node is an error."""
         if self.every_gpu:
-            return tuple(g for g in gpus if not g.mig_enabled and g.memory_bytes is not None)
+            return tuple(
+                g
+                for g in gpus
+                if not g.mig_enabled and g.memory_bytes is not None and g.architecture >= VOLTA
+            )
         chosen: list[Gpu] = []
         for name in self.names:
             gpu = next((g for g in gpus if name in (str(g.index), g.uuid)), None)
@@ -167,6 +174,11 @@ class ShareSelection:
                 raise ShareSelectionError(
                     f"--mps-shares names GPU {name}, which is in MIG mode: only whole GPUs are "
                     "offered as MPS shares"
+                )
+            if gpu.architecture < VOLTA:
+                raise ShareSelectionError(
+                    f"--mps-shares names GPU {name} ({gpu.product_name}), which is older than "
+                    "Volta: MPS memory and thread caps need Volta or newer"
                 )
             shareable_memory(gpu)  # raises for a GPU without a memory size
             if gpu not in chosen:

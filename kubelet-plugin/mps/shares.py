@@ -15,8 +15,8 @@ daemons are recorded) and its share (``state.mpsShares``); the daemon's referenc
 set of claims recording it (`claims_using`), so it cannot drift from the claims across crashes.
 `SharedDaemons.join` starts the daemon for the first share or reuses the running one;
 `SharedDaemons.release` stops it when the claim being removed is the last one recording it.
-Both run under one lock, and join records the claim before the lock is let go, so a release
-never stops a daemon that a join is handing out.
+Both run under the daemon's lock (one per GPU), and join records the claim before the lock is
+let go, so a release never stops a daemon that a join is handing out.
 
 Each claim's CDI devices get the pipe dir and shm of the daemon (`workload_edits`) and the
 share's caps as client environment: ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=<UUID>=<MiB>M`` and
@@ -191,7 +191,12 @@ class SharedDaemons:
         self._mps = mps
         self._checkpoint = checkpoint
         self._max_percent = max_percent
-        self._lock = threading.Lock()
+        self._locks: dict[str, threading.Lock] = {}  # one per shared daemon (offered GPU)
+        self._locks_lock = threading.Lock()
+
+    def _lock(self, daemon_id: str) -> threading.Lock:
+        with self._locks_lock:
+            return self._locks.setdefault(daemon_id, threading.Lock())
 
     def settings(self, gpu: Gpu) -> MpsSettings:
         """The daemon defaults: the largest share allowed, so a client that drops its caps from
@@ -208,7 +213,7 @@ class SharedDaemons:
         """The running daemon of ``share``'s GPU, started if none runs; ``record`` (which must
         write the handle into the claim's checkpoint entry) is called before others can stop
         it."""
-        with self._lock:
+        with self._lock(share.daemon_id):
             handle = self._running(claim_uid, share.daemon_id)
             if handle is None:
                 handle = self._mps.start(
@@ -226,7 +231,7 @@ class SharedDaemons:
     def release(self, claim_uid: str, handle: DaemonHandle) -> None:
         """Stop the shared daemon of ``handle`` unless a claim other than ``claim_uid`` still
         records it; idempotent."""
-        with self._lock:
+        with self._lock(handle.daemon_id):
             users = [u for u in self._users(handle.daemon_id) if u != claim_uid]
             if users:
                 log.info(

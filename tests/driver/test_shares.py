@@ -142,6 +142,13 @@ def test_selection_errors_say_what_is_wrong(text, message):
         ShareSelection.parse(text).select([H100, SECOND, MIG_MODE])
 
 
+def test_gpus_older_than_volta_are_not_offered():
+    pascal = dataclasses.replace(H100, architecture=4, product_name="Tesla P4")
+    assert ShareSelection.parse("all").select([pascal, SECOND]) == (SECOND,)
+    with pytest.raises(ShareSelectionError, match=r"Tesla P4.*older than Volta"):
+        ShareSelection.parse("0").select([pascal])
+
+
 def test_a_gpu_without_memory_size_cannot_be_offered():
     no_memory = dataclasses.replace(H100, memory_bytes=None)
     assert ShareSelection.parse("all").select([no_memory]) == ()
