@@ -1,0 +1,71 @@
+"""The plugin's composition root builds the MPS daemon manager the settings ask for: the runner
+(host process or pod, with the pod's namespace, node and image) and the compute-mode control
+(only with --mps-exclusive-compute-mode)."""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from kubernetes.client import ApiClient
+
+from gpu_dra.driver.nvml.simulated import SimulatedHost
+from gpu_dra.kubelet_plugin.__main__ import _mps
+from gpu_dra.kubelet_plugin.mps import NvmlComputeMode, PodRunner, ProcessRunner
+from gpu_dra.kubelet_plugin.settings import KubeletPluginSettings
+from tests.doubles.mps_helpers import DOUBLE_BINARY, scratch_root
+
+
+@pytest.fixture
+def data_dir() -> Iterator[Path]:
+    path = scratch_root()
+    yield path
+    subprocess.run(["rm", "-rf", str(path)], check=False)
+
+
+def settings(data_dir: Path, *flags: str) -> KubeletPluginSettings:
+    return KubeletPluginSettings.parse(
+        [
+            "--node-name=node-a",
+            "--simulate=hgx-h100",
+            f"--data-dir={data_dir}",
+            f"--mps-control-binary={DOUBLE_BINARY}",
+            *flags,
+        ],
+        {},
+    )
+
+
+def test_the_default_runs_daemons_as_host_processes_and_leaves_compute_modes(
+    data_dir: Path,
+) -> None:
+    host = SimulatedHost.load("hgx-h100", "node-a")
+    manager = _mps(settings(data_dir), ApiClient(), host.nvml)
+
+    assert manager is not None
+    assert isinstance(manager.runner, ProcessRunner)
+    assert manager.compute_mode is None
+
+
+def test_the_pod_runner_gets_its_namespace_node_and_image(data_dir: Path) -> None:
+    host = SimulatedHost.load("hgx-h100", "node-a")
+    flags = (
+        "--mps-daemon-runner=pod",
+        "--mps-daemon-image=registry.example/mps:1",
+        "--mps-daemon-namespace=gpu-system",
+        "--mps-exclusive-compute-mode=true",
+    )
+    manager = _mps(settings(data_dir, *flags), ApiClient(), host.nvml)
+
+    assert manager is not None
+    runner = manager.runner
+    assert isinstance(runner, PodRunner)
+    assert (runner.namespace, runner.node_name, runner.image) == (
+        "gpu-system",
+        "node-a",
+        "registry.example/mps:1",
+    )
+    assert isinstance(manager.compute_mode, NvmlComputeMode)
+    assert manager.start_timeout_s > 10.0  # a pod needs longer than a host process
