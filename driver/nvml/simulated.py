@@ -182,6 +182,7 @@ class SimulatedNvml:
         gets a snapshot after every MIG change."""
         self.profile = profile
         self._init_count = 0
+        self._init_lock = threading.Lock()  # NVML's reference count is thread-safe
         self._handles = tuple(SimulatedDeviceHandle(self, gpu.index) for gpu in profile.gpus)
         self._mig = tuple(MigState(gpu.model.mig, gpu.mig_mode, gpu.uuid) for gpu in profile.gpus)
         self._gi_handles: dict[GpuInstance, SimulatedGpuInstanceHandle] = {}
@@ -249,11 +250,13 @@ class SimulatedNvml:
             raise nvml_error(fault)
         if flags < 0:
             raise nvml_error(NVML_ERROR_INVALID_ARGUMENT)
-        self._init_count += 1
+        with self._init_lock:
+            self._init_count += 1
 
     def shutdown(self) -> None:
-        self._system("shutdown")
-        self._init_count -= 1
+        with self._init_lock:
+            self._system("shutdown")
+            self._init_count -= 1
 
     def system_get_driver_version(self) -> str:
         self._system("system_get_driver_version")
