@@ -52,6 +52,7 @@ from gpu_dra.driver.cel.source import (
     line_column,
     literal_equalities,
     native_comparisons,
+    regex_literals,
     root_identifier_offsets,
 )
 from gpu_dra.driver.cel.values import (
@@ -105,6 +106,11 @@ def compile_program(expression: str) -> Program:
         raise CelCompileError(
             f"ERROR: <input>:{line}:{column}: undeclared reference to 'kubernetes'"
         )
+    for literal, offset in regex_literals(expression):
+        if not _valid_regex(literal):
+            # The apiserver validates regex literals when compiling; cel-cpp only when running.
+            line, column = line_column(expression, offset)
+            raise CelCompileError(f"ERROR: <input>:{line}:{column}: invalid matches argument")
     result_type = str(checked.return_type().name()).lower()
     rewritten = literal_equalities(expression, _typed_equality)
     rewritten = native_comparisons(rewritten, _native_comparison)
@@ -312,6 +318,16 @@ class _Environment:
 def _environment() -> _Environment:
     """Built once per process (about a millisecond); immutable afterwards."""
     return _Environment()
+
+
+@functools.lru_cache(maxsize=1024)
+def _valid_regex(literal: str) -> bool:
+    """Whether the string literal (source text) is a regular expression RE2 accepts: the engine
+    runs ``''.matches(literal)`` once."""
+    environment = _environment()
+    program = environment.compile(f"''.matches({literal})")
+    result = program.eval(data={})
+    return bool(result.type() != cel.Type.ERROR)
 
 
 def _literal(function: str, text: str, normalize: bool | None) -> str | None:

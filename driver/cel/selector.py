@@ -14,6 +14,7 @@ from gpu_dra.driver.cel.device import DraDevice
 from gpu_dra.driver.cel.errors import CelCompileError, CelRuntimeError
 from gpu_dra.driver.cel.source import (
     DevicePath,
+    capacity_literal_comparisons,
     device_footprint,
     line_column,
     undefined_device_fields,
@@ -64,7 +65,8 @@ def compile_selector(expression: str) -> Selector:
 
     Raises `CelCompileError` with the message the apiserver would give, as far as the engine
     can tell: too long, a syntax or type error, an undefined ``device`` field, a result type that
-    is neither bool nor dyn.
+    is neither bool nor dyn, a capacity compared with a literal that is not a quantity, an
+    invalid regular expression literal in ``matches``.
     """
     size = len(expression.encode())
     if size > MAX_EXPRESSION_LENGTH:
@@ -72,6 +74,14 @@ def compile_selector(expression: str) -> Selector:
             f"expression is {size} bytes long, may not be more than {MAX_EXPRESSION_LENGTH}"
         )
     program = engine.compile_program(expression)
+    for operator, literal, offset in capacity_literal_comparisons(expression):
+        # device.capacity is typed map(string, map(string, Quantity)) in Kubernetes; here the
+        # engine sees dyn, so the checker's error is given from the tokens.
+        line, column = line_column(expression, offset)
+        raise CelCompileError(
+            f"ERROR: <input>:{line}:{column}: found no matching overload for "
+            f"'_{operator}_' applied to '(kubernetes.Quantity, {literal})'"
+        )
     for field, offset in undefined_device_fields(expression):
         line, column = line_column(expression, offset)
         raise CelCompileError(f"ERROR: <input>:{line}:{column}: undefined field '{field}'")

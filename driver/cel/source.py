@@ -402,3 +402,60 @@ def literal_equalities(expression: str, rewrite: EqualityRewriter) -> str:
         path = expression[found[root].start : found[k - 1].end]
         edits.append((found[root].start, literal.end, rewrite(path, token.text, literal.text)))
     return _apply(expression, edits)
+
+
+def regex_literals(expression: str) -> list[tuple[str, int]]:
+    """``(literal source, offset)`` of each string literal passed to ``.matches(...)``: the
+    apiserver validates those regular expressions at compile time."""
+    try:
+        found = tokens(expression)
+    except LexError:
+        return []
+    return [
+        (found[i + 2].text, found[i + 2].start)
+        for i in range(1, len(found) - 3)
+        if found[i].text == "matches"
+        and found[i - 1].text == "."
+        and found[i + 1].text == "("
+        and found[i + 2].kind == "string"
+        and found[i + 3].text == ")"
+    ]
+
+
+_COMPARISON_OPERATORS: Final = frozenset({"==", "!=", "<", "<=", ">", ">="})
+
+
+def capacity_literal_comparisons(expression: str) -> list[tuple[str, str, int]]:
+    """``(operator, CEL type of the literal, offset of the operator)`` for each
+    ``device.capacity[D].x <op> <literal>`` (or the literal first): capacities are typed
+    ``Quantity`` in the Kubernetes environment, so comparing one with a string, number, bool or
+    null literal does not type-check there."""
+    try:
+        found = tokens(expression)
+    except LexError:
+        return []
+    comparisons = []
+    for i in _device_field_indexes(found):
+        path = _footprint_at(found, i)
+        if found[i + 2].text != "capacity" or path is None or len(path) != 3:
+            continue
+        end = i + 8 if found[i + 6].text == "." else i + 9  # after .x / ['x']
+        if end < len(found) and found[end].text in ("(", "."):
+            continue  # a method call on the quantity, or a field of one
+        before, after = i - 1, end
+        for operator, literal in ((after, after + 1), (before, before - 1)):
+            if 0 <= literal < len(found) and found[operator].text in _COMPARISON_OPERATORS:
+                kind = _literal_type(found[literal])
+                if kind is not None:
+                    comparisons.append((found[operator].text, kind, found[operator].start))
+    return comparisons
+
+
+def _literal_type(token: Token) -> str | None:
+    if token.kind == "string":
+        return "bytes" if token.text[0] in "bB" or token.text[:2].lower() == "rb" else "string"
+    if token.kind == "number":
+        if token.text[-1] in "uU":
+            return "uint"
+        return "double" if any(c in token.text for c in ".eE") and "x" not in token.text else "int"
+    return {"true": "bool", "false": "bool", "null": "null_type"}.get(token.text)

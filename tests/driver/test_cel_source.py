@@ -5,9 +5,11 @@ from __future__ import annotations
 import pytest
 
 from gpu_dra.driver.cel.source import (
+    capacity_literal_comparisons,
     default_unknown_domains,
     fold_literal_calls,
     native_comparisons,
+    regex_literals,
     tokens,
     undefined_device_fields,
 )
@@ -83,3 +85,28 @@ def test_native_comparisons_rewrite_only_plain_paths_against_literals(expression
         return f"<{receiver}|{method}|{function}|{text}>"
 
     assert native_comparisons(expression, rewrite) == expected
+
+
+@pytest.mark.parametrize(
+    ("expression", "found"),
+    [
+        ("device.capacity['d'].memory == 5", [("==", "int", 28)]),
+        ("1.5 < device.capacity['d']['x'] && true", [("<", "double", 4)]),
+        (
+            "device.capacity['d'].x != 'a' || device.capacity['d'].y > 2u",
+            [("!=", "string", 23), (">", "uint", 56)],
+        ),
+        ("device.capacity['d'].x == quantity('1')", []),
+        ("device.capacity['d'].x.compareTo(quantity('1')) == 0", []),
+        ("device.capacity['d'] == {}", []),
+        ("device.attributes['d'].x == 5", []),
+        ("'device.capacity[\"d\"].x == 5' == ''", []),
+    ],
+)
+def test_capacity_literal_comparisons(expression, found):
+    assert capacity_literal_comparisons(expression) == found
+
+
+def test_regex_literals_are_the_string_arguments_of_matches():
+    expression = "g.p.matches('[') && 'a'.matches(\"b\") && g.q.matches(g.r) && matches('x', 'y')"
+    assert regex_literals(expression) == [("'['", 12), ('"b"', 32)]
