@@ -12,7 +12,6 @@ from gpu_dra.kubelet_plugin.mig.claims import (
     DYNAMIC_MIG_STATE_KEY,
     DynamicMig,
     MigIntent,
-    Partition,
     intents_from_state,
     intents_to_state,
 )
@@ -42,7 +41,6 @@ __all__ = [
     "MigInstance",
     "MigIntent",
     "MigLifecycle",
-    "Partition",
     "SimulatedMigStateFile",
     "SimulatedStateError",
     "crash_point_from_env",

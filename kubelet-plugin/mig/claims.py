@@ -26,9 +26,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Final, Protocol
+from typing import Final
 
-from gpu_dra.driver.model import Gpu, MigDevice
+from gpu_dra.driver.model import Gpu, MigDevice, MigPartition
 from gpu_dra.driver.naming import (
     GpuDeviceName,
     InvalidNameError,
@@ -42,19 +42,6 @@ log = logging.getLogger(__name__)
 
 DYNAMIC_MIG_STATE_KEY: Final = "dynamicMig"
 """Checkpoint `state` key: the claim's `MigIntent`s, as a list of objects."""
-
-
-class Partition(Protocol):
-    """A MIG device that can be made on demand: a GPU-instance profile at one placement."""
-
-    @property
-    def parent(self) -> Gpu: ...
-
-    @property
-    def gi_profile_id(self) -> int: ...
-
-    @property
-    def placement_start(self) -> int: ...
 
 
 @dataclass(frozen=True)
@@ -137,7 +124,7 @@ class DynamicMig:
     def gpus(self) -> tuple[Gpu, ...]:
         return tuple(self._gpus.values())
 
-    def plan(self, partitions: Mapping[str, Partition]) -> list[MigIntent]:
+    def plan(self, partitions: Mapping[str, MigPartition]) -> list[MigIntent]:
         """One intent per partition device (by device name), nothing created yet."""
         return [
             MigIntent(name, p.parent.uuid, p.gi_profile_id, p.placement_start)
