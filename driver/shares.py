@@ -26,7 +26,7 @@ Pure: values in, values out. The kubelet plugin decides which GPUs are offered
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence, Set
 from dataclasses import dataclass
 from typing import Final
 
@@ -152,15 +152,21 @@ class ShareSelection:
     def empty(self) -> bool:
         return not self.every_gpu and not self.names
 
-    def select(self, gpus: Sequence[Gpu]) -> tuple[Gpu, ...]:
-        """The offered GPUs among ``gpus``. ``all`` skips GPUs in MIG mode, GPUs without a
-        memory size and GPUs older than Volta; a listed index or UUID that is not such a whole
-        GPU of the node is an error."""
+    def select(
+        self, gpus: Sequence[Gpu], *, partitioned: Set[str] = frozenset()
+    ) -> tuple[Gpu, ...]:
+        """The offered GPUs among ``gpus``. ``all`` skips GPUs in MIG mode, GPUs whose UUID is in
+        ``partitioned`` (dynamic MIG publishes them as partitions), GPUs without a memory size
+        and GPUs older than Volta; a listed index or UUID that is not such a whole GPU of the
+        node is an error."""
         if self.every_gpu:
             return tuple(
                 g
                 for g in gpus
-                if not g.mig_enabled and g.memory_bytes is not None and g.architecture >= VOLTA
+                if not g.mig_enabled
+                and g.uuid not in partitioned
+                and g.memory_bytes is not None
+                and g.architecture >= VOLTA
             )
         chosen: list[Gpu] = []
         for name in self.names:
@@ -174,6 +180,12 @@ class ShareSelection:
                 raise ShareSelectionError(
                     f"--mps-shares names GPU {name}, which is in MIG mode: only whole GPUs are "
                     "offered as MPS shares"
+                )
+            if gpu.uuid in partitioned:
+                raise ShareSelectionError(
+                    f"--mps-shares names GPU {name}, which --dynamic-mig publishes as MIG "
+                    "partitions: offer shares only on GPUs dynamic MIG does not partition (a "
+                    "GPU is published either as MIG partitions or as MPS shares)"
                 )
             if gpu.architecture < VOLTA:
                 raise ShareSelectionError(

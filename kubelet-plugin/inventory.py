@@ -149,7 +149,8 @@ class NodeInventory:
     dynamic_mig: bool = False
     mig_profiles: tuple[MigCapableGpu, ...] = ()
     mps_shares: tuple[Gpu, ...] = ()
-    """Whole GPUs offered as MPS shares (`shares.ShareSelection.select`); not with dynamic MIG."""
+    """Whole GPUs offered as MPS shares (`shares.ShareSelection.select`); with dynamic MIG only
+    GPUs it does not partition."""
     _by_name: dict[str, PublishedDevice] = field(
         init=False, repr=False, compare=False, default_factory=dict
     )
@@ -192,13 +193,17 @@ class NodeInventory:
     ) -> NodeInventory:
         """The inventory of what `discover_devices` found (with ``mig_profiles=dynamic_mig``);
         `mps_shares` picks the GPUs offered as MPS shares (`shares.ShareSelectionError` when it
-        names a GPU that is not there, or is combined with dynamic MIG)."""
+        names a GPU that is not there, or one dynamic MIG partitions)."""
         selection = mps_shares or shares.ShareSelection()
-        if dynamic_mig and not selection.empty:
-            raise shares.ShareSelectionError(
-                "--mps-shares cannot be combined with dynamic MIG yet: a GPU is published either "
-                "as MIG partitions or as MPS shares"
-            )
+        partitioned = (
+            {
+                mig_gpu.gpu.uuid
+                for mig_gpu in devices.mig_profiles
+                if partitions.is_partitionable(mig_gpu)
+            }
+            if dynamic_mig
+            else set()
+        )
         return cls(
             devices.gpus,
             simulated=simulated,
@@ -207,7 +212,7 @@ class NodeInventory:
             mig_capabilities=mig_capabilities,
             dynamic_mig=dynamic_mig,
             mig_profiles=devices.mig_profiles,
-            mps_shares=selection.select(devices.gpus),
+            mps_shares=selection.select(devices.gpus, partitioned=partitioned),
         )
 
     def _offered(self) -> list[PublishedDevice]:
@@ -246,8 +251,9 @@ class NodeInventory:
         dynamic MIG, each partitionable GPU's devices by name; GPUs offered as MPS shares with
         their consumable capacities (`shares.with_shares`)."""
         if self._partitioned is not None:
-            return list(self._partitioned.devices)
-        published = attributes.published_devices(self.gpus, self.mig_devices)
+            published = list(self._partitioned.devices)
+        else:
+            published = attributes.published_devices(self.gpus, self.mig_devices)
         return shares.with_shares(published, self.mps_shares)
 
     def partitionable_gpus(self) -> tuple[Gpu, ...]:

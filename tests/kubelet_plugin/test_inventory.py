@@ -15,6 +15,7 @@ import yaml
 from gpu_dra.driver import slices
 from gpu_dra.driver.discovery import discover_devices, discover_gpus
 from gpu_dra.driver.model import Gpu, MigDevice, MigPartition, NodeDevices
+from gpu_dra.driver.naming import gpu_device_name
 from gpu_dra.driver.nvml.simulated import SimulatedHost
 from gpu_dra.driver.shares import ShareSelection, ShareSelectionError
 from gpu_dra.kubelet_plugin.cdi import CdiDevice, ClaimSpecStore, DeviceNode, build_claim_spec
@@ -30,6 +31,7 @@ from gpu_dra.kubelet_plugin.preparer import ClaimRef
 from tests.fakes.claim_reader import InMemoryClaimReader, allocation_result, resource_claim
 
 NODE = "node-a"
+DEMO_NODE = Path(__file__).resolve().parents[2] / "demo" / "node.yaml"
 DRIVER = "gpu.nvidia.com"
 UID = "0b6a1e3c-8f43-4a55-9a0e-2f7d1c9b8a01"
 CONTROL_NODES = ["/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"]
@@ -520,11 +522,40 @@ def test_default_publishing_offers_no_mps_shares(gpus: tuple[Gpu, ...]) -> None:
     assert not any("allowMultipleAllocations" in d for d in inventory.published_devices())
 
 
-def test_mps_shares_are_refused_with_dynamic_mig(gpus: tuple[Gpu, ...]) -> None:
-    with pytest.raises(ShareSelectionError, match="cannot be combined with dynamic MIG"):
+def test_dynamic_mig_gpus_cannot_be_named_as_mps_shares() -> None:
+    host = SimulatedHost.load("hgx-h100", NODE)
+    found = discover_devices(host.nvml, host.pci, mig_profiles=True)
+
+    with pytest.raises(ShareSelectionError, match="GPU 0, which --dynamic-mig publishes as MIG"):
         NodeInventory.from_discovery(
-            NodeDevices(gpus),
-            simulated=True,
-            dynamic_mig=True,
-            mps_shares=ShareSelection.parse("0"),
+            found, simulated=True, dynamic_mig=True, mps_shares=ShareSelection.parse("0")
         )
+    every = NodeInventory.from_discovery(
+        found, simulated=True, dynamic_mig=True, mps_shares=ShareSelection.parse("all")
+    )
+    assert every.mps_shares == ()  # every H100 is partitioned: nothing left to share
+    assert not any("allowMultipleAllocations" in d for d in every.published_devices())
+
+
+def test_mps_shares_go_to_the_gpus_dynamic_mig_does_not_partition() -> None:
+    host = SimulatedHost.load(str(DEMO_NODE), NODE)  # H100s, A100s with MIG off, L4s
+    found = discover_devices(host.nvml, host.pci, mig_profiles=True)
+
+    inventory = NodeInventory.from_discovery(
+        found, simulated=True, dynamic_mig=True, mps_shares=ShareSelection.parse("all")
+    )
+
+    partitioned = {gpu.uuid for gpu in inventory.partitionable_gpus()}
+    assert 0 < len(partitioned) < len(inventory.gpus)
+    assert {gpu.uuid for gpu in inventory.mps_shares} == {
+        gpu.uuid for gpu in inventory.gpus if gpu.uuid not in partitioned
+    }
+    published = {d["name"]: d for d in inventory.published_devices()}
+    offered = sorted(name for name, d in published.items() if d.get("allowMultipleAllocations"))
+    assert offered == sorted(gpu_device_name(gpu.minor) for gpu in inventory.mps_shares)
+    for name in offered:
+        assert set(published[name]["capacity"]) == {"memory", "compute"}
+        assert "consumesCounters" not in published[name]
+        assert inventory.shared_gpu(name) is not None
+    assert any(d.get("consumesCounters") for d in published.values())  # partitions still there
+    assert len(inventory.counter_sets()) == len(partitioned)
