@@ -130,16 +130,19 @@ def _mps(
         shm = PlainDirectoryShm()
         if settings.simulate is None:
             log.warning("not root: MPS shm directories are plain directories, not tmpfs mounts")
+    pods = PodRunner(
+        KubernetesPodApi(api_client),
+        namespace=settings.mps_daemon_namespace,
+        node_name=settings.node_name,
+        image=settings.mps_daemon_image,
+        driver_root=settings.driver_root,
+    )
+    # The other runner still checks and stops the daemons it started before a switch.
     runner: DaemonRunner = ProcessRunner()
+    other: DaemonRunner = pods
     start_timeout_s = 10.0
     if settings.mps_daemon_runner == "pod":
-        runner = PodRunner(
-            KubernetesPodApi(api_client),
-            namespace=settings.mps_daemon_namespace,
-            node_name=settings.node_name,
-            image=settings.mps_daemon_image,
-            driver_root=settings.driver_root,
-        )
+        runner, other = pods, runner
         start_timeout_s = POD_START_TIMEOUT_S
     try:
         manager = MpsDaemonManager(
@@ -149,6 +152,7 @@ def _mps(
             runner=runner,
             start_timeout_s=start_timeout_s,
             compute_mode=NvmlComputeMode(nvml) if settings.mps_exclusive_compute_mode else None,
+            other_runners=[other],
         )
     except ValueError as error:
         log.error("MPS is unavailable: %s", error)

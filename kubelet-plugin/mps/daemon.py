@@ -107,13 +107,16 @@ class MpsDaemonManager:
         status_timeout_s: float = 2.0,
         remove_timeout_s: float = 30.0,
         compute_mode: ComputeModeControl | None = None,
+        other_runners: Sequence[DaemonRunner] = (),
     ) -> None:
         """``base_env``: the daemon's and the control client's environment besides the MPS
         variables (``PATH``, ``LD_LIBRARY_PATH`` for the driver's libraries); default this
         process's. ``shm`` defaults to a tmpfs per daemon (needs CAP_SYS_ADMIN).
         ``remove_timeout_s`` bounds the wait for the runner's object (pod) to go.
         ``compute_mode``: set EXCLUSIVE_PROCESS on the full GPUs while their daemon runs;
-        None leaves compute modes alone."""
+        None leaves compute modes alone. ``runner`` starts new daemons; ``other_runners`` only
+        check, adopt and remove the daemons they started (a plugin whose
+        ``--mps-daemon-runner`` changed still stops the daemons of claims prepared before)."""
         self.data_dir = data_dir
         socket_path = DaemonPaths.of(data_dir, _LONGEST_ID).pipe / SOCKET
         if len(os.fsencode(socket_path)) > MAX_SOCKET_PATH:
@@ -124,6 +127,7 @@ class MpsDaemonManager:
         self.binary = str(binary)
         self.base_env = dict(os.environ if base_env is None else base_env)
         self.runner: DaemonRunner = runner or ProcessRunner()
+        self._runners = {r.name: r for r in [*other_runners, self.runner]}
         self.shm: ShmMounter = shm or TmpfsShmMounter()
         self.client = ControlClient(binary, base_env=self.base_env, timeout_s=command_timeout_s)
         self.start_timeout_s = start_timeout_s
@@ -133,6 +137,12 @@ class MpsDaemonManager:
         self.compute_mode = compute_mode
         # Striped: calls for one daemon id serialize, memory stays bounded.
         self._locks = tuple(threading.Lock() for _ in range(_LOCK_STRIPES))
+
+    @property
+    def runners(self) -> dict[str, DaemonRunner]:
+        """Every runner by name: `runner` for new daemons, the others for the daemons they
+        started."""
+        return dict(self._runners)
 
     # -- MpsControl ------------------------------------------------------------------------
 
@@ -197,7 +207,7 @@ class MpsDaemonManager:
         return handle
 
     def stop(self, handle: DaemonHandle) -> None:
-        self._check_runner(handle)
+        runner = self._runner_of(handle)
         identity = ProcessIdentity(handle.pid, handle.pid_start_time)
         with self._lock(handle.daemon_id):
             recorded = read_pid_file(handle.paths.pipe)
@@ -220,14 +230,18 @@ class MpsDaemonManager:
                     log.warning("mps daemon killed daemon_id=%s pid=%d", handle.daemon_id,
                                 handle.pid)  # fmt: skip
             self._remove(
-                handle.paths, identity, mounted=handle.shm_mounted, ref=handle.runner_ref or None
+                handle.paths,
+                identity,
+                mounted=handle.shm_mounted,
+                ref=handle.runner_ref or None,
+                runner=runner,
             )
         log.info("mps daemon stopped daemon_id=%s", handle.daemon_id)
 
     def status(self, handle: DaemonHandle) -> DaemonStatus:
-        self._check_runner(handle)
+        runner = self._runner_of(handle)
         identity = ProcessIdentity(handle.pid, handle.pid_start_time)
-        missing = self.runner.missing(handle.daemon_id, handle.runner_ref)
+        missing = runner.missing(handle.daemon_id, handle.runner_ref)
         if missing is not None:
             return DaemonStatus(DaemonState.DEAD, missing)
         if not is_alive(identity):
@@ -253,10 +267,10 @@ class MpsDaemonManager:
         return DaemonStatus(DaemonState.READY, f"{len(servers)} server(s)")
 
     def adopt(self, handle: DaemonHandle) -> DaemonHandle:
-        self._check_runner(handle)
+        runner = self._runner_of(handle)
         identity = ProcessIdentity(handle.pid, handle.pid_start_time)
         pipe = handle.paths.pipe
-        missing = self.runner.missing(handle.daemon_id, handle.runner_ref)
+        missing = runner.missing(handle.daemon_id, handle.runner_ref)
         if missing is not None:
             raise MpsDaemonGoneError(f"MPS control daemon {handle.daemon_id}: {missing}")
         if not is_alive(identity):
@@ -283,7 +297,7 @@ class MpsDaemonManager:
             names = [entry.name for entry in (self.data_dir / "mps").iterdir() if entry.is_dir()]
         except FileNotFoundError:
             names = []
-        ids = set(self.runner.daemon_ids())
+        ids = {i for runner in self._runners.values() for i in runner.daemon_ids()}
         for name in names:
             try:
                 ids.add(checked_daemon_id(name))
@@ -398,10 +412,20 @@ class MpsDaemonManager:
         identity: ProcessIdentity | None,
         mounted: bool,
         ref: str | None = None,
+        runner: DaemonRunner | None = None,
     ) -> None:
-        """Remove the runner's object (``ref``: the pod; None: any of this id), kill what still
-        runs for ``paths``, reset the compute mode, unmount shm, remove the directories."""
-        self.runner.remove(paths.root.name, ref, self.remove_timeout_s)
+        """Remove the runner's object (``ref``: the pod; None: any of this id; ``runner`` None:
+        this manager's runner, then the other runners' best-effort), kill what still runs for
+        ``paths``, reset the compute mode, unmount shm, remove the directories."""
+        (runner or self.runner).remove(paths.root.name, ref, self.remove_timeout_s)
+        if runner is None:
+            for other in self._runners.values():
+                if other is self.runner:
+                    continue
+                try:
+                    other.remove(paths.root.name, ref, self.remove_timeout_s)
+                except MpsStopError as error:
+                    log.warning("mps %s runner left %s: %s", other.name, paths.root.name, error)
         survivors = [identity] if identity is not None and is_alive(identity) else []
         survivors += [p for p in processes_using_pipe(paths.pipe) if p not in survivors]
         grace_s = min(1.0, self.stop_timeout_s)
@@ -430,12 +454,14 @@ class MpsDaemonManager:
         except MpsError as error:
             log.error("mps cleanup after failed start incomplete root=%s: %s", paths.root, error)
 
-    def _check_runner(self, handle: DaemonHandle) -> None:
-        if handle.runner != self.runner.name:
+    def _runner_of(self, handle: DaemonHandle) -> DaemonRunner:
+        runner = self._runners.get(handle.runner)
+        if runner is None:
             raise MpsStateError(
                 f"MPS daemon {handle.daemon_id} was started by runner {handle.runner!r}; "
                 f"this plugin uses {self.runner.name!r}"
             )
+        return runner
 
     @staticmethod
     def _log_tail(paths: DaemonPaths) -> str:

@@ -113,7 +113,9 @@ def pod_problem(pod: Pod) -> str | None:
 
 
 class PodRunner:
-    """`DaemonRunner` that runs each daemon as a pod bound to this node (see the module doc)."""
+    """`DaemonRunner` that runs each daemon as a pod bound to this node (see the module doc).
+    Without an ``image`` it only checks and removes existing daemon pods (a plugin switched to
+    the process runner)."""
 
     name = "pod"
 
@@ -129,8 +131,6 @@ class PodRunner:
         image_pull_policy: str = "IfNotPresent",
         grace_period_s: int = 10,
     ) -> None:
-        if not image:
-            raise ValueError("the MPS daemon pod needs an image (--mps-daemon-image)")
         self.api = api
         self.namespace = namespace
         self.node_name = node_name
@@ -152,6 +152,11 @@ class PodRunner:
         deadline = time.monotonic() + timeout_s
         daemon_id = paths.root.name
         name = pod_name(daemon_id)
+        if not self.image:
+            raise MpsStartError(
+                "no image for MPS daemon pods (--mps-daemon-image): this runner only checks and "
+                "removes the daemon pods of an earlier configuration"
+            )
         try:
             created = self.api.create_pod(self.namespace, self.manifest(command, env, paths))
         except errors.ApiError as error:

@@ -47,6 +47,8 @@ def test_the_default_runs_daemons_as_host_processes_and_leaves_compute_modes(
     assert manager is not None
     assert isinstance(manager.runner, ProcessRunner)
     assert manager.compute_mode is None
+    # Daemon pods of an earlier --mps-daemon-runner=pod are still found and stopped.
+    assert isinstance(manager.runners["pod"], PodRunner)
 
 
 def test_the_pod_runner_gets_its_namespace_node_and_image(data_dir: Path) -> None:

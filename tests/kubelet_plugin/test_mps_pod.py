@@ -23,6 +23,7 @@ from gpu_dra.kubelet_plugin.mps import (
     MpsStopError,
     PlainDirectoryShm,
     PodRunner,
+    ProcessRunner,
     claim_daemon_id,
     handles_from_state,
     handles_to_state,
@@ -328,3 +329,58 @@ def test_mig_devices_get_their_own_daemon_pod_keyed_by_the_mig_uuid(
         }
     finally:
         manager.stop(handle)
+
+
+def test_after_a_switch_to_host_processes_the_daemon_pods_are_still_adopted_and_stopped(
+    root: Path, api: InMemoryPodApi
+) -> None:
+    handle = make_manager(root, api).start(claim_daemon_id(CLAIM, [GPU]), [GPU], SETTINGS)
+    # The plugin restarts with --mps-daemon-runner=process: pods only for what exists.
+    switched = MpsDaemonManager(
+        root,
+        binary=DOUBLE_BINARY,
+        base_env=double_env(),
+        shm=PlainDirectoryShm(),
+        other_runners=[PodRunner(api, namespace=NAMESPACE, node_name=NODE, image="")],
+    )
+
+    assert switched.adopt(handle) == handle
+    assert switched.status(handle).state is DaemonState.READY
+    new = switched.start(claim_daemon_id(OTHER_CLAIM, [GPU]), [GPU], SETTINGS)
+    assert new.runner == "process"
+    assert len(api.created) == 1  # no new pod
+
+    switched.stop(handle)
+    switched.stop(new)
+    assert pods(api) == {}
+    assert daemon_dirs(root) == []
+
+
+def test_after_a_switch_to_pods_host_process_daemons_are_still_stopped(
+    root: Path, api: InMemoryPodApi
+) -> None:
+    process_manager = MpsDaemonManager(
+        root, binary=DOUBLE_BINARY, base_env=double_env(), shm=PlainDirectoryShm()
+    )
+    handle = process_manager.start(claim_daemon_id(CLAIM, [GPU]), [GPU], SETTINGS)
+    switched = MpsDaemonManager(
+        root,
+        binary=DOUBLE_BINARY,
+        base_env=double_env(),
+        runner=PodRunner(api, namespace=NAMESPACE, node_name=NODE, image=IMAGE),
+        shm=PlainDirectoryShm(),
+        other_runners=[ProcessRunner()],
+    )
+
+    assert switched.status(handle).state is DaemonState.READY
+    switched.stop(handle)
+    assert processes_under(root) == []
+    assert daemon_dirs(root) == []
+
+
+def test_a_pod_runner_without_an_image_starts_nothing(root: Path, api: InMemoryPodApi) -> None:
+    manager = make_manager(root, api, image="")
+    with pytest.raises(MpsStartError, match="no image for MPS daemon pods"):
+        manager.start(claim_daemon_id(CLAIM, [GPU]), [GPU], SETTINGS)
+    assert pods(api) == {}
+    assert daemon_dirs(root) == []
