@@ -14,6 +14,7 @@ from gpu_dra.driver.cel.device import DraDevice
 from gpu_dra.driver.cel.errors import CelCompileError, CelRuntimeError
 from gpu_dra.driver.cel.source import (
     DevicePath,
+    bare_device_path_type,
     capacity_literal_comparisons,
     device_footprint,
     line_column,
@@ -85,8 +86,7 @@ def compile_selector(expression: str) -> Selector:
     for field, offset in undefined_device_fields(expression):
         line, column = line_column(expression, offset)
         raise CelCompileError(f"ERROR: <input>:{line}:{column}: undefined field '{field}'")
-    if program.result_type not in _BOOL_OR_DYN:
-        raise CelCompileError(
-            f"must evaluate to bool or the unknown type, not {program.result_type}"
-        )
+    result_type = bare_device_path_type(expression) or program.result_type
+    if result_type not in _BOOL_OR_DYN:
+        raise CelCompileError(f"must evaluate to bool or the unknown type, not {result_type}")
     return Selector(program)

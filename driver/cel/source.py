@@ -459,3 +459,35 @@ def _literal_type(token: Token) -> str | None:
             return "uint"
         return "double" if any(c in token.text for c in ".eE") and "x" not in token.text else "int"
     return {"true": "bool", "false": "bool", "null": "null_type"}.get(token.text)
+
+
+def bare_device_path_type(expression: str) -> str | None:
+    """The Kubernetes type of `expression` when it is nothing but ``device.driver`` (string) or
+    ``device.capacity[D].x`` (kubernetes.Quantity), in optional parentheses: types the engine
+    cannot see (it has ``device`` as dyn) but the apiserver rejects as a selector's result."""
+    try:
+        found = tokens(expression)
+    except LexError:
+        return None
+    while len(found) > 2 and found[0].text == "(" and _closing_paren(found) == len(found) - 1:
+        found = found[1:-1]
+    if not found or found[0].text != "device":
+        return None
+    path = _footprint_at(found, 0)
+    if path == ("driver",) and len(found) == 3:
+        return "string"
+    if path and path[0] == "capacity" and len(path) == 3 and len(found) in (8, 9):
+        return "kubernetes.Quantity"
+    return None
+
+
+def _closing_paren(found: list[Token]) -> int | None:
+    depth = 0
+    for j, token in enumerate(found):
+        if token.kind == "punct" and token.text in "([{":
+            depth += 1
+        elif token.kind == "punct" and token.text in ")]}":
+            depth -= 1
+            if depth == 0:
+                return j
+    return None

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gpu_dra.driver.cel.source import (
+    bare_device_path_type,
     capacity_literal_comparisons,
     default_unknown_domains,
     fold_literal_calls,
@@ -110,3 +111,21 @@ def test_capacity_literal_comparisons(expression, found):
 def test_regex_literals_are_the_string_arguments_of_matches():
     expression = "g.p.matches('[') && 'a'.matches(\"b\") && g.q.matches(g.r) && matches('x', 'y')"
     assert regex_literals(expression) == [("'['", 12), ('"b"', 32)]
+
+
+@pytest.mark.parametrize(
+    ("expression", "kind"),
+    [
+        ("device.driver", "string"),
+        ("((device.driver))", "string"),
+        ("device.capacity['d'].memory", "kubernetes.Quantity"),
+        ("(device.capacity['d']['memory'])", "kubernetes.Quantity"),
+        ("device.attributes['d'].x", None),
+        ("device.allowMultipleAllocations", None),
+        ("device.driver == 'x'", None),
+        ("(device.driver) == (device.driver)", None),
+        ("device.capacity['d']", None),
+    ],
+)
+def test_bare_device_path_type(expression, kind):
+    assert bare_device_path_type(expression) == kind
