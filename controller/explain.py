@@ -44,9 +44,12 @@ from gpu_dra.driver.cel import (
     CelCompileError,
     CelRuntimeError,
     CelValueError,
+    DeviceTable,
+    DraDevice,
     Quantity,
     Selector,
     compile_selector,
+    select,
 )
 from gpu_dra.driver.cel.device import split_qualified_name
 
@@ -419,18 +422,25 @@ def _selector_step(
     alternative: Alternative, name: str, selector: Selector, devices: list[PoolDevice]
 ) -> list[PoolDevice]:
     step = Step(name, selector.expression, entered=len(devices))
-    passing: list[PoolDevice] = []
-    for device in devices:
+    failures: list[tuple[int, str]] = []  # (position in `devices`, message)
+    positions: list[int] = []
+    values: list[DraDevice] = []
+    for position, device in enumerate(devices):
         try:
-            matched = selector.matches(device.cel())
+            values.append(device.cel())
         except CelRuntimeError as error:
-            step.errors += 1
-            step.error_example = step.error_example or f"{device.label}: {error}"
+            failures.append((position, str(error)))
             continue
-        if matched:
-            passing.append(device)
-        else:
-            step.rejected += 1
+        positions.append(position)
+    # One CEL evaluation per group of devices that agree on what the selector reads.
+    selection = select(selector, DeviceTable(values))
+    failures += [(positions[index], message) for index, message in selection.errors]
+    if failures:
+        position, message = min(failures)
+        step.errors = len(failures)
+        step.error_example = f"{devices[position].label}: {message}"
+    passing = [devices[positions[index]] for index in selection.matched]
+    step.rejected = len(values) - len(selection.matched) - len(selection.errors)
     _finish(step, passing)
     alternative.steps.append(step)
     return passing

@@ -12,6 +12,7 @@ from gpu_dra.controller import cli
 from gpu_dra.controller.errors import NotFoundError
 from gpu_dra.controller.explain import Explanation, capacity_fits, explain, render_explanation
 from gpu_dra.controller.inventory import PoolDevice
+from gpu_dra.driver.cel import Selector
 from tests.controller.test_inventory import (
     DRIVER,
     Obj,
@@ -476,3 +477,21 @@ def test_no_taint_step_when_no_device_is_tainted() -> None:
     target = claim("ns", "plain", [exactly("gpu", "gpu.nvidia.com")])
     report = run_explain(target, slices=[mixed_node()])
     assert all(s.name != "not tainted" for s in report.requests[0].alternatives[0].steps)
+
+
+def test_selectors_run_once_per_group_of_alike_devices(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = []
+    original = Selector.matches
+
+    def counted(self: Selector, device: Any) -> bool:
+        calls.append(device.name)
+        return original(self, device)
+
+    monkeypatch.setattr(Selector, "matches", counted)
+    many = resource_slice("node-a", [l4(f"gpu-{i}") for i in range(100)] + [a100("gpu-100")])
+    target = claim("ns", "l4", [exactly("gpu", "gpu.nvidia.com", L4, count=100)])
+    report = run_explain(target, slices=[many])
+    selector_step = step(report, "request selector #0")
+    assert (selector_step.entered, selector_step.passed, selector_step.rejected) == (101, 100, 1)
+    assert report.requests[0].satisfied
+    assert len(calls) <= 4  # class selector and request selector, an L4 and the A100 each
