@@ -1,70 +1,192 @@
-"""The gpu-dra demo: a real local cluster, the driver on a simulated 8-GPU node, NVIDIA-style
-claims from demo/examples, and what each pod received. Run through `demo/run` (as root).
+"""The gpu-dra demo: a real local cluster, the driver on a simulated 8-GPU node, the claims of
+demo/examples, what each pod received and what the plugin did for it. Run through `demo/run`
+(as root).
 
-The cluster is left running so you can look around; `.venv/bin/python -m e2e.cluster down`
+The examples run in stages (demo/stages.py), each with the plugin flags its tiers need: whole
+GPUs as NVIDIA's driver publishes them, then dynamic MIG, then MPS shares with per-claim MPS and
+time-slicing. A stage's examples are deleted before the next stage starts; the last stage's keep
+running, with the cluster, so you can look around; `.venv/bin/python -m e2e.cluster down`
 removes it.
 """
 
 from __future__ import annotations
 
-import re
+import subprocess
 import sys
-import time
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-import yaml
-
+from demo.observe import (
+    MPS_PID_KEY,
+    Seen,
+    containers_seen,
+    mig_instances,
+    mig_mode_on,
+    mps_daemons,
+    time_slices,
+    wait_pods_running,
+)
+from demo.stages import PROFILE, STAGES, Stage, ensure_plugin, namespace_of, title_of
 from e2e.cluster import Cluster, ClusterError
-from e2e.driver import PLUGIN, Driver
-from e2e.kube import Kube
-
-DEMO = Path(__file__).resolve().parent
-EXAMPLES = DEMO / "examples"
-PROFILE = DEMO / "node.yaml"
-_GPU_LINE = re.compile(r"^GPU_DRA_(GPU_\d+)_(UUID|PRODUCT)=(.*)$", re.M)
+from e2e.driver import BIN, PLUGIN, Driver
+from e2e.kube import Kube, wait_for
+from gpu_dra.kubelet_plugin.timeslicing import interval_name
 
 
-def say(text: str) -> None:
+def say(text: str = "") -> None:
     print(text, flush=True)
 
 
-def namespace_of(example: Path) -> str:
-    for document in yaml.safe_load_all((example / "example.yaml").read_text()):
-        if document and document.get("kind") == "Namespace":
-            return str(document["metadata"]["name"])
-    raise ValueError(f"{example} has no Namespace")
+def table(rows: Sequence[Sequence[str]], indent: str = "  ") -> None:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        say(indent + "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
 
 
-def wait_pods_running(kube: Kube, namespace: str, timeout: float = 180) -> list[str]:
-    deadline = time.monotonic() + timeout
-    while True:
-        pods = kube.list("v1", "Pod", namespace=namespace)
-        phases = {p["metadata"]["name"]: p["status"].get("phase") for p in pods}
-        if pods and all(phase == "Running" for phase in phases.values()):
-            return sorted(phases)
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"pods in {namespace} not running after {timeout:.0f}s: {phases}")
-        time.sleep(1)
+def gpu_dra(driver: Driver, *args: str) -> str:
+    done = subprocess.run(
+        [str(BIN / "gpu-dra"), *args, f"--kubeconfig={driver.cluster.kubeconfig}"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    return done.stdout
 
 
-def received(kube: Kube, namespace: str, pod: dict[str, object]) -> list[tuple[str, str, str]]:
-    """(container, device, 'UUID product') for each GPU the container printed."""
-    rows = []
-    name = pod["metadata"]["name"]  # type: ignore[index]
-    for container in pod["spec"]["containers"]:  # type: ignore[index]
-        log = kube.pod_log(name, namespace, container["name"])
-        found: dict[str, dict[str, str]] = {}
-        for device, key, value in _GPU_LINE.findall(log):
-            found.setdefault(device, {})[key] = value
-        for device, facts in sorted(found.items()):
-            rows.append(
-                (
-                    container["name"],
-                    device.lower().replace("_", "-"),
-                    f"{facts.get('UUID', '?')}  {facts.get('PRODUCT', '?')}",
-                )
+def published_summary(driver: Driver) -> list[str]:
+    """One line per physical GPU: how the plugin offers it in this stage."""
+    slices = driver.slices()
+    devices = driver.devices()
+    partitions: dict[str, int] = defaultdict(int)
+    for device in devices.values():
+        if device["attributes"]["type"]["string"] == "mig":
+            partitions[device["attributes"]["parentUUID"]["string"]] += 1
+    counter_sets = sum(len(s["spec"].get("sharedCounters") or []) for s in slices)
+    lines = [
+        f"{len(devices)} devices in {len(slices)} ResourceSlice(s), {counter_sets} counter set(s)"
+    ]
+    for name, device in devices.items():
+        attributes = device["attributes"]
+        if attributes["type"]["string"] != "gpu":
+            continue
+        offered = ["whole GPU"]
+        if partitions.get(attributes["uuid"]["string"]):
+            offered.append(
+                f"{partitions[attributes['uuid']['string']]} MIG partitions sharing counter set "
+                f"{name}-counter-set"
             )
+        if device.get("allowMultipleAllocations"):
+            capacity = device["capacity"]
+            offered = [
+                f"MPS shares (allowMultipleAllocations; memory {capacity['memory']['value']}, "
+                f"compute {capacity['compute']['value']} %)"
+            ]
+        product = attributes["productName"]["string"]
+        lines.append(f"  {name:<6} {product:<22} {' + '.join(offered)}")
+    return lines
+
+
+def received_rows(seen: Iterable[Seen]) -> list[list[str]]:
+    """Table rows: pod, container, device, UUID, what it is; MPS clients get a second row."""
+    rows = []
+    for container in seen:
+        for device, facts in sorted(container.devices.items()):
+            what = facts.get("PRODUCT", "?")
+            if "PROFILE" in facts:
+                what = f"MIG {facts['PROFILE']} of {facts.get('PARENT_UUID', '?')}"
+            rows.append(
+                [container.where, container.container, device, facts.get("UUID", "?"), what]
+            )
+        mps = {k: v for k, v in container.env.items() if k.startswith("CUDA_MPS_")}
+        if mps:
+            caps = [f"pipe {mps.pop('CUDA_MPS_PIPE_DIRECTORY', '?')}"]
+            caps.append(f"daemon PID {container.env.get(MPS_PID_KEY, '?')}")
+            caps.extend(f"{k}={v}" for k, v in sorted(mps.items()))
+            rows.append(["", "", "", "MPS:", ", ".join(caps)])
     return rows
+
+
+def plugin_view(driver: Driver, namespace: str, seen: Sequence[Seen]) -> list[str]:
+    """What the plugin did on the node for these containers: MIG instances it made, MPS daemons
+    serving the namespace's claims with their caps, time slices it set."""
+    uuids = {f["UUID"]: name for c in seen for name, f in c.devices.items() if "UUID" in f}
+    lines = []
+    made = [i for i in mig_instances(driver) if i.uuid in uuids]
+    for instance in made:
+        lines.append(
+            f"MIG instance made on {instance.parent_uuid}: GPU instance profile "
+            f"{instance.profile_id} at memory slice {instance.start} + compute instance = "
+            f"{instance.uuid} ({uuids[instance.uuid]})"
+        )
+    pods = driver.mps_daemon_pods()
+    for daemon in mps_daemons(driver).values():
+        ours = {c: caps for c, caps in daemon.claims.items() if c.startswith(f"{namespace}/")}
+        if not ours:
+            continue
+        pod = next((n for n in pods if n.endswith(daemon.daemon_id)), "?")
+        lines.append(
+            f"MPS control daemon {daemon.daemon_id} (pod {pod}) serves "
+            f"{len(daemon.claims)} claim(s):"
+        )
+        for claim, caps in sorted(ours.items()):
+            limits = [f"{caps['threads']:.0f} % of SMs"] if "threads" in caps else []
+            limits += [
+                f"{int(value) // 2**20} MiB pinned on {key.split(':', 1)[1]}"
+                for key, value in sorted(caps.items())
+                if key.startswith("memory:")
+            ]
+            lines.append(f"  {claim}: {', '.join(limits)}")
+    for uuid, value in sorted(time_slices(driver).items()):
+        if uuid in uuids:
+            lines.append(f"compute time slice of {uuid} ({uuids[uuid]}): {interval_name(value)}")
+    return lines
+
+
+def run_example(driver: Driver, example: Path) -> None:
+    cluster, kube = driver.cluster, driver.kube
+    say(f"\n==> example {example.name}: {title_of(example)}")
+    cluster.kubectl("apply", "-f", str(example / "example.yaml"))
+    namespace = namespace_of(example)
+    seen: list[Seen] = []
+    for pod_name in wait_pods_running(kube, namespace):
+        seen.extend(containers_seen(kube, namespace, kube.get("v1", "Pod", pod_name, namespace)))
+    say("what each container received (its own environment):")
+    table([["POD", "CONTAINER", "DEVICE", "UUID", "WHAT"], *received_rows(seen)])
+    view = plugin_view(driver, namespace, seen)
+    if view:
+        say("what the plugin did on the node:")
+        for line in view:
+            say(f"  {line}")
+
+
+def clean_up(driver: Driver, stage: Stage) -> None:
+    """Delete the stage's examples and wait until the plugin has unprepared every claim."""
+    kube = driver.kube
+    namespaces = [namespace_of(e) for e in stage.example_dirs()]
+    say(f"\n==> deleting {', '.join(namespaces)}")
+    for namespace in namespaces:
+        kube.delete("v1", "Namespace", namespace)
+    for namespace in namespaces:
+        kube.wait_gone("v1", "Namespace", namespace, None, timeout=180)
+    wait_for("every claim to be unprepared", lambda: not driver.checkpoint_claims(), 120)
+    say(
+        f"left on the node: {len(driver.checkpoint_claims())} prepared claims, "
+        f"{len(driver.cdi_spec_claims())} CDI specs, {len(mig_instances(driver))} MIG "
+        f"instances ({len(mig_mode_on(driver))} GPUs in MIG mode), "
+        f"{len(driver.mps_daemon_pods())} MPS daemon pods, "
+        f"{len(time_slices(driver))} GPUs with a time slice set"
+    )
+
+
+def delete_leftovers(driver: Driver) -> None:
+    """A demo run before this one left its last stage running: delete its examples (with the
+    plugin that prepared them) so that every stage starts on an empty node."""
+    present = {n["metadata"]["name"] for n in driver.kube.list("v1", "Namespace")}
+    left = [s for s in STAGES if any(namespace_of(e) in present for e in s.example_dirs())]
+    for stage in left:
+        clean_up(driver, stage)
 
 
 def main() -> int:
@@ -79,38 +201,36 @@ def main() -> int:
     driver = Driver(cluster, kube, str(PROFILE))
     say(f"==> installing gpu-dra (RBAC, DeviceClasses) and its kubelet plugin on {PROFILE.name}")
     driver.install()
-    if cluster.pid(PLUGIN):
+    if cluster.pid(PLUGIN):  # from an earlier demo run, flags unknown
+        delete_leftovers(driver)
         driver.stop_plugin()
-    driver.start_plugin()
-
     say("\n==> kubectl get deviceclasses")
     say(cluster.kubectl("get", "deviceclasses"))
-    say("==> kubectl get resourceslices")
-    say(cluster.kubectl("get", "resourceslices", "-o", "wide"))
-    slice_name = driver.slices()[0]["metadata"]["name"]
-    say(f"==> kubectl describe resourceslice {slice_name}")
-    say(cluster.kubectl("describe", "resourceslice", slice_name))
 
-    table: list[tuple[str, str, str, str]] = []
-    for example in sorted(p for p in EXAMPLES.iterdir() if p.is_dir()):
-        title = (example / "README.md").read_text().splitlines()[0].lstrip("# ")
-        say(f"==> example {example.name}: {title}")
-        cluster.kubectl("apply", "-f", str(example / "example.yaml"))
-        namespace = namespace_of(example)
-        for pod_name in wait_pods_running(kube, namespace):
-            pod = kube.get("v1", "Pod", pod_name, namespace)
-            for container, device, what in received(kube, namespace, pod):
-                table.append((f"{namespace}/{pod_name}", container, device, what))
+    for number, stage in enumerate(STAGES, 1):
+        say(f"\n======== stage {number}/{len(STAGES)}: {stage.title}")
+        say(f"==> kubelet plugin: --simulate={PROFILE.name} {stage.flags}")
+        ensure_plugin(driver, stage)
+        if number == 1:
+            say("==> kubectl get resourceslices")
+            say(cluster.kubectl("get", "resourceslices", "-o", "wide"))
+            slice_name = driver.slices()[0]["metadata"]["name"]
+            say(f"==> kubectl describe resourceslice {slice_name}")
+            say(cluster.kubectl("describe", "resourceslice", slice_name))
+        say("==> published:")
+        for line in published_summary(driver):
+            say(f"  {line}")
+        for example in stage.example_dirs():
+            run_example(driver, example)
+        if number < len(STAGES):
+            clean_up(driver, stage)
 
-    say("\n==> what each pod received (from the containers' own environment)")
-    rows = [("POD", "CONTAINER", "DEVICE", "GPU"), *table]
-    widths = [max(len(row[i]) for row in rows) for i in range(3)] + [0]
-    for row in rows:
-        say("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)))
-    say("\n==> kubectl get resourceclaims -A")
+    say("\n==> gpu-dra inventory")
+    say(gpu_dra(driver, "inventory"))
+    say("==> kubectl get resourceclaims -A")
     say(cluster.kubectl("get", "resourceclaims", "-A"))
     say(
-        "The cluster keeps running (as root, from the repo root):\n"
+        "The cluster keeps running with the last stage's pods (as root, from the repo root):\n"
         "  look around:  .venv/bin/python -m e2e.cluster kubectl get pods -A\n"
         "  remove it:    .venv/bin/python -m e2e.cluster down"
     )

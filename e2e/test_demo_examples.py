@@ -1,38 +1,221 @@
-"""Every demo example runs on the demo's simulated node, and cleaning it up leaks nothing."""
+"""Every demo example runs on the demo's simulated node with its stage's plugin flags, each
+container sees exactly the devices allocated to its claims (MIG devices as the plugin made them,
+MPS caps and time slices as the claims ask), and deleting the example leaks nothing."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from demo.__main__ import EXAMPLES, PROFILE, namespace_of, received, wait_pods_running
+from demo.observe import (
+    MPS_PID_KEY,
+    Result,
+    Seen,
+    claim_results,
+    container_claims,
+    containers_seen,
+    mig_instances,
+    mig_mode_on,
+    mps_daemons,
+    time_slices,
+    wait_pods_running,
+)
+from demo.stages import (
+    MPS_SHARE_GPU,
+    PROFILE,
+    STAGES,
+    ensure_plugin,
+    example_dirs,
+    namespace_of,
+    stage_of,
+)
 from e2e.cluster import Cluster
-from e2e.driver import Driver
-from e2e.kube import Kube
+from e2e.driver import PLUGIN, Driver
+from e2e.kube import Kube, wait_for
+from gpu_dra.driver.config.limits import render_pinned_limit
+from gpu_dra.driver.config.quantity import quantity_value
+from gpu_dra.driver.naming import MigDeviceName, gpu_device_name, parse_device_name
+from gpu_dra.kubelet_plugin.timeslicing import TIME_SLICE_VALUES
 
 pytestmark = pytest.mark.e2e
 
-SIMULATED_PROFILE = str(PROFILE)
-EXAMPLE_DIRS = sorted(p for p in EXAMPLES.iterdir() if p.is_dir())
+EXAMPLE_DIRS = example_dirs()
+CUDA_MPS_PIPE = "/tmp/nvidia-mps"
+
+Obj = dict[str, Any]
+
+
+@pytest.fixture(scope="module")
+def driver(cluster: Cluster, kube: Kube) -> Iterator[Driver]:
+    """gpu-dra on the demo node; each test (re)starts the plugin with its stage's flags."""
+    running = Driver(cluster, kube, str(PROFILE))
+    running.install()
+    yield running
+    if cluster.pid(PLUGIN):
+        running.stop_plugin()
+
+
+def test_every_example_runs_in_exactly_one_stage_in_order() -> None:
+    listed = [name for stage in STAGES for name in stage.examples]
+    assert listed == [p.name for p in EXAMPLE_DIRS]  # each once, in the examples' order
+    for example in EXAMPLE_DIRS:
+        assert (example / "README.md").is_file()
+        namespace_of(example)  # has its own Namespace
 
 
 @pytest.mark.parametrize("example", EXAMPLE_DIRS, ids=[p.name for p in EXAMPLE_DIRS])
-def test_demo_example_runs_and_every_container_sees_a_published_gpu(
+def test_demo_example_runs_and_every_container_sees_what_its_claims_were_allocated(
     example: Path, driver: Driver, cluster: Cluster, kube: Kube
 ) -> None:
+    ensure_plugin(driver, stage_of(example))
     namespace = namespace_of(example)
-    published = {d["attributes"]["uuid"]["string"] for d in driver.devices().values()}
     cluster.kubectl("apply", "-f", str(example / "example.yaml"))
     try:
-        for pod_name in wait_pods_running(kube, namespace, timeout=120):
-            pod = kube.get("v1", "Pod", pod_name, namespace)
-            rows = received(kube, namespace, pod)
-            containers = {c["name"] for c in pod["spec"]["containers"]}
-            assert {container for container, _, _ in rows} == containers
-            assert all(what.split()[0] in published for _, _, what in rows), rows
+        pods = {
+            name: kube.get("v1", "Pod", name, namespace)
+            for name in wait_pods_running(kube, namespace, timeout=120)
+        }
+        seen = [c for pod in pods.values() for c in containers_seen(kube, namespace, pod)]
+        results = claim_results(kube, namespace)
+        for container in seen:
+            claims = container_claims(pods[container.pod], container.container)
+            allocated = {r.device for claim in claims for r in results[claim]}
+            assert set(container.devices) == allocated, (container, claims, results)
+            for device, facts in container.devices.items():
+                assert_device_is_what_was_published(driver, device, facts)
+        CHECKS.get(example.name, lambda *_: None)(driver, kube, namespace, seen, results)
     finally:
         kube.delete("v1", "Namespace", namespace)
         kube.wait_gone("v1", "Namespace", namespace, None, timeout=180)
-    assert driver.checkpoint_claims() == set()
+    wait_for("every claim to be unprepared", lambda: not driver.checkpoint_claims(), 60)
     assert driver.cdi_spec_claims() == set()
+    assert mig_instances(driver) == []
+    assert mig_mode_on(driver) == []
+    wait_for("MPS daemon pods to go", lambda: not driver.mps_daemon_pods(), 60)
+    assert time_slices(driver) == {}
+
+
+def assert_device_is_what_was_published(driver: Driver, device: str, facts: dict[str, str]) -> None:
+    """A whole GPU: its published UUID and product. A dynamic MIG partition: its published
+    parent and profile, and the UUID of the MIG device the plugin made at its placement."""
+    published = driver.devices()[device]["attributes"]
+    assert facts["PRODUCT"] == published["productName"]["string"]
+    if published["type"]["string"] == "gpu":
+        assert facts["UUID"] == published["uuid"]["string"]
+        return
+    name = parse_device_name(device)
+    assert isinstance(name, MigDeviceName)
+    parent = published["parentUUID"]["string"]
+    assert facts["PARENT_UUID"] == parent
+    assert facts["PROFILE"] == published["profile"]["string"]
+    made = [
+        i.uuid
+        for i in mig_instances(driver)
+        if (i.parent_uuid, i.profile_id, i.start)
+        == (parent, name.gi_profile_id, name.placement_start)
+    ]
+    assert made == [facts["UUID"]], (device, made)
+
+
+def check_dynamic_mig(
+    driver: Driver, kube: Kube, namespace: str, seen: list[Seen], results: dict[str, list[Result]]
+) -> None:
+    """Four 1g slices on one parent, one 3g slice; the simulated GPUs hold exactly them."""
+    published = driver.devices()
+    four = [published[r.device]["attributes"] for r in results["four-1g"]]
+    assert len({r.device for r in results["four-1g"]}) == 4
+    assert len({a["parentUUID"]["string"] for a in four}) == 1  # matchAttribute parentUUID
+    assert {a["profile"]["string"] for a in four} == {"1g.10gb"}
+    (three,) = results["one-3g"]
+    assert published[three.device]["attributes"]["profile"]["string"].startswith("3g.")
+    seen_uuids = {f["UUID"] for c in seen for f in c.devices.values()}
+    assert len(seen_uuids) == 5
+    assert {i.uuid for i in mig_instances(driver)} == seen_uuids
+
+
+def check_mps_shares(
+    driver: Driver, kube: Kube, namespace: str, seen: list[Seen], results: dict[str, list[Result]]
+) -> None:
+    """Each share lands on the offered GPU with its amounts; each container gets its claim's
+    caps from the one daemon of that GPU."""
+    shared = gpu_device_name(MPS_SHARE_GPU)
+    uuid = driver.uuid_of(shared)
+    assert driver.devices()[shared]["allowMultipleAllocations"] is True
+    (daemon,) = mps_daemons(driver).values()
+    assert set(daemon.claims) == {f"{namespace}/{claim}" for claim in results}
+    assert len(driver.mps_daemon_pods()) == 1
+    for container in seen:
+        (claim,) = container_claims(kube.get("v1", "Pod", container.pod, namespace), "ctr")
+        asked = requested_capacity(kube, namespace, claim)
+        (result,) = results[claim]
+        assert result.device == shared
+        assert result.share_id
+        assert dict(result.consumed) == asked
+        memory = render_pinned_limit(asked["memory"])
+        assert container.env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == f"{uuid}={memory}"
+        assert container.env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == asked["compute"]
+        assert container.env["CUDA_MPS_PIPE_DIRECTORY"] == CUDA_MPS_PIPE
+        caps = daemon.claims[f"{namespace}/{claim}"]
+        assert caps == {
+            "threads": float(asked["compute"]),
+            f"memory:{uuid}": float(quantity_value(asked["memory"])),
+        }
+    assert len({c.env[MPS_PID_KEY] for c in seen}) == 1  # one daemon for all shares
+
+
+def check_per_claim_mps(
+    driver: Driver, kube: Kube, namespace: str, seen: list[Seen], results: dict[str, list[Result]]
+) -> None:
+    """Both pods are clients of the claim's one daemon, which has the claim's defaults."""
+    (claim,) = results
+    (result,) = results[claim]
+    uuid = driver.uuid_of(result.device)
+    mps = claim_config(kube, namespace, claim)["sharing"]["mpsConfig"]
+    assert len(seen) == 2
+    assert len({c.env[MPS_PID_KEY] for c in seen}) == 1
+    assert all(c.env["CUDA_MPS_PIPE_DIRECTORY"] == CUDA_MPS_PIPE for c in seen)
+    (daemon,) = mps_daemons(driver).values()
+    limit = quantity_value(mps["defaultPinnedDeviceMemoryLimit"])
+    assert daemon.claims == {
+        f"{namespace}/{claim}": {
+            "threads": float(mps["defaultActiveThreadPercentage"]),
+            f"memory:{uuid}": float(limit),
+        }
+    }
+    assert [p for p in driver.mps_daemon_pods() if p.endswith(daemon.daemon_id)]
+
+
+def check_time_slicing(
+    driver: Driver, kube: Kube, namespace: str, seen: list[Seen], results: dict[str, list[Result]]
+) -> None:
+    """Both containers share one GPU whose time slice is the claim's interval."""
+    ((claim, (result,)),) = results.items()
+    uuid = driver.uuid_of(result.device)
+    assert {f["UUID"] for c in seen for f in c.devices.values()} == {uuid}
+    interval = claim_config(kube, namespace, claim)["sharing"]["timeSlicingConfig"]["interval"]
+    assert time_slices(driver) == {uuid: TIME_SLICE_VALUES[interval]}
+
+
+def requested_capacity(kube: Kube, namespace: str, claim: str) -> dict[str, str]:
+    spec = kube.get("resource.k8s.io/v1", "ResourceClaim", claim, namespace)["spec"]
+    (request,) = spec["devices"]["requests"]
+    return dict(request["exactly"]["capacity"]["requests"])
+
+
+def claim_config(kube: Kube, namespace: str, claim: str) -> Obj:
+    """The opaque GpuConfig parameters of a claim with one config entry."""
+    spec = kube.get("resource.k8s.io/v1", "ResourceClaim", claim, namespace)["spec"]
+    (config,) = spec["devices"]["config"]
+    return dict(config["opaque"]["parameters"])
+
+
+Check = Callable[[Driver, Kube, str, list[Seen], dict[str, list[Result]]], None]
+CHECKS: dict[str, Check] = {
+    "06-dynamic-mig": check_dynamic_mig,
+    "07-mps-shares": check_mps_shares,
+    "08-per-claim-mps": check_per_claim_mps,
+    "09-time-slicing": check_time_slicing,
+}

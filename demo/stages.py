@@ -1,0 +1,106 @@
+"""The demo's examples and the plugin flags each group of them runs under.
+
+Some tiers are node-level choices of the kubelet plugin: dynamic MIG (``--dynamic-mig``) publishes
+the H100s as partitions, MPS shares (``--mps-shares``) offer a GPU to many claims, and the plugin
+refuses the two together. So the demo runs in stages: each stage (re)starts the plugin with its
+flags, applies its examples, reports, and - except the last - deletes them again, so that the
+next stage starts on an empty node.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from e2e.driver import PLUGIN, Driver
+
+DEMO = Path(__file__).resolve().parent
+EXAMPLES = DEMO / "examples"
+PROFILE = DEMO / "node.yaml"
+MPS_SHARE_GPU = 4
+"""The GPU the last stage offers as MPS shares: index 4, the first A100 80GB of node.yaml."""
+
+
+@dataclass(frozen=True)
+class Stage:
+    title: str
+    examples: tuple[str, ...]
+    """Example directory names, in order."""
+    dynamic_mig: bool = False
+    plugin_args: tuple[str, ...] = ()
+    """Further plugin flags (``--dynamic-mig`` is `dynamic_mig`)."""
+
+    @property
+    def plugin_flags(self) -> tuple[str, ...]:
+        """Every plugin flag of the stage, ``--dynamic-mig`` included."""
+        return (*(("--dynamic-mig",) if self.dynamic_mig else ()), *self.plugin_args)
+
+    @property
+    def flags(self) -> str:
+        """The stage's plugin flags as a command line would show them."""
+        return " ".join(self.plugin_flags) or "(default flags: NVIDIA's publishing)"
+
+    def example_dirs(self) -> list[Path]:
+        return [EXAMPLES / name for name in self.examples]
+
+
+STAGES: tuple[Stage, ...] = (
+    Stage(
+        "whole GPUs, published as NVIDIA's driver does",
+        (
+            "01-select-with-cel",
+            "02-one-gpu-per-pod",
+            "03-two-containers-one-claim",
+            "04-one-claim-two-pods",
+            "05-device-plugin-style",
+        ),
+    ),
+    Stage("dynamic MIG: the H100s as partitions", ("06-dynamic-mig",), dynamic_mig=True),
+    Stage(
+        "MPS shares of an A100, per-claim MPS on an H100, time-slicing on an L4",
+        ("07-mps-shares", "08-per-claim-mps", "09-time-slicing"),
+        plugin_args=(f"--mps-shares={MPS_SHARE_GPU}",),
+    ),
+)
+
+
+def example_dirs() -> list[Path]:
+    """Every example directory under demo/examples, sorted by name."""
+    return sorted(p for p in EXAMPLES.iterdir() if p.is_dir())
+
+
+def stage_of(example: Path) -> Stage:
+    """The stage an example runs in; a ValueError names an example no stage lists."""
+    for stage in STAGES:
+        if example.name in stage.examples:
+            return stage
+    raise ValueError(f"{example.name} is in no stage of demo/stages.py: add it to STAGES")
+
+
+def title_of(example: Path) -> str:
+    return (example / "README.md").read_text().splitlines()[0].lstrip("# ")
+
+
+def namespace_of(example: Path) -> str:
+    for document in yaml.safe_load_all((example / "example.yaml").read_text()):
+        if document and document.get("kind") == "Namespace":
+            return str(document["metadata"]["name"])
+    raise ValueError(f"{example} has no Namespace")
+
+
+def ensure_plugin(driver: Driver, stage: Stage) -> None:
+    """Run the kubelet plugin with the stage's flags: (re)started unless it already runs with
+    them; returns once the node's ResourceSlices show what it publishes."""
+    if (
+        driver.cluster.pid(PLUGIN)
+        and driver.dynamic_mig == stage.dynamic_mig
+        and driver.plugin_args == stage.plugin_args
+    ):
+        return
+    if driver.cluster.pid(PLUGIN):
+        driver.stop_plugin()
+    driver.dynamic_mig = stage.dynamic_mig
+    driver.plugin_args = stage.plugin_args
+    driver.start_plugin()

@@ -1,0 +1,78 @@
+"""The demo's examples and stages, checked without a cluster: every example runs in exactly one
+stage, its opaque configs and CEL selectors pass `gpu-dra check-config` and `gpu-dra lint`, and
+each stage's plugin flags are accepted on the demo node and publish what its examples need.
+(e2e/test_demo_examples.py runs the examples on the real local cluster.)"""
+
+from __future__ import annotations
+
+import pytest
+
+from demo.stages import (
+    MPS_SHARE_GPU,
+    PROFILE,
+    STAGES,
+    Stage,
+    example_dirs,
+    namespace_of,
+    stage_of,
+)
+from gpu_dra.controller.cli import EXIT_OK, main
+from gpu_dra.driver.discovery import discover_devices
+from gpu_dra.driver.nvml.simulated import SimulatedHost
+from gpu_dra.kubelet_plugin.inventory import NodeInventory
+from gpu_dra.kubelet_plugin.settings import KubeletPluginSettings
+
+EXAMPLES = example_dirs()
+
+
+def test_every_example_runs_in_exactly_one_stage_in_the_examples_order() -> None:
+    assert [name for stage in STAGES for name in stage.examples] == [p.name for p in EXAMPLES]
+    for example in EXAMPLES:
+        assert stage_of(example).examples.count(example.name) == 1
+        assert (example / "README.md").read_text().startswith("# ")
+    namespaces = [namespace_of(example) for example in EXAMPLES]
+    assert len(set(namespaces)) == len(namespaces)  # a stage deletes exactly its examples
+
+
+def test_an_example_in_no_stage_is_named() -> None:
+    with pytest.raises(ValueError, match=r"10-new is in no stage of demo/stages\.py"):
+        stage_of(PROFILE.parent / "examples" / "10-new")
+
+
+def test_examples_pass_check_config_and_lint_on_the_demo_node(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    files = [str(example / "example.yaml") for example in EXAMPLES]
+    assert main(["check-config", *files], environ={}) == EXIT_OK, capsys.readouterr().out
+    capsys.readouterr()
+    code = main(["lint", "--profile", str(PROFILE), "deviceclasses", *files], environ={})
+    out = capsys.readouterr().out
+    assert code == EXIT_OK, out
+    assert "ERROR" not in out
+
+
+def inventory(flags: tuple[str, ...]) -> NodeInventory:
+    """The inventory the plugin builds on the demo node with these flags."""
+    settings = KubeletPluginSettings.parse(
+        ["--node-name=demo", f"--simulate={PROFILE}", *flags], env={}
+    )
+    host = SimulatedHost.load(str(PROFILE), "demo")
+    dynamic_mig = settings.dynamic_mig_enabled
+    found = discover_devices(host.nvml, host.pci, mig_profiles=dynamic_mig)
+    return NodeInventory.from_discovery(
+        found, simulated=True, dynamic_mig=dynamic_mig, mps_shares=settings.mps_shares
+    )
+
+
+@pytest.mark.parametrize("stage", STAGES, ids=[s.flags for s in STAGES])
+def test_each_stage_flags_publish_what_its_examples_ask_for(stage: Stage) -> None:
+    published = inventory(stage.plugin_flags).published_devices()
+    types = {d["attributes"]["type"]["string"] for d in published}
+    shared = [d for d in published if d.get("allowMultipleAllocations")]
+    if "06-dynamic-mig" in stage.examples:
+        assert "mig" in types
+    if "07-mps-shares" in stage.examples:
+        assert [d["name"] for d in shared] == [f"gpu-{MPS_SHARE_GPU}"]
+        assert shared[0]["attributes"]["productName"]["string"] == "NVIDIA A100 80GB PCIe"
+    else:
+        assert shared == []
