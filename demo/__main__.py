@@ -29,7 +29,7 @@ from demo.observe import (
 )
 from demo.stages import PROFILE, STAGES, Stage, ensure_plugin, namespace_of, title_of
 from e2e.cluster import Cluster, ClusterError
-from e2e.driver import BIN, PLUGIN, Driver
+from e2e.driver import BIN, MPS_DAEMON_NAMESPACE, PLUGIN, Driver
 from e2e.kube import Kube, wait_for
 from gpu_dra.kubelet_plugin.timeslicing import interval_name
 
@@ -113,19 +113,25 @@ def plugin_view(driver: Driver, namespace: str, seen: Sequence[Seen]) -> list[st
     serving the namespace's claims with their caps, time slices it set."""
     uuids = {f["UUID"]: name for c in seen for name, f in c.devices.items() if "UUID" in f}
     lines = []
-    made = [i for i in mig_instances(driver) if i.uuid in uuids]
-    for instance in made:
-        lines.append(
-            f"MIG instance made on {instance.parent_uuid}: GPU instance profile "
-            f"{instance.profile_id} at memory slice {instance.start} + compute instance = "
-            f"{instance.uuid} ({uuids[instance.uuid]})"
+    made = sorted((i for i in mig_instances(driver) if i.uuid in uuids), key=lambda i: i.start)
+    on = mig_mode_on(driver)
+    for parent in sorted({i.parent_uuid for i in made}):
+        mode = "on" if parent in on else "off"
+        lines.append(f"{parent} (MIG mode {mode}): GPU + compute instances made at prepare:")
+        lines.extend(
+            f"  GPU instance profile {i.profile_id} at memory slice {i.start} -> {i.uuid} "
+            f"({uuids[i.uuid]})"
+            for i in made
+            if i.parent_uuid == parent
         )
     pods = driver.mps_daemon_pods()
     for daemon in mps_daemons(driver).values():
         ours = {c: caps for c, caps in daemon.claims.items() if c.startswith(f"{namespace}/")}
         if not ours:
             continue
-        pod = next((n for n in pods if n.endswith(daemon.daemon_id)), "?")
+        pod = next(
+            (f"{MPS_DAEMON_NAMESPACE}/{n}" for n in pods if n.endswith(daemon.daemon_id)), "?"
+        )
         lines.append(
             f"MPS control daemon {daemon.daemon_id} (pod {pod}) serves "
             f"{len(daemon.claims)} claim(s):"

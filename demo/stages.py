@@ -14,7 +14,14 @@ from pathlib import Path
 
 import yaml
 
+from e2e.cluster import versions
 from e2e.driver import PLUGIN, Driver
+from e2e.kube import wait_for
+from gpu_dra.driver.discovery import discover_devices
+from gpu_dra.driver.nvml.simulated import SimulatedHost
+from gpu_dra.driver.resourceapi import Device
+from gpu_dra.kubelet_plugin.inventory import NodeInventory
+from gpu_dra.kubelet_plugin.settings import KubeletPluginSettings
 
 DEMO = Path(__file__).resolve().parent
 EXAMPLES = DEMO / "examples"
@@ -104,3 +111,29 @@ def ensure_plugin(driver: Driver, stage: Stage) -> None:
     driver.dynamic_mig = stage.dynamic_mig
     driver.plugin_args = stage.plugin_args
     driver.start_plugin()
+    # start_plugin waits for the device names; a stage that only changes which GPUs are offered
+    # as MPS shares keeps them, so wait for the shares too (a slice of the last run may linger).
+    shared = {d["name"] for d in published_devices(stage) if d.get("allowMultipleAllocations")}
+    wait_for(
+        f"the ResourceSlices to offer {sorted(shared) or 'no GPU'} as MPS shares",
+        lambda: (
+            shared == {n for n, d in driver.devices().items() if d.get("allowMultipleAllocations")}
+        ),
+        60,
+    )
+
+
+def published_devices(stage: Stage) -> list[Device]:
+    """What the kubelet plugin publishes on the demo node with the stage's flags (its own
+    settings, discovery and inventory code)."""
+    settings = KubeletPluginSettings.parse(
+        [f"--node-name={versions.NODE_NAME}", f"--simulate={PROFILE}", *stage.plugin_flags],
+        env={},
+    )
+    host = SimulatedHost.load(str(PROFILE), versions.NODE_NAME)
+    dynamic_mig = settings.dynamic_mig_enabled
+    found = discover_devices(host.nvml, host.pci, mig_profiles=dynamic_mig)
+    inventory = NodeInventory.from_discovery(
+        found, simulated=True, dynamic_mig=dynamic_mig, mps_shares=settings.mps_shares
+    )
+    return inventory.published_devices()

@@ -134,6 +134,7 @@ def check_dynamic_mig(
     seen_uuids = {f["UUID"] for c in seen for f in c.devices.values()}
     assert len(seen_uuids) == 5
     assert {i.uuid for i in mig_instances(driver)} == seen_uuids
+    assert mig_mode_on(driver) == sorted({i.parent_uuid for i in mig_instances(driver)})
 
 
 def check_mps_shares(

@@ -14,13 +14,10 @@ from demo.stages import (
     Stage,
     example_dirs,
     namespace_of,
+    published_devices,
     stage_of,
 )
 from gpu_dra.controller.cli import EXIT_OK, main
-from gpu_dra.driver.discovery import discover_devices
-from gpu_dra.driver.nvml.simulated import SimulatedHost
-from gpu_dra.kubelet_plugin.inventory import NodeInventory
-from gpu_dra.kubelet_plugin.settings import KubeletPluginSettings
 
 EXAMPLES = example_dirs()
 
@@ -51,22 +48,9 @@ def test_examples_pass_check_config_and_lint_on_the_demo_node(
     assert "ERROR" not in out
 
 
-def inventory(flags: tuple[str, ...]) -> NodeInventory:
-    """The inventory the plugin builds on the demo node with these flags."""
-    settings = KubeletPluginSettings.parse(
-        ["--node-name=demo", f"--simulate={PROFILE}", *flags], env={}
-    )
-    host = SimulatedHost.load(str(PROFILE), "demo")
-    dynamic_mig = settings.dynamic_mig_enabled
-    found = discover_devices(host.nvml, host.pci, mig_profiles=dynamic_mig)
-    return NodeInventory.from_discovery(
-        found, simulated=True, dynamic_mig=dynamic_mig, mps_shares=settings.mps_shares
-    )
-
-
 @pytest.mark.parametrize("stage", STAGES, ids=[s.flags for s in STAGES])
 def test_each_stage_flags_publish_what_its_examples_ask_for(stage: Stage) -> None:
-    published = inventory(stage.plugin_flags).published_devices()
+    published = published_devices(stage)
     types = {d["attributes"]["type"]["string"] for d in published}
     shared = [d for d in published if d.get("allowMultipleAllocations")]
     if "06-dynamic-mig" in stage.examples:
