@@ -2,15 +2,15 @@
 demo/examples, what each pod received and what the plugin did for it. Run through `demo/run`
 (as root).
 
-The examples run in stages (demo/stages.py), each with the plugin flags its tiers need: whole
-GPUs as NVIDIA's driver publishes them, then dynamic MIG, then MPS shares with per-claim MPS and
-time-slicing. A stage's examples are deleted before the next stage starts; the last stage's keep
-running, with the cluster, so you can look around; `.venv/bin/python -m e2e.cluster down`
-removes it.
+The examples run in two stages (demo/stages.py), each with its plugin flags: NVIDIA's example
+manifests on whole GPUs as NVIDIA's driver publishes them, then - once those are deleted - dynamic
+MIG, MPS shares, per-claim MPS and time-slicing together. The second stage keeps running, with
+the cluster, so you can look around; `.venv/bin/python -m e2e.cluster down` removes it.
 """
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from collections import defaultdict
@@ -53,6 +53,21 @@ def gpu_dra(driver: Driver, *args: str) -> str:
         check=True,
     )
     return done.stdout
+
+
+def without_free_partitions(inventory: str) -> str:
+    """`gpu-dra inventory`'s table without the rows of free MIG partitions (dozens per H100
+    with dynamic MIG), counted in a note after the device table instead."""
+    kept, hidden = [], 0
+    for line in inventory.splitlines():
+        cells = re.split(r"\s{2,}", line.strip())
+        if len(cells) == 7 and cells[3] == "mig" and cells[5] == "free":
+            hidden += 1
+            continue
+        if line == "device classes:" and hidden:
+            kept.append(f"({hidden} free MIG partitions not shown)")
+        kept.append(line)
+    return "\n".join(kept)
 
 
 def published_summary(driver: Driver) -> list[str]:
@@ -232,7 +247,7 @@ def main() -> int:
             clean_up(driver, stage)
 
     say("\n==> gpu-dra inventory")
-    say(gpu_dra(driver, "inventory"))
+    say(without_free_partitions(gpu_dra(driver, "inventory")))
     say("==> kubectl get resourceclaims -A")
     say(cluster.kubectl("get", "resourceclaims", "-A"))
     say(
