@@ -136,6 +136,7 @@ def _mps(
         node_name=settings.node_name,
         image=settings.mps_daemon_image,
         driver_root=settings.driver_root,
+        priority_class=settings.mps_daemon_priority_class,
     )
     # The other runner still checks and stops the daemons it started before a switch.
     runner: DaemonRunner = ProcessRunner()

@@ -18,6 +18,9 @@ DEFAULT_MPS_CONTROL_BINARY = "nvidia-cuda-mps-control"
 DEFAULT_NVIDIA_SMI = "nvidia-smi"
 MPS_DAEMON_RUNNERS = ("process", "pod")
 DEFAULT_MPS_DAEMON_NAMESPACE = "gpu-dra"
+DEFAULT_MPS_DAEMON_PRIORITY_CLASS = "system-node-critical"
+"""When an MPS daemon goes, every workload using it loses MPS: under node pressure its pod must
+be the last the kubelet evicts (a built-in class the apiserver creates)."""
 
 # NVIDIA's driver feature gates (nvidia-compat.md §10) and what gpu-dra does with them.
 GATE_DYNAMIC_MIG = "DynamicMIG"
@@ -127,6 +130,8 @@ class KubeletPluginSettings:
     """Image of the daemon pods (runner `pod`): runs `nvidia-cuda-mps-control -f`."""
     mps_daemon_namespace: str = DEFAULT_MPS_DAEMON_NAMESPACE
     """Namespace of the daemon pods (runner `pod`); default `$POD_NAMESPACE`, else `gpu-dra`."""
+    mps_daemon_priority_class: str = DEFAULT_MPS_DAEMON_PRIORITY_CLASS
+    """Priority class of the daemon pods (runner `pod`); empty = none."""
     mps_exclusive_compute_mode: bool = False
     """Set the compute mode EXCLUSIVE_PROCESS on the full GPUs of an MPS daemon while it runs
     (DEFAULT again when it stops), as NVIDIA's driver does; never on MIG devices."""
@@ -237,25 +242,7 @@ class KubeletPluginSettings:
             "daemon's default caps; larger shares are refused at prepare",
             "100",
         )
-        option(
-            "--mps-daemon-runner",
-            "how MPS control daemons run: process (host process; local/dev) or pod (a pod bound "
-            "to this node, needs --mps-daemon-image)",
-            "process",
-            choices=MPS_DAEMON_RUNNERS,
-        )
-        option("--mps-daemon-image", "image of the MPS control daemon pods (runner pod)", None)
-        option(
-            "--mps-daemon-namespace",
-            "namespace of the MPS control daemon pods (runner pod); default $POD_NAMESPACE",
-            environ.get("POD_NAMESPACE") or DEFAULT_MPS_DAEMON_NAMESPACE,
-        )
-        option(
-            "--mps-exclusive-compute-mode",
-            "true: set compute mode EXCLUSIVE_PROCESS on the full GPUs of each MPS daemon while "
-            "it runs (never on MIG devices)",
-            "false",
-        )
+        _add_mps_daemon_options(option, environ)
         _add_dynamic_mig_options(option, environ)
         args = parser.parse_args(argv)
         if not args.node_name:
@@ -330,8 +317,38 @@ def _mps_daemon_settings(
         "mps_daemon_runner": args.mps_daemon_runner,
         "mps_daemon_image": args.mps_daemon_image or "",
         "mps_daemon_namespace": args.mps_daemon_namespace or DEFAULT_MPS_DAEMON_NAMESPACE,
+        "mps_daemon_priority_class": args.mps_daemon_priority_class or "",
         "mps_exclusive_compute_mode": exclusive in ("true", "1", "yes"),
     }
+
+
+def _add_mps_daemon_options(option: Callable[..., None], environ: Mapping[str, str]) -> None:
+    """`--mps-daemon-runner`, `-image`, `-namespace`, `-priority-class` and
+    `--mps-exclusive-compute-mode`."""
+    option(
+        "--mps-daemon-runner",
+        "how MPS control daemons run: process (host process; local/dev) or pod (a pod bound "
+        "to this node, needs --mps-daemon-image)",
+        "process",
+        choices=MPS_DAEMON_RUNNERS,
+    )
+    option("--mps-daemon-image", "image of the MPS control daemon pods (runner pod)", None)
+    option(
+        "--mps-daemon-namespace",
+        "namespace of the MPS control daemon pods (runner pod); default $POD_NAMESPACE",
+        environ.get("POD_NAMESPACE") or DEFAULT_MPS_DAEMON_NAMESPACE,
+    )
+    option(
+        "--mps-daemon-priority-class",
+        "priority class of the MPS control daemon pods (runner pod); empty = none",
+        DEFAULT_MPS_DAEMON_PRIORITY_CLASS,
+    )
+    option(
+        "--mps-exclusive-compute-mode",
+        "true: set compute mode EXCLUSIVE_PROCESS on the full GPUs of each MPS daemon while "
+        "it runs (never on MIG devices)",
+        "false",
+    )
 
 
 def _add_dynamic_mig_options(option: Callable[..., None], environ: Mapping[str, str]) -> None:

@@ -20,6 +20,9 @@ daemon) from the image (``--mps-daemon-image``) with:
   at ``/dev/shm``; no ``hostIPC`` (MPS shares memory through ``/dev/shm``, which is that mount);
 * the driver root (``--driver-root``) read-only at ``/driver-root``, its ``usr/bin`` at the end
   of ``PATH`` and its library directories in ``LD_LIBRARY_PATH``, for the driver's libraries;
+* a priority class (``--mps-daemon-priority-class``, default ``system-node-critical``: when the
+  daemon goes, every workload using it loses MPS) and small resource requests without limits
+  (`RESOURCE_REQUESTS`), so node-pressure eviction takes it last;
 * labels ``app.kubernetes.io/managed-by=gpu-dra-kubelet-plugin``,
   ``app.kubernetes.io/component=mps-control-daemon`` and ``mps.gpu-dra.io/daemon-id=<id>``: a
   restarted plugin finds the pods of its node by them (`daemon_ids`) and by ``spec.nodeName``.
@@ -46,6 +49,10 @@ from gpu_dra.kubelet_plugin.mps.interface import DaemonPaths, MpsStartError, Mps
 from gpu_dra.kubelet_plugin.mps.process import LaunchedDaemon, wait_for_daemon_pid
 
 log = logging.getLogger(__name__)
+
+RESOURCE_REQUESTS: Final = {"cpu": "10m", "memory": "64Mi"}
+"""Requests only, no limits: the pod is Burstable rather than BestEffort (first to go under
+memory pressure), and no limit can OOM-kill the daemon or its MPS server."""
 
 POD_PREFIX: Final = "mps-control-daemon-"
 CONTAINER: Final = "mps-control-daemon"
@@ -130,6 +137,7 @@ class PodRunner:
         driver_root: Path = Path("/"),
         image_pull_policy: str = "IfNotPresent",
         grace_period_s: int = 10,
+        priority_class: str = "",
     ) -> None:
         self.api = api
         self.namespace = namespace
@@ -139,6 +147,7 @@ class PodRunner:
         self.driver_root = driver_root
         self.image_pull_policy = image_pull_policy
         self.grace_period_s = grace_period_s
+        self.priority_class = priority_class
 
     # -- DaemonRunner ----------------------------------------------------------------------
 
@@ -277,6 +286,7 @@ class PodRunner:
                 "enableServiceLinks": False,
                 "terminationGracePeriodSeconds": self.grace_period_s,
                 "tolerations": [{"operator": "Exists"}],
+                **({"priorityClassName": self.priority_class} if self.priority_class else {}),
                 "containers": [
                     {
                         "name": CONTAINER,
@@ -285,6 +295,7 @@ class PodRunner:
                         "command": [self.binary, "-f", *flags],
                         "env": [{"name": k, "value": v} for k, v in sorted(variables.items())],
                         "securityContext": {"privileged": True},
+                        "resources": {"requests": dict(RESOURCE_REQUESTS)},
                         "volumeMounts": [
                             {"name": "mps", "mountPath": str(paths.root)},
                             {"name": "shm", "mountPath": "/dev/shm"},

@@ -15,6 +15,7 @@ import pytest
 
 from gpu_dra.controller import errors
 from gpu_dra.kubelet_plugin.mps import (
+    DaemonPaths,
     DaemonState,
     MpsDaemonGoneError,
     MpsDaemonManager,
@@ -47,6 +48,7 @@ MIG = "MIG-99999999-8888-7777-6666-555555555555"
 NODE = "gpu-node-1"
 NAMESPACE = "gpu-dra"
 IMAGE = "registry.example/gpu-dra-mps-double:1"
+PRIORITY_CLASS = "system-node-critical"
 SETTINGS = MpsSettings(active_thread_percentage=40, pinned_limits={GPU: "4096M"})
 
 
@@ -73,7 +75,9 @@ def api() -> Iterator[InMemoryPodApi]:
 def make_manager(
     root: Path, api: InMemoryPodApi, image: str = IMAGE, node: str = NODE
 ) -> MpsDaemonManager:
-    runner = PodRunner(api, namespace=NAMESPACE, node_name=node, image=image)
+    runner = PodRunner(
+        api, namespace=NAMESPACE, node_name=node, image=image, priority_class=PRIORITY_CLASS
+    )
     return MpsDaemonManager(
         root,
         binary=DOUBLE_BINARY,
@@ -123,6 +127,10 @@ def test_the_daemon_pod_is_bound_to_the_node_with_the_mps_contract(
         assert container["image"] == IMAGE
         assert container["command"] == ["nvidia-cuda-mps-control", "-f", "-M"]
         assert container["securityContext"] == {"privileged": True}
+        # Evicted last under node pressure: high priority, Burstable (requests, no limits).
+        assert spec["priorityClassName"] == PRIORITY_CLASS
+        assert set(container["resources"]) == {"requests"}
+        assert set(container["resources"]["requests"]) == {"cpu", "memory"}
         env = container_env(pod)
         assert env["CUDA_VISIBLE_DEVICES"] == GPU
         assert env["CUDA_MPS_PIPE_DIRECTORY"] == str(root / "mps" / daemon_id / "pipe")
@@ -384,3 +392,14 @@ def test_a_pod_runner_without_an_image_starts_nothing(root: Path, api: InMemoryP
         manager.start(claim_daemon_id(CLAIM, [GPU]), [GPU], SETTINGS)
     assert pods(api) == {}
     assert daemon_dirs(root) == []
+
+
+def test_an_empty_priority_class_leaves_the_daemon_pod_without_one(
+    root: Path, api: InMemoryPodApi
+) -> None:
+    runner = PodRunner(api, namespace=NAMESPACE, node_name=NODE, image=IMAGE, priority_class="")
+    paths = DaemonPaths.of(root, claim_daemon_id(CLAIM, [GPU]))
+
+    manifest = runner.manifest(["nvidia-cuda-mps-control", "-d"], {}, paths)
+
+    assert "priorityClassName" not in manifest["spec"]
