@@ -40,6 +40,9 @@ def test_the_daemonset_runs_mps_daemons_as_pods_in_its_own_namespace() -> None:
     assert settings.mps_daemon_image == container["image"]
     assert settings.mps_daemon_namespace == "gpu-dra"
     assert settings.mps_exclusive_compute_mode is False
+    # The plugin and the daemon pods it starts are the node's last eviction candidates.
+    assert plugin_pod_spec()["priorityClassName"] == settings.mps_daemon_priority_class
+    assert settings.mps_daemon_priority_class == "system-node-critical"
 
 
 def test_the_plugin_shares_the_host_pid_namespace_and_propagates_shm_mounts() -> None:
