@@ -1,17 +1,19 @@
-"""Every demo example runs on the demo's simulated node with its stage's plugin flags, each
-container sees exactly the devices allocated to its claims (MIG devices as the plugin made them,
-MPS caps and time slices as the claims ask), and deleting the example leaks nothing."""
+"""The demo's stages as demo/run runs them: each stage's examples together on the demo's
+simulated node with the stage's plugin flags; each container sees exactly the devices allocated
+to its claims (MIG devices as the plugin made them, MPS caps and time slices as the claims ask),
+and deleting the examples leaks nothing. (tests/test_demo.py checks the stages without a
+cluster.)"""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from demo.observe import (
     MPS_PID_KEY,
+    MpsDaemon,
     Result,
     Seen,
     claim_results,
@@ -23,15 +25,7 @@ from demo.observe import (
     time_slices,
     wait_pods_running,
 )
-from demo.stages import (
-    MPS_SHARE_GPU,
-    PROFILE,
-    STAGES,
-    ensure_plugin,
-    example_dirs,
-    namespace_of,
-    stage_of,
-)
+from demo.stages import MPS_SHARE_GPU, PROFILE, STAGES, Stage, ensure_plugin, namespace_of
 from e2e.cluster import Cluster
 from e2e.driver import PLUGIN, Driver
 from e2e.kube import Kube, wait_for
@@ -42,7 +36,6 @@ from gpu_dra.kubelet_plugin.timeslicing import TIME_SLICE_VALUES
 
 pytestmark = pytest.mark.e2e
 
-EXAMPLE_DIRS = example_dirs()
 CUDA_MPS_PIPE = "/tmp/nvidia-mps"
 
 Obj = dict[str, Any]
@@ -58,38 +51,37 @@ def driver(cluster: Cluster, kube: Kube) -> Iterator[Driver]:
         running.stop_plugin()
 
 
-def test_every_example_runs_in_exactly_one_stage_in_order() -> None:
-    listed = [name for stage in STAGES for name in stage.examples]
-    assert listed == [p.name for p in EXAMPLE_DIRS]  # each once, in the examples' order
-    for example in EXAMPLE_DIRS:
-        assert (example / "README.md").is_file()
-        namespace_of(example)  # has its own Namespace
-
-
-@pytest.mark.parametrize("example", EXAMPLE_DIRS, ids=[p.name for p in EXAMPLE_DIRS])
-def test_demo_example_runs_and_every_container_sees_what_its_claims_were_allocated(
-    example: Path, driver: Driver, cluster: Cluster, kube: Kube
+@pytest.mark.parametrize("stage", STAGES, ids=[f"stage-{i}" for i in range(1, len(STAGES) + 1)])
+def test_stage_examples_run_side_by_side_and_each_container_sees_its_claims_allocation(
+    stage: Stage, driver: Driver, cluster: Cluster, kube: Kube
 ) -> None:
-    ensure_plugin(driver, stage_of(example))
-    namespace = namespace_of(example)
-    cluster.kubectl("apply", "-f", str(example / "example.yaml"))
+    """As demo/run does: the plugin with the stage's flags, all its examples at once; then
+    each container's devices against its claims' allocation, each example's own checks, and
+    after deleting them nothing left on the node."""
+    ensure_plugin(driver, stage)
+    namespaces = {example.name: namespace_of(example) for example in stage.example_dirs()}
+    for example in stage.example_dirs():
+        cluster.kubectl("apply", "-f", str(example / "example.yaml"))
     try:
-        pods = {
-            name: kube.get("v1", "Pod", name, namespace)
-            for name in wait_pods_running(kube, namespace, timeout=120)
-        }
-        seen = [c for pod in pods.values() for c in containers_seen(kube, namespace, pod)]
-        results = claim_results(kube, namespace)
-        for container in seen:
-            claims = container_claims(pods[container.pod], container.container)
-            allocated = {r.device for claim in claims for r in results[claim]}
-            assert set(container.devices) == allocated, (container, claims, results)
-            for device, facts in container.devices.items():
-                assert_device_is_what_was_published(driver, device, facts)
-        CHECKS.get(example.name, lambda *_: None)(driver, kube, namespace, seen, results)
+        for example, namespace in namespaces.items():
+            pods = {
+                name: kube.get("v1", "Pod", name, namespace)
+                for name in wait_pods_running(kube, namespace, timeout=120)
+            }
+            seen = [c for pod in pods.values() for c in containers_seen(kube, namespace, pod)]
+            results = claim_results(kube, namespace)
+            for container in seen:
+                claims = container_claims(pods[container.pod], container.container)
+                allocated = {r.device for claim in claims for r in results[claim]}
+                assert set(container.devices) == allocated, (container, claims, results)
+                for device, facts in container.devices.items():
+                    assert_device_is_what_was_published(driver, device, facts)
+            CHECKS.get(example, lambda *_: None)(driver, kube, namespace, seen, results)
     finally:
-        kube.delete("v1", "Namespace", namespace)
-        kube.wait_gone("v1", "Namespace", namespace, None, timeout=180)
+        for namespace in namespaces.values():
+            kube.delete("v1", "Namespace", namespace)
+        for namespace in namespaces.values():
+            kube.wait_gone("v1", "Namespace", namespace, None, timeout=180)
     wait_for("every claim to be unprepared", lambda: not driver.checkpoint_claims(), 60)
     assert driver.cdi_spec_claims() == set()
     assert mig_instances(driver) == []
@@ -145,9 +137,9 @@ def check_mps_shares(
     shared = gpu_device_name(MPS_SHARE_GPU)
     uuid = driver.uuid_of(shared)
     assert driver.devices()[shared]["allowMultipleAllocations"] is True
-    (daemon,) = mps_daemons(driver).values()
+    (daemon,) = daemons_of(driver, namespace)
     assert set(daemon.claims) == {f"{namespace}/{claim}" for claim in results}
-    assert len(driver.mps_daemon_pods()) == 1
+    assert [p for p in driver.mps_daemon_pods() if p.endswith(daemon.daemon_id)]
     for container in seen:
         (claim,) = container_claims(kube.get("v1", "Pod", container.pod, namespace), "ctr")
         asked = requested_capacity(kube, namespace, claim)
@@ -178,7 +170,7 @@ def check_per_claim_mps(
     assert len(seen) == 2
     assert len({c.env[MPS_PID_KEY] for c in seen}) == 1
     assert all(c.env["CUDA_MPS_PIPE_DIRECTORY"] == CUDA_MPS_PIPE for c in seen)
-    (daemon,) = mps_daemons(driver).values()
+    (daemon,) = daemons_of(driver, namespace)
     limit = quantity_value(mps["defaultPinnedDeviceMemoryLimit"])
     assert daemon.claims == {
         f"{namespace}/{claim}": {
@@ -197,7 +189,16 @@ def check_time_slicing(
     uuid = driver.uuid_of(result.device)
     assert {f["UUID"] for c in seen for f in c.devices.values()} == {uuid}
     interval = claim_config(kube, namespace, claim)["sharing"]["timeSlicingConfig"]["interval"]
-    assert time_slices(driver) == {uuid: TIME_SLICE_VALUES[interval]}
+    assert time_slices(driver)[uuid] == TIME_SLICE_VALUES[interval]
+
+
+def daemons_of(driver: Driver, namespace: str) -> list[MpsDaemon]:
+    """The MPS daemons serving claims of the namespace (other examples run beside it)."""
+    return [
+        d
+        for d in mps_daemons(driver).values()
+        if any(claim.startswith(f"{namespace}/") for claim in d.claims)
+    ]
 
 
 def requested_capacity(kube: Kube, namespace: str, claim: str) -> dict[str, str]:
