@@ -5,21 +5,29 @@ from __future__ import annotations
 
 import os
 import signal
+from pathlib import Path
 
+import pytest
 from prometheus_client import CollectorRegistry
 
 from gpu_dra.kubelet_plugin.checkpoint import CheckpointEntry, CheckpointLockTimeoutError
 from gpu_dra.kubelet_plugin.metrics import MpsCollector
 from gpu_dra.kubelet_plugin.mps import shared_daemon_id
-from tests.kubelet_plugin import test_prepare_shares
-from tests.kubelet_plugin.test_prepare import UID_A, UID_B, ok
-from tests.kubelet_plugin.test_prepare_mps import wait_dead
-from tests.kubelet_plugin.test_prepare_shares import UID_C, SharesNode
+from tests.kubelet_plugin.nodes import (
+    UID_A,
+    UID_B,
+    UID_C,
+    SharesNode,
+    ok,
+    wait_dead,
+)
 
-inventory = test_prepare_shares.inventory
-mps_root = test_prepare_shares.mps_root
-node = test_prepare_shares.node
 GIB = 2**30
+
+
+@pytest.fixture
+def node(tmp_path: Path, mps_root: Path) -> SharesNode:
+    return SharesNode(tmp_path, mps_root)
 
 
 def registry_for(node: SharesNode) -> CollectorRegistry:

@@ -5,8 +5,6 @@ reset on stop, on a failed start and when a leftover is removed after a crash.""
 
 from __future__ import annotations
 
-import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import pynvml
@@ -26,8 +24,6 @@ from gpu_dra.kubelet_plugin.mps import (
 from tests.doubles.mps_helpers import (
     DOUBLE_BINARY,
     double_env,
-    kill_processes_under,
-    scratch_root,
 )
 
 CLAIM = "0f6c2c6e-8a3c-4d0e-9a63-8e2b5e0c1d11"
@@ -36,12 +32,9 @@ DEFAULT = pynvml.NVML_COMPUTEMODE_DEFAULT
 
 
 @pytest.fixture
-def root() -> Iterator[Path]:
-    path = scratch_root()
-    yield path
-    leftovers = kill_processes_under(path)
-    subprocess.run(["rm", "-rf", str(path)], check=False)
-    assert not leftovers, f"test left MPS processes running: {leftovers}"
+def root(mps_root: Path) -> Path:
+    """The daemons' scratch data dir (conftest's `mps_root`: fails on leftover processes)."""
+    return mps_root
 
 
 def manager_on(root: Path, nvml: SimulatedNvml | None) -> MpsDaemonManager:

@@ -53,12 +53,9 @@ SETTINGS = MpsSettings(active_thread_percentage=40, pinned_limits={GPU: "4096M"}
 
 
 @pytest.fixture
-def root() -> Iterator[Path]:
-    path = scratch_root()
-    yield path
-    leftovers = kill_processes_under(path)
-    subprocess.run(["rm", "-rf", str(path)], check=False)
-    assert not leftovers, f"test left MPS processes running: {leftovers}"
+def root(mps_root: Path) -> Path:
+    """The daemons' scratch data dir (conftest's `mps_root`: fails on leftover processes)."""
+    return mps_root
 
 
 @pytest.fixture

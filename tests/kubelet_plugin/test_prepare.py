@@ -15,162 +15,38 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
-from gpu_dra.driver.discovery import discover_gpus
-from gpu_dra.driver.nvml.simulated import SimulatedHost
 from gpu_dra.kubelet_plugin import checkpoint as checkpoint_module
-from gpu_dra.kubelet_plugin.cdi import CdiDevice, ClaimSpecStore, ContainerEdits
-from gpu_dra.kubelet_plugin.checkpoint import Checkpoint, CheckpointEntry, ClaimPhase, LoadResult
+from gpu_dra.kubelet_plugin.cdi import CdiDevice, ContainerEdits
+from gpu_dra.kubelet_plugin.checkpoint import CheckpointEntry, ClaimPhase
 from gpu_dra.kubelet_plugin.inventory import NodeInventory
-from gpu_dra.kubelet_plugin.kubeapi import ResourceClaim
-from gpu_dra.kubelet_plugin.prepare import WholeGpuPreparer
 from gpu_dra.kubelet_plugin.preparer import ClaimRef, PreparedDevice, PrepareResult
 from tests.fakes.claim_reader import (
-    InMemoryClaimReader,
     allocation_result,
     gpu_config,
     opaque_config,
     resource_claim,
 )
-
-DRIVER = "gpu.nvidia.com"
-NODE = "node-a"
-UID_A = "0b6a1e3c-8f43-4a55-9a0e-2f7d1c9b8a01"
-UID_B = "5d2c9f71-3e8a-4b6d-8c1f-6a4e2b0d9c02"
-UID_C = "9e4f2a10-6b3d-4c8e-a1f7-0d5b3c2e1f03"
+from tests.kubelet_plugin.nodes import (
+    DRIVER,
+    NODE,
+    UID_A,
+    UID_B,
+    UID_C,
+    Node,
+    device_env,
+    failed,
+    ok,
+)
 
 
 def uid(n: int) -> str:
     return f"7f000000-0000-4000-8000-{n:012d}"
 
 
-@pytest.fixture(scope="module")
-def inventory() -> NodeInventory:
-    host = SimulatedHost.load("hgx-h100", NODE)
-    return NodeInventory(tuple(discover_gpus(host.nvml, host.pci)), simulated=True)
-
-
-class Boot:
-    """A node whose boot ID a test can change (a reboot)."""
-
-    def __init__(self, boot_id: str = "boot-1") -> None:
-        self.id = boot_id
-
-    def __call__(self) -> str:
-        return self.id
-
-
-class RecordingSpecStore(ClaimSpecStore):
-    """The real CDI store, recording writes; a set ``gate`` holds writes until it is opened."""
-
-    def __init__(self, cdi_root: Path) -> None:
-        super().__init__(cdi_root, driver_name=DRIVER)
-        self.writes: list[str] = []
-        self.writing = threading.Event()
-        self.gate: threading.Event | None = None
-
-    def write(
-        self,
-        claim_uid: str,
-        devices: Sequence[CdiDevice],
-        *,
-        common_edits: ContainerEdits | None = None,
-    ) -> Path:
-        self.writes.append(claim_uid)
-        self.writing.set()
-        if self.gate is not None and not self.gate.wait(timeout=10):
-            raise TimeoutError("test gate never opened")
-        return super().write(claim_uid, devices, common_edits=common_edits)
-
-
-class Node:
-    """The plugin's state on one node, in ``root``; :meth:`restart` keeps the files."""
-
-    def __init__(self, root: Path, inventory: NodeInventory) -> None:
-        self.root = root
-        self.inventory = inventory
-        self.api = InMemoryClaimReader()
-        self.boot = Boot()
-        self.data_dir = root / "data"
-        self.claims_dir = self.data_dir / "claims"
-        self.cdi_root = root / "cdi"
-        self.restart()
-
-    def restart(self) -> LoadResult:
-        """A new plugin process: fresh checkpoint, CDI store and preparer over the same files."""
-        self.checkpoint = Checkpoint(self.data_dir, boot_id=self.boot)
-        loaded = self.checkpoint.load()
-        self.cdi = RecordingSpecStore(self.cdi_root)
-        self.preparer = WholeGpuPreparer(
-            driver_name=DRIVER,
-            node_name=NODE,
-            inventory=self.inventory,
-            claims=self.api,
-            checkpoint=self.checkpoint,
-            cdi=self.cdi,
-            claims_dir=self.claims_dir,
-        )
-        return loaded
-
-    def add(self, claim: ResourceClaim) -> ClaimRef:
-        self.api.add(claim)
-        metadata = claim["metadata"]
-        return ClaimRef(metadata["namespace"], metadata["uid"], metadata["name"])
-
-    def add_gpus(self, claim_uid: str, name: str, *devices: str, **kwargs: Any) -> ClaimRef:
-        """A claim allocated ``devices`` of this node for its request ``gpu``."""
-        results = [allocation_result(device, **kwargs) for device in devices]
-        return self.add(resource_claim(claim_uid, name, results=results))
-
-    def prepare(self, *claims: ClaimRef) -> dict[str, PrepareResult]:
-        return dict(asyncio.run(self.preparer.prepare(claims)))
-
-    def unprepare(self, *claims: ClaimRef) -> dict[str, str | None]:
-        return dict(asyncio.run(self.preparer.unprepare(claims)))
-
-    def recover(self) -> None:
-        asyncio.run(self.preparer.recover())
-
-    def spec(self, claim_uid: str) -> dict[str, Any]:
-        loaded: dict[str, Any] = yaml.safe_load(self.cdi.path_for(claim_uid).read_text())
-        return loaded
-
-    def spec_files(self) -> list[str]:
-        return sorted(p.name for p in self.cdi_root.iterdir()) if self.cdi_root.exists() else []
-
-    def claim_dirs(self) -> list[str]:
-        return sorted(p.name for p in self.claims_dir.iterdir()) if self.claims_dir.exists() else []
-
-    def uuid_of(self, device: str) -> str:
-        gpu = self.inventory.by_name(device)
-        assert gpu is not None
-        return gpu.uuid
-
-    def assert_nothing_left(self, claim_uid: str) -> None:
-        assert not self.cdi.path_for(claim_uid).exists(), "CDI spec left behind"
-        assert not (self.claims_dir / claim_uid).exists(), "claim files left behind"
-        assert self.checkpoint.get(claim_uid) is None, "checkpoint entry left behind"
-
-
 @pytest.fixture
 def node(tmp_path: Path, inventory: NodeInventory) -> Node:
     return Node(tmp_path, inventory)
-
-
-def device_env(spec_device: dict[str, Any]) -> dict[str, str]:
-    pairs = (item.split("=", 1) for item in spec_device["containerEdits"]["env"])
-    return {key: value for key, value in pairs}
-
-
-def ok(result: PrepareResult) -> tuple[PreparedDevice, ...]:
-    assert result.error is None, result.error
-    return result.devices
-
-
-def failed(result: PrepareResult) -> str:
-    assert result.error is not None, f"prepared {result.devices}"
-    return result.error
 
 
 # ---- prepare: devices, CDI spec --------------------------------------------------------------

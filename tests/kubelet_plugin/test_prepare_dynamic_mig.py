@@ -5,41 +5,30 @@ prepare of the claim; start-up removes instances no prepared claim owns."""
 
 from __future__ import annotations
 
-import asyncio
-import shutil
 from pathlib import Path
-from typing import Any
 
 import pynvml
 import pytest
-import yaml
 
-from gpu_dra.driver.discovery import discover_devices
-from gpu_dra.driver.nvml.simulated import SimulatedHost
-from gpu_dra.kubelet_plugin.cdi import ClaimSpecStore
-from gpu_dra.kubelet_plugin.checkpoint import Checkpoint, ClaimPhase
-from gpu_dra.kubelet_plugin.inventory import NodeInventory
+from gpu_dra.kubelet_plugin.checkpoint import ClaimPhase
 from gpu_dra.kubelet_plugin.mig import (
     CRASH_AFTER_GPU_INSTANCE,
     DYNAMIC_MIG_STATE_KEY,
-    DynamicMig,
-    MigLifecycle,
-    SimulatedMigStateFile,
 )
-from gpu_dra.kubelet_plugin.prepare import WholeGpuPreparer
-from gpu_dra.kubelet_plugin.preparer import ClaimRef, PrepareResult
 from tests.fakes.claim_reader import (
-    InMemoryClaimReader,
-    allocation_result,
     opaque_config,
-    resource_claim,
+)
+from tests.kubelet_plugin.nodes import (
+    UID_A,
+    UID_B,
+    Crash,
+    DynamicMigNode,
+    device_var,
+    env_of,
+    failed,
+    ok,
 )
 
-DRIVER = "gpu.nvidia.com"
-NODE = "node-a"
-PROFILE = "hgx-h100"
-UID_A = "0b6a1e3c-8f43-4a55-9a0e-2f7d1c9b8a01"
-UID_B = "5d2c9f71-3e8a-4b6d-8c1f-6a4e2b0d9c02"
 ON, OFF = pynvml.NVML_DEVICE_MIG_ENABLE, pynvml.NVML_DEVICE_MIG_DISABLE
 
 # gpu-test4's shape on an H100: 1g.10gb x2, 2g.20gb, 3g.40gb fill all 8 memory slices of gpu-1.
@@ -51,136 +40,14 @@ FOUR = (
 )
 
 
-class Crash(BaseException):
-    """Raised at a crash point, after the node's files were frozen (`Node.crashed`)."""
-
-
-class Node:
-    """The plugin on one simulated node; `restart` is a new process over the same files,
-    simulated GPUs included (their MIG state comes back from the state file)."""
-
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        self.api = InMemoryClaimReader()
-        self.data_dir = root / "data"
-        self.data_dir.mkdir()
-        self.cdi_root = root / "cdi"
-        self.cdi_root.mkdir()
-        self.restart()
-
-    def restart(self, *, crash_at: str | None = None, dynamic: bool = True) -> None:
-        state = SimulatedMigStateFile(self.data_dir / "simulated-nvml.json", PROFILE)
-        self.host = SimulatedHost.load(
-            PROFILE, NODE, saved_mig=state.load(), on_mig_change=state.save
-        )
-        found = discover_devices(self.host.nvml, self.host.pci, mig_profiles=True)
-        self.inventory = NodeInventory.from_discovery(found, simulated=True, dynamic_mig=True)
-        self.checkpoint = Checkpoint(self.data_dir, boot_id=lambda: "boot-1")
-        self.checkpoint.load()
-        self.cdi = ClaimSpecStore(self.cdi_root, driver_name=DRIVER)
-
-        def crash(point: str) -> None:
-            if point == crash_at:
-                # The process dies here: what is on disk now is all the next one finds. The
-                # exception unwinds (and cleans up) in this process; `crashed` puts back the
-                # files as they were at this moment.
-                shutil.copytree(self.data_dir, self.root / "at-crash" / "data")
-                shutil.copytree(self.cdi_root, self.root / "at-crash" / "cdi")
-                raise Crash(point)
-
-        self.lifecycle = MigLifecycle(self.host.nvml, crash_point=crash)
-        dynamic_mig = DynamicMig(self.lifecycle, self.inventory.partitionable_gpus())
-        self.preparer = WholeGpuPreparer(
-            driver_name=DRIVER,
-            node_name=NODE,
-            inventory=self.inventory,
-            claims=self.api,
-            checkpoint=self.checkpoint,
-            cdi=self.cdi,
-            claims_dir=self.data_dir / "claims",
-            dynamic_mig=dynamic_mig if dynamic else None,
-        )
-
-    def crashed(self) -> None:
-        """A new plugin process after the crash: the files as the crash point froze them."""
-        for name, path in (("data", self.data_dir), ("cdi", self.cdi_root)):
-            shutil.rmtree(path)
-            shutil.copytree(self.root / "at-crash" / name, path)
-        shutil.rmtree(self.root / "at-crash")
-        self.restart()
-
-    def add(self, uid: str, *devices: str, name: str = "claim-a", **kwargs: Any) -> ClaimRef:
-        results = [allocation_result(device, request=f"r{i}") for i, device in enumerate(devices)]
-        self.api.add(resource_claim(uid, name, results=results, **kwargs))
-        return ClaimRef("default", uid, name)
-
-    def prepare(self, claim: ClaimRef) -> PrepareResult:
-        return asyncio.run(self.preparer.prepare([claim]))[claim.uid]
-
-    def unprepare(self, claim: ClaimRef) -> str | None:
-        return asyncio.run(self.preparer.unprepare([claim]))[claim.uid]
-
-    def recover(self) -> None:
-        asyncio.run(self.preparer.recover())
-
-    def gpu(self, minor: int) -> Any:
-        return next(g for g in self.inventory.gpus if g.minor == minor)
-
-    def layout(self, minor: int) -> list[tuple[int, int, tuple[int, ...]]]:
-        """(GI profile ID, placement start, CI ids) of every GPU instance, read through NVML."""
-        return [
-            (i.gi_profile_id, i.placement_start, i.ci_ids)
-            for i in self.lifecycle.instances(self.gpu(minor))
-        ]
-
-    def mig_mode(self, minor: int) -> list[int]:
-        nvml = self.host.nvml
-        nvml.init()
-        try:
-            return nvml.device_get_mig_mode(nvml.device_get_handle_by_uuid(self.gpu(minor).uuid))
-        finally:
-            nvml.shutdown()
-
-    def all_instances(self) -> dict[str, list[Any]]:
-        snapshot = self.host.nvml.mig_snapshot()["gpus"]
-        assert isinstance(snapshot, dict)
-        return {uuid: s["gpuInstances"] for uuid, s in snapshot.items() if s["gpuInstances"]}
-
-    def spec(self, uid: str) -> dict[str, Any]:
-        loaded: dict[str, Any] = yaml.safe_load(self.cdi.path_for(uid).read_text())
-        return loaded
-
-    def assert_nothing_left(self, uid: str) -> None:
-        assert not self.cdi.path_for(uid).exists(), "CDI spec left behind"
-        assert not (self.data_dir / "claims" / uid).exists(), "claim files left behind"
-        assert self.checkpoint.get(uid) is None, "checkpoint entry left behind"
-        assert self.all_instances() == {}, "MIG instances left behind"
-        assert all(m == [OFF, OFF] for m in (self.mig_mode(g.minor) for g in self.inventory.gpus))
-
-
 @pytest.fixture
-def node(tmp_path: Path) -> Node:
-    return Node(tmp_path)
+def node(tmp_path: Path) -> DynamicMigNode:
+    return DynamicMigNode(tmp_path)
 
 
-def ok(result: PrepareResult) -> Any:
-    assert result.error is None, result.error
-    return result.devices
-
-
-def failed(result: PrepareResult) -> str:
-    assert result.error is not None, f"prepared {result.devices}"
-    return result.error
-
-
-def env_of(spec: dict[str, Any]) -> dict[str, dict[str, str]]:
-    return {
-        d["name"]: dict(item.split("=", 1) for item in d["containerEdits"]["env"])
-        for d in spec["devices"]
-    }
-
-
-def test_four_partitions_become_mig_devices_each_container_sees_its_uuid(node: Node) -> None:
+def test_four_partitions_become_mig_devices_each_container_sees_its_uuid(
+    node: DynamicMigNode,
+) -> None:
     claim = node.add(UID_A, *FOUR)
 
     devices = ok(node.prepare(claim))
@@ -190,10 +57,10 @@ def test_four_partitions_become_mig_devices_each_container_sees_its_uuid(node: N
     assert node.mig_mode(1) == [ON, ON]
     # The CDI device of each partition carries the UUID of the MIG device made for it ...
     env = env_of(node.spec(UID_A))
-    uuids = {name: env[f"{UID_A}-{name}"][_var(name, "UUID")] for name in FOUR}
+    uuids = {name: env[f"{UID_A}-{name}"][device_var(name, "UUID")] for name in FOUR}
     assert all(u.startswith("MIG-") for u in uuids.values())
     assert len(set(uuids.values())) == 4
-    assert {env[f"{UID_A}-{n}"][_var(n, "PARENT_UUID")] for n in FOUR} == {node.gpu(1).uuid}
+    assert {env[f"{UID_A}-{n}"][device_var(n, "PARENT_UUID")] for n in FOUR} == {node.gpu(1).uuid}
     # ... the same the simulated GPU holds, and the checkpoint records.
     held = {
         ci["uuid"] for gi in node.all_instances()[node.gpu(1).uuid] for ci in gi["computeInstances"]
@@ -209,11 +76,7 @@ def test_four_partitions_become_mig_devices_each_container_sees_its_uuid(node: N
     assert recorded["gpu-1-mig-3g40gb-9-4"]["placementStart"] == 4
 
 
-def _var(device: str, suffix: str) -> str:
-    return "GPU_DRA_" + device.upper().replace("-", "_") + "_" + suffix
-
-
-def test_preparing_again_returns_the_same_devices_and_makes_nothing(node: Node) -> None:
+def test_preparing_again_returns_the_same_devices_and_makes_nothing(node: DynamicMigNode) -> None:
     claim = node.add(UID_A, FOUR[0])
     first = ok(node.prepare(claim))
     before = node.all_instances()
@@ -222,7 +85,7 @@ def test_preparing_again_returns_the_same_devices_and_makes_nothing(node: Node) 
     assert node.all_instances() == before
 
 
-def test_unprepare_destroys_the_instances_and_turns_mig_off(node: Node) -> None:
+def test_unprepare_destroys_the_instances_and_turns_mig_off(node: DynamicMigNode) -> None:
     claim = node.add(UID_A, *FOUR)
     ok(node.prepare(claim))
 
@@ -235,7 +98,7 @@ def test_unprepare_destroys_the_instances_and_turns_mig_off(node: Node) -> None:
 
 
 def test_the_intent_is_on_disk_before_the_gpu_instance_and_a_restart_rolls_it_back(
-    node: Node,
+    node: DynamicMigNode,
 ) -> None:
     node.restart(crash_at=CRASH_AFTER_GPU_INSTANCE)
     claim = node.add(UID_A, "gpu-2-mig-3g40gb-9-0")
@@ -263,7 +126,9 @@ def test_the_intent_is_on_disk_before_the_gpu_instance_and_a_restart_rolls_it_ba
     node.assert_nothing_left(UID_A)
 
 
-def test_the_next_prepare_of_a_crashed_claim_rolls_back_first_then_prepares(node: Node) -> None:
+def test_the_next_prepare_of_a_crashed_claim_rolls_back_first_then_prepares(
+    node: DynamicMigNode,
+) -> None:
     node.restart(crash_at=CRASH_AFTER_GPU_INSTANCE)
     claim = node.add(UID_A, "gpu-2-mig-1g10gb-19-5", "gpu-2-mig-2g20gb-14-0")
     with pytest.raises(Crash):
@@ -278,7 +143,9 @@ def test_the_next_prepare_of_a_crashed_claim_rolls_back_first_then_prepares(node
     node.assert_nothing_left(UID_A)
 
 
-def test_a_failure_halfway_destroys_what_was_made_and_names_the_occupant(node: Node) -> None:
+def test_a_failure_halfway_destroys_what_was_made_and_names_the_occupant(
+    node: DynamicMigNode,
+) -> None:
     # Something outside gpu-dra holds memory slices 4..7 of gpu-3.
     node.lifecycle.create(node.gpu(3), 9, 4)
     outside = node.layout(3)
@@ -296,7 +163,7 @@ def test_a_failure_halfway_destroys_what_was_made_and_names_the_occupant(node: N
 
 
 def test_start_up_destroys_instances_no_prepared_claim_owns_and_keeps_the_others(
-    node: Node,
+    node: DynamicMigNode,
 ) -> None:
     kept = node.add(UID_A, "gpu-4-mig-3g40gb-9-0")
     ok(node.prepare(kept))
@@ -313,7 +180,7 @@ def test_start_up_destroys_instances_no_prepared_claim_owns_and_keeps_the_others
     node.assert_nothing_left(UID_A)
 
 
-def test_start_up_turns_off_mig_left_on_without_instances(node: Node) -> None:
+def test_start_up_turns_off_mig_left_on_without_instances(node: DynamicMigNode) -> None:
     nvml = node.host.nvml
     nvml.init()
     nvml.device_set_mig_mode(nvml.device_get_handle_by_uuid(node.gpu(6).uuid), ON)
@@ -325,7 +192,9 @@ def test_start_up_turns_off_mig_left_on_without_instances(node: Node) -> None:
     assert node.mig_mode(6) == [OFF, OFF]
 
 
-def test_a_whole_gpu_with_another_claims_mig_device_is_refused_and_vice_versa(node: Node) -> None:
+def test_a_whole_gpu_with_another_claims_mig_device_is_refused_and_vice_versa(
+    node: DynamicMigNode,
+) -> None:
     mig = node.add(UID_A, "gpu-0-mig-1g10gb-19-3", name="slices")
     ok(node.prepare(mig))
 
@@ -344,7 +213,7 @@ def test_a_whole_gpu_with_another_claims_mig_device_is_refused_and_vice_versa(no
 
 
 def test_mig_device_config_time_slicing_is_a_no_op_and_gpu_config_a_mismatch(
-    node: Node,
+    node: DynamicMigNode,
 ) -> None:
     time_sliced = opaque_config(
         {
@@ -366,7 +235,7 @@ def test_mig_device_config_time_slicing_is_a_no_op_and_gpu_config_a_mismatch(
     assert node.all_instances() == {}
 
 
-def test_a_plugin_without_dynamic_mig_refuses_partitions_clearly(node: Node) -> None:
+def test_a_plugin_without_dynamic_mig_refuses_partitions_clearly(node: DynamicMigNode) -> None:
     node.restart(dynamic=False)
     claim = node.add(UID_A, "gpu-7-mig-1g10gb-19-0")
 
@@ -377,7 +246,7 @@ def test_a_plugin_without_dynamic_mig_refuses_partitions_clearly(node: Node) -> 
 
 
 def test_a_gpu_instance_still_in_use_fails_the_unprepare_and_keeps_the_entry(
-    node: Node, monkeypatch: pytest.MonkeyPatch
+    node: DynamicMigNode, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     claim = node.add(UID_A, "gpu-6-mig-2g20gb-14-4")
     ok(node.prepare(claim))
@@ -402,7 +271,7 @@ def test_a_gpu_instance_still_in_use_fails_the_unprepare_and_keeps_the_entry(
 
 
 def test_rolling_back_an_intent_without_ids_spares_a_placement_another_claim_records(
-    node: Node,
+    node: DynamicMigNode,
 ) -> None:
     # Claim A died after recording its intent; its instance never got made (or is gone). Claim
     # B has since prepared the same placement. Rolling A back must not destroy B's device.

@@ -11,51 +11,36 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import subprocess
-import time
-from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from gpu_dra.driver.discovery import discover_devices, discover_gpus
+from gpu_dra.driver.discovery import discover_devices
 from gpu_dra.driver.nvml.simulated import SimulatedHost
-from gpu_dra.kubelet_plugin.cdi import CdiDevice, ContainerEdits
-from gpu_dra.kubelet_plugin.checkpoint import Checkpoint, CheckpointEntry, ClaimPhase, LoadResult
+from gpu_dra.kubelet_plugin.checkpoint import CheckpointEntry, ClaimPhase
 from gpu_dra.kubelet_plugin.inventory import NodeInventory
 from gpu_dra.kubelet_plugin.mps import (
     MPS_STATE_KEY,
     DaemonHandle,
     DaemonState,
-    MpsDaemonManager,
     MpsSettings,
-    PlainDirectoryShm,
     claim_daemon_id,
     handles_from_state,
 )
-from gpu_dra.kubelet_plugin.mps.process import start_time
-from gpu_dra.kubelet_plugin.prepare import WholeGpuPreparer
-from gpu_dra.kubelet_plugin.preparer import ClaimRef
 from tests.doubles import nvidia_cuda_mps_control as double
-from tests.doubles.mps_helpers import (
-    DOUBLE_BINARY,
-    double_env,
-    kill_processes_under,
-    processes_under,
-    scratch_root,
-)
 from tests.fakes.claim_reader import allocation_result, gpu_config, opaque_config, resource_claim
-from tests.kubelet_plugin.test_prepare import (
-    DRIVER,
+from tests.kubelet_plugin.nodes import (
     NODE,
     UID_A,
     UID_B,
+    MpsNode,
     Node,
-    RecordingSpecStore,
     device_env,
     failed,
+    mounts,
     ok,
+    wait_dead,
 )
 
 MPS_CONFIG: dict[str, Any] = {
@@ -63,92 +48,6 @@ MPS_CONFIG: dict[str, Any] = {
     "defaultPinnedDeviceMemoryLimit": "10Gi",
     "defaultPerDevicePinnedMemoryLimit": {"1": "4Gi"},
 }
-
-
-class FailingSpecStore(RecordingSpecStore):
-    """The CDI store whose writes fail (a full disk)."""
-
-    def write(
-        self,
-        claim_uid: str,
-        devices: Sequence[CdiDevice],
-        *,
-        common_edits: ContainerEdits | None = None,
-    ) -> Path:
-        self.writes.append(claim_uid)
-        raise OSError(28, "No space left on device")
-
-
-class MpsNode(Node):
-    """`Node` whose preparer has a real MPS daemon manager running the test double."""
-
-    def __init__(self, root: Path, inventory: NodeInventory, mps_root: Path) -> None:
-        self.mps_root = mps_root
-        self.fail_cdi_writes = False
-        super().__init__(root, inventory)
-
-    def restart(self) -> LoadResult:
-        self.checkpoint = Checkpoint(self.data_dir, boot_id=self.boot)
-        loaded = self.checkpoint.load()
-        store = FailingSpecStore if self.fail_cdi_writes else RecordingSpecStore
-        self.cdi = store(self.cdi_root)
-        self.mps = MpsDaemonManager(
-            self.mps_root, binary=DOUBLE_BINARY, base_env=double_env(), shm=PlainDirectoryShm()
-        )
-        self.preparer = WholeGpuPreparer(
-            driver_name=DRIVER,
-            node_name=NODE,
-            inventory=self.inventory,
-            claims=self.api,
-            checkpoint=self.checkpoint,
-            cdi=self.cdi,
-            claims_dir=self.claims_dir,
-            mps=self.mps,
-        )
-        return loaded
-
-    def add_mps(
-        self,
-        claim_uid: str,
-        *devices: str,
-        mps_config: dict[str, Any] | None = None,
-        name: str = "claim-a",
-    ) -> ClaimRef:
-        """A claim for ``devices`` (request ``gpu``) with one MPS config for all of them."""
-        sharing: dict[str, Any] = {"strategy": "MPS"}
-        if mps_config is not None:
-            sharing["mpsConfig"] = mps_config
-        config = opaque_config(gpu_config(sharing=sharing), requests=["gpu"])
-        results = [allocation_result(device) for device in devices]
-        return self.add(resource_claim(claim_uid, name, results=results, claim_configs=[config]))
-
-    def handles(self, claim_uid: str) -> list[DaemonHandle]:
-        entry = self.checkpoint.get(claim_uid)
-        assert entry is not None
-        return handles_from_state(entry.state)
-
-    def daemon_dirs(self) -> list[str]:
-        base = self.mps_root / "mps"
-        return sorted(p.name for p in base.iterdir()) if base.exists() else []
-
-    def running(self) -> list[int]:
-        return processes_under(self.mps_root)
-
-
-@pytest.fixture(scope="module")
-def inventory() -> NodeInventory:
-    host = SimulatedHost.load("hgx-h100", NODE)
-    return NodeInventory(tuple(discover_gpus(host.nvml, host.pci)), simulated=True)
-
-
-@pytest.fixture
-def mps_root() -> Iterator[Path]:
-    """A short scratch data dir for the daemons (socket paths stay below 108 bytes)."""
-    path = scratch_root("gpu-dra-prep-mps-")
-    yield path
-    leftovers = kill_processes_under(path)
-    subprocess.run(["rm", "-rf", str(path)], check=False)
-    assert not leftovers, f"test left MPS processes running: {leftovers}"
 
 
 @pytest.fixture
@@ -160,23 +59,6 @@ def commands(handle: DaemonHandle) -> list[str]:
     lines = (handle.paths.log / "control.log").read_text().splitlines()
     entries = [line.split("] ", 1)[1] for line in lines]
     return [e.removeprefix("Cmd:") for e in entries if e.startswith("Cmd:")]
-
-
-def mounts(spec_device: dict[str, Any]) -> dict[str, tuple[str, list[str]]]:
-    """``{containerPath: (hostPath, options)}`` of a CDI device's mounts."""
-    return {
-        m["containerPath"]: (m["hostPath"], m["options"])
-        for m in spec_device["containerEdits"].get("mounts", [])
-    }
-
-
-def wait_dead(pid: int, timeout_s: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while start_time(pid) is not None:
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.01)
-    return True
 
 
 # ---- prepare ---------------------------------------------------------------------------------

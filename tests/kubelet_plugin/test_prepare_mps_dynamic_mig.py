@@ -5,38 +5,28 @@ and rollback stop them before the instances are destroyed."""
 
 from __future__ import annotations
 
-import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from gpu_dra.kubelet_plugin.mig import CRASH_AFTER_GPU_INSTANCE, DYNAMIC_MIG_STATE_KEY, DynamicMig
+from gpu_dra.kubelet_plugin.mig import CRASH_AFTER_GPU_INSTANCE, DYNAMIC_MIG_STATE_KEY
 from gpu_dra.kubelet_plugin.mps import (
     MPS_STATE_KEY,
-    MpsDaemonManager,
-    PlainDirectoryShm,
     claim_daemon_id,
     handles_from_state,
 )
-from gpu_dra.kubelet_plugin.prepare import WholeGpuPreparer
 from tests.doubles import nvidia_cuda_mps_control as double
 from tests.doubles.mps_helpers import (
-    DOUBLE_BINARY,
-    double_env,
-    kill_processes_under,
     processes_under,
-    scratch_root,
 )
 from tests.fakes.claim_reader import opaque_config
-from tests.kubelet_plugin.test_prepare_dynamic_mig import (
-    DRIVER,
-    NODE,
+from tests.kubelet_plugin.nodes import (
     UID_A,
     Crash,
-    Node,
-    _var,
+    DynamicMigNode,
+    device_var,
+    double_daemon_manager,
     env_of,
     failed,
     ok,
@@ -45,31 +35,16 @@ from tests.kubelet_plugin.test_prepare_dynamic_mig import (
 SLICES = ("gpu-1-mig-1g10gb-19-0", "gpu-1-mig-2g20gb-14-2")
 
 
-class MpsMigNode(Node):
-    """`Node` whose preparer also has an MPS daemon manager (the double)."""
+class MpsMigNode(DynamicMigNode):
+    """`DynamicMigNode` whose preparer also has an MPS daemon manager (the double)."""
 
     def __init__(self, root: Path, mps_root: Path) -> None:
         self.mps_root = mps_root
         super().__init__(root)
 
-    def restart(self, *, crash_at: str | None = None, dynamic: bool = True) -> None:
-        super().restart(crash_at=crash_at, dynamic=dynamic)
-        self.mps = MpsDaemonManager(
-            self.mps_root, binary=DOUBLE_BINARY, base_env=double_env(), shm=PlainDirectoryShm()
-        )
-        self.preparer = WholeGpuPreparer(
-            driver_name=DRIVER,
-            node_name=NODE,
-            inventory=self.inventory,
-            claims=self.api,
-            checkpoint=self.checkpoint,
-            cdi=self.cdi,
-            claims_dir=self.data_dir / "claims",
-            mps=self.mps,
-            dynamic_mig=DynamicMig(self.lifecycle, self.inventory.partitionable_gpus())
-            if dynamic
-            else None,
-        )
+    def preparer_options(self) -> dict[str, Any]:
+        self.mps = double_daemon_manager(self.mps_root)
+        return {**super().preparer_options(), "mps": self.mps}
 
     def running(self) -> list[int]:
         return processes_under(self.mps_root)
@@ -79,12 +54,8 @@ class MpsMigNode(Node):
 
 
 @pytest.fixture
-def node(tmp_path: Path) -> Iterator[MpsMigNode]:
-    mps_root = scratch_root()
-    yield MpsMigNode(tmp_path, mps_root)
-    left = kill_processes_under(mps_root)
-    subprocess.run(["rm", "-rf", str(mps_root)], check=False)
-    assert not left, f"MPS daemons left running: {left}"
+def node(tmp_path: Path, mps_root: Path) -> MpsMigNode:
+    return MpsMigNode(tmp_path, mps_root)
 
 
 def mig_mps(**mps_config: Any) -> Any:
@@ -120,7 +91,7 @@ def test_each_new_mig_device_gets_a_daemon_keyed_by_the_uuid_it_was_made_with(
     ok(node.prepare(claim))
 
     env = env_of(node.spec(UID_A))
-    uuids = {name: env[f"{UID_A}-{name}"][_var(name, "UUID")] for name in SLICES}
+    uuids = {name: env[f"{UID_A}-{name}"][device_var(name, "UUID")] for name in SLICES}
     assert set(uuids.values()) == made_uuids(node)
     entry = node.checkpoint.get(UID_A)
     assert entry is not None

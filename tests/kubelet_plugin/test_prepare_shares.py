@@ -10,134 +10,38 @@ import os
 import signal
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from gpu_dra.driver.discovery import discover_gpus
-from gpu_dra.driver.nvml.simulated import SimulatedHost
-from gpu_dra.driver.shares import ShareSelection
-from gpu_dra.kubelet_plugin.checkpoint import Checkpoint, CheckpointEntry, ClaimPhase, LoadResult
-from gpu_dra.kubelet_plugin.inventory import NodeInventory
+from gpu_dra.kubelet_plugin.checkpoint import CheckpointEntry, ClaimPhase
 from gpu_dra.kubelet_plugin.mps import (
     DaemonHandle,
-    MpsDaemonManager,
-    PlainDirectoryShm,
-    claims_using,
     shared_daemon_id,
 )
 from gpu_dra.kubelet_plugin.mps.shares import SHARES_STATE_KEY
-from gpu_dra.kubelet_plugin.prepare import WholeGpuPreparer
 from gpu_dra.kubelet_plugin.preparer import ClaimRef
 from tests.doubles import nvidia_cuda_mps_control as double
-from tests.doubles.mps_helpers import DOUBLE_BINARY, double_env
 from tests.fakes.claim_reader import allocation_result, gpu_config, opaque_config, resource_claim
-from tests.kubelet_plugin import test_prepare_mps
-from tests.kubelet_plugin.test_prepare import (
+from tests.kubelet_plugin.nodes import (
     UID_A,
     UID_B,
-    RecordingSpecStore,
+    SharesNode,
     device_env,
     failed,
-    ok,
-)
-from tests.kubelet_plugin.test_prepare_mps import (
-    FailingSpecStore,
-    MpsNode,
     mounts,
+    ok,
     wait_dead,
 )
 
 UID_C = "3c1f2b7a-9d44-4e6b-8a0f-1b2c3d4e5f60"
 UID_D = "4d2e3c8b-0e55-4f7c-9b1a-2c3d4e5f6071"
 MIB = 2**20
-mps_root = test_prepare_mps.mps_root  # the scratch data dir fixture, checked for leftovers
 WHOLE_MEMORY = "81559Mi"  # the simulated H100 80GB HBM3
-MPS_CLASS_CONFIG: dict[str, Any] = {
-    "source": "FromClass",
-    "opaque": {"driver": "gpu.nvidia.com", "parameters": gpu_config(sharing={"strategy": "MPS"})},
-}
-
-
-class SharesNode(MpsNode):
-    """`MpsNode` with gpu-0 and gpu-1 offered as MPS shares."""
-
-    max_percent = 100
-
-    def restart(self) -> LoadResult:
-        self.checkpoint = Checkpoint(self.data_dir, boot_id=self.boot)
-        loaded = self.checkpoint.load()
-        store = FailingSpecStore if self.fail_cdi_writes else RecordingSpecStore
-        self.cdi = store(self.cdi_root)
-        self.mps = MpsDaemonManager(
-            self.mps_root, binary=DOUBLE_BINARY, base_env=double_env(), shm=PlainDirectoryShm()
-        )
-        self.preparer = WholeGpuPreparer(
-            driver_name="gpu.nvidia.com",
-            node_name="node-a",
-            inventory=self.inventory,
-            claims=self.api,
-            checkpoint=self.checkpoint,
-            cdi=self.cdi,
-            claims_dir=self.claims_dir,
-            mps=self.mps,
-            mps_share_max_percent=self.max_percent,
-        )
-        return loaded
-
-    def add_share(
-        self,
-        uid: str,
-        memory: str,
-        compute: str,
-        *,
-        device: str = "gpu-0",
-        name: str = "share",
-        namespace: str = "default",
-        configs: tuple[dict[str, Any], ...] = (MPS_CLASS_CONFIG,),
-        claim_configs: tuple[dict[str, Any], ...] = (),
-    ) -> ClaimRef:
-        """A claim of the mps.gpu.nvidia.com class holding a share of ``device``."""
-        result = allocation_result(
-            device,
-            request="share",
-            share_id=f"{uid[:8]}-0000-4000-8000-000000000000",
-            consumed_capacity={"memory": memory, "compute": compute},
-        )
-        claim = resource_claim(
-            uid,
-            name,
-            namespace,
-            results=[result],
-            class_configs=list(configs),
-            claim_configs=list(claim_configs),
-        )
-        return self.add(claim)
-
-    def shared_handles(self) -> dict[str, DaemonHandle]:
-        """``{claim uid: handle of its shared daemon}``."""
-        found = {}
-        for uid in self.checkpoint.all():
-            for handle in self.handles(uid):
-                if handle.daemon_id.startswith("shared-"):
-                    found[uid] = handle
-        return found
-
-    def users(self, daemon_id: str) -> list[str]:
-        states = {uid: entry.state for uid, entry in self.checkpoint.all().items()}
-        return claims_using(states, daemon_id)
-
-
-@pytest.fixture(scope="module")
-def inventory() -> NodeInventory:
-    host = SimulatedHost.load("hgx-h100", "node-a")
-    gpus = tuple(discover_gpus(host.nvml, host.pci))
-    return NodeInventory(gpus, simulated=True, mps_shares=ShareSelection.parse("0,1").select(gpus))
 
 
 @pytest.fixture
-def node(tmp_path: Path, inventory: NodeInventory, mps_root: Path) -> SharesNode:
-    return SharesNode(tmp_path, inventory, mps_root)
+def node(tmp_path: Path, mps_root: Path) -> SharesNode:
+    return SharesNode(tmp_path, mps_root)
 
 
 def only(handles: Iterable[DaemonHandle]) -> DaemonHandle:
@@ -324,15 +228,11 @@ def test_a_share_with_mps_config_defaults_is_refused(node: SharesNode) -> None:
     assert node.running() == []
 
 
-def test_a_share_larger_than_the_largest_allowed_is_refused(
-    tmp_path: Path,
-    inventory: NodeInventory,
-    mps_root: Path,
-) -> None:
+def test_a_share_larger_than_the_largest_allowed_is_refused(tmp_path: Path, mps_root: Path) -> None:
     class HalfNode(SharesNode):
         max_percent = 50
 
-    node = HalfNode(tmp_path, inventory, mps_root)
+    node = HalfNode(tmp_path, mps_root)
     small = node.add_share(UID_A, "30Gi", "50", name="small")
     big = node.add_share(UID_B, "10Gi", "60", name="big")
 

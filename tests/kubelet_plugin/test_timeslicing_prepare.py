@@ -7,8 +7,6 @@ daemon manager with the ``nvidia-cuda-mps-control`` test double.
 from __future__ import annotations
 
 import logging
-import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,10 +14,8 @@ import pytest
 
 from gpu_dra.driver.discovery import discover_devices
 from gpu_dra.driver.nvml.simulated import SimulatedHost
-from gpu_dra.kubelet_plugin.checkpoint import CheckpointEntry, ClaimPhase, LoadResult
+from gpu_dra.kubelet_plugin.checkpoint import CheckpointEntry, ClaimPhase
 from gpu_dra.kubelet_plugin.inventory import NodeInventory
-from gpu_dra.kubelet_plugin.mps import MpsDaemonManager, PlainDirectoryShm
-from gpu_dra.kubelet_plugin.prepare import WholeGpuPreparer
 from gpu_dra.kubelet_plugin.preparer import ClaimRef
 from gpu_dra.kubelet_plugin.timeslicing import (
     TIME_SLICE_STATE_KEY,
@@ -27,24 +23,16 @@ from gpu_dra.kubelet_plugin.timeslicing import (
     TimeSlicingError,
     time_slices_from_state,
 )
-from tests.doubles.mps_helpers import (
-    DOUBLE_BINARY,
-    double_env,
-    kill_processes_under,
-    scratch_root,
-)
 from tests.fakes.claim_reader import allocation_result, gpu_config, opaque_config, resource_claim
-from tests.kubelet_plugin.test_prepare import (
-    DRIVER,
+from tests.kubelet_plugin.nodes import (
     NODE,
     UID_A,
     UID_B,
     UID_C,
-    RecordingSpecStore,
+    MpsNode,
     failed,
     ok,
 )
-from tests.kubelet_plugin.test_prepare_mps import FailingSpecStore, MpsNode
 
 INTERVALS = {"Default": 0, "Short": 1, "Medium": 2, "Long": 3}
 
@@ -83,30 +71,13 @@ class TsNode(MpsNode):
     def record_path(self) -> Path:
         return self.data_dir / "time-slicing.json"
 
-    def restart(self) -> LoadResult:
-        loaded = super().restart()
+    def preparer_options(self) -> dict[str, Any]:
         self.slicer = (
             FlakySlicer(self.record_path, self.failing)
             if self.failing
             else RecordedTimeSlicer(self.record_path, not_supported=self.not_supported)
         )
-        store = FailingSpecStore if self.fail_cdi_writes else RecordingSpecStore
-        self.cdi = store(self.cdi_root)
-        self.mps = MpsDaemonManager(
-            self.mps_root, binary=DOUBLE_BINARY, base_env=double_env(), shm=PlainDirectoryShm()
-        )
-        self.preparer = WholeGpuPreparer(
-            driver_name=DRIVER,
-            node_name=NODE,
-            inventory=self.inventory,
-            claims=self.api,
-            checkpoint=self.checkpoint,
-            cdi=self.cdi,
-            claims_dir=self.claims_dir,
-            mps=self.mps,
-            time_slicer=self.slicer,
-        )
-        return loaded
+        return {**super().preparer_options(), "time_slicer": self.slicer}
 
     def add_sliced(
         self,
@@ -144,16 +115,6 @@ class TsNode(MpsNode):
 def inventory() -> NodeInventory:
     host = SimulatedHost.load("hgx-h100", NODE)
     return NodeInventory.from_discovery(discover_devices(host.nvml, host.pci), simulated=True)
-
-
-@pytest.fixture
-def mps_root() -> Iterator[Path]:
-    """A short scratch data dir for MPS daemons; fails the test if one is left running."""
-    path = scratch_root("gpu-dra-prep-ts-")
-    yield path
-    leftovers = kill_processes_under(path)
-    subprocess.run(["rm", "-rf", str(path)], check=False)
-    assert not leftovers, f"test left MPS processes running: {leftovers}"
 
 
 @pytest.fixture
