@@ -262,17 +262,9 @@ class MigLifecycle:
                 f"Turn MIG on by hand (nvidia-smi -i {parent.uuid} -mig 1, then reset the GPU) "
                 "to use dynamic MIG on it"
             )
-        status = self._call(
-            parent,
-            "turn MIG mode on",
-            lambda: self._nvml.device_set_mig_mode(handle, NVML_DEVICE_MIG_ENABLE),
+        self._set_mig_mode(
+            parent, handle, NVML_DEVICE_MIG_ENABLE, "; is the GPU in use by another process?"
         )
-        if status != 0:
-            raise MigError(
-                f"{gpu_label(parent)}: turning MIG mode on was not applied "
-                f"({return_code_name(status)}); is the GPU in use by another process?",
-                retryable=True,
-            )
         log.info("MIG mode on gpu=%s", parent.uuid)
 
     def _gi_profile(
@@ -403,18 +395,24 @@ class MigLifecycle:
         )
         if current != NVML_DEVICE_MIG_ENABLE or self._instances(parent, handle):
             return
+        self._set_mig_mode(parent, handle, NVML_DEVICE_MIG_DISABLE)
+        log.info("MIG mode off gpu=%s (no MIG device left)", parent.uuid)
+
+    def _set_mig_mode(self, parent: Gpu, handle: DeviceHandle, mode: int, hint: str = "") -> None:
+        """Turn MIG mode on or off (`mode`); a status NVML did not apply is a retryable error
+        (with `hint` appended)."""
+        turning = "on" if mode == NVML_DEVICE_MIG_ENABLE else "off"
         status = self._call(
             parent,
-            "turn MIG mode off",
-            lambda: self._nvml.device_set_mig_mode(handle, NVML_DEVICE_MIG_DISABLE),
+            f"turn MIG mode {turning}",
+            lambda: self._nvml.device_set_mig_mode(handle, mode),
         )
         if status != 0:
             raise MigError(
-                f"{gpu_label(parent)}: turning MIG mode off was not applied "
-                f"({return_code_name(status)})",
+                f"{gpu_label(parent)}: turning MIG mode {turning} was not applied "
+                f"({return_code_name(status)}){hint}",
                 retryable=True,
             )
-        log.info("MIG mode off gpu=%s (no MIG device left)", parent.uuid)
 
     # ---- listing ---------------------------------------------------------------------------------
     def instances(self, parent: Gpu) -> list[MigInstance]:
