@@ -785,13 +785,7 @@ class WholeGpuPreparer:
 
             def record(joined: DaemonHandle) -> None:
                 handles.append(joined)
-                self._checkpoint.put(
-                    CheckpointEntry(
-                        claim=claim,
-                        phase=ClaimPhase.PREPARE_STARTED,
-                        state={**started, MPS_STATE_KEY: handles_to_state(handles)},
-                    )
-                )
+                self._record_started(claim, started, handles)
 
             handle = self._shared.join(claim.uid, share, record)
             edits[share.device_name] = workload_edits(handle.paths, share.caps())
@@ -811,13 +805,7 @@ class WholeGpuPreparer:
         handle = self._mps.start(group.daemon_id, group.uuids, group.settings)
         handles.append(handle)
         # On disk before anything else: a crash from here on is rolled back from it.
-        self._checkpoint.put(
-            CheckpointEntry(
-                claim=claim,
-                phase=ClaimPhase.PREPARE_STARTED,
-                state={**started, MPS_STATE_KEY: handles_to_state(handles)},
-            )
-        )
+        self._record_started(claim, started, handles)
         mps_edits.update(dict.fromkeys(group.device_names, workload_edits(handle.paths)))
 
     def _made_or_published(self, made: Mapping[str, MigDevice], name: str) -> Gpu | MigDevice:
@@ -839,13 +827,23 @@ class WholeGpuPreparer:
         assert self._dynamic_mig is not None  # checked in _mig_intents
         created, made = self._dynamic_mig.create(intents)
         started[DYNAMIC_MIG_STATE_KEY] = intents_to_state(created)
-        recorded = dict(started)
-        if handles:
-            recorded[MPS_STATE_KEY] = handles_to_state(handles)
-        self._checkpoint.put(
-            CheckpointEntry(claim=claim, phase=ClaimPhase.PREPARE_STARTED, state=recorded)
-        )
+        self._record_started(claim, started, handles)
         return made
+
+    def _record_started(
+        self,
+        claim: ClaimRef,
+        started: Mapping[str, JsonValue],
+        handles: Sequence[DaemonHandle],
+    ) -> None:
+        """Put the claim's `PrepareStarted` entry: ``started`` and, if any, the MPS daemons it
+        holds so far."""
+        state = dict(started)
+        if handles:
+            state[MPS_STATE_KEY] = handles_to_state(handles)
+        self._checkpoint.put(
+            CheckpointEntry(claim=claim, phase=ClaimPhase.PREPARE_STARTED, state=state)
+        )
 
     def _apply_time_slices(self, time_slices: Sequence[_TimeSlice]) -> dict[str, int]:
         """Set each GPU's interval; ``{uuid: value}`` of those set. "Not Supported" fails the
