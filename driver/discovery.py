@@ -25,10 +25,18 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
+from dataclasses import asdict
 from functools import partial
-from typing import TypeVar
+from typing import Any, TypeVar
 
-from gpu_dra.driver.model import Gpu, MigCapableGpu, MigDevice, MigProfile, NodeDevices
+from gpu_dra.driver.model import (
+    Gpu,
+    MigCapableGpu,
+    MigDevice,
+    MigProfile,
+    MigResources,
+    NodeDevices,
+)
 from gpu_dra.driver.naming import InvalidNameError, mig_profile_name
 from gpu_dra.driver.nvml.interface import (
     NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED,
@@ -292,13 +300,7 @@ class _MigWalk:
                     slice_count=info.sliceCount,
                     placement_starts=tuple(sorted(p.start for p in placements)),
                     placement_size=sizes.pop(),
-                    memory_bytes=info.memorySizeMB * _MIB,
-                    multiprocessors=info.multiprocessorCount,
-                    copy_engines=info.copyEngineCount,
-                    decoders=info.decoderCount,
-                    encoders=info.encoderCount,
-                    jpeg_engines=info.jpegCount,
-                    ofa_engines=info.ofaCount,
+                    **_resources(info),
                 )
             )
         return tuple(profiles)
@@ -377,14 +379,23 @@ class _MigWalk:
             ci_id=ci_info.id,
             ci_profile_id=ci_info.profileId,
             uuid=uuid,
-            memory_bytes=gi_profile.memorySizeMB * _MIB,
-            multiprocessors=gi_profile.multiprocessorCount,
-            copy_engines=gi_profile.copyEngineCount,
-            decoders=gi_profile.decoderCount,
-            encoders=gi_profile.encoderCount,
-            jpeg_engines=gi_profile.jpegCount,
-            ofa_engines=gi_profile.ofaCount,
+            **_resources(gi_profile),
         )
+
+
+def _resources(info: GpuInstanceProfileInfo) -> dict[str, Any]:
+    """The `MigResources` fields of a GPU-instance profile, for a `MigDevice` or `MigProfile`."""
+    return asdict(
+        MigResources(
+            memory_bytes=info.memorySizeMB * _MIB,
+            multiprocessors=info.multiprocessorCount,
+            copy_engines=info.copyEngineCount,
+            decoders=info.decoderCount,
+            encoders=info.encoderCount,
+            jpeg_engines=info.jpegCount,
+            ofa_engines=info.ofaCount,
+        )
+    )
 
 
 def _system(getter: Callable[[], _T], call: str) -> _T:

@@ -52,7 +52,22 @@ class Gpu:
 
 
 @dataclass(frozen=True)
-class MigDevice:
+class MigResources:
+    """What a GPU-instance profile gives each of its instances (from
+    ``nvmlDeviceGetGpuInstanceProfileInfo``): shared by MIG devices and the profiles themselves."""
+
+    memory_bytes: int
+    """The profile's ``memorySizeMB`` (MiB) in bytes."""
+    multiprocessors: int
+    copy_engines: int
+    decoders: int
+    encoders: int
+    jpeg_engines: int
+    ofa_engines: int
+
+
+@dataclass(frozen=True)
+class MigDevice(MigResources):
     """One existing MIG device (a GPU instance and its compute instance) of a GPU in MIG mode.
 
     Static MIG: created before the driver started (by an admin or mig-parted) and discovered
@@ -77,14 +92,6 @@ class MigDevice:
     """``NVML_COMPUTE_INSTANCE_PROFILE_*`` of the compute instance."""
     uuid: str
     """``MIG-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx``."""
-    memory_bytes: int
-    """The GPU-instance profile's ``memorySizeMB`` (MiB) in bytes."""
-    multiprocessors: int
-    copy_engines: int
-    decoders: int
-    encoders: int
-    jpeg_engines: int
-    ofa_engines: int
 
     @property
     def memory_slices(self) -> range:
@@ -105,7 +112,7 @@ class NodeDevices:
 
 
 @dataclass(frozen=True)
-class MigProfile:
+class MigProfile(MigResources):
     """One GPU-instance profile of a MIG-capable GPU, as dynamic MIG offers it.
 
     From ``nvmlDeviceGetGpuInstanceProfileInfo`` and ``...PossiblePlacements``; only the full
@@ -124,14 +131,6 @@ class MigProfile:
     """Every possible placement's first memory slice, ascending."""
     placement_size: int
     """Memory slices one instance spans (8 for a 7g, 4 for a 3g, 2 for a 1g.REV2)."""
-    memory_bytes: int
-    """``memorySizeMB`` (MiB) in bytes."""
-    multiprocessors: int
-    copy_engines: int
-    decoders: int
-    encoders: int
-    jpeg_engines: int
-    ofa_engines: int
 
 
 @dataclass(frozen=True)
