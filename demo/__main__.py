@@ -31,6 +31,7 @@ from demo.stages import PROFILE, STAGES, Stage, ensure_plugin, namespace_of, tit
 from e2e.cluster import Cluster, ClusterError
 from e2e.driver import BIN, MPS_DAEMON_NAMESPACE, PLUGIN, Driver
 from e2e.kube import Kube, wait_for
+from gpu_dra.driver.naming import GpuDeviceName, parse_device_name
 from gpu_dra.kubelet_plugin.timeslicing import interval_name
 
 
@@ -70,6 +71,12 @@ def without_free_partitions(inventory: str) -> str:
     return "\n".join(kept)
 
 
+def gpu_minor(device_name: str) -> int:
+    """The (parent) GPU minor of a published device name: the demo lists GPUs in that order."""
+    name = parse_device_name(device_name)
+    return name.minor if isinstance(name, GpuDeviceName) else name.parent_minor
+
+
 def published_summary(driver: Driver) -> list[str]:
     """One line per physical GPU: how the plugin offers it in this stage."""
     slices = driver.slices()
@@ -82,7 +89,7 @@ def published_summary(driver: Driver) -> list[str]:
     lines = [
         f"{len(devices)} devices in {len(slices)} ResourceSlice(s), {counter_sets} counter set(s)"
     ]
-    for name, device in devices.items():
+    for name, device in sorted(devices.items(), key=lambda item: gpu_minor(item[0])):
         attributes = device["attributes"]
         if attributes["type"]["string"] != "gpu":
             continue
