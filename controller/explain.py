@@ -45,7 +45,6 @@ from gpu_dra.driver.cel import (
     CelRuntimeError,
     CelValueError,
     DeviceTable,
-    DraDevice,
     Quantity,
     Selector,
     compile_selector,
@@ -422,25 +421,16 @@ def _selector_step(
     alternative: Alternative, name: str, selector: Selector, devices: list[PoolDevice]
 ) -> list[PoolDevice]:
     step = Step(name, selector.expression, entered=len(devices))
-    failures: list[tuple[int, str]] = []  # (position in `devices`, message)
-    positions: list[int] = []
-    values: list[DraDevice] = []
-    for position, device in enumerate(devices):
-        try:
-            values.append(device.cel())
-        except CelRuntimeError as error:
-            failures.append((position, str(error)))
-            continue
-        positions.append(position)
-    # One CEL evaluation per group of devices that agree on what the selector reads.
-    selection = select(selector, DeviceTable(values))
-    failures += [(positions[index], message) for index, message in selection.errors]
-    if failures:
-        position, message = min(failures)
-        step.errors = len(failures)
-        step.error_example = f"{devices[position].label}: {message}"
-    passing = [devices[positions[index]] for index in selection.matched]
-    step.rejected = len(values) - len(selection.matched) - len(selection.errors)
+    # One conversion and CEL evaluation per group of devices that agree on what the selector
+    # reads; a device that does not convert is an error of that device.
+    table = DeviceTable((d.driver, d.raw) for d in devices)  # type: ignore[misc]
+    selection = select(selector, table)
+    if selection.errors:
+        index, message = selection.errors[0]
+        step.errors = len(selection.errors)
+        step.error_example = f"{devices[index].label}: {message}"
+    passing = [devices[index] for index in selection.matched]
+    step.rejected = len(devices) - len(selection.matched) - len(selection.errors)
     _finish(step, passing)
     alternative.steps.append(step)
     return passing

@@ -2,12 +2,13 @@
 
     selector = compile_selector("device.attributes['gpu.nvidia.com'].type == 'gpu'")
     selector.matches(to_cel_device("gpu.nvidia.com", published_device))
-    select(selector, DeviceTable(many_devices))  # the same results, each distinct device once
+    select(selector, DeviceTable([(driver, published_device), ...]))  # the same results,
+    # each group of devices alike on what the selector reads converted and evaluated once
 
 Semantics, engine choice and limits: docs/cel.md. Pure: no I/O.
 """
 
-from gpu_dra.driver.cel.batch import DeviceTable, Selection, select
+from gpu_dra.driver.cel.batch import DeviceTable, PublishedDevice, Selection, select
 from gpu_dra.driver.cel.device import AttributeValue, DraDevice, to_cel_device
 from gpu_dra.driver.cel.errors import CelCompileError, CelError, CelRuntimeError
 from gpu_dra.driver.cel.selector import MAX_EXPRESSION_LENGTH, Selector, compile_selector
@@ -22,6 +23,7 @@ __all__ = [
     "CelValueError",
     "DeviceTable",
     "DraDevice",
+    "PublishedDevice",
     "Quantity",
     "Selection",
     "Selector",

@@ -57,7 +57,7 @@ def to_cel_device(driver: str, device: Device) -> DraDevice:
     for key, entry in device.get("capacity", {}).items():
         domain, identifier = split_qualified_name(key, driver)
         try:
-            capacity.setdefault(domain, {})[identifier] = _quantity(entry["value"])
+            capacity.setdefault(domain, {})[identifier] = parsed_quantity(entry["value"])
         except CelValueError as error:
             raise CelRuntimeError(f"device {name}: capacity {key}: {error}") from error
     return DraDevice(
@@ -84,7 +84,7 @@ def _attribute_value(device: str, key: str, attribute: DeviceAttribute) -> Attri
         return str(attribute["string"])
     if "version" in attribute:
         try:
-            return _semver(attribute["version"])
+            return parsed_semver(attribute["version"])
         except CelValueError as error:
             raise CelRuntimeError(f"device {device}: attribute {key}: {error}") from error
     raise CelRuntimeError(f"device {device}: attribute {key} has no value")
@@ -93,10 +93,10 @@ def _attribute_value(device: str, key: str, attribute: DeviceAttribute) -> Attri
 # Inventories repeat the same few capacity and version texts on every device ("16", "9984Mi",
 # "580.95.5"); the values are immutable, so each text is parsed once.
 @functools.lru_cache(maxsize=4096)
-def _quantity(text: str) -> Quantity:
+def parsed_quantity(text: str) -> Quantity:
     return Quantity.parse(text)
 
 
 @functools.lru_cache(maxsize=4096)
-def _semver(text: str) -> Semver:
+def parsed_semver(text: str) -> Semver:
     return Semver.parse(text)

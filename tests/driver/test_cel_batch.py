@@ -1,5 +1,6 @@
-"""driver.cel.batch: `select` over a table gives every device the outcome of `Selector.matches`,
-evaluating CEL once per group of devices that agree on what the selector reads."""
+"""driver.cel.batch: `select` over a table of published devices gives every device the outcome of
+converting it and calling `Selector.matches`, evaluating CEL once per group of devices that agree
+on what the selector reads, and converting only one device per group."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ from gpu_dra.driver.cel import (
     CelRuntimeError,
     DeviceTable,
     DraDevice,
+    PublishedDevice,
+    batch,
     compile_selector,
     select,
     to_cel_device,
@@ -27,36 +30,65 @@ G = "device.attributes['gpu.nvidia.com']"
 
 
 @cache
-def mixed_devices() -> tuple[DraDevice, ...]:
+def mixed_devices() -> tuple[PublishedDevice, ...]:
     """The conformance devices, every simulated profile's published devices (MIG included),
-    and look-alikes that differ only in a type (bool vs int) or a missing entry."""
-    found = [to_cel_device(driver, device) for driver, device in devices().values()]
+    and look-alikes that differ only in a type (bool vs int), a missing entry, a name published
+    both bare and qualified, or a value that does not convert (a runtime error of that device)."""
+    found: list[PublishedDevice] = list(devices().values())
     for profile in ("hgx-h100", "hgx-h100-mig", "dgx-a100", "l4x4", "t4", "mixed"):
         host = SimulatedHost.load(profile, "node-a")
         discovered = discover_devices(host.nvml, host.pci)
         found += [
-            to_cel_device("gpu.nvidia.com", d)
+            ("gpu.nvidia.com", d)
             for d in published_devices(discovered.gpus, discovered.mig_devices)
         ]
     odd: list[Device] = [
         {"name": "b", "attributes": {"flag": {"bool": True}, "type": {"string": "gpu"}}},
         {"name": "i", "attributes": {"flag": {"int": 1}, "type": {"string": "gpu"}}},
         {"name": "n", "attributes": {"type": {"string": "gpu"}}},
+        {"name": "n2", "attributes": {"type": {"string": "gpu"}}, "allowMultipleAllocations": True},
+        {  # the later of the two names is the value (to_cel_device's order)
+            "name": "twice",
+            "attributes": {"type": {"string": "gpu"}, "gpu.nvidia.com/type": {"string": "mig"}},
+        },
+        {"name": "bad-version", "attributes": {"type": {"string": "gpu"}, "v": {"version": "9"}}},
+        {
+            "name": "bad-quantity",
+            "attributes": {"type": {"string": "mig"}},
+            "capacity": {"memory": {"value": "lots"}},
+        },
+        {"name": "no-value", "attributes": {"type": {"string": "gpu"}, "v": {}}},
+        {"name": "int-text", "attributes": {"type": {"string": "gpu"}, "flag": {"int": True}}},
+        {"name": "two-kinds", "attributes": {"type": {"string": "gpu", "int": 3}}},
+        {"name": "slash", "attributes": {"a/b/c": {"string": "x"}, "type": {"string": "gpu"}}},
+        {
+            "name": "mem",
+            "attributes": {"type": {"string": "mig"}},
+            "capacity": {"memory": {"value": "10240Mi"}, "gpu.nvidia.com/other": {"value": "1"}},
+        },
     ]
-    found += [to_cel_device("gpu.nvidia.com", d) for d in odd]
+    found += [("gpu.nvidia.com", d) for d in odd]
     return tuple(found)
 
 
 def one_by_one(expression: str, table: DeviceTable) -> tuple[list[int], list[tuple[int, str]]]:
     selector = compile_selector(expression)
     matched, errors = [], []
-    for index, device in enumerate(table.devices):
+    for index, (driver, device) in enumerate(table.devices):
         try:
-            if selector.matches(device):
+            if selector.matches(to_cel_device(driver, device)):
                 matched.append(index)
         except CelRuntimeError as error:
             errors.append((index, str(error)))
     return matched, errors
+
+
+def attribute(entry: PublishedDevice, name: str) -> object:
+    """The converted value of a gpu.nvidia.com attribute of `entry` (None: absent or invalid)."""
+    try:
+        return to_cel_device(*entry).attributes.get("gpu.nvidia.com", {}).get(name)
+    except CelRuntimeError:
+        return None
 
 
 EXPRESSIONS = sorted(
@@ -67,6 +99,14 @@ EXPRESSIONS = sorted(
         f"has({G}.flag) && {G}.flag == true",
         f"'profile' in {G} && {G}.profile.startsWith('1g')",
         f"{G}.?profile.orValue('') == '3g.40gb'",
+        f"{G}.flag == 1 || device.allowMultipleAllocations",
+        "device.attributes['a'].b == 'x'",
+        "device.attributes['a']['b/c'] == 'x'",
+        "device.attributes['a/b'].c == 'x'",
+        "device.capacity['gpu.nvidia.com'].memory.compareTo(quantity('10Gi')) >= 0",
+        "device.capacity['gpu.nvidia.com'].size() == 2",
+        f"{G}.v == semver('1.0.0')",
+        "device.attributes['gpu.nvidia.com'].exists(k, k == 'flag')",
     }
 )
 
@@ -85,22 +125,52 @@ def test_select_gives_each_device_its_own_outcome(expression: str) -> None:
 def test_devices_that_agree_on_what_the_selector_reads_are_evaluated_once() -> None:
     table = DeviceTable(mixed_devices())
     selection = select(compile_selector(f"{G}.type == 'mig'"), table)
-    assert selection.evaluations == len(
-        {d.attributes.get("gpu.nvidia.com", {}).get("type") for d in table.devices}
-    )
+    plain = table.plain()
+    assert 0 < sum(plain) < len(table)  # the odd ones are evaluated alone
+    kinds = {attribute(entry, "type") for i, entry in enumerate(table.devices) if plain[i]}
+    alone = [i for i in range(len(table)) if not plain[i]]
+    names = {table.devices[i][1]["name"] for i in alone}
+    assert {"bad-version", "bad-quantity", "no-value", "int-text", "two-kinds"} <= names
+    assert selection.evaluations == len(kinds) + len(alone) + 1  # "twice" is not keyed
     assert len(selection.matched) == sum(
-        d.attributes.get("gpu.nvidia.com", {}).get("type") == "mig" for d in table.devices
+        attribute(entry, "type") == "mig" for entry in table.devices
     )
     # bool true and int 1 are different CEL values
     flags = select(compile_selector(f"{G}.flag == true"), table)
-    assert [table.devices[i].name for i in flags.matched] == ["b"]
+    assert [table.devices[i][1]["name"] for i in flags.matched] == ["b"]
+    # conversion errors are errors of that device, with its name
+    errors = dict(selection.errors)
+    by_name = {table.devices[i][1]["name"]: message for i, message in errors.items()}
+    assert "device bad-version: attribute v:" in by_name["bad-version"]
+    assert "device bad-quantity: capacity memory:" in by_name["bad-quantity"]
 
 
-def test_a_device_independent_selector_runs_once() -> None:
+def test_only_one_device_per_group_is_converted(monkeypatch: pytest.MonkeyPatch) -> None:
+    table = DeviceTable(mixed_devices())
+    converted: list[str] = []
+
+    def counting(driver: str, device: Device) -> DraDevice:
+        converted.append(device["name"])
+        return to_cel_device(driver, device)
+
+    monkeypatch.setattr(batch, "to_cel_device", counting)
+    selector = compile_selector(f"{G}.type == 'mig' && {G}.productName != ''")
+    selection = select(selector, table)
+    assert len(converted) == selection.evaluations < len(table) / 4
+    # a second selector reusing the representatives converts only the devices evaluated alone
+    converted.clear()
+    again = select(selector, table)
+    assert again == selection
+    assert len(converted) == len(table) - sum(table.plain()) + 1  # + "twice"
+
+
+def test_a_device_independent_selector_runs_once_over_the_plain_devices() -> None:
     table = DeviceTable(mixed_devices())
     selection = select(compile_selector("1 + 1 == 2"), table)
-    assert selection.evaluations == 1
-    assert selection.matched == list(range(len(table)))
+    alone = len(table) - sum(table.plain())  # converted on their own: some fail to convert
+    assert selection.evaluations == 1 + alone
+    assert len(selection.matched) + len(selection.errors) == len(table)
+    assert all(message.startswith("device ") for _, message in selection.errors)
 
 
 @pytest.mark.parametrize(

@@ -3,9 +3,10 @@ every MIG partition), and `select` agrees with evaluating the bench selector dev
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 
-from bench.cel.__main__ import SELECTOR
+from bench.cel.__main__ import SELECTOR, read_inventory, write_inventory
 from bench.cel.inventory import DRIVER, inventory
 from gpu_dra.driver.cel import DeviceTable, compile_selector, select, to_cel_device
 
@@ -37,12 +38,20 @@ def test_every_gpu_is_published_whole_and_with_every_mig_partition() -> None:
     assert len(set(names)) == len(names)
 
 
-def test_select_agrees_with_evaluating_each_device() -> None:
-    devices = [to_cel_device(DRIVER, entry.device) for entry in inventory(2)]
+def test_select_over_the_written_inventory_agrees_with_evaluating_each_device(tmp_path) -> None:
+    path = tmp_path / "inventory.jsonl"
+    assert write_inventory(path, 2, SELECTOR) == 2 * 8 * 26
+    assert json.loads(path.read_text().splitlines()[0]) == {"selector": SELECTOR}
+    pool = read_inventory(path)
+    assert pool == [(DRIVER, entry.device) for entry in inventory(2)]
     selector = compile_selector(SELECTOR)
-    selection = select(selector, DeviceTable(devices))
-    assert selection.matched == [i for i, d in enumerate(devices) if selector.matches(d)]
+    table = DeviceTable(pool)
+    selection = select(selector, table)
+    assert selection.matched == [
+        i for i, entry in enumerate(pool) if selector.matches(to_cel_device(*entry))
+    ]
     assert not selection.errors
+    assert all(table.plain())  # every published device groups
     # The H100s' 1g.20gb, 2g, 3g, 4g and 7g slices (>= 10Gi, cc 9.0): 11 per GPU.
     assert len(selection.matched) == 8 * 11
     assert selection.evaluations < 40

@@ -1,18 +1,25 @@
 // Command celref evaluates one DRA device selector over an inventory with the Kubernetes
 // scheduler's own CEL code (k8s.io/dynamic-resource-allocation/cel), as the reference for
-// bench/cel. It reads the inventory JSON that bench/cel writes:
+// bench/cel. It reads the inventory that bench/cel writes, JSON values one after the other (one
+// per line): the selector, then every device with its driver,
 //
-//	{"selector": "...", "devices": [{"driver": "...", "device": <resource.k8s.io/v1 Device>}]}
+//	{"selector": "..."}
+//	{"driver": "...", "device": <resource.k8s.io/v1 Device>}
+//	...
 //
+// decoded one at a time into the scheduler's dracel.Device (as an informer holds them: no copy of
+// the file in memory),
 // and prints one JSON object: compile time, the evaluation time of every repetition over all
 // devices, the matched-device count and the runtime errors (count and the first message).
 package main
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"flag"
 	"fmt"
+	"io"
 	"os"
 	"time"
 
@@ -20,12 +27,13 @@ import (
 	dracel "k8s.io/dynamic-resource-allocation/cel"
 )
 
-type inventory struct {
+type header struct {
 	Selector string `json:"selector"`
-	Devices  []struct {
-		Driver string             `json:"driver"`
-		Device resourceapi.Device `json:"device"`
-	} `json:"devices"`
+}
+
+type entry struct {
+	Driver string             `json:"driver"`
+	Device resourceapi.Device `json:"device"`
 }
 
 type report struct {
@@ -57,31 +65,37 @@ func run(path string, repeat int) error {
 		return err
 	}
 	defer file.Close()
-	var inv inventory
-	if err := json.NewDecoder(file).Decode(&inv); err != nil {
+	decoder := json.NewDecoder(bufio.NewReaderSize(file, 1<<20))
+	var head header
+	if err := decoder.Decode(&head); err != nil {
 		return fmt.Errorf("%s: %w", path, err)
 	}
-	out := report{Devices: len(inv.Devices), DecodeSeconds: time.Since(started).Seconds()}
+	var inputs []dracel.Device
+	for {
+		var e entry
+		if err := decoder.Decode(&e); err == io.EOF {
+			break
+		} else if err != nil {
+			return fmt.Errorf("%s: device %d: %w", path, len(inputs), err)
+		}
+		inputs = append(inputs, dracel.Device{
+			Driver:                   e.Driver,
+			AllowMultipleAllocations: e.Device.AllowMultipleAllocations,
+			Attributes:               e.Device.Attributes,
+			Capacity:                 e.Device.Capacity,
+		})
+	}
+	out := report{Devices: len(inputs), DecodeSeconds: time.Since(started).Seconds()}
 
 	started = time.Now()
 	// The scheduler's compiler with the gates the e2e cluster enables (DRAConsumableCapacity).
 	compiled := dracel.GetCompiler(dracel.Features{EnableConsumableCapacity: true}).
-		CompileCELExpression(inv.Selector, dracel.Options{})
+		CompileCELExpression(head.Selector, dracel.Options{})
 	out.CompileMs = float64(time.Since(started).Microseconds()) / 1000
 	if compiled.Error != nil {
 		return fmt.Errorf("compile: %s", compiled.Error.Error())
 	}
 
-	inputs := make([]dracel.Device, len(inv.Devices))
-	for i := range inv.Devices {
-		d := &inv.Devices[i]
-		inputs[i] = dracel.Device{
-			Driver:                   d.Driver,
-			AllowMultipleAllocations: d.Device.AllowMultipleAllocations,
-			Attributes:               d.Device.Attributes,
-			Capacity:                 d.Device.Capacity,
-		}
-	}
 	ctx := context.Background()
 	for r := 0; r < repeat; r++ {
 		matched, errors, first := 0, 0, ""
