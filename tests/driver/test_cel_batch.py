@@ -4,6 +4,7 @@ on what the selector reads, and converting only one device per group."""
 
 from __future__ import annotations
 
+import random
 from functools import cache
 
 import pytest
@@ -198,3 +199,60 @@ def test_a_device_independent_selector_runs_once_over_the_plain_devices() -> Non
 def test_footprint_is_known_only_for_plain_paths(expression, footprint):
     got = device_footprint(expression)
     assert (None if got is None else set(got)) == footprint
+
+
+def random_devices(seed: int, count: int) -> list[PublishedDevice]:
+    """Devices drawn from a small space of entries, so that many agree and some collide: every
+    attribute kind, bare and qualified names (sometimes both), other domains, bad texts."""
+    rng = random.Random(seed)
+    values: list[dict[str, object]] = [
+        {"string": "gpu"},
+        {"string": "mig"},
+        {"int": 1},
+        {"int": 2},
+        {"bool": True},
+        {"bool": False},
+        {"version": "9.0.0"},
+        {"version": "8.0.0"},
+        {"version": "not-semver"},
+        {"int": "1"},
+        {},
+    ]
+    names = ["type", "gpu.nvidia.com/type", "flag", "gpu.nvidia.com/flag", "other.com/type"]
+    quantities = ["10Gi", "10240Mi", "1", "bad"]
+    found: list[PublishedDevice] = []
+    for n in range(count):
+        device: dict[str, object] = {
+            "name": f"d{n}",
+            "attributes": {
+                name: rng.choice(values) for name in rng.sample(names, rng.randint(0, 4))
+            },
+            "capacity": {
+                name: {"value": rng.choice(quantities)}
+                for name in rng.sample(["memory", "other.com/memory"], rng.randint(0, 2))
+            },
+        }
+        if rng.random() < 0.3:
+            device["allowMultipleAllocations"] = rng.random() < 0.5
+        found.append((rng.choice(["gpu.nvidia.com", "other.com"]), device))  # type: ignore[arg-type]
+    return found
+
+
+@pytest.mark.parametrize(
+    "expression",
+    [
+        f"{G}.type == 'mig'",
+        f"has({G}.flag) && {G}.flag == 1",
+        f"{G}.?flag.orValue(false) == true || device.allowMultipleAllocations",
+        "device.attributes['other.com'].type == 'gpu'",
+        f"{G}.type.compareTo(semver('8.5.0')) > 0",
+        "device.capacity['gpu.nvidia.com'].memory.compareTo(quantity('10Gi')) == 0",
+        "device.capacity['other.com'].size() > 0 && device.driver == 'other.com'",
+        f"{G}.size() == 2",
+    ],
+)
+def test_select_matches_the_one_by_one_loop_on_random_devices(expression: str) -> None:
+    table = DeviceTable(random_devices(seed=len(expression), count=400))
+    selection = select(compile_selector(expression), table)
+    assert (selection.matched, selection.errors) == one_by_one(expression, table)
+    assert selection.evaluations < len(table)
