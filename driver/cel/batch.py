@@ -58,7 +58,8 @@ class Selection:
 class DeviceTable:
     """Published devices to select from. Holds the device dicts as given (no copy of their
     values), one byte per device telling whether it is plain (computed on first use) and the
-    converted form of the group representatives evaluated so far."""
+    converted form of the group representatives evaluated so far; so the dicts must not change
+    while the table is in use (build a new table for new slices)."""
 
     def __init__(self, devices: Iterable[PublishedDevice]) -> None:
         self.devices: Sequence[PublishedDevice] = tuple(devices)
