@@ -7,7 +7,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpu_dra.controller.inventory import ALL_NODES, build_cluster_state, inventory, render_inventory
+from gpu_dra.controller.inventory import (
+    ALL_NODES,
+    build_cluster_state,
+    inventory,
+    render_inventory,
+    select_all,
+)
+from gpu_dra.driver.cel import CelRuntimeError, compile_selector, to_cel_device
 
 DRIVER = "gpu.nvidia.com"
 Obj = dict[str, Any]
@@ -289,3 +296,35 @@ def test_cluster_wide_pools_and_allocations_of_unknown_devices() -> None:
     assert report.unknown_allocations == ("gpu.nvidia.com/node-a/gpu-7 held by ns/gone",)
     rendered = render_inventory(report)
     assert any(isinstance(b, str) and "gpu-7 held by ns/gone" in b for b in rendered)
+
+
+def test_class_selectors_run_in_order_each_on_the_devices_the_ones_before_matched() -> None:
+    devices = [
+        gpu("gpu-0", memory="80Gi"),
+        gpu("gpu-1", memory="16Gi"),
+        # rejected by the first selector: its missing productName never reaches the second
+        {**gpu("gpu-2"), "attributes": {"type": {"string": "mig"}}},
+        gpu("gpu-3", driver_version="not-a-version"),  # does not convert: an error of its own
+        {**gpu("gpu-4", memory="80Gi"), "attributes": {"type": {"string": "gpu"}}},
+    ]
+    state = build_cluster_state([resource_slice("node-a", devices)], [])
+    selectors = [
+        compile_selector(GPU_CLASS_CEL),
+        compile_selector(f"device.attributes['{DRIVER}'].productName == 'NVIDIA L4'"),
+    ]
+    matched, failures = select_all(selectors, state.devices)
+    names = [d.raw["name"] for d in state.devices]
+    assert [names[i] for i in matched] == ["gpu-0", "gpu-1"]
+    assert [(names[i], message.split(":")[0]) for i, message in failures] == [
+        ("gpu-3", "device gpu-3"),
+        ("gpu-4", "no such key"),
+    ]
+    # the same as each device through every selector, in order
+    for index, device in enumerate(state.devices):
+        try:
+            value = to_cel_device(device.driver, device.raw)  # type: ignore[arg-type]
+            outcome: object = all(s.matches(value) for s in selectors)
+        except CelRuntimeError as error:
+            outcome = str(error)
+        expected = index in matched if isinstance(outcome, bool) else dict(failures)[index]
+        assert outcome == expected
