@@ -16,8 +16,11 @@ from pathlib import Path
 import pytest
 
 from e2e.cluster import Cluster, netns
-from e2e.driver import Driver
-from e2e.kube import Kube
+from e2e.driver import MPS_DAEMON_NAMESPACE, Driver
+from e2e.kube import Kube, wait_for
+from e2e.mig import mig_instances, mig_modes
+from e2e.mps import daemons
+from tests.doubles.mps_helpers import kill_processes_under
 
 pytestmark = pytest.mark.e2e
 
@@ -44,17 +47,24 @@ def kube(cluster: Cluster) -> Kube:
 @pytest.fixture(scope="module")
 def driver(cluster: Cluster, kube: Kube, request: pytest.FixtureRequest) -> Iterator[Driver]:
     """gpu-dra on the node, simulating the module's SIMULATED_PROFILE (default hgx-h100), with
-    the module's PLUGIN_ARGS (default none) as further plugin flags."""
+    ``--dynamic-mig`` where the module sets DYNAMIC_MIG and the module's PLUGIN_ARGS (default
+    none) as further plugin flags. With dynamic MIG the simulated GPUs start without MIG and
+    end so: later modules simulate the profile without it, and no MIG state may carry over."""
     running = Driver(
         cluster,
         kube,
         getattr(request.module, "SIMULATED_PROFILE", "hgx-h100"),
+        dynamic_mig=getattr(request.module, "DYNAMIC_MIG", False),
         plugin_args=tuple(getattr(request.module, "PLUGIN_ARGS", ())),
     )
+    if running.dynamic_mig:
+        running.forget_simulated_mig()
     running.install()
     running.start_plugin()
     yield running
     running.stop_plugin()
+    if running.dynamic_mig:
+        running.forget_simulated_mig()
 
 
 @pytest.fixture
@@ -66,6 +76,33 @@ def namespace(kube: Kube, request: pytest.FixtureRequest) -> Iterator[str]:
     yield name
     kube.delete("v1", "Namespace", name)
     kube.wait_gone("v1", "Namespace", name, None, timeout=180)
+
+
+@pytest.fixture
+def no_mps_daemon_left(driver: Driver, kube: Kube) -> Iterator[None]:
+    """The test starts and ends without MPS daemons or daemon pods; what it left is removed (and
+    fails the test) so that no double process outlives the run. For MPS modules:
+    ``pytest.mark.usefixtures("no_mps_daemon_left")``."""
+    assert not daemons(driver), "MPS daemons left by an earlier test"
+    assert not driver.mps_daemon_pods(), "MPS daemon pods left by an earlier test"
+    yield
+    left_pods = sorted(driver.mps_daemon_pods())
+    for name in left_pods:
+        kube.delete("v1", "Pod", name, MPS_DAEMON_NAMESPACE)
+    left = kill_processes_under(driver.data_dir / "mps", grace_s=10)
+    assert not left, f"MPS daemon processes left behind: {left}"
+    assert not left_pods, f"MPS daemon pods left behind: {left_pods}"
+
+
+@pytest.fixture
+def no_mig_left(driver: Driver) -> Iterator[None]:
+    """The test starts without MIG instances and ends, once every claim is unprepared, without
+    instances and with MIG mode off on every GPU (dynamic MIG modules)."""
+    assert mig_instances(driver) == {}, "MIG instances left by an earlier test"
+    yield
+    wait_for("every claim to be unprepared", lambda: not driver.checkpoint_claims(), 120)
+    assert mig_instances(driver) == {}, "MIG instances left behind"
+    assert all(mode == [0, 0] for mode in mig_modes(driver).values()), mig_modes(driver)
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -27,6 +27,7 @@ from e2e.kube import Kube, wait_for
 from gpu_dra.driver.discovery import discover_devices
 from gpu_dra.driver.nvml.simulated import SimulatedHost
 from gpu_dra.kubelet_plugin.inventory import NodeInventory
+from gpu_dra.kubelet_plugin.mig import SIMULATED_STATE_FILE
 
 DRIVER = "gpu.nvidia.com"
 PLUGIN = "gpu-dra-kubelet-plugin"
@@ -259,11 +260,29 @@ class Driver:
     def uuid_of(self, device: str) -> str:
         return str(self.devices()[device]["attributes"]["uuid"]["string"])
 
-    def checkpoint_claims(self) -> set[str]:
+    def _checkpointed(self) -> dict[str, dict[str, Any]]:
+        """The plugin's checkpoint entries by claim UID (none while it has no checkpoint)."""
         path = self.state_dir / "gpu-dra-checkpoint.json"
         if not path.exists():
-            return set()
-        return set(json.loads(path.read_text()).get("claims", {}))
+            return {}
+        return dict(json.loads(path.read_text()).get("claims", {}))
+
+    def checkpoint_claims(self) -> set[str]:
+        return set(self._checkpointed())
+
+    def checkpoint_entry(self, uid: str) -> dict[str, Any]:
+        """The claim's checkpoint entry (its phase and the state prepare recorded)."""
+        return dict(self._checkpointed()[uid])
+
+    def wait_unprepared(self, uid: str, timeout: float = 60) -> None:
+        """Wait until the claim's checkpoint entry is gone (the plugin unprepared it)."""
+        wait_for(
+            f"claim {uid} to be unprepared", lambda: uid not in self.checkpoint_claims(), timeout
+        )
+
+    def forget_simulated_mig(self) -> None:
+        """Remove the simulated GPUs' MIG state: the next plugin starts them without MIG."""
+        (self.state_dir / SIMULATED_STATE_FILE).unlink(missing_ok=True)
 
     def metric(self, name: str, **labels: str) -> float:
         """A sample from the plugin's /metrics endpoint (default port, inside the namespace)."""

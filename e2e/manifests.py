@@ -127,9 +127,10 @@ def gpu_config(parameters: Obj, requests: list[str] | None = None) -> Obj:
     return entry
 
 
-def mps_sharing(**mps_config: Any) -> Obj:
-    """`GpuConfig` parameters with `sharing.strategy: MPS` and the given `mpsConfig` fields."""
+def mps_sharing(config_kind: str = "GpuConfig", **mps_config: Any) -> Obj:
+    """`GpuConfig` (or `MigDeviceConfig`) parameters with `sharing.strategy: MPS` and the given
+    `mpsConfig` fields."""
     sharing: Obj = {"strategy": "MPS"}
     if mps_config:
         sharing["mpsConfig"] = mps_config
-    return {"kind": "GpuConfig", "sharing": sharing}
+    return {"kind": config_kind, "sharing": sharing}

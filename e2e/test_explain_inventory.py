@@ -14,7 +14,7 @@ from e2e import manifests as m
 from e2e.cluster import Cluster, versions
 from e2e.driver import BIN, Driver
 from e2e.kube import Kube, wait_for
-from e2e.test_whole_gpu import allocated_devices, wait_running
+from e2e.workloads import allocated_devices, wait_running
 
 pytestmark = pytest.mark.e2e
 

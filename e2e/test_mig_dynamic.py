@@ -5,10 +5,7 @@ prepare and destroys them at unprepare. The simulated GPUs keep their MIG state 
 
 from __future__ import annotations
 
-import json
 import re
-from collections.abc import Iterator
-from typing import Any
 
 import pytest
 import yaml
@@ -17,17 +14,14 @@ from e2e import manifests as m
 from e2e.cluster import Cluster
 from e2e.driver import CDI_ROOT, PLUGIN, Driver
 from e2e.kube import Kube, wait_for
-from e2e.test_whole_gpu import allocated_devices, wait_running
-from gpu_dra.kubelet_plugin.mig import (
-    CRASH_AFTER_GPU_INSTANCE,
-    SIMULATED_STATE_FILE,
-    TEST_CRASH_ENV,
-)
+from e2e.mig import mig_instances, mig_modes, mig_request
+from e2e.workloads import allocated_devices, claim_uid, delete_pods, wait_event, wait_running
+from gpu_dra.kubelet_plugin.mig import CRASH_AFTER_GPU_INSTANCE, TEST_CRASH_ENV
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("no_mig_left")]
 
 SIMULATED_PROFILE = "hgx-h100"
-MIG_CLASS = "mig.nvidia.com"
+DYNAMIC_MIG = True
 # gpu-test4 on an H100: 1g.10gb x2, 2g.20gb, 3g.40gb, all on one GPU (8 memory slices).
 FOUR_PROFILES = {
     "mig-1g-a": "1g.10gb",
@@ -36,44 +30,6 @@ FOUR_PROFILES = {
     "mig-3g": "3g.40gb",
 }
 _ENV_UUID = re.compile(r"^GPU_DRA_(GPU_\d+_MIG_\w+?)_UUID=(MIG-[0-9a-f-]+)$", re.M)
-
-
-@pytest.fixture(scope="module")
-def driver(cluster: Cluster, kube: Kube) -> Iterator[Driver]:
-    """The plugin with dynamic MIG; the simulated GPUs start without MIG and must end so."""
-    running = Driver(cluster, kube, SIMULATED_PROFILE, dynamic_mig=True)
-    (running.state_dir / SIMULATED_STATE_FILE).unlink(missing_ok=True)
-    running.install()
-    running.start_plugin()
-    yield running
-    running.stop_plugin()
-    # Later modules simulate this profile without dynamic MIG: no MIG state may carry over.
-    (running.state_dir / SIMULATED_STATE_FILE).unlink(missing_ok=True)
-
-
-@pytest.fixture(autouse=True)
-def no_mig_left(driver: Driver) -> Iterator[None]:
-    assert mig_instances(driver) == {}, "MIG instances left by an earlier test"
-    yield
-    wait_for("every claim to be unprepared", lambda: not driver.checkpoint_claims(), 120)
-    assert mig_instances(driver) == {}, "MIG instances left behind"
-    assert all(mode == [0, 0] for mode in mig_modes(driver).values()), mig_modes(driver)
-
-
-def gpu_states(driver: Driver) -> dict[str, dict[str, Any]]:
-    """MIG state of every simulated GPU, by UUID (the plugin's simulated-nvml.json)."""
-    path = driver.state_dir / SIMULATED_STATE_FILE
-    if not path.exists():
-        return {}
-    return dict(json.loads(path.read_text())["gpus"])
-
-
-def mig_instances(driver: Driver) -> dict[str, list[dict[str, Any]]]:
-    return {u: s["gpuInstances"] for u, s in gpu_states(driver).items() if s["gpuInstances"]}
-
-
-def mig_modes(driver: Driver) -> dict[str, list[int]]:
-    return {u: [s["current"], s["pending"]] for u, s in gpu_states(driver).items()}
 
 
 def whole_gpus(driver: Driver) -> dict[str, str]:
@@ -89,20 +45,8 @@ def whole_gpu_name(driver: Driver, uuid: str) -> str:
     return whole_gpus(driver)[uuid]
 
 
-def mig_request(name: str, profile: str, *selectors: str) -> m.Obj:
-    return m.request(
-        name,
-        MIG_CLASS,
-        selectors=[f"device.attributes['gpu.nvidia.com'].profile == '{profile}'", *selectors],
-    )
-
-
 def uuid_request(name: str, uuid: str) -> m.Obj:
     return m.request(name, selectors=[f"device.attributes['gpu.nvidia.com'].uuid == '{uuid}'"])
-
-
-def claim_uid(kube: Kube, name: str, namespace: str) -> str:
-    return str(kube.get("resource.k8s.io/v1", "ResourceClaim", name, namespace)["metadata"]["uid"])
 
 
 def mig_uuids_seen(kube: Kube, pod: str, namespace: str, count: int) -> dict[str, str]:
@@ -119,16 +63,12 @@ def mig_uuids_seen(kube: Kube, pod: str, namespace: str, count: int) -> dict[str
 
 
 def wait_unschedulable(kube: Kube, pod: str, namespace: str) -> None:
-    def unschedulable() -> bool:
-        return any(e["reason"] == "FailedScheduling" for e in kube.events_for(namespace, pod))
-
-    wait_for(f"a FailedScheduling event of {pod}", unschedulable, 90)
+    wait_event(kube, namespace, pod, "FailedScheduling", 90)
     assert kube.get("v1", "Pod", pod, namespace)["status"]["phase"] == "Pending"
 
 
 def delete_pod_and_claim(kube: Kube, pod: str, claim: str, namespace: str) -> None:
-    kube.delete("v1", "Pod", pod, namespace)
-    kube.wait_gone("v1", "Pod", pod, namespace)
+    delete_pods(kube, namespace, [pod])
     kube.delete("resource.k8s.io/v1", "ResourceClaim", claim, namespace)
     kube.wait_gone("resource.k8s.io/v1", "ResourceClaim", claim, namespace)
 
@@ -172,7 +112,7 @@ def test_four_mig_requests_on_one_gpu_are_made_and_each_container_sees_them(
         if key.endswith("_UUID") and not key.endswith("_PARENT_UUID")
     }
     assert in_spec == made_uuids
-    entry = json.loads((driver.state_dir / "gpu-dra-checkpoint.json").read_text())["claims"][uid]
+    entry = driver.checkpoint_entry(uid)
     assert entry["phase"] == "PrepareCompleted"
     assert {i["uuid"] for i in entry["state"]["dynamicMig"]} == made_uuids
 
@@ -226,7 +166,7 @@ def test_whole_gpus_and_mig_slices_exclude_each_other_until_unprepared(
     # is whole again, and the waiting pod gets it.
     slice_uid = claim_uid(kube, "slice", namespace)
     delete_pod_and_claim(kube, "slice-pod", "slice", namespace)
-    wait_for("the slice to be unprepared", lambda: slice_uid not in driver.checkpoint_claims(), 60)
+    driver.wait_unprepared(slice_uid)
     assert mig_instances(driver) == {}
     assert mig_modes(driver)[first] == [0, 0]
     wait_running(kube, "whole-first-pod", namespace, timeout=180)
@@ -256,9 +196,7 @@ def test_plugin_crash_between_gpu_and_compute_instance_leaves_nothing_behind(
         wait_for("the plugin to kill itself at the crash point", crashed, 120)
         uid = claim_uid(kube, "slice", namespace)
         # What the dead plugin left: its intent, and a GPU instance without compute instance.
-        entry = json.loads((driver.state_dir / "gpu-dra-checkpoint.json").read_text())["claims"][
-            uid
-        ]
+        entry = driver.checkpoint_entry(uid)
         assert entry["phase"] == "PrepareStarted"
         (intent,) = entry["state"]["dynamicMig"]
         assert set(intent) == {"device", "parentUUID", "giProfileID", "placementStart"}

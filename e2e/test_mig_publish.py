@@ -17,7 +17,7 @@ from e2e import manifests as m
 from e2e.cluster import Cluster, versions
 from e2e.driver import Driver
 from e2e.kube import Kube, wait_for
-from e2e.test_whole_gpu import allocated_devices
+from e2e.workloads import allocated_devices
 from gpu_dra.driver.discovery import discover_devices
 from gpu_dra.driver.model import MigPartition
 from gpu_dra.driver.nvml.simulated import SimulatedHost

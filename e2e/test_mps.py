@@ -7,81 +7,29 @@ claim's CDI spec."""
 
 from __future__ import annotations
 
-import json
 import re
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from e2e import manifests as m
-from e2e.driver import CDI_ROOT, MPS_DAEMON_NAMESPACE, Driver
-from e2e.kube import Kube, wait_for
-from e2e.test_whole_gpu import allocated_devices, wait_running
+from e2e.driver import CDI_ROOT, Driver
+from e2e.kube import Kube
+from e2e.mps import (
+    MPS_CONFIG,
+    PIPE,
+    assert_unprepared_without_daemon,
+    daemon_pid,
+    daemons,
+    mps_output,
+)
+from e2e.workloads import allocated_devices, claim_uid, delete_pods, run_pods_sharing, wait_event
 from gpu_dra.kubelet_plugin.mps import claim_daemon_id
-from tests.doubles.mps_helpers import kill_processes_under, processes_under
 from tests.doubles.nvidia_cuda_mps_control import PID_FILE, SOCKET, STATE_FILE, read_state
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("no_mps_daemon_left")]
 
 SIMULATED_PROFILE = "hgx-h100"
-PIPE = "/tmp/nvidia-mps"
-MPS_CONFIG = {"defaultActiveThreadPercentage": 50, "defaultPinnedDeviceMemoryLimit": "10Gi"}
-_SECTION = re.compile(r"^--- (\w+)\n(.*?)(?=^--- )", re.M | re.S)
-
-
-@pytest.fixture(autouse=True)
-def no_daemon_left(driver: Driver, kube: Kube) -> Iterator[None]:
-    """Every test starts and ends without MPS daemons or daemon pods; what a failed test left is
-    removed (and fails the test) so that no double process outlives the run."""
-    assert not daemons(driver), "MPS daemons left by an earlier test"
-    assert not driver.mps_daemon_pods(), "MPS daemon pods left by an earlier test"
-    yield
-    left_pods = sorted(driver.mps_daemon_pods())
-    for name in left_pods:
-        kube.delete("v1", "Pod", name, MPS_DAEMON_NAMESPACE)
-    left = kill_processes_under(driver.data_dir / "mps", grace_s=10)
-    assert not left, f"MPS daemon processes left behind: {left}"
-    assert not left_pods, f"MPS daemon pods left behind: {left_pods}"
-
-
-def daemons(driver: Driver) -> list[int]:
-    """PIDs of the double's processes serving a pipe dir under the plugin's data dir."""
-    return processes_under(driver.data_dir / "mps")
-
-
-def mps_output(kube: Kube, pod: str, namespace: str) -> dict[str, str]:
-    """The SHOW_MPS sections the pod's container printed (env, ls, pid); waits for them."""
-    sections: dict[str, str] = {}
-
-    def printed() -> bool:
-        log = kube.pod_log(pod, namespace)
-        sections.update({k: v.strip() for k, v in _SECTION.findall(log)})
-        return "--- end" in log
-
-    wait_for(f"MPS lines in {pod}'s log", printed, 30)
-    return sections
-
-
-def checkpoint_entry(driver: Driver, uid: str) -> dict[str, Any]:
-    claims = json.loads((driver.state_dir / "gpu-dra-checkpoint.json").read_text())["claims"]
-    return dict(claims[uid])
-
-
-def failed_prepare_message(kube: Kube, namespace: str, pod: str) -> str:
-    message = ""
-
-    def failed() -> bool:
-        nonlocal message
-        for event in kube.events_for(namespace, pod):
-            if event["reason"] == "FailedPrepareDynamicResources":
-                message = event["message"]
-                return True
-        return False
-
-    wait_for("a FailedPrepareDynamicResources event", failed, 90)
-    return message
 
 
 def test_one_mps_claim_shared_by_two_pods_runs_one_daemon_with_its_settings(
@@ -90,10 +38,7 @@ def test_one_mps_claim_shared_by_two_pods_runs_one_daemon_with_its_settings(
     config = m.gpu_config(m.mps_sharing(**MPS_CONFIG), requests=["mps-gpu"])
     spec = m.claim_spec([m.request("mps-gpu")], config=[config])
     kube.create(m.claim("shared-gpu", namespace, spec))
-    for name in ("mps-pod-1", "mps-pod-2"):
-        kube.create(m.gpu_pod(name, namespace, claim="shared-gpu", command=m.SHOW_MPS))
-    for name in ("mps-pod-1", "mps-pod-2"):
-        wait_running(kube, name, namespace)
+    run_pods_sharing(kube, namespace, "shared-gpu", ("mps-pod-1", "mps-pod-2"), command=m.SHOW_MPS)
 
     claim = kube.get("resource.k8s.io/v1", "ResourceClaim", "shared-gpu", namespace)
     uid = claim["metadata"]["uid"]
@@ -107,11 +52,11 @@ def test_one_mps_claim_shared_by_two_pods_runs_one_daemon_with_its_settings(
     assert [p.name for p in driver.mps_dir.iterdir()] == [daemon_id]
     root = driver.mps_dir / daemon_id
     assert sorted(p.name for p in root.iterdir()) == ["log", "pipe", "shm"]
-    pid = int((root / "pipe" / PID_FILE).read_text())
+    pid = daemon_pid(driver, daemon_id)
     assert daemons(driver) == [pid]
     environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
     assert f"CUDA_VISIBLE_DEVICES={uuid}".encode() in environ
-    (handle,) = checkpoint_entry(driver, uid)["state"]["mpsDaemons"]
+    (handle,) = driver.checkpoint_entry(uid)["state"]["mpsDaemons"]
     assert handle["daemonId"] == daemon_id
     assert handle["pid"] == pid
     # ... run as a pod bound to the node: its container is that process.
@@ -143,19 +88,13 @@ def test_one_mps_claim_shared_by_two_pods_runs_one_daemon_with_its_settings(
     assert f"{driver.data_dir}/mps/{daemon_id}/pipe" in cdi_spec
 
     # The first pod going keeps the daemon (the claim is still in use) ...
-    kube.delete("v1", "Pod", "mps-pod-1", namespace)
-    kube.wait_gone("v1", "Pod", "mps-pod-1", namespace)
+    delete_pods(kube, namespace, ["mps-pod-1"])
     assert daemons(driver) == [pid]
     assert uid in driver.checkpoint_claims()
     # ... the second one unprepares the claim: daemon, its directories, CDI spec, checkpoint.
-    kube.delete("v1", "Pod", "mps-pod-2", namespace)
-    kube.wait_gone("v1", "Pod", "mps-pod-2", namespace)
-    wait_for("the claim to be unprepared", lambda: uid not in driver.checkpoint_claims(), 60)
-    assert daemons(driver) == []
-    assert driver.mps_daemon_pods() == {}
-    assert not root.exists()
+    delete_pods(kube, namespace, ["mps-pod-2"])
+    assert_unprepared_without_daemon(driver, uid, daemon_id)
     assert list(driver.mps_dir.iterdir()) == []
-    assert uid not in driver.cdi_spec_claims()
     assert not (driver.state_dir / "claims" / uid).exists()
 
 
@@ -166,11 +105,11 @@ def test_an_invalid_mps_config_becomes_a_pod_event_and_starts_no_daemon(
     kube.create(m.claim("bad-mps", namespace, m.claim_spec([m.request()], config=[bad])))
     kube.create(m.gpu_pod("pod", namespace, claim="bad-mps", command=m.SHOW_MPS))
 
-    message = failed_prepare_message(kube, namespace, "pod")
+    message = wait_event(kube, namespace, "pod", "FailedPrepareDynamicResources", 90)
     assert f"{namespace}/bad-mps" in message
     assert "defaultActiveThreadPercentage" in message
     assert "150" in message
-    uid = kube.get("resource.k8s.io/v1", "ResourceClaim", "bad-mps", namespace)["metadata"]["uid"]
+    uid = claim_uid(kube, "bad-mps", namespace)
     assert daemons(driver) == []
     assert driver.mps_daemon_pods() == {}
     assert not driver.mps_dir.exists() or list(driver.mps_dir.iterdir()) == []

@@ -8,37 +8,20 @@ go, tears it down: pod deleted, directories removed, checkpoint entry gone."""
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
 
 import pytest
 
 from e2e import manifests as m
-from e2e.driver import MPS_CONTROL_DOUBLE, MPS_DAEMON_NAMESPACE, PLUGIN, Driver
-from e2e.kube import Kube, wait_for
-from e2e.test_mps import MPS_CONFIG, checkpoint_entry, daemons, mps_output
-from e2e.test_whole_gpu import allocated_devices, wait_running
+from e2e.driver import MPS_CONTROL_DOUBLE, PLUGIN, Driver
+from e2e.kube import Kube
+from e2e.mps import MPS_CONFIG, assert_unprepared_without_daemon, daemon_pid, daemons, mps_output
+from e2e.workloads import allocated_devices, claim_uid, delete_pods, run_pods_sharing
 from gpu_dra.kubelet_plugin.mps import ControlClient, claim_daemon_id
-from tests.doubles.mps_helpers import kill_processes_under
-from tests.doubles.nvidia_cuda_mps_control import PID_FILE
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("no_mps_daemon_left")]
 
 SIMULATED_PROFILE = "hgx-h100"
 PODS = ("mps-pod-1", "mps-pod-2")
-
-
-@pytest.fixture(autouse=True)
-def no_daemon_left(driver: Driver, kube: Kube) -> Iterator[None]:
-    """No daemon process or daemon pod before or after; leftovers are removed and fail."""
-    assert not daemons(driver), "MPS daemons left by an earlier test"
-    assert not driver.mps_daemon_pods(), "MPS daemon pods left by an earlier test"
-    yield
-    left_pods = sorted(driver.mps_daemon_pods())
-    for name in left_pods:
-        kube.delete("v1", "Pod", name, MPS_DAEMON_NAMESPACE)
-    left = kill_processes_under(driver.data_dir / "mps", grace_s=10)
-    assert not left, f"MPS daemon processes left behind: {left}"
-    assert not left_pods, f"MPS daemon pods left behind: {left_pods}"
 
 
 def queries_only(before: str, after: str) -> list[str]:
@@ -57,13 +40,8 @@ def test_a_killed_plugin_leaves_the_daemon_pod_running_and_the_restarted_one_tea
 ) -> None:
     config = m.gpu_config(m.mps_sharing(**MPS_CONFIG), requests=["mps-gpu"])
     kube.create(m.claim("shared-gpu", namespace, m.claim_spec([m.request("mps-gpu")], [config])))
-    for name in PODS:
-        kube.create(m.gpu_pod(name, namespace, claim="shared-gpu", command=m.SHOW_MPS))
-    for name in PODS:
-        wait_running(kube, name, namespace)
-    uid = kube.get("resource.k8s.io/v1", "ResourceClaim", "shared-gpu", namespace)["metadata"][
-        "uid"
-    ]
+    run_pods_sharing(kube, namespace, "shared-gpu", PODS, command=m.SHOW_MPS)
+    uid = claim_uid(kube, "shared-gpu", namespace)
     (device,) = allocated_devices(kube, "shared-gpu", namespace)
     daemon_id = claim_daemon_id(uid, [driver.uuid_of(device)])
     root = driver.mps_dir / daemon_id
@@ -76,9 +54,9 @@ def test_a_killed_plugin_leaves_the_daemon_pod_running_and_the_restarted_one_tea
     assert daemon_pod["status"]["phase"] == "Running"
     assert daemon_pod["spec"]["hostPID"] is True
     pod_uid = daemon_pod["metadata"]["uid"]
-    (handle,) = checkpoint_entry(driver, uid)["state"]["mpsDaemons"]
+    (handle,) = driver.checkpoint_entry(uid)["state"]["mpsDaemons"]
     assert (handle["runner"], handle["runnerRef"]) == ("pod", pod_uid)
-    pid = int((root / "pipe" / PID_FILE).read_text())
+    pid = daemon_pid(driver, daemon_id)
     assert daemons(driver) == [pid] == [handle["pid"]]
     for name in PODS:
         assert mps_output(kube, name, namespace)["pid"] == str(pid)
@@ -110,12 +88,5 @@ def test_a_killed_plugin_leaves_the_daemon_pod_running_and_the_restarted_one_tea
     assert uid in driver.cdi_spec_claims()
 
     # Deleting the pods unprepares the claim: the restarted plugin removes the daemon.
-    for name in PODS:
-        kube.delete("v1", "Pod", name, namespace)
-    for name in PODS:
-        kube.wait_gone("v1", "Pod", name, namespace)
-    wait_for("the claim to be unprepared", lambda: uid not in driver.checkpoint_claims(), 60)
-    assert driver.mps_daemon_pods() == {}
-    assert daemons(driver) == []
-    assert not root.exists()
-    assert uid not in driver.cdi_spec_claims()
+    delete_pods(kube, namespace, PODS)
+    assert_unprepared_without_daemon(driver, uid, daemon_id)

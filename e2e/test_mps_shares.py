@@ -9,42 +9,24 @@ gave it and the daemon files it sees in the mounted pipe directory."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from e2e import manifests as m
-from e2e.driver import MPS_DAEMON_NAMESPACE, Driver
+from e2e.driver import Driver
 from e2e.kube import Kube, wait_for
-from e2e.test_mps import daemons, mps_output
-from e2e.test_whole_gpu import wait_running
+from e2e.mps import PIPE, daemon_pid, daemons, mps_output
+from e2e.workloads import delete_pods, wait_event, wait_running
 from gpu_dra.kubelet_plugin.mps import shared_daemon_id
-from tests.doubles.mps_helpers import kill_processes_under
 from tests.doubles.nvidia_cuda_mps_control import PID_FILE, SOCKET, read_state
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("no_mps_daemon_left")]
 
 SIMULATED_PROFILE = "hgx-h100"
 PLUGIN_ARGS = ("--mps-shares=0",)
 MPS_CLASS = "mps.gpu.nvidia.com"
-PIPE = "/tmp/nvidia-mps"
-
-
-@pytest.fixture(autouse=True)
-def no_daemon_left(driver: Driver, kube: Kube) -> Iterator[None]:
-    """Every test starts and ends without MPS daemons or daemon pods (leftovers are removed and
-    fail the test)."""
-    assert not daemons(driver), "MPS daemons left by an earlier test"
-    assert not driver.mps_daemon_pods(), "MPS daemon pods left by an earlier test"
-    yield
-    left_pods = sorted(driver.mps_daemon_pods())
-    for name in left_pods:
-        kube.delete("v1", "Pod", name, MPS_DAEMON_NAMESPACE)
-    left = kill_processes_under(driver.data_dir / "mps", grace_s=10)
-    assert not left, f"MPS daemon processes left behind: {left}"
-    assert not left_pods, f"MPS daemon pods left behind: {left_pods}"
 
 
 @pytest.fixture
@@ -62,30 +44,6 @@ def share_claim(name: str, namespace: str, memory: str, compute: int) -> dict[st
     request = m.request("share", device_class=MPS_CLASS)
     request["exactly"]["capacity"] = {"requests": {"memory": memory, "compute": str(compute)}}
     return m.claim(name, namespace, m.claim_spec([request]))
-
-
-def failed_scheduling(kube: Kube, namespace: str, pod: str) -> str:
-    message = ""
-
-    def seen() -> bool:
-        nonlocal message
-        for event in kube.events_for(namespace, pod):
-            if event["reason"] == "FailedScheduling":
-                message = event["message"]
-                return True
-        return False
-
-    wait_for(f"a FailedScheduling event of {namespace}/{pod}", seen, 60)
-    return message
-
-
-def wait_unprepared(driver: Driver, uid: str) -> None:
-    wait_for(f"claim {uid} to be unprepared", lambda: uid not in driver.checkpoint_claims(), 60)
-
-
-def checkpoint_state(driver: Driver, uid: str) -> dict[str, Any]:
-    claims = json.loads((driver.state_dir / "gpu-dra-checkpoint.json").read_text())["claims"]
-    return dict(claims[uid]["state"])
 
 
 def test_three_shares_from_two_namespaces_run_on_one_daemon_with_their_own_caps(
@@ -121,11 +79,11 @@ def test_three_shares_from_two_namespaces_run_on_one_daemon_with_their_own_caps(
     daemon_id = shared_daemon_id(uuid)
     assert [p.name for p in driver.mps_dir.iterdir()] == [daemon_id]
     root = driver.mps_dir / daemon_id
-    pid = int((root / "pipe" / PID_FILE).read_text())
+    pid = daemon_pid(driver, daemon_id)
     assert daemons(driver) == [pid]
     assert list(driver.mps_daemon_pods()) == [f"mps-control-daemon-{daemon_id}"]
     for uid in uids.values():
-        state = checkpoint_state(driver, uid)
+        state = driver.checkpoint_entry(uid)["state"]
         assert [h["daemonId"] for h in state["mpsDaemons"]] == [daemon_id]
         assert state["mpsShares"]["gpu-0"]["uuid"] == uuid
     assert driver.metric("gpu_dra_mps_daemon_claims", daemon=daemon_id) == 3
@@ -156,30 +114,27 @@ def test_three_shares_from_two_namespaces_run_on_one_daemon_with_their_own_caps(
     # A fourth share does not fit (70 of 100 compute taken, 40 more asked): not scheduled.
     kube.create(share_claim("too-big", other_namespace, "20Gi", 40))
     kube.create(m.gpu_pod("too-big", other_namespace, claim="too-big", command=m.SHOW_MPS))
-    failed_scheduling(kube, other_namespace, "too-big")
+    wait_event(kube, other_namespace, "too-big", "FailedScheduling", 60)
     # A whole-GPU claim for gpu-0 (naming no amount: all of it) cannot land beside the shares.
     whole = m.request("gpu", selectors=[f"device.attributes['gpu.nvidia.com'].uuid == '{uuid}'"])
     kube.create(m.claim("whole", namespace, m.claim_spec([whole])))
     kube.create(m.gpu_pod("whole", namespace, claim="whole"))
-    failed_scheduling(kube, namespace, "whole")
+    wait_event(kube, namespace, "whole", "FailedScheduling", 60)
     for ns, name in ((other_namespace, "too-big"), (namespace, "whole")):
         assert kube.get("v1", "Pod", name, ns)["status"]["phase"] == "Pending"
         claim = kube.get("resource.k8s.io/v1", "ResourceClaim", name, ns)
         assert not claim.get("status", {}).get("allocation")
-        kube.delete("v1", "Pod", name, ns)
-        kube.wait_gone("v1", "Pod", name, ns)
+        delete_pods(kube, ns, [name])
     assert daemons(driver) == [pid]
 
     # The daemon stays while any share is prepared, and goes with the last one.
     for name in ("small", "medium"):
         ns = shares[name][0]
-        kube.delete("v1", "Pod", name, ns)
-        kube.wait_gone("v1", "Pod", name, ns)
-        wait_unprepared(driver, uids[name])
+        delete_pods(kube, ns, [name])
+        driver.wait_unprepared(uids[name])
         assert daemons(driver) == [pid]
     assert driver.metric("gpu_dra_mps_daemon_claims", daemon=daemon_id) == 1
-    kube.delete("v1", "Pod", "large", namespace)
-    kube.wait_gone("v1", "Pod", "large", namespace)
+    delete_pods(kube, namespace, ["large"])
     wait_for("the last share to be unprepared", lambda: not driver.checkpoint_claims(), 60)
     wait_for("the daemon to stop", lambda: not daemons(driver), 30)
     assert driver.mps_daemon_pods() == {}
@@ -215,9 +170,7 @@ def test_a_restarted_plugin_adopts_the_shared_daemon_and_its_reference_count(
     assert mps_output(kube, "third", namespace)["pid"] == str(pid)
     assert driver.metric("gpu_dra_mps_daemon_claims", daemon=daemon_id) == 3
 
-    for name in ("first", "second", "third"):
-        kube.delete("v1", "Pod", name, namespace)
-        kube.wait_gone("v1", "Pod", name, namespace)
+    delete_pods(kube, namespace, ("first", "second", "third"))
     wait_for("the shares to be unprepared", lambda: not driver.checkpoint_claims(), 60)
     wait_for("the daemon to stop", lambda: not daemons(driver), 30)
     assert driver.mps_daemon_pods() == {}

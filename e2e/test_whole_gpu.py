@@ -6,48 +6,16 @@ from __future__ import annotations
 import re
 
 import pytest
-from kubernetes.client.exceptions import ApiException
 
 from e2e import manifests as m
 from e2e.cluster import Cluster
 from e2e.driver import Driver
 from e2e.kube import Kube, wait_for
+from e2e.workloads import allocated_devices, gpus_seen, wait_running
 
 pytestmark = pytest.mark.e2e
 
 SIMULATED_PROFILE = "mixed"
-_UUID_LINE = re.compile(r"^GPU_DRA_(GPU_\d+)_UUID=(GPU-[0-9a-f-]+)$", re.M)
-
-
-def wait_running(kube: Kube, name: str, namespace: str, timeout: float = 90) -> None:
-    def running() -> bool:
-        status = kube.get("v1", "Pod", name, namespace)["status"]
-        assert status.get("phase") not in ("Failed", "Succeeded"), status
-        return bool(status.get("phase") == "Running")
-
-    wait_for(f"pod {namespace}/{name} to run", running, timeout)
-
-
-def gpus_seen(kube: Kube, pod: str, namespace: str, container: str | None = None) -> dict[str, str]:
-    """`{device env name: UUID}` the container printed; waits for the output."""
-    seen: dict[str, str] = {}
-
-    def printed() -> bool:
-        seen.clear()
-        try:
-            log = kube.pod_log(pod, namespace, container)
-        except ApiException:  # e.g. while a restarted kubelet is not serving logs yet
-            return False
-        seen.update(dict(_UUID_LINE.findall(log)))
-        return bool(seen)
-
-    wait_for(f"GPU lines in {pod}'s log", printed, 30)
-    return dict(seen)
-
-
-def allocated_devices(kube: Kube, claim: str, namespace: str) -> list[str]:
-    status = kube.get("resource.k8s.io/v1", "ResourceClaim", claim, namespace)["status"]
-    return [r["device"] for r in status["allocation"]["devices"]["results"]]
 
 
 def pod_claim_name(kube: Kube, pod: str, namespace: str) -> str:

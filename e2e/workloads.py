@@ -1,0 +1,92 @@
+"""What the e2e tests wait for and read back about their pods and claims: running pods, the
+devices a claim was allocated, the GPUs a container printed, events, and deleting pods."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+
+from kubernetes.client.exceptions import ApiException
+
+from e2e import manifests as m
+from e2e.kube import Kube, wait_for
+
+_UUID_LINE = re.compile(r"^GPU_DRA_(GPU_\d+)_UUID=(GPU-[0-9a-f-]+)$", re.M)
+
+
+def wait_running(kube: Kube, name: str, namespace: str, timeout: float = 90) -> None:
+    def running() -> bool:
+        status = kube.get("v1", "Pod", name, namespace)["status"]
+        assert status.get("phase") not in ("Failed", "Succeeded"), status
+        return bool(status.get("phase") == "Running")
+
+    wait_for(f"pod {namespace}/{name} to run", running, timeout)
+
+
+def gpus_seen(kube: Kube, pod: str, namespace: str, container: str | None = None) -> dict[str, str]:
+    """`{device env name: UUID}` the container printed; waits for the output."""
+    seen: dict[str, str] = {}
+
+    def printed() -> bool:
+        seen.clear()
+        try:
+            log = kube.pod_log(pod, namespace, container)
+        except ApiException:  # e.g. while a restarted kubelet is not serving logs yet
+            return False
+        seen.update(dict(_UUID_LINE.findall(log)))
+        return bool(seen)
+
+    wait_for(f"GPU lines in {pod}'s log", printed, 30)
+    return dict(seen)
+
+
+def allocated_devices(kube: Kube, claim: str, namespace: str) -> list[str]:
+    status = kube.get("resource.k8s.io/v1", "ResourceClaim", claim, namespace)["status"]
+    return [r["device"] for r in status["allocation"]["devices"]["results"]]
+
+
+def claim_uid(kube: Kube, name: str, namespace: str) -> str:
+    return str(kube.get("resource.k8s.io/v1", "ResourceClaim", name, namespace)["metadata"]["uid"])
+
+
+def wait_event(kube: Kube, namespace: str, pod: str, reason: str, timeout: float) -> str:
+    """The message of the first event of `reason` about the pod; waits for one."""
+    message = ""
+
+    def seen() -> bool:
+        nonlocal message
+        for event in kube.events_for(namespace, pod):
+            if event["reason"] == reason:
+                message = event["message"]
+                return True
+        return False
+
+    wait_for(f"a {reason} event of {namespace}/{pod}", seen, timeout)
+    return message
+
+
+def delete_pods(kube: Kube, namespace: str, names: Iterable[str]) -> None:
+    """Delete the pods, then wait until every one is gone."""
+    names = list(names)
+    for name in names:
+        kube.delete("v1", "Pod", name, namespace)
+    for name in names:
+        kube.wait_gone("v1", "Pod", name, namespace)
+
+
+def run_pods_sharing(
+    kube: Kube,
+    namespace: str,
+    claim: str,
+    pods: Iterable[str],
+    *,
+    command: str = m.SHOW_GPUS,
+    timeout: float = 90,
+) -> None:
+    """Create one pod per name, each using the existing `claim` and running `command`, and wait
+    until every one runs."""
+    pods = list(pods)
+    for name in pods:
+        kube.create(m.gpu_pod(name, namespace, claim=claim, command=command))
+    for name in pods:
+        wait_running(kube, name, namespace, timeout)
