@@ -5,7 +5,8 @@ server, GPUs of a simulated machine profile, and the real `WholeGpuPreparer` bui
 `Node` serves static inventories (whole GPUs, static MIG); `MpsNode` adds the real MPS daemon
 manager running the ``nvidia-cuda-mps-control`` test double; `DynamicMigNode` simulates an
 hgx-h100 whose MIG state survives restarts, with the MIG lifecycle and crash points. Subclasses
-add preparer options through `preparer_options`: one place builds the preparer."""
+add preparer options through `preparer_options`; one place, `PluginOnNode.build_preparer`,
+builds the preparer."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import asyncio
 import shutil
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -32,12 +33,14 @@ from gpu_dra.kubelet_plugin.mps import (
     DaemonHandle,
     MpsDaemonManager,
     PlainDirectoryShm,
+    claim_daemon_id,
     claims_using,
     handles_from_state,
 )
 from gpu_dra.kubelet_plugin.mps.process import start_time
 from gpu_dra.kubelet_plugin.prepare import WholeGpuPreparer
 from gpu_dra.kubelet_plugin.preparer import ClaimRef, PreparedDevice, PrepareResult
+from tests.doubles import nvidia_cuda_mps_control as double
 from tests.doubles.mps_helpers import DOUBLE_BINARY, double_env, processes_under
 from tests.fakes.claim_reader import (
     InMemoryClaimReader,
@@ -100,28 +103,45 @@ class RecordingSpecStore(ClaimSpecStore):
         return super().write(claim_uid, devices, common_edits=common_edits)
 
 
-def build_preparer(
-    inventory: NodeInventory,
-    claims: InMemoryClaimReader,
-    checkpoint: Checkpoint,
-    cdi: ClaimSpecStore,
-    data_dir: Path,
-    options: dict[str, Any],
-) -> WholeGpuPreparer:
-    """The preparer of driver `DRIVER` on node `NODE`, claim files in ``<data_dir>/claims``."""
-    return WholeGpuPreparer(
-        driver_name=DRIVER,
-        node_name=NODE,
-        inventory=inventory,
-        claims=claims,
-        checkpoint=checkpoint,
-        cdi=cdi,
-        claims_dir=data_dir / "claims",
-        **options,
-    )
+class PluginOnNode:
+    """What every test node has: the plugin's inventory, claims, checkpoint, CDI store and data
+    dir, and the preparer built over them (`build_preparer`, at each restart)."""
+
+    inventory: NodeInventory
+    api: InMemoryClaimReader
+    checkpoint: Checkpoint
+    cdi: ClaimSpecStore
+    data_dir: Path
+    preparer: WholeGpuPreparer
+
+    def preparer_options(self) -> dict[str, Any]:
+        """Further `WholeGpuPreparer` arguments (MPS, time slicing, ...); built at each restart."""
+        return {}
+
+    def build_preparer(self, **options: Any) -> WholeGpuPreparer:
+        """The preparer of driver `DRIVER` on node `NODE`, claim files in ``<data_dir>/claims``,
+        with `preparer_options` and `options`."""
+        return WholeGpuPreparer(
+            driver_name=DRIVER,
+            node_name=NODE,
+            inventory=self.inventory,
+            claims=self.api,
+            checkpoint=self.checkpoint,
+            cdi=self.cdi,
+            claims_dir=self.data_dir / "claims",
+            **self.preparer_options(),
+            **options,
+        )
+
+    def recover(self) -> None:
+        asyncio.run(self.preparer.recover())
+
+    def spec(self, claim_uid: str) -> dict[str, Any]:
+        loaded: dict[str, Any] = yaml.safe_load(self.cdi.path_for(claim_uid).read_text())
+        return loaded
 
 
-class Node:
+class Node(PluginOnNode):
     """The plugin's state on one node, in ``root``; :meth:`restart` keeps the files."""
 
     def __init__(self, root: Path, inventory: NodeInventory) -> None:
@@ -135,23 +155,12 @@ class Node:
         self.fail_cdi_writes = False
         self.restart()
 
-    def preparer_options(self) -> dict[str, Any]:
-        """Further `WholeGpuPreparer` arguments (MPS, time slicing, ...); built at each restart."""
-        return {}
-
     def restart(self) -> LoadResult:
         """A new plugin process: fresh checkpoint, CDI store and preparer over the same files."""
         self.checkpoint = Checkpoint(self.data_dir, boot_id=self.boot)
         loaded = self.checkpoint.load()
         self.cdi = RecordingSpecStore(self.cdi_root, disk_full=self.fail_cdi_writes)
-        self.preparer = build_preparer(
-            self.inventory,
-            self.api,
-            self.checkpoint,
-            self.cdi,
-            self.data_dir,
-            self.preparer_options(),
-        )
+        self.preparer = self.build_preparer()
         return loaded
 
     def add(self, claim: ResourceClaim) -> ClaimRef:
@@ -169,13 +178,6 @@ class Node:
 
     def unprepare(self, *claims: ClaimRef) -> dict[str, str | None]:
         return dict(asyncio.run(self.preparer.unprepare(claims)))
-
-    def recover(self) -> None:
-        asyncio.run(self.preparer.recover())
-
-    def spec(self, claim_uid: str) -> dict[str, Any]:
-        loaded: dict[str, Any] = yaml.safe_load(self.cdi.path_for(claim_uid).read_text())
-        return loaded
 
     def spec_files(self) -> list[str]:
         return sorted(p.name for p in self.cdi_root.iterdir()) if self.cdi_root.exists() else []
@@ -304,7 +306,7 @@ class Crash(BaseException):
     """Raised at a crash point, after the node's files were frozen (`DynamicMigNode.crashed`)."""
 
 
-class DynamicMigNode:
+class DynamicMigNode(PluginOnNode):
     """The plugin with dynamic MIG on one simulated hgx-h100; `restart` is a new process over
     the same files, simulated GPUs included (their MIG state comes back from the state file)."""
 
@@ -316,10 +318,6 @@ class DynamicMigNode:
         self.cdi_root = root / "cdi"
         self.cdi_root.mkdir()
         self.restart()
-
-    def preparer_options(self) -> dict[str, Any]:
-        """Further `WholeGpuPreparer` arguments besides ``dynamic_mig``; built at each restart."""
-        return {}
 
     def restart(self, *, crash_at: str | None = None, dynamic: bool = True) -> None:
         state = SimulatedMigStateFile(self.data_dir / "simulated-nvml.json", DYNAMIC_MIG_PROFILE)
@@ -343,14 +341,7 @@ class DynamicMigNode:
 
         self.lifecycle = MigLifecycle(self.host.nvml, crash_point=crash)
         dynamic_mig = DynamicMig(self.lifecycle, self.inventory.partitionable_gpus())
-        self.preparer = build_preparer(
-            self.inventory,
-            self.api,
-            self.checkpoint,
-            self.cdi,
-            self.data_dir,
-            {**self.preparer_options(), "dynamic_mig": dynamic_mig if dynamic else None},
-        )
+        self.preparer = self.build_preparer(dynamic_mig=dynamic_mig if dynamic else None)
 
     def crashed(self) -> None:
         """A new plugin process after the crash: the files as the crash point froze them."""
@@ -370,9 +361,6 @@ class DynamicMigNode:
 
     def unprepare(self, claim: ClaimRef) -> str | None:
         return asyncio.run(self.preparer.unprepare([claim]))[claim.uid]
-
-    def recover(self) -> None:
-        asyncio.run(self.preparer.recover())
 
     def gpu(self, minor: int) -> Any:
         return next(g for g in self.inventory.gpus if g.minor == minor)
@@ -396,10 +384,6 @@ class DynamicMigNode:
         snapshot = self.host.nvml.mig_snapshot()["gpus"]
         assert isinstance(snapshot, dict)
         return {uuid: s["gpuInstances"] for uuid, s in snapshot.items() if s["gpuInstances"]}
-
-    def spec(self, uid: str) -> dict[str, Any]:
-        loaded: dict[str, Any] = yaml.safe_load(self.cdi.path_for(uid).read_text())
-        return loaded
 
     def assert_nothing_left(self, uid: str) -> None:
         assert not self.cdi.path_for(uid).exists(), "CDI spec left behind"
@@ -447,6 +431,26 @@ def mounts(spec_device: dict[str, Any]) -> dict[str, tuple[str, list[str]]]:
         m["containerPath"]: (m["hostPath"], m["options"])
         for m in spec_device["containerEdits"].get("mounts", [])
     }
+
+
+def assert_one_daemon_per_mig_device(
+    claim_uid: str,
+    handles: Mapping[tuple[str, ...], DaemonHandle],
+    threads: float,
+    limits: Mapping[str, str],
+) -> None:
+    """`handles` (by their devices) are one daemon per MIG UUID of `limits`, named for the claim
+    and that UUID, serving it alone with default `threads` % and its pinned limit."""
+    assert set(handles) == {(uuid,) for uuid in limits}
+    for uuid, limit in limits.items():
+        handle = handles[(uuid,)]
+        assert handle.daemon_id == claim_daemon_id(claim_uid, [uuid])
+        state = double.read_state(handle.paths.pipe)
+        assert state["visibleDevices"] == [uuid]
+        assert state["defaults"] == {
+            "activeThreadPercentage": threads,
+            "pinnedMemLimits": {uuid: limit},
+        }
 
 
 def wait_dead(pid: int, timeout_s: float = 5.0) -> bool:

@@ -36,6 +36,7 @@ from tests.kubelet_plugin.nodes import (
     UID_B,
     MpsNode,
     Node,
+    assert_one_daemon_per_mig_device,
     device_env,
     failed,
     mounts,
@@ -536,16 +537,10 @@ def test_mps_on_mig_runs_one_daemon_per_mig_device_keyed_by_its_mig_uuid(
     ok(node.prepare(claim)[UID_A])
 
     handles = {h.devices: h for h in node.handles(UID_A)}
-    assert set(handles) == {(uuid,) for uuid in uuids.values()}
+    limits = {uuid: "2048M" if uuid == second else "4096M" for uuid in uuids.values()}
+    assert_one_daemon_per_mig_device(UID_A, handles, 30.0, limits)
     for name, uuid in uuids.items():
         handle = handles[(uuid,)]
-        assert handle.daemon_id == claim_daemon_id(UID_A, [uuid])
-        state = double.read_state(handle.paths.pipe)
-        assert state["visibleDevices"] == [uuid]
-        assert state["defaults"] == {
-            "activeThreadPercentage": 30.0,
-            "pinnedMemLimits": {uuid: "2048M" if uuid == second else "4096M"},
-        }
         (spec_device,) = [d for d in node.spec(UID_A)["devices"] if d["name"] == f"{UID_A}-{name}"]
         assert mounts(spec_device)["/tmp/nvidia-mps"][0] == str(handle.paths.pipe)
         assert device_env(spec_device)["CUDA_MPS_PIPE_DIRECTORY"] == "/tmp/nvidia-mps"

@@ -13,10 +13,8 @@ import pytest
 from gpu_dra.kubelet_plugin.mig import CRASH_AFTER_GPU_INSTANCE, DYNAMIC_MIG_STATE_KEY
 from gpu_dra.kubelet_plugin.mps import (
     MPS_STATE_KEY,
-    claim_daemon_id,
     handles_from_state,
 )
-from tests.doubles import nvidia_cuda_mps_control as double
 from tests.doubles.mps_helpers import (
     processes_under,
 )
@@ -25,6 +23,7 @@ from tests.kubelet_plugin.nodes import (
     UID_A,
     Crash,
     DynamicMigNode,
+    assert_one_daemon_per_mig_device,
     device_var,
     double_daemon_manager,
     env_of,
@@ -97,17 +96,11 @@ def test_each_new_mig_device_gets_a_daemon_keyed_by_the_uuid_it_was_made_with(
     assert entry is not None
     assert DYNAMIC_MIG_STATE_KEY in entry.state
     handles = {h.devices: h for h in handles_from_state(entry.state)}
-    assert set(handles) == {(u,) for u in uuids.values()}
     first = min(uuids.values())  # key "0": the group's sorted MIG UUIDs
+    limits = {uuid: "1024M" if uuid == first else "2048M" for uuid in uuids.values()}
+    assert_one_daemon_per_mig_device(UID_A, handles, 30.0, limits)
     for name, uuid in uuids.items():
         handle = handles[(uuid,)]
-        assert handle.daemon_id == claim_daemon_id(UID_A, [uuid])
-        state = double.read_state(handle.paths.pipe)
-        assert state["visibleDevices"] == [uuid]
-        assert state["defaults"] == {
-            "activeThreadPercentage": 30.0,
-            "pinnedMemLimits": {uuid: "1024M" if uuid == first else "2048M"},
-        }
         (device,) = [d for d in node.spec(UID_A)["devices"] if d["name"] == f"{UID_A}-{name}"]
         pipes = [m["hostPath"] for m in device["containerEdits"]["mounts"]]
         assert str(handle.paths.pipe) in pipes
