@@ -27,9 +27,9 @@ import json
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from fractions import Fraction
 from typing import Any, Final
 
+from gpu_dra.controller.availability import capacity_fits, counter_use, counters_shortage
 from gpu_dra.controller.inventory import (
     ALL_NODES,
     ClusterState,
@@ -43,9 +43,7 @@ from gpu_dra.controller.inventory import (
 from gpu_dra.driver.cel import (
     CelCompileError,
     CelRuntimeError,
-    CelValueError,
     DeviceTable,
-    Quantity,
     Selector,
     compile_selector,
     select,
@@ -403,14 +401,17 @@ def _alternative(
         )
     if any(d.raw.get("consumesCounters") for d in devices):
         pools = {pool.key: pool for pool in state.pools}
-        consumed = _consumed_counters(state, claim)
+        use = counter_use(state.devices, claim)
         devices = _filter_step(
             alternative,
             "counters",
             "shared counters of the pool",
             devices,
-            lambda d: _counters_fit(
-                d, pools[f"{d.driver}/{d.pool}"].counter_sets, consumed[(d.driver, d.pool)]
+            lambda d: (
+                counters_shortage(
+                    d, pools[f"{d.driver}/{d.pool}"].counter_sets, use.get((d.driver, d.pool))
+                )
+                is None
             ),
         )
     alternative.candidates = devices
@@ -534,125 +535,6 @@ def best_node_count(devices: Sequence[PoolDevice]) -> int:
         if device.node != ALL_NODES:
             per_node[device.node] += 1
     return shared + max(per_node.values(), default=0)
-
-
-# ---- capacity and counters ---------------------------------------------------------------------
-
-
-def capacity_fits(device: PoolDevice, requests: Mapping[str, str], claim: str = "") -> str | None:
-    """None when `device` can serve the capacity `requests`, else why not (resource-api.md §5.1)."""
-    capacities: dict[tuple[str, str], Obj] = {
-        split_qualified_name(str(k), device.driver): v
-        for k, v in (device.raw.get("capacity") or {}).items()
-    }
-    wanted: dict[tuple[str, str], Fraction] = {}
-    for key, amount in requests.items():
-        qualified = split_qualified_name(key, device.driver)
-        if qualified not in capacities:
-            return f"no capacity {key}"
-        try:
-            wanted[qualified] = Quantity.parse(amount).value
-        except CelValueError:
-            return f"capacity request {key}={amount} is not a quantity"
-    consumed: dict[tuple[str, str], Fraction] = defaultdict(Fraction)
-    if device.multi_allocatable:
-        for holder in device.busy_holders(claim):
-            for key, amount in holder.consumed_capacity.items():
-                try:
-                    value = Quantity.parse(amount).value
-                except CelValueError:
-                    continue
-                consumed[split_qualified_name(key, device.driver)] += value
-    for qualified, entry in capacities.items():
-        try:
-            total = Quantity.parse(str(entry.get("value", "0"))).value
-            demand = _rounded(
-                wanted.get(qualified), entry.get("requestPolicy"), total, device.multi_allocatable
-            )
-        except CelValueError:
-            return f"capacity {qualified[1]} is not a quantity"
-        if demand is None:
-            return f"capacity {qualified[1]}: request outside the requestPolicy"
-        available = total - consumed[qualified]
-        if demand > available:
-            return f"capacity {qualified[1]}: needs {_q(demand)}, {_q(available)} left"
-    return None
-
-
-def _rounded(
-    request: Fraction | None, policy: object, total: Fraction, multi: bool
-) -> Fraction | None:
-    """What a request consumes after the device's ``requestPolicy``; None when not allowed."""
-    if not isinstance(policy, Mapping):
-        policy = {}
-    if request is None:
-        if not multi:
-            return Fraction(0)
-        default = policy.get("default")
-        return Quantity.parse(str(default)).value if default is not None else total
-    valid = policy.get("validValues")
-    if isinstance(valid, list) and valid:
-        options = sorted(Quantity.parse(str(v)).value for v in valid)
-        return next((v for v in options if v >= request), None)
-    limits = policy.get("validRange")
-    if isinstance(limits, Mapping):
-        low = Quantity.parse(str(limits.get("min", "0"))).value
-        value = max(request, low)
-        if limits.get("step") is not None:
-            step = Quantity.parse(str(limits["step"])).value
-            if step > 0:
-                steps = -((low - value) // step)  # ceiling
-                value = low + steps * step
-        if limits.get("max") is not None and value > Quantity.parse(str(limits["max"])).value:
-            return None
-        return value
-    return request
-
-
-def _q(value: Fraction) -> str:
-    return str(Quantity(value))
-
-
-def _consumed_counters(
-    state: ClusterState, claim: str
-) -> dict[tuple[str, str], dict[tuple[str, str], Fraction]]:
-    consumed: dict[tuple[str, str], dict[tuple[str, str], Fraction]] = defaultdict(
-        lambda: defaultdict(Fraction)
-    )
-    for device in state.devices:
-        if not device.busy_holders(claim):
-            continue
-        for entry in device.raw.get("consumesCounters") or []:
-            for counter, amount in (entry.get("counters") or {}).items():
-                try:
-                    value = Quantity.parse(str((amount or {}).get("value", "0"))).value
-                except CelValueError:
-                    continue
-                key = (str(entry.get("counterSet", "")), str(counter))
-                consumed[(device.driver, device.pool)][key] += value
-    return consumed
-
-
-def _counters_fit(
-    device: PoolDevice,
-    counter_sets: Mapping[str, Mapping[str, str]],
-    consumed: Mapping[tuple[str, str], Fraction],
-) -> bool:
-    for entry in device.raw.get("consumesCounters") or []:
-        counter_set = counter_sets.get(str(entry.get("counterSet", "")))
-        if counter_set is None:
-            return False
-        for counter, amount in (entry.get("counters") or {}).items():
-            if counter not in counter_set:
-                return False
-            try:
-                total = Quantity.parse(counter_set[counter]).value
-                need = Quantity.parse(str((amount or {}).get("value", "0"))).value
-            except CelValueError:
-                return False
-            if total - consumed.get((str(entry.get("counterSet", "")), counter), 0) < need:
-                return False
-    return True
 
 
 # ---- constraints -------------------------------------------------------------------------------

@@ -9,8 +9,17 @@ DeviceClasses, ResourceClaims of all namespaces); no I/O. The cluster model buil
   kept slices are fewer than ``resourceSliceCount`` is *incomplete* (resource-api.md §9.3 step 1).
 - Allocations: every ``status.allocation.devices.results[]`` of every claim, with the claim
   holding it; ``adminAccess`` results do not make a device busy.
-- Per DeviceClass: the devices its selectors (compiled with `gpu_dra.driver.cel`) match, and how
-  many of them are free; a selector that does not compile or fails at run time is counted.
+- Device states (`DEVICE_STATES`): ``free`` (allocatable now), ``allocated`` (held by claims; a
+  multi-allocatable device with a consumable capacity used up), ``shared`` (a multi-allocatable
+  device with allocations and capacity left: its remaining capacity is reported), ``blocked``
+  (not held, but the pool's shared counters its ``consumesCounters`` need are used up by
+  allocated devices: a whole GPU or a MIG placement overlapping allocated slices) and ``admin``
+  (held only with adminAccess). Capacity and counters: `gpu_dra.controller.availability`, the
+  same code `gpu-dra explain` runs.
+- Per DeviceClass: the devices its selectors (compiled with `gpu_dra.driver.cel`) match, how
+  many of them can be allocated now (free, shared, admin) or are blocked, and the free
+  consumable capacity of its multi-allocatable devices; a selector that does not compile or
+  fails at run time is counted.
 """
 
 from __future__ import annotations
@@ -18,8 +27,17 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from fractions import Fraction
 from typing import Any, Final
 
+from gpu_dra.controller.availability import (
+    CapacityLeft,
+    CounterUse,
+    counter_use,
+    counters_shortage,
+    quantity_text,
+    remaining_capacity,
+)
 from gpu_dra.driver.cel import (
     CelCompileError,
     CelRuntimeError,
@@ -36,9 +54,12 @@ Obj = Mapping[str, Any]
 
 ALL_NODES: Final = "<all nodes>"
 """The node column of devices in pools that are not node-local (allNodes, nodeSelector)."""
-_FREE_STATES: Final = ("free", "admin")
-DEVICE_STATES: Final = ("free", "allocated", "shared", "admin")
+ALLOCATABLE_STATES: Final = ("free", "shared", "admin")
+"""States of devices the scheduler can allocate now (a class's ``free`` count)."""
+DEVICE_STATES: Final = ("free", "allocated", "shared", "blocked", "admin")
 """Every value of `DeviceRow.state`."""
+CLASS_STATES: Final = ("total", "free", "blocked")
+"""The device counts of a `ClassRow` (`Inventory.class_counts`)."""
 
 
 @dataclass(frozen=True)
@@ -298,10 +319,13 @@ class DeviceRow:
     type: str
     product: str
     state: str
-    """``free``, ``allocated``, ``shared`` (a multi-allocatable device with allocations) or
-    ``admin`` (only adminAccess allocations)."""
+    """One of `DEVICE_STATES` (`device_availability`)."""
     holders: tuple[str, ...]
     """``ns/name`` of each claim holding it (request in parentheses)."""
+    reason: str = ""
+    """Why a ``blocked`` device cannot be allocated (``counters of <set> used by <claims>``)."""
+    capacity: Mapping[str, CapacityLeft] = field(default_factory=dict)
+    """Multi-allocatable devices: each consumable capacity's value and what is left of it."""
 
 
 @dataclass(frozen=True)
@@ -309,9 +333,15 @@ class ClassRow:
     name: str
     total: int
     free: int
+    """Matched devices the scheduler can allocate now (`ALLOCATABLE_STATES`)."""
     errors: int
     error: str = ""
     """A compile error, or one example runtime error (device: message)."""
+    blocked: int = 0
+    """Matched devices not held but out of shared counters."""
+    capacity: Mapping[str, CapacityLeft] = field(default_factory=dict)
+    """Capacity name -> sum over the matched multi-allocatable devices of its value and of
+    what is left of it (the class's free capacity)."""
 
 
 @dataclass(frozen=True)
@@ -324,15 +354,17 @@ class Inventory:
 
     def nodes(self) -> dict[str, dict[str, Any]]:
         """Per node: device counts, by state (``free`` counts devices held only with
-        adminAccess; ``shared``: multi-allocatable devices with allocations) and by type."""
+        adminAccess; ``shared``: multi-allocatable devices with allocations and capacity left;
+        ``blocked``: out of shared counters) and by type (``free``: allocatable now)."""
         summary: dict[str, dict[str, Any]] = {}
         for row in self.devices:
             node = summary.setdefault(
-                row.node, {"devices": 0, "free": 0, "allocated": 0, "shared": 0, "types": {}}
+                row.node,
+                {"devices": 0, "free": 0, "allocated": 0, "shared": 0, "blocked": 0, "types": {}},
             )
-            free = row.state in _FREE_STATES
+            free = row.state in ALLOCATABLE_STATES
             node["devices"] += 1
-            node["free" if free else row.state] += 1
+            node["free" if row.state == "admin" else row.state] += 1
             types = node["types"].setdefault(row.type, {"devices": 0, "free": 0})
             types["devices"] += 1
             types["free"] += free
@@ -349,11 +381,12 @@ class Inventory:
         return counts
 
     def class_counts(self) -> dict[tuple[str, str], int]:
-        """(class, ``total`` | ``free``) -> devices."""
+        """(class, state of `CLASS_STATES`) -> devices."""
         counts: dict[tuple[str, str], int] = {}
         for row in self.classes:
             counts[(row.name, "total")] = row.total
             counts[(row.name, "free")] = row.free
+            counts[(row.name, "blocked")] = row.blocked
         return counts
 
     def to_json(self) -> dict[str, Any]:
@@ -369,7 +402,9 @@ class Inventory:
                     "type": row.type,
                     "product": row.product,
                     "state": row.state,
+                    "reason": row.reason,
                     "holders": list(row.holders),
+                    "capacity": {k: v.to_json() for k, v in row.capacity.items()},
                 }
                 for row in self.devices
             ],
@@ -378,6 +413,8 @@ class Inventory:
                     "name": row.name,
                     "total": row.total,
                     "free": row.free,
+                    "blocked": row.blocked,
+                    "capacity": {k: v.to_json() for k, v in row.capacity.items()},
                     "errors": row.errors,
                     "error": row.error,
                 }
@@ -387,11 +424,42 @@ class Inventory:
         }
 
 
-def device_state(device: PoolDevice) -> str:
-    busy = device.busy_holders()
-    if not busy:
-        return "admin" if device.holders else "free"
-    return "shared" if device.multi_allocatable else "allocated"
+@dataclass(frozen=True)
+class Availability:
+    """A device's state (one of `DEVICE_STATES`), why it is blocked, and its capacity left."""
+
+    state: str
+    reason: str = ""
+    capacity: Mapping[str, CapacityLeft] = field(default_factory=dict)
+
+
+def device_availability(
+    device: PoolDevice, counter_sets: Mapping[str, Mapping[str, str]], use: CounterUse | None
+) -> Availability:
+    """The state of `device` given its pool's `counter_sets` and what the pool's allocated
+    devices consume of them (`availability.counter_use`)."""
+    capacity = remaining_capacity(device) if device.multi_allocatable else {}
+    if device.busy_holders():
+        if not device.multi_allocatable:
+            return Availability("allocated")
+        used_up = any(left.remaining <= 0 for left in capacity.values())
+        return Availability("allocated" if used_up else "shared", capacity=capacity)
+    shortage = counters_shortage(device, counter_sets, use)
+    if shortage is not None:
+        return Availability("blocked", shortage, capacity)
+    return Availability("admin" if device.holders else "free", capacity=capacity)
+
+
+def availabilities(state: ClusterState) -> dict[tuple[str, str, str], Availability]:
+    """`device_availability` of every device, by `PoolDevice.key`."""
+    use = counter_use(state.devices)
+    return {
+        device.key: device_availability(
+            device, pool.counter_sets, use.get((pool.driver, pool.name))
+        )
+        for pool in state.pools
+        for device in pool.devices
+    }
 
 
 def inventory(
@@ -401,9 +469,11 @@ def inventory(
     *,
     driver: str = DEFAULT_DRIVER_NAME,
 ) -> Inventory:
-    """Devices of `driver` per node with their holders; every class's total and free devices
-    (over the devices of all drivers, as the scheduler sees them)."""
+    """Devices of `driver` per node with their state and holders; every class's total, free
+    and blocked devices and free capacity (over the devices of all drivers, as the scheduler
+    sees them)."""
     state = build_cluster_state(slices, claims)
+    available = availabilities(state)
     rows = [
         DeviceRow(
             node=device.node,
@@ -411,15 +481,17 @@ def inventory(
             device=device.name,
             type=device.type,
             product=device.product,
-            state=device_state(device),
+            state=available[device.key].state,
             holders=tuple(f"{h.claim} ({h.request})" for h in device.holders),
+            reason=available[device.key].reason,
+            capacity=available[device.key].capacity,
         )
         for device in state.devices
         if device.driver == driver
     ]
     rows.sort(key=lambda row: (row.node, row.pool, row.device))
     class_rows = [
-        _class_row(compile_class(c), state.devices)
+        _class_row(compile_class(c), state.devices, available)
         for c in sorted(classes, key=lambda c: str((c.get("metadata") or {}).get("name", "")))
     ]
     return Inventory(
@@ -433,17 +505,44 @@ def inventory(
     )
 
 
-def _class_row(compiled: CompiledClass, devices: Sequence[PoolDevice]) -> ClassRow:
+def _class_row(
+    compiled: CompiledClass,
+    devices: Sequence[PoolDevice],
+    available: Mapping[tuple[str, str, str], Availability],
+) -> ClassRow:
     if compiled.error:
         return ClassRow(compiled.name, 0, 0, 0, compiled.error)
     matched, failures = select_all(compiled.selectors, devices)
     errors = len(failures)
     example = f"{devices[failures[0][0]].label}: {failures[0][1]}" if failures else ""
-    total = len(matched)
-    free = sum(
-        device_state(devices[i]) in _FREE_STATES or devices[i].multi_allocatable for i in matched
+    states = [available[devices[i].key].state for i in matched]
+    capacity: dict[str, CapacityLeft] = {}
+    for i in matched:
+        for name, left in available[devices[i].key].capacity.items():
+            before = capacity.get(name, CapacityLeft(Fraction(0), Fraction(0)))
+            capacity[name] = CapacityLeft(
+                before.value + left.value, before.remaining + max(left.remaining, Fraction(0))
+            )
+    return ClassRow(
+        compiled.name,
+        total=len(matched),
+        free=sum(s in ALLOCATABLE_STATES for s in states),
+        errors=errors,
+        error=example,
+        blocked=states.count("blocked"),
+        capacity=capacity,
     )
-    return ClassRow(compiled.name, total, free, errors, example)
+
+
+def _capacity_text(capacity: Mapping[str, CapacityLeft]) -> str:
+    """``memory 50Gi/80Gi, compute 30/100`` (left/value), or ``-``."""
+    return (
+        ", ".join(
+            f"{name} {quantity_text(left.remaining)}/{quantity_text(left.value)}"
+            for name, left in sorted(capacity.items())
+        )
+        or "-"
+    )
 
 
 def render_inventory(report: Inventory) -> list[tuple[list[str], list[list[str]]] | str]:
@@ -461,16 +560,27 @@ def render_inventory(report: Inventory) -> list[tuple[list[str], list[list[str]]
         kinds = ", ".join(
             f"{t}: {c['free']}/{c['devices']} free" for t, c in sorted(summary["types"].items())
         )
-        counts = [str(summary[k]) for k in ("devices", "free", "allocated", "shared")]
+        counts = [str(summary[k]) for k in ("devices", "free", "allocated", "shared", "blocked")]
         node_rows.append([node, *counts, kinds])
     out.append(f"nodes ({report.driver}):")
-    out.append((["NODE", "DEVICES", "FREE", "ALLOCATED", "SHARED", "BY TYPE"], node_rows))
+    out.append(
+        (["NODE", "DEVICES", "FREE", "ALLOCATED", "SHARED", "BLOCKED", "BY TYPE"], node_rows)
+    )
     out.append("devices:")
     out.append(
         (
-            ["NODE", "POOL", "DEVICE", "TYPE", "PRODUCT", "STATE", "HELD BY"],
+            ["NODE", "POOL", "DEVICE", "TYPE", "PRODUCT", "STATE", "HELD BY", "CAPACITY LEFT"],
             [
-                [r.node, r.pool, r.device, r.type, r.product, r.state, ", ".join(r.holders) or "-"]
+                [
+                    r.node,
+                    r.pool,
+                    r.device,
+                    r.type,
+                    r.product,
+                    f"{r.state} ({r.reason})" if r.reason else r.state,
+                    ", ".join(r.holders) or "-",
+                    _capacity_text(r.capacity),
+                ]
                 for r in report.devices
             ],
         )
@@ -478,9 +588,17 @@ def render_inventory(report: Inventory) -> list[tuple[list[str], list[list[str]]
     out.append("device classes:")
     out.append(
         (
-            ["CLASS", "DEVICES", "FREE", "CEL ERRORS", "NOTE"],
+            ["CLASS", "DEVICES", "FREE", "BLOCKED", "FREE CAPACITY", "CEL ERRORS", "NOTE"],
             [
-                [c.name, str(c.total), str(c.free), str(c.errors), c.error or "-"]
+                [
+                    c.name,
+                    str(c.total),
+                    str(c.free),
+                    str(c.blocked),
+                    _capacity_text(c.capacity),
+                    str(c.errors),
+                    c.error or "-",
+                ]
                 for c in report.classes
             ],
         )

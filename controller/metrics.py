@@ -88,7 +88,7 @@ class InventoryCollector(Collector):
         device_gauge = GaugeMetricFamily(
             "gpu_dra_devices",
             "Devices of the driver per node, type attribute and allocation state "
-            "(free, allocated, shared, admin), from the last inventory read.",
+            "(free, allocated, shared, blocked, admin), from the last inventory read.",
             labels=["node", "type", "state"],
         )
         for (node, kind, state), value in sorted(devices.items()):
@@ -96,7 +96,8 @@ class InventoryCollector(Collector):
         yield device_gauge
         class_gauge = GaugeMetricFamily(
             "gpu_dra_deviceclass_devices",
-            "Devices each DeviceClass's selectors match (total) and how many are free, "
+            "Devices each DeviceClass's selectors match (total), how many can be allocated "
+            "now (free) and how many are out of shared counters (blocked), "
             "from the last inventory read.",
             labels=["deviceclass", "state"],
         )

@@ -359,6 +359,7 @@ def test_inventory_command_tables_and_json(
         "free": 3,
         "allocated": 1,
         "shared": 0,
+        "blocked": 0,
         "types": {"gpu": {"devices": 4, "free": 3}},
     }
     assert {c["name"]: (c["total"], c["free"]) for c in data["classes"]} == {

@@ -12,7 +12,7 @@ from prometheus_client import CollectorRegistry
 
 from gpu_dra.controller import errors
 from gpu_dra.controller.__main__ import inventory_loop, refresh_inventory, run
-from gpu_dra.controller.inventory import Inventory, inventory
+from gpu_dra.controller.inventory import DEVICE_STATES, Inventory, inventory
 from gpu_dra.controller.metrics import CatalogMetrics, InventoryMetrics
 from gpu_dra.controller.settings import ControllerSettings
 from tests.controller.test_inventory import (
@@ -69,6 +69,7 @@ def test_devices_per_node_type_and_state() -> None:
     assert devices(registry, "node-a", "gpu", "allocated") == 2
     assert devices(registry, "node-a", "gpu", "shared") == 0
     assert devices(registry, "node-a", "gpu", "admin") == 0
+    assert devices(registry, "node-a", "gpu", "blocked") == 0
     assert devices(registry, "node-b", "gpu", "free") == 1
     assert devices(registry, "node-b", "mig", "free") == 1
     assert devices(registry, "node-b", "mig", "allocated") == 1
@@ -99,6 +100,7 @@ def test_class_totals_and_free() -> None:
     assert class_devices(registry, "gpu.nvidia.com", "free") == 3
     assert class_devices(registry, "mig.nvidia.com", "total") == 2
     assert class_devices(registry, "mig.nvidia.com", "free") == 1
+    assert class_devices(registry, "mig.nvidia.com", "blocked") == 0
 
 
 def test_label_sets_that_disappear_are_dropped() -> None:
@@ -110,7 +112,7 @@ def test_label_sets_that_disappear_are_dropped() -> None:
 
     assert devices(registry, "node-a", "gpu", "free") == 4
     assert devices(registry, "node-a", "gpu", "allocated") == 0
-    for state in ("free", "allocated", "shared", "admin"):
+    for state in DEVICE_STATES:
         assert devices(registry, "node-b", "mig", state) is None
         assert devices(registry, "node-b", "gpu", state) is None
     assert class_devices(registry, "gpu.nvidia.com", "total") == 4

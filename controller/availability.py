@@ -1,0 +1,212 @@
+"""What is left of a device for the next allocation: consumable capacity and shared counters.
+
+Pure logic over the cluster model of `gpu_dra.controller.inventory` (devices with the claims
+holding them), used by both `gpu-dra explain` (its ``capacity`` and ``counters`` steps) and
+`gpu-dra inventory` (device states, free capacity; the controller's inventory gauges):
+
+- consumable capacity (resource-api.md §5.1): a multi-allocatable device's capacity minus the
+  ``consumedCapacity`` of its allocations; a request is rounded by the capacity's
+  ``requestPolicy``;
+- shared counters (§5.2, partitionable devices): a device can be allocated only if, for each
+  counter it consumes, the pool's counter set value minus what the already-allocated devices of
+  the pool consume is at least its consumption. An allocated device consumes its counters once,
+  however many allocations it has; adminAccess allocations consume nothing.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from fractions import Fraction
+from typing import TYPE_CHECKING, Any
+
+from gpu_dra.driver.cel import CelValueError, Quantity
+from gpu_dra.driver.cel.device import split_qualified_name
+
+if TYPE_CHECKING:
+    from gpu_dra.controller.inventory import PoolDevice
+
+CounterKey = tuple[str, str]
+"""(counter set name, counter name)."""
+
+
+def quantity_text(value: Fraction) -> str:
+    """A quantity as Kubernetes prints it (``10Gi``, ``30``)."""
+    return str(Quantity(value))
+
+
+# ---- consumable capacity -----------------------------------------------------------------------
+
+
+def consumed_capacity(device: PoolDevice, exclude: str = "") -> dict[tuple[str, str], Fraction]:
+    """(domain, capacity) -> what the allocations of a multi-allocatable `device` consume (those
+    of claim `exclude` left out); a consumed amount that is not a quantity is ignored. Empty for
+    a device that is not multi-allocatable (it is taken whole)."""
+    consumed: dict[tuple[str, str], Fraction] = defaultdict(Fraction)
+    if not device.multi_allocatable:
+        return consumed
+    for holder in device.busy_holders(exclude):
+        for key, amount in holder.consumed_capacity.items():
+            try:
+                value = Quantity.parse(amount).value
+            except CelValueError:
+                continue
+            consumed[split_qualified_name(key, device.driver)] += value
+    return consumed
+
+
+@dataclass(frozen=True)
+class CapacityLeft:
+    """One consumable capacity of a device: its published value and what is left of it."""
+
+    value: Fraction
+    remaining: Fraction
+
+    def to_json(self) -> dict[str, str]:
+        return {"value": quantity_text(self.value), "remaining": quantity_text(self.remaining)}
+
+
+def remaining_capacity(device: PoolDevice) -> dict[str, CapacityLeft]:
+    """Capacity name (as published) -> value and what the device's allocations leave of it; a
+    value that is not a quantity is left out."""
+    consumed = consumed_capacity(device)
+    left: dict[str, CapacityLeft] = {}
+    for key, entry in (device.raw.get("capacity") or {}).items():
+        try:
+            value = Quantity.parse(str((entry or {}).get("value", "0"))).value
+        except CelValueError:
+            continue
+        left[str(key)] = CapacityLeft(
+            value, value - consumed.get(split_qualified_name(str(key), device.driver), Fraction(0))
+        )
+    return left
+
+
+def capacity_fits(device: PoolDevice, requests: Mapping[str, str], claim: str = "") -> str | None:
+    """None when `device` can serve the capacity `requests`, else why not (resource-api.md §5.1);
+    the allocations of `claim` do not count as consuming."""
+    capacities: dict[tuple[str, str], Any] = {
+        split_qualified_name(str(k), device.driver): v
+        for k, v in (device.raw.get("capacity") or {}).items()
+    }
+    wanted: dict[tuple[str, str], Fraction] = {}
+    for key, amount in requests.items():
+        qualified = split_qualified_name(key, device.driver)
+        if qualified not in capacities:
+            return f"no capacity {key}"
+        try:
+            wanted[qualified] = Quantity.parse(amount).value
+        except CelValueError:
+            return f"capacity request {key}={amount} is not a quantity"
+    consumed = consumed_capacity(device, claim)
+    for qualified, entry in capacities.items():
+        try:
+            total = Quantity.parse(str(entry.get("value", "0"))).value
+            demand = _rounded(
+                wanted.get(qualified), entry.get("requestPolicy"), total, device.multi_allocatable
+            )
+        except CelValueError:
+            return f"capacity {qualified[1]} is not a quantity"
+        if demand is None:
+            return f"capacity {qualified[1]}: request outside the requestPolicy"
+        available = total - consumed.get(qualified, Fraction(0))
+        if demand > available:
+            return (
+                f"capacity {qualified[1]}: needs {quantity_text(demand)}, "
+                f"{quantity_text(available)} left"
+            )
+    return None
+
+
+def _rounded(
+    request: Fraction | None, policy: object, total: Fraction, multi: bool
+) -> Fraction | None:
+    """What a request consumes after the device's ``requestPolicy``; None when not allowed."""
+    if not isinstance(policy, Mapping):
+        policy = {}
+    if request is None:
+        if not multi:
+            return Fraction(0)
+        default = policy.get("default")
+        return Quantity.parse(str(default)).value if default is not None else total
+    valid = policy.get("validValues")
+    if isinstance(valid, list) and valid:
+        options = sorted(Quantity.parse(str(v)).value for v in valid)
+        return next((v for v in options if v >= request), None)
+    limits = policy.get("validRange")
+    if isinstance(limits, Mapping):
+        low = Quantity.parse(str(limits.get("min", "0"))).value
+        value = max(request, low)
+        if limits.get("step") is not None:
+            step = Quantity.parse(str(limits["step"])).value
+            if step > 0:
+                steps = -((low - value) // step)  # ceiling
+                value = low + steps * step
+        if limits.get("max") is not None and value > Quantity.parse(str(limits["max"])).value:
+            return None
+        return value
+    return request
+
+
+# ---- shared counters ---------------------------------------------------------------------------
+
+
+@dataclass
+class CounterUse:
+    """What the allocated devices of one pool consume of its shared counters."""
+
+    consumed: dict[CounterKey, Fraction] = field(default_factory=lambda: defaultdict(Fraction))
+    holders: dict[str, set[str]] = field(default_factory=lambda: defaultdict(set))
+    """Counter set name -> the claims (``ns/name``) holding devices that consume from it."""
+
+
+def counter_use(
+    devices: Iterable[PoolDevice], exclude: str = ""
+) -> dict[tuple[str, str], CounterUse]:
+    """(driver, pool) -> the counters its allocated devices consume; devices held only by claim
+    `exclude` (or only with adminAccess) consume nothing. An amount that is not a quantity is
+    ignored."""
+    use: dict[tuple[str, str], CounterUse] = defaultdict(CounterUse)
+    for device in devices:
+        busy = device.busy_holders(exclude)
+        if not busy:
+            continue
+        pool = use[(device.driver, device.pool)]
+        for entry in device.raw.get("consumesCounters") or []:
+            counter_set = str(entry.get("counterSet", ""))
+            pool.holders[counter_set].update(h.claim for h in busy)
+            for counter, amount in (entry.get("counters") or {}).items():
+                try:
+                    value = Quantity.parse(str((amount or {}).get("value", "0"))).value
+                except CelValueError:
+                    continue
+                pool.consumed[(counter_set, str(counter))] += value
+    return use
+
+
+def counters_shortage(
+    device: PoolDevice,
+    counter_sets: Mapping[str, Mapping[str, str]],
+    use: CounterUse | None,
+) -> str | None:
+    """None when the pool's `counter_sets` (name -> counter -> quantity), minus what `use` says
+    the allocated devices consume, still cover every counter `device` consumes; else why not."""
+    consumed: Mapping[CounterKey, Fraction] = use.consumed if use is not None else {}
+    for entry in device.raw.get("consumesCounters") or []:
+        name = str(entry.get("counterSet", ""))
+        counter_set = counter_sets.get(name)
+        if counter_set is None:
+            return f"counter set {name} is not published in the pool"
+        for counter, amount in (entry.get("counters") or {}).items():
+            if counter not in counter_set:
+                return f"counter set {name} has no counter {counter}"
+            try:
+                total = Quantity.parse(counter_set[counter]).value
+                need = Quantity.parse(str((amount or {}).get("value", "0"))).value
+            except CelValueError:
+                return f"counter {counter} of {name} is not a quantity"
+            if total - consumed.get((name, str(counter)), Fraction(0)) < need:
+                holders = sorted(use.holders.get(name, ())) if use is not None else []
+                return f"counters of {name} used by {', '.join(holders) or 'nobody'}"
+    return None
