@@ -36,7 +36,7 @@ from gpu_dra.kubelet_plugin.mps import (
     claim_daemon_id,
 )
 from gpu_dra.kubelet_plugin.mps.control import ControlClient
-from gpu_dra.kubelet_plugin.mps.process import start_time
+from gpu_dra.kubelet_plugin.mps.process import ProcessIdentity, is_alive, start_time, wait_gone
 from gpu_dra.kubelet_plugin.mps.shm import is_mount_point
 from tests.doubles import nvidia_cuda_mps_control as double
 from tests.doubles.mps_helpers import (
@@ -145,6 +145,16 @@ def client_command(handle: DaemonHandle, command: str) -> str:
 
 def alive(pid: int) -> bool:
     return start_time(pid) is not None
+
+
+def server_identity(pid: int) -> ProcessIdentity:
+    """The double's server `pid` by PID and start time, once it runs the server code (its
+    command line ends in ``--server``)."""
+    cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    assert double.SERVER_FLAG.encode() in cmdline, cmdline
+    started = start_time(pid)
+    assert started is not None
+    return ProcessIdentity(pid, started)
 
 
 # -- start -------------------------------------------------------------------------------------
@@ -367,13 +377,18 @@ def test_stop_after_the_daemon_died_kills_orphaned_servers(
     manager: MpsDaemonManager, root: Path
 ) -> None:
     handle = manager.start("orphans", [GPU_A], MpsSettings())
-    server = int(client_command(handle, "start_server -uid 0"))
+    server = server_identity(int(client_command(handle, "start_server -uid 0")))
+    daemon = ProcessIdentity(handle.pid, handle.pid_start_time)
     os.kill(handle.pid, signal.SIGKILL)
-    assert alive(server)
+    # SIGKILL is delivered asynchronously: wait until the daemon is really gone, so that stop()
+    # meets a dead daemon (not one still answering, or dying under its feet).
+    assert wait_gone(daemon, 10.0)
+    assert is_alive(server)  # orphaned: it outlives its daemon
+    assert server.pid in processes_under(root)
 
     manager.stop(handle)
 
-    assert not alive(server)
+    assert not is_alive(server)  # by PID and start time: a reused PID is not the server
     assert processes_under(root) == []
     assert not handle.root.exists()
 
