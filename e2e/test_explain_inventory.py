@@ -117,6 +117,7 @@ def test_explain_and_inventory_name_the_claims_holding_the_l4s(
         "free": 2,
         "allocated": 2,
         "shared": 0,
+        "blocked": 0,
         "types": {"gpu": {"devices": 4, "free": 2}},
     }
     rows = {row["device"]: row for row in inventory["devices"]}
