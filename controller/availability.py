@@ -15,6 +15,7 @@ holding them), used by both `gpu-dra explain` (its ``capacity`` and ``counters``
 
 from __future__ import annotations
 
+import functools
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -29,6 +30,13 @@ if TYPE_CHECKING:
 
 CounterKey = tuple[str, str]
 """(counter set name, counter name)."""
+
+
+@functools.lru_cache(maxsize=4096)
+def quantity_value(text: str) -> Fraction:
+    """The value of a quantity text; raises `CelValueError` when it is not one. Cached: a pool's
+    devices repeat the same few texts (``1``, ``16``, ``9984Mi``) thousands of times."""
+    return Quantity.parse(text).value
 
 
 def quantity_text(value: Fraction) -> str:
@@ -49,7 +57,7 @@ def consumed_capacity(device: PoolDevice, exclude: str = "") -> dict[tuple[str, 
     for holder in device.busy_holders(exclude):
         for key, amount in holder.consumed_capacity.items():
             try:
-                value = Quantity.parse(amount).value
+                value = quantity_value(amount)
             except CelValueError:
                 continue
             consumed[split_qualified_name(key, device.driver)] += value
@@ -74,7 +82,7 @@ def remaining_capacity(device: PoolDevice) -> dict[str, CapacityLeft]:
     left: dict[str, CapacityLeft] = {}
     for key, entry in (device.raw.get("capacity") or {}).items():
         try:
-            value = Quantity.parse(str((entry or {}).get("value", "0"))).value
+            value = quantity_value(str((entry or {}).get("value", "0")))
         except CelValueError:
             continue
         left[str(key)] = CapacityLeft(
@@ -96,13 +104,13 @@ def capacity_fits(device: PoolDevice, requests: Mapping[str, str], claim: str = 
         if qualified not in capacities:
             return f"no capacity {key}"
         try:
-            wanted[qualified] = Quantity.parse(amount).value
+            wanted[qualified] = quantity_value(amount)
         except CelValueError:
             return f"capacity request {key}={amount} is not a quantity"
     consumed = consumed_capacity(device, claim)
     for qualified, entry in capacities.items():
         try:
-            total = Quantity.parse(str(entry.get("value", "0"))).value
+            total = quantity_value(str(entry.get("value", "0")))
             demand = _rounded(
                 wanted.get(qualified), entry.get("requestPolicy"), total, device.multi_allocatable
             )
@@ -129,21 +137,21 @@ def _rounded(
         if not multi:
             return Fraction(0)
         default = policy.get("default")
-        return Quantity.parse(str(default)).value if default is not None else total
+        return quantity_value(str(default)) if default is not None else total
     valid = policy.get("validValues")
     if isinstance(valid, list) and valid:
-        options = sorted(Quantity.parse(str(v)).value for v in valid)
+        options = sorted(quantity_value(str(v)) for v in valid)
         return next((v for v in options if v >= request), None)
     limits = policy.get("validRange")
     if isinstance(limits, Mapping):
-        low = Quantity.parse(str(limits.get("min", "0"))).value
+        low = quantity_value(str(limits.get("min", "0")))
         value = max(request, low)
         if limits.get("step") is not None:
-            step = Quantity.parse(str(limits["step"])).value
+            step = quantity_value(str(limits["step"]))
             if step > 0:
                 steps = -((low - value) // step)  # ceiling
                 value = low + steps * step
-        if limits.get("max") is not None and value > Quantity.parse(str(limits["max"])).value:
+        if limits.get("max") is not None and value > quantity_value(str(limits["max"])):
             return None
         return value
     return request
@@ -178,7 +186,7 @@ def counter_use(
             pool.holders[counter_set].update(h.claim for h in busy)
             for counter, amount in (entry.get("counters") or {}).items():
                 try:
-                    value = Quantity.parse(str((amount or {}).get("value", "0"))).value
+                    value = quantity_value(str((amount or {}).get("value", "0")))
                 except CelValueError:
                     continue
                 pool.consumed[(counter_set, str(counter))] += value
@@ -202,8 +210,8 @@ def counters_shortage(
             if counter not in counter_set:
                 return f"counter set {name} has no counter {counter}"
             try:
-                total = Quantity.parse(counter_set[counter]).value
-                need = Quantity.parse(str((amount or {}).get("value", "0"))).value
+                total = quantity_value(counter_set[counter])
+                need = quantity_value(str((amount or {}).get("value", "0")))
             except CelValueError:
                 return f"counter {counter} of {name} is not a quantity"
             if total - consumed.get((name, str(counter)), Fraction(0)) < need:
