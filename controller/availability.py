@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import TYPE_CHECKING, Any
 
+from gpu_dra.driver.attributes import binary_si_quantity
 from gpu_dra.driver.cel import CelValueError, Quantity
 from gpu_dra.driver.cel.device import split_qualified_name
 
@@ -40,7 +41,10 @@ def quantity_value(text: str) -> Fraction:
 
 
 def quantity_text(value: Fraction) -> str:
-    """A quantity as Kubernetes prints it (``10Gi``, ``30``)."""
+    """A quantity as the apiserver prints it: whole non-negative values in BinarySI form
+    (``10Gi``, ``81559Mi``, ``30``), others as numbers."""
+    if value.denominator == 1 and value >= 0:
+        return binary_si_quantity(value.numerator)
     return str(Quantity(value))
 
 

@@ -251,12 +251,15 @@ def test_mps_shares_report_the_capacity_their_allocations_leave() -> None:
     assert mps.capacity["compute"].remaining == 40 + 0 + 100
     assert mps.capacity["memory"].remaining == 2 * memory - Quantity.parse("70Gi").value
     json_row = next(d for d in report.to_json()["devices"] if d["device"] == "gpu-0")
-    assert json_row["capacity"]["compute"] == {"value": "100", "remaining": "40"}
+    assert json_row["capacity"] == {
+        "compute": {"value": "100", "remaining": "40"},
+        "memory": {"value": "81559Mi", "remaining": f"{81559 - 70 * 1024}Mi"},  # as published
+    }
     assert json_row["state"] == "shared"
     (mps_row,) = [
         r for r in rendered_rows(report, "device classes:") if r[0] == "mps.gpu.nvidia.com"
     ]
-    assert mps_row[4].startswith("compute 140/300, memory ")
+    assert mps_row[4] == f"compute 140/300, memory {2 * 81559 - 70 * 1024}Mi/{3 * 81559}Mi"
 
 
 def test_gauges_follow_the_device_and_class_states() -> None:
