@@ -12,7 +12,7 @@ from prometheus_client import CollectorRegistry
 
 from gpu_dra.controller import errors
 from gpu_dra.controller.__main__ import inventory_loop, refresh_inventory, run
-from gpu_dra.controller.inventory import DEVICE_STATES, Inventory, inventory
+from gpu_dra.controller.inventory import CLASS_STATES, DEVICE_STATES, Inventory, inventory
 from gpu_dra.controller.metrics import CatalogMetrics, InventoryMetrics
 from gpu_dra.controller.settings import ControllerSettings
 from tests.controller.test_inventory import (
@@ -116,8 +116,8 @@ def test_label_sets_that_disappear_are_dropped() -> None:
         assert devices(registry, "node-b", "mig", state) is None
         assert devices(registry, "node-b", "gpu", state) is None
     assert class_devices(registry, "gpu.nvidia.com", "total") == 4
-    assert class_devices(registry, "mig.nvidia.com", "total") is None
-    assert class_devices(registry, "mig.nvidia.com", "free") is None
+    for state in CLASS_STATES:
+        assert class_devices(registry, "mig.nvidia.com", state) is None
 
 
 def test_a_failed_read_keeps_the_snapshot_and_counts_an_error() -> None:
