@@ -300,7 +300,7 @@ class _MigWalk:
                     slice_count=info.sliceCount,
                     placement_starts=tuple(sorted(p.start for p in placements)),
                     placement_size=sizes.pop(),
-                    **_resources(info),
+                    **mig_resources(info),
                 )
             )
         return tuple(profiles)
@@ -379,11 +379,11 @@ class _MigWalk:
             ci_id=ci_info.id,
             ci_profile_id=ci_info.profileId,
             uuid=uuid,
-            **_resources(gi_profile),
+            **mig_resources(gi_profile),
         )
 
 
-def _resources(info: GpuInstanceProfileInfo) -> dict[str, Any]:
+def mig_resources(info: GpuInstanceProfileInfo) -> dict[str, Any]:
     """The `MigResources` fields of a GPU-instance profile, for a `MigDevice` or `MigProfile`."""
     return asdict(
         MigResources(

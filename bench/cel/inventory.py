@@ -18,7 +18,7 @@ from typing import Final
 import pynvml
 
 from gpu_dra.driver.attributes import published_devices
-from gpu_dra.driver.discovery import discover_gpus
+from gpu_dra.driver.discovery import discover_gpus, mig_resources
 from gpu_dra.driver.model import Gpu, MigDevice
 from gpu_dra.driver.naming import mig_profile_name
 from gpu_dra.driver.nvml.interface import NvmlLibrary
@@ -27,7 +27,6 @@ from gpu_dra.driver.resourceapi import Device
 
 DRIVER: Final = "gpu.nvidia.com"
 PROFILES: Final = ("hgx-h100", "dgx-a100")
-_MIB: Final = 1024 * 1024
 # NVML_COMPUTE_INSTANCE_PROFILE_* of the compute instance spanning a GI of n slices.
 _FULL_CI: Final = {1: 0, 2: 1, 3: 2, 4: 3, 7: 4, 8: 5}
 
@@ -84,13 +83,7 @@ def _partitions(nvml: NvmlLibrary, gpu: Gpu) -> list[MigDevice]:
                     ci_id=0,
                     ci_profile_id=ci_profile,
                     uuid=f"MIG-{uuid.uuid5(uuid.NAMESPACE_OID, seed)}",
-                    memory_bytes=info.memorySizeMB * _MIB,
-                    multiprocessors=info.multiprocessorCount,
-                    copy_engines=info.copyEngineCount,
-                    decoders=info.decoderCount,
-                    encoders=info.encoderCount,
-                    jpeg_engines=info.jpegCount,
-                    ofa_engines=info.ofaCount,
+                    **mig_resources(info),
                 )
             )
             gi_id += 1
