@@ -31,13 +31,14 @@ import signal
 import sys
 import tempfile
 import threading
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
 
 from bench.claims import DRIVER, InMemoryClaimReader, allocated_claims
+from bench.report import Reporter
 from gpu_dra.driver.discovery import discover_gpus
 from gpu_dra.driver.naming import gpu_device_name
 from gpu_dra.driver.nvml.simulated import SimulatedHost
@@ -269,6 +270,34 @@ def print_profile(path: Path, *, limit: int = 25) -> None:
     for order in ("tottime", "cumulative"):
         print(f"\n--- plugin process profile, by {order} ({path}) ---", file=sys.stderr)
         stats.sort_stats(order).print_stats(limit)
+
+
+def run_plugin_bench(
+    parser: argparse.ArgumentParser,
+    argv: Sequence[str] | None,
+    bench: str,
+    run: Callable[[argparse.Namespace, Reporter], Awaitable[None]],
+) -> int:
+    """A plugin benchmark's ``main``: adds the options every such benchmark has
+    (``--cdi-with-state``, ``--json``, ``--cprofile``) to ``parser``, parses ``argv``, runs
+    ``run`` with a `Reporter` and prints the profile when one was taken."""
+    parser.add_argument(
+        "--cdi-with-state",
+        action="store_true",
+        help="write CDI specs next to the state in $TMPDIR, not on tmpfs (/dev/shm)",
+    )
+    parser.add_argument("--json", action="store_true", help="print JSON lines")
+    parser.add_argument(
+        "--cprofile",
+        type=lambda value: Path(value).absolute(),
+        help="profile the plugin process into FILE (slows it down)",
+    )
+    args = parser.parse_args(argv)
+    reporter = Reporter(bench, json_lines=args.json)
+    asyncio.run(run(args, reporter))
+    if args.cprofile is not None:
+        print_profile(args.cprofile)
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:

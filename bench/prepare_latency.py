@@ -17,17 +17,15 @@ discarded.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import grpc
 
 from bench.claims import claim_ref
-from bench.plugin import DEFAULT_CDI_PARENT, Plugin, launch_plugin, print_profile
+from bench.plugin import DEFAULT_CDI_PARENT, Plugin, launch_plugin, run_plugin_bench
 from bench.report import Reporter, Target
 from gpu_dra.kubelet_plugin._generated.dra.v1 import api_pb2 as v1
 from gpu_dra.kubelet_plugin._generated.dra.v1 import api_pb2_grpc as v1_grpc
@@ -134,23 +132,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--iterations", type=int, default=500, help="measured calls (500)")
     parser.add_argument("--warmup", type=int, default=50, help="discarded calls first (50)")
     parser.add_argument("--machine", default="hgx-h100", help="simulated profile (hgx-h100)")
-    parser.add_argument(
-        "--cdi-with-state",
-        action="store_true",
-        help="write CDI specs next to the state in $TMPDIR, not on tmpfs (/dev/shm)",
-    )
-    parser.add_argument("--json", action="store_true", help="print JSON lines")
-    parser.add_argument(
-        "--cprofile",
-        type=lambda value: Path(value).absolute(),
-        help="profile the plugin process into FILE (slows it down)",
-    )
-    args = parser.parse_args(argv)
-    reporter = Reporter(BENCH, json_lines=args.json)
-    asyncio.run(run(args, reporter))
-    if args.cprofile is not None:
-        print_profile(args.cprofile)
-    return 0
+    return run_plugin_bench(parser, argv, BENCH, run)
 
 
 if __name__ == "__main__":

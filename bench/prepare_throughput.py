@@ -37,7 +37,7 @@ from bench.plugin import (
     CpuTimes,
     Plugin,
     launch_plugin,
-    print_profile,
+    run_plugin_bench,
 )
 from bench.report import Reporter, Target
 from gpu_dra.kubelet_plugin._generated.dra.v1 import api_pb2 as v1
@@ -222,23 +222,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=5, help="measured rounds per shape (5)")
     parser.add_argument("--warmup", type=int, default=1, help="discarded rounds per shape (1)")
     parser.add_argument("--machine", default=MACHINE, help="profile with >= 64 GPUs")
-    parser.add_argument(
-        "--cdi-with-state",
-        action="store_true",
-        help="write CDI specs next to the state in $TMPDIR, not on tmpfs (/dev/shm)",
-    )
-    parser.add_argument("--json", action="store_true", help="print JSON lines")
-    parser.add_argument(
-        "--cprofile",
-        type=lambda value: Path(value).absolute(),
-        help="profile the plugin process into FILE (slows it down)",
-    )
-    args = parser.parse_args(argv)
-    reporter = Reporter(BENCH, json_lines=args.json)
-    asyncio.run(run(args, reporter))
-    if args.cprofile is not None:
-        print_profile(args.cprofile)
-    return 0
+    return run_plugin_bench(parser, argv, BENCH, run)
 
 
 if __name__ == "__main__":
