@@ -131,10 +131,11 @@ def _read_devices(
     for index in range(count):
         handle, gpu = _read_gpu(nvml, pci, index, driver_version, cuda_version)
         gpus.append(gpu)
+        walk = _MigWalk(nvml, handle, gpu)  # one per GPU: its profile scan is cached
         if with_mig and gpu.mig_enabled:
-            mig_devices.extend(_read_mig_devices(nvml, handle, gpu))
+            mig_devices.extend(walk.devices())
         if with_profiles and gpu.mig_capable:
-            profiles = _MigWalk(nvml, handle, gpu).offered_profiles()
+            profiles = walk.offered_profiles()
             if profiles:
                 mig_capable.append(MigCapableGpu(gpu, profiles))
     return NodeDevices(tuple(gpus), tuple(mig_devices), tuple(mig_capable))
@@ -196,10 +197,7 @@ def describe_mig_device(
     """The `MigDevice` of MIG device handle `mig` of `gpu` (device handle `handle`), described
     as static discovery describes it (dynamic MIG uses it for the instances it creates). NVML
     must be initialised; raises `DiscoveryError`."""
-    walk = _MigWalk(nvml, handle, gpu)
-    if gpu.memory_bytes is None:
-        raise walk.error("nvmlDeviceGetMemoryInfo is not supported: no MIG profile names")
-    return walk.device(mig, gpu.memory_bytes)
+    return _MigWalk(nvml, handle, gpu).device(mig)
 
 
 def gpu_instance_profiles(
@@ -210,13 +208,8 @@ def gpu_instance_profiles(
     return _MigWalk(nvml, handle, gpu).gi_profiles()
 
 
-def _read_mig_devices(nvml: NvmlLibrary, handle: DeviceHandle, gpu: Gpu) -> list[MigDevice]:
-    """The MIG devices of `gpu` (MIG mode on), by placement start."""
-    return _MigWalk(nvml, handle, gpu).devices()
-
-
 class _MigWalk:
-    """One MIG-mode GPU's existing MIG devices; every NVML failure names the GPU and call."""
+    """One MIG-capable GPU's MIG devices and profiles; every failure names the GPU and call."""
 
     def __init__(self, nvml: NvmlLibrary, handle: DeviceHandle, gpu: Gpu) -> None:
         self.nvml = nvml
@@ -240,13 +233,18 @@ class _MigWalk:
     def error(self, message: str) -> DiscoveryError:
         return DiscoveryError(f"{self.where}: {message}", gpu_index=self.gpu.index)
 
-    def devices(self) -> list[MigDevice]:
-        nvml, handle = self.nvml, self.handle
+    def total_memory(self, state: str) -> int:
+        """The GPU's memory size, which MIG profile names (``1g.10gb``) are derived from."""
         if self.gpu.memory_bytes is None:
             raise self.error(
-                "MIG is on but nvmlDeviceGetMemoryInfo is not supported; MIG profile names "
+                f"{state} but nvmlDeviceGetMemoryInfo is not supported; MIG profile names "
                 "(e.g. 1g.10gb) are derived from the GPU's total memory"
             )
+        return self.gpu.memory_bytes
+
+    def devices(self) -> list[MigDevice]:
+        nvml, handle = self.nvml, self.handle
+        self.total_memory("MIG is on")
         count = self.call(
             "nvmlDeviceGetMaxMigDeviceCount", lambda: nvml.device_get_max_mig_device_count(handle)
         )
@@ -259,17 +257,12 @@ class _MigWalk:
                     continue  # an empty index
                 call = "nvmlDeviceGetMigDeviceHandleByIndex"
                 raise _gpu_error(self.where, self.gpu.index, call, error) from error
-            devices.append(self.device(mig, self.gpu.memory_bytes))
+            devices.append(self.device(mig))
         return sorted(devices, key=lambda d: (d.placement_start, d.gi_id, d.ci_id))
 
     def offered_profiles(self) -> tuple[MigProfile, ...]:
         """Every GPU-instance profile of the GPU with its possible placements, by profile index."""
-        if self.gpu.memory_bytes is None:
-            raise self.error(
-                "the GPU has MIG but nvmlDeviceGetMemoryInfo is not supported; MIG profile names "
-                "(e.g. 1g.10gb) are derived from the GPU's total memory"
-            )
-        total_memory = self.gpu.memory_bytes
+        total_memory = self.total_memory("the GPU has MIG")
         profiles = []
         for profile_id, (index, info) in self.gi_profiles().items():
             placements = self.call(
@@ -334,8 +327,9 @@ class _MigWalk:
                 return info.sliceCount
         return None
 
-    def device(self, mig: DeviceHandle, total_memory: int) -> MigDevice:
+    def device(self, mig: DeviceHandle) -> MigDevice:
         nvml, call = self.nvml, self.call
+        total_memory = self.total_memory("the GPU has a MIG device")
         uuid = call("nvmlDeviceGetUUID", lambda: nvml.device_get_uuid(mig))
         gi_id = call("nvmlDeviceGetGpuInstanceId", lambda: nvml.device_get_gpu_instance_id(mig))
         ci_id = call(
