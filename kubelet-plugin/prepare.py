@@ -517,9 +517,9 @@ class WholeGpuPreparer:
 
     def _check_sharing_conflicts(
         self,
-        claim: ClaimRef,
         mps_groups: Sequence[_MpsGroup],
         time_slices: Sequence[_TimeSlice],
+        others: Mapping[str, CheckpointEntry],
     ) -> None:
         """Refuse what other prepared claims make impossible on the same GPUs: a different
         time-slice interval, or MPS beside TimeSlicing (possible where adminAccess lets two
@@ -528,9 +528,7 @@ class WholeGpuPreparer:
             return
         mine = {ts.uuid: ts for ts in time_slices}
         mps_uuids = {uuid: group for group in mps_groups for uuid in group.uuids}
-        for uid, entry in self._checkpoint.all().items():
-            if uid == claim.uid:
-                continue
+        for entry in others.values():
             other = entry.claim
             owner = f"claim {other.namespace}/{other.name} ({other.uid})"
             try:
@@ -624,15 +622,16 @@ class WholeGpuPreparer:
         return results
 
     def _check_not_taken(
-        self, claim: ClaimRef, results: Sequence[_Result], shares: Sequence[PlannedShare] = ()
+        self,
+        results: Sequence[_Result],
+        shares: Sequence[PlannedShare],
+        others: Mapping[str, CheckpointEntry],
     ) -> None:
         """Refuse a device another prepared claim holds for itself; MPS shares of one GPU do
         not exclude each other, but a share and a whole-GPU hold do."""
         held = {r.device for r in results if not r.admin_access}
         whole = held - {share.device_name for share in shares}
-        for uid, entry in self._checkpoint.all().items():
-            if uid == claim.uid:
-                continue
+        for entry in others.values():
             taken = (held & _exclusive_devices(entry)) | (whole & share_devices(entry.state))
             if taken:
                 other = entry.claim
@@ -652,15 +651,21 @@ class WholeGpuPreparer:
         *,
         shares: Sequence[PlannedShare] = (),
     ) -> tuple[PreparedDevice, ...]:
-        """`_check_not_taken`, `_check_sharing_conflicts` and `_check_mig_conflicts`, then
-        `_commit`: one thread hop, under the caller's device locks."""
-        self._check_not_taken(claim, results, shares)
-        self._check_sharing_conflicts(claim, mps_groups, time_slices)
-        self._check_mig_conflicts(claim, results, mig_intents)
+        """`_check_not_taken`, `_check_sharing_conflicts` and `_check_mig_conflicts` on one
+        read of the other claims' entries, then `_commit`: one thread hop, under the caller's
+        device locks."""
+        others = {uid: e for uid, e in self._checkpoint.all().items() if uid != claim.uid}
+        self._check_not_taken(results, shares, others)
+        self._check_sharing_conflicts(mps_groups, time_slices, others)
+        self._check_mig_conflicts(claim, results, mig_intents, others)
         return self._commit(claim, results, mps_groups, time_slices, mig_intents, shares=shares)
 
     def _check_mig_conflicts(
-        self, claim: ClaimRef, results: Sequence[_Result], mig_intents: Sequence[MigIntent]
+        self,
+        claim: ClaimRef,
+        results: Sequence[_Result],
+        mig_intents: Sequence[MigIntent],
+        others: Mapping[str, CheckpointEntry],
     ) -> None:
         """Refuse a whole GPU another claim has MIG devices on, and a MIG device on a GPU
         another claim holds whole (the scheduler's counters prevent both; this guards races)."""
@@ -673,7 +678,7 @@ class WholeGpuPreparer:
         ]
         if not whole and not mig_intents:
             return
-        conflict = self._dynamic_mig.conflict(claim.uid, mig_intents, whole, self._checkpoint.all())
+        conflict = self._dynamic_mig.conflict(claim.uid, mig_intents, whole, others)
         if conflict is not None:
             raise PrepareError(conflict)
 
