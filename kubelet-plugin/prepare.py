@@ -270,11 +270,13 @@ class WholeGpuPreparer:
                     log.error("rollback of claim_uid=%s incomplete: %s", uid, error)
             else:
                 await _in_thread_to_completion(self._adopt_daemons, entry)
-        if self._mps is not None:
-            await _in_thread_to_completion(self._remove_unrecorded_daemons)
-        if self._dynamic_mig is not None:
+        if self._mps is not None or self._dynamic_mig is not None:
+            # What the rollbacks left: one read for both sweeps.
             remaining = await asyncio.to_thread(self._checkpoint.all)
-            await _in_thread_to_completion(self._dynamic_mig.remove_unowned, remaining)
+            if self._mps is not None:
+                await _in_thread_to_completion(self._remove_unrecorded_daemons, remaining)
+            if self._dynamic_mig is not None:
+                await _in_thread_to_completion(self._dynamic_mig.remove_unowned, remaining)
         owned = {uid for uid, e in entries.items() if e.phase is ClaimPhase.PREPARE_COMPLETED}
         for uid in await asyncio.to_thread(self._cdi.claim_uids):
             if uid not in owned:
@@ -970,12 +972,13 @@ class WholeGpuPreparer:
         if failures:
             raise failures[0]
 
-    def _remove_unrecorded_daemons(self) -> None:
-        """Remove daemons no checkpoint entry records: started by a plugin that died before it
-        could record them (the window between `MpsControl.start` and the checkpoint write)."""
+    def _remove_unrecorded_daemons(self, entries: Mapping[str, CheckpointEntry]) -> None:
+        """Remove daemons no entry of ``entries`` (the checkpoint's) records: started by a
+        plugin that died before it could record them (the window between `MpsControl.start`
+        and the checkpoint write)."""
         assert self._mps is not None
         recorded: set[str] = set()
-        for uid, entry in self._checkpoint.all().items():
+        for uid, entry in entries.items():
             try:
                 recorded.update(h.daemon_id for h in handles_from_state(entry.state))
             except MpsError as error:
