@@ -260,21 +260,8 @@ class DynamicMig:
                 owned.update(intent.key for intent in _recorded(uid, entry))
         for gpu in self._gpus.values():
             try:
-                for instance in self._lifecycle.instances(gpu):
-                    key = (gpu.uuid, instance.gi_profile_id, instance.placement_start)
-                    if key in owned:
-                        continue
-                    log.info(
-                        "destroying MIG instance no prepared claim owns: %s GI %d (profile ID "
-                        "%d, memory slices %d..%d)",
-                        gpu_label(gpu),
-                        instance.gi_id,
-                        instance.gi_profile_id,
-                        instance.placement_start,
-                        instance.placement_start + instance.placement_size - 1,
-                    )
-                    self._lifecycle.destroy_instance(gpu, instance)
-                self._lifecycle.disable_if_unused(gpu)
+                keep = {(profile, start) for uuid, profile, start in owned if uuid == gpu.uuid}
+                self._lifecycle.destroy_all_but(gpu, keep)
             except MigError as error:
                 log.error("leftover MIG instances of %s not removed: %s", gpu_label(gpu), error)
 

@@ -27,7 +27,7 @@ import logging
 import os
 import signal
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass
 from functools import partial
 from typing import Final, TypeVar
@@ -353,14 +353,25 @@ class MigLifecycle:
             self._disable_mig_if_unused(parent, handle)
             return found is not None
 
-    def destroy_instance(self, parent: Gpu, instance: MigInstance) -> None:
-        """Destroy one listed GPU instance (`instances`), as `destroy` does."""
-        self.destroy(parent, instance.gi_profile_id, instance.placement_start, gi_id=instance.gi_id)
-
-    def disable_if_unused(self, parent: Gpu) -> None:
-        """MIG mode off on a Hopper-or-later GPU that has no GPU instance (a crash can leave it
-        on between turning it on and creating the first instance)."""
+    def destroy_all_but(self, parent: Gpu, keep: Collection[tuple[int, int]]) -> None:
+        """Destroy every GPU instance of `parent` (and its compute instances) whose
+        ``(gi_profile_id, placement_start)`` is not in `keep`, from one listing; then MIG mode
+        off on a Hopper-or-later GPU that has no GPU instance left (a crash can also leave it on
+        between turning it on and creating the first instance)."""
         with self._gpu_lock(parent.uuid), self._session(parent) as handle:
+            for instance, gi in self._instance_handles(parent, handle):
+                if (instance.gi_profile_id, instance.placement_start) in keep:
+                    continue
+                log.info(
+                    "destroying MIG instance no prepared claim owns: %s GI %d (profile ID %d, "
+                    "memory slices %d..%d)",
+                    gpu_label(parent),
+                    instance.gi_id,
+                    instance.gi_profile_id,
+                    instance.placement_start,
+                    instance.placement_start + instance.placement_size - 1,
+                )
+                self._destroy_gpu_instance(parent, gi)
             self._disable_mig_if_unused(parent, handle)
 
     def _destroy_gpu_instance(self, parent: Gpu, gi: GpuInstanceHandle) -> None:

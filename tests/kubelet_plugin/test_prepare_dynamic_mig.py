@@ -169,6 +169,8 @@ def test_start_up_destroys_instances_no_prepared_claim_owns_and_keeps_the_others
     ok(node.prepare(kept))
     node.lifecycle.create(node.gpu(4), 19, 6)  # a leftover beside a prepared claim's device
     node.lifecycle.create(node.gpu(5), 0, 0)  # a leftover alone on its GPU
+    node.lifecycle.create(node.gpu(6), 19, 2)  # two leftovers on one GPU: both go
+    node.lifecycle.create(node.gpu(6), 19, 3)
 
     node.restart()
     node.recover()
@@ -176,6 +178,8 @@ def test_start_up_destroys_instances_no_prepared_claim_owns_and_keeps_the_others
     assert node.layout(4) == [(9, 0, (0,))]
     assert node.layout(5) == []
     assert node.mig_mode(5) == [OFF, OFF]
+    assert node.layout(6) == []
+    assert node.mig_mode(6) == [OFF, OFF]
     assert node.unprepare(kept) is None
     node.assert_nothing_left(UID_A)
 
