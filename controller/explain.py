@@ -360,8 +360,7 @@ def _alternative(
         try:
             request_selectors.append(compile_selector(expression))
         except CelCompileError as error:
-            first = str(error).splitlines()[0] if str(error) else "compile error"
-            alternative.problem = f"request selector #{number} does not compile: {first}"
+            alternative.problem = f"request selector #{number} does not compile: {error.first_line}"
             return alternative
     devices = state.devices
     for number, selector in enumerate(compiled.selectors):

@@ -275,8 +275,7 @@ def compile_class(device_class: Obj) -> CompiledClass:
         try:
             selectors.append(compile_selector(expression))
         except CelCompileError as error:
-            first = str(error).splitlines()[0] if str(error) else "compile error"
-            return CompiledClass(name, expressions, (), f"selector #{number}: {first}")
+            return CompiledClass(name, expressions, (), f"selector #{number}: {error.first_line}")
     return CompiledClass(name, expressions, tuple(selectors))
 
 

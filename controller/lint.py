@@ -457,9 +457,7 @@ class _Linter:
                 self._compiled[site.expression] = error
         compiled = self._compiled[site.expression]
         if isinstance(compiled, CelCompileError):
-            # The engine adds the source and a caret line; the first line has the position.
-            message = str(compiled).splitlines()[0] if str(compiled) else "compile error"
-            self.add("ERROR", obj, f"compile error: {message}", site.path)
+            self.add("ERROR", obj, f"compile error: {compiled.first_line}", site.path)
             return None
         for level, message in self.check_names(site.expression):
             self.add(level, obj, message, site.path)

@@ -14,6 +14,13 @@ class CelCompileError(CelError):
     undefined ``device`` field, a non-bool result type, more than 10240 bytes.
     """
 
+    @property
+    def first_line(self) -> str:
+        """The message's first line, which has the position: the engine adds the source and a
+        caret line below it."""
+        text = str(self)
+        return text.splitlines()[0] if text else "compile error"
+
 
 class CelRuntimeError(CelError):
     """Evaluation failed (``no such key: productName``). The scheduler treats this as an error
