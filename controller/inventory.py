@@ -105,15 +105,19 @@ class PoolDevice:
 
     @property
     def type(self) -> str:
-        """The ``type`` attribute (gpu, mig, ...) in the driver's domain, or ``-``."""
-        attributes = self.raw.get("attributes") or {}
-        value = attributes.get("type") or attributes.get(f"{self.driver}/type") or {}
-        return str(next(iter(value.values()), "-")) if isinstance(value, Mapping) else "-"
+        """The ``type`` attribute (gpu, mig, ...), or ``-``."""
+        return self._attribute_text("type")
 
     @property
     def product(self) -> str:
+        """The ``productName`` attribute, or ``-``."""
+        return self._attribute_text("productName")
+
+    def _attribute_text(self, name: str) -> str:
+        """The value of attribute `name` of the driver's domain (published bare or qualified),
+        or ``-``."""
         attributes = self.raw.get("attributes") or {}
-        value = attributes.get("productName") or {}
+        value = attributes.get(name) or attributes.get(f"{self.driver}/{name}") or {}
         return str(next(iter(value.values()), "-")) if isinstance(value, Mapping) else "-"
 
     def busy_holders(self, exclude: str = "") -> list[Holder]:
