@@ -20,15 +20,14 @@ import pynvml
 from gpu_dra.driver.attributes import published_devices
 from gpu_dra.driver.discovery import discover_gpus, mig_resources
 from gpu_dra.driver.model import Gpu, MigDevice
-from gpu_dra.driver.naming import mig_profile_name
+from gpu_dra.driver.naming import DEFAULT_DRIVER_NAME, mig_profile_name
 from gpu_dra.driver.nvml.interface import NvmlLibrary
+from gpu_dra.driver.nvml.mig import COMPUTE_INSTANCE_PROFILE_FOR_SLICES
 from gpu_dra.driver.nvml.simulated import SimulatedHost
 from gpu_dra.driver.resourceapi import Device
 
-DRIVER: Final = "gpu.nvidia.com"
+DRIVER: Final = DEFAULT_DRIVER_NAME
 PROFILES: Final = ("hgx-h100", "dgx-a100")
-# NVML_COMPUTE_INSTANCE_PROFILE_* of the compute instance spanning a GI of n slices.
-_FULL_CI: Final = {1: 0, 2: 1, 3: 2, 4: 3, 7: 4, 8: 5}
 
 
 @dataclass(frozen=True)
@@ -68,7 +67,7 @@ def _partitions(nvml: NvmlLibrary, gpu: Gpu) -> list[MigDevice]:
             info = nvml.device_get_gpu_instance_profile_info(handle, index)
         except pynvml.NVMLError:
             continue  # a profile this GPU does not have
-        ci_profile = _FULL_CI[info.sliceCount]
+        ci_profile = COMPUTE_INSTANCE_PROFILE_FOR_SLICES[info.sliceCount]
         name = mig_profile_name(index, ci_profile, info.memorySizeMB, gpu.memory_bytes)
         for placement in nvml.device_get_gpu_instance_possible_placements(handle, info.id):
             seed = f"{gpu.uuid}/{info.id}/{placement.start}"
