@@ -416,8 +416,15 @@ class MpsDaemonManager:
     ) -> None:
         """Remove the runner's object (``ref``: the pod; None: any of this id; ``runner`` None:
         this manager's runner, then the other runners' best-effort), kill what still runs for
-        ``paths``, reset the compute mode, unmount shm, remove the directories."""
-        (runner or self.runner).remove(paths.root.name, ref, self.remove_timeout_s)
+        ``paths``, reset the compute mode, unmount shm, remove the directories. When the
+        runner's object does not go, the processes are still killed and the compute mode reset
+        (a failed start recorded nowhere would leave them running); shm and the directories
+        stay for a retry, and the runner's `MpsStopError` is raised."""
+        runner_error: MpsStopError | None = None
+        try:
+            (runner or self.runner).remove(paths.root.name, ref, self.remove_timeout_s)
+        except MpsStopError as error:
+            runner_error = error
         if runner is None:
             for other in self._runners.values():
                 if other is self.runner:
@@ -431,8 +438,12 @@ class MpsDaemonManager:
         grace_s = min(1.0, self.stop_timeout_s)
         stuck = [p.pid for p in survivors if not kill(p, grace_s=grace_s)]
         if stuck:
-            raise MpsStopError(f"MPS daemon processes {stuck} of {paths.root} do not exit")
+            raise MpsStopError(
+                f"MPS daemon processes {stuck} of {paths.root} do not exit"
+            ) from runner_error
         self._reset_compute_mode(paths)
+        if runner_error is not None:
+            raise runner_error
         try:
             if mounted:
                 self.shm.unmount(paths.shm)

@@ -320,6 +320,50 @@ def test_a_pod_that_does_not_go_fails_stop_and_stop_can_be_retried(
     assert not handle.root.exists()
 
 
+class _PodStaysRunner(PodRunner):
+    """A pod runner whose removal of a launched pod (``ref`` given) fails, as on an API outage."""
+
+    def remove(self, daemon_id: str, ref: str | None, timeout_s: float) -> None:
+        if ref is not None:
+            raise MpsStopError("get Pod: 500 Internal Server Error")
+        super().remove(daemon_id, ref, timeout_s)
+
+
+def test_a_failed_start_whose_pod_does_not_go_still_ends_the_daemon_and_a_retry_cleans_up(
+    root: Path,
+) -> None:
+    # The daemon refuses its settings; removing its pod then fails. Nothing records the start,
+    # so the daemon process must not be left running (the fixture fails on leftovers).
+    api = InMemoryPodApi(
+        {"nvidia-cuda-mps-control": DOUBLE_BINARY},
+        extra_env={
+            "PYTHON": sys.executable,
+            "GPU_DRA_MPS_DOUBLE_FAIL_COMMAND": "set_default_active_thread_percentage",
+        },
+    )
+    try:
+        manager = MpsDaemonManager(
+            root,
+            binary=DOUBLE_BINARY,
+            base_env=double_env(),
+            runner=_PodStaysRunner(api, namespace=NAMESPACE, node_name=NODE, image=IMAGE),
+            shm=PlainDirectoryShm(),
+            start_timeout_s=15.0,
+            remove_timeout_s=15.0,
+        )
+        daemon_id = claim_daemon_id(CLAIM, [GPU])
+        with pytest.raises(MpsStartError, match="set_default_active_thread_percentage failed"):
+            manager.start(daemon_id, [GPU], SETTINGS)
+        assert processes_under(root) == []
+        assert daemon_dirs(root) == [daemon_id]  # kept for the retry
+
+        manager.remove_leftover(daemon_id)
+        assert pods(api) == {}
+        assert daemon_dirs(root) == []
+    finally:
+        api.close()
+
+
 def test_mig_devices_get_their_own_daemon_pod_keyed_by_the_mig_uuid(
     manager: MpsDaemonManager, api: InMemoryPodApi
 ) -> None:
