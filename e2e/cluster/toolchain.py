@@ -1,8 +1,10 @@
-"""Builds the cluster's binaries from the pinned Go modules under e2e/toolchain, once.
+"""Builds the cluster's binaries and the test bed's tools from pinned Go modules, once.
 
-Binaries land in a cache directory named after a hash of the toolchain's go.mod/go.sum/source
-files, so a changed pin builds anew and an unchanged one is never rebuilt. GOMODCACHE and GOCACHE
-live in the same cache, which keeps warm CI runs fast.
+Cluster binaries (`BUILDS`) land in ``<cache>/bin/<hash>``, the hash taken over their modules'
+go.mod/go.sum/source files; each further tool (`ToolBuild`: the NVML mock library, NVIDIA's
+container toolkit) lands in ``<cache>/tools/<name>-<hash of its own module>``, so adding or
+changing a tool never rebuilds Kubernetes. An unchanged pin is never rebuilt. GOMODCACHE and
+GOCACHE live in the same cache, which keeps warm CI runs fast.
 """
 
 from __future__ import annotations
@@ -88,13 +90,18 @@ BINARIES = (
 )
 
 
-def toolchain_digest() -> str:
-    """Hash of every file that decides what gets built (pins and sources)."""
-    digest = hashlib.sha256()
-    for path in sorted(TOOLCHAIN.rglob("*")):
+def _digest_files(digest: hashlib._Hash, module_dir: str) -> None:
+    for path in sorted((TOOLCHAIN / module_dir).rglob("*")):
         if path.is_file():
             digest.update(str(path.relative_to(TOOLCHAIN)).encode())
             digest.update(path.read_bytes())
+
+
+def toolchain_digest() -> str:
+    """Hash of every file that decides what the cluster binaries are (pins and sources)."""
+    digest = hashlib.sha256()
+    for module_dir in sorted(item.module_dir for item in BUILDS):
+        _digest_files(digest, module_dir)
     digest.update(_kubernetes_ldflags().encode())
     return digest.hexdigest()[:12]
 
@@ -108,18 +115,75 @@ def missing_binaries(paths: ClusterPaths) -> list[str]:
     return [name for name in BINARIES if not (directory / name).is_file()]
 
 
-def go_env(paths: ClusterPaths) -> dict[str, str]:
+def go_env(paths: ClusterPaths, *, cgo: bool = False) -> dict[str, str]:
     """The environment of every Go build from pinned modules: the module and build caches in
     the cluster cache, the installed toolchain only, the pins exactly as written (no go.mod
-    updates), no cgo. bench/cel builds its reference program with it too."""
+    updates), no cgo unless asked for. bench/cel builds its reference program with it too."""
     return dict(
         os.environ,
         GOMODCACHE=str(paths.gomodcache),
         GOCACHE=str(paths.gocache),
         GOFLAGS="-modcacherw -mod=readonly",
-        CGO_ENABLED="0",
+        CGO_ENABLED="1" if cgo else "0",
         GOTOOLCHAIN="local",
     )
+
+
+@dataclass(frozen=True)
+class ToolBuild:
+    """A test-bed tool built from the module in ``e2e/toolchain/<name>``.
+
+    `outputs` maps each file name in the tool's directory to the package it is built from
+    (``"."`` for the module itself); `buildmode` is ``go build -buildmode`` (``c-shared`` for a
+    C-ABI library, which needs `cgo`).
+    """
+
+    name: str
+    outputs: tuple[tuple[str, str], ...]
+    cgo: bool = False
+    buildmode: str | None = None
+    ldflags: str = "-s -w"
+
+    def digest(self) -> str:
+        digest = hashlib.sha256()
+        _digest_files(digest, self.name)
+        digest.update(repr(self).encode())
+        return digest.hexdigest()[:12]
+
+
+def tool_dir(paths: ClusterPaths, tool: ToolBuild) -> Path:
+    return paths.cache / "tools" / f"{tool.name}-{tool.digest()}"
+
+
+def build_tool(paths: ClusterPaths, tool: ToolBuild) -> Path:
+    """Build `tool` unless its cached outputs exist; return the directory holding them.
+
+    Older builds of the same tool (other hashes) are removed once the new one is complete.
+    """
+    directory = tool_dir(paths, tool)
+    if all((directory / name).is_file() for name, _ in tool.outputs):
+        return directory
+    if shutil.which("go") is None:
+        raise RuntimeError(f"Go is needed to build {tool.name}; install Go >= 1.26")
+    staging = directory.with_name(directory.name + ".partial")
+    staging.mkdir(parents=True, exist_ok=True)
+    env = go_env(paths, cgo=tool.cgo)
+    for name, package in tool.outputs:
+        if (staging / name).is_file():
+            continue
+        log.info("toolchain: building %s", name)
+        command = ["go", "build", "-trimpath", "-ldflags", tool.ldflags]
+        if tool.buildmode is not None:
+            command.append(f"-buildmode={tool.buildmode}")
+        command += ["-o", str(staging / name), package]
+        subprocess.run(command, cwd=TOOLCHAIN / tool.name, env=env, check=True)
+    if directory.exists():
+        shutil.rmtree(directory)
+    staging.rename(directory)
+    for stale in directory.parent.glob(f"{tool.name}-*"):
+        if stale != directory and not stale.name.endswith(".partial"):
+            shutil.rmtree(stale, ignore_errors=True)
+    return directory
 
 
 def build(paths: ClusterPaths) -> Path:
