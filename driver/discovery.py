@@ -12,7 +12,8 @@ which return codes mean "absent": docs/real-nodes.md, "NVML errors"):
   the NVML call and its return code name) and goes on with the next GPU; `discover_gpus`, for
   callers that cannot report problems, raises the first as `DiscoveryError`.
 
-Static MIG (`discover_devices`): for each GPU whose *current* MIG mode is on, the existing MIG
+Static MIG (`discover_devices`): for each GPU whose *current* MIG mode is on, the GPU-instance
+profiles are read (at least one must answer, see below), then the existing MIG
 devices are walked as NVIDIA's driver walks them (go-nvlib ``VisitMigDevices``): every index up
 to ``nvmlDeviceGetMaxMigDeviceCount`` (NOT_FOUND = empty), then each MIG device's GPU instance
 (``GetGpuInstanceById`` -> info: profile ID, placement) and compute instance
@@ -340,8 +341,11 @@ class _MigWalk:
         return self.gpu.memory_bytes
 
     def devices(self) -> list[MigDevice]:
+        """The GPU's MIG devices; its GPU-instance profiles are read first, also when it has
+        none, so that MIG state NVML cannot answer is an error, not "no MIG devices"."""
         nvml, handle = self.nvml, self.handle
         self.total_memory("MIG is on")
+        self.gi_profiles()
         count = self.call(
             "nvmlDeviceGetMaxMigDeviceCount", lambda: nvml.device_get_max_mig_device_count(handle)
         )

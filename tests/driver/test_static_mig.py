@@ -284,14 +284,17 @@ def test_mig_on_without_a_memory_size_is_a_clear_problem():
     assert found.mig_devices == ()
 
 
-def test_mig_devices_whose_profiles_all_answer_not_supported_are_a_problem_not_empty():
-    """Issue 10: MIG on, every GPU-instance profile query NOT_SUPPORTED."""
+@pytest.mark.parametrize("mig_devices", [[{"profileId": 19, "start": 0}], []])
+def test_mig_on_whose_profiles_all_answer_not_supported_is_a_problem_not_empty(mig_devices):
+    """Issue 10: MIG on, every GPU-instance profile query NOT_SUPPORTED; with or without MIG
+    devices, the GPU's MIG state cannot be read."""
     host = host_of(
         [
             {
                 "model": "H100-SXM5-80GB",
                 "busId": "0000:1b:00.0",
-                "migDevices": [{"profileId": 19, "start": 0}],
+                "migMode": [1, 1],
+                "migDevices": mig_devices,
                 "faults": {"device_get_gpu_instance_profile_info": "NOT_SUPPORTED"},
             }
         ]
