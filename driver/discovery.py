@@ -441,7 +441,7 @@ class _MigWalk:
             raise self.error(
                 f"{_GI_PROFILE_INFO} answered {names} for every GPU-instance profile index "
                 f"(0..{NVML_GPU_INSTANCE_PROFILE_COUNT - 1}): the GPU's MIG profiles cannot "
-                f"be read{'' if not self.gpu.mig_enabled else ' although MIG mode is on'}",
+                "be read",
                 call=_GI_PROFILE_INFO,
                 code=codes[0] if codes else None,
             )
