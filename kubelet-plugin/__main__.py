@@ -71,6 +71,7 @@ from gpu_dra.kubelet_plugin.timeslicing import (
     NvidiaSmiTimeSlicer,
     RecordedTimeSlicer,
     TimeSlicer,
+    driver_tool_env,
 )
 
 log = logging.getLogger("gpu_dra.kubelet_plugin")
@@ -233,8 +234,14 @@ def _time_slicer(settings: KubeletPluginSettings, devices: NodeDevices) -> TimeS
             settings.driver_root,
         )
         return None
-    log.info("time-slicing with %s", binary)
-    return NvidiaSmiTimeSlicer(binary)
+    try:
+        env = driver_tool_env(binary, settings.driver_root)
+    except FileNotFoundError as error:
+        log.warning("%s: claims with sharing strategy TimeSlicing will fail on this node", error)
+        return None
+    preloaded = f" (LD_PRELOAD={env['LD_PRELOAD']})" if "LD_PRELOAD" in env else ""
+    log.info("time-slicing with %s%s", binary, preloaded)
+    return NvidiaSmiTimeSlicer(binary, base_env=env)
 
 
 def slice_layout(
