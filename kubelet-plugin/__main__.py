@@ -24,6 +24,7 @@ import os
 import signal
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 from kubernetes.client import ApiClient
 from prometheus_client import CollectorRegistry, start_http_server
@@ -35,7 +36,14 @@ from gpu_dra.controller.publisher import SlicePublisher
 from gpu_dra.driver import slices
 from gpu_dra.driver.discovery import DiscoveryError, discover_devices
 from gpu_dra.driver.model import NodeDevices
-from gpu_dra.driver.nvml.interface import NvmlLibrary, PciTopology
+from gpu_dra.driver.nvml.interface import (
+    NVML_INIT_FLAG_NO_GPUS,
+    NVMLError,
+    NvmlLibrary,
+    PciTopology,
+    return_code,
+    return_code_name,
+)
 from gpu_dra.driver.nvml.real import RealNvml
 from gpu_dra.driver.nvml.simulated import SimulatedHost
 from gpu_dra.driver.nvml.sysfs import SysfsPciTopology
@@ -43,6 +51,7 @@ from gpu_dra.driver.shares import ShareSelectionError
 from gpu_dra.kubelet_plugin.cdi import ClaimSpecStore
 from gpu_dra.kubelet_plugin.checkpoint import Checkpoint
 from gpu_dra.kubelet_plugin.claimcache import CachedClaimReader
+from gpu_dra.kubelet_plugin.driver_userspace import CommonEdits, DriverRoot, DriverUserspaceError
 from gpu_dra.kubelet_plugin.inventory import NodeInventory
 from gpu_dra.kubelet_plugin.kubeapi import KubernetesClaimReader, KubernetesPodApi
 from gpu_dra.kubelet_plugin.metrics import DiscoveryMetrics, MpsCollector, PluginMetrics
@@ -140,6 +149,46 @@ def _dynamic_mig(
     return DynamicMig(MigLifecycle(nvml, crash_point=crash_point), inventory.partitionable_gpus())
 
 
+def nvml_driver_version(nvml: NvmlLibrary) -> str:
+    """``nvmlSystemGetDriverVersion`` between an init and a shutdown of its own; an NVML error
+    is raised with its return code name."""
+    try:
+        nvml.init_with_flags(NVML_INIT_FLAG_NO_GPUS)
+        try:
+            return nvml.system_get_driver_version()
+        finally:
+            nvml.shutdown()
+    except NVMLError as error:
+        code = return_code(error)
+        name = return_code_name(code) if code is not None else type(error).__name__
+        raise DriverUserspaceError(f"nvmlSystemGetDriverVersion failed: {name}") from error
+
+
+def driver_root(settings: KubeletPluginSettings) -> DriverRoot:
+    """The driver root as the plugin sees it (`--driver-root`) and as the host does
+    (`--nvidia-driver-root`)."""
+    return DriverRoot(settings.driver_root, settings.host_driver_root)
+
+
+async def _common_edits(settings: KubeletPluginSettings, nvml: NvmlLibrary) -> CommonEdits | None:
+    """The driver userspace every real GPU container gets (None on simulated nodes), found now
+    so that a wrong driver root is logged at start; prepares recompute it when the driver
+    changes and fail with the message while it cannot be found."""
+    if settings.simulate:
+        return None
+    common = CommonEdits(
+        driver_root(settings),
+        functools.partial(nvml_driver_version, nvml),
+        hook_path=settings.nvidia_cdi_hook_path,
+        disabled_hooks=settings.disable_cdi_hooks,
+    )
+    try:
+        await asyncio.to_thread(common.current)
+    except DriverUserspaceError as error:
+        log.error("driver userspace not found, GPU claims will fail until it is: %s", error)
+    return common
+
+
 POD_START_TIMEOUT_S = 25.0
 """Start-up deadline of a daemon pod (pod sandbox, container, socket), below --call-timeout."""
 
@@ -177,7 +226,7 @@ def _mps(
         namespace=settings.mps_daemon_namespace,
         node_name=settings.node_name,
         image=settings.mps_daemon_image,
-        driver_root=settings.driver_root,
+        driver_root=Path(settings.host_driver_root),
         priority_class=settings.mps_daemon_priority_class,
     )
     # The other runner still checks and stops the daemons it started before a switch.
@@ -268,9 +317,11 @@ def node_inventory(settings: KubeletPluginSettings, devices: NodeDevices) -> Nod
     inventory = NodeInventory.from_discovery(
         devices,
         simulated=settings.simulate is not None,
-        driver_root=settings.driver_root,
+        driver=driver_root(settings),
         mps_shares=settings.mps_shares,
         dynamic_mig=dynamic_mig,
+        cdi_hook_path=settings.nvidia_cdi_hook_path,
+        disabled_cdi_hooks=settings.disable_cdi_hooks,
     )
     log.info(
         "discovered %d GPU(s) (%d left out) and %d MIG device(s) node=%s simulated=%s "
@@ -315,6 +366,7 @@ async def run(settings: KubeletPluginSettings) -> None:
             loaded.discarded_boot_id,
             len(loaded.discarded_claims),
         )
+    common_edits = await _common_edits(settings, nvml)
     api_client = new_api_client(settings.kubeconfig)
     claim_api = KubernetesClaimReader(api_client)
     claims = CachedClaimReader(claim_api)
@@ -331,6 +383,7 @@ async def run(settings: KubeletPluginSettings) -> None:
         time_slicer=_time_slicer(settings, devices),
         mps_share_max_percent=settings.mps_share_max_percent,
         dynamic_mig=_dynamic_mig(settings, nvml, inventory),
+        common_edits=None if common_edits is None else common_edits.current,
     )
     await preparer.recover()
 

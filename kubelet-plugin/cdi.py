@@ -41,7 +41,10 @@ log = logging.getLogger(__name__)
 CDI_VERSION: Final = "0.5.0"
 """Lowest CDI spec version with the features used: device names may start with a digit (our
 names start with the claim UID) and ``deviceNodes[].hostPath`` (both 0.5.0); mount ``type``
-needs 0.4.0. Understood by containerd 1.7+ / 2.x and CRI-O."""
+needs 0.4.0; device node ``type``, ``major``, ``minor`` and ``fileMode`` are in every version
+(0.3.0, the earliest the CDI library accepts). Understood by containerd 1.7+ / 2.x and CRI-O."""
+
+DEVICE_NODE_TYPES: Final = frozenset({"c", "b", "u", "p"})
 
 # libyaml's emitter (about 6x faster than PyYAML's pure-Python one, same output for these specs);
 # PyYAML built without libyaml falls back to the pure-Python SafeDumper.
@@ -70,12 +73,22 @@ __all__ = [
 
 @dataclass(frozen=True)
 class DeviceNode:
-    """A device node to create in the container (``path``), from ``host_path`` if it differs."""
+    """A device node to create in the container (``path``), from ``host_path`` if it differs.
+
+    Without `type` and `major` the runtime reads them from the host path, which must then
+    exist; with them (``c``/``b``/``u`` and a major) the node is made from these numbers alone.
+    """
 
     path: str
     host_path: str | None = None
     permissions: str | None = None
     """cgroup access, a combination of ``r``, ``w`` and ``m``; runtime default if unset."""
+    type: str | None = None
+    """``c`` (character), ``b`` (block), ``u`` (unbuffered character) or ``p`` (FIFO)."""
+    major: int | None = None
+    minor: int | None = None
+    file_mode: int | None = None
+    """Permission bits of the node in the container (e.g. ``0o444``)."""
 
 
 @dataclass(frozen=True)
@@ -202,6 +215,21 @@ def _device_node(node: DeviceNode, where: str) -> dict[str, Any]:
     result: dict[str, Any] = {"path": _absolute(node.path, "device node path", where)}
     if node.host_path is not None:
         result["hostPath"] = _absolute(node.host_path, "device node host path", where)
+    if node.type is not None:
+        if node.type not in DEVICE_NODE_TYPES:
+            raise ValueError(f"{where}: device node type {node.type!r} is not one of c, b, u, p")
+        result["type"] = node.type
+    for key, number in (("major", node.major), ("minor", node.minor)):
+        if number is not None:
+            if isinstance(number, bool) or not 0 <= number < 2**32:
+                raise ValueError(f"{where}: device node {key} {number!r} is not a device number")
+            result[key] = number
+    if (node.major is not None or node.minor is not None) and node.type in (None, "p"):
+        raise ValueError(f"{where}: device node {node.path}: major/minor need type c, b or u")
+    if node.file_mode is not None:
+        if isinstance(node.file_mode, bool) or not 0 <= node.file_mode <= 0o7777:
+            raise ValueError(f"{where}: device node file mode {node.file_mode!r} not in 0..0o7777")
+        result["fileMode"] = node.file_mode
     if node.permissions is not None:
         if not node.permissions or set(node.permissions) - set("rwm"):
             raise ValueError(f"{where}: device node permissions {node.permissions!r} not in rwm")

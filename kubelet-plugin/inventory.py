@@ -4,13 +4,16 @@ Devices are whole GPUs (MIG mode off) and static MIG devices (made before the pl
 GPU in MIG mode is not offered whole). With dynamic MIG (`dynamic_mig`), partitionable GPUs are
 published in partitionable form instead (`gpu_dra.driver.partitions`): a counter set per GPU,
 the whole GPU and every placement of every MIG profile as a `MigPartition`, which the prepare
-step makes into a MIG device. Real GPUs get their device nodes (`/dev/nvidia<minor>`
-plus the control nodes); a real MIG device gets its parent's device nodes plus the MIG
-capability nodes of its GPU and compute instance (`/dev/nvidia-caps/nvidia-cap<N>`), which is
-what lets a process open that one slice. Simulated devices have no device nodes, so they get
-what a container can prove instead: per-device environment variables and a read-only file with
-the device's facts, mounted from the plugin's data dir. Both kinds also carry the per-device
-environment, so workloads and tests can see which GPU or slice they got.
+step makes into a MIG device. A real GPU gets its device nodes (`/dev/nvidia<minor>` and its
+DRM nodes, `driver_userspace.gpu_device_edits`); a real MIG device gets its parent's
+`/dev/nvidia<minor>` plus the MIG capability nodes of its GPU and compute instance
+(`/dev/nvidia-caps/nvidia-cap<N>`, written as character devices with major and minor), which is
+what lets a process open that one slice. The driver's libraries, binaries, control nodes and
+hooks are common to every device: `driver_userspace.CommonEdits` (the spec's common edits).
+Simulated devices have no device nodes, so they get what a container can prove instead:
+per-device environment variables and a read-only file with the device's facts, mounted from the
+plugin's data dir. Both kinds also carry the per-device environment, so workloads and tests can
+see which GPU or slice they got. See docs/real-nodes.md, "What a container gets".
 """
 
 from __future__ import annotations
@@ -27,13 +30,16 @@ from gpu_dra.driver.model import Gpu, MigCapableGpu, MigDevice, MigPartition, No
 from gpu_dra.driver.naming import gpu_device_name, mig_device_name
 from gpu_dra.driver.resourceapi import CounterSet, Device
 from gpu_dra.kubelet_plugin.cdi import ContainerEdits, DeviceNode, Mount
+from gpu_dra.kubelet_plugin.driver_userspace import (
+    DEFAULT_CDI_HOOK_PATH,
+    HOST_INSTALLED_DRIVER,
+    DriverRoot,
+    gpu_device_edits,
+    mig_capability_nodes,
+)
 
-# Control nodes every CUDA process needs next to its /dev/nvidia<minor>.
-CONTROL_DEVICE_NODES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
 # Where simulated devices' fact files appear inside containers.
 CONTAINER_DEVICE_DIR = "/run/gpu-dra/devices"
-# MIG capability device nodes: /dev/nvidia-caps/nvidia-cap<minor>.
-MIG_CAPABILITY_NODE_DIR: Final = "/dev/nvidia-caps"
 
 InventoryDevice = Gpu | MigDevice
 """What a container can be given: a whole GPU or an existing (static or made) MIG device."""
@@ -134,16 +140,19 @@ class NodeInventory:
     """The devices of this node, by device name, and how they are handed to containers.
 
     `gpus` are all GPUs (those in MIG mode included: they are never published whole);
-    `mig_devices` the static MIG devices discovered on them. `mig_capabilities` finds the
-    capability nodes of real MIG devices (default: the driver's procfs under the driver root,
-    then ``/proc``). With `dynamic_mig`, the GPUs of `mig_profiles` that
+    `mig_devices` the static MIG devices discovered on them. `driver` is where real devices'
+    nodes are found (its ``/dev`` root, sysfs for DRM nodes) and what host paths they get;
+    `cdi_hook_path` / `disabled_cdi_hooks` shape the hook that makes DRM by-path links.
+    `mig_capabilities` finds the capability nodes of real MIG devices (default: the driver's
+    procfs under the driver root, then ``/proc``). With `dynamic_mig`, the GPUs of
+    `mig_profiles` that
     `partitions.is_partitionable` accepts are published in partitionable form (their static MIG
     devices are not published); without it `mig_profiles` is ignored.
     """
 
     gpus: tuple[Gpu, ...]
     simulated: bool
-    driver_root: Path = Path("/")
+    driver: DriverRoot = HOST_INSTALLED_DRIVER
     mig_devices: tuple[MigDevice, ...] = ()
     mig_capabilities: MigCapabilityLookup | None = None
     dynamic_mig: bool = False
@@ -151,6 +160,8 @@ class NodeInventory:
     mps_shares: tuple[Gpu, ...] = ()
     """Whole GPUs offered as MPS shares (`shares.ShareSelection.select`); with dynamic MIG only
     GPUs it does not partition."""
+    cdi_hook_path: str = DEFAULT_CDI_HOOK_PATH
+    disabled_cdi_hooks: frozenset[str] = frozenset()
     _by_name: dict[str, PublishedDevice] = field(
         init=False, repr=False, compare=False, default_factory=dict
     )
@@ -186,10 +197,12 @@ class NodeInventory:
         devices: NodeDevices,
         *,
         simulated: bool,
-        driver_root: Path = Path("/"),
+        driver: DriverRoot = HOST_INSTALLED_DRIVER,
         mig_capabilities: MigCapabilityLookup | None = None,
         dynamic_mig: bool = False,
         mps_shares: shares.ShareSelection | None = None,
+        cdi_hook_path: str = DEFAULT_CDI_HOOK_PATH,
+        disabled_cdi_hooks: frozenset[str] = frozenset(),
     ) -> NodeInventory:
         """The inventory of what `discover_devices` found (with ``mig_profiles=dynamic_mig``);
         `mps_shares` picks the GPUs offered as MPS shares (`shares.ShareSelectionError` when it
@@ -207,12 +220,14 @@ class NodeInventory:
         return cls(
             devices.gpus,
             simulated=simulated,
-            driver_root=driver_root,
+            driver=driver,
             mig_devices=devices.mig_devices,
             mig_capabilities=mig_capabilities,
             dynamic_mig=dynamic_mig,
             mig_profiles=devices.mig_profiles,
             mps_shares=selection.select(devices.gpus, partitioned=partitioned),
+            cdi_hook_path=cdi_hook_path,
+            disabled_cdi_hooks=disabled_cdi_hooks,
         )
 
     def _offered(self) -> list[PublishedDevice]:
@@ -289,7 +304,10 @@ class NodeInventory:
     def container_edits(self, device: InventoryDevice, claim_dir: Path) -> ContainerEdits:
         """Edits for one device; simulated ones write their fact file under `claim_dir`.
 
-        Raises `MigCapabilityError` for a real MIG device whose capability nodes are not found.
+        Real devices get their own device nodes only (those missing under the ``/dev`` root are
+        left out and logged); the driver's common edits are `driver_userspace.CommonEdits`.
+        Raises `MigCapabilityError` for a real MIG device whose capability nodes are not found,
+        `driver_userspace.DriverUserspaceError` when the ``nvidia-caps`` major is unknown.
         """
         name = device_name(device)
         prefix = device_env_prefix(name)
@@ -318,26 +336,22 @@ class NodeInventory:
                     ),
                 ),
             )
-        nodes = [f"/dev/nvidia{gpu.minor}", *CONTROL_DEVICE_NODES]
-        if isinstance(device, MigDevice):
-            lookup = self.mig_capabilities or ProcMigCapabilities(
-                (self.driver_root / "proc", Path("/proc"))
-            )
-            for ci_id in (None, device.ci_id):
-                minor = lookup(gpu.minor, device.gi_id, ci_id)
-                nodes.append(f"{MIG_CAPABILITY_NODE_DIR}/nvidia-cap{minor}")
-        return ContainerEdits(
-            env=env,
-            device_nodes=tuple(
-                DeviceNode(path=node, host_path=self._host_path(node), permissions="rw")
-                for node in nodes
-            ),
+        # A MIG device gets its parent's DRM nodes only if its profile has graphics (+gfx).
+        with_drm = not isinstance(device, MigDevice) or "gfx" in device.profile.split("+")[1:]
+        nodes = gpu_device_edits(
+            self.driver,
+            gpu.minor,
+            gpu.pci_bus_id,
+            with_drm=with_drm,
+            hook_path=self.cdi_hook_path,
+            disabled_hooks=self.disabled_cdi_hooks,
         )
-
-    def _host_path(self, node: str) -> str | None:
-        if self.driver_root == Path("/"):
-            return None
-        return str(self.driver_root / node.lstrip("/"))
+        caps: tuple[DeviceNode, ...] = ()
+        if isinstance(device, MigDevice):
+            lookup = self.mig_capabilities or ProcMigCapabilities(self.driver.proc_roots())
+            minors = [lookup(gpu.minor, device.gi_id, ci_id) for ci_id in (None, device.ci_id)]
+            caps = mig_capability_nodes(self.driver, minors)
+        return ContainerEdits(env=env, device_nodes=nodes.device_nodes + caps, hooks=nodes.hooks)
 
 
 def _describe(device: PublishedDevice) -> str:

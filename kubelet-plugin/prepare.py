@@ -15,7 +15,10 @@ Prepare, per claim (claims of one call run concurrently):
    MPS control daemon per config group with `sharing.strategy: MPS` and record its handle in a
    `PrepareStarted` update at once; write the
    CDI spec (one CDI device per allocated device, named `<claimUID>-<device>`; devices of an MPS
-   group also get the daemon's pipe directory and shm), record `PrepareCompleted` with the
+   group also get the daemon's pipe directory and shm; on real nodes the spec's common edits are
+   the driver's userspace, `driver_userspace.CommonEdits`, asked before step 5 changes anything,
+   so a driver that cannot be found fails the claim with nothing to undo), record
+   `PrepareCompleted` with the
    devices and the daemon handles, return the devices. Each record is on disk before the next
    step; the records of claims being prepared at the same time (in one call or in concurrent
    calls) share checkpoint writes (the checkpoint's group commit).
@@ -210,6 +213,7 @@ class WholeGpuPreparer:
         time_slicer: TimeSlicer | None = None,
         dynamic_mig: DynamicMig | None = None,
         mps_share_max_percent: int = 100,
+        common_edits: Callable[[], ContainerEdits] | None = None,
     ) -> None:
         """`uncached_claims` reads the API server directly; give it when `claims` is a cache, which
         may not have seen a claim replaced under the same name yet: a claim whose UID does not
@@ -219,7 +223,9 @@ class WholeGpuPreparer:
         `time_slicer` sets time-slice intervals; without it, claims asking for TimeSlicing on
         full GPUs fail. `dynamic_mig` makes the MIG devices of partition devices; without it,
         claims with partition devices fail. `mps_share_max_percent` is the largest MPS share
-        (`mps.shares`)."""
+        (`mps.shares`). `common_edits` gives the edits every container of a claim gets (the
+        driver's userspace on real nodes, `driver_userspace.CommonEdits.current`; None on
+        simulated ones), asked once per prepare before anything changes."""
         self._driver = driver_name
         self._pool = node_name
         self._inventory = inventory
@@ -232,6 +238,7 @@ class WholeGpuPreparer:
         self._time_slicer = time_slicer
         self._dynamic_mig = dynamic_mig
         self._max_share = mps_share_max_percent
+        self._common_edits = common_edits
         self._shared = None
         if mps is not None:
             self._shared = SharedDaemons(mps, checkpoint, max_percent=mps_share_max_percent)
@@ -694,6 +701,8 @@ class WholeGpuPreparer:
         *,
         shares: Sequence[PlannedShare] = (),
     ) -> tuple[PreparedDevice, ...]:
+        # Before any change: a driver that cannot be found fails the claim with nothing to undo.
+        common = None if self._common_edits is None else self._common_edits()
         started: dict[str, JsonValue] = {}
         if mig_intents:
             # Recorded before any NVML call: a crash from here on is rolled back from it.
@@ -749,7 +758,7 @@ class WholeGpuPreparer:
                         share_id=device_results[0].share_id,
                     )
                 )
-            self._cdi.write(claim.uid, cdi_devices)
+            self._cdi.write(claim.uid, cdi_devices, common_edits=common)
             devices = tuple(prepared)
             admin = sorted({r.device for r in results if r.admin_access})
             state: dict[str, JsonValue] = {}

@@ -7,12 +7,13 @@ import os
 import shutil
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from gpu_dra.driver.naming import DEFAULT_DRIVER_NAME
 from gpu_dra.driver.shares import ShareSelection, ShareSelectionError
 from gpu_dra.driver.slices import SliceLayout
+from gpu_dra.kubelet_plugin.driver_userspace import ALL_HOOKS, DEFAULT_CDI_HOOK_PATH, HOOK_NAMES
 
 DEFAULT_MPS_CONTROL_BINARY = "nvidia-cuda-mps-control"
 DEFAULT_NVIDIA_SMI = "nvidia-smi"
@@ -95,7 +96,17 @@ class KubeletPluginSettings:
     simulate: str | None = None
     """Simulated machine profile (name like `hgx-h100` or a profile file); None = real NVML."""
     driver_root: Path = Path("/")
-    """Root of the NVIDIA driver installation (`/run/nvidia/driver` with the GPU Operator)."""
+    """Root of the NVIDIA driver installation as this process sees it: where NVML, `nvidia-smi`,
+    the driver's libraries and procfs are read (a mount such as `/driver-root`, or the host
+    path itself when mounted at the same path)."""
+    nvidia_driver_root: PurePosixPath | None = None
+    """The same root as the host sees it (`/` for a host-installed driver, `/run/nvidia/driver`
+    with the GPU Operator): the prefix of host paths in CDI specs and of the MPS daemon pods'
+    mount. None = `driver_root` (mounted at the same path)."""
+    nvidia_cdi_hook_path: str = DEFAULT_CDI_HOOK_PATH
+    """Host path of NVIDIA's `nvidia-cdi-hook`, which the runtime runs for the specs' hooks."""
+    disable_cdi_hooks: frozenset[str] = frozenset()
+    """`nvidia-cdi-hook` hooks left out of the specs (names, or `all`)."""
     kubelet_plugins_dir: Path = Path("/var/lib/kubelet/plugins")
     """Where the DRA socket lives: `<dir>/<driver>/dra.sock`."""
     kubelet_registry_dir: Path = Path("/var/lib/kubelet/plugins_registry")
@@ -147,6 +158,13 @@ class KubeletPluginSettings:
     def dynamic_mig_enabled(self) -> bool:
         """`dynamic_mig`, or NVIDIA's spelling ``--feature-gates DynamicMIG=true``."""
         return self.dynamic_mig or GATE_DYNAMIC_MIG in self.feature_gates
+
+    @property
+    def host_driver_root(self) -> PurePosixPath:
+        """`nvidia_driver_root`, else `driver_root`: the driver root's host path."""
+        if self.nvidia_driver_root is not None:
+            return self.nvidia_driver_root
+        return PurePosixPath(self.driver_root)
 
     @property
     def state_dir(self) -> Path:
@@ -206,7 +224,30 @@ class KubeletPluginSettings:
             "unset means real GPUs through NVML",
             None,
         )
-        option("--driver-root", "NVIDIA driver root", "/")
+        option(
+            "--driver-root",
+            "NVIDIA driver root as this process sees it (NVML, nvidia-smi, libraries are read "
+            "there); also read from CONTAINER_DRIVER_ROOT",
+            environ.get("CONTAINER_DRIVER_ROOT") or "/",
+        )
+        option(
+            "--nvidia-driver-root",
+            "the same driver root as the host sees it (/ or /run/nvidia/driver): host paths in "
+            "CDI specs; default: --driver-root; also read from NVIDIA_DRIVER_ROOT",
+            environ.get("NVIDIA_DRIVER_ROOT"),
+        )
+        option(
+            "--nvidia-cdi-hook-path",
+            "host path of nvidia-cdi-hook, run by the container runtime for the CDI hooks; "
+            "also read from NVIDIA_CDI_HOOK_PATH",
+            environ.get("NVIDIA_CDI_HOOK_PATH") or DEFAULT_CDI_HOOK_PATH,
+        )
+        option(
+            "--disable-cdi-hooks",
+            f"nvidia-cdi-hook hooks to leave out of CDI specs, comma-separated: "
+            f"{', '.join(HOOK_NAMES)} or {ALL_HOOKS}",
+            None,
+        )
         option("--kubelet-plugins-dir", "kubelet plugins directory", "/var/lib/kubelet/plugins")
         option(
             "--kubelet-registry-dir",
@@ -277,6 +318,7 @@ class KubeletPluginSettings:
             driver_name=args.driver_name,
             simulate=args.simulate or None,
             driver_root=Path(args.driver_root),
+            **_driver_root_settings(parser, args),
             kubelet_plugins_dir=Path(args.kubelet_plugins_dir),
             kubelet_registry_dir=Path(args.kubelet_registry_dir),
             cdi_root=Path(args.cdi_root),
@@ -291,6 +333,41 @@ class KubeletPluginSettings:
             **_mps_daemon_settings(parser, args),
             **_dynamic_mig_settings(parser, args),
         )
+
+
+def parse_hook_names(text: str) -> frozenset[str]:
+    """``--disable-cdi-hooks``: comma-separated hook names of `HOOK_NAMES`, or ``all``."""
+    names = frozenset(n.strip() for n in text.split(",") if n.strip())
+    unknown = sorted(names - {*HOOK_NAMES, ALL_HOOKS})
+    if unknown:
+        raise ValueError(
+            f"unknown CDI hook(s) {', '.join(unknown)}; known: {', '.join(HOOK_NAMES)}, {ALL_HOOKS}"
+        )
+    return names
+
+
+def _driver_root_settings(
+    parser: argparse.ArgumentParser, args: argparse.Namespace
+) -> dict[str, Any]:
+    """`--nvidia-driver-root`, `--nvidia-cdi-hook-path`, `--disable-cdi-hooks`; usage errors
+    exit."""
+    host_root = None
+    if args.nvidia_driver_root:
+        host_root = PurePosixPath(args.nvidia_driver_root)
+        if not host_root.is_absolute():
+            parser.error(f"--nvidia-driver-root must be an absolute path, got {host_root}")
+    hook_path = args.nvidia_cdi_hook_path or DEFAULT_CDI_HOOK_PATH
+    if not PurePosixPath(hook_path).is_absolute():
+        parser.error(f"--nvidia-cdi-hook-path must be an absolute path, got {hook_path!r}")
+    try:
+        disabled = parse_hook_names(args.disable_cdi_hooks or "")
+    except ValueError as error:
+        parser.error(f"--disable-cdi-hooks: {error}")
+    return {
+        "nvidia_driver_root": host_root,
+        "nvidia_cdi_hook_path": hook_path,
+        "disable_cdi_hooks": disabled,
+    }
 
 
 def _mps_daemon_settings(

@@ -118,6 +118,12 @@ def test_vendor_follows_the_driver_name() -> None:
         ContainerEdits(mounts=(Mount("relative", "/x"),)),
         ContainerEdits(hooks=(Hook("createContainer", "/bin/hook", timeout_s=0),)),
         ContainerEdits(),
+        ContainerEdits(device_nodes=(DeviceNode("/dev/x", type="s", major=1, minor=0),)),
+        ContainerEdits(device_nodes=(DeviceNode("/dev/x", major=236, minor=3),)),
+        ContainerEdits(device_nodes=(DeviceNode("/dev/x", type="p", major=1),)),
+        ContainerEdits(device_nodes=(DeviceNode("/dev/x", type="c", major=-1, minor=0),)),
+        ContainerEdits(device_nodes=(DeviceNode("/dev/x", type="c", major=1, minor=True),)),
+        ContainerEdits(device_nodes=(DeviceNode("/dev/x", type="c", major=1, file_mode=0o10000),)),
     ],
     ids=[
         "env-key-with-equals",
@@ -127,11 +133,44 @@ def test_vendor_follows_the_driver_name() -> None:
         "relative-mount",
         "zero-timeout",
         "no-edits",
+        "unknown-node-type",
+        "numbers-without-type",
+        "fifo-with-major",
+        "negative-major",
+        "bool-minor",
+        "file-type-bits-in-mode",
     ],
 )
 def test_invalid_container_edits_are_rejected(edits: ContainerEdits) -> None:
     with pytest.raises(ValueError, match=UID):
         build_claim_spec(UID, [CdiDevice("gpu-0", edits)])
+
+
+def test_device_nodes_can_be_given_by_type_and_numbers() -> None:
+    """A MIG capability node need not exist on the host: type, major and minor make it."""
+    cap = DeviceNode(
+        "/dev/nvidia-caps/nvidia-cap21",
+        host_path="/run/nvidia/driver/dev/nvidia-caps/nvidia-cap21",
+        permissions="rw",
+        type="c",
+        major=236,
+        minor=21,
+        file_mode=0o444,
+    )
+
+    spec = build_claim_spec(UID, [CdiDevice("gpu-0", ContainerEdits(device_nodes=(cap,)))])
+
+    node = spec["devices"][0]["containerEdits"]["deviceNodes"][0]
+    assert node == {
+        "path": "/dev/nvidia-caps/nvidia-cap21",
+        "hostPath": "/run/nvidia/driver/dev/nvidia-caps/nvidia-cap21",
+        "type": "c",
+        "major": 236,
+        "minor": 21,
+        "fileMode": 0o444,
+        "permissions": "rw",
+    }
+    assert spec["cdiVersion"] == "0.5.0"  # type/major/minor/fileMode exist since 0.3.0
 
 
 def test_spec_without_devices_or_with_duplicates_is_rejected() -> None:

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
+import os
 import stat
 from dataclasses import replace
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import pytest
 import yaml
@@ -20,6 +22,7 @@ from gpu_dra.driver.nvml.simulated import SimulatedHost
 from gpu_dra.driver.shares import ShareSelection, ShareSelectionError
 from gpu_dra.kubelet_plugin.cdi import CdiDevice, ClaimSpecStore, DeviceNode, build_claim_spec
 from gpu_dra.kubelet_plugin.checkpoint import Checkpoint
+from gpu_dra.kubelet_plugin.driver_userspace import DriverRoot, DriverUserspaceError
 from gpu_dra.kubelet_plugin.inventory import (
     MigCapabilityError,
     NodeInventory,
@@ -34,7 +37,6 @@ NODE = "node-a"
 DEMO_NODE = Path(__file__).resolve().parents[2] / "demo" / "node.yaml"
 DRIVER = "gpu.nvidia.com"
 UID = "0b6a1e3c-8f43-4a55-9a0e-2f7d1c9b8a01"
-CONTROL_NODES = ["/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"]
 
 
 @pytest.fixture(scope="module")
@@ -147,52 +149,85 @@ def test_simulated_gpu_mounts_a_read_only_fact_file_written_to_the_claim_dir(
 # ---- what a container gets: real GPUs --------------------------------------------------------
 
 
-def test_real_gpu_gets_its_device_node_and_the_control_nodes(
+def real_driver_root(
+    base: Path, minors: list[int], host: str = "/", *, caps_major: int = 236
+) -> DriverRoot:
+    """A driver root with ``dev/nvidia<minor>`` for `minors` and the control nodes (made with
+    mknod; the tests run as root) and a ``proc/devices`` naming ``nvidia-caps``."""
+    dev = base / "dev"
+    dev.mkdir(parents=True)
+    for minor in minors:
+        os.mknod(dev / f"nvidia{minor}", stat.S_IFCHR | 0o666, os.makedev(195, minor))
+    for name, minor in (("nvidiactl", 255), ("nvidia-uvm", 0)):
+        os.mknod(dev / name, stat.S_IFCHR | 0o666, os.makedev(195 if minor else 510, minor))
+    write_proc(base, "proc/devices", f"Character devices:\n195 nvidia\n{caps_major} nvidia-caps\n")
+    return DriverRoot(base, PurePosixPath(host), sysfs=base / "sys", proc=base / "no-proc")
+
+
+def test_real_gpu_gets_its_own_device_node_the_control_nodes_are_common(
     gpus: tuple[Gpu, ...], tmp_path: Path
 ) -> None:
-    inventory = NodeInventory(gpus, simulated=False)
+    driver = real_driver_root(tmp_path / "root", [3])
+    inventory = NodeInventory(gpus, simulated=False, driver=driver)
     gpu = gpu_named(inventory, "gpu-3")
     claim_dir = tmp_path / "claim"
 
     edits = inventory.container_edits(gpu, claim_dir)
 
-    assert [n.path for n in edits.device_nodes] == ["/dev/nvidia3", *CONTROL_NODES]
-    assert {n.host_path for n in edits.device_nodes} == {None}
-    assert {n.permissions for n in edits.device_nodes} == {"rw"}
+    assert edits.device_nodes == (DeviceNode("/dev/nvidia3", permissions="rw"),)
     assert dict(edits.env) == {
         "GPU_DRA_GPU_3_UUID": gpu.uuid,
         "GPU_DRA_GPU_3_PRODUCT": gpu.product_name,
     }
     assert edits.mounts == ()
+    assert edits.hooks == ()  # no DRM nodes in this root's sysfs
     assert not claim_dir.exists()
 
 
-def test_real_gpu_device_nodes_come_from_the_driver_root(
+def test_real_gpu_device_nodes_get_the_host_driver_root(
     gpus: tuple[Gpu, ...], tmp_path: Path
 ) -> None:
-    inventory = NodeInventory(gpus, simulated=False, driver_root=Path("/run/nvidia/driver"))
+    driver = real_driver_root(tmp_path, [7], host="/run/nvidia/driver")
+    inventory = NodeInventory(gpus, simulated=False, driver=driver)
 
     edits = inventory.container_edits(gpu_named(inventory, "gpu-7"), tmp_path)
 
-    assert edits.device_nodes == tuple(
-        DeviceNode(path=path, host_path=f"/run/nvidia/driver{path}", permissions="rw")
-        for path in ["/dev/nvidia7", *CONTROL_NODES]
+    assert edits.device_nodes == (
+        DeviceNode("/dev/nvidia7", host_path="/run/nvidia/driver/dev/nvidia7", permissions="rw"),
     )
 
 
+def test_a_missing_device_node_is_left_out_and_the_device_stays_valid(
+    gpus: tuple[Gpu, ...], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    driver = real_driver_root(tmp_path, [0], host="/run/nvidia/driver")
+    inventory = NodeInventory(gpus, simulated=False, driver=driver)
+
+    with caplog.at_level(logging.INFO):
+        edits = inventory.container_edits(gpu_named(inventory, "gpu-5"), tmp_path)
+
+    assert edits.device_nodes == ()
+    assert f"device node {tmp_path}/dev/nvidia5 not found" in caplog.text
+    spec = build_claim_spec(UID, [CdiDevice("gpu-5", edits)], driver_name=DRIVER)
+    assert spec["devices"][0]["containerEdits"]["env"][0].startswith("GPU_DRA_GPU_5_UUID=")
+
+
 def test_real_gpu_edits_make_a_valid_cdi_device(gpus: tuple[Gpu, ...], tmp_path: Path) -> None:
-    inventory = NodeInventory(gpus, simulated=False, driver_root=Path("/run/nvidia/driver"))
+    driver = real_driver_root(tmp_path, [0], host="/run/nvidia/driver")
+    inventory = NodeInventory(gpus, simulated=False, driver=driver)
     edits = inventory.container_edits(gpu_named(inventory, "gpu-0"), tmp_path)
 
     spec = build_claim_spec(UID, [CdiDevice("gpu-0", edits)], driver_name=DRIVER)
 
     (device,) = spec["devices"]
     assert device["name"] == f"{UID}-gpu-0"
-    assert device["containerEdits"]["deviceNodes"][0] == {
-        "path": "/dev/nvidia0",
-        "hostPath": "/run/nvidia/driver/dev/nvidia0",
-        "permissions": "rw",
-    }
+    assert device["containerEdits"]["deviceNodes"] == [
+        {
+            "path": "/dev/nvidia0",
+            "hostPath": "/run/nvidia/driver/dev/nvidia0",
+            "permissions": "rw",
+        }
+    ]
 
 
 # ---- static MIG --------------------------------------------------------------------------------
@@ -317,7 +352,10 @@ def test_real_mig_device_gets_its_parent_node_and_the_gi_and_ci_capability_nodes
 ) -> None:
     capabilities = RecordingCapabilities()
     inventory = NodeInventory.from_discovery(
-        mig_devices, simulated=False, mig_capabilities=capabilities
+        mig_devices,
+        simulated=False,
+        driver=real_driver_root(tmp_path / "root", [4], caps_major=511),
+        mig_capabilities=capabilities,
     )
     mig = mig_named(inventory, "gpu-4-mig-1g20gb-15-6")
     claim_dir = tmp_path / "claim"
@@ -326,19 +364,39 @@ def test_real_mig_device_gets_its_parent_node_and_the_gi_and_ci_capability_nodes
 
     gi = mig.gi_id
     assert capabilities.calls == [(4, gi, None), (4, gi, 0)]
-    assert [n.path for n in edits.device_nodes] == [
-        "/dev/nvidia4",
-        *CONTROL_NODES,
-        f"/dev/nvidia-caps/nvidia-cap{100 + 10 * gi}",
-        f"/dev/nvidia-caps/nvidia-cap{100 + 10 * gi + 1}",
-    ]
-    assert {n.permissions for n in edits.device_nodes} == {"rw"}
+    assert edits.device_nodes == (
+        DeviceNode("/dev/nvidia4", permissions="rw"),
+        *(
+            DeviceNode(
+                f"/dev/nvidia-caps/nvidia-cap{minor}",
+                permissions="rw",
+                type="c",
+                major=511,
+                minor=minor,
+                file_mode=0o444,
+            )
+            for minor in (100 + 10 * gi, 100 + 10 * gi + 1)
+        ),
+    )
     prefix = "GPU_DRA_GPU_4_MIG_1G20GB_15_6"
     assert dict(edits.env)[f"{prefix}_UUID"] == mig.uuid
     assert dict(edits.env)[f"{prefix}_PARENT_UUID"] == mig.parent.uuid
     assert f"{prefix}_SIMULATED" not in dict(edits.env)
     assert edits.mounts == ()
     assert not claim_dir.exists()
+
+
+def test_a_mig_device_fails_without_the_nvidia_caps_major(
+    mig_devices: NodeDevices, tmp_path: Path
+) -> None:
+    driver = real_driver_root(tmp_path, [4])
+    (tmp_path / "proc/devices").write_text("Character devices:\n195 nvidia\n")
+    inventory = NodeInventory.from_discovery(
+        mig_devices, simulated=False, driver=driver, mig_capabilities=RecordingCapabilities()
+    )
+
+    with pytest.raises(DriverUserspaceError, match="no character device major for nvidia-caps"):
+        inventory.container_edits(mig_named(inventory, "gpu-4-mig-1g20gb-15-6"), tmp_path)
 
 
 def write_proc(root: Path, relative: str, text: str) -> None:
@@ -354,13 +412,15 @@ def test_capability_minors_come_from_the_drivers_procfs_under_the_driver_root(
     caps = f"proc/driver/nvidia/capabilities/gpu3/mig/gi{mig.gi_id}"
     write_proc(tmp_path, f"{caps}/access", "DeviceFileMinor: 30\nDeviceFileMode: 292\n")
     write_proc(tmp_path, f"{caps}/ci0/access", "DeviceFileMinor: 31\nDeviceFileMode: 292\n")
-    inventory = NodeInventory.from_discovery(mig_devices, simulated=False, driver_root=tmp_path)
+    driver = real_driver_root(tmp_path, [3], host="/run/nvidia/driver")
+    inventory = NodeInventory.from_discovery(mig_devices, simulated=False, driver=driver)
 
     edits = inventory.container_edits(mig, tmp_path / "claim")
 
-    assert [(n.path, n.host_path) for n in edits.device_nodes][-2:] == [
-        ("/dev/nvidia-caps/nvidia-cap30", f"{tmp_path}/dev/nvidia-caps/nvidia-cap30"),
-        ("/dev/nvidia-caps/nvidia-cap31", f"{tmp_path}/dev/nvidia-caps/nvidia-cap31"),
+    host = "/run/nvidia/driver/dev/nvidia-caps"
+    assert [(n.path, n.host_path, n.minor) for n in edits.device_nodes][-2:] == [
+        ("/dev/nvidia-caps/nvidia-cap30", f"{host}/nvidia-cap30", 30),
+        ("/dev/nvidia-caps/nvidia-cap31", f"{host}/nvidia-cap31", 31),
     ]
 
 

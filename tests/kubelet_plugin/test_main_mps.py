@@ -58,6 +58,8 @@ def test_the_pod_runner_gets_its_namespace_node_and_image(data_dir: Path) -> Non
         "--mps-daemon-image=registry.example/mps:1",
         "--mps-daemon-namespace=gpu-system",
         "--mps-exclusive-compute-mode=true",
+        "--driver-root=/driver-root",
+        "--nvidia-driver-root=/run/nvidia/driver",
     )
     manager = _mps(settings(data_dir, *flags), ApiClient(), host.nvml)
 
@@ -69,5 +71,6 @@ def test_the_pod_runner_gets_its_namespace_node_and_image(data_dir: Path) -> Non
         "node-a",
         "registry.example/mps:1",
     )
+    assert runner.driver_root == Path("/run/nvidia/driver")  # the pod mounts the host's path
     assert isinstance(manager.compute_mode, NvmlComputeMode)
     assert manager.start_timeout_s > 10.0  # a pod needs longer than a host process

@@ -4,7 +4,7 @@ usage error (exit status 2 with a message), never a traceback."""
 from __future__ import annotations
 
 from dataclasses import fields
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import pytest
 
@@ -16,7 +16,10 @@ ALL_FLAGS = [
     "--node-name=node-a",
     "--driver-name=gpu.example.com",
     "--simulate=hgx-h100",
-    "--driver-root=/run/nvidia/driver",
+    "--driver-root=/driver-root",
+    "--nvidia-driver-root=/run/nvidia/driver",
+    "--nvidia-cdi-hook-path=/var/lib/gpu-dra/nvidia-cdi-hook",
+    "--disable-cdi-hooks=update-application-profile,enable-cuda-compat",
     "--kubelet-plugins-dir=/k/plugins",
     "--kubelet-registry-dir=/k/registry",
     "--cdi-root=/etc/cdi",
@@ -42,7 +45,10 @@ EXPECTED = KubeletPluginSettings(
     node_name="node-a",
     driver_name="gpu.example.com",
     simulate="hgx-h100",
-    driver_root=Path("/run/nvidia/driver"),
+    driver_root=Path("/driver-root"),
+    nvidia_driver_root=PurePosixPath("/run/nvidia/driver"),
+    nvidia_cdi_hook_path="/var/lib/gpu-dra/nvidia-cdi-hook",
+    disable_cdi_hooks=frozenset({"update-application-profile", "enable-cuda-compat"}),
     kubelet_plugins_dir=Path("/k/plugins"),
     kubelet_registry_dir=Path("/k/registry"),
     cdi_root=Path("/etc/cdi"),
@@ -214,6 +220,61 @@ def executable(path: Path) -> Path:
     path.write_text("#!/bin/sh\n")
     path.chmod(0o755)
     return path
+
+
+def test_the_host_driver_root_defaults_to_the_plugins_view_of_it() -> None:
+    host_install = KubeletPluginSettings.parse(["--node-name=n"], {})
+    same_path = KubeletPluginSettings.parse(
+        ["--node-name=n", "--driver-root=/run/nvidia/driver"], {}
+    )
+
+    assert (host_install.driver_root, host_install.host_driver_root) == (
+        Path("/"),
+        PurePosixPath("/"),
+    )
+    assert same_path.host_driver_root == PurePosixPath("/run/nvidia/driver")
+    assert host_install.nvidia_cdi_hook_path == "/usr/bin/nvidia-cdi-hook"
+    assert host_install.disable_cdi_hooks == frozenset()
+
+
+def test_nvidias_environment_names_set_the_driver_roots_and_the_hook_path() -> None:
+    """NVIDIA's DaemonSet: the host root mounted at /driver-root, the hook copied to the host."""
+    env = {
+        "NVIDIA_DRIVER_ROOT": "/run/nvidia/driver",
+        "CONTAINER_DRIVER_ROOT": "/driver-root",
+        "NVIDIA_CDI_HOOK_PATH": "/var/lib/kubelet/plugins/gpu.nvidia.com/nvidia-cdi-hook",
+    }
+
+    settings = KubeletPluginSettings.parse(["--node-name=n"], env)
+
+    assert settings.driver_root == Path("/driver-root")
+    assert settings.host_driver_root == PurePosixPath("/run/nvidia/driver")
+    assert settings.nvidia_cdi_hook_path == env["NVIDIA_CDI_HOOK_PATH"]
+    ours = KubeletPluginSettings.parse(
+        ["--node-name=n"],
+        {**env, "GPU_DRA_DRIVER_ROOT": "/host", "GPU_DRA_NVIDIA_DRIVER_ROOT": "/"},
+    )
+    assert (ours.driver_root, ours.host_driver_root) == (Path("/host"), PurePosixPath("/"))
+
+
+@pytest.mark.parametrize(
+    ("flag", "message"),
+    [
+        ("--nvidia-driver-root=run/nvidia/driver", "--nvidia-driver-root must be an absolute"),
+        ("--nvidia-cdi-hook-path=nvidia-cdi-hook", "--nvidia-cdi-hook-path must be an absolute"),
+        ("--disable-cdi-hooks=update-ldcache,chmod", "unknown CDI hook(s) chmod"),
+    ],
+)
+def test_bad_driver_root_and_hook_settings_are_usage_errors(
+    capsys: pytest.CaptureFixture[str], flag: str, message: str
+) -> None:
+    assert message in usage_error(capsys, ["--node-name=n", flag], {})
+
+
+def test_all_cdi_hooks_can_be_disabled() -> None:
+    settings = KubeletPluginSettings.parse(["--node-name=n", "--disable-cdi-hooks=all"], {})
+
+    assert settings.disable_cdi_hooks == frozenset({"all"})
 
 
 def test_mps_control_binary_is_found_on_path_first(tmp_path: Path) -> None:
