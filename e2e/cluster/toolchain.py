@@ -14,6 +14,7 @@ import logging
 import os
 import shutil
 import subprocess
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +25,10 @@ from e2e.cluster.paths import REPO_ROOT, ClusterPaths
 log = logging.getLogger(__name__)
 
 TOOLCHAIN = REPO_ROOT / "e2e" / "toolchain"
+
+STALE_TOOL_AGE_S = 24 * 3600
+"""Older builds of a test-bed tool are removed when at least this old: worktrees sharing one
+cache build different versions of the same tool at the same time."""
 
 
 @dataclass(frozen=True)
@@ -169,7 +174,7 @@ def build_tool(
 
     `env` adds to the build's environment (e.g. ``CGO_CFLAGS``); it is not part of the cache
     key, so it must only say where things are, never what is built. Older builds of the same
-    tool (other hashes) are removed once the new one is complete.
+    tool (other hashes) are removed once the new one is complete, if more than a day old.
     """
     directory = tool_dir(paths, tool)
     if tool_built(paths, tool):
@@ -192,7 +197,10 @@ def build_tool(
         shutil.rmtree(directory)
     staging.rename(directory)
     for stale in directory.parent.glob(f"{tool.name}-*"):
-        if stale != directory and not stale.name.endswith(".partial"):
+        if stale == directory or stale.name.endswith(".partial"):
+            continue
+        # A build less than a day old may belong to another checkout sharing the cache.
+        if time.time() - stale.stat().st_mtime > STALE_TOOL_AGE_S:
             shutil.rmtree(stale, ignore_errors=True)
     return directory
 
