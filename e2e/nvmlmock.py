@@ -69,7 +69,7 @@ def build(paths: ClusterPaths) -> Path:
     if not tool_built(paths, TOOL):
         module = TOOLCHAIN / TOOL.name
         env = go_env(paths, cgo=True)
-        header = _module_dir(paths, GO_NVML) / "gen" / "nvml" / "nvml.h"
+        header = nvml_header(paths)
         with tempfile.TemporaryDirectory(prefix="nvml-mock-include-") as include:
             subprocess.run(
                 ["go", "run", "./internal/stubgen", "-header", str(header), "-out", include],
@@ -86,10 +86,11 @@ def build(paths: ClusterPaths) -> Path:
     return tool_dir(paths, TOOL) / LIBRARY_NAME
 
 
-def _module_dir(paths: ClusterPaths, module: str) -> Path:
-    """Where the module cache holds `module` at the version ``nvml-mock/go.mod`` pins."""
+def go_nvml_dir(paths: ClusterPaths) -> Path:
+    """go-nvml's source in the module cache, at the version ``nvml-mock/go.mod`` pins
+    (downloaded now if missing): the mock servers are ``pkg/nvml/mock``."""
     done = subprocess.run(
-        ["go", "mod", "download", "-json", module],
+        ["go", "mod", "download", "-json", GO_NVML],
         cwd=TOOLCHAIN / TOOL.name,
         env=go_env(paths),
         check=True,
@@ -97,6 +98,12 @@ def _module_dir(paths: ClusterPaths, module: str) -> Path:
         text=True,
     )
     return Path(json.loads(done.stdout)["Dir"])
+
+
+def nvml_header(paths: ClusterPaths) -> Path:
+    """go-nvml's copy of NVIDIA's ``nvml.h`` (as released; ``pkg/nvml/nvml.h`` is edited for
+    cgo), whose struct layouts the library follows."""
+    return go_nvml_dir(paths) / "gen" / "nvml" / "nvml.h"
 
 
 def environment(

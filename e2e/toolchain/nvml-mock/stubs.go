@@ -11,7 +11,7 @@ package main
 
 static int nvml_mock_unimplemented(const char *name) {
 	if (getenv("GPU_DRA_NVML_MOCK_TRACE") != NULL) {
-		fprintf(stderr, "nvml-mock: %s -> NVML_ERROR_NOT_SUPPORTED (not implemented)\n", name);
+		fprintf(stderr, "libnvidia-ml (gpu-dra NVML mock): %s -> NVML_ERROR_NOT_SUPPORTED (not implemented)\n", name);
 	}
 	return 3; // NVML_ERROR_NOT_SUPPORTED
 }
