@@ -232,6 +232,29 @@ def test_nvidia_smi_lists_the_gpus_the_library_reports(root: DriverRoot) -> None
     assert run_tool(root, "nvidia-smi", "--list-gpus").stdout == result.stdout
 
 
+def test_nvidia_smi_runs_with_the_root_nvml_preloaded(root: DriverRoot) -> None:
+    """As NVIDIA's kubelet plugin runs the driver root's nvidia-smi from its own image: the
+    preloaded library satisfies the DT_NEEDED libnvidia-ml.so.1."""
+    env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}
+    bare = subprocess.run(
+        [str(root.nvidia_smi), "-L"], env=env, capture_output=True, text=True, check=False
+    )
+    host_cache = subprocess.run(["ldconfig", "-p"], capture_output=True, text=True, check=True)
+    if "libnvidia-ml.so.1 " not in host_cache.stdout:  # a host without an NVIDIA driver
+        assert bare.returncode == 127
+        assert "libnvidia-ml.so.1: cannot open shared object file" in bare.stderr
+
+    preloaded = subprocess.run(
+        [str(root.nvidia_smi), "-L"],
+        env={**env, "LD_PRELOAD": str(root.lib_dir / "libnvidia-ml.so.1")},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert preloaded.returncode == 0, preloaded.stderr
+    assert preloaded.stdout == listing(reported(root))
+
+
 def test_nvidia_smi_lists_the_mig_devices_of_a_gpu_in_mig_mode(root: DriverRoot) -> None:
     env = {"GPU_DRA_STANDIN_NVML_MIG_GPU": str(MIG_GPU)}
     result = run_tool(root, "nvidia-smi", "-L", **env)
