@@ -117,6 +117,7 @@ MIG_MONITOR_MINOR = 2
 
 _CFLAGS = ("-O2", "-Wall", "-Wextra", "-fPIC")
 _VERSION = re.compile(r"\d+\.\d+(\.\d+)?")
+_OCTAL_ESCAPE = re.compile(r"\\([0-7]{3})")  # mountinfo writes space, tab, \n, \\ so
 
 
 @dataclass(frozen=True)
@@ -547,7 +548,7 @@ def _mounts_under(directory: Path) -> list[str]:
     found = []
     with open("/proc/self/mountinfo") as mountinfo:
         for line in mountinfo:
-            point = line.split()[4].encode().decode("unicode_escape")
+            point = _OCTAL_ESCAPE.sub(lambda m: chr(int(m[1], 8)), line.split()[4])
             if point == top or point.startswith(top + "/"):
                 found.append(point)
     return found

@@ -466,7 +466,7 @@ def test_teardown_refuses_a_root_with_a_mount_under_it(
     tmp_path: Path, nvml_library: Path, paths: ClusterPaths
 ) -> None:
     made = build(tmp_path / "driver", nvml_library, paths)
-    mount_point = made.root / "mnt"
+    mount_point = made.root / "a mount"  # mountinfo escapes the space
     mount_point.mkdir()
     subprocess.run(["mount", "-t", "tmpfs", "tmpfs", str(mount_point)], check=True)
     try:
