@@ -14,6 +14,7 @@ driver root".
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import fcntl
 import hashlib
@@ -597,3 +598,46 @@ def read_soname(path: Path) -> str | None:
             start = strtab - vaddr + offset + soname
             return data[start : data.index(b"\0", start)].decode()
     raise ValueError(f"{path}: the dynamic string table lies in no loaded segment")
+
+
+# --- command line ----------------------------------------------------------------------------
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m e2e.driverroot build DEST --nvml LIB ...`` / ``remove DEST`` (as root)."""
+    parser = argparse.ArgumentParser(prog="python -m e2e.driverroot", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    build = sub.add_parser("build", help="lay out a fake driver root at DEST (replacing one)")
+    build.add_argument("dest", type=Path)
+    build.add_argument("--nvml", type=Path, required=True, help="the libnvidia-ml.so.1 to install")
+    build.add_argument("--machine", default="dgxh100", help="the NVML mock server it stands for")
+    build.add_argument("--gpu-minors", default="0-7", help="like 0-7 or 0,2,5")
+    build.add_argument("--driver-version", default="550.54.15")
+    remove = sub.add_parser("remove", help="remove a fake driver root")
+    remove.add_argument("dest", type=Path)
+    options = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    if options.command == "remove":
+        remove_driver_root(options.dest)
+        return 0
+    root = build_driver_root(
+        options.dest,
+        nvml_library=options.nvml,
+        machine=options.machine,
+        gpu_minors=_minors(options.gpu_minors),
+        driver_version=options.driver_version,
+    )
+    print(root.root)
+    return 0
+
+
+def _minors(text: str) -> list[int]:
+    minors: list[int] = []
+    for part in text.split(","):
+        first, _, last = part.partition("-")
+        minors += range(int(first), int(last or first) + 1)
+    return minors
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

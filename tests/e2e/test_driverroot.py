@@ -477,3 +477,24 @@ def test_teardown_refuses_a_root_with_a_mount_under_it(
         subprocess.run(["umount", str(mount_point)], check=True)
     remove_driver_root(made.root)
     assert not made.root.exists()
+
+
+def test_the_command_line_builds_and_removes_a_root(
+    tmp_path: Path, nvml_library: Path, paths: ClusterPaths, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("GPU_DRA_CACHE", str(paths.cache))
+    dest = tmp_path / "driver"
+    arguments = ["build", str(dest), "--nvml", str(nvml_library), "--gpu-minors", "0-2,5"]
+    assert driverroot.main(arguments) == 0
+
+    made = DriverRoot.load(dest)
+    assert made.gpu_minors == (0, 1, 2, 5)
+    assert (made.machine, made.driver_version) == ("dgxh100", VERSION)
+    assert sorted(p.name for p in made.dev_dir.glob("nvidia[0-9]*")) == [
+        "nvidia0",
+        "nvidia1",
+        "nvidia2",
+        "nvidia5",
+    ]
+    assert driverroot.main(["remove", str(dest)]) == 0
+    assert list(tmp_path.iterdir()) == []
