@@ -17,7 +17,8 @@ write those two functions and list it in `SUBCOMMANDS`. Flags describing the nod
 ``--node``, ``--driver-root``, ``--driver-name``) default to the kubelet plugin's environment
 variables, so ``gpu-dra devices`` run in the plugin's container shows what that plugin publishes.
 
-Exit status: 0 success, 1 the check or discovery failed, 2 usage error or unusable input.
+Exit status: 0 success, 1 the check or discovery failed (for ``devices`` also: a GPU NVML cannot
+describe, or nothing to publish), 2 usage error or unusable input.
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ from gpu_dra.driver.cel import CelRuntimeError, to_cel_device
 from gpu_dra.driver.config import ConfigError, ConfigProblem, resolve_configs
 from gpu_dra.driver.config.resolve import NOT_OPAQUE
 from gpu_dra.driver.discovery import DiscoveryError, discover_devices
+from gpu_dra.driver.model import NodeDevices
 from gpu_dra.driver.naming import DEFAULT_DRIVER_NAME
 from gpu_dra.driver.nvml.interface import NvmlLibrary, PciTopology
 from gpu_dra.driver.nvml.profiles import ProfileError, builtin_profile_names, load_profile
@@ -245,21 +247,42 @@ def add_devices_arguments(parser: argparse.ArgumentParser, environ: Mapping[str,
 
 
 def run_devices(args: argparse.Namespace, streams: Streams) -> int:
+    """Print the usable devices; every GPU that could not be read is an error line on stderr
+    (with its NVML return code) and exit status 1, as is a node with nothing to publish."""
     nvml, pci = _node(args)
     try:
-        devices = _published_devices(nvml, pci, dynamic_mig=args.dynamic_mig)
+        found = _discover(nvml, pci, dynamic_mig=args.dynamic_mig)
     except OSError as error:  # libnvidia-ml.so.1 exists but cannot be loaded
         raise CliError(f"cannot load the NVML library under {args.driver_root}: {error}") from error
+    devices = _publish(found, dynamic_mig=args.dynamic_mig)
     if args.output != "table":
         _write_data(streams, devices, args.output)
-        return EXIT_OK
+    elif devices:
+        headers = ["NAME", "PRODUCT", "MEMORY", "ARCHITECTURE", "COMPUTE CAPABILITY"]
+        headers += ["PCI BUS ID", "NUMA", "UUID"]
+        _write_table(streams, headers, [_device_row(device) for device in devices])
+    failures = [f"{problem.message}; not published" for problem in found.problems]
     if not devices:
-        print("no GPUs found", file=streams.err)
-        return EXIT_OK
-    headers = ["NAME", "PRODUCT", "MEMORY", "ARCHITECTURE", "COMPUTE CAPABILITY"]
-    headers += ["PCI BUS ID", "NUMA", "UUID"]
-    _write_table(streams, headers, [_device_row(device) for device in devices])
-    return EXIT_OK
+        failures.append(_nothing_published(found))
+    for failure in failures:
+        _error(streams, args.command, failure)
+    return EXIT_FAILED if failures else EXIT_OK
+
+
+def _nothing_published(found: NodeDevices) -> str:
+    """Why a node publishes no device: no GPU at all, unreadable GPUs, or MIG without slices."""
+    if not found.gpus and not found.problems:
+        return (
+            "no GPUs found: NVML reports 0 GPUs (is the driver root right, and are the GPUs' "
+            "device nodes visible here?)"
+        )
+    if not found.gpus:
+        return f"no usable GPU: all {len(found.problems)} GPU(s) NVML reports cannot be read"
+    idle = [f"GPU {gpu.index} ({gpu.pci_bus_id}, {gpu.uuid})" for gpu in found.gpus]
+    return (
+        f"no device to publish: {', '.join(idle)} {'has' if len(idle) == 1 else 'have'} MIG "
+        "mode on and no MIG device (make MIG devices, or publish with --dynamic-mig)"
+    )
 
 
 def _published_devices(
@@ -268,12 +291,26 @@ def _published_devices(
     """The devices the kubelet plugin publishes for the node, in its order: whole GPUs with MIG
     off and static MIG devices, by PCI bus id then placement; with ``mps_shares``, every whole
     GPU offered as MPS shares (``--mps-shares=all``); with ``dynamic_mig``, partitionable GPUs in
-    partitionable form (``--dynamic-mig``). `CliError` when discovery or publishing fails.
-    `gpu-dra lint` evaluates on these."""
+    partitionable form (``--dynamic-mig``). `CliError` when discovery or publishing fails, or a
+    GPU cannot be read. `gpu-dra lint` evaluates on these."""
+    found = _discover(nvml, pci, dynamic_mig=dynamic_mig)
+    if found.problems:
+        raise CliError("; ".join(problem.message for problem in found.problems))
+    return _publish(found, mps_shares=mps_shares, dynamic_mig=dynamic_mig)
+
+
+def _discover(nvml: NvmlLibrary, pci: PciTopology, *, dynamic_mig: bool) -> NodeDevices:
+    """`discover_devices`, a node-wide failure as `CliError`; per-GPU problems are returned."""
     try:
-        found = discover_devices(nvml, pci, mig_profiles=dynamic_mig)
+        return discover_devices(nvml, pci, mig_profiles=dynamic_mig)
     except DiscoveryError as error:
         raise CliError(str(error)) from error
+
+
+def _publish(
+    found: NodeDevices, *, mps_shares: bool = False, dynamic_mig: bool = False
+) -> list[Device]:
+    """The devices of the usable GPUs of `found`, as `_published_devices` describes them."""
     try:
         if dynamic_mig:
             node = partitioned_node(found.gpus, found.mig_devices, found.mig_profiles)
@@ -757,8 +794,12 @@ DEVICES: Final = Subcommand(
     description="Discover the GPUs (real ones through NVML, or a simulated machine) and print\n"
     "the devices the kubelet plugin would publish in the node's ResourceSlice: a table,\n"
     "or the exact resource.k8s.io/v1 device objects with -o json|yaml.\n"
+    "A GPU that NVML cannot describe (an NVML error, e.g. MIG on but its MIG profiles\n"
+    "unreadable) is left out, as the plugin leaves it out: one error line each on stderr,\n"
+    "naming the GPU, the NVML call and its return code; the other GPUs are printed.\n"
     "Exit status: 0 success, 1 discovery failed (no NVML library, driver not loaded),\n"
-    "2 usage error (unknown profile).",
+    "a GPU could not be read, or there is no device to publish (no GPU, or only GPUs in\n"
+    "MIG mode without MIG devices), 2 usage error (unknown profile).",
     examples=(
         "gpu-dra devices --simulate hgx-h100 --node node-1",
         "gpu-dra devices --simulate t4 -o json",

@@ -2,10 +2,18 @@
 
 Pure apart from the calls on the injected `NvmlLibrary` and `PciTopology`. Optional facts that
 NVML does not support on a GPU (memory size, MIG mode, addressing mode) are left out; MIG mode
-NOT_SUPPORTED means MIG off. Any other NVML failure raises `DiscoveryError` naming the GPU and
-the call.
+NOT_SUPPORTED means MIG off. An NVML error is never taken for an empty answer (the table of
+which return codes mean "absent": docs/real-nodes.md, "NVML errors"):
 
-Static MIG (`discover_devices`): for each GPU whose *current* MIG mode is on, the existing MIG
+- a node-wide failure (``nvmlInit``, the driver version, ``nvmlDeviceGetCount``) raises
+  `DiscoveryError`;
+- any other failure on one GPU (its identity, its MIG state, its MIG devices or profiles) leaves
+  that GPU out: `discover_devices` returns it in `NodeDevices.problems` (`GpuProblem`: the GPU,
+  the NVML call and its return code name) and goes on with the next GPU; `discover_gpus`, for
+  callers that cannot report problems, raises the first as `DiscoveryError`.
+
+Static MIG (`discover_devices`): for each GPU whose *current* MIG mode is on, the GPU-instance
+profiles are read (at least one must answer, see below), then the existing MIG
 devices are walked as NVIDIA's driver walks them (go-nvlib ``VisitMigDevices``): every index up
 to ``nvmlDeviceGetMaxMigDeviceCount`` (NOT_FOUND = empty), then each MIG device's GPU instance
 (``GetGpuInstanceById`` -> info: profile ID, placement) and compute instance
@@ -17,8 +25,10 @@ Dynamic MIG (`discover_devices(..., mig_profiles=True)`): for each MIG-capable G
 off), the GPU-instance profiles it offers, as NVIDIA's driver reads them: every
 ``NVML_GPU_INSTANCE_PROFILE_*`` index (NOT_SUPPORTED / INVALID_ARGUMENT = not offered), and each
 profile's possible placements (``nvmlDeviceGetGpuInstancePossiblePlacements``, which answers
-whether MIG is on or not). A MIG-capable GPU without any profile (the simulated B200, whose sizes
-are unknown) is left out of `NodeDevices.mig_profiles`.
+whether MIG is on or not). When *every* index answers NOT_SUPPORTED / INVALID_ARGUMENT, the GPU's
+MIG profiles cannot be read: a GPU with MIG on is a `GpuProblem` (it could be published neither
+whole nor in slices), one with MIG off is published whole, not partitionable (the simulated
+B200, whose sizes are unknown, is left out of `NodeDevices.mig_profiles` that way).
 """
 
 from __future__ import annotations
@@ -27,10 +37,11 @@ import contextlib
 from collections.abc import Callable
 from dataclasses import asdict
 from functools import partial
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar
 
 from gpu_dra.driver.model import (
     Gpu,
+    GpuProblem,
     MigCapableGpu,
     MigDevice,
     MigProfile,
@@ -65,24 +76,51 @@ _T = TypeVar("_T")
 _ABSENT = frozenset({NVML_ERROR_NOT_SUPPORTED, NVML_ERROR_FUNCTION_NOT_FOUND})
 # A profile index this GPU (or GPU instance) does not have, when scanning profiles as go-nvlib does.
 _NO_SUCH_PROFILE = frozenset({NVML_ERROR_NOT_SUPPORTED, NVML_ERROR_INVALID_ARGUMENT})
+_GI_PROFILE_INFO: Final = "nvmlDeviceGetGpuInstanceProfileInfo"
 _MIB = 1024 * 1024
+
+UNUSABLE_ANSWER: Final = "UNUSABLE_ANSWER"
+"""`GpuProblem.reason` when every NVML call succeeded but the answers cannot be used."""
 
 
 class DiscoveryError(RuntimeError):
-    """NVML could not describe the node's GPUs; the message names the GPU and the failed call."""
+    """NVML could not describe the node's GPUs; the message names the GPU and the failed call.
 
-    def __init__(self, message: str, *, gpu_index: int | None = None) -> None:
+    `gpu_index` is None for node-wide failures; `call` and `return_code` name the NVML function
+    and its return code when one failed (`return_code` None: answers that cannot be used).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        gpu_index: int | None = None,
+        call: str | None = None,
+        return_code: int | None = None,
+        pci_bus_id: str | None = None,
+        uuid: str | None = None,
+    ) -> None:
         super().__init__(message)
         self.gpu_index = gpu_index
+        self.call = call
+        self.return_code = return_code
+        self.pci_bus_id = pci_bus_id
+        self.uuid = uuid
 
 
 def discover_gpus(nvml: NvmlLibrary, pci: PciTopology) -> list[Gpu]:
     """All GPUs NVML sees, in NVML index (PCI bus) order; MIG devices are not walked.
 
     Initialises NVML with ``NVML_INIT_FLAG_NO_GPUS`` (a node without GPUs yields ``[]``) and shuts
-    it down again; NVML counts initialisations, so callers may hold their own.
+    it down again; NVML counts initialisations, so callers may hold their own. Strict: a GPU that
+    cannot be read raises `DiscoveryError` (`discover_devices` reports it and goes on).
     """
-    return list(_discover(nvml, pci, with_mig=False, with_profiles=False).gpus)
+    found = _discover(nvml, pci, with_mig=False, with_profiles=False)
+    if found.problems:
+        first, *others = found.problems
+        more = f" (and {len(others)} more GPU(s) that cannot be read)" if others else ""
+        raise DiscoveryError(f"{first.message}{more}", gpu_index=first.index, call=first.call)
+    return list(found.gpus)
 
 
 def discover_devices(
@@ -91,7 +129,8 @@ def discover_devices(
     """All GPUs (as `discover_gpus`) and the existing MIG devices of those in MIG mode.
 
     With `mig_profiles` (dynamic MIG), also the GPU-instance profiles and placements of every
-    MIG-capable GPU.
+    MIG-capable GPU. A GPU NVML cannot describe is left out of every field and listed in
+    `NodeDevices.problems`; node-wide failures raise `DiscoveryError`.
     """
     return _discover(nvml, pci, with_mig=True, with_profiles=mig_profiles)
 
@@ -104,7 +143,9 @@ def _discover(
     except NVMLError as error:
         raise DiscoveryError(
             f"cannot initialise NVML: {_describe(error)}; check that the NVIDIA driver is loaded "
-            "and that the driver root setting points at its installation"
+            "and that the driver root setting points at its installation",
+            call="nvmlInitWithFlags",
+            return_code=return_code(error),
         ) from error
     try:
         devices = _read_devices(nvml, pci, with_mig=with_mig, with_profiles=with_profiles)
@@ -115,7 +156,11 @@ def _discover(
     try:
         nvml.shutdown()
     except NVMLError as error:
-        raise DiscoveryError(f"cannot shut NVML down: {_describe(error)}") from error
+        raise DiscoveryError(
+            f"cannot shut NVML down: {_describe(error)}",
+            call="nvmlShutdown",
+            return_code=return_code(error),
+        ) from error
     return devices
 
 
@@ -128,17 +173,35 @@ def _read_devices(
     gpus = []
     mig_devices: list[MigDevice] = []
     mig_capable: list[MigCapableGpu] = []
+    problems: list[GpuProblem] = []
     for index in range(count):
-        handle, gpu = _read_gpu(nvml, pci, index, driver_version, cuda_version)
+        try:
+            handle, gpu = _read_gpu(nvml, pci, index, driver_version, cuda_version)
+            walk = _MigWalk(nvml, handle, gpu)  # one per GPU: its profile scan is cached
+            devices = walk.devices() if with_mig and gpu.mig_enabled else []
+            profiles = walk.offered_profiles() if with_profiles and gpu.mig_capable else ()
+        except DiscoveryError as error:
+            if error.gpu_index != index:
+                raise
+            problems.append(_problem(index, error))
+            continue
         gpus.append(gpu)
-        walk = _MigWalk(nvml, handle, gpu)  # one per GPU: its profile scan is cached
-        if with_mig and gpu.mig_enabled:
-            mig_devices.extend(walk.devices())
-        if with_profiles and gpu.mig_capable:
-            profiles = walk.offered_profiles()
-            if profiles:
-                mig_capable.append(MigCapableGpu(gpu, profiles))
-    return NodeDevices(tuple(gpus), tuple(mig_devices), tuple(mig_capable))
+        mig_devices.extend(devices)
+        if profiles:
+            mig_capable.append(MigCapableGpu(gpu, profiles))
+    return NodeDevices(tuple(gpus), tuple(mig_devices), tuple(mig_capable), tuple(problems))
+
+
+def _problem(index: int, error: DiscoveryError) -> GpuProblem:
+    code = error.return_code
+    return GpuProblem(
+        index=index,
+        pci_bus_id=error.pci_bus_id,
+        uuid=error.uuid,
+        call=error.call,
+        reason=UNUSABLE_ANSWER if code is None else return_code_name(code),
+        message=str(error),
+    )
 
 
 def _read_gpu(
@@ -153,9 +216,10 @@ def _read_gpu(
     )
     bus_id = short_pci_bus_id(pci_info.busId)
     where = f"GPU {index} ({bus_id})"
+    uuid: str | None = None
 
     def required(call: str, getter: Callable[[DeviceHandle], _T]) -> _T:
-        return _device(where, index, call, lambda: getter(handle))
+        return _device(where, index, call, lambda: getter(handle), pci_bus_id=bus_id, uuid=uuid)
 
     def optional(call: str, getter: Callable[[DeviceHandle], _T]) -> _T | None:
         try:
@@ -163,14 +227,15 @@ def _read_gpu(
         except NVMLError as error:
             if return_code(error) in _ABSENT:
                 return None
-            raise _gpu_error(where, index, call, error) from error
+            raise _gpu_error(where, index, call, error, pci_bus_id=bus_id, uuid=uuid) from error
 
+    uuid = required("nvmlDeviceGetUUID", nvml.device_get_uuid)
     memory = optional("nvmlDeviceGetMemoryInfo", nvml.device_get_memory_info)
     mig_mode = optional("nvmlDeviceGetMigMode", nvml.device_get_mig_mode)
     return handle, Gpu(
         index=index,
         minor=required("nvmlDeviceGetMinorNumber", nvml.device_get_minor_number),
-        uuid=required("nvmlDeviceGetUUID", nvml.device_get_uuid),
+        uuid=uuid,
         product_name=required("nvmlDeviceGetName", nvml.device_get_name),
         brand=required("nvmlDeviceGetBrand", nvml.device_get_brand),
         architecture=required("nvmlDeviceGetArchitecture", nvml.device_get_architecture),
@@ -204,7 +269,7 @@ def gpu_instance_profiles(
     nvml: NvmlLibrary, handle: DeviceHandle, gpu: Gpu
 ) -> dict[int, tuple[int, GpuInstanceProfileInfo]]:
     """(profile index, info) of every GPU-instance profile of `gpu`, by profile ID; raises
-    `DiscoveryError`."""
+    `DiscoveryError`, also when no profile index answers (never an empty dict)."""
     return _MigWalk(nvml, handle, gpu).gi_profiles()
 
 
@@ -217,34 +282,70 @@ class _MigWalk:
         self.gpu = gpu
         self.where = f"GPU {gpu.index} ({gpu.pci_bus_id})"
         self._gi_profiles: dict[int, tuple[int, GpuInstanceProfileInfo]] | None = None
+        self._gi_profile_answers: list[int] = []
+        """The return code of each profile index that answered "no such profile"."""
 
     def call(self, name: str, getter: Callable[[], _T]) -> _T:
-        return _device(self.where, self.gpu.index, name, getter)
+        return _device(
+            self.where,
+            self.gpu.index,
+            name,
+            getter,
+            pci_bus_id=self.gpu.pci_bus_id,
+            uuid=self.gpu.uuid,
+        )
 
-    def profile_or_none(self, name: str, getter: Callable[[], _T]) -> _T | None:
-        """`getter`'s profile info, or None for a profile index the GPU or GI does not have."""
+    def profile_or_code(self, name: str, getter: Callable[[], _T]) -> _T | int:
+        """`getter`'s profile info, or the return code for a profile index the GPU or GI does
+        not have (NOT_SUPPORTED, INVALID_ARGUMENT); other errors raise."""
         try:
             return getter()
         except NVMLError as error:
-            if return_code(error) in _NO_SUCH_PROFILE:
-                return None
-            raise _gpu_error(self.where, self.gpu.index, name, error) from error
+            code = return_code(error)
+            if code is not None and code in _NO_SUCH_PROFILE:
+                return code
+            raise self.nvml_error(name, error) from error
 
-    def error(self, message: str) -> DiscoveryError:
-        return DiscoveryError(f"{self.where}: {message}", gpu_index=self.gpu.index)
+    def nvml_error(self, call: str, error: Exception) -> DiscoveryError:
+        return _gpu_error(
+            self.where,
+            self.gpu.index,
+            call,
+            error,
+            pci_bus_id=self.gpu.pci_bus_id,
+            uuid=self.gpu.uuid,
+        )
+
+    def error(
+        self, message: str, *, call: str | None = None, code: int | None = None
+    ) -> DiscoveryError:
+        return DiscoveryError(
+            f"{self.where}: {message}",
+            gpu_index=self.gpu.index,
+            call=call,
+            return_code=code,
+            pci_bus_id=self.gpu.pci_bus_id,
+            uuid=self.gpu.uuid,
+        )
 
     def total_memory(self, state: str) -> int:
         """The GPU's memory size, which MIG profile names (``1g.10gb``) are derived from."""
         if self.gpu.memory_bytes is None:
             raise self.error(
-                f"{state} but nvmlDeviceGetMemoryInfo is not supported; MIG profile names "
-                "(e.g. 1g.10gb) are derived from the GPU's total memory"
+                f"{state} but nvmlDeviceGetMemoryInfo is not supported "
+                f"({return_code_name(NVML_ERROR_NOT_SUPPORTED)}); MIG profile names "
+                "(e.g. 1g.10gb) are derived from the GPU's total memory",
+                call="nvmlDeviceGetMemoryInfo",
+                code=NVML_ERROR_NOT_SUPPORTED,
             )
         return self.gpu.memory_bytes
 
     def devices(self) -> list[MigDevice]:
+        """The GPU's MIG devices; its GPU-instance profiles are read first, also when it has
+        none, so that MIG state NVML cannot answer is an error, not "no MIG devices"."""
         nvml, handle = self.nvml, self.handle
         self.total_memory("MIG is on")
+        self.gi_profiles()
         count = self.call(
             "nvmlDeviceGetMaxMigDeviceCount", lambda: nvml.device_get_max_mig_device_count(handle)
         )
@@ -255,18 +356,24 @@ class _MigWalk:
             except NVMLError as error:
                 if return_code(error) == NVML_ERROR_NOT_FOUND:
                     continue  # an empty index
-                call = "nvmlDeviceGetMigDeviceHandleByIndex"
-                raise _gpu_error(self.where, self.gpu.index, call, error) from error
+                raise self.nvml_error("nvmlDeviceGetMigDeviceHandleByIndex", error) from error
             devices.append(self.device(mig))
         return sorted(devices, key=lambda d: (d.placement_start, d.gi_id, d.ci_id))
 
     def offered_profiles(self) -> tuple[MigProfile, ...]:
-        """Every GPU-instance profile of the GPU with its possible placements, by profile index."""
+        """Every GPU-instance profile of the GPU with its possible placements, by profile index.
+
+        Empty on a GPU with MIG off whose profile indexes all answer "no such profile" (it stays
+        a whole GPU); on one with MIG on, that, or no placement at all, is a `DiscoveryError`.
+        """
         total_memory = self.total_memory("the GPU has MIG")
+        if not self.scan_gi_profiles() and not self.gpu.mig_enabled:
+            return ()
         profiles = []
+        placements_call = "nvmlDeviceGetGpuInstancePossiblePlacements"
         for profile_id, (index, info) in self.gi_profiles().items():
             placements = self.call(
-                "nvmlDeviceGetGpuInstancePossiblePlacements",
+                placements_call,
                 partial(
                     self.nvml.device_get_gpu_instance_possible_placements, self.handle, profile_id
                 ),
@@ -277,7 +384,8 @@ class _MigWalk:
             if len(sizes) != 1:
                 raise self.error(
                     f"GPU-instance profile {profile_id} has placements of different sizes "
-                    f"{sorted(sizes)}; one size per profile is expected"
+                    f"{sorted(sizes)}; one size per profile is expected",
+                    call=placements_call,
                 )
             try:
                 name = mig_profile_name(
@@ -296,25 +404,53 @@ class _MigWalk:
                     **mig_resources(info),
                 )
             )
+        if not profiles and self.gpu.mig_enabled:
+            raise self.error(
+                f"MIG mode is on but {placements_call} lists no placement for any of its "
+                f"{len(self.gi_profiles())} GPU-instance profile(s): the GPU can be offered "
+                "neither whole nor in MIG slices",
+                call=placements_call,
+            )
         return tuple(profiles)
 
-    def gi_profiles(self) -> dict[int, tuple[int, GpuInstanceProfileInfo]]:
-        """(profile index, info) of every GPU-instance profile of the GPU, by profile ID."""
+    def scan_gi_profiles(self) -> dict[int, tuple[int, GpuInstanceProfileInfo]]:
+        """(profile index, info) of every GPU-instance profile of the GPU, by profile ID; empty
+        when every index answers "no such profile" (`gi_profiles` makes that an error)."""
         if self._gi_profiles is None:
-            self._gi_profiles = {}
+            found: dict[int, tuple[int, GpuInstanceProfileInfo]] = {}
             for index in range(NVML_GPU_INSTANCE_PROFILE_COUNT):
-                info = self.profile_or_none(
-                    "nvmlDeviceGetGpuInstanceProfileInfo",
+                info = self.profile_or_code(
+                    _GI_PROFILE_INFO,
                     partial(self.nvml.device_get_gpu_instance_profile_info, self.handle, index),
                 )
-                if info is not None:
-                    self._gi_profiles.setdefault(info.id, (index, info))
+                if isinstance(info, int):
+                    self._gi_profile_answers.append(info)
+                else:
+                    found.setdefault(info.id, (index, info))
+            self._gi_profiles = found
         return self._gi_profiles
+
+    def gi_profiles(self) -> dict[int, tuple[int, GpuInstanceProfileInfo]]:
+        """`scan_gi_profiles`, never empty: a GPU that answers no profile index is an error
+        (NVML lists at least one profile on every MIG-capable GPU; NOT_SUPPORTED for all of
+        them means its MIG state cannot be read)."""
+        profiles = self.scan_gi_profiles()
+        if not profiles:
+            codes = sorted(set(self._gi_profile_answers))
+            names = " / ".join(return_code_name(code) for code in codes)
+            raise self.error(
+                f"{_GI_PROFILE_INFO} answered {names} for every GPU-instance profile index "
+                f"(0..{NVML_GPU_INSTANCE_PROFILE_COUNT - 1}): the GPU's MIG profiles cannot "
+                "be read",
+                call=_GI_PROFILE_INFO,
+                code=codes[0] if codes else None,
+            )
+        return profiles
 
     def ci_slices(self, gi: GpuInstanceHandle, ci_profile_id: int) -> int | None:
         """``sliceCount`` of the GI's compute-instance profile `ci_profile_id`, if listed."""
         for index in range(NVML_COMPUTE_INSTANCE_PROFILE_COUNT):
-            info = self.profile_or_none(
+            info = self.profile_or_code(
                 "nvmlGpuInstanceGetComputeInstanceProfileInfo",
                 partial(
                     self.nvml.gpu_instance_get_compute_instance_profile_info,
@@ -323,7 +459,7 @@ class _MigWalk:
                     NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED,
                 ),
             )
-            if info is not None and info.id == ci_profile_id:
+            if not isinstance(info, int) and info.id == ci_profile_id:
                 return info.sliceCount
         return None
 
@@ -349,7 +485,8 @@ class _MigWalk:
         if found is None:
             raise self.error(
                 f"MIG device {uuid}: GPU instance {gi_id} has profile ID {gi_info.profileId}, "
-                "which no nvmlDeviceGetGpuInstanceProfileInfo index returns"
+                f"which no {_GI_PROFILE_INFO} index returns",
+                call=_GI_PROFILE_INFO,
             )
         gi_profile_index, gi_profile = found
         try:
@@ -396,18 +533,43 @@ def _system(getter: Callable[[], _T], call: str) -> _T:
     try:
         return getter()
     except NVMLError as error:
-        raise DiscoveryError(f"{call} failed: {_describe(error)}") from error
+        raise DiscoveryError(
+            f"{call} failed: {_describe(error)}", call=call, return_code=return_code(error)
+        ) from error
 
 
-def _device(where: str, index: int, call: str, getter: Callable[[], _T]) -> _T:
+def _device(
+    where: str,
+    index: int,
+    call: str,
+    getter: Callable[[], _T],
+    *,
+    pci_bus_id: str | None = None,
+    uuid: str | None = None,
+) -> _T:
     try:
         return getter()
     except NVMLError as error:
-        raise _gpu_error(where, index, call, error) from error
+        raise _gpu_error(where, index, call, error, pci_bus_id=pci_bus_id, uuid=uuid) from error
 
 
-def _gpu_error(where: str, index: int, call: str, error: Exception) -> DiscoveryError:
-    return DiscoveryError(f"{where}: {call} failed: {_describe(error)}", gpu_index=index)
+def _gpu_error(
+    where: str,
+    index: int,
+    call: str,
+    error: Exception,
+    *,
+    pci_bus_id: str | None = None,
+    uuid: str | None = None,
+) -> DiscoveryError:
+    return DiscoveryError(
+        f"{where}: {call} failed: {_describe(error)}",
+        gpu_index=index,
+        call=call,
+        return_code=return_code(error),
+        pci_bus_id=pci_bus_id,
+        uuid=uuid,
+    )
 
 
 def _describe(error: Exception) -> str:

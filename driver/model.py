@@ -109,6 +109,29 @@ class NodeDevices:
     """The existing MIG devices of the GPUs in MIG mode, by parent index, then placement."""
     mig_profiles: tuple[MigCapableGpu, ...] = ()
     """The MIG-capable GPUs with their GPU-instance profiles (read for dynamic MIG only)."""
+    problems: tuple[GpuProblem, ...] = ()
+    """The GPUs NVML could not describe, in NVML index order: they are in none of the fields
+    above (not published), and each says why."""
+
+
+@dataclass(frozen=True)
+class GpuProblem:
+    """A GPU that discovery leaves out because NVML could not describe it (an NVML error, or
+    answers that cannot be used, e.g. MIG on but no GPU-instance profile)."""
+
+    index: int
+    """NVML index."""
+    pci_bus_id: str | None
+    """``0000:1b:00.0``; None when ``nvmlDeviceGetPciInfo`` itself failed."""
+    uuid: str | None
+    """``GPU-...``; None when it was not read (yet)."""
+    call: str | None
+    """The NVML function whose answer made the GPU unusable (``nvmlDeviceGetMigMode``)."""
+    reason: str
+    """The NVML return code name (``NVML_ERROR_GPU_IS_LOST``), or ``UNUSABLE_ANSWER`` when
+    every call succeeded but the answers cannot be used."""
+    message: str
+    """The whole sentence: the GPU, the call, NVML's text and the return code name."""
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,9 @@
 """Composition root of `gpu-dra-kubelet-plugin`: settings -> adapters -> serve until SIGTERM.
 
-Order matters: discover the GPUs, recover from the checkpoint (roll back half-done prepares,
+Order matters: discover the GPUs (`discover`: a node-wide NVML failure, or GPUs of which none can
+be read, stop the plugin with exit status 1; a GPU that cannot be read is left out, logged at
+ERROR with its NVML return code and exported as ``gpu_dra_gpu_discovery_errors``; see
+docs/real-nodes.md, "NVML errors"), recover from the checkpoint (roll back half-done prepares,
 remove orphaned CDI specs), start publishing the node's ResourceSlices and caching the
 ResourceClaims, then serve the DRA socket, and only then the registration socket (PluginServer
 does both in that order). The MPS daemon manager exists before recovery, which adopts the daemons
@@ -30,7 +33,7 @@ from gpu_dra.controller.kubeapi import KubernetesSliceApi, new_api_client, read_
 from gpu_dra.controller.metrics import SliceMetrics
 from gpu_dra.controller.publisher import SlicePublisher
 from gpu_dra.driver import slices
-from gpu_dra.driver.discovery import discover_devices
+from gpu_dra.driver.discovery import DiscoveryError, discover_devices
 from gpu_dra.driver.model import NodeDevices
 from gpu_dra.driver.nvml.interface import NvmlLibrary, PciTopology
 from gpu_dra.driver.nvml.real import RealNvml
@@ -42,7 +45,7 @@ from gpu_dra.kubelet_plugin.checkpoint import Checkpoint
 from gpu_dra.kubelet_plugin.claimcache import CachedClaimReader
 from gpu_dra.kubelet_plugin.inventory import NodeInventory
 from gpu_dra.kubelet_plugin.kubeapi import KubernetesClaimReader, KubernetesPodApi
-from gpu_dra.kubelet_plugin.metrics import MpsCollector, PluginMetrics
+from gpu_dra.kubelet_plugin.metrics import DiscoveryMetrics, MpsCollector, PluginMetrics
 from gpu_dra.kubelet_plugin.mig import (
     SIMULATED_STATE_FILE,
     DynamicMig,
@@ -68,9 +71,14 @@ from gpu_dra.kubelet_plugin.timeslicing import (
     NvidiaSmiTimeSlicer,
     RecordedTimeSlicer,
     TimeSlicer,
+    driver_tool_env,
 )
 
 log = logging.getLogger("gpu_dra.kubelet_plugin")
+
+
+class StartupError(Exception):
+    """The plugin cannot start; the message says why (logged, exit status 1)."""
 
 
 def _nvml(settings: KubeletPluginSettings) -> tuple[NvmlLibrary, PciTopology]:
@@ -85,6 +93,40 @@ def _nvml(settings: KubeletPluginSettings) -> tuple[NvmlLibrary, PciTopology]:
         )
         return host.nvml, host.pci
     return RealNvml(settings.driver_root), SysfsPciTopology()
+
+
+def discover(
+    settings: KubeletPluginSettings,
+    nvml: NvmlLibrary,
+    pci: PciTopology,
+    metrics: DiscoveryMetrics | None = None,
+) -> NodeDevices:
+    """The node's GPUs. Raises `StartupError` when NVML cannot be initialised or asked for its
+    GPUs, and when it reports GPUs of which none can be read (publishing nothing for them would
+    hide them). Each GPU left out is logged at ERROR with the NVML call and return code, and set
+    in `metrics`."""
+    try:
+        devices = discover_devices(nvml, pci, mig_profiles=settings.dynamic_mig_enabled)
+    except DiscoveryError as error:
+        raise StartupError(f"GPU discovery failed: {error}") from error
+    for problem in devices.problems:
+        log.error(
+            "GPU left out, not published: %s (gpu=%d uuid=%s reason=%s)",
+            problem.message,
+            problem.index,
+            problem.uuid or "-",
+            problem.reason,
+        )
+    if metrics is not None:
+        metrics.set_problems(devices.problems)
+    if devices.problems and not devices.gpus:
+        reasons = sorted({problem.reason for problem in devices.problems})
+        raise StartupError(
+            f"none of the {len(devices.problems)} GPU(s) NVML reports can be read "
+            f"({', '.join(reasons)}; each is logged above); refusing to publish an empty "
+            "ResourceSlice for them"
+        )
+    return devices
 
 
 def _dynamic_mig(
@@ -192,8 +234,14 @@ def _time_slicer(settings: KubeletPluginSettings, devices: NodeDevices) -> TimeS
             settings.driver_root,
         )
         return None
-    log.info("time-slicing with %s", binary)
-    return NvidiaSmiTimeSlicer(binary)
+    try:
+        env = driver_tool_env(binary, settings.driver_root)
+    except FileNotFoundError as error:
+        log.warning("%s: claims with sharing strategy TimeSlicing will fail on this node", error)
+        return None
+    preloaded = f" (LD_PRELOAD={env['LD_PRELOAD']})" if "LD_PRELOAD" in env else ""
+    log.info("time-slicing with %s%s", binary, preloaded)
+    return NvidiaSmiTimeSlicer(binary, base_env=env)
 
 
 def slice_layout(
@@ -214,10 +262,9 @@ def slice_layout(
     return layout
 
 
-async def run(settings: KubeletPluginSettings) -> None:
-    nvml, pci = _nvml(settings)
+def node_inventory(settings: KubeletPluginSettings, devices: NodeDevices) -> NodeInventory:
+    """The inventory of what `discover` found, logged; a warning when it publishes nothing."""
     dynamic_mig = settings.dynamic_mig_enabled
-    devices = await asyncio.to_thread(discover_devices, nvml, pci, mig_profiles=dynamic_mig)
     inventory = NodeInventory.from_discovery(
         devices,
         simulated=settings.simulate is not None,
@@ -226,21 +273,39 @@ async def run(settings: KubeletPluginSettings) -> None:
         dynamic_mig=dynamic_mig,
     )
     log.info(
-        "discovered %d GPU(s) and %d MIG device(s) node=%s simulated=%s dynamic_mig=%s "
-        "partitionable GPUs=%d",
+        "discovered %d GPU(s) (%d left out) and %d MIG device(s) node=%s simulated=%s "
+        "dynamic_mig=%s partitionable GPUs=%d",
         len(devices.gpus),
+        len(devices.problems),
         len(devices.mig_devices),
         settings.node_name,
         settings.simulate,
         dynamic_mig,
         len(inventory.counter_sets()),
     )
+    if not inventory.published_devices():
+        log.warning(
+            "no device to publish: %s",
+            "NVML reports no GPU"
+            if not devices.gpus
+            else "every usable GPU is in MIG mode without MIG devices (make MIG devices, or "
+            "run with --dynamic-mig)",
+        )
     if inventory.mps_shares:
         log.info(
             "offering GPU(s) %s as MPS shares (max share %d%%)",
             ",".join(str(gpu.index) for gpu in inventory.mps_shares),
             settings.mps_share_max_percent,
         )
+    return inventory
+
+
+async def run(settings: KubeletPluginSettings) -> None:
+    nvml, pci = _nvml(settings)
+    registry = CollectorRegistry()
+    discovery_metrics = DiscoveryMetrics(registry, settings.node_name)
+    devices = await asyncio.to_thread(discover, settings, nvml, pci, discovery_metrics)
+    inventory = node_inventory(settings, devices)
     settings.state_dir.mkdir(parents=True, exist_ok=True, mode=0o750)
     checkpoint = Checkpoint(settings.state_dir)
     loaded = await asyncio.to_thread(checkpoint.load)
@@ -269,7 +334,6 @@ async def run(settings: KubeletPluginSettings) -> None:
     )
     await preparer.recover()
 
-    registry = CollectorRegistry()
     registry.register(MpsCollector(settings.node_name, checkpoint.all))
     if settings.metrics_port:
         start_http_server(settings.metrics_port, registry=registry)
@@ -334,6 +398,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ShareSelectionError as error:
         log.error("cannot start: %s", error)
         return 2
+    except StartupError as error:
+        log.error("cannot start: %s", error)
+        return 1
     return 0
 
 

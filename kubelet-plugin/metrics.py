@@ -1,4 +1,5 @@
-"""Prometheus metrics of the kubelet plugin: its DRA calls, and its MPS daemons and caps.
+"""Prometheus metrics of the kubelet plugin: its DRA calls, the GPUs discovery left out, and its
+MPS daemons and caps.
 
 Registered on a registry passed in (no process-global default), exported by `__main__` on
 `--metrics-port` together with the slice publisher's metrics.
@@ -8,13 +9,14 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Literal
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from gpu_dra.driver.model import GpuProblem
 from gpu_dra.driver.shares import FULL_COMPUTE
 from gpu_dra.kubelet_plugin.checkpoint import CheckpointEntry, CheckpointError
 from gpu_dra.kubelet_plugin.mps.interface import DaemonHandle, MpsError, handles_from_state
@@ -55,6 +57,35 @@ class PluginMetrics:
 
     def count_claim(self, operation: Operation, ok: bool) -> None:
         self.claims.labels(operation=operation, result="ok" if ok else "error").inc()
+
+
+class DiscoveryMetrics:
+    """``gpu_dra_gpu_discovery_errors``: 1 per GPU that discovery left out at start (not
+    published because NVML could not describe it), labelled with the failed NVML call and its
+    return code name; no series when every GPU was read."""
+
+    def __init__(self, registry: CollectorRegistry, node: str) -> None:
+        self._node = node
+        self.errors = Gauge(
+            "gpu_dra_gpu_discovery_errors",
+            "GPUs left out at start because NVML could not describe them (1 each), by NVML "
+            "index, PCI bus id, UUID ('' when not read), the failed NVML call and its return "
+            "code name (reason).",
+            ["node", "gpu", "pci_bus_id", "uuid", "call", "reason"],
+            registry=registry,
+        )
+
+    def set_problems(self, problems: Iterable[GpuProblem]) -> None:
+        self.errors.clear()
+        for problem in problems:
+            self.errors.labels(
+                node=self._node,
+                gpu=str(problem.index),
+                pci_bus_id=problem.pci_bus_id or "",
+                uuid=problem.uuid or "",
+                call=problem.call or "",
+                reason=problem.reason,
+            ).set(1)
 
 
 CheckpointEntries = Callable[[], Mapping[str, CheckpointEntry]]

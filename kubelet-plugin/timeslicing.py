@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, Final, Protocol
 
 from gpu_dra.driver.config.sharing import TIME_SLICE_VALUES
+from gpu_dra.driver.nvml.real import LIBRARY_DIRS, NVML_LIBRARY_NAME, find_nvml_library
 from gpu_dra.kubelet_plugin.atomic_file import write_atomically
 from gpu_dra.kubelet_plugin.checkpoint import JsonValue
 
@@ -102,8 +103,34 @@ def _check_interval(interval: int) -> None:
         raise ValueError(f"time-slice interval must be 0, 1, 2 or 3, got {interval!r}")
 
 
+def driver_tool_env(
+    binary: Path, driver_root: Path, base_env: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    """The environment to run a driver tool (``nvidia-smi``) in: `base_env` (default: ours),
+    plus, when `binary` lies under a `driver_root` other than ``/``, ``LD_PRELOAD`` of that
+    root's ``libnvidia-ml.so.1``. The plugin's image has no NVIDIA libraries and its loader
+    does not search the driver root, so a tool from the root would not start otherwise; only
+    NVML is preloaded (as NVIDIA's plugin does), never the root's C library, so the image's
+    glibc and the host's are not mixed. Raises `FileNotFoundError` when the root has no NVML
+    library."""
+    env = dict(os.environ if base_env is None else base_env)
+    if driver_root == Path("/") or not binary.is_relative_to(driver_root):
+        return env
+    library = find_nvml_library(driver_root)
+    if library is None:
+        raise FileNotFoundError(
+            f"{binary} is in driver root {driver_root}, which has no {NVML_LIBRARY_NAME} under "
+            f"{', '.join(LIBRARY_DIRS)}"
+        )
+    preload = [str(library), *filter(None, env.get("LD_PRELOAD", "").split(":"))]
+    env["LD_PRELOAD"] = ":".join(preload)
+    return env
+
+
 class NvidiaSmiTimeSlicer:
-    """`TimeSlicer` running ``nvidia-smi`` (one command per step, each with a timeout)."""
+    """`TimeSlicer` running ``nvidia-smi`` (one command per step, each with a timeout); build
+    `base_env` with `driver_tool_env` for an ``nvidia-smi`` from the driver root.
+    """
 
     def __init__(
         self,

@@ -87,12 +87,16 @@ _PROFILE_FIELDS: Final = frozenset(
 # Calls taking a device, GPU-instance or compute-instance handle get per-GPU faults; the others
 # (init, counts, lookups) per profile.
 _CALLS: Final = frozenset(name for name in dir(NvmlLibrary) if not name.startswith("_"))
-_DEVICE_CALLS: Final = frozenset(
+DEVICE_FAULT_CALLS: Final = frozenset(
     name
     for name in _CALLS
     if {"handle", "gpu_instance", "compute_instance"}
     & set(inspect.signature(getattr(NvmlLibrary, name)).parameters)
 )
+"""`NvmlLibrary` methods whose faults are set per GPU (they take a device, GPU-instance or
+compute-instance handle)."""
+SYSTEM_FAULT_CALLS: Final = _CALLS - DEVICE_FAULT_CALLS
+"""`NvmlLibrary` methods whose faults are set per node (init, counts, lookups)."""
 
 
 class ProfileError(ValueError):
@@ -232,7 +236,7 @@ def parse_profile(data: dict[str, object], *, name: str, node_name: str) -> Mach
         driver_version=version,
         cuda_driver_version=_field(data, "cudaDriverVersion", int, where),
         gpus=gpus,
-        faults=_parse_faults(data.get("faults", {}), _CALLS - _DEVICE_CALLS, where),
+        faults=_parse_faults(data.get("faults", {}), SYSTEM_FAULT_CALLS, where),
     )
 
 
@@ -301,7 +305,7 @@ def _parse_gpu(raw: object, models: dict[str, GpuModel], where: str) -> Simulate
         mig_mode=mig_mode,
         gpu_numa_node_id=_optional(raw, "gpuNumaNodeId", int, where, None),
         addressing_mode=None if mode is None else _ADDRESSING_MODES[mode],
-        faults=_parse_faults(raw.get("faults", {}), _DEVICE_CALLS, where),
+        faults=_parse_faults(raw.get("faults", {}), DEVICE_FAULT_CALLS, where),
         mig_devices=mig_devices,
     )
 

@@ -3,9 +3,12 @@
 Behaves like NVML where the driver can tell: calls before ``init`` raise
 ``NVMLError_Uninitialized``, a bad index or a foreign handle ``NVMLError_InvalidArgument``, an
 unknown UUID ``NVMLError_NotFound``, MIG and NUMA calls ``NVMLError_NotSupported`` where real
-hardware does, and profile ``faults`` inject any NVML error into a chosen call. Return values have
-pynvml's types (structs included), except the GPU/compute-instance info structs, whose handle
-fields cannot point at Python objects: those are frozen dataclasses with the same field names.
+hardware does. Fault injection: the profile's ``faults`` (``{call: NVML error name}``, per GPU or
+per node) make a chosen call fail with any NVML return code from the start, and
+`SimulatedNvml.set_fault` does the same while it runs (tests turning an error on and off again).
+Return values have pynvml's types (structs included), except the GPU/compute-instance info
+structs, whose handle fields cannot point at Python objects: those are frozen dataclasses with
+the same field names.
 
 MIG follows the model's profile table and the rules in `gpu_dra.driver.nvml.mig`. MIG mode:
 Hopper and later switch at once (no reset); Ampere only records the pending mode until
@@ -72,7 +75,13 @@ from gpu_dra.driver.nvml.mig import (
     MigState,
     full_compute_instance_profile,
 )
-from gpu_dra.driver.nvml.profiles import MachineProfile, SimulatedGpu, load_profile
+from gpu_dra.driver.nvml.profiles import (
+    DEVICE_FAULT_CALLS,
+    SYSTEM_FAULT_CALLS,
+    MachineProfile,
+    SimulatedGpu,
+    load_profile,
+)
 
 _MIB: Final = 1024 * 1024
 
@@ -190,6 +199,7 @@ class SimulatedNvml:
         self._mig_handles: dict[ComputeInstance, SimulatedMigDeviceHandle] = {}
         self._handles_lock = threading.Lock()
         self._compute_modes = [NVML_COMPUTEMODE_DEFAULT] * len(profile.gpus)
+        self._faults: dict[tuple[int | None, str], int | None] = {}
         for gpu in profile.gpus:
             state = self._mig[gpu.index]
             for device in gpu.mig_devices:  # checked by the profile parser
@@ -236,6 +246,26 @@ class SimulatedNvml:
         with self._persist_lock:
             self._on_mig_change(self.mig_snapshot())
 
+    def set_fault(self, call: str, code: int | None, *, gpu: int | None = None) -> None:
+        """From now on `call` (an `NvmlLibrary` method name) raises the NVML error `code` for GPU
+        `gpu` (NVML index; calls taking a device, GPU-instance or compute-instance handle), or
+        node-wide when `gpu` is None (the other calls). ``code=None`` makes the call succeed
+        again, whatever the profile's ``faults`` say. Raises ValueError for an unknown call, or
+        one of the other kind."""
+        calls = SYSTEM_FAULT_CALLS if gpu is None else DEVICE_FAULT_CALLS
+        if call not in calls:
+            kind = "node-wide" if gpu is None else "per-GPU"
+            raise ValueError(f"{call!r} is no {kind} NVML call; known: {sorted(calls)}")
+        if gpu is not None and not 0 <= gpu < len(self.profile.gpus):
+            raise ValueError(f"no GPU {gpu}: the profile has {len(self.profile.gpus)}")
+        self._faults[(gpu, call)] = code
+
+    def _fault(self, call: str, gpu: SimulatedGpu | None = None) -> int | None:
+        key = (None if gpu is None else gpu.index, call)
+        if key in self._faults:
+            return self._faults[key]
+        return self.profile.fault(call) if gpu is None else gpu.fault(call)
+
     @property
     def initialized(self) -> bool:
         """Whether at least one ``init`` has not been matched by ``shutdown``."""
@@ -245,7 +275,7 @@ class SimulatedNvml:
         self.init_with_flags(0)
 
     def init_with_flags(self, flags: int) -> None:
-        fault = self.profile.fault("init_with_flags") or self.profile.fault("init")
+        fault = self._fault("init_with_flags") or self._fault("init")
         if fault is not None:
             raise nvml_error(fault)
         if flags < 0:
@@ -689,7 +719,7 @@ class SimulatedNvml:
     def _system(self, call: str) -> None:
         if not self.initialized:
             raise nvml_error(NVML_ERROR_UNINITIALIZED)
-        fault = self.profile.fault(call)
+        fault = self._fault(call)
         if fault is not None:
             raise nvml_error(fault)
 
@@ -699,7 +729,7 @@ class SimulatedNvml:
         if not isinstance(handle, SimulatedDeviceHandle) or handle._owner is not self:
             raise nvml_error(NVML_ERROR_INVALID_ARGUMENT)
         gpu = self.profile.gpus[handle.index]
-        fault = gpu.fault(call)
+        fault = self._fault(call, gpu)
         if fault is not None:
             raise nvml_error(fault)
         return gpu

@@ -1,7 +1,9 @@
 """Assembles OCI image tarballs locally (no registry, no Docker) and imports them into containerd.
 
-Three images: the busybox-based test image (static busybox from Debian with its applets linked),
-the pod sandbox image (the project's own `pause`, built by toolchain.py), and the MPS daemon image
+Four images: the busybox-based test image (static busybox from Debian with its applets linked),
+the glibc test image of the real-mode tests (`glibc_test_image`: busybox plus the host's glibc
+and its static ``ldconfig``, so driver libraries injected through CDI can be loaded), the pod
+sandbox image (the project's own `pause`, built by toolchain.py), and the MPS daemon image
 of the e2e tests (`mps_double_image`): the nvidia-cuda-mps-control TEST DOUBLE with the host
 Python interpreter and just the part of its standard library the double imports. Layers are
 reproducible: fixed timestamps and owners, sorted entries, so the same inputs give the same
@@ -144,6 +146,36 @@ def busybox_image() -> ImageSpec:
         reference=versions.TEST_IMAGE,
         files={"bin/busybox": BUSYBOX, "etc/passwd": PASSWD, "etc/group": GROUP},
         symlinks={f"bin/{applet}": "busybox" for applet in applets if applet != "busybox"},
+        entrypoint=[],
+        cmd=["sh"],
+    )
+
+
+GLIBC_TEST_IMAGE = "localhost/gpu-dra/glibc-test"
+"""Repository of the glibc test image; the tag is a hash of the content."""
+LDCONFIG = Path("/sbin/ldconfig")
+
+
+def glibc_test_image() -> ImageSpec:
+    """The busybox test image plus the host's C library and dynamic loader (what ``ldd`` says
+    ``/usr/bin/true`` loads) and its ``ldconfig`` (static on Debian), with an empty
+    ``/etc/ld.so.conf`` that includes ``/etc/ld.so.conf.d/*.conf``: what a CUDA base image
+    offers the driver's libraries and NVIDIA's ``update-ldcache`` hook."""
+    base = busybox_image()
+    files = dict(base.files)
+    files["sbin/ldconfig"] = LDCONFIG
+    files["etc/ld.so.conf"] = b"include /etc/ld.so.conf.d/*.conf\n"
+    for library in _shared_libraries([Path("/usr/bin/true")]):
+        files[str(library).lstrip("/")] = Path(os.path.realpath(library))
+    digest = hashlib.sha256()
+    for path in sorted(files):
+        source = files[path]
+        digest.update(path.encode() + b"\0")
+        digest.update(source.read_bytes() if isinstance(source, Path) else source)
+    return ImageSpec(
+        reference=f"{GLIBC_TEST_IMAGE}:{digest.hexdigest()[:12]}",
+        files=files,
+        symlinks=base.symlinks,
         entrypoint=[],
         cmd=["sh"],
     )

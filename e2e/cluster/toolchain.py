@@ -14,6 +14,7 @@ import logging
 import os
 import shutil
 import subprocess
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -155,19 +156,29 @@ def tool_dir(paths: ClusterPaths, tool: ToolBuild) -> Path:
     return paths.cache / "tools" / f"{tool.name}-{tool.digest()}"
 
 
-def build_tool(paths: ClusterPaths, tool: ToolBuild) -> Path:
+def tool_built(paths: ClusterPaths, tool: ToolBuild) -> bool:
+    """Whether every output of `tool` is in its cache directory."""
+    directory = tool_dir(paths, tool)
+    return all((directory / name).is_file() for name, _ in tool.outputs)
+
+
+def build_tool(
+    paths: ClusterPaths, tool: ToolBuild, *, env: Mapping[str, str] | None = None
+) -> Path:
     """Build `tool` unless its cached outputs exist; return the directory holding them.
 
-    Older builds of the same tool (other hashes) are removed once the new one is complete.
+    `env` adds to the build's environment (e.g. ``CGO_CFLAGS``); it is not part of the cache
+    key, so it must only say where things are, never what is built. Older builds of the same
+    tool (other hashes) are removed once the new one is complete.
     """
     directory = tool_dir(paths, tool)
-    if all((directory / name).is_file() for name, _ in tool.outputs):
+    if tool_built(paths, tool):
         return directory
     if shutil.which("go") is None:
         raise RuntimeError(f"Go is needed to build {tool.name}; install Go >= 1.26")
     staging = directory.with_name(directory.name + ".partial")
     staging.mkdir(parents=True, exist_ok=True)
-    env = go_env(paths, cgo=tool.cgo)
+    build_env = go_env(paths, cgo=tool.cgo) | dict(env or {})
     for name, package in tool.outputs:
         if (staging / name).is_file():
             continue
@@ -176,7 +187,7 @@ def build_tool(paths: ClusterPaths, tool: ToolBuild) -> Path:
         if tool.buildmode is not None:
             command.append(f"-buildmode={tool.buildmode}")
         command += ["-o", str(staging / name), package]
-        subprocess.run(command, cwd=TOOLCHAIN / tool.name, env=env, check=True)
+        subprocess.run(command, cwd=TOOLCHAIN / tool.name, env=build_env, check=True)
     if directory.exists():
         shutil.rmtree(directory)
     staging.rename(directory)

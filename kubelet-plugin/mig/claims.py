@@ -15,7 +15,8 @@ The preparer delegates here for the partition devices of a claim (``docs/mig.md`
    placement; an intent with a GI id destroys only a GPU instance with that id.
 4. `DynamicMig.remove_unowned` (start-up, after interrupted prepares are rolled back) destroys
    every MIG instance on a dynamic-MIG GPU that no ``PrepareCompleted`` claim records, and turns
-   MIG mode off on Hopper-or-later GPUs left without instances.
+   MIG mode off on Hopper-or-later GPUs left without instances. A GPU whose instances cannot be
+   read (an NVML error) is left exactly as it is, and the error logged with its return code.
 
 Ownership is by (parent UUID, GI profile ID, placement start): placements of live GPU instances
 never overlap, so at most one GPU instance matches.
@@ -253,7 +254,8 @@ class DynamicMig:
 
     def remove_unowned(self, entries: Mapping[str, CheckpointEntry]) -> None:
         """Destroy every MIG instance of the dynamic-MIG GPUs that no ``PrepareCompleted`` entry
-        records; MIG mode off where nothing is left (Hopper and later). Errors are logged."""
+        records; MIG mode off where nothing is left (Hopper and later). Errors are logged; a GPU
+        whose instances cannot be listed keeps its instances and its MIG mode."""
         owned: set[tuple[str, int, int]] = set()
         for uid, entry in entries.items():
             if entry.phase is ClaimPhase.PREPARE_COMPLETED:
@@ -270,7 +272,9 @@ class DynamicMig:
         if gpu is None:
             raise MigError(
                 f"MIG device {intent.device}: GPU {intent.parent_uuid} is not a dynamic-MIG GPU "
-                "of this node (was the plugin started without --dynamic-mig, or the GPU removed?)"
+                "of this node (was the plugin started without --dynamic-mig, the GPU removed, or "
+                "left out at start because NVML could not read it? The plugin's start-up log "
+                "names the NVML error)"
             )
         return gpu
 

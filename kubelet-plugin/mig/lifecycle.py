@@ -14,7 +14,11 @@
 
 Calls on one GPU are serialized (a per-GPU lock): MIG mode goes off only when no create on that
 GPU is under way. Every NVML failure becomes a `MigError` whose message names the GPU, what was
-being done and what to do (an occupied placement names what occupies it).
+being done, the NVML return code and what to do (an occupied placement names what occupies it).
+An NVML error is never read as "no instances": when the GPU instances cannot be listed (a profile
+scan where no index answers included), destroy and the start-up sweep fail and MIG mode stays as
+it is; create reads the profile and its placements before it touches MIG mode. Table of the
+return codes that mean "absent": docs/real-nodes.md, "NVML errors".
 
 `CRASH_AFTER_GPU_INSTANCE` is a test-only fault injection point: the composition root passes a
 `crash_point` that kills the process there when the e2e tests ask for it (simulated nodes only).
@@ -101,6 +105,8 @@ def crash_point_from_env(env: Mapping[str, str], *, simulated: bool) -> CrashPoi
 
 
 _NO_SUCH_PROFILE: Final = frozenset({NVML_ERROR_NOT_SUPPORTED, NVML_ERROR_INVALID_ARGUMENT})
+"""Per profile index: a profile the GPU (or GPU instance) does not have; for every index: error."""
+_NOT_RETRYABLE: Final = frozenset({NVML_ERROR_NOT_SUPPORTED, NVML_ERROR_INVALID_ARGUMENT})
 _CI_PROFILE_1_SLICE_REV1: Final = 7
 """``NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE_REV1``: NVIDIA's dynamic MIG skips it."""
 
@@ -157,36 +163,36 @@ class MigLifecycle:
             try:
                 return self._create(parent, handle, gi_profile_id, placement_start)
             except BaseException:
-                with contextlib.suppress(MigError):
+                try:
                     self._disable_mig_if_unused(parent, handle)
+                except MigError as cleanup:
+                    log.warning("after a failed create, MIG mode is left as it is: %s", cleanup)
                 raise
 
     def _create(
         self, parent: Gpu, handle: DeviceHandle, gi_profile_id: int, placement_start: int
     ) -> MigDevice:
-        self._enable_mig(parent, handle)
+        # Profile and placement first: MIG mode is not touched for a create that cannot work.
         profile = self._gi_profile(parent, handle, gi_profile_id)
-        placement = next(
-            (
-                p
-                for p in self._call(
-                    parent,
-                    "list the placements of GPU-instance profile "
-                    f"{_profile_label(profile, gi_profile_id)}",
-                    lambda: self._nvml.device_get_gpu_instance_possible_placements(
-                        handle, gi_profile_id
-                    ),
-                )
-                if p.start == placement_start
-            ),
-            None,
+        placements = self._call(
+            parent,
+            f"list the placements of GPU-instance profile {_profile_label(profile, gi_profile_id)}",
+            lambda: self._nvml.device_get_gpu_instance_possible_placements(handle, gi_profile_id),
         )
+        if not placements:
+            raise MigError(
+                f"{gpu_label(parent)}: nvmlDeviceGetGpuInstancePossiblePlacements lists no "
+                f"placement of GPU-instance profile {_profile_label(profile, gi_profile_id)}, "
+                "which discovery offered: the GPU answers differently now"
+            )
+        placement = next((p for p in placements if p.start == placement_start), None)
         if placement is None:
             raise MigError(
                 f"{gpu_label(parent)}: {placement_start} is no placement start of "
                 f"GPU-instance profile {_profile_label(profile, gi_profile_id)}; the device "
                 "name does not match this GPU (a stale ResourceSlice?)"
             )
+        self._enable_mig(parent, handle)
         where = (
             f"{_profile_label(profile, gi_profile_id)} at memory slices "
             f"{placement.start}..{placement.start + placement.size - 1}"
@@ -270,10 +276,7 @@ class MigLifecycle:
     def _gi_profile(
         self, parent: Gpu, handle: DeviceHandle, gi_profile_id: int
     ) -> GpuInstanceProfileInfo:
-        try:
-            profiles = gpu_instance_profiles(self._nvml, handle, parent)
-        except DiscoveryError as error:
-            raise MigError(f"cannot list the MIG profiles: {error}") from error
+        profiles = self._gi_profiles(parent, handle)
         found = profiles.get(gi_profile_id)
         if found is None:
             raise MigError(
@@ -283,10 +286,24 @@ class MigLifecycle:
             )
         return found[1]
 
+    def _gi_profiles(
+        self, parent: Gpu, handle: DeviceHandle
+    ) -> dict[int, tuple[int, GpuInstanceProfileInfo]]:
+        """The GPU's GPU-instance profiles by ID; never empty (no profile answering is a
+        `MigError` naming the return code)."""
+        try:
+            return gpu_instance_profiles(self._nvml, handle, parent)
+        except DiscoveryError as error:
+            raise MigError(
+                f"{gpu_label(parent)}: cannot list the MIG profiles: {error}",
+                retryable=error.return_code not in _NOT_RETRYABLE,
+            ) from error
+
     def _full_ci_profile(
         self, parent: Gpu, gi: GpuInstanceHandle, profile: GpuInstanceProfileInfo
     ) -> int:
         """The compute-instance profile spanning the GI (as many slices), shared engines."""
+        absent: list[int] = []
         for index in range(NVML_COMPUTE_INSTANCE_PROFILE_COUNT):
             if index == _CI_PROFILE_1_SLICE_REV1:
                 continue
@@ -295,14 +312,23 @@ class MigLifecycle:
                     gi, index, NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED
                 )
             except NVMLError as error:
-                if return_code(error) in _NO_SUCH_PROFILE:
+                code = return_code(error)
+                if code is not None and code in _NO_SUCH_PROFILE:
+                    absent.append(code)
                     continue
                 raise self._error(parent, "read compute-instance profiles", error) from error
             if info.sliceCount == profile.sliceCount:
                 return info.id
+        answered = NVML_COMPUTE_INSTANCE_PROFILE_COUNT - 1 - len(absent)
+        why = (
+            f"nvmlGpuInstanceGetComputeInstanceProfileInfo answered {_names(absent)} for every "
+            "compute-instance profile index"
+            if answered == 0
+            else f"none of the {answered} compute-instance profiles it lists does"
+        )
         raise MigError(
             f"{gpu_label(parent)}: no compute-instance profile spans all {profile.sliceCount} "
-            "slices of the GPU instance"
+            f"slices of the GPU instance: {why}"
         )
 
     def _occupied_by(self, parent: Gpu, handle: DeviceHandle, start: int, size: int) -> str:
@@ -442,10 +468,7 @@ class MigLifecycle:
         )
         if current != NVML_DEVICE_MIG_ENABLE:
             return []
-        try:
-            profile_ids = sorted(gpu_instance_profiles(self._nvml, handle, parent))
-        except DiscoveryError as error:
-            raise MigError(f"cannot list the MIG profiles: {error}") from error
+        profile_ids = sorted(self._gi_profiles(parent, handle))
         found = []
         for profile_id in profile_ids:
             gis = self._call(
@@ -483,14 +506,26 @@ class MigLifecycle:
         return sorted(found, key=lambda pair: (pair[0].placement_start, pair[0].gi_id))
 
     def _compute_instances(self, parent: Gpu, gi: GpuInstanceHandle) -> list[object]:
+        """Every compute instance of `gi`, over the compute-instance profile indexes (NOT_SUPPORTED
+        / INVALID_ARGUMENT: a profile the GI does not have); an error when no index answers."""
         found: list[object] = []
+        absent: list[int] = []
         for index in range(NVML_COMPUTE_INSTANCE_PROFILE_COUNT):
             try:
                 found.extend(self._nvml.gpu_instance_get_compute_instances(gi, index))
             except NVMLError as error:
-                if return_code(error) in _NO_SUCH_PROFILE:
+                code = return_code(error)
+                if code is not None and code in _NO_SUCH_PROFILE:
+                    absent.append(code)
                     continue
                 raise self._error(parent, "list compute instances", error) from error
+        if len(absent) == NVML_COMPUTE_INSTANCE_PROFILE_COUNT:
+            raise MigError(
+                f"{gpu_label(parent)}: cannot list compute instances: "
+                f"nvmlGpuInstanceGetComputeInstances answered {_names(absent)} for every "
+                "compute-instance profile index; the GPU's MIG state cannot be read",
+                retryable=not set(absent) <= _NOT_RETRYABLE,
+            )
         return found
 
     # ---- plumbing --------------------------------------------------------------------------------
@@ -524,13 +559,18 @@ class MigLifecycle:
     def _error(self, parent: Gpu, what: str, error: Exception) -> MigError:
         code = return_code(error)
         name = "" if code is None else f" ({return_code_name(code)})"
-        retryable = code not in (NVML_ERROR_NOT_SUPPORTED, NVML_ERROR_INVALID_ARGUMENT)
+        retryable = code not in _NOT_RETRYABLE
         hint = ""
         if code == NVML_ERROR_NOT_FOUND:
             hint = "; was the GPU removed or reset?"
         return MigError(
             f"{gpu_label(parent)}: cannot {what}: {error}{name}{hint}", retryable=retryable
         )
+
+
+def _names(codes: Collection[int]) -> str:
+    """``NVML_ERROR_NOT_SUPPORTED`` (``A / B`` when several codes were seen)."""
+    return " / ".join(return_code_name(code) for code in sorted(set(codes)))
 
 
 def _profile_label(profile: GpuInstanceProfileInfo, profile_id: int) -> str:

@@ -169,6 +169,101 @@ def test_real_mode_without_nvml_library_fails_with_the_nvml_error(capsys, tmp_pa
     assert "Traceback" not in err
 
 
+ISSUE_10_PROFILE = REPO / "tests" / "fakes" / "profiles" / "hgx-h100-mig-unreadable.yaml"
+
+
+def profile_file(tmp_path: Path, gpus: list[dict[str, object]], **extra: object) -> str:
+    path = tmp_path / "node.yaml"
+    doc = {"driverVersion": "580.95.05", "cudaDriverVersion": 13000, "gpus": gpus, **extra}
+    path.write_text(yaml.safe_dump(doc))
+    return str(path)
+
+
+@pytest.mark.parametrize("flags", [[], ["--dynamic-mig"]])
+def test_devices_fails_naming_every_gpu_and_return_code_when_mig_state_is_unreadable(capsys, flags):
+    """Issue 10: not "no GPUs found" with exit 0."""
+    code, out, err = run(
+        capsys, "devices", "--simulate", str(ISSUE_10_PROFILE), "--node", "n", *flags
+    )
+
+    assert code == EXIT_FAILED
+    assert out == ""
+    lines = err.splitlines()
+    assert len(lines) == 9
+    host = SimulatedHost.load(str(ISSUE_10_PROFILE), "n")
+    for index, (line, gpu) in enumerate(zip(lines, host.profile.gpus, strict=False)):
+        bus_id = gpu.bus_id.lower()[4:]
+        assert line.startswith(f"gpu-dra devices: error: GPU {index} ({bus_id}): ")
+        assert "nvmlDeviceGetGpuInstanceProfileInfo answered NVML_ERROR_NOT_SUPPORTED" in line
+        assert line.endswith("; not published")
+    assert (
+        lines[-1]
+        == "gpu-dra devices: error: no usable GPU: all 8 GPU(s) NVML reports cannot be read"
+    )
+    assert "no GPUs found" not in err
+
+
+def test_devices_prints_the_usable_gpus_and_fails_for_the_unreadable_one(capsys, tmp_path):
+    node = profile_file(
+        tmp_path,
+        [
+            {"model": "L4", "busId": "00000000:01:00.0"},
+            {
+                "model": "L4",
+                "busId": "00000000:41:00.0",
+                "faults": {"device_get_uuid": "GPU_IS_LOST"},
+            },
+        ],
+    )
+    code, out, err = run(capsys, "devices", "--simulate", node, "--node", "n")
+
+    assert code == EXIT_FAILED
+    assert [row[0] for row in table(out)[1:]] == ["gpu-0"]
+    assert err == (
+        "gpu-dra devices: error: GPU 1 (0000:41:00.0): nvmlDeviceGetUUID failed: GPU is lost "
+        "(NVML_ERROR_GPU_IS_LOST); not published\n"
+    )
+    code, out, err = run(capsys, "devices", "--simulate", node, "--node", "n", "-o", "json")
+    assert code == EXIT_FAILED
+    assert [device["name"] for device in json.loads(out)] == ["gpu-0"]
+    assert "NVML_ERROR_GPU_IS_LOST" in err
+
+
+def test_devices_on_a_node_without_gpus_fails(capsys, tmp_path):
+    code, out, err = run(capsys, "devices", "--simulate", profile_file(tmp_path, []), "-o", "json")
+
+    assert code == EXIT_FAILED
+    assert json.loads(out) == []
+    assert err.startswith("gpu-dra devices: error: no GPUs found: NVML reports 0 GPUs")
+
+
+def test_devices_with_only_mig_gpus_without_mig_devices_says_so(capsys, tmp_path):
+    node = profile_file(
+        tmp_path, [{"model": "H100-SXM5-80GB", "busId": "00000000:1B:00.0", "migMode": [1, 1]}]
+    )
+    code, out, err = run(capsys, "devices", "--simulate", node, "--node", "n")
+
+    assert code == EXIT_FAILED
+    assert out == ""
+    assert "no device to publish: GPU 0 (0000:1b:00.0, GPU-" in err
+    assert "has MIG mode on and no MIG device" in err
+    code, out, err = run(capsys, "devices", "--simulate", node, "--node", "n", "--dynamic-mig")
+    assert code == EXIT_OK
+    assert err == ""
+
+
+def test_devices_fails_with_the_return_code_when_the_device_count_fails(capsys, tmp_path):
+    node = profile_file(
+        tmp_path, [{"model": "L4", "busId": "00000000:01:00.0"}], faults={"device_get_count": 15}
+    )
+    code, out, err = run(capsys, "devices", "--simulate", node, "--node", "n")
+
+    assert code == EXIT_FAILED
+    assert out == ""
+    assert err.startswith("gpu-dra devices: error: nvmlDeviceGetCount failed")
+    assert "NVML_ERROR_GPU_IS_LOST" in err
+
+
 # ---- check-config --------------------------------------------------------------------------------
 
 GPU_CONFIG = "apiVersion: resource.nvidia.com/v1beta1\nkind: GpuConfig"

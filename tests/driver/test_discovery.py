@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpu_dra.driver.discovery import DiscoveryError, discover_gpus
+from gpu_dra.driver.discovery import DiscoveryError, discover_devices, discover_gpus
 from gpu_dra.driver.model import Gpu
 from gpu_dra.driver.nvml.profiles import parse_profile
 from gpu_dra.driver.nvml.simulated import SimulatedHost
@@ -122,6 +122,84 @@ def test_a_failing_required_call_names_the_gpu_the_call_and_the_nvml_error():
     assert "NVML_ERROR_GPU_IS_LOST" in message
     assert raised.value.gpu_index == 1
     assert not host.nvml.initialized
+
+
+def test_discover_devices_leaves_a_gpu_out_with_its_problem_and_keeps_the_others():
+    host = _host(
+        [
+            {"model": "L4", "busId": "00000000:01:00.0"},
+            {
+                "model": "L4",
+                "busId": "00000000:41:00.0",
+                "faults": {"device_get_name": "GPU_IS_LOST"},
+            },
+            {"model": "L4", "busId": "00000000:81:00.0"},
+        ]
+    )
+    found = discover_devices(host.nvml, host.pci)
+
+    assert [gpu.index for gpu in found.gpus] == [0, 2]
+    (problem,) = found.problems
+    assert problem.index == 1
+    assert problem.pci_bus_id == "0000:41:00.0"
+    assert problem.uuid == host.profile.gpus[1].uuid
+    assert problem.call == "nvmlDeviceGetName"
+    assert problem.reason == "NVML_ERROR_GPU_IS_LOST"
+    assert problem.message.startswith("GPU 1 (0000:41:00.0): nvmlDeviceGetName failed")
+    assert "NVML_ERROR_GPU_IS_LOST" in problem.message
+    assert not host.nvml.initialized
+
+
+def test_a_gpu_whose_handle_or_pci_info_fails_is_a_problem_without_identity():
+    host = _host(
+        [{"model": "L4", "busId": "00000000:01:00.0", "faults": {"device_get_pci_info": 777}}]
+    )
+    found = discover_devices(host.nvml, host.pci)
+    assert found.gpus == ()
+    (problem,) = found.problems
+    assert (problem.index, problem.pci_bus_id, problem.uuid) == (0, None, None)
+    assert (problem.call, problem.reason) == ("nvmlDeviceGetPciInfo", "NVML_ERROR_777")
+
+
+def test_mig_mode_errors_other_than_not_supported_are_problems_not_mig_off():
+    host = _host(
+        [
+            {
+                "model": "H100-SXM5-80GB",
+                "busId": "00000000:1B:00.0",
+                "faults": {"device_get_mig_mode": "UNKNOWN"},
+            }
+        ]
+    )
+    found = discover_devices(host.nvml, host.pci)
+    assert found.gpus == ()
+    (problem,) = found.problems
+    assert (problem.call, problem.reason) == ("nvmlDeviceGetMigMode", "NVML_ERROR_UNKNOWN")
+
+
+def test_discover_gpus_is_strict_and_counts_the_other_failed_gpus():
+    lost = {"device_get_uuid": "GPU_IS_LOST"}
+    host = _host(
+        [
+            {"model": "L4", "busId": "00000000:01:00.0", "faults": lost},
+            {"model": "L4", "busId": "00000000:41:00.0", "faults": lost},
+        ]
+    )
+    with pytest.raises(DiscoveryError, match=r"and 1 more GPU\(s\)") as raised:
+        discover_gpus(host.nvml, host.pci)
+    assert raised.value.gpu_index == 0
+    assert raised.value.call == "nvmlDeviceGetUUID"
+
+
+def test_node_wide_failures_carry_the_call_and_return_code():
+    host = _host(
+        [{"model": "L4", "busId": "00000000:01:00.0"}], faults={"device_get_count": "UNKNOWN"}
+    )
+    with pytest.raises(DiscoveryError) as raised:
+        discover_devices(host.nvml, host.pci)
+    assert raised.value.call == "nvmlDeviceGetCount"
+    assert raised.value.return_code == 999
+    assert "NVML_ERROR_UNKNOWN" in str(raised.value)
 
 
 def test_other_errors_from_optional_calls_are_not_swallowed():

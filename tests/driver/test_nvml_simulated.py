@@ -202,6 +202,51 @@ def test_profile_level_fault_hits_system_calls():
     assert nvml.device_get_name(nvml.device_get_handle_by_index(0)) == "NVIDIA L4"
 
 
+def test_set_fault_fails_one_call_of_one_gpu_until_cleared():
+    nvml = SimulatedHost.load("hgx-h100", "node-a").nvml
+    nvml.init()
+    first, second = nvml.device_get_handle_by_index(0), nvml.device_get_handle_by_index(1)
+    nvml.set_fault("device_get_gpu_instance_profile_info", pynvml.NVML_ERROR_NOT_SUPPORTED, gpu=0)
+    with pytest.raises(pynvml.NVMLError_NotSupported):
+        nvml.device_get_gpu_instance_profile_info(first, 0)
+    assert nvml.device_get_gpu_instance_profile_info(second, 0).id == 19
+    nvml.set_fault("device_get_gpu_instance_profile_info", None, gpu=0)
+    assert nvml.device_get_gpu_instance_profile_info(first, 0).id == 19
+
+
+def test_set_fault_node_wide_and_over_the_profiles_faults():
+    profile = parse_profile(
+        {
+            "driverVersion": "580.95.05",
+            "cudaDriverVersion": 13000,
+            "faults": {"device_get_count": "UNKNOWN"},
+            "gpus": [{"model": "L4", "busId": "00000000:01:00.0"}],
+        },
+        name="flaky",
+        node_name="node-a",
+    )
+    nvml = SimulatedNvml(profile)
+    nvml.set_fault("init", pynvml.NVML_ERROR_DRIVER_NOT_LOADED)
+    with pytest.raises(pynvml.NVMLError_DriverNotLoaded):
+        nvml.init()
+    nvml.set_fault("init", None)
+    nvml.init()
+    with pytest.raises(pynvml.NVMLError_Unknown):
+        nvml.device_get_count()
+    nvml.set_fault("device_get_count", None)  # cleared: the profile's fault is overridden too
+    assert nvml.device_get_count() == 1
+
+
+def test_set_fault_refuses_calls_of_the_other_kind_and_unknown_gpus():
+    nvml = SimulatedHost.load("t4", "node-a").nvml
+    with pytest.raises(ValueError, match="no per-GPU NVML call"):
+        nvml.set_fault("device_get_count", 999, gpu=0)
+    with pytest.raises(ValueError, match="no node-wide NVML call"):
+        nvml.set_fault("device_get_uuid", 999)
+    with pytest.raises(ValueError, match="no GPU 1"):
+        nvml.set_fault("device_get_uuid", 999, gpu=1)
+
+
 # -- compute mode ----------------------------------------------------------------------------
 
 

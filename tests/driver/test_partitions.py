@@ -322,6 +322,70 @@ def test_mixed_node_orders_by_pci_bus_and_keeps_plain_gpus_plain() -> None:
     assert offers_whole(found.mig_profiles[0])
 
 
+ISSUE_10_PROFILE = (
+    Path(__file__).resolve().parents[1] / "fakes" / "profiles" / "hgx-h100-mig-unreadable.yaml"
+)
+
+
+def test_mig_on_with_every_profile_query_not_supported_is_a_problem_per_gpu() -> None:
+    """Issue 10: the GPUs did not vanish silently; each is a problem naming the return code."""
+    host = SimulatedHost.load(str(ISSUE_10_PROFILE), "node-a")
+    found = discover_devices(host.nvml, host.pci, mig_profiles=True)
+
+    assert found.gpus == ()
+    assert found.mig_profiles == ()
+    assert [p.index for p in found.problems] == list(range(8))
+    assert {p.call for p in found.problems} == {"nvmlDeviceGetGpuInstanceProfileInfo"}
+    assert {p.reason for p in found.problems} == {"NVML_ERROR_NOT_SUPPORTED"}
+    assert [p.uuid for p in found.problems] == [gpu.uuid for gpu in host.profile.gpus]
+
+
+def test_mig_off_with_every_profile_query_not_supported_stays_a_whole_gpu() -> None:
+    host = host_of(
+        [
+            {
+                "model": "H100-SXM5-80GB",
+                "busId": "0000:1b:00.0",
+                "faults": {"device_get_gpu_instance_profile_info": "NOT_SUPPORTED"},
+            }
+        ]
+    )
+    found = discover_devices(host.nvml, host.pci, mig_profiles=True)
+    assert found.problems == ()
+    assert found.mig_profiles == ()
+    node = partitioned_node(found.gpus, found.mig_devices, found.mig_profiles)
+    assert [d["name"] for d in node.devices] == ["gpu-0"]
+
+
+def test_other_profile_query_errors_are_problems_with_mig_on_or_off() -> None:
+    host = host_of(
+        [
+            {
+                "model": "H100-SXM5-80GB",
+                "busId": f"0000:{0x1B + 0x10 * index:02x}:00.0",
+                "migMode": [mode, mode],
+                "faults": {call: "UNKNOWN"},
+            }
+            for index, (mode, call) in enumerate(
+                itertools.product(
+                    (0, 1),
+                    (
+                        "device_get_gpu_instance_profile_info",
+                        "device_get_gpu_instance_possible_placements",
+                    ),
+                )
+            )
+        ]
+    )
+    found = discover_devices(host.nvml, host.pci, mig_profiles=True)
+    assert found.gpus == ()
+    assert [p.call for p in found.problems] == [
+        "nvmlDeviceGetGpuInstanceProfileInfo",
+        "nvmlDeviceGetGpuInstancePossiblePlacements",
+    ] * 2
+    assert {p.reason for p in found.problems} == {"NVML_ERROR_UNKNOWN"}
+
+
 def test_partition_devices_stay_within_the_attribute_limit() -> None:
     for model in MODELS:
         for device in gpu_partition_devices(mig_gpu(model)):

@@ -21,7 +21,7 @@ from gpu_dra.driver.attributes import (
     published_devices,
 )
 from gpu_dra.driver.cel import compile_selector, to_cel_device
-from gpu_dra.driver.discovery import DiscoveryError, discover_devices, discover_gpus
+from gpu_dra.driver.discovery import discover_devices, discover_gpus
 from gpu_dra.driver.model import MigDevice, NodeDevices
 from gpu_dra.driver.naming import (
     InvalidNameError,
@@ -235,7 +235,7 @@ def test_gpus_with_mig_off_are_not_asked_about_mig():
         ("device_get_gpu_instance_profile_info", "nvmlDeviceGetGpuInstanceProfileInfo"),
     ],
 )
-def test_a_failing_mig_call_names_the_gpu_and_the_call(call, nvml_name):
+def test_a_gpu_whose_mig_devices_cannot_be_read_is_left_out_with_the_call_and_code(call, nvml_name):
     host = host_of(
         [
             {
@@ -243,18 +243,26 @@ def test_a_failing_mig_call_names_the_gpu_and_the_call(call, nvml_name):
                 "busId": "0000:1b:00.0",
                 "migDevices": [{"profileId": 19, "start": 0}],
                 "faults": {call: "UNKNOWN"},
-            }
+            },
+            {
+                "model": "H100-SXM5-80GB",
+                "busId": "0000:43:00.0",
+                "migDevices": [{"profileId": 19, "start": 0}],
+            },
         ]
     )
-    with pytest.raises(
-        DiscoveryError, match=rf"GPU 0 \(0000:1b:00.0\): {nvml_name} failed"
-    ) as info:
-        discover_devices(host.nvml, host.pci)
-    assert info.value.gpu_index == 0
+    found = discover_devices(host.nvml, host.pci)
+
+    (problem,) = found.problems
+    assert problem.message.startswith(f"GPU 0 (0000:1b:00.0): {nvml_name} failed")
+    assert (problem.index, problem.call, problem.reason) == (0, nvml_name, "NVML_ERROR_UNKNOWN")
+    assert (problem.pci_bus_id, problem.uuid) == ("0000:1b:00.0", host.profile.gpus[0].uuid)
+    assert [gpu.index for gpu in found.gpus] == [1]
+    assert [mig.parent.index for mig in found.mig_devices] == [1]
     assert not host.nvml.initialized
 
 
-def test_mig_on_without_a_memory_size_is_a_clear_error():
+def test_mig_on_without_a_memory_size_is_a_clear_problem():
     host = host_of(
         [
             {
@@ -265,8 +273,41 @@ def test_mig_on_without_a_memory_size_is_a_clear_error():
             }
         ]
     )
-    with pytest.raises(DiscoveryError, match="MIG is on but nvmlDeviceGetMemoryInfo"):
-        discover_devices(host.nvml, host.pci)
+    found = discover_devices(host.nvml, host.pci)
+    (problem,) = found.problems
+    assert "MIG is on but nvmlDeviceGetMemoryInfo" in problem.message
+    assert (problem.call, problem.reason) == (
+        "nvmlDeviceGetMemoryInfo",
+        "NVML_ERROR_NOT_SUPPORTED",
+    )
+    assert found.gpus == ()
+    assert found.mig_devices == ()
+
+
+@pytest.mark.parametrize("mig_devices", [[{"profileId": 19, "start": 0}], []])
+def test_mig_on_whose_profiles_all_answer_not_supported_is_a_problem_not_empty(mig_devices):
+    """Issue 10: MIG on, every GPU-instance profile query NOT_SUPPORTED; with or without MIG
+    devices, the GPU's MIG state cannot be read."""
+    host = host_of(
+        [
+            {
+                "model": "H100-SXM5-80GB",
+                "busId": "0000:1b:00.0",
+                "migMode": [1, 1],
+                "migDevices": mig_devices,
+                "faults": {"device_get_gpu_instance_profile_info": "NOT_SUPPORTED"},
+            }
+        ]
+    )
+    found = discover_devices(host.nvml, host.pci)
+    (problem,) = found.problems
+    assert (problem.call, problem.reason) == (
+        "nvmlDeviceGetGpuInstanceProfileInfo",
+        "NVML_ERROR_NOT_SUPPORTED",
+    )
+    assert "for every GPU-instance profile index" in problem.message
+    assert found.gpus == ()
+    assert found.mig_devices == ()
 
 
 # ---- profile names (go-nvlib) -------------------------------------------------------------------

@@ -234,3 +234,130 @@ def test_the_test_crash_point_kills_the_process_with_sigkill() -> None:
 
     assert done.returncode == -signal.SIGKILL
     assert b"survived" not in done.stdout
+
+
+# ---- NVML errors are never "no instances" (issue 10) ---------------------------------------------
+
+NOT_SUPPORTED = pynvml.NVML_ERROR_NOT_SUPPORTED
+
+
+def mig_mode_calls(node: Node, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Every MIG mode `node`'s NVML is asked to set from now on."""
+    calls: list[int] = []
+    real = node.nvml.device_set_mig_mode
+
+    def recorded(handle: object, mode: int) -> int:
+        calls.append(mode)
+        return real(handle, mode)
+
+    monkeypatch.setattr(node.nvml, "device_set_mig_mode", recorded)
+    return calls
+
+
+def test_destroy_after_a_profile_read_error_fails_and_never_turns_mig_off(
+    h100: Node, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    gpu = h100.gpus[0]
+    made = h100.mig.create(gpu, 19, 0)
+    set_modes = mig_mode_calls(h100, monkeypatch)
+    h100.nvml.set_fault("device_get_gpu_instance_profile_info", NOT_SUPPORTED, gpu=gpu.index)
+
+    with pytest.raises(MigError) as raised:
+        h100.mig.destroy(gpu, 19, 0, gi_id=made.gi_id)
+
+    message = str(raised.value)
+    assert "nvmlDeviceGetGpuInstanceProfileInfo answered NVML_ERROR_NOT_SUPPORTED" in message
+    assert gpu.uuid in message
+    assert set_modes == []
+    h100.nvml.set_fault("device_get_gpu_instance_profile_info", None, gpu=gpu.index)
+    assert h100.mode(gpu) == [ON, ON]
+    assert h100.layout(gpu) == [(19, 0, (made.ci_id,))]
+    assert h100.mig.destroy(gpu, 19, 0, gi_id=made.gi_id) is True  # the retry works
+    assert h100.mode(gpu) == [OFF, OFF]
+
+
+def test_mig_on_without_instances_stays_on_when_the_instances_cannot_be_read(
+    h100: Node, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    gpu = h100.gpus[6]
+    h100.nvml.init()
+    h100.nvml.device_set_mig_mode(h100.nvml.device_get_handle_by_uuid(gpu.uuid), ON)
+    h100.nvml.shutdown()
+    set_modes = mig_mode_calls(h100, monkeypatch)
+    h100.nvml.set_fault("device_get_gpu_instance_profile_info", NOT_SUPPORTED, gpu=gpu.index)
+
+    with pytest.raises(MigError, match="NVML_ERROR_NOT_SUPPORTED"):
+        h100.mig.destroy(gpu, 19, 0)
+    with pytest.raises(MigError, match="NVML_ERROR_NOT_SUPPORTED"):
+        h100.mig.destroy_all_but(gpu, ())
+    with pytest.raises(MigError, match="NVML_ERROR_NOT_SUPPORTED"):
+        h100.mig.instances(gpu)
+
+    assert set_modes == []
+    assert h100.mode(gpu) == [ON, ON]
+
+
+def test_create_reports_the_nvml_return_code_not_a_stale_resource_slice(
+    h100: Node, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    gpu = h100.gpus[0]
+    set_modes = mig_mode_calls(h100, monkeypatch)
+    h100.nvml.set_fault("device_get_gpu_instance_profile_info", NOT_SUPPORTED, gpu=gpu.index)
+
+    with pytest.raises(MigError) as raised:
+        h100.mig.create(gpu, 19, 0)
+
+    message = str(raised.value)
+    assert "nvmlDeviceGetGpuInstanceProfileInfo answered NVML_ERROR_NOT_SUPPORTED" in message
+    assert "stale ResourceSlice" not in message
+    assert set_modes == []  # MIG mode is not touched before the profile is known
+    assert h100.mode(gpu) == [OFF, OFF]
+
+
+def test_create_names_the_code_when_no_compute_instance_profile_answers(h100: Node) -> None:
+    gpu = h100.gpus[0]
+    h100.nvml.set_fault(
+        "gpu_instance_get_compute_instance_profile_info", NOT_SUPPORTED, gpu=gpu.index
+    )
+
+    with pytest.raises(MigError) as raised:
+        h100.mig.create(gpu, 19, 0)
+
+    message = str(raised.value)
+    assert "nvmlGpuInstanceGetComputeInstanceProfileInfo answered NVML_ERROR_NOT_SUPPORTED" in (
+        message
+    )
+    h100.nvml.set_fault("gpu_instance_get_compute_instance_profile_info", None, gpu=gpu.index)
+    assert h100.mig.instances(gpu) == []  # the GPU instance it made is gone again
+    assert h100.mode(gpu) == [OFF, OFF]
+
+
+def test_compute_instances_that_cannot_be_listed_are_an_error_not_none(
+    h100: Node, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    gpu = h100.gpus[0]
+    made = h100.mig.create(gpu, 19, 0)
+    set_modes = mig_mode_calls(h100, monkeypatch)
+    h100.nvml.set_fault("gpu_instance_get_compute_instances", NOT_SUPPORTED, gpu=gpu.index)
+
+    with pytest.raises(MigError, match="nvmlGpuInstanceGetComputeInstances answered"):
+        h100.mig.instances(gpu)
+    with pytest.raises(MigError, match="NVML_ERROR_NOT_SUPPORTED"):
+        h100.mig.destroy(gpu, 19, 0, gi_id=made.gi_id)
+
+    h100.nvml.set_fault("gpu_instance_get_compute_instances", None, gpu=gpu.index)
+    assert h100.layout(gpu) == [(19, 0, (made.ci_id,))]
+    assert set_modes == []
+
+
+def test_a_profile_without_any_placement_is_no_stale_slice(
+    h100: Node, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(
+        h100.nvml, "device_get_gpu_instance_possible_placements", lambda handle, profile_id: []
+    )
+    with pytest.raises(MigError) as raised:
+        h100.mig.create(h100.gpus[0], 9, 4)
+    message = str(raised.value)
+    assert "nvmlDeviceGetGpuInstancePossiblePlacements lists no placement" in message
+    assert "stale ResourceSlice" not in message

@@ -299,3 +299,56 @@ def test_rolling_back_an_intent_without_ids_spares_a_placement_another_claim_rec
     assert node.layout(0) == made  # B's MIG device is still there
     assert node.unprepare(b) is None
     node.assert_nothing_left(UID_B)
+
+
+# ---- NVML errors are never "no instances" (issue 10) ---------------------------------------------
+
+PROFILE_INFO = "device_get_gpu_instance_profile_info"
+
+
+def test_an_unprepare_that_cannot_read_the_instances_fails_keeps_mig_and_is_retried(
+    node: DynamicMigNode,
+) -> None:
+    claim = node.add(UID_A, "gpu-6-mig-2g20gb-14-4")
+    ok(node.prepare(claim))
+    gpu = node.gpu(6)
+    node.host.nvml.set_fault(PROFILE_INFO, pynvml.NVML_ERROR_NOT_SUPPORTED, gpu=gpu.index)
+
+    error = node.unprepare(claim)
+
+    assert error is not None
+    assert "nvmlDeviceGetGpuInstanceProfileInfo answered NVML_ERROR_NOT_SUPPORTED" in error
+    assert node.checkpoint.get(UID_A) is not None  # the kubelet's next unprepare retries
+    node.host.nvml.set_fault(PROFILE_INFO, None, gpu=gpu.index)
+    assert node.mig_mode(6) == [ON, ON]
+    assert node.layout(6) == [(14, 4, (0,))]
+    assert node.unprepare(claim) is None
+    node.assert_nothing_left(UID_A)
+    assert node.mig_mode(6) == [OFF, OFF]
+
+
+def test_the_start_up_sweep_destroys_nothing_and_keeps_mig_on_when_it_cannot_read(
+    node: DynamicMigNode, caplog: pytest.LogCaptureFixture
+) -> None:
+    node.lifecycle.create(node.gpu(5), 19, 0)  # a leftover no claim owns
+    nvml = node.host.nvml
+    nvml.init()
+    nvml.device_set_mig_mode(nvml.device_get_handle_by_uuid(node.gpu(6).uuid), ON)  # no GIs
+    nvml.shutdown()
+    node.restart()
+    for minor in (5, 6):
+        node.host.nvml.set_fault(
+            PROFILE_INFO, pynvml.NVML_ERROR_NOT_SUPPORTED, gpu=node.gpu(minor).index
+        )
+
+    node.recover()
+
+    for minor in (5, 6):
+        node.host.nvml.set_fault(PROFILE_INFO, None, gpu=node.gpu(minor).index)
+        assert node.mig_mode(minor) == [ON, ON]
+    assert node.layout(5) == [(19, 0, (0,))]
+    assert node.layout(6) == []
+    errors = [r.message for r in caplog.records if r.levelname == "ERROR"]
+    assert len(errors) == 2
+    assert all("leftover MIG instances of gpu-" in e for e in errors)
+    assert all("NVML_ERROR_NOT_SUPPORTED" in e for e in errors)

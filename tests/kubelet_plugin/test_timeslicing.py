@@ -17,6 +17,7 @@ from gpu_dra.kubelet_plugin.timeslicing import (
     TimeSlicingError,
     TimeSlicingNotSupportedError,
     TimeSlicingStateError,
+    driver_tool_env,
     interval_name,
     time_slices_from_state,
     time_slices_to_state,
@@ -205,3 +206,53 @@ def test_unusable_state_is_an_error(raw: object) -> None:
         time_slices_from_state({TIME_SLICE_STATE_KEY: raw})  # type: ignore[dict-item]
 
     assert not raised.value.retryable
+
+
+# ---- driver_tool_env: nvidia-smi from the driver root -------------------------------------
+
+PRELOAD_SCRIPT = "#!/bin/sh\nexit 0\n"
+
+
+def driver_root_with_smi(root: Path, *, nvml: bool = True) -> Path:
+    smi = root / "usr" / "bin" / "nvidia-smi"
+    smi.parent.mkdir(parents=True)
+    smi.write_text(PRELOAD_SCRIPT)  # only its path matters
+    smi.chmod(0o755)
+    if nvml:
+        libs = root / "usr" / "lib" / "x86_64-linux-gnu"
+        libs.mkdir(parents=True)
+        (libs / "libnvidia-ml.so.580.95.05").write_bytes(b"\x7fELF")
+        (libs / "libnvidia-ml.so.1").symlink_to("libnvidia-ml.so.580.95.05")
+    return smi
+
+
+def test_nvidia_smi_from_a_driver_root_runs_with_that_roots_nvml_preloaded(
+    tmp_path: Path,
+) -> None:
+    root = tmp_path / "run" / "nvidia" / "driver"
+    smi = driver_root_with_smi(root)
+
+    env = driver_tool_env(smi, root, {"PATH": "/usr/bin:/bin", "LD_PRELOAD": "/opt/other.so"})
+
+    library = root / "usr" / "lib" / "x86_64-linux-gnu" / "libnvidia-ml.so.580.95.05"
+    assert env["LD_PRELOAD"] == f"{library}:/opt/other.so"
+    assert env["PATH"] == "/usr/bin:/bin"
+
+
+def test_a_tool_outside_the_driver_root_or_root_slash_gets_the_environment_unchanged(
+    tmp_path: Path,
+) -> None:
+    root = tmp_path / "driver"
+    smi = driver_root_with_smi(root)
+    base = {"PATH": "/usr/bin"}
+
+    assert driver_tool_env(Path("/usr/bin/nvidia-smi"), root, base) == base
+    assert driver_tool_env(smi, Path("/"), base) == base
+
+
+def test_a_driver_root_without_nvml_is_an_error_naming_the_root(tmp_path: Path) -> None:
+    root = tmp_path / "driver"
+    smi = driver_root_with_smi(root, nvml=False)
+
+    with pytest.raises(FileNotFoundError, match=f"driver root {root}, which has no libnvidia-ml"):
+        driver_tool_env(smi, root, {})

@@ -1,0 +1,18 @@
+// Command nvml-mock builds, with -buildmode=c-shared, a libnvidia-ml.so.1 whose GPUs are those of
+// NVIDIA's go-nvml mock servers (pkg/nvml/mock/dgxa100, dgxh100, dgxh200, dgxb200). It exports
+// the C ABI of NVML (struct layouts from go-nvml's nvml.h) so that pynvml, go-nvml (nvidia-ctk)
+// and C programs load it as they load the real library.
+//
+// Configuration, read by nvmlInit (docs/real-nodes.md, "The NVML mock library"):
+//
+//	GPU_DRA_NVML_MOCK_MACHINE   dgxa100 | dgxh100 | dgxh200 | dgxb200: which mock server
+//	GPU_DRA_NVML_MOCK_STATE     JSON file holding MIG mode, compute mode and MIG instances,
+//	                            shared by every process using the library
+//	GPU_DRA_NVML_MOCK_DEV_ROOT  directory holding dev/nvidia<minor> and dev/nvidia-caps (default /)
+//	GPU_DRA_NVML_MOCK_TRACE     when set, every NVML call is logged to stderr
+//
+// The library is built by e2e/nvmlmock.py, which generates nvml_mock_stubs.h (internal/stubgen)
+// and puts it and nvml.h on the include path.
+package main
+
+func main() {}
