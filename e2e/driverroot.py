@@ -32,6 +32,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from e2e import nvmlmock
 from e2e.cluster.paths import REPO_ROOT, ClusterPaths
 
 log = logging.getLogger(__name__)
@@ -287,23 +288,6 @@ def _remove_root(directory: Path) -> None:
     _remove_tree(directory)
 
 
-def mig_minors_text(gpu_count: int) -> str:
-    """``/proc/driver/nvidia-caps/mig-minors`` of the real driver for GPUs 0..gpu_count-1:
-    ``config 1``, ``monitor 2``, then per GPU 15 GPU instances, each its ``access`` line
-    followed by its 8 compute instances' (``gpu<g>/gi<i>/access``, ``gpu<g>/gi<i>/ci<c>/access``),
-    numbered on from 3."""
-    lines = [f"config {MIG_CONFIG_MINOR}", f"monitor {MIG_MONITOR_MINOR}"]
-    minor = MIG_MONITOR_MINOR + 1
-    for gpu in range(gpu_count):
-        for gi in range(15):
-            lines.append(f"gpu{gpu}/gi{gi}/access {minor}")
-            minor += 1
-            for ci in range(8):
-                lines.append(f"gpu{gpu}/gi{gi}/ci{ci}/access {minor}")
-                minor += 1
-    return "\n".join(lines) + "\n"
-
-
 # --- the cache of compiled files -------------------------------------------------------------
 
 
@@ -499,7 +483,7 @@ def _write_procfs(root: DriverRoot) -> None:
     )
     _write(
         root.proc_dir / "driver" / "nvidia-caps" / "mig-minors",
-        mig_minors_text(max(root.gpu_minors) + 1),
+        nvmlmock.mig_minors_file_text(),  # all 32 GPUs of the driver's table, as the real file
         0o444,
     )
     capabilities = root.proc_dir / "driver" / "nvidia" / "capabilities" / "mig"

@@ -1,10 +1,9 @@
 """The fake driver root of the real-mode e2e tests (e2e/driverroot.py), built in a temporary
 directory without a cluster: libraries in the root's ld cache under their SONAMEs, nvidia-smi
-through the root's NVML, device nodes, procfs files, rebuild and teardown.
-
-The NVML library here is a STAND-IN (tests/e2e/standin_nvml.c, a dgxh100-like machine), not the
-NVML mock; what nvidia-smi prints is compared with what that library reports through ctypes.
-Needs root (mknod, ``ldconfig -r``), gcc and binutils' readelf.
+through the root's NVML (the NVML mock of e2e/nvmlmock.py, a dgxh100), device nodes, procfs files,
+rebuild and teardown. What nvidia-smi prints is compared with what the library reports through
+ctypes. Needs root (mknod, ``ldconfig -r``), gcc, binutils' readelf and Go (the mock is built
+into the e2e cache unless it is there).
 """
 
 from __future__ import annotations
@@ -16,12 +15,12 @@ import re
 import stat
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
 
-from e2e import driverroot
+from e2e import driverroot, nvmlmock
 from e2e.cluster.paths import ClusterPaths
 from e2e.driverroot import LIBRARIES, NVML, DriverRoot, build_driver_root, remove_driver_root
 from gpu_dra.kubelet_plugin.inventory import ProcMigCapabilities
@@ -31,8 +30,8 @@ pytestmark = pytest.mark.skipif(
 )
 
 VERSION = "550.54.15"
+MACHINE = "dgxh100"
 MINORS = tuple(range(8))
-STANDIN = Path(__file__).with_name("standin_nvml.c")
 MIG_GPU = 1
 DRIVER_NOT_LOADED = (
     "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. "
@@ -42,25 +41,22 @@ DRIVER_NOT_LOADED = (
 
 @pytest.fixture(scope="module")
 def paths(tmp_path_factory: pytest.TempPathFactory) -> ClusterPaths:
+    """A cache of its own, so that the compile and its caching are tested."""
     base = tmp_path_factory.mktemp("cluster")
     return ClusterPaths(cache=base / "cache", state=base / "state")
 
 
 @pytest.fixture(scope="module")
-def nvml_library(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The STAND-IN NVML, SONAME libnvidia-ml.so.1."""
-    out = tmp_path_factory.mktemp("standin") / "libnvidia-ml.so.1"
-    flags = ["-O2", "-Wall", "-Wextra", "-Werror", "-shared", "-fPIC", f"-I{driverroot.SOURCES}"]
-    soname = "-Wl,-soname,libnvidia-ml.so.1"
-    subprocess.run(["gcc", *flags, soname, str(STANDIN), "-o", str(out)], check=True)
-    return out
+def nvml_library() -> Path:
+    """The NVML mock library, from the e2e cache (built there unless cached)."""
+    return nvmlmock.build(ClusterPaths.from_env())
 
 
 def build(dest: Path, nvml_library: Path, paths: ClusterPaths) -> DriverRoot:
     return build_driver_root(
         dest,
         nvml_library=nvml_library,
-        machine="dgxh100",
+        machine=MACHINE,
         gpu_minors=MINORS,
         driver_version=VERSION,
         paths=paths,
@@ -76,14 +72,88 @@ def root(
     remove_driver_root(made.root)
 
 
-def run_tool(root: DriverRoot, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+def mock_env(
+    root: DriverRoot,
+    *,
+    dev_root: Path | None = None,
+    state: Path | None = None,
+    machine: str | None = MACHINE,
+) -> dict[str, str]:
+    """This process's environment without loader or mock settings, then the root's library
+    directory and the mock's settings (dev root: the driver root unless given)."""
+    base = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("GPU_DRA_NVML_MOCK_") and k not in ("LD_LIBRARY_PATH", "LD_PRELOAD")
+    }
+    mock = nvmlmock.environment(machine=machine, state=state, dev_root=dev_root or root.root)
+    return {**base, **root.tool_env(), **mock}
+
+
+def run_tool(root: DriverRoot, *args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [str(root.root / driverroot.BIN_DIR / args[0]), *args[1:]],
-        env={**os.environ, **root.tool_env(), **env},
+        [str(root.bin_dir / args[0]), *args[1:]],
+        env=env,
         capture_output=True,
         text=True,
         check=False,
     )
+
+
+_MAKE_MIG = r"""
+import json, pynvml as n
+n.nvmlInit()
+gpu = n.nvmlDeviceGetHandleByIndex(int(__import__("sys").argv[1]))
+n.nvmlDeviceSetMigMode(gpu, n.NVML_DEVICE_MIG_ENABLE)
+made = []
+for gi_profile, ci_profile in (
+    (n.NVML_GPU_INSTANCE_PROFILE_1_SLICE, n.NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE),
+    (n.NVML_GPU_INSTANCE_PROFILE_1_SLICE, n.NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE),
+    (n.NVML_GPU_INSTANCE_PROFILE_3_SLICE, n.NVML_COMPUTE_INSTANCE_PROFILE_3_SLICE),
+):
+    gi_id = n.nvmlDeviceGetGpuInstanceProfileInfo(gpu, gi_profile).id
+    gi = n.nvmlDeviceCreateGpuInstance(gpu, gi_id)
+    engines = n.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED
+    ci_id = n.nvmlGpuInstanceGetComputeInstanceProfileInfo(gi, ci_profile, engines).id
+    ci = n.nvmlGpuInstanceCreateComputeInstance(gi, ci_id)
+    made.append((n.nvmlGpuInstanceGetInfo(gi).id, n.nvmlComputeInstanceGetInfo(ci).id))
+n.nvmlShutdown()
+print(json.dumps(made))
+"""
+
+
+@pytest.fixture(scope="module")
+def mig_state(
+    root: DriverRoot, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[Path, list[tuple[int, int]]]:
+    """A mock state file in which GPU `MIG_GPU` is in MIG mode with three MIG devices (1g.10gb,
+    1g.10gb, 3g.40gb) made through NVML by pynvml; and their (GPU instance, compute instance)."""
+    state = tmp_path_factory.mktemp("mock") / "state.json"
+    made = subprocess.run(
+        [sys.executable, "-c", _MAKE_MIG, str(MIG_GPU)],
+        env=mock_env(root, state=state),
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return state, [(gi, ci) for gi, ci in json.loads(made.stdout)]
+
+
+def container_dev(
+    parent: Path, root: DriverRoot, gpus: Sequence[int], migs: Sequence[tuple[int, int, int]]
+) -> Path:
+    """A ``dev/`` as a container given GPUs `gpus` and MIG devices `migs` (GPU minor, GPU
+    instance, compute instance) sees it: their nodes only, the MIG capability nodes with the
+    minors of ``mig-minors`` (as a CDI spec makes them)."""
+    top = parent / "container"
+    (top / "dev" / "nvidia-caps").mkdir(parents=True)
+    for minor in gpus:
+        os.mknod(top / "dev" / f"nvidia{minor}", stat.S_IFCHR | 0o666, os.makedev(195, minor))
+    for gpu, gi, ci in migs:
+        for cap in (nvmlmock.mig_cap_minor(gpu, gi), nvmlmock.mig_cap_minor(gpu, gi, ci)):
+            node = top / "dev" / "nvidia-caps" / f"nvidia-cap{cap}"
+            os.mknod(node, stat.S_IFCHR | 0o400, os.makedev(root.caps_major, cap))
+    return top
 
 
 def readelf(path: Path) -> str:
@@ -193,18 +263,17 @@ print(json.dumps(gpus))
 """
 
 
-def reported(root: DriverRoot, **env: str) -> list[tuple[str, str, list[tuple[str, str]]]]:
+def reported(root: DriverRoot, env: dict[str, str]) -> list[tuple[str, str, list[tuple[str, str]]]]:
     """What the root's NVML library reports, read through ctypes in a separate process."""
     result = subprocess.run(
         [sys.executable, "-c", _REPORTED, str(root.nvml_library)],
-        env={**os.environ, **env},
+        env=env,
         capture_output=True,
         text=True,
         check=True,
     )
-    return [
-        (name, uuid, [tuple(m) for m in migs]) for name, uuid, migs in json.loads(result.stdout)
-    ]
+    gpus = json.loads(result.stdout)
+    return [(name, uuid, [(m[0], m[1]) for m in migs]) for name, uuid, migs in gpus]
 
 
 def listing(gpus: list[tuple[str, str, list[tuple[str, str]]]]) -> str:
@@ -220,104 +289,134 @@ def listing(gpus: list[tuple[str, str, list[tuple[str, str]]]]) -> str:
 
 
 def test_nvidia_smi_lists_the_gpus_the_library_reports(root: DriverRoot) -> None:
-    result = run_tool(root, "nvidia-smi", "-L")
+    env = mock_env(root)
+    result = run_tool(root, "nvidia-smi", "-L", env=env)
 
     assert result.returncode == 0, result.stderr
-    gpus = reported(root)
+    gpus = reported(root, env)
     assert len(gpus) == 8
     assert result.stdout == listing(gpus)
-    first = result.stdout.splitlines()[0]
-    assert re.fullmatch(r"GPU 0: NVIDIA H100 80GB HBM3 \(UUID: GPU-[0-9a-f-]{36}\)", first)
-    assert "MIG" not in result.stdout
-    assert run_tool(root, "nvidia-smi", "--list-gpus").stdout == result.stdout
+    assert result.stdout.splitlines() == [
+        f"GPU {i}: NVIDIA H100 80GB HBM3 (UUID: {nvmlmock.gpu_uuid(MACHINE, i)})" for i in MINORS
+    ]
+    assert run_tool(root, "nvidia-smi", "--list-gpus", env=env).stdout == result.stdout
 
 
 def test_nvidia_smi_runs_with_the_root_nvml_preloaded(root: DriverRoot) -> None:
     """As NVIDIA's kubelet plugin runs the driver root's nvidia-smi from its own image: the
     preloaded library satisfies the DT_NEEDED libnvidia-ml.so.1."""
-    env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}
-    bare = subprocess.run(
-        [str(root.nvidia_smi), "-L"], env=env, capture_output=True, text=True, check=False
-    )
+    env = {k: v for k, v in mock_env(root).items() if k != "LD_LIBRARY_PATH"}
+    bare = run_tool(root, "nvidia-smi", "-L", env=env)
     host_cache = subprocess.run(["ldconfig", "-p"], capture_output=True, text=True, check=True)
     if "libnvidia-ml.so.1 " not in host_cache.stdout:  # a host without an NVIDIA driver
         assert bare.returncode == 127
         assert "libnvidia-ml.so.1: cannot open shared object file" in bare.stderr
 
-    preloaded = subprocess.run(
-        [str(root.nvidia_smi), "-L"],
-        env={**env, "LD_PRELOAD": str(root.lib_dir / "libnvidia-ml.so.1")},
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    preload = {**env, "LD_PRELOAD": str(root.lib_dir / "libnvidia-ml.so.1")}
+    preloaded = run_tool(root, "nvidia-smi", "-L", env=preload)
+
     assert preloaded.returncode == 0, preloaded.stderr
-    assert preloaded.stdout == listing(reported(root))
+    assert preloaded.stdout == listing(reported(root, mock_env(root)))
 
 
-def test_nvidia_smi_lists_the_mig_devices_of_a_gpu_in_mig_mode(root: DriverRoot) -> None:
-    env = {"GPU_DRA_STANDIN_NVML_MIG_GPU": str(MIG_GPU)}
-    result = run_tool(root, "nvidia-smi", "-L", **env)
+def test_nvidia_smi_lists_the_mig_devices_of_a_gpu_in_mig_mode(
+    root: DriverRoot, mig_state: tuple[Path, list[tuple[int, int]]], tmp_path: Path
+) -> None:
+    state, made = mig_state
+    migs = [(MIG_GPU, gi, ci) for gi, ci in made]
+    env = mock_env(root, state=state, dev_root=container_dev(tmp_path, root, MINORS, migs))
+    result = run_tool(root, "nvidia-smi", "-L", env=env)
 
     assert result.returncode == 0, result.stderr
-    gpus = reported(root, **env)
-    assert len(gpus[MIG_GPU][2]) == 3  # handle index 2 is NOT_FOUND and skipped
+    gpus = reported(root, env)
+    assert len(gpus[MIG_GPU][2]) == 3
     assert result.stdout == listing(gpus)
     lines = result.stdout.splitlines()
-    assert lines[MIG_GPU].startswith(f"GPU {MIG_GPU}: NVIDIA H100 80GB HBM3 (UUID: GPU-")
+    assert lines[MIG_GPU] == f"GPU {MIG_GPU}: NVIDIA H100 80GB HBM3 (UUID: {gpus[MIG_GPU][1]})"
     # spacing exactly as NVIDIA's MIG user guide shows it
     assert lines[MIG_GPU + 1].startswith("  MIG 1g.10gb     Device  0: (UUID: MIG-")
     assert lines[MIG_GPU + 2].startswith("  MIG 1g.10gb     Device  1: (UUID: MIG-")
     assert lines[MIG_GPU + 3].startswith("  MIG 3g.40gb     Device  2: (UUID: MIG-")
     assert lines[MIG_GPU + 4].startswith(f"GPU {MIG_GPU + 1}: ")
+    # on the host (the driver root's dev/, no MIG capability nodes) the mock, like the driver,
+    # shows no MIG device
+    host = run_tool(root, "nvidia-smi", "-L", env=mock_env(root, state=state))
+    assert "MIG" not in host.stdout
+    assert len(host.stdout.splitlines()) == 8
+
+
+def test_a_container_sees_only_its_gpu_and_mig_device(
+    root: DriverRoot, mig_state: tuple[Path, list[tuple[int, int]]], tmp_path: Path
+) -> None:
+    state, made = mig_state
+    gi, ci = made[1]
+    dev = container_dev(tmp_path, root, [MIG_GPU], [(MIG_GPU, gi, ci)])
+    env = mock_env(root, state=state, dev_root=dev)
+
+    result = run_tool(root, "nvidia-smi", "-L", env=env)
+
+    assert result.returncode == 0, result.stderr
+    [(name, uuid, migs)] = reported(root, env)
+    [(_, mig_uuid)] = migs
+    assert uuid == nvmlmock.gpu_uuid(MACHINE, MIG_GPU)
+    assert result.stdout == (
+        f"GPU 0: {name} (UUID: {uuid})\n  MIG 1g.10gb     Device  0: (UUID: {mig_uuid})\n"
+    )
 
 
 def test_nvidia_smi_exits_9_when_the_driver_is_not_loaded(root: DriverRoot) -> None:
-    result = run_tool(root, "nvidia-smi", "-L", GPU_DRA_STANDIN_NVML_INIT_ERROR="9")
+    no_driver = mock_env(root, machine=None)  # the mock then answers DRIVER_NOT_LOADED
+    result = run_tool(root, "nvidia-smi", "-L", env=no_driver)
 
     assert result.returncode == 9
     assert result.stdout == DRIVER_NOT_LOADED + "\n\n"
-    assert run_tool(root, "nvidia-smi", GPU_DRA_STANDIN_NVML_INIT_ERROR="9").returncode == 9
+    assert run_tool(root, "nvidia-smi", env=no_driver).returncode == 9
 
 
-def test_nvidia_smi_reports_other_init_errors_with_nvml_error_string(root: DriverRoot) -> None:
-    mismatch = run_tool(root, "nvidia-smi", "-L", GPU_DRA_STANDIN_NVML_INIT_ERROR="18")
-    permission = run_tool(root, "nvidia-smi", "-L", GPU_DRA_STANDIN_NVML_INIT_ERROR="4")
+def test_nvidia_smi_reports_other_init_errors_with_nvml_error_string(
+    root: DriverRoot, tmp_path: Path
+) -> None:
+    broken = tmp_path / "state.json"
+    broken.write_text("not json")  # the mock cannot load its state: NVML_ERROR_UNKNOWN
 
-    assert mismatch.returncode == 255
-    assert mismatch.stdout == (
-        "Failed to initialize NVML: RM has detected an NVML/RM version mismatch.\n"
-    )
-    assert permission.returncode == 4
-    assert permission.stdout == "Failed to initialize NVML: Insufficient Permissions\n"
+    result = run_tool(root, "nvidia-smi", "-L", env=mock_env(root, state=broken))
+
+    assert result.returncode == 255
+    assert result.stdout == "Failed to initialize NVML: Unknown Error\n"
 
 
-def test_nvidia_smi_without_arguments_prints_the_driver_version(root: DriverRoot) -> None:
-    result = run_tool(root, "nvidia-smi", GPU_DRA_STANDIN_NVML_MIG_GPU=str(MIG_GPU))
+def test_nvidia_smi_without_arguments_prints_the_driver_version(
+    root: DriverRoot, mig_state: tuple[Path, list[tuple[int, int]]]
+) -> None:
+    env = mock_env(root, state=mig_state[0])
+    result = run_tool(root, "nvidia-smi", env=env)
 
     assert result.returncode == 0, result.stderr
     assert f"| NVIDIA-SMI {VERSION}" in result.stdout
-    assert f"Driver Version: {VERSION}" in result.stdout
+    assert f"Driver Version: {VERSION}" in result.stdout  # from nvmlSystemGetDriverVersion
     rows = [line for line in result.stdout.splitlines() if "NVIDIA H100 80GB HBM3" in line]
     assert len(rows) == 8
     assert "Enabled" in rows[MIG_GPU]
     assert "Disabled" in rows[0]
     assert {len(line) for line in result.stdout.splitlines()} == {89}
-    version = run_tool(root, "nvidia-smi", "--version")
-    assert version.stdout.splitlines()[0] == f"NVIDIA-SMI version  : {VERSION}"
-    invalid = run_tool(root, "nvidia-smi", "-q")
+    version = run_tool(root, "nvidia-smi", "--version", env=env)
+    assert version.stdout.splitlines() == [
+        f"NVIDIA-SMI version  : {VERSION}",
+        f"DRIVER version      : {VERSION}",
+    ]
+    invalid = run_tool(root, "nvidia-smi", "-q", env=env)
     assert invalid.returncode == 2
     assert invalid.stdout.startswith("Invalid combination of input arguments.")
 
 
 @pytest.mark.parametrize("tool", driverroot.TOOLS)
 def test_the_other_driver_programs_print_a_version_line(root: DriverRoot, tool: str) -> None:
-    result = run_tool(root, tool, "--version")
+    result = run_tool(root, tool, "--version", env=mock_env(root))
 
     assert result.returncode == 0
     assert result.stdout.startswith(f"{tool}: version {VERSION}")
     assert (root.bin_dir / tool).read_bytes()[:4] == b"\x7fELF"
-    refused = run_tool(root, tool, "-d")
+    refused = run_tool(root, tool, "-d", env=mock_env(root))
     assert refused.returncode == 2
     assert "not available in the gpu-dra fake driver root" in refused.stderr
 
@@ -366,13 +465,13 @@ def test_mig_minors_number_instances_as_the_driver_does(root: DriverRoot) -> Non
     assert minors["gpu0/gi0/ci7/access"] == "11"
     assert minors["gpu0/gi1/access"] == "12"
     assert minors["gpu1/gi1/access"] == "147"  # 135 minors per GPU: 15 GIs x (1 + 8 CIs)
-    assert len(lines) == 2 + 8 * 15 * 9
+    assert len(lines) == 2 + 32 * 15 * 9  # the driver's table lists 32 GPUs, whatever the node
     assert len(set(minors.values())) == len(lines)  # no minor twice
     # gpu-dra's own reader finds the capability nodes in it
     lookup = ProcMigCapabilities((root.proc_dir,))
     assert lookup(0, 1, None) == 12
     assert lookup(0, 1, 0) == 13
-    assert lookup(7, 14, 7) == 2 + 8 * 135
+    assert lookup(31, 14, 7) == 2 + 32 * 135
 
 
 def test_procfs_version_firmware_and_sockets(root: DriverRoot) -> None:
