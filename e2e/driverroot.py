@@ -210,6 +210,25 @@ class DriverRoot:
         ]
         return tuple(nodes)
 
+    def add_mig_capability_nodes(self, gpu_minor: int, gi_id: int, ci_id: int) -> list[Path]:
+        """Make the capability nodes of one MIG device in the root's ``dev/nvidia-caps/`` (its
+        GPU instance's and its compute instance's, minors from ``mig-minors``), as they appear
+        on a host once the instance exists; return their paths. `build_driver_root` makes none:
+        the NVML mock shows a MIG device only where both exist, so host-side tools that read
+        the root's ``dev/`` see the MIG devices given nodes here. Existing nodes are kept;
+        `remove_driver_root` removes them with the root."""
+        made = []
+        for minor in (
+            nvmlmock.mig_cap_minor(gpu_minor, gi_id),
+            nvmlmock.mig_cap_minor(gpu_minor, gi_id, ci_id),
+        ):
+            path = self.dev_dir / "nvidia-caps" / f"nvidia-cap{minor}"
+            if not path.exists():
+                os.mknod(path, stat.S_IFCHR | 0o400, os.makedev(self.caps_major, minor))
+                path.chmod(0o400)
+            made.append(path)
+        return made
+
     def tool_env(self) -> dict[str, str]:
         """Environment that runs the root's programs on the host: its libraries first (in a
         container the ld cache does this)."""

@@ -345,6 +345,31 @@ def test_nvidia_smi_lists_the_mig_devices_of_a_gpu_in_mig_mode(
     assert len(host.stdout.splitlines()) == 8
 
 
+def test_mig_capability_nodes_added_to_the_root_show_the_mig_devices_on_the_host(
+    tmp_path: Path,
+    nvml_library: Path,
+    paths: ClusterPaths,
+    mig_state: tuple[Path, list[tuple[int, int]]],
+) -> None:
+    made = build(tmp_path / "driver", nvml_library, paths)
+    state, instances = mig_state
+    gi, ci = instances[2]
+
+    nodes = made.add_mig_capability_nodes(MIG_GPU, gi, ci)
+
+    minors = [nvmlmock.mig_cap_minor(MIG_GPU, gi), nvmlmock.mig_cap_minor(MIG_GPU, gi, ci)]
+    assert [p.name for p in nodes] == [f"nvidia-cap{m}" for m in minors]
+    for node, minor in zip(nodes, minors, strict=True):
+        info = node.lstat()
+        assert stat.S_ISCHR(info.st_mode)
+        assert (os.major(info.st_rdev), os.minor(info.st_rdev)) == (made.caps_major, minor)
+    assert made.add_mig_capability_nodes(MIG_GPU, gi, ci) == nodes  # idempotent
+    host = run_tool(made, "nvidia-smi", "-L", env=mock_env(made, state=state))
+    assert host.stdout.splitlines()[MIG_GPU + 1].startswith("  MIG 3g.40gb     Device  0: ")
+    remove_driver_root(made.root)
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_a_container_sees_only_its_gpu_and_mig_device(
     root: DriverRoot, mig_state: tuple[Path, list[tuple[int, int]]], tmp_path: Path
 ) -> None:
