@@ -12,10 +12,11 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import stat
 import subprocess
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -139,21 +140,30 @@ def mig_state(
     return state, [(gi, ci) for gi, ci in json.loads(made.stdout)]
 
 
-def container_dev(
-    parent: Path, root: DriverRoot, gpus: Sequence[int], migs: Sequence[tuple[int, int, int]]
-) -> Path:
-    """A ``dev/`` as a container given GPUs `gpus` and MIG devices `migs` (GPU minor, GPU
-    instance, compute instance) sees it: their nodes only, the MIG capability nodes with the
-    minors of ``mig-minors`` (as a CDI spec makes them)."""
-    top = parent / "container"
-    (top / "dev" / "nvidia-caps").mkdir(parents=True)
-    for minor in gpus:
-        os.mknod(top / "dev" / f"nvidia{minor}", stat.S_IFCHR | 0o666, os.makedev(195, minor))
-    for gpu, gi, ci in migs:
-        for cap in (nvmlmock.mig_cap_minor(gpu, gi), nvmlmock.mig_cap_minor(gpu, gi, ci)):
-            node = top / "dev" / "nvidia-caps" / f"nvidia-cap{cap}"
-            os.mknod(node, stat.S_IFCHR | 0o400, os.makedev(root.caps_major, cap))
-    return top
+ContainerDev = Callable[[Sequence[int], Sequence[tuple[int, int, int]]], Path]
+
+
+@pytest.fixture
+def container_dev(tmp_path: Path, root: DriverRoot) -> Iterator[ContainerDev]:
+    """Makes a ``dev/`` as a container given GPUs and MIG devices (GPU minor, GPU instance,
+    compute instance) sees it: their nodes only, the MIG capability nodes with the minors of
+    ``mig-minors`` (as a CDI spec makes them); returns its parent (the mock's dev root).
+    Removed afterwards, device nodes and all."""
+    top = tmp_path / "container"
+
+    def make(gpus: Sequence[int], migs: Sequence[tuple[int, int, int]]) -> Path:
+        (top / "dev" / "nvidia-caps").mkdir(parents=True)
+        for minor in gpus:
+            node = top / "dev" / f"nvidia{minor}"
+            os.mknod(node, stat.S_IFCHR | 0o666, os.makedev(195, minor))
+        for gpu, gi, ci in migs:
+            for cap in (nvmlmock.mig_cap_minor(gpu, gi), nvmlmock.mig_cap_minor(gpu, gi, ci)):
+                node = top / "dev" / "nvidia-caps" / f"nvidia-cap{cap}"
+                os.mknod(node, stat.S_IFCHR | 0o400, os.makedev(root.caps_major, cap))
+        return top
+
+    yield make
+    shutil.rmtree(top, ignore_errors=True)
 
 
 def readelf(path: Path) -> str:
@@ -320,11 +330,13 @@ def test_nvidia_smi_runs_with_the_root_nvml_preloaded(root: DriverRoot) -> None:
 
 
 def test_nvidia_smi_lists_the_mig_devices_of_a_gpu_in_mig_mode(
-    root: DriverRoot, mig_state: tuple[Path, list[tuple[int, int]]], tmp_path: Path
+    root: DriverRoot,
+    mig_state: tuple[Path, list[tuple[int, int]]],
+    container_dev: ContainerDev,
 ) -> None:
     state, made = mig_state
     migs = [(MIG_GPU, gi, ci) for gi, ci in made]
-    env = mock_env(root, state=state, dev_root=container_dev(tmp_path, root, MINORS, migs))
+    env = mock_env(root, state=state, dev_root=container_dev(MINORS, migs))
     result = run_tool(root, "nvidia-smi", "-L", env=env)
 
     assert result.returncode == 0, result.stderr
@@ -371,11 +383,13 @@ def test_mig_capability_nodes_added_to_the_root_show_the_mig_devices_on_the_host
 
 
 def test_a_container_sees_only_its_gpu_and_mig_device(
-    root: DriverRoot, mig_state: tuple[Path, list[tuple[int, int]]], tmp_path: Path
+    root: DriverRoot,
+    mig_state: tuple[Path, list[tuple[int, int]]],
+    container_dev: ContainerDev,
 ) -> None:
     state, made = mig_state
     gi, ci = made[1]
-    dev = container_dev(tmp_path, root, [MIG_GPU], [(MIG_GPU, gi, ci)])
+    dev = container_dev([MIG_GPU], [(MIG_GPU, gi, ci)])
     env = mock_env(root, state=state, dev_root=dev)
 
     result = run_tool(root, "nvidia-smi", "-L", env=env)
