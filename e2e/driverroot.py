@@ -279,13 +279,19 @@ def build_driver_root(
     _write(staging / MARKER, _marker_text(description))
     staged = dataclasses.replace(description, root=staging)
     minors = description.gpu_minors
-    _install_libraries(staged, built, nvml_library)
-    _install_programs(staged, built)
-    _install_firmware(staged)
-    _make_device_nodes(staged)
-    _write_procfs(staged)
-    _make_sockets(staged)
-    _update_ld_cache(staging)
+    try:
+        _install_libraries(staged, built, nvml_library)
+        _install_programs(staged, built)
+        _install_firmware(staged)
+        _make_device_nodes(staged)
+        _write_procfs(staged)
+        _make_sockets(staged)
+        _update_ld_cache(staging)
+    except BaseException:
+        _remove_tree(staging)
+        raise
+    if dest.is_dir() and not any(dest.iterdir()):
+        dest.rmdir()  # an empty directory made for it
     _remove_root(dest)
     staging.rename(dest)
     log.info("fake driver root %s: %s, driver %s, GPUs %s", dest, machine, driver_version, minors)

@@ -566,6 +566,23 @@ def test_a_rebuild_gives_the_same_root_and_compiles_nothing(
     remove_driver_root(second.root)
 
 
+def test_build_takes_an_empty_directory_and_leaves_nothing_when_it_fails(
+    tmp_path: Path, nvml_library: Path, paths: ClusterPaths, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "driver").mkdir()
+    made = build(tmp_path / "driver", nvml_library, paths)
+    assert made.nvidia_smi.is_file()
+    remove_driver_root(made.root)
+
+    def failing(root: Path) -> None:
+        raise RuntimeError(f"ldconfig -r {root} failed (1): injected")
+
+    monkeypatch.setattr(driverroot, "_update_ld_cache", failing)  # the last step fails
+    with pytest.raises(RuntimeError, match="injected"):
+        build(tmp_path / "driver", nvml_library, paths)
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_teardown_leaves_nothing(tmp_path: Path, nvml_library: Path, paths: ClusterPaths) -> None:
     made = build(tmp_path / "driver", nvml_library, paths)
 
