@@ -20,6 +20,7 @@ from e2e.driver import MPS_DAEMON_NAMESPACE, Driver
 from e2e.kube import Kube, wait_for
 from e2e.mig import mig_instances, mig_modes
 from e2e.mps import daemons
+from e2e.realnode import RealNode
 from tests.doubles.mps_helpers import kill_processes_under
 
 pytestmark = pytest.mark.e2e
@@ -46,25 +47,34 @@ def kube(cluster: Cluster) -> Kube:
 
 @pytest.fixture(scope="module")
 def driver(cluster: Cluster, kube: Kube, request: pytest.FixtureRequest) -> Iterator[Driver]:
-    """gpu-dra on the node, simulating the module's SIMULATED_PROFILE (default hgx-h100), with
+    """gpu-dra on the node, simulating the module's SIMULATED_PROFILE (default hgx-h100) or, where
+    the module sets REAL_MACHINE (an NVML mock server, e.g. ``dgxh100``), in real mode on a fake
+    driver root of that machine (`e2e.realnode`), with
     ``--dynamic-mig`` where the module sets DYNAMIC_MIG and the module's PLUGIN_ARGS (default
     none) as further plugin flags. With dynamic MIG the simulated GPUs start without MIG and
     end so: later modules simulate the profile without it, and no MIG state may carry over."""
+    machine = getattr(request.module, "REAL_MACHINE", None)
+    real = None if machine is None else RealNode.create(cluster.paths, machine)
     running = Driver(
         cluster,
         kube,
         getattr(request.module, "SIMULATED_PROFILE", "hgx-h100"),
         dynamic_mig=getattr(request.module, "DYNAMIC_MIG", False),
         plugin_args=tuple(getattr(request.module, "PLUGIN_ARGS", ())),
+        real=real,
     )
     if running.dynamic_mig:
         running.forget_simulated_mig()
-    running.install()
-    running.start_plugin()
-    yield running
-    running.stop_plugin()
-    if running.dynamic_mig:
-        running.forget_simulated_mig()
+    try:
+        running.install()
+        running.start_plugin()
+        yield running
+    finally:
+        running.stop_plugin()
+        if running.dynamic_mig:
+            running.forget_simulated_mig()
+        if real is not None:
+            real.remove()
 
 
 @pytest.fixture

@@ -24,6 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from e2e.cluster import Cluster, images, versions
 from e2e.cluster.paths import REPO_ROOT
 from e2e.kube import Kube, wait_for
+from e2e.realnode import RealNode
 from gpu_dra.driver.discovery import discover_devices
 from gpu_dra.driver.nvml.simulated import SimulatedHost
 from gpu_dra.kubelet_plugin.inventory import NodeInventory
@@ -57,6 +58,9 @@ class Driver:
     """Run the plugin with ``--dynamic-mig`` (MIG-capable GPUs published as partitions)."""
     plugin_args: tuple[str, ...] = ()
     """Further plugin flags (a test module's ``PLUGIN_ARGS``, e.g. ``--mps-shares=0``)."""
+    real: RealNode | None = None
+    """Real mode: the plugin runs without ``--simulate`` on this fake driver root, whose
+    ``libnvidia-ml.so.1`` is the NVML mock library (`e2e.realnode`); `profile` is unused."""
 
     @property
     def state_dir(self) -> Path:
@@ -156,12 +160,17 @@ class Driver:
         log = paths.logs / f"{PLUGIN}.log"
         offset = log.stat().st_size if log.exists() else 0
         self._link_data_dir()
+        if self.real is None:
+            hardware = [f"--simulate={self.profile}"]
+        else:
+            hardware = self.real.plugin_args()
+            env = {**self.real.plugin_env(), **(env or {})}
         self.cluster.start_process(
             PLUGIN,
             [
                 str(BIN / PLUGIN),
                 f"--node-name={versions.NODE_NAME}",
-                f"--simulate={self.profile}",
+                *hardware,
                 f"--kubelet-plugins-dir={paths.plugins_dir}",
                 f"--kubelet-registry-dir={paths.plugins_registry}",
                 f"--cdi-root={CDI_ROOT}",
@@ -187,14 +196,17 @@ class Driver:
         # Slices of an earlier plugin run (another profile) stay until the new one republishes.
         expected = self.expected_device_names()
         wait_for(
-            f"the node's ResourceSlices to show {self.profile}",
+            f"the node's ResourceSlices to show {self.real or self.profile}",
             lambda: set(self.devices()) == expected,
             60,
         )
 
     def expected_device_names(self) -> set[str]:
         """What the plugin must publish for this profile (the plugin's own discovery and
-        inventory code on the same profile, MIG devices included)."""
+        inventory code on the same profile, MIG devices included; in real mode what
+        ``gpu-dra devices`` prints for the driver root)."""
+        if self.real is not None:
+            return self.real.device_names(dynamic_mig=self.dynamic_mig)
         host = SimulatedHost.load(self.profile, versions.NODE_NAME)
         found = discover_devices(host.nvml, host.pci, mig_profiles=self.dynamic_mig)
         inventory = NodeInventory.from_discovery(
@@ -212,6 +224,20 @@ class Driver:
         os.kill(pid, signal.SIGKILL)
         self.cluster.stop_component(PLUGIN)  # reaps it and forgets it
         wait_for("the killed plugin to be gone", lambda: self.cluster.pid(PLUGIN) is None, 10)
+
+    def ensure_glibc_image(self) -> str:
+        """Build the glibc test image (cached by content) and import it if containerd lacks
+        it; its reference (`images.glibc_test_image`)."""
+        spec = images.glibc_test_image()
+        archive = (
+            self.cluster.paths.images_dir / f"glibc-test-{spec.reference.rsplit(':', 1)[1]}.tar"
+        )
+        if not archive.exists():
+            images.write_oci_archive(spec, archive)
+        ctr, socket = self.cluster.bin_dir / "ctr", self.cluster.paths.containerd_socket
+        if not images.image_present(ctr, socket, spec.reference):
+            images.import_images(ctr, socket, [archive])
+        return spec.reference
 
     def ensure_mps_daemon_image(self) -> str:
         """Build the MPS double image (cached by content) and import it if containerd lacks it;
