@@ -126,6 +126,13 @@ class RealNode:
             for instance in gpu.get("gpuInstances", [])
         ]
 
+    def mig_modes(self) -> dict[str, int]:
+        """MIG mode (0 off, 1 on) of every GPU the mock has touched, by UUID."""
+        if not self.state_file.exists():
+            return {}
+        state = json.loads(self.state_file.read_text())
+        return {gpu["uuid"]: int(gpu.get("migMode", 0)) for gpu in state.get("gpus", [])}
+
     def workload_env(self) -> list[dict[str, str]]:
         """Container ``env`` that points the mock at the shared state (and nothing else)."""
         return [{"name": nvmlmock.ENV_STATE, "value": f"{STATE_MOUNT}/{STATE_FILE}"}]
