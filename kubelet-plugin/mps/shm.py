@@ -9,6 +9,7 @@ nodes); the directory then lives on the data dir's filesystem.
 
 from __future__ import annotations
 
+import os
 import subprocess
 from pathlib import Path
 from typing import Final, Protocol
@@ -51,8 +52,12 @@ def half_of_memory(meminfo: Path = Path("/proc/meminfo")) -> str:
 
 
 def is_mount_point(path: Path, mountinfo: Path = MOUNTINFO) -> bool:
-    """Whether ``path`` is a mount point (``/proc/self/mountinfo`` field 5, octal-escaped)."""
-    target = str(path)
+    """Whether ``path`` is a mount point (``/proc/self/mountinfo`` field 5, octal-escaped).
+
+    Symlinks in ``path`` are resolved first: mountinfo holds the mount point the kernel
+    resolved (a data dir reached through a link, e.g. a linked ``/var/lib/kubelet``, is listed
+    under its target)."""
+    target = os.path.realpath(path)
     for char, escaped in (("\\", "\\134"), (" ", "\\040"), ("\t", "\\011"), ("\n", "\\012")):
         target = target.replace(char, escaped)
     try:

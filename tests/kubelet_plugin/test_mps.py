@@ -430,6 +430,35 @@ def test_tmpfs_shm_is_mounted_for_the_daemon_and_unmounted_on_stop(
     assert not handle.root.exists()
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting tmpfs needs root")
+def test_tmpfs_shm_under_a_linked_data_dir_is_unmounted_on_stop(
+    make_manager: ManagerFactory, tmp_path: Path
+) -> None:
+    """The kernel lists the resolved mount point; a data dir reached through a symlink (a
+    linked /var/lib/kubelet) must still be unmounted, or the daemon's directory stays busy."""
+    manager = make_manager(shm=TmpfsShmMounter(size="1m"))  # type: ignore[arg-type]
+    handle = manager.start("linked", [GPU_A], MpsSettings())
+    link = tmp_path / "linked-shm"
+    link.symlink_to(handle.paths.shm)
+    assert is_mount_point(link)
+    manager.stop(handle)
+    assert not is_mount_point(link)
+
+
+def test_is_mount_point_reads_the_resolved_path(tmp_path: Path) -> None:
+    real = tmp_path / "real dir"
+    real.mkdir()
+    link = tmp_path / "link"
+    link.symlink_to(real)
+    mountinfo = tmp_path / "mountinfo"
+    escaped = str(real).replace(" ", "\\040")
+    mountinfo.write_text(f"36 35 0:40 / {escaped} rw,nosuid - tmpfs tmpfs rw\n")
+
+    assert is_mount_point(link, mountinfo)
+    assert is_mount_point(real, mountinfo)
+    assert not is_mount_point(tmp_path, mountinfo)
+
+
 # -- status --------------------------------------------------------------------------------------
 
 
