@@ -2,7 +2,9 @@
 DGX H100 (8 GPUs) whose ``libnvidia-ml.so.1`` is the NVML mock library built from NVIDIA's
 go-nvml mock servers (`e2e.realnode`). Pods of a glibc image get the driver's userspace through
 the CDI spec (libraries, ``nvidia-smi``, device nodes, NVIDIA's ``nvidia-cdi-hook`` hooks run by
-runc), and the ``nvidia-smi -L`` each container runs lists exactly its claim's GPUs."""
+runc), and the ``nvidia-smi -L`` each container runs lists exactly its claim's GPUs; a per-claim
+MPS container also reaches its claim's control daemon (the nvidia-cuda-mps-control TEST DOUBLE
+as a pod, as in the simulated MPS tests)."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from e2e import manifests as m
 from e2e.cluster import Cluster
 from e2e.driver import CDI_ROOT, Driver
 from e2e.kube import Kube, wait_for
+from e2e.mps import MPS_CONFIG, PIPE, daemon_pid, daemons
 from e2e.realnode import gpu_lines, uuids
 from e2e.workloads import allocated_devices, claim_uid, delete_pods, wait_running
 
@@ -115,3 +118,33 @@ def test_containers_get_the_driver_userspace_and_nvidia_smi_lists_only_their_gpu
     driver.wait_unprepared(uid)
     assert uid not in driver.cdi_spec_claims()
     assert not list(CDI_ROOT.glob(f"*{uid}*"))
+
+
+@pytest.mark.usefixtures("no_mps_daemon_left")
+def test_an_mps_container_gets_the_driver_and_reaches_its_claims_daemon(
+    driver: Driver, kube: Kube, real_namespace: str, glibc_image: str
+) -> None:
+    namespace = real_namespace
+    config = m.gpu_config(m.mps_sharing(**MPS_CONFIG))
+    kube.create(m.claim("mps", namespace, m.claim_spec([m.request()], [config])))
+    command = SHOW_DRIVER.replace(
+        "echo '--- end'",
+        "echo '--- mps'; env | grep ^CUDA_MPS_ | sort; "
+        f"cat {PIPE}/nvidia-cuda-mps-control.pid; echo; echo '--- end'",
+    )
+    kube.create(driver_pod(driver, "cuda", namespace, "mps", glibc_image, command))
+    wait_running(kube, "cuda", namespace)
+    log = finished_log(kube, "cuda", namespace)
+
+    smi = section(log, "smi")
+    (device,) = allocated_devices(kube, "mps", namespace)
+    assert uuids(smi) == [driver.devices()[device]["attributes"]["uuid"]["string"]], log
+    mps = section(log, "mps")
+    assert f"CUDA_MPS_PIPE_DIRECTORY={PIPE}" in mps
+    (daemon_id,) = [p.name for p in driver.mps_dir.iterdir()]
+    assert mps.split()[-1] == str(daemon_pid(driver, daemon_id)), log  # the daemon's own file
+
+    uid = claim_uid(kube, "mps", namespace)
+    delete_pods(kube, namespace, ["cuda"])
+    driver.wait_unprepared(uid)
+    wait_for("the daemon to be gone", lambda: not daemons(driver), 60)
