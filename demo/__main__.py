@@ -27,6 +27,8 @@ from demo.observe import (
     time_slices,
     wait_pods_running,
 )
+from demo.real import NAMESPACE as REAL_NAMESPACE
+from demo.real import remove_real_stage, run_real_stage
 from demo.stages import PROFILE, STAGES, Stage, ensure_plugin, namespace_of, title_of
 from e2e.cluster import Cluster, ClusterError
 from e2e.driver import BIN, MPS_DAEMON_NAMESPACE, PLUGIN, Driver
@@ -215,9 +217,14 @@ def delete_leftovers(driver: Driver) -> None:
     left = [s for s in STAGES if any(namespace_of(e) in present for e in s.example_dirs())]
     for stage in left:
         clean_up(driver, stage)
+    remove_real_stage(driver)  # `demo/run --real` ran last: its pods, claims and plugin
 
 
-def main() -> int:
+def main(argv: Sequence[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else list(argv)
+    if args not in ([], ["--real"]):
+        say("usage: demo/run [--real]")
+        return 2
     cluster = Cluster()
     say("==> bringing up the local Kubernetes cluster (e2e/cluster)")
     try:
@@ -226,6 +233,8 @@ def main() -> int:
         say(f"error: {error}")
         return 1
     kube = Kube(cluster.kubeconfig)
+    if args == ["--real"]:
+        return real_main(cluster, kube)
     driver = Driver(cluster, kube, str(PROFILE))
     say(f"==> installing gpu-dra (RBAC, DeviceClasses) and its kubelet plugin on {PROFILE.name}")
     driver.install()
@@ -259,6 +268,21 @@ def main() -> int:
     say(cluster.kubectl("get", "resourceclaims", "-A"))
     say(
         "The cluster keeps running with the last stage's pods (as root, from the repo root):\n"
+        "  look around:  .venv/bin/python -m e2e.cluster kubectl get pods -A\n"
+        "  remove it:    .venv/bin/python -m e2e.cluster down"
+    )
+    return 0
+
+
+def real_main(cluster: Cluster, kube: Kube) -> int:
+    """`demo/run --real`: the real-mode stage alone (demo/real.py)."""
+    if cluster.pid(PLUGIN):  # from an earlier demo run, flags unknown
+        delete_leftovers(Driver(cluster, kube, str(PROFILE)))
+        cluster.stop_component(PLUGIN)  # remove_real_stage stops only a real-mode one
+    say("\n======== real mode: no --simulate, a fake driver root with the NVML mock library")
+    run_real_stage(cluster, kube, say)
+    say(
+        f"\nThe pods keep running in namespace {REAL_NAMESPACE} (as root, from the repo root):\n"
         "  look around:  .venv/bin/python -m e2e.cluster kubectl get pods -A\n"
         "  remove it:    .venv/bin/python -m e2e.cluster down"
     )
