@@ -19,7 +19,7 @@ from e2e.cluster import Cluster
 from e2e.driver import CDI_ROOT, PLUGIN, Driver
 from e2e.kube import Kube, wait_for
 from e2e.mig import mig_request
-from e2e.realnode import RealNode
+from e2e.realnode import RealNode, finished_log, section
 from e2e.workloads import allocated_devices, claim_uid, wait_running
 
 NAMESPACE = "gpu-real-node"
@@ -32,27 +32,9 @@ CLAIMS: dict[str, m.Obj] = {
 }
 
 
-def _pod(driver: Driver, name: str, image: str) -> m.Obj:
-    assert driver.real is not None
-    volume, mount = driver.real.workload_volume()
-    ctr = m.container(command=COMMAND, claims=[{"name": "gpu"}])
-    ctr.update(image=image, env=driver.real.workload_env(), volumeMounts=[mount])
-    pod = m.pod(name, NAMESPACE, [ctr], [{"name": "gpu", "resourceClaimName": name}])
-    pod["spec"]["volumes"] = [volume]
-    return pod
-
-
 def _smi_output(kube: Kube, pod: str) -> str:
-    text = ""
-
-    def printed() -> bool:
-        nonlocal text
-        text = kube.pod_log(pod, NAMESPACE)
-        return "--- end" in text
-
     wait_running(kube, pod, NAMESPACE, timeout=120)
-    wait_for(f"{NAMESPACE}/{pod} to print nvidia-smi -L", printed, 60)
-    return text.split("--- smi\n", 1)[1].split("--- end", 1)[0].rstrip()
+    return section(finished_log(kube, pod, NAMESPACE), "smi").rstrip()
 
 
 def _spec_summary(uid: str) -> str:
@@ -100,7 +82,7 @@ def run_real_stage(cluster: Cluster, kube: Kube, say: Callable[[str], None]) -> 
     kube.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})
     for name, spec in CLAIMS.items():
         kube.create(m.claim(name, NAMESPACE, spec))
-        kube.create(_pod(driver, name, image))
+        kube.create(real.pod(name, NAMESPACE, name, image, COMMAND))
     for name in CLAIMS:
         output = _smi_output(kube, name)
         devices = ", ".join(allocated_devices(kube, name, NAMESPACE))

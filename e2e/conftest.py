@@ -77,6 +77,12 @@ def driver(cluster: Cluster, kube: Kube, request: pytest.FixtureRequest) -> Iter
             real.remove()
 
 
+@pytest.fixture(scope="module")
+def glibc_image(driver: Driver) -> str:
+    """The glibc test image (real-mode pods), imported into containerd."""
+    return driver.ensure_glibc_image()
+
+
 @pytest.fixture
 def namespace(kube: Kube, request: pytest.FixtureRequest) -> Iterator[str]:
     """A fresh namespace per test, deleted (and waited for) afterwards."""

@@ -21,14 +21,23 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
+from e2e import manifests as m
 from e2e import nvidiactk, nvmlmock
 from e2e.cluster.paths import ClusterPaths
 from e2e.driverroot import DriverRoot, build_driver_root, remove_driver_root
+from e2e.kube import Kube, wait_for
 
 BIN = Path(sys.executable).parent
 STATE_MOUNT: Final = "/run/gpu-dra-nvml-mock"
 """Where workload pods mount the mock's state directory."""
 STATE_FILE: Final = "state.json"
+# What a CUDA container's start-up needs, between markers: nvidia-smi -L (and its exit status),
+# the loader's cache entries of the driver's libraries, the NVIDIA device nodes; then it waits.
+SHOW_DRIVER: Final = (
+    "trap 'exit 0' TERM; echo '--- smi'; nvidia-smi -L; echo \"smi-exit=$?\"; "
+    "echo '--- ldcache'; ldconfig -p | grep -E 'libcuda|libnvidia-ml|libnvidia-ptxjit'; "
+    "echo '--- dev'; ls /dev | grep nvidia; echo '--- end'; sleep 3600 & wait"
+)
 
 _VERSION_PROBE = """
 import ctypes, sys
@@ -142,9 +151,38 @@ class RealNode:
         volume = {"name": "nvml-mock", "hostPath": {"path": str(self.state_dir)}}
         return volume, {"name": "nvml-mock", "mountPath": STATE_MOUNT}
 
+    def pod(
+        self, name: str, namespace: str, claim: str, image: str, command: str = SHOW_DRIVER
+    ) -> m.Obj:
+        """A pod of `image` (the glibc test image) using `claim`, pointed at the mock's state."""
+        volume, mount = self.workload_volume()
+        ctr = m.container(command=command, claims=[{"name": "gpu"}])
+        ctr.update(image=image, env=self.workload_env(), volumeMounts=[mount])
+        pod = m.pod(name, namespace, [ctr], [{"name": "gpu", "resourceClaimName": claim}])
+        pod["spec"]["volumes"] = [volume]
+        return pod
+
     def remove(self) -> None:
         remove_driver_root(self.root.root)
         shutil.rmtree(self.state_dir, ignore_errors=True)
+
+
+def section(log: str, name: str) -> str:
+    """What a container printed between ``--- <name>`` and the next marker."""
+    return log.split(f"--- {name}\n", 1)[1].split("\n--- ", 1)[0]
+
+
+def finished_log(kube: Kube, pod: str, namespace: str, timeout: float = 60) -> str:
+    """The log of a running pod once it printed ``--- end``."""
+    text = ""
+
+    def printed() -> bool:
+        nonlocal text
+        text = kube.pod_log(pod, namespace)
+        return "--- end" in text
+
+    wait_for(f"{namespace}/{pod} to print what it got", printed, timeout)
+    return text
 
 
 def gpu_lines(nvidia_smi_l: str) -> list[str]:

@@ -9,7 +9,6 @@ as a pod, as in the simulated MPS tests)."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 
@@ -18,53 +17,12 @@ from e2e.cluster import Cluster
 from e2e.driver import CDI_ROOT, Driver
 from e2e.kube import Kube, wait_for
 from e2e.mps import MPS_CONFIG, PIPE, daemon_pid, daemons
-from e2e.realnode import gpu_lines, uuids
+from e2e.realnode import SHOW_DRIVER, finished_log, gpu_lines, section, uuids
 from e2e.workloads import allocated_devices, claim_uid, delete_pods, wait_running
 
 pytestmark = pytest.mark.e2e
 
 REAL_MACHINE = "dgxh100"
-
-# What a CUDA container's start-up needs, between markers: nvidia-smi -L (and its exit status),
-# the loader's cache entries of the driver's libraries, the NVIDIA device nodes; then it waits.
-SHOW_DRIVER = (
-    "trap 'exit 0' TERM; echo '--- smi'; nvidia-smi -L; echo \"smi-exit=$?\"; "
-    "echo '--- ldcache'; ldconfig -p | grep -E 'libcuda|libnvidia-ml|libnvidia-ptxjit'; "
-    "echo '--- dev'; ls /dev | grep nvidia; echo '--- end'; sleep 3600 & wait"
-)
-
-
-def section(log: str, name: str) -> str:
-    return log.split(f"--- {name}\n", 1)[1].split("\n--- ", 1)[0]
-
-
-@pytest.fixture(scope="module")
-def glibc_image(driver: Driver) -> str:
-    return driver.ensure_glibc_image()
-
-
-def driver_pod(
-    driver: Driver, name: str, namespace: str, claim: str, image: str, command: str = SHOW_DRIVER
-) -> dict[str, Any]:
-    assert driver.real is not None
-    volume, mount = driver.real.workload_volume()
-    ctr = m.container(command=command, claims=[{"name": "gpu"}])
-    ctr.update(image=image, env=driver.real.workload_env(), volumeMounts=[mount])
-    pod = m.pod(name, namespace, [ctr], [{"name": "gpu", "resourceClaimName": claim}])
-    pod["spec"]["volumes"] = [volume]
-    return pod
-
-
-def finished_log(kube: Kube, pod: str, namespace: str) -> str:
-    text = ""
-
-    def printed() -> bool:
-        nonlocal text
-        text = kube.pod_log(pod, namespace)
-        return "--- end" in text
-
-    wait_for(f"{namespace}/{pod} to print what it got", printed, 60)
-    return text
 
 
 @pytest.fixture
@@ -90,7 +48,7 @@ def test_containers_get_the_driver_userspace_and_nvidia_smi_lists_only_their_gpu
 ) -> None:  # fmt: skip
     namespace = real_namespace
     kube.create(m.claim("gpus", namespace, m.claim_spec([m.request(count=count)])))
-    kube.create(driver_pod(driver, "cuda", namespace, "gpus", glibc_image))
+    kube.create(driver.real.pod("cuda", namespace, "gpus", glibc_image))
     wait_running(kube, "cuda", namespace)
     log = finished_log(kube, "cuda", namespace)
 
@@ -132,7 +90,7 @@ def test_an_mps_container_gets_the_driver_and_reaches_its_claims_daemon(
         "echo '--- mps'; env | grep ^CUDA_MPS_ | sort; "
         f"cat {PIPE}/nvidia-cuda-mps-control.pid; echo; echo '--- end'",
     )
-    kube.create(driver_pod(driver, "cuda", namespace, "mps", glibc_image, command))
+    kube.create(driver.real.pod("cuda", namespace, "mps", glibc_image, command))
     wait_running(kube, "cuda", namespace)
     log = finished_log(kube, "cuda", namespace)
 

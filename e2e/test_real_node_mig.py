@@ -13,19 +13,13 @@ from e2e import manifests as m
 from e2e.driver import Driver
 from e2e.kube import Kube, wait_for
 from e2e.mig import mig_request
-from e2e.realnode import gpu_lines, uuids
-from e2e.test_real_node import SHOW_DRIVER, driver_pod, finished_log, section
+from e2e.realnode import SHOW_DRIVER, finished_log, gpu_lines, section, uuids
 from e2e.workloads import allocated_devices, claim_uid, delete_pods, wait_running
 
 pytestmark = pytest.mark.e2e
 
 REAL_MACHINE = "dgxh100"
 DYNAMIC_MIG = True
-
-
-@pytest.fixture(scope="module")
-def glibc_image(driver: Driver) -> str:
-    return driver.ensure_glibc_image()
 
 
 @pytest.fixture
@@ -44,7 +38,7 @@ def test_a_mig_slice_is_made_and_its_container_sees_only_it(
 ) -> None:
     assert driver.real is not None
     kube.create(m.claim("slice", namespace, m.claim_spec([mig_request("mig", "1g.10gb")])))
-    kube.create(driver_pod(driver, "cuda", namespace, "slice", glibc_image, SHOW_DRIVER))
+    kube.create(driver.real.pod("cuda", namespace, "slice", glibc_image, SHOW_DRIVER))
     wait_running(kube, "cuda", namespace)
     log = finished_log(kube, "cuda", namespace)
 
