@@ -8,6 +8,7 @@ import os
 import sys
 from pathlib import Path
 
+from e2e import helm
 from e2e.cluster import netns, toolchain
 from e2e.cluster.lifecycle import Cluster, ClusterError
 
@@ -18,7 +19,7 @@ def main(argv: list[str] | None = None) -> int:
         return _exec_tool(Cluster(), argv[0], argv[1:])
     parser = argparse.ArgumentParser(prog="python -m e2e.cluster", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("build", help="build (or find cached) pinned binaries")
+    sub.add_parser("build", help="build (or find cached) pinned binaries and test-bed tools")
     sub.add_parser("up", help="bring the cluster up (idempotent)")
     sub.add_parser("down", help="tear everything down")
     sub.add_parser("status", help="exit 0 if the cluster is up and healthy")
@@ -33,6 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if options.command == "build":
             print(toolchain.build(cluster.paths))
+            print(helm.build(cluster.paths))
         elif options.command == "up":
             cluster.up()
             print(f"cluster up; kubeconfig: {cluster.kubeconfig}")
