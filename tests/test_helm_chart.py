@@ -11,7 +11,7 @@ import subprocess
 import sys
 import tarfile
 import time
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import pytest
@@ -194,6 +194,22 @@ def test_the_driver_root_is_mounted_at_driver_root_seeing_late_mounts(
         env = env_of(container, DOWNWARD)
         assert env["CONTAINER_DRIVER_ROOT"] == "/driver-root"
         assert env["NVIDIA_DRIVER_ROOT"] == host_root
+
+
+def test_the_plugin_reads_the_driver_root_and_hook_path_from_nvidias_env(
+    host_driver: Rendered, gpu_operator: Rendered
+) -> None:
+    """NVIDIA's CONTAINER_DRIVER_ROOT, NVIDIA_DRIVER_ROOT and NVIDIA_CDI_HOOK_PATH, as the plugin
+    settings of the cdi-userspace work read them."""
+    operator = plugin_settings(gpu_operator)
+    host = plugin_settings(host_driver)
+
+    assert operator.driver_root == Path("/driver-root")
+    assert operator.host_driver_root == PurePosixPath("/run/nvidia/driver")
+    assert operator.nvidia_cdi_hook_path == "/usr/local/nvidia/toolkit/nvidia-cdi-hook"
+    assert host.driver_root == Path("/driver-root")
+    assert host.host_driver_root == PurePosixPath("/")
+    assert host.nvidia_cdi_hook_path == "/usr/bin/nvidia-cdi-hook"  # the plugin's default
 
 
 def run_wait(script: str, root: Path) -> subprocess.Popen[str]:
