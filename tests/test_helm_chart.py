@@ -144,6 +144,7 @@ def test_the_daemonset_env_parses_into_the_plugin_settings_it_means(
     assert settings.mps_daemon_priority_class == "system-node-critical"
     assert settings.mps_daemon_image_pull_secrets == ()
     assert settings.feature_gates == ()
+    assert settings.state_dir == settings.kubelet_plugins_dir / "gpu.nvidia.com"
     # The plugin checks the daemon pods' processes in the host's PID namespace.
     assert spec["hostPID"] is True
     assert spec["serviceAccountName"] == PLUGIN_SA
@@ -259,6 +260,37 @@ def test_simulated_gpus_need_no_driver_root(tmp_path: Path) -> None:
     assert "driver-root" not in {v["name"] for v in spec["volumes"]}
     assert "driver-root" not in mounts(container)
     assert "CONTAINER_DRIVER_ROOT" not in env_of(container, DOWNWARD)
+
+
+def test_a_data_dir_and_an_mps_daemon_image_of_their_own(tmp_path: Path) -> None:
+    """What the e2e node needs: a data dir short enough for MPS sockets, a test-double image."""
+    rendered = Rendered.of(
+        {
+            **HOST_DRIVER,
+            "kubeletPlugin": {"dataDir": "/var/lib/e2e/gd", "mpsDaemonImage": "localhost/mps:1"},
+        },
+        tmp_path,
+    )
+    container = rendered.container("DaemonSet", "gpus")
+    settings = plugin_settings(rendered)
+
+    assert settings.state_dir == Path("/var/lib/e2e/gd")
+    assert mounts(container)["data"]["mountPath"] == "/var/lib/e2e/gd"
+    assert mounts(container)["data"]["mountPropagation"] == "Bidirectional"
+    assert rendered.volume("DaemonSet", "data")["hostPath"]["path"] == "/var/lib/e2e/gd"
+    assert settings.mps_daemon_image == "localhost/mps:1"
+    assert container["image"] == "localhost/gpu-dra:0.1.0"
+
+
+def test_no_variable_is_set_twice(gpu_operator: Rendered, tmp_path: Path) -> None:
+    """Server-side apply (helm 4's default) refuses a list entry named twice."""
+    extra = Rendered.of(
+        {**GPU_OPERATOR, "kubeletPlugin": {"dataDir": "/d", "mpsDaemonImage": "i"}}, tmp_path
+    )
+    for rendered in (gpu_operator, extra):
+        for kind, name in (("DaemonSet", "gpus"), ("Deployment", "controller")):
+            names = [e["name"] for e in rendered.container(kind, name)["env"]]
+            assert len(names) == len(set(names))
 
 
 def test_the_plugin_is_probed_on_its_metrics_port(host_driver: Rendered) -> None:
