@@ -228,6 +228,7 @@ def _mps(
         image=settings.mps_daemon_image,
         driver_root=Path(settings.host_driver_root),
         priority_class=settings.mps_daemon_priority_class,
+        image_pull_secrets=settings.mps_daemon_image_pull_secrets,
     )
     # The other runner still checks and stops the daemons it started before a switch.
     runner: DaemonRunner = ProcessRunner()

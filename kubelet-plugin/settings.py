@@ -143,6 +143,8 @@ class KubeletPluginSettings:
     """Namespace of the daemon pods (runner `pod`); default `$POD_NAMESPACE`, else `gpu-dra`."""
     mps_daemon_priority_class: str = DEFAULT_MPS_DAEMON_PRIORITY_CLASS
     """Priority class of the daemon pods (runner `pod`); empty = none."""
+    mps_daemon_image_pull_secrets: tuple[str, ...] = ()
+    """Names of the Secrets in the daemon pods' `imagePullSecrets` (runner `pod`)."""
     mps_exclusive_compute_mode: bool = False
     """Set the compute mode EXCLUSIVE_PROCESS on the full GPUs of an MPS daemon while it runs
     (DEFAULT again when it stops), as NVIDIA's driver does; never on MIG devices."""
@@ -395,13 +397,18 @@ def _mps_daemon_settings(
         "mps_daemon_image": args.mps_daemon_image or "",
         "mps_daemon_namespace": args.mps_daemon_namespace or DEFAULT_MPS_DAEMON_NAMESPACE,
         "mps_daemon_priority_class": args.mps_daemon_priority_class or "",
+        "mps_daemon_image_pull_secrets": tuple(
+            name.strip()
+            for name in (args.mps_daemon_image_pull_secrets or "").split(",")
+            if name.strip()
+        ),
         "mps_exclusive_compute_mode": exclusive in ("true", "1", "yes"),
     }
 
 
 def _add_mps_daemon_options(option: Callable[..., None], environ: Mapping[str, str]) -> None:
-    """`--mps-daemon-runner`, `-image`, `-namespace`, `-priority-class` and
-    `--mps-exclusive-compute-mode`."""
+    """`--mps-daemon-runner`, `-image`, `-namespace`, `-priority-class`,
+    `-image-pull-secrets` and `--mps-exclusive-compute-mode`."""
     option(
         "--mps-daemon-runner",
         "how MPS control daemons run: process (host process; local/dev) or pod (a pod bound "
@@ -419,6 +426,12 @@ def _add_mps_daemon_options(option: Callable[..., None], environ: Mapping[str, s
         "--mps-daemon-priority-class",
         "priority class of the MPS control daemon pods (runner pod); empty = none",
         DEFAULT_MPS_DAEMON_PRIORITY_CLASS,
+    )
+    option(
+        "--mps-daemon-image-pull-secrets",
+        "comma-separated Secret names for the MPS control daemon pods' imagePullSecrets "
+        "(runner pod)",
+        None,
     )
     option(
         "--mps-exclusive-compute-mode",

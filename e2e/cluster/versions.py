@@ -8,7 +8,7 @@ KUBERNETES_VERSION: Final = "v1.37.1"
 CONTAINERD_VERSION: Final = "v2.2.3"
 CRICTL_VERSION: Final = "v1.36.0"
 
-# Debian packages the cluster needs on the host (etcd 3.4 works with a 1.37 apiserver).
+# Debian packages the test bed needs on the host (etcd 3.4 works with a 1.37 apiserver).
 HOST_PACKAGES: Final = (
     "runc",
     "containernetworking-plugins",
@@ -18,6 +18,9 @@ HOST_PACKAGES: Final = (
     "openssl",
     "busybox-static",
     "util-linux",
+    # The driver image without a Docker engine (driverimage.py).
+    "mmdebstrap",
+    "buildah",
 )
 
 NETNS: Final = "gpu-dra-e2e"

@@ -20,6 +20,7 @@ daemon) from the image (``--mps-daemon-image``) with:
   at ``/dev/shm``; no ``hostIPC`` (MPS shares memory through ``/dev/shm``, which is that mount);
 * the driver root (``--driver-root``) read-only at ``/driver-root``, its ``usr/bin`` at the end
   of ``PATH`` and its library directories in ``LD_LIBRARY_PATH``, for the driver's libraries;
+* the Secrets of ``--mps-daemon-image-pull-secrets`` as ``imagePullSecrets`` (none by default);
 * a priority class (``--mps-daemon-priority-class``, default ``system-node-critical``: when the
   daemon goes, every workload using it loses MPS) and small resource requests without limits
   (`RESOURCE_REQUESTS`), so node-pressure eviction takes it last;
@@ -138,6 +139,7 @@ class PodRunner:
         image_pull_policy: str = "IfNotPresent",
         grace_period_s: int = 10,
         priority_class: str = "",
+        image_pull_secrets: Sequence[str] = (),
     ) -> None:
         self.api = api
         self.namespace = namespace
@@ -148,6 +150,7 @@ class PodRunner:
         self.image_pull_policy = image_pull_policy
         self.grace_period_s = grace_period_s
         self.priority_class = priority_class
+        self.image_pull_secrets = tuple(image_pull_secrets)
 
     # -- DaemonRunner ----------------------------------------------------------------------
 
@@ -287,6 +290,11 @@ class PodRunner:
                 "terminationGracePeriodSeconds": self.grace_period_s,
                 "tolerations": [{"operator": "Exists"}],
                 **({"priorityClassName": self.priority_class} if self.priority_class else {}),
+                **(
+                    {"imagePullSecrets": [{"name": name} for name in self.image_pull_secrets]}
+                    if self.image_pull_secrets
+                    else {}
+                ),
                 "containers": [
                     {
                         "name": CONTAINER,

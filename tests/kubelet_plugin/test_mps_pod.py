@@ -444,3 +444,18 @@ def test_an_empty_priority_class_leaves_the_daemon_pod_without_one(
     manifest = runner.manifest(["nvidia-cuda-mps-control", "-d"], {}, paths)
 
     assert "priorityClassName" not in manifest["spec"]
+
+
+def test_the_daemon_pod_pulls_with_the_given_secrets_and_none_by_default(
+    root: Path, api: InMemoryPodApi
+) -> None:
+    paths = DaemonPaths.of(root, claim_daemon_id(CLAIM, [GPU]))
+    with_secrets = PodRunner(
+        api, namespace=NAMESPACE, node_name=NODE, image=IMAGE, image_pull_secrets=["a", "b"]
+    )
+    plain = PodRunner(api, namespace=NAMESPACE, node_name=NODE, image=IMAGE)
+
+    manifest = with_secrets.manifest(["nvidia-cuda-mps-control", "-d"], {}, paths)
+
+    assert manifest["spec"]["imagePullSecrets"] == [{"name": "a"}, {"name": "b"}]
+    assert "imagePullSecrets" not in plain.manifest(["x", "-d"], {}, paths)["spec"]

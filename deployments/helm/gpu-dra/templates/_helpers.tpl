@@ -1,0 +1,82 @@
+{{/* Names: <release>-gpu-dra, or the release name when it already holds the chart name. */}}
+{{- define "gpu-dra.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "gpu-dra.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "gpu-dra.kubeletPlugin.name" -}}
+{{- printf "%s-kubelet-plugin" (include "gpu-dra.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "gpu-dra.controller.name" -}}
+{{- printf "%s-controller" (include "gpu-dra.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Labels of every object: the selector's name and instance, plus gpu-dra.metaLabels. */}}
+{{- define "gpu-dra.labels" -}}
+app.kubernetes.io/name: {{ include "gpu-dra.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{ include "gpu-dra.metaLabels" . }}
+{{- end }}
+
+{{- define "gpu-dra.metaLabels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end }}
+
+{{/* Selector labels of one component: (dict "context" $ "component" "kubelet-plugin") */}}
+{{- define "gpu-dra.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "gpu-dra.name" .context }}
+app.kubernetes.io/instance: {{ .context.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end }}
+
+{{- define "gpu-dra.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+
+{{/* The ServiceAccount user name the apiserver gives a pod of `sa`: (dict "context" $ "sa" name) */}}
+{{- define "gpu-dra.serviceAccountUser" -}}
+{{- printf "system:serviceaccount:%s:%s" .context.Release.Namespace .sa }}
+{{- end }}
+
+{{/* NVIDIA's logVerbosity (klog -v) as a Python log level: DEBUG from 5, else INFO. */}}
+{{- define "gpu-dra.logLevel" -}}
+{{- if ge (int .Values.logVerbosity) 5 }}DEBUG{{ else }}INFO{{ end }}
+{{- end }}
+
+{{/* featureGates as NVIDIA's FEATURE_GATES: Name=value, in name order, comma-terminated. */}}
+{{- define "gpu-dra.featureGates" -}}
+{{- range $name, $value := .Values.featureGates }}{{ $name }}={{ $value }},{{ end }}
+{{- end }}
+
+{{/* The catalog files of deviceclasses/ that are shipped (exclude left out). */}}
+{{- define "gpu-dra.deviceClassFiles" -}}
+{{- $files := list }}
+{{- range $path, $_ := .Files.Glob "deviceclasses/*.yaml" }}
+{{- if not (has (base $path) $.Values.deviceClasses.exclude) }}
+{{- $files = append $files $path }}
+{{- end }}
+{{- end }}
+{{- toJson $files }}
+{{- end }}
+
+{{/* The names of imagePullSecrets, comma-separated (the MPS daemon pods' pull secrets). */}}
+{{- define "gpu-dra.imagePullSecretNames" -}}
+{{- $names := list }}
+{{- range .Values.imagePullSecrets }}{{ $names = append $names .name }}{{ end }}
+{{- join "," $names }}
+{{- end }}

@@ -1,0 +1,274 @@
+"""The driver image, built from the project's Dockerfile without a Docker engine or a registry.
+
+`build` makes the Dockerfile's base locally (a Debian root filesystem from Debian packages with
+``mmdebstrap``, slim like the registry's ``debian:bookworm-slim``, committed as `BASE_IMAGE` with
+``buildah``), runs ``buildah bud`` on the Dockerfile with that base (``--build-arg BASE_IMAGE``,
+chroot isolation, the host's network and CA bundle, so ``apt-get`` and ``pip`` inside work as on
+the host), and exports the result as an OCI archive named for ``ctr images import``
+(``io.containerd.image.name`` = ``localhost/gpu-dra:<hash>``). The archive is cached in the
+images cache by a hash of every input (`inputs_digest`: the Dockerfile, .dockerignore and what
+the build context holds, plus this module's recipe); an unchanged tree is never rebuilt. buildah
+keeps its storage (vfs driver) in a temporary directory that is removed afterwards. Needs root
+and the Debian packages ``mmdebstrap`` and ``buildah`` (e2e/setup-host installs them).
+Importing into a cluster's containerd is the caller's step (`images.import_images`).
+
+``python -m e2e.cluster.driverimage`` builds (or finds) it and prints the reference, the
+archive, its size and the build time. See docs/deployment.md, "Image".
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+from e2e.cluster.paths import REPO_ROOT, ClusterPaths
+
+log = logging.getLogger(__name__)
+
+IMAGE: Final = "localhost/gpu-dra"
+"""Repository of the built image; the tag is `inputs_digest`."""
+SUITE: Final = "bookworm"
+BASE_IMAGE: Final = f"localhost/gpu-dra/debian:{SUITE}-slim"
+"""The locally made base, passed to the Dockerfile as ``BASE_IMAGE`` (its default,
+``debian:bookworm-slim``, is what a build with a registry uses)."""
+DEBIAN_MIRROR: Final = os.environ.get("GPU_DRA_DEBIAN_MIRROR", "http://deb.debian.org")
+"""Where mmdebstrap (and apt inside the build) get Debian packages: ``<mirror>/debian`` and
+``<mirror>/debian-security``."""
+SOURCES: Final = (
+    f"deb {DEBIAN_MIRROR}/debian {SUITE} main",
+    f"deb {DEBIAN_MIRROR}/debian {SUITE}-updates main",
+    f"deb {DEBIAN_MIRROR}/debian-security {SUITE}-security main",
+)
+SLIM_DPKG_OPTIONS: Final = (
+    "path-exclude=/usr/share/man/*",
+    "path-exclude=/usr/share/info/*",
+    "path-exclude=/usr/share/doc/*",
+    "path-include=/usr/share/doc/*/copyright",
+    "path-exclude=/usr/share/locale/*",
+    "path-include=/usr/share/locale/locale.alias",
+    "path-exclude=/usr/share/lintian/*",
+    "path-exclude=/usr/share/groff/*",
+)
+"""What Debian's slim images leave out; written into the image's dpkg configuration, so the
+Dockerfile's own ``apt-get install`` leaves it out too."""
+APT_OPTIONS: Final = (
+    'APT::Keep-Downloaded-Packages "false"',
+    'Dir::Cache::pkgcache ""',
+    'Dir::Cache::srcpkgcache ""',
+)
+"""As in Debian's container images: apt keeps neither the downloaded packages nor its binary
+caches. Written into the finished root file system (`APT_CONFIG`), not given to mmdebstrap's own
+apt, which needs its downloads."""
+APT_CONFIG: Final = "/etc/apt/apt.conf.d/90gpu-dra-slim"
+CA_BUNDLE: Final = Path("/etc/ssl/certs/ca-certificates.crt")
+"""The host's CA bundle, which ``pip`` in the build checks TLS against (``--build-arg
+PIP_CERT``). Its directory is mounted at ``/mnt``, an empty directory of every Debian base, so the
+build leaves no mount point behind; not over the build's own bundle, which ``apt-get install
+ca-certificates`` rewrites."""
+CA_MOUNT: Final = f"/mnt/{CA_BUNDLE.name}"
+DOCKERFILE: Final = REPO_ROOT / "Dockerfile"
+CONTEXT_FILES: Final = ("pyproject.toml", "README.md")
+CONTEXT_DIRS: Final = ("driver", "controller", "kubelet-plugin", "deviceclasses")
+"""The build context: what .dockerignore lets through (tested against it and the Dockerfile)."""
+NICE: Final = ("nice", "-n", "10")
+"""The builds run at low priority: the machine is shared."""
+HOST_PACKAGES: Final = ("mmdebstrap", "buildah")
+
+
+@dataclass(frozen=True)
+class DriverImage:
+    reference: str
+    archive: Path
+    archive_bytes: int
+    image_bytes: int
+    """Uncompressed size of the layers (what the node's containerd unpacks)."""
+    build_seconds: float | None
+    """Wall time of the build that made `archive` (None: unknown, not recorded)."""
+
+
+def _context_files(root: Path = REPO_ROOT) -> Iterator[Path]:
+    for name in CONTEXT_FILES:
+        yield root / name
+    for name in CONTEXT_DIRS:
+        for path in sorted((root / name).rglob("*")):
+            if path.is_file() and "__pycache__" not in path.parts and path.suffix != ".pyc":
+                yield path
+
+
+def inputs_digest(root: Path = REPO_ROOT) -> str:
+    """First 12 hex digits of a SHA-256 over the Dockerfile, .dockerignore, the build context
+    (names and contents) and the recipe of this module (suite, sources, dpkg and apt options)."""
+    digest = hashlib.sha256()
+    for path in [root / "Dockerfile", root / ".dockerignore", *_context_files(root)]:
+        digest.update(str(path.relative_to(root)).encode() + b"\0")
+        digest.update(path.read_bytes() + b"\0")
+    digest.update(repr((SUITE, BASE_IMAGE, SOURCES, SLIM_DPKG_OPTIONS, APT_OPTIONS)).encode())
+    return digest.hexdigest()[:12]
+
+
+def archive_path(paths: ClusterPaths, digest: str) -> Path:
+    return paths.images_dir / f"gpu-dra-{digest}.tar"
+
+
+def _run(argv: Sequence[str]) -> str:
+    log.info("driverimage: %s", " ".join(argv[:8]) + (" ..." if len(argv) > 8 else ""))
+    done = subprocess.run([*NICE, *argv], check=False, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(
+            f"{argv[0]} {argv[1] if len(argv) > 1 else ''} failed ({done.returncode}):\n"
+            f"{done.stdout[-4000:]}\n{done.stderr[-4000:]}"
+        )
+    return str(done.stdout)
+
+
+def base_rootfs(tarball: Path) -> None:
+    """A slim Debian root filesystem as a tarball (mmdebstrap, minbase variant)."""
+    apt_config = tarball.with_name(Path(APT_CONFIG).name)
+    apt_config.write_text("".join(f"{option};\n" for option in APT_OPTIONS))
+    _run(
+        [
+            "mmdebstrap",
+            "--mode=root",
+            "--variant=minbase",
+            "--format=tar",
+            *(f"--dpkgopt={option}" for option in SLIM_DPKG_OPTIONS),
+            f"--customize-hook=copy-in {apt_config} {Path(APT_CONFIG).parent}",
+            # With that configuration mmdebstrap's clean-up leaves apt's binary caches.
+            '--customize-hook=rm -f "$1"/var/cache/apt/*.bin',
+            SUITE,
+            str(tarball),
+            *SOURCES,
+        ]
+    )
+
+
+def name_for_containerd(layout: Path, reference: str) -> None:
+    """Annotate the only manifest of the OCI layout `layout` with `reference`, as
+    ``ctr images import`` names images (``io.containerd.image.name``, and the tag as
+    ``org.opencontainers.image.ref.name``)."""
+    index_path = layout / "index.json"
+    index = json.loads(index_path.read_text())
+    (manifest,) = index["manifests"]
+    manifest["annotations"] = {
+        **manifest.get("annotations", {}),
+        "io.containerd.image.name": reference,
+        "org.opencontainers.image.ref.name": reference.rsplit(":", 1)[1],
+    }
+    index_path.write_text(json.dumps(index, sort_keys=True))
+
+
+def layers_bytes(layout: Path) -> int:
+    """Uncompressed size of the layers of the only image in the OCI layout `layout`."""
+    index = json.loads((layout / "index.json").read_text())
+    (entry,) = index["manifests"]
+    manifest = json.loads(_blob(layout, entry["digest"]).read_text())
+    total = 0
+    for layer in manifest["layers"]:
+        with tarfile.open(_blob(layout, layer["digest"])) as tar:
+            total += sum(member.size for member in tar.getmembers())
+    return total
+
+
+def _blob(layout: Path, digest: str) -> Path:
+    algorithm, value = digest.split(":", 1)
+    return layout / "blobs" / algorithm / value
+
+
+def _tar_layout(layout: Path, archive: Path) -> None:
+    partial = archive.with_name(archive.name + ".partial")
+    with tarfile.open(partial, "w") as tar:
+        for path in sorted(layout.rglob("*")):
+            tar.add(path, arcname=str(path.relative_to(layout)), recursive=False)
+    partial.rename(archive)
+
+
+def build(paths: ClusterPaths, *, root: Path = REPO_ROOT) -> DriverImage:
+    """The driver image's OCI archive, built unless cached (see the module doc)."""
+    digest = inputs_digest(root)
+    reference = f"{IMAGE}:{digest}"
+    archive = archive_path(paths, digest)
+    paths.images_dir.mkdir(parents=True, exist_ok=True)
+    with open(paths.images_dir / "gpu-dra.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        record = archive.with_suffix(".json")
+        if archive.is_file():
+            recorded = json.loads(record.read_text()) if record.is_file() else {}
+            return DriverImage(
+                reference,
+                archive,
+                archive.stat().st_size,
+                int(recorded.get("image_bytes", 0)),
+                recorded.get("build_seconds"),
+            )
+        missing = [tool for tool in HOST_PACKAGES if shutil.which(tool) is None]
+        if missing:
+            raise RuntimeError(f"building the driver image needs {', '.join(missing)} (apt)")
+        started = time.monotonic()
+        with tempfile.TemporaryDirectory(prefix="gpu-dra-image-", dir=paths.cache) as scratch:
+            work = Path(scratch)
+            buildah = [
+                "buildah",
+                "--storage-driver=vfs",
+                f"--root={work / 'storage'}",
+                f"--runroot={work / 'run'}",
+            ]
+            base_rootfs(work / "rootfs.tar")
+            container = _run([*buildah, "from", "scratch"]).strip()
+            _run([*buildah, "add", container, str(work / "rootfs.tar"), "/"])
+            _run([*buildah, "config", "--cmd", "bash", container])
+            _run([*buildah, "commit", "--rm", container, BASE_IMAGE])
+            _run(
+                [
+                    *buildah,
+                    "bud",
+                    "--isolation=chroot",
+                    "--network=host",
+                    "--pull=never",
+                    f"--build-arg=BASE_IMAGE={BASE_IMAGE}",
+                    f"--volume={CA_BUNDLE.parent}:/mnt:ro",
+                    f"--build-arg=PIP_CERT={CA_MOUNT}",
+                    f"--file={root / 'Dockerfile'}",
+                    f"--tag={reference}",
+                    str(root),
+                ]
+            )
+            layout = work / "layout"
+            _run([*buildah, "push", reference, f"oci:{layout}:{reference}"])
+            name_for_containerd(layout, reference)
+            image_bytes = layers_bytes(layout)
+            _tar_layout(layout, archive)
+        seconds = round(time.monotonic() - started, 1)
+        record.write_text(json.dumps({"image_bytes": image_bytes, "build_seconds": seconds}))
+        for stale in paths.images_dir.glob("gpu-dra-*"):
+            if stale not in (archive, record) and not stale.name.endswith(".lock"):
+                stale.unlink()
+    log.info("driverimage: %s in %.0f s", reference, seconds)
+    return DriverImage(reference, archive, archive.stat().st_size, image_bytes, seconds)
+
+
+def main() -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    image = build(ClusterPaths.from_env())
+    print(f"reference:     {image.reference}")
+    print(f"archive:       {image.archive} ({image.archive_bytes / 2**20:.1f} MiB)")
+    print(f"image (layers, uncompressed): {image.image_bytes / 2**20:.1f} MiB")
+    if image.build_seconds is not None:
+        print(f"build time:    {image.build_seconds:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

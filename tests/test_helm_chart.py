@@ -1,0 +1,542 @@
+"""The Helm chart (deployments/helm/gpu-dra) renders what the code means, checked without a
+cluster with the pinned helm: lint and schema, the DaemonSet's and the Deployment's environment
+parsed into the plugin's and the controller's settings, the driver root mounts and the wait for
+NVML, the catalog ConfigMap against deviceclasses/, least-privilege RBAC, and the admission
+policy's decisions. Applying it to a cluster is the e2e tests' part."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+import pytest
+import yaml
+
+from gpu_dra.controller.catalog import load_catalog
+from gpu_dra.controller.settings import ControllerSettings
+from gpu_dra.kubelet_plugin.settings import KubeletPluginSettings
+from tests.helmchart import (
+    CHART,
+    NAMESPACE,
+    REPO,
+    AdmissionPolicy,
+    Rendered,
+    env_of,
+    run_helm,
+    template,
+)
+
+NODE = "gpu-node-1"
+DOWNWARD = {"NODE_NAME": NODE, "POD_NAMESPACE": NAMESPACE}
+PLUGIN_SA = "gpu-dra-kubelet-plugin"
+CONTROLLER_SA = "gpu-dra-controller"
+SLICES = "resource.k8s.io/resourceslices"
+CLASSES = "resource.k8s.io/deviceclasses"
+CLAIMS = "resource.k8s.io/resourceclaims"
+
+HOST_DRIVER: dict[str, Any] = {"gpuResourcesEnabledOverride": True}
+"""Chart defaults (a driver installed on the host), with the device plugin acknowledged off."""
+
+GPU_OPERATOR: dict[str, Any] = {
+    "gpuResourcesEnabledOverride": True,
+    "nvidiaDriverRoot": "/run/nvidia/driver",
+    "nvidiaCDIHookPath": "/usr/local/nvidia/toolkit/nvidia-cdi-hook",
+    "featureGates": {"DynamicMIG": True, "MPSSupport": True},
+    "logVerbosity": 6,
+    "image": {"repository": "registry.example/gpu-dra", "tag": "1.2.3"},
+    "imagePullSecrets": [{"name": "registry-a"}, {"name": "registry-b"}],
+    "kubeletPlugin": {
+        "kubeletPluginsDirectoryPath": "/var/lib/k/plugins",
+        "kubeletRegistrarDirectoryPath": "/var/lib/k/plugins_registry",
+        "priorityClassName": "gpu-critical",
+        "containers": {"gpus": {"resources": {"requests": {"cpu": "100m"}}}},
+    },
+    "metrics": {"kubeletPluginPort": 9401, "controllerPort": 9400},
+}
+"""What a GPU Operator node (driver container, toolkit under /usr/local/nvidia) looks like,
+with every knob the tests look at set away from its default."""
+
+
+@pytest.fixture(scope="module")
+def host_driver(tmp_path_factory: pytest.TempPathFactory) -> Rendered:
+    return Rendered.of(HOST_DRIVER, tmp_path_factory.mktemp("host"))
+
+
+@pytest.fixture(scope="module")
+def gpu_operator(tmp_path_factory: pytest.TempPathFactory) -> Rendered:
+    return Rendered.of(GPU_OPERATOR, tmp_path_factory.mktemp("operator"))
+
+
+def plugin_settings(rendered: Rendered) -> KubeletPluginSettings:
+    container = rendered.container("DaemonSet", "gpus")
+    return KubeletPluginSettings.parse([], env_of(container, DOWNWARD))
+
+
+def mounts(container: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {m["name"]: m for m in container["volumeMounts"]}
+
+
+# ---- lint, schema, guards ---------------------------------------------------------------------
+@pytest.mark.parametrize("values", [HOST_DRIVER, GPU_OPERATOR], ids=["host-driver", "gpu-operator"])
+def test_helm_lint_passes_strict(values: dict[str, Any], tmp_path: Path) -> None:
+    path = tmp_path / "values.yaml"
+    path.write_text(yaml.safe_dump(values))
+
+    result = run_helm(["lint", "--strict", str(CHART), "--values", str(path)])
+
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "0 chart(s) failed" in result.stdout
+
+
+def test_defaults_render_only_once_the_device_plugin_is_acknowledged_off() -> None:
+    result = template()
+
+    assert result.returncode != 0
+    assert "NVIDIA's device plugin" in result.stderr
+    assert "--set gpuResourcesEnabledOverride=true" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("setting", "complaint"),
+    [
+        ("kubeletPlugin.kubeletPluginsDir=/x", "additional properties 'kubeletPluginsDir'"),
+        ("nvidiaDriverRoot=run/nvidia/driver", "'/nvidiaDriverRoot'"),
+        ("metrics.kubeletPluginPort=0", "'/metrics/kubeletPluginPort'"),
+        ("image.pullPolicy=Sometimes", "'/image/pullPolicy'"),
+    ],
+)
+def test_the_schema_rejects_misspelt_and_invalid_values(setting: str, complaint: str) -> None:
+    result = template(None, "gpuResourcesEnabledOverride=true", setting)
+
+    assert result.returncode != 0
+    assert complaint in result.stderr
+
+
+# ---- kubelet plugin ---------------------------------------------------------------------------
+def test_the_daemonset_env_parses_into_the_plugin_settings_it_means(
+    host_driver: Rendered,
+) -> None:
+    spec = host_driver.pod_spec("DaemonSet")
+    container = host_driver.container("DaemonSet", "gpus")
+    settings = plugin_settings(host_driver)
+    mounted = {m["mountPath"]: m for m in container["volumeMounts"]}
+    (port,) = container["ports"]
+
+    assert settings.node_name == NODE
+    assert settings.simulate is None
+    # The kubelet dials the socket path the plugin registers: host paths, mounted as they are.
+    for path in (settings.kubelet_plugins_dir, settings.kubelet_registry_dir, settings.cdi_root):
+        volume = host_driver.volume("DaemonSet", mounted[str(path)]["name"])
+        assert volume["hostPath"]["path"] == str(path)
+    assert mounted[str(settings.kubelet_plugins_dir)]["mountPropagation"] == "Bidirectional"
+    assert settings.kubelet_plugins_dir == Path("/var/lib/kubelet/plugins")
+    assert settings.metrics_port == port["containerPort"] == 8081
+    # MPS control daemons: pods of the plugin's image in its namespace, at its priority.
+    assert settings.mps_daemon_runner == "pod"
+    assert settings.mps_daemon_image == container["image"] == "localhost/gpu-dra:0.1.0"
+    assert settings.mps_daemon_namespace == NAMESPACE
+    assert settings.mps_daemon_priority_class == spec["priorityClassName"]
+    assert settings.mps_daemon_priority_class == "system-node-critical"
+    assert settings.mps_daemon_image_pull_secrets == ()
+    assert settings.feature_gates == ()
+    assert settings.state_dir == settings.kubelet_plugins_dir / "gpu.nvidia.com"
+    # The plugin checks the daemon pods' processes in the host's PID namespace.
+    assert spec["hostPID"] is True
+    assert spec["serviceAccountName"] == PLUGIN_SA
+
+
+def test_gpu_operator_values_reach_the_plugin(gpu_operator: Rendered) -> None:
+    spec = gpu_operator.pod_spec("DaemonSet")
+    container = gpu_operator.container("DaemonSet", "gpus")
+    settings = plugin_settings(gpu_operator)
+    env = env_of(container, DOWNWARD)
+
+    assert settings.dynamic_mig_enabled
+    assert env["FEATURE_GATES"] == "DynamicMIG=true,MPSSupport=true,"
+    assert env["NVIDIA_CDI_HOOK_PATH"] == "/usr/local/nvidia/toolkit/nvidia-cdi-hook"
+    assert settings.kubelet_plugins_dir == Path("/var/lib/k/plugins")
+    assert settings.kubelet_registry_dir == Path("/var/lib/k/plugins_registry")
+    assert mounts(container)["plugins"]["mountPath"] == "/var/lib/k/plugins"
+    assert gpu_operator.volume("DaemonSet", "plugins")["hostPath"]["path"] == "/var/lib/k/plugins"
+    assert settings.metrics_port == 9401
+    assert settings.mps_daemon_image == container["image"] == "registry.example/gpu-dra:1.2.3"
+    assert settings.mps_daemon_priority_class == spec["priorityClassName"] == "gpu-critical"
+    # imagePullSecrets: the plugin's pod, the controller's pod and the MPS daemon pods.
+    secrets = [{"name": "registry-a"}, {"name": "registry-b"}]
+    assert spec["imagePullSecrets"] == secrets
+    assert gpu_operator.pod_spec("Deployment")["imagePullSecrets"] == secrets
+    assert settings.mps_daemon_image_pull_secrets == ("registry-a", "registry-b")
+    assert container["resources"] == {"requests": {"cpu": "100m"}}
+
+
+@pytest.mark.parametrize("fixture", ["host_driver", "gpu_operator"])
+def test_the_driver_root_is_mounted_at_driver_root_seeing_late_mounts(
+    fixture: str, request: pytest.FixtureRequest
+) -> None:
+    rendered: Rendered = request.getfixturevalue(fixture)
+    host_root = "/" if fixture == "host_driver" else "/run/nvidia/driver"
+    volume = rendered.volume("DaemonSet", "driver-root")
+    plugin = rendered.container("DaemonSet", "gpus")
+    wait = rendered.container("DaemonSet", "wait-for-driver", init=True)
+
+    # A driver container that mounts the root after this pod started is seen (HostToContainer);
+    # DirectoryOrCreate lets the pod start before that.
+    assert volume["hostPath"] == {"path": host_root, "type": "DirectoryOrCreate"}
+    for container in (plugin, wait):
+        mount = mounts(container)["driver-root"]
+        assert mount["mountPath"] == "/driver-root"
+        assert mount["mountPropagation"] == "HostToContainer"
+        assert mount["readOnly"] is True
+        env = env_of(container, DOWNWARD)
+        assert env["CONTAINER_DRIVER_ROOT"] == "/driver-root"
+        assert env["NVIDIA_DRIVER_ROOT"] == host_root
+
+
+def test_the_plugin_reads_the_driver_root_and_hook_path_from_nvidias_env(
+    host_driver: Rendered, gpu_operator: Rendered
+) -> None:
+    """NVIDIA's CONTAINER_DRIVER_ROOT, NVIDIA_DRIVER_ROOT and NVIDIA_CDI_HOOK_PATH, as the plugin
+    settings of the cdi-userspace work read them."""
+    operator = plugin_settings(gpu_operator)
+    host = plugin_settings(host_driver)
+
+    assert operator.driver_root == Path("/driver-root")
+    assert operator.host_driver_root == PurePosixPath("/run/nvidia/driver")
+    assert operator.nvidia_cdi_hook_path == "/usr/local/nvidia/toolkit/nvidia-cdi-hook"
+    assert host.driver_root == Path("/driver-root")
+    assert host.host_driver_root == PurePosixPath("/")
+    assert host.nvidia_cdi_hook_path == "/usr/bin/nvidia-cdi-hook"  # the plugin's default
+
+
+def run_wait(script: str, root: Path) -> subprocess.Popen[str]:
+    env = dict(
+        os.environ,
+        CONTAINER_DRIVER_ROOT=str(root),
+        NVIDIA_DRIVER_ROOT="/run/nvidia/driver",
+        WAIT_INTERVAL_SECONDS="0.05",
+    )
+    return subprocess.Popen(
+        [sys.executable, "-c", script], env=env, stdout=subprocess.PIPE, text=True
+    )
+
+
+def test_the_init_container_waits_until_the_driver_root_holds_nvml(
+    host_driver: Rendered, tmp_path: Path
+) -> None:
+    wait = host_driver.container("DaemonSet", "wait-for-driver", init=True)
+    assert wait["command"][:2] == ["python3", "-c"]
+    assert wait["image"] == host_driver.container("DaemonSet", "gpus")["image"]
+    process = run_wait(wait["command"][2], tmp_path)
+    try:
+        time.sleep(1.0)
+        assert process.poll() is None  # still waiting: no libnvidia-ml.so.1 yet
+
+        # The driver container's files appear: a versioned library and the soname link.
+        libdir = tmp_path / "usr" / "lib" / "x86_64-linux-gnu"
+        libdir.mkdir(parents=True)
+        (libdir / "libnvidia-ml.so.580.95.05").write_bytes(b"\x7fELF")
+        (libdir / "libnvidia-ml.so.1").symlink_to("libnvidia-ml.so.580.95.05")
+        out, _ = process.communicate(timeout=10)
+    finally:
+        process.kill()
+
+    assert process.returncode == 0
+    assert "waiting for libnvidia-ml.so.1 under the driver root /run/nvidia/driver" in out
+    assert f"found {libdir / 'libnvidia-ml.so.580.95.05'}" in out
+
+
+def test_simulated_gpus_need_no_driver_root(tmp_path: Path) -> None:
+    rendered = Rendered.of({**HOST_DRIVER, "kubeletPlugin": {"simulate": "hgx-h100"}}, tmp_path)
+    spec = rendered.pod_spec("DaemonSet")
+    container = rendered.container("DaemonSet", "gpus")
+
+    assert plugin_settings(rendered).simulate == "hgx-h100"
+    assert "initContainers" not in spec
+    assert "driver-root" not in {v["name"] for v in spec["volumes"]}
+    assert "driver-root" not in mounts(container)
+    assert "CONTAINER_DRIVER_ROOT" not in env_of(container, DOWNWARD)
+
+
+def test_a_data_dir_and_an_mps_daemon_image_of_their_own(tmp_path: Path) -> None:
+    """What the e2e node needs: a data dir short enough for MPS sockets, a test-double image."""
+    rendered = Rendered.of(
+        {
+            **HOST_DRIVER,
+            "kubeletPlugin": {"dataDir": "/var/lib/e2e/gd", "mpsDaemonImage": "localhost/mps:1"},
+        },
+        tmp_path,
+    )
+    container = rendered.container("DaemonSet", "gpus")
+    settings = plugin_settings(rendered)
+
+    assert settings.state_dir == Path("/var/lib/e2e/gd")
+    assert mounts(container)["data"]["mountPath"] == "/var/lib/e2e/gd"
+    assert mounts(container)["data"]["mountPropagation"] == "Bidirectional"
+    assert rendered.volume("DaemonSet", "data")["hostPath"]["path"] == "/var/lib/e2e/gd"
+    assert settings.mps_daemon_image == "localhost/mps:1"
+    assert container["image"] == "localhost/gpu-dra:0.1.0"
+
+
+def test_no_variable_is_set_twice(gpu_operator: Rendered, tmp_path: Path) -> None:
+    """Server-side apply (helm 4's default) refuses a list entry named twice."""
+    extra = Rendered.of(
+        {**GPU_OPERATOR, "kubeletPlugin": {"dataDir": "/d", "mpsDaemonImage": "i"}}, tmp_path
+    )
+    for rendered in (gpu_operator, extra):
+        for kind, name in (("DaemonSet", "gpus"), ("Deployment", "controller")):
+            names = [e["name"] for e in rendered.container(kind, name)["env"]]
+            assert len(names) == len(set(names))
+
+
+def test_the_plugin_is_probed_on_its_metrics_port(host_driver: Rendered) -> None:
+    container = host_driver.container("DaemonSet", "gpus")
+    (port,) = container["ports"]
+
+    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+        assert container[probe]["httpGet"] == {"path": "/metrics", "port": port["name"]}
+
+
+# ---- controller -------------------------------------------------------------------------------
+def test_the_deployment_env_parses_into_the_controller_settings(
+    host_driver: Rendered, gpu_operator: Rendered
+) -> None:
+    container = host_driver.container("Deployment", "controller")
+    settings = ControllerSettings.from_env(env_of(container, {}))
+    (port,) = container["ports"]
+    catalog_mount = {m["mountPath"]: m for m in container["volumeMounts"]}
+
+    assert container["command"] == ["gpu-dra-controller"]
+    assert settings.kubeconfig is None  # the pod's service account
+    assert settings.metrics_port == port["containerPort"] == 8080
+    assert settings.log_level == "INFO"  # NVIDIA's default verbosity 4
+    mount = catalog_mount[str(settings.deviceclasses_dir)]
+    volume = host_driver.volume("Deployment", mount["name"])
+    assert volume["configMap"]["name"] == host_driver.one("ConfigMap")["metadata"]["name"]
+    for probe in ("livenessProbe", "readinessProbe"):
+        assert container[probe]["httpGet"]["port"] == port["name"]
+
+    operator = gpu_operator.container("Deployment", "controller")
+    operator_settings = ControllerSettings.from_env(env_of(operator, {}))
+    assert operator_settings.log_level == "DEBUG"  # logVerbosity 6
+    assert operator_settings.metrics_port == 9400
+
+
+def test_the_controller_runs_without_privileges(host_driver: Rendered) -> None:
+    spec = host_driver.pod_spec("Deployment")
+    container = host_driver.container("Deployment", "controller")
+
+    assert spec["serviceAccountName"] == CONTROLLER_SA
+    assert spec["securityContext"]["runAsNonRoot"] is True
+    assert container["securityContext"]["allowPrivilegeEscalation"] is False
+    assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert all("hostPath" not in v for v in spec["volumes"])
+
+
+# ---- the DeviceClass catalog ------------------------------------------------------------------
+def test_the_catalog_configmap_is_the_repository_catalog(
+    host_driver: Rendered, tmp_path: Path
+) -> None:
+    data = host_driver.one("ConfigMap")["data"]
+    files = sorted((REPO / "deviceclasses").glob("*.yaml"))
+
+    # One source of truth: the chart links the repository's catalog.
+    assert (CHART / "deviceclasses").is_symlink()
+    assert (CHART / "deviceclasses").resolve() == REPO / "deviceclasses"
+    assert sorted(data) == [path.name for path in files]
+    for path in files:
+        assert data[path.name] == path.read_text().rstrip("\n")
+    # What the controller loads from the mounted ConfigMap is the whole catalog.
+    for name, text in data.items():
+        (tmp_path / name).write_text(text)
+    loaded = {c["metadata"]["name"] for c in load_catalog(tmp_path)}
+    assert loaded == {c["metadata"]["name"] for c in load_catalog(REPO / "deviceclasses")}
+    assert "gpu.nvidia.com" in loaded
+
+
+def test_catalog_files_can_be_left_out_by_name_and_a_typo_is_refused(tmp_path: Path) -> None:
+    rendered = Rendered.of(
+        {**HOST_DRIVER, "deviceClasses": {"exclude": ["gpu.nvidia.com.yaml"]}}, tmp_path
+    )
+    disabled = Rendered.of({**HOST_DRIVER, "deviceClasses": {"enabled": False}}, tmp_path)
+    typo = template(None, "gpuResourcesEnabledOverride=true", "deviceClasses.exclude={gpu.yaml}")
+
+    data = rendered.one("ConfigMap")["data"]
+    assert "gpu.nvidia.com.yaml" not in data
+    assert "mig.nvidia.com.yaml" in data
+    assert disabled.one("ConfigMap")["data"] == {}
+    assert typo.returncode != 0
+    assert "deviceClasses.exclude: gpu.yaml is not a file of the catalog" in typo.stderr
+
+
+def test_the_packaged_chart_carries_the_catalog_files(tmp_path: Path) -> None:
+    result = run_helm(["package", str(CHART), "--destination", str(tmp_path)])
+    assert result.returncode == 0, result.stderr
+    (archive,) = tmp_path.glob("gpu-dra-*.tgz")
+
+    with tarfile.open(archive) as tar:
+        members = {m.name: m for m in tar.getmembers()}
+
+    for path in (REPO / "deviceclasses").glob("*.yaml"):
+        member = members[f"gpu-dra/deviceclasses/{path.name}"]
+        assert member.isfile()  # the link resolved, not packed as a link
+
+
+# ---- RBAC: one identity per component, least privilege ----------------------------------------
+def test_plugin_and_controller_have_separate_service_accounts(host_driver: Rendered) -> None:
+    accounts = {sa["metadata"]["name"] for sa in host_driver.all("ServiceAccount")}
+
+    assert accounts == {PLUGIN_SA, CONTROLLER_SA}
+    assert host_driver.pod_spec("DaemonSet")["serviceAccountName"] == PLUGIN_SA
+    assert host_driver.pod_spec("Deployment")["serviceAccountName"] == CONTROLLER_SA
+
+
+def test_the_plugin_may_do_what_it_calls_and_nothing_of_the_controller(
+    host_driver: Rendered,
+) -> None:
+    def may(verb: str, resource: str, namespace: str = "") -> bool:
+        return host_driver.may(PLUGIN_SA, verb, resource, namespace)
+
+    # SlicePublisher: list, watch, create, replace (update), delete; the Node for ownerReferences.
+    for verb in ("list", "watch", "create", "update", "delete"):
+        assert may(verb, SLICES)
+    assert may("get", "nodes")
+    # The claim cache and prepares.
+    for verb in ("get", "list", "watch"):
+        assert may(verb, CLAIMS)
+    assert not may("update", CLAIMS)
+    # PodRunner: create, get, list, delete daemon pods, in the release namespace only.
+    for verb in ("create", "get", "list", "delete"):
+        assert may(verb, "pods", NAMESPACE)
+        assert not may(verb, "pods", "default")
+    # Never the catalog.
+    for verb in ("create", "update", "patch", "delete", "get"):
+        assert not may(verb, CLASSES)
+
+
+def test_the_controller_may_apply_the_catalog_and_write_nothing_else(
+    host_driver: Rendered,
+) -> None:
+    def may(verb: str, resource: str, namespace: str = "") -> bool:
+        return host_driver.may(CONTROLLER_SA, verb, resource, namespace)
+
+    # Server-side apply of a class: patch, and create for one not there yet.
+    assert may("patch", CLASSES)
+    assert may("create", CLASSES)
+    assert not may("delete", CLASSES)
+    # The inventory it exports reads slices, classes and claims.
+    for resource in (SLICES, CLASSES, CLAIMS):
+        assert may("list", resource)
+    for verb in ("create", "update", "patch", "delete"):
+        assert not may(verb, SLICES)
+        assert not may(verb, CLAIMS)
+        assert not may(verb, "pods", NAMESPACE)
+    assert not may("get", "nodes")
+
+
+# ---- admission: each plugin writes only its own node's objects ---------------------------------
+PLUGIN_USER = f"system:serviceaccount:{NAMESPACE}:{PLUGIN_SA}"
+
+
+def slice_of(node: str | None) -> dict[str, Any]:
+    spec: dict[str, Any] = {"driver": "gpu.nvidia.com", "pool": {"name": node or "shared"}}
+    if node is not None:
+        spec["nodeName"] = node
+    else:
+        spec["allNodes"] = True
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "spec": spec}
+
+
+def pod_on(node: str | None) -> dict[str, Any]:
+    spec: dict[str, Any] = {"containers": [{"name": "c", "image": "i"}]}
+    if node is not None:
+        spec["nodeName"] = node
+    return {"apiVersion": "v1", "kind": "Pod", "spec": spec}
+
+
+@pytest.fixture(scope="module")
+def policy(host_driver: Rendered) -> AdmissionPolicy:
+    (vap,) = host_driver.all("ValidatingAdmissionPolicy")
+    (binding,) = host_driver.all("ValidatingAdmissionPolicyBinding")
+    assert binding["spec"]["policyName"] == vap["metadata"]["name"]
+    assert binding["spec"]["validationActions"] == ["Deny"]
+    assert vap["spec"]["failurePolicy"] == "Fail"
+    return AdmissionPolicy(vap)
+
+
+@pytest.mark.parametrize("operation", ["CREATE", "UPDATE", "DELETE"])
+@pytest.mark.parametrize(
+    ("resource", "group", "make"),
+    [("resourceslices", "resource.k8s.io", slice_of), ("pods", "", pod_on)],
+)
+def test_the_plugin_writes_objects_of_its_own_node_only(
+    policy: AdmissionPolicy, operation: str, resource: str, group: str, make: Any
+) -> None:
+    def decide(target_node: str | None) -> Any:
+        obj = make(target_node)
+        return policy.decide(
+            user=PLUGIN_USER,
+            node=NODE,
+            operation=operation,
+            resource=resource,
+            obj=None if operation == "DELETE" else obj,
+            old=obj if operation != "CREATE" else None,
+        )
+
+    kind = "pod" if resource == "pods" else "ResourceSlice"
+    assert policy.matches(group, resource, operation)
+    assert decide(NODE).allowed
+    other = decide("gpu-node-2")
+    assert not other.allowed
+    assert other.message == (
+        f"gpu-dra kubelet plugin on node {NODE} may only {operation.lower()} a {kind} of its "
+        "own node, not one of node gpu-node-2"
+    )
+    unbound = decide(None)
+    assert not unbound.allowed
+    assert unbound.message.endswith("not one without spec.nodeName")
+
+
+def test_a_plugin_token_without_a_node_is_denied_and_other_users_are_not_judged(
+    policy: AdmissionPolicy,
+) -> None:
+    nodeless = policy.decide(
+        user=PLUGIN_USER, node=None, operation="CREATE", resource="resourceslices",
+        obj=slice_of(NODE),
+    )  # fmt: skip
+    controller = policy.decide(
+        user=f"system:serviceaccount:{NAMESPACE}:{CONTROLLER_SA}", node="gpu-node-2",
+        operation="CREATE", resource="pods", obj=pod_on(NODE),
+    )  # fmt: skip
+
+    assert not nodeless.allowed
+    assert "authentication.kubernetes.io/node-name" in nodeless.message
+    assert controller == controller.__class__(True, "not matched")
+
+
+def test_the_policy_can_be_left_out(tmp_path: Path) -> None:
+    rendered = Rendered.of({**HOST_DRIVER, "admissionPolicy": {"enabled": False}}, tmp_path)
+
+    assert rendered.all("ValidatingAdmissionPolicy") == []
+    assert rendered.all("ValidatingAdmissionPolicyBinding") == []
+
+
+# ---- metrics ----------------------------------------------------------------------------------
+def test_metrics_services_select_the_pods_ports(gpu_operator: Rendered) -> None:
+    services = {s["metadata"]["name"]: s for s in gpu_operator.all("Service")}
+    plugin = services["gpu-dra-kubelet-plugin-metrics"]
+    controller = services["gpu-dra-controller-metrics"]
+    plugin_labels = gpu_operator.one("DaemonSet")["spec"]["template"]["metadata"]["labels"]
+    controller_labels = gpu_operator.one("Deployment")["spec"]["template"]["metadata"]["labels"]
+
+    assert plugin["spec"]["clusterIP"] == "None"  # one address per node's plugin
+    assert plugin["spec"]["selector"].items() <= plugin_labels.items()
+    assert controller["spec"]["selector"].items() <= controller_labels.items()
+    assert not plugin["spec"]["selector"].items() <= controller_labels.items()
+    assert plugin["spec"]["ports"][0]["port"] == 9401
+    assert controller["spec"]["ports"][0]["port"] == 9400
+    assert gpu_operator.all("ServiceMonitor") == []
