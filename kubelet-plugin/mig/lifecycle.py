@@ -205,6 +205,8 @@ class MigLifecycle:
             if return_code(error) == NVML_ERROR_INSUFFICIENT_RESOURCES:
                 raise MigError(
                     f"cannot create GPU instance {where} on {gpu_label(parent)}: "
+                    "nvmlDeviceCreateGpuInstanceWithPlacement answered "
+                    f"{return_code_name(NVML_ERROR_INSUFFICIENT_RESOURCES)}: "
                     f"{self._occupied_by(parent, handle, placement.start, placement.size)}",
                     retryable=True,
                 ) from error
@@ -336,9 +338,7 @@ class MigLifecycle:
         try:
             existing = self._instances(parent, handle)
         except MigError as error:
-            return (
-                f"NVML reports insufficient resources (and listing the instances failed: {error})"
-            )
+            return f"what occupies the placement is unknown: listing the instances failed: {error}"
         wanted = set(range(start, start + size))
         overlapping = [i for i in existing if wanted & set(i.slices)]
         if overlapping:
@@ -411,7 +411,8 @@ class MigLifecycle:
                 if return_code(error) == NVML_ERROR_IN_USE:
                     raise MigError(
                         f"cannot destroy compute instance of GPU instance {gi_id} on "
-                        f"{gpu_label(parent)}: processes still use it (NVML IN_USE); it is "
+                        f"{gpu_label(parent)}: processes still use it "
+                        f"({return_code_name(NVML_ERROR_IN_USE)}); it is "
                         "retried with the next unprepare or at the next start",
                         retryable=True,
                     ) from error

@@ -350,11 +350,15 @@ def test_nvidia_smi_lists_the_mig_devices_of_a_gpu_in_mig_mode(
     assert lines[MIG_GPU + 2].startswith("  MIG 1g.10gb     Device  1: (UUID: MIG-")
     assert lines[MIG_GPU + 3].startswith("  MIG 3g.40gb     Device  2: (UUID: MIG-")
     assert lines[MIG_GPU + 4].startswith(f"GPU {MIG_GPU + 1}: ")
-    # on the host (the driver root's dev/, no MIG capability nodes) the mock, like the driver,
-    # shows no MIG device
+    # on the host (dev root: the driver root) the library made the capability nodes when the
+    # instances were created, as nvidia-modprobe does: the host lists the same MIG devices
     host = run_tool(root, "nvidia-smi", "-L", env=mock_env(root, state=state))
-    assert "MIG" not in host.stdout
-    assert len(host.stdout.splitlines()) == 8
+    assert host.stdout == result.stdout
+    for gi, ci in made:
+        for minor in (nvmlmock.mig_cap_minor(MIG_GPU, gi), nvmlmock.mig_cap_minor(MIG_GPU, gi, ci)):
+            node = (root.dev_dir / "nvidia-caps" / f"nvidia-cap{minor}").lstat()
+            assert stat.S_ISCHR(node.st_mode)
+            assert (os.major(node.st_rdev), os.minor(node.st_rdev)) == (root.caps_major, minor)
 
 
 def test_mig_capability_nodes_added_to_the_root_show_the_mig_devices_on_the_host(
@@ -460,7 +464,12 @@ def test_the_other_driver_programs_print_a_version_line(root: DriverRoot, tool: 
     assert "not available in the gpu-dra fake driver root" in refused.stderr
 
 
-def test_device_nodes_are_character_devices_with_the_driver_numbers(root: DriverRoot) -> None:
+def test_device_nodes_are_character_devices_with_the_driver_numbers(
+    tmp_path: Path, nvml_library: Path, paths: ClusterPaths
+) -> None:
+    """The nodes a fresh root has (the module's root gains the MIG capability nodes of the
+    instances `mig_state` creates there)."""
+    root = build(tmp_path / "driver", nvml_library, paths)
     found = {}
     for path in sorted(root.dev_dir.rglob("*")):
         info = path.lstat()
@@ -481,6 +490,7 @@ def test_device_nodes_are_character_devices_with_the_driver_numbers(root: Driver
         "dev/nvidia-caps/nvidia-cap2": (caps, 2, 0o444),
     }
     assert {n.path for n in root.device_nodes()} == set(found)
+    remove_driver_root(root.root)
 
 
 def test_proc_devices_names_the_majors_of_the_device_nodes(root: DriverRoot) -> None:

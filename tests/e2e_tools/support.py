@@ -65,8 +65,18 @@ class Probe:
 
 def probe(root: Path, *args: str, env: dict[str, str]) -> Probe:
     """Runs gpu-dra's NVML code on the library of `root` in a fresh process."""
+    return run_module("tests.e2e_tools.nvml_probe", root, *args, env=env)
+
+
+def plugin_probe(root: Path, *args: str, env: dict[str, str]) -> Probe:
+    """Runs the kubelet plugin's real-mode code on the library of `root` in a fresh process
+    (`tests.e2e_tools.plugin_probe`)."""
+    return run_module("tests.e2e_tools.plugin_probe", root, *args, env=env)
+
+
+def run_module(module: str, root: Path, *args: str, env: dict[str, str]) -> Probe:
     done = subprocess.run(
-        [sys.executable, "-m", "tests.e2e_tools.nvml_probe", str(root), *args],
+        [sys.executable, "-m", module, str(root), *args],
         cwd=REPO,
         env=env,
         capture_output=True,

@@ -68,7 +68,8 @@ def char_device(path: Path, major: int, minor: int) -> None:
 
 def fake_driver_root(root: Path, library: Path, version: str, gpus: int) -> None:
     """The library as ``libnvidia-ml.so.<version>`` with its ``.so.1`` link, found through the
-    root's ld cache, and the control and GPU device nodes."""
+    root's ld cache, the control and GPU device nodes, and ``proc/devices`` naming the
+    ``nvidia-caps`` major (with which the library makes the MIG capability nodes)."""
     libraries = root / LIBRARY_DIR
     libraries.mkdir(parents=True)
     shutil.copy(library, libraries / f"libnvidia-ml.so.{version}")
@@ -77,6 +78,10 @@ def fake_driver_root(root: Path, library: Path, version: str, gpus: int) -> None
     (root / "etc" / "ld.so.conf").write_text(f"/{LIBRARY_DIR}\n")
     subprocess.run(["ldconfig", "-r", str(root)], check=True)
     char_device(root / "dev" / "nvidiactl", NVIDIA_MAJOR, 255)
+    (root / "proc").mkdir()
+    (root / "proc" / "devices").write_text(
+        f"Character devices:\n{NVIDIA_MAJOR} nvidia-frontend\n{CAPS_MAJOR} nvidia-caps\n"
+    )
     for minor in range(gpus):
         char_device(root / "dev" / f"nvidia{minor}", NVIDIA_MAJOR, minor)
 
@@ -140,8 +145,11 @@ def test_cdi_generate_lists_the_mock_gpus_and_mig_devices(
     mig = probe(root, "create", "1", "1", "4", env=env).json()  # a 2g.20gb on GPU 1
     gi_cap = nvmlmock.mig_cap_minor(1, mig["gi_id"])
     ci_cap = nvmlmock.mig_cap_minor(1, mig["gi_id"], mig["ci_id"])
+    # The library made their capability nodes, as nvidia-modprobe does on a host.
     for minor in (gi_cap, ci_cap):
-        char_device(root / "dev" / "nvidia-caps" / f"nvidia-cap{minor}", CAPS_MAJOR, minor)
+        made = (root / "dev" / "nvidia-caps" / f"nvidia-cap{minor}").lstat()
+        assert stat.S_ISCHR(made.st_mode)
+        assert (os.major(made.st_rdev), os.minor(made.st_rdev)) == (CAPS_MAJOR, minor)
     minors = tmp_path / "mig-minors"
     minors.write_text(nvmlmock.mig_minors_file_text())
 

@@ -8,8 +8,10 @@ MIG against NVML's return codes (shared/reference/gpu-hardware.md section 3.4).
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -293,6 +295,45 @@ def test_mig_device_needs_both_capability_nodes(driver_root: Path, tmp_path: Pat
     }
     cap_nodes(container, [nvmlmock.mig_cap_minor(0, created["gi_id"], created["ci_id"])])
     assert probe(driver_root, "mig-devices", "0", env=env).json()[0]["uuid"] == created["uuid"]
+
+
+def test_instances_make_their_capability_nodes_in_the_dev_root(
+    driver_root: Path, tmp_path: Path
+) -> None:
+    """As nvidia-modprobe on a host: creating a GPU and compute instance makes their nodes in the
+    dev root (character devices with the root's nvidia-caps major), so host-side walks list the
+    MIG device; destroying removes them. A container's dev root gets none."""
+    gpu_nodes(driver_root, range(8))
+    (driver_root / "proc").mkdir()
+    (driver_root / "proc" / "devices").write_text("Character devices:\n237 nvidia-caps\n")
+    state = tmp_path / "state.json"
+    env = library_env(machine="dgxh100", state=state, dev_root=driver_root)
+    created = probe(driver_root, "create", "2", H100_2G, "4", env=env).json()
+
+    caps = driver_root / "dev" / "nvidia-caps"
+    minors = [
+        nvmlmock.mig_cap_minor(2, created["gi_id"]),
+        nvmlmock.mig_cap_minor(2, created["gi_id"], created["ci_id"]),
+    ]
+    assert sorted(p.name for p in caps.iterdir()) == sorted(f"nvidia-cap{m}" for m in minors)
+    for minor in minors:
+        node = (caps / f"nvidia-cap{minor}").lstat()
+        assert node.st_mode & 0o777 == 0o444
+        if os.geteuid() == 0:  # mknod needs CAP_MKNOD; else an empty file stands in
+            assert stat.S_ISCHR(node.st_mode)
+            assert (os.major(node.st_rdev), os.minor(node.st_rdev)) == (237, minor)
+    assert probe(driver_root, "mig-devices", "2", env=env).json()[0]["uuid"] == created["uuid"]
+
+    container = tmp_path / "container"
+    gpu_nodes(container, [2])
+    reader = library_env(state=state, dev_root=container)
+    assert {d.get("error") for d in probe(driver_root, "mig-devices", "0", env=reader).json()} == {
+        "NVML_ERROR_NOT_FOUND"
+    }
+    assert not (container / "dev" / "nvidia-caps").exists()
+
+    probe(driver_root, "destroy", "2", str(created["gi_id"]), str(created["ci_id"]), env=env)
+    assert list(caps.iterdir()) == []
 
 
 def test_compute_mode_is_kept_in_the_state(driver_root: Path, tmp_path: Path) -> None:

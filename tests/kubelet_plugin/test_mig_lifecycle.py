@@ -117,7 +117,7 @@ def test_an_occupied_placement_is_refused_naming_what_occupies_it(h100: Node) ->
         h100.mig.create(gpu, 14, 4)
 
     message = str(raised.value)
-    assert "placement 4..5" in message
+    assert "answered NVML_ERROR_INSUFFICIENT_RESOURCES: placement 4..5" in message
     assert f"occupied by GPU instance {big.gi_id} (profile ID 9) at memory slices 4..7" in message
     assert gpu.uuid in message
     assert raised.value.retryable

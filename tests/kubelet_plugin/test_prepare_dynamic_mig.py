@@ -264,7 +264,7 @@ def test_a_gpu_instance_still_in_use_fails_the_unprepare_and_keeps_the_entry(
     error = node.unprepare(claim)
 
     assert error is not None
-    assert "processes still use it (NVML IN_USE)" in error
+    assert "processes still use it (NVML_ERROR_IN_USE)" in error
     assert node.checkpoint.get(UID_A) is not None  # the kubelet's next unprepare retries
     assert not node.cdi.path_for(UID_A).exists()  # the CDI spec went first
     assert node.layout(6) == [(14, 4, (0,))]

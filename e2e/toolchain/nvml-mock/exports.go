@@ -620,6 +620,7 @@ func createGpuInstance(device C.uintptr_t, profileID C.uint, placement *nvml.Gpu
 		if ret != nvml.SUCCESS {
 			return ret
 		}
+		lib.makeCapNode(g.dev.Minor, gi.Info.Id, nil)
 		return putHandle(out, g.giHandle(gi))
 	})
 }
@@ -654,7 +655,12 @@ func nvmlGpuInstanceDestroy(gpuInstance C.uintptr_t) C.int {
 			if ret != nvml.SUCCESS {
 				return ret
 			}
-			return g.destroyGpuInstance(gi)
+			id := gi.Info.Id
+			if ret := g.destroyGpuInstance(gi); ret != nvml.SUCCESS {
+				return ret
+			}
+			lib.removeCapNode(g.dev.Minor, id, nil)
+			return nvml.SUCCESS
 		})
 	})
 }
@@ -835,6 +841,9 @@ func nvmlGpuInstanceCreateComputeInstance(gpuInstance C.uintptr_t, profileID C.u
 			if ret != nvml.SUCCESS {
 				return ret
 			}
+			id := ci.Info.Id
+			lib.makeCapNode(g.dev.Minor, gi.Info.Id, nil)
+			lib.makeCapNode(g.dev.Minor, gi.Info.Id, &id)
 			return putHandle(computeInstance, g.ciHandle(gi, ci))
 		})
 	})
@@ -851,7 +860,12 @@ func nvmlComputeInstanceDestroy(computeInstance C.uintptr_t) C.int {
 			if ret != nvml.SUCCESS {
 				return ret
 			}
-			return g.destroyComputeInstance(gi, ci)
+			id := ci.Info.Id
+			if ret := g.destroyComputeInstance(gi, ci); ret != nvml.SUCCESS {
+				return ret
+			}
+			lib.removeCapNode(g.dev.Minor, gi.Info.Id, &id)
+			return nvml.SUCCESS
 		})
 	})
 }

@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 
 	"github.com/google/uuid"
 
@@ -64,14 +65,18 @@ type config struct {
 	machine   string
 	statePath string
 	devRoot   string
+	// devRootSet: GPU_DRA_NVML_MOCK_DEV_ROOT is set, so the capability nodes of the instances
+	// this process creates are made there (makeCapNode).
+	devRootSet bool
 }
 
 func readConfig() config {
 	root := getenv(envDevRoot)
-	if root == "" {
+	set := root != ""
+	if !set {
 		root = "/"
 	}
-	return config{machine: getenv(envMachine), statePath: getenv(envState), devRoot: root}
+	return config{machine: getenv(envMachine), statePath: getenv(envState), devRoot: root, devRootSet: set}
 }
 
 // gpu is one GPU of the mock server plus what the library keeps beside it.
@@ -328,8 +333,90 @@ func migCapMinor(gpuMinor int, gi uint32, ci *uint32) int {
 	return minor
 }
 
+func (l *library) capNodePath(minor int) string {
+	return filepath.Join(l.cfg.devRoot, "dev", "nvidia-caps", "nvidia-cap"+strconv.Itoa(minor))
+}
+
 func (l *library) capNodeExists(minor int) bool {
-	return exists(filepath.Join(l.cfg.devRoot, "dev", "nvidia-caps", "nvidia-cap"+strconv.Itoa(minor)))
+	return exists(l.capNodePath(minor))
+}
+
+// On a real host the process that creates a GPU or compute instance sees its MIG device: with
+// CAP_SYS_ADMIN it holds every nvidia-capability, and libnvidia-ml runs nvidia-modprobe, which
+// makes the capability's /dev/nvidia-caps/nvidia-cap<N>. The library does the same in the dev
+// root when GPU_DRA_NVML_MOCK_DEV_ROOT is set (the kubelet plugin's view of a host), and
+// removes the node with the instance, so that the dev root holds the nodes of the instances
+// that exist. A container leaves the variable unset: it sees only the nodes its CDI spec made.
+// Replaying a state file makes no node (the process that created the instance did).
+
+// capsMajor is the nvidia-caps character major: <dev root>/proc/devices (a fake driver root's),
+// else /proc/devices; 0 when neither names it.
+func (l *library) capsMajor() uint32 {
+	for _, devices := range []string{filepath.Join(l.cfg.devRoot, "proc", "devices"), "/proc/devices"} {
+		text, err := os.ReadFile(devices)
+		if err != nil {
+			continue
+		}
+		for _, line := range strings.Split(string(text), "\n") {
+			fields := strings.Fields(line)
+			if len(fields) == 2 && fields[1] == "nvidia-caps" {
+				if major, err := strconv.ParseUint(fields[0], 10, 32); err == nil {
+					return uint32(major)
+				}
+			}
+		}
+	}
+	return 0
+}
+
+// makeCapNode makes the capability node of GPU instance gi of the GPU with minor gpuMinor, or of
+// its compute instance ci: a character device (mode 0444, the driver's for access files) when
+// the nvidia-caps major is known and mknod is allowed, else an empty file (the library checks
+// only that the node exists). An existing node is kept; a failure is logged, never an NVML error.
+func (l *library) makeCapNode(gpuMinor int, gi uint32, ci *uint32) {
+	if !l.cfg.devRootSet {
+		return
+	}
+	minor := migCapMinor(gpuMinor, gi, ci)
+	path := l.capNodePath(minor)
+	if _, err := os.Lstat(path); err == nil {
+		return
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		logf("capability node %s not made: %v", path, err)
+		return
+	}
+	if major := l.capsMajor(); major != 0 {
+		if err := syscall.Mknod(path, syscall.S_IFCHR|0o444, int(makedev(major, uint32(minor)))); err == nil {
+			if err := os.Chmod(path, 0o444); err != nil {
+				logf("capability node %s: %v", path, err)
+			}
+			return
+		}
+	}
+	if err := os.WriteFile(path, nil, 0o444); err != nil {
+		logf("capability node %s not made: %v", path, err)
+	}
+}
+
+// removeCapNode removes the node makeCapNode makes, when the instance is destroyed.
+func (l *library) removeCapNode(gpuMinor int, gi uint32, ci *uint32) {
+	if !l.cfg.devRootSet {
+		return
+	}
+	path := l.capNodePath(migCapMinor(gpuMinor, gi, ci))
+	if err := os.Remove(path); err != nil && !os.IsNotExist(err) {
+		logf("capability node %s not removed: %v", path, err)
+	}
+}
+
+// makedev is glibc's gnu_dev_makedev.
+func makedev(major, minor uint32) uint64 {
+	dev := uint64(major&0x00000fff) << 8
+	dev |= uint64(major&0xfffff000) << 32
+	dev |= uint64(minor & 0x000000ff)
+	dev |= uint64(minor&0xffffff00) << 12
+	return dev
 }
 
 func exists(path string) bool {

@@ -8,7 +8,9 @@
 //	GPU_DRA_NVML_MOCK_MACHINE   dgxa100 | dgxh100 | dgxh200 | dgxb200: which mock server
 //	GPU_DRA_NVML_MOCK_STATE     JSON file holding MIG mode, compute mode and MIG instances,
 //	                            shared by every process using the library
-//	GPU_DRA_NVML_MOCK_DEV_ROOT  directory holding dev/nvidia<minor> and dev/nvidia-caps (default /)
+//	GPU_DRA_NVML_MOCK_DEV_ROOT  directory holding dev/nvidia<minor> and dev/nvidia-caps (default /);
+//	                            when set, the capability nodes of the GPU and compute instances
+//	                            a process creates are made there (removed with them)
 //	GPU_DRA_NVML_MOCK_TRACE     when set, every NVML call is logged to stderr
 //
 // The library is built by e2e/nvmlmock.py, which generates nvml_mock_stubs.h (internal/stubgen)
