@@ -19,7 +19,8 @@ following ``nvidia-container-toolkit`` v1.20.1 (``pkg/nvcdi``, ``internal/discov
 * ``nvidia-cdi-hook`` createContainer hooks, in NVIDIA's order and with its arguments:
   ``create-symlinks``, ``enable-cuda-compat``, ``update-ldcache``,
   ``disable-device-node-modification``, ``update-application-profile``; and the environment
-  variable ``NVIDIA_CTK_LIBCUDA_DIR``.
+  variables ``NVIDIA_CTK_LIBCUDA_DIR`` and ``NVIDIA_VISIBLE_DEVICES=void`` (NVIDIA's legacy
+  runtime hook then adds no GPU of its own, whatever the image's ``NVIDIA_VISIBLE_DEVICES``).
 
 Per device: `gpu_device_edits` (``/dev/nvidia<minor>``, the GPU's DRM ``card``/``renderD`` nodes
 from sysfs, and the hook that makes their ``/dev/dri/by-path`` links) and
@@ -118,6 +119,11 @@ ALL_HOOKS: Final = "all"
 
 _MAX_SYMLINKS: Final = 40
 LIBCUDA_DIR_ENV: Final = "NVIDIA_CTK_LIBCUDA_DIR"
+VISIBLE_DEVICES_ENV: Final = "NVIDIA_VISIBLE_DEVICES"
+VISIBLE_DEVICES_NONE: Final = "void"
+"""CUDA images set ``NVIDIA_VISIBLE_DEVICES=all``; where the node's runtime is NVIDIA's
+``nvidia-container-runtime`` (the GPU Operator's default), its legacy hook would give such a
+container every GPU of the node. ``void`` makes it add none (NVIDIA's CDI specs set it too)."""
 HOST_ROOT: Final = PurePosixPath("/")
 
 
@@ -275,7 +281,10 @@ def discover_userspace(
         ipc=_ipc(root),
         control_nodes=tuple(_char_devices(root.dev_root(), CONTROL_DEVICE_NODES, "control")),
         hooks=tuple(hook for hook in made if hook is not None),
-        env={LIBCUDA_DIR_ENV: ":".join(str(d) for d in dirs)},
+        env={
+            LIBCUDA_DIR_ENV: ":".join(str(d) for d in dirs),
+            VISIBLE_DEVICES_ENV: VISIBLE_DEVICES_NONE,
+        },
     )
 
 

@@ -1,5 +1,6 @@
 """Helpers for the test-bed tool tests: device nodes, the library's environment, the probe
-subprocess, and go-nvml's mock data read from its source."""
+subprocess, the host's view of the driver for nvidia-ctk (`host_view`), and go-nvml's mock data
+read from its source."""
 
 from __future__ import annotations
 
@@ -48,6 +49,24 @@ def library_env(**settings: Any) -> dict[str, str]:
     if settings.pop("trace", False):
         env[nvmlmock.ENV_TRACE] = "1"
     return env | nvmlmock.environment(**settings)
+
+
+_HOST_VIEW = (
+    "mount -t tmpfs tmpfs /proc/driver && mkdir /proc/driver/nvidia-caps && "
+    'cp "$1" /proc/driver/nvidia-caps/mig-minors && '
+    '{ [ -z "$2" ] || mount --bind "$2" /sys/bus/pci/devices; } && shift 2 && exec "$@"'
+)
+
+
+def host_view(
+    command: list[str], *, mig_minors: Path, pci_devices: Path | None = None
+) -> list[str]:
+    """`command` run in a private mount namespace where the host's driver facts are the test's:
+    `mig_minors` as /proc/driver/nvidia-caps/mig-minors (nvidia-ctk reads MIG capability minors
+    from the host, not from the driver root) and, if given, `pci_devices` over
+    /sys/bus/pci/devices (where nvidia-ctk and gpu-dra find a GPU's DRM nodes). Needs root."""
+    script = ("sh", "-c", _HOST_VIEW, "sh", str(mig_minors), str(pci_devices or ""))
+    return ["unshare", "--mount", "--propagation", "private", *script, *command]
 
 
 @dataclass(frozen=True)

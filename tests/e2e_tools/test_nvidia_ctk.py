@@ -20,7 +20,14 @@ import pytest
 import yaml
 
 from e2e import nvidiactk, nvmlmock
-from tests.e2e_tools.support import LIBRARY_DIR, REPO, library_env, mock_server, probe
+from tests.e2e_tools.support import (
+    LIBRARY_DIR,
+    REPO,
+    host_view,
+    library_env,
+    mock_server,
+    probe,
+)
 
 NVIDIA_MAJOR = 195
 CAPS_MAJOR = 240  # nvidia-caps gets a dynamic major; any free one will do here
@@ -86,21 +93,23 @@ def fake_driver_root(root: Path, library: Path, version: str, gpus: int) -> None
         char_device(root / "dev" / f"nvidia{minor}", NVIDIA_MAJOR, minor)
 
 
-def cdi_generate(ctk: Path, root: Path, env: dict[str, str], minors: Path) -> tuple[Any, str]:
+def cdi_generate(
+    ctk: Path,
+    root: Path,
+    env: dict[str, str],
+    minors: Path,
+    pci_devices: Path | None = None,
+) -> tuple[Any, str]:
     """``nvidia-ctk cdi generate`` on `root`, with `minors` as the host's
-    /proc/driver/nvidia-caps/mig-minors (which it reads from the host, not the driver root):
-    a private mount namespace puts a tmpfs over /proc/driver for it."""
-    script = (
-        "mount -t tmpfs tmpfs /proc/driver && mkdir /proc/driver/nvidia-caps && "
-        'cp "$1" /proc/driver/nvidia-caps/mig-minors && shift && exec "$@"'
-    )
+    /proc/driver/nvidia-caps/mig-minors (which it reads from the host, not the driver root)
+    and `pci_devices` as /sys/bus/pci/devices, in a private mount namespace (`host_view`)."""
+    command = [
+        *(str(ctk / nvidiactk.NVIDIA_CTK), "cdi", "generate"),
+        *("--driver-root", str(root), "--dev-root", str(root)),
+        *("--nvidia-cdi-hook-path", HOOK_PATH, "--format", "yaml"),
+    ]
     done = subprocess.run(
-        [
-            *("unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh"),
-            *(str(minors), str(ctk / nvidiactk.NVIDIA_CTK), "cdi", "generate"),
-            *("--driver-root", str(root), "--dev-root", str(root)),
-            *("--nvidia-cdi-hook-path", HOOK_PATH, "--format", "yaml"),
-        ],
+        host_view(command, mig_minors=minors, pci_devices=pci_devices),
         env=env,
         capture_output=True,
         text=True,

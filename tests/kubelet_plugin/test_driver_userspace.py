@@ -92,7 +92,7 @@ def test_libraries_of_the_driver_version_are_mounted_from_the_host_driver_root(
     ]
     assert {m.options for m in userspace.libraries} == {LIBRARY_OPTIONS}
     assert userspace.library_dirs == (LIB_DIR,)
-    assert userspace.env == {"NVIDIA_CTK_LIBCUDA_DIR": LIB_DIR}
+    assert userspace.env == {"NVIDIA_CTK_LIBCUDA_DIR": LIB_DIR, "NVIDIA_VISIBLE_DEVICES": "void"}
     assert not [m for m in userspace.libraries if "libother" in m.container_path]
 
 
@@ -416,7 +416,12 @@ def test_common_edits_and_a_gpu_make_a_valid_spec_sorted_as_nvidias(fake: FakeDr
     paths = [m["containerPath"] for m in spec["containerEdits"]["mounts"]]
     assert paths == sorted(paths, key=lambda p: (p.count("/"), p))
     assert paths[0] == "/run/nvidia-persistenced/socket"
-    assert spec["containerEdits"]["env"] == [f"NVIDIA_CTK_LIBCUDA_DIR={LIB_DIR}"]
+    # As NVIDIA's: void keeps nvidia-container-runtime's legacy hook from adding GPUs that a
+    # CUDA image's NVIDIA_VISIBLE_DEVICES=all asks for.
+    assert spec["containerEdits"]["env"] == [
+        f"NVIDIA_CTK_LIBCUDA_DIR={LIB_DIR}",
+        "NVIDIA_VISIBLE_DEVICES=void",
+    ]
     assert [n["path"] for n in spec["devices"][0]["containerEdits"]["deviceNodes"]] == [
         "/dev/nvidia0",
         "/dev/dri/card1",
@@ -487,7 +492,7 @@ def test_a_failing_version_source_fails_with_its_message_and_is_retried(tmp_path
 
     with pytest.raises(DriverUserspaceError, match="cannot read the driver version: Driver Not"):
         common.current()
-    assert common.current().env == {"NVIDIA_CTK_LIBCUDA_DIR": LIB_DIR}
+    assert common.current().env["NVIDIA_CTK_LIBCUDA_DIR"] == LIB_DIR
     assert common.userspace is not None
     assert common.userspace.version == VERSION
 
