@@ -301,6 +301,14 @@ def test_the_plugin_is_probed_on_its_metrics_port(host_driver: Rendered) -> None
         assert container[probe]["httpGet"] == {"path": "/metrics", "port": port["name"]}
 
 
+def test_the_plugin_runs_as_root_although_the_image_user_is_not(host_driver: Rendered) -> None:
+    """The image's USER is the controller's (65532); the plugin writes the kubelet's plugin
+    directories, CDI specs and its checkpoint, which are root's (found by the chart e2e)."""
+    context = host_driver.container("DaemonSet", "gpus")["securityContext"]
+    assert (context["runAsUser"], context["runAsGroup"], context["privileged"]) == (0, 0, True)
+    assert "USER 65532" in (Path(__file__).parents[1] / "Dockerfile").read_text()
+
+
 # ---- controller -------------------------------------------------------------------------------
 def test_the_deployment_env_parses_into_the_controller_settings(
     host_driver: Rendered, gpu_operator: Rendered

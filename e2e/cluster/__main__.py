@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from e2e import helm, nvidiactk, nvmlmock
-from e2e.cluster import netns, toolchain
+from e2e.cluster import driverimage, netns, toolchain
 from e2e.cluster.lifecycle import Cluster, ClusterError
 
 
@@ -37,6 +37,7 @@ def main(argv: list[str] | None = None) -> int:
             print(nvmlmock.build(cluster.paths))
             print(nvidiactk.build(cluster.paths))
             print(helm.build(cluster.paths))
+            print(driverimage.build(cluster.paths).reference)
         elif options.command == "up":
             cluster.up()
             print(f"cluster up; kubeconfig: {cluster.kubeconfig}")

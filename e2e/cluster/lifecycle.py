@@ -232,6 +232,7 @@ class Cluster:
         for directory in (paths.state, paths.logs, paths.run, paths.kubelet_root):
             directory.mkdir(parents=True, exist_ok=True)
         paths.state.chmod(0o700)
+        _make_shared(paths.state)
         self._save_state(
             {"sysctls": _read_sysctls(), "processes": {}, "cdi_specs_before": _cdi_specs()}
         )
@@ -447,6 +448,19 @@ def _remove_kubelet_cgroups() -> None:
             top.rmdir()
         except OSError as error:
             log.warning("could not remove cgroup %s: %s", top, error)
+
+
+def _make_shared(directory: Path) -> None:
+    """Make `directory` a shared mount (a bind mount onto itself), as systemd makes ``/`` on real
+    nodes: the kubelet refuses ``mountPropagation: Bidirectional`` volumes (the chart's plugin
+    DaemonSet) under a private mount, and this VM's ``/`` is private. `down` unmounts it with
+    everything else under the state directory."""
+    target = str(directory)
+    with open("/proc/self/mountinfo") as mountinfo:
+        mounted = any(line.split()[4] == target for line in mountinfo)
+    if not mounted:
+        subprocess.run(["mount", "--bind", target, target], check=True, capture_output=True)
+    subprocess.run(["mount", "--make-rshared", target], check=True, capture_output=True)
 
 
 def _unmount_under(root: Path) -> None:

@@ -69,9 +69,15 @@ def command(argv: list[str], name: str = versions.NETNS) -> list[str]:
     return ["nsenter", f"--net={path(name)}", "--", *argv]
 
 
+_left: list[int] = []
+"""A descriptor of the network namespace `enter` left (the host's), for `outside_command`."""
+
+
 def enter(name: str = versions.NETNS) -> None:
     """Move the calling thread (and threads/processes it starts later) into the namespace."""
     libc = ctypes.CDLL(None, use_errno=True)
+    if not _left:
+        _left.append(os.open("/proc/thread-self/ns/net", os.O_RDONLY))
     fd = os.open(path(name), os.O_RDONLY)
     try:
         if libc.setns(fd, CLONE_NEWNET) != 0:
@@ -87,3 +93,12 @@ def current_is(name: str = versions.NETNS) -> bool:
         return os.stat("/proc/thread-self/ns/net").st_ino == os.stat(path(name)).st_ino
     except FileNotFoundError:
         return False
+
+
+def outside_command(argv: list[str]) -> tuple[list[str], tuple[int, ...]]:
+    """(command, descriptors to pass) running `argv` in the network namespace this process was in
+    before `enter` (the host's: package mirrors are reachable there); `argv` as is when this
+    process never entered one."""
+    if not _left:
+        return argv, ()
+    return ["nsenter", f"--net=/proc/self/fd/{_left[0]}", "--", *argv], (_left[0],)

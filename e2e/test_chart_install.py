@@ -1,0 +1,179 @@
+"""The shipped install path: the driver image built from the Dockerfile without a Docker engine
+(`e2e.cluster.driverimage`), imported into the node's containerd, and the Helm chart
+(deployments/helm/gpu-dra) installed with the pinned ``helm``. The kubelet plugin runs as the
+chart's DaemonSet pod on a simulated H100 node and the controller as its Deployment; a whole-GPU
+claim runs through them; ``helm uninstall`` leaves no pod of the chart behind."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from e2e import helm
+from e2e import manifests as m
+from e2e.cluster import Cluster, driverimage, images, netns, versions
+from e2e.driver import CDI_ROOT, DATA_DIR_LINK, DRIVER
+from e2e.kube import Kube, wait_for
+from e2e.workloads import allocated_devices, claim_uid, delete_pods, gpus_seen, wait_running
+
+pytestmark = pytest.mark.e2e
+
+RELEASE = "gpu-dra"
+NAMESPACE = "gpu-dra-chart"
+CHART = Path(__file__).resolve().parents[1] / "deployments" / "helm" / "gpu-dra"
+PROFILE = "hgx-h100"
+PLUGIN_SELECTOR = "app.kubernetes.io/component=kubelet-plugin"
+CONTROLLER_SELECTOR = "app.kubernetes.io/component=controller"
+
+
+def chart_values(cluster: Cluster, image: str) -> dict[str, Any]:
+    """What the e2e node needs beyond the defaults: the local image, the cluster's kubelet
+    directories, a short data dir for MPS sockets, simulated GPUs, and the apiserver's node
+    address (the e2e cluster has no kube-proxy for the service IP)."""
+    repository, tag = image.rsplit(":", 1)
+    paths = cluster.paths
+    apiserver = [
+        {"name": "KUBERNETES_SERVICE_HOST", "value": versions.NODE_IP},
+        {"name": "KUBERNETES_SERVICE_PORT", "value": str(versions.APISERVER_PORT)},
+    ]
+    return {
+        "gpuResourcesEnabledOverride": True,
+        "image": {"repository": repository, "tag": tag, "pullPolicy": "Never"},
+        "kubeletPlugin": {
+            "kubeletPluginsDirectoryPath": str(paths.plugins_dir),
+            "kubeletRegistrarDirectoryPath": str(paths.plugins_registry),
+            "dataDir": str(paths.state / DATA_DIR_LINK),
+            "simulate": PROFILE,
+            "affinity": None,
+            "containers": {"gpus": {"env": apiserver}},
+        },
+        "controller": {"containers": {"controller": {"env": apiserver}}},
+    }
+
+
+def driver_image(cluster: Cluster) -> driverimage.DriverImage:
+    """The driver image of this tree: cached by `e2e.cluster build` (setup-host); else built
+    now, from the host's network namespace (the image build reaches Debian's and PyPI's
+    mirrors, which the e2e namespace cannot)."""
+    if not driverimage.archive_path(cluster.paths, driverimage.inputs_digest()).is_file():
+        command, fds = netns.outside_command([sys.executable, "-m", "e2e.cluster.driverimage"])
+        subprocess.run(command, pass_fds=fds, check=True, timeout=600, cwd=CHART.parents[2])
+    return driverimage.build(cluster.paths)
+
+
+def run_helm(cluster: Cluster, *args: str) -> str:
+    done = subprocess.run(
+        [str(helm.binary(cluster.paths)), f"--kubeconfig={cluster.kubeconfig}", *args],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, f"helm {' '.join(args)}: {done.stderr}"
+    return done.stdout
+
+
+def pods(kube: Kube, selector: str) -> list[dict[str, Any]]:
+    return kube.list("v1", "Pod", namespace=NAMESPACE, label_selector=selector)
+
+
+def ready(pod: dict[str, Any]) -> bool:
+    conditions = pod.get("status", {}).get("conditions", [])
+    return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+
+
+@pytest.fixture(scope="module")
+def installed(
+    cluster: Cluster, kube: Kube, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[str]:
+    image = driver_image(cluster)
+    ctr, socket = cluster.bin_dir / "ctr", cluster.paths.containerd_socket
+    if not images.image_present(ctr, socket, image.reference):
+        images.import_images(ctr, socket, [image.archive])
+    values = tmp_path_factory.mktemp("chart") / "values.yaml"
+    values.write_text(yaml.safe_dump(chart_values(cluster, image.reference)))
+    (cluster.paths.state / DATA_DIR_LINK).parent.mkdir(parents=True, exist_ok=True)
+    run_helm(
+        cluster, "install", RELEASE, str(CHART), f"--namespace={NAMESPACE}", "--create-namespace",
+        f"--values={values}",
+    )  # fmt: skip
+    try:
+        yield image.reference
+    finally:
+        run_helm(cluster, "uninstall", RELEASE, f"--namespace={NAMESPACE}", "--wait")
+        wait_for(
+            "the chart's pods to be gone",
+            lambda: not pods(kube, PLUGIN_SELECTOR) and not pods(kube, CONTROLLER_SELECTOR),
+            120,
+        )
+        kube.delete("v1", "Namespace", NAMESPACE)
+        kube.wait_gone("v1", "Namespace", NAMESPACE, None, timeout=180)
+
+
+def wait_plugin_ready(kube: Kube, cluster: Cluster) -> None:
+    """Wait for the plugin pod; on time-out, fail with its container's last log lines."""
+    try:
+        wait_for(
+            "the kubelet plugin pod to be ready",
+            lambda: any(map(ready, pods(kube, PLUGIN_SELECTOR))),
+            180,
+        )
+    except TimeoutError as error:
+        logs = "".join(
+            cluster.kubectl("logs", "-n", NAMESPACE, p["metadata"]["name"], "-c", "gpus",
+                            "--tail=30", *extra)
+            for p in pods(kube, PLUGIN_SELECTOR)
+            for extra in ((), ("--previous",))
+        )  # fmt: skip
+        raise AssertionError(f"{error}; plugin log:\n{logs}") from error
+
+
+def test_the_chart_runs_the_plugin_and_controller_from_the_local_image(
+    installed: str, kube: Kube, cluster: Cluster
+) -> None:
+    wait_plugin_ready(kube, cluster)
+    wait_for(
+        "the controller pod to be ready",
+        lambda: any(map(ready, pods(kube, CONTROLLER_SELECTOR))),
+        120,
+    )
+    (plugin,) = pods(kube, PLUGIN_SELECTOR)
+    assert plugin["spec"]["containers"][0]["image"] == installed
+    assert (
+        plugin["spec"]["serviceAccountName"]
+        != pods(kube, CONTROLLER_SELECTOR)[0]["spec"]["serviceAccountName"]
+    )
+
+    def published() -> set[str]:
+        slices = kube.list(
+            "resource.k8s.io/v1", "ResourceSlice",
+            field_selector=f"spec.driver={DRIVER},spec.nodeName={versions.NODE_NAME}",
+        )  # fmt: skip
+        return {d["name"] for s in slices for d in s["spec"].get("devices", [])}
+
+    wait_for(
+        "the DaemonSet's plugin to publish 8 GPUs",
+        lambda: published() == {f"gpu-{i}" for i in range(8)},
+        120,
+    )
+    classes = {c["metadata"]["name"] for c in kube.list("resource.k8s.io/v1", "DeviceClass")}
+    assert {"gpu.nvidia.com", "mig.nvidia.com", "mps.gpu.nvidia.com"} <= classes
+
+
+def test_a_whole_gpu_claim_runs_through_the_chart_installed_plugin(
+    installed: str, kube: Kube, cluster: Cluster, namespace: str
+) -> None:
+    wait_plugin_ready(kube, cluster)
+    kube.create(m.claim("gpu", namespace, m.claim_spec([m.request()])))
+    kube.create(m.gpu_pod("pod", namespace, claim="gpu"))
+    wait_running(kube, "pod", namespace, timeout=180)
+    (device,) = allocated_devices(kube, "gpu", namespace)
+    seen = gpus_seen(kube, "pod", namespace)
+    assert list(seen) == [f"GPU_{device.removeprefix('gpu-')}"]
+    uid = claim_uid(kube, "gpu", namespace)
+    assert list(CDI_ROOT.glob(f"*{uid}*"))
+    delete_pods(kube, namespace, ["pod"])
+    wait_for("the CDI spec to be removed", lambda: not list(CDI_ROOT.glob(f"*{uid}*")), 60)
