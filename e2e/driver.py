@@ -140,7 +140,9 @@ class Driver:
         """``<state_dir>/mps``: one directory per MPS control daemon."""
         return self.state_dir / "mps"
 
-    def _link_data_dir(self) -> None:
+    def link_data_dir(self) -> None:
+        """Make `data_dir` the link to `state_dir` (before anything creates it as a directory,
+        e.g. a chart's hostPath volume of the same path)."""
         self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o750)
         link = self.data_dir
         if link.is_symlink() and link.resolve() == self.state_dir.resolve():
@@ -159,7 +161,7 @@ class Driver:
         paths = self.cluster.paths
         log = paths.logs / f"{PLUGIN}.log"
         offset = log.stat().st_size if log.exists() else 0
-        self._link_data_dir()
+        self.link_data_dir()
         if self.real is None:
             hardware = [f"--simulate={self.profile}"]
         else:

@@ -18,7 +18,7 @@ import yaml
 from e2e import helm
 from e2e import manifests as m
 from e2e.cluster import Cluster, driverimage, images, netns, versions
-from e2e.driver import CDI_ROOT, DATA_DIR_LINK, DRIVER
+from e2e.driver import CDI_ROOT, DATA_DIR_LINK, DRIVER, Driver
 from e2e.kube import Kube, wait_for
 from e2e.workloads import allocated_devices, claim_uid, delete_pods, gpus_seen, wait_running
 
@@ -95,7 +95,9 @@ def installed(
         images.import_images(ctr, socket, [image.archive])
     values = tmp_path_factory.mktemp("chart") / "values.yaml"
     values.write_text(yaml.safe_dump(chart_values(cluster, image.reference)))
-    (cluster.paths.state / DATA_DIR_LINK).parent.mkdir(parents=True, exist_ok=True)
+    # The same short data dir as the host-process plugin's: the link must exist before the
+    # chart's hostPath volume (DirectoryOrCreate) would create a directory in its place.
+    Driver(cluster, kube, PROFILE).link_data_dir()
     run_helm(
         cluster, "install", RELEASE, str(CHART), f"--namespace={NAMESPACE}", "--create-namespace",
         f"--values={values}",
