@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 import yaml
+from kubernetes.client.exceptions import ApiException
 
 from e2e import helm
 from e2e import manifests as m
@@ -179,3 +180,65 @@ def test_a_whole_gpu_claim_runs_through_the_chart_installed_plugin(
     assert list(CDI_ROOT.glob(f"*{uid}*"))
     delete_pods(kube, namespace, ["pod"])
     wait_for("the CDI spec to be removed", lambda: not list(CDI_ROOT.glob(f"*{uid}*")), 60)
+
+
+def plugin_identity(cluster: Cluster, kube: Kube, tmp_path: Path) -> Kube:
+    """A client with the plugin's own identity: a token of its ServiceAccount bound to its pod
+    (so the apiserver puts the pod's node into the token, as for the running plugin)."""
+    (pod,) = pods(kube, PLUGIN_SELECTOR)
+    token = cluster.kubectl(
+        "create", "token", pod["spec"]["serviceAccountName"], "-n", NAMESPACE,
+        "--bound-object-kind=Pod", f"--bound-object-name={pod['metadata']['name']}",
+    ).strip()  # fmt: skip
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "e2e", "cluster": {
+            "server": f"https://{versions.NODE_IP}:{versions.APISERVER_PORT}",
+            "certificate-authority": str(cluster.paths.pki / "ca.crt"),
+        }}],
+        "users": [{"name": "plugin", "user": {"token": token}}],
+        "contexts": [{"name": "e2e", "context": {"cluster": "e2e", "user": "plugin"}}],
+        "current-context": "e2e",
+    }  # fmt: skip
+    path = tmp_path / "plugin.kubeconfig"
+    path.write_text(yaml.safe_dump(config))
+    return Kube(path)
+
+
+def slice_for(node: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"generateName": f"{node}-policy-test-"},
+        "spec": {
+            "driver": DRIVER,
+            "nodeName": node,
+            "pool": {"name": f"{node}-policy-test", "generation": 1, "resourceSliceCount": 1},
+            "devices": [],
+        },
+    }
+
+
+def test_the_plugins_identity_may_write_only_its_own_nodes_slices(
+    installed: str, kube: Kube, cluster: Cluster, tmp_path: Path
+) -> None:
+    wait_plugin_ready(kube, cluster)
+    plugin = plugin_identity(cluster, kube, tmp_path)
+
+    with pytest.raises(ApiException) as denied:
+        plugin.create(slice_for("other-node"))
+    assert denied.value.status == 403
+    assert (
+        f"gpu-dra kubelet plugin on node {versions.NODE_NAME} may only create a ResourceSlice "
+        "of its own node, not one of node other-node" in str(denied.value.body)
+    )
+    own = plugin.create(slice_for(versions.NODE_NAME))  # its own node: allowed
+    kube.delete("resource.k8s.io/v1", "ResourceSlice", own["metadata"]["name"])
+
+    with pytest.raises(ApiException) as forbidden:  # RBAC: DeviceClasses are the controller's
+        plugin.create({
+            "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
+            "metadata": {"name": "policy-test.gpu.nvidia.com"}, "spec": {},
+        })  # fmt: skip
+    assert forbidden.value.status == 403
