@@ -230,24 +230,20 @@ class Driver:
     def ensure_glibc_image(self) -> str:
         """Build the glibc test image (cached by content) and import it if containerd lacks
         it; its reference (`images.glibc_test_image`)."""
-        spec = images.glibc_test_image()
-        archive = (
-            self.cluster.paths.images_dir / f"glibc-test-{spec.reference.rsplit(':', 1)[1]}.tar"
-        )
-        if not archive.exists():
-            images.write_oci_archive(spec, archive)
-        ctr, socket = self.cluster.bin_dir / "ctr", self.cluster.paths.containerd_socket
-        if not images.image_present(ctr, socket, spec.reference):
-            images.import_images(ctr, socket, [archive])
-        return spec.reference
+        return self._ensure_image(images.glibc_test_image(), "glibc-test")
 
     def ensure_mps_daemon_image(self) -> str:
         """Build the MPS double image (cached by content) and import it if containerd lacks it;
         its reference."""
-        spec = images.mps_double_image(REPO_ROOT / "tests" / "doubles")
-        archive = (
-            self.cluster.paths.images_dir / f"mps-double-{spec.reference.rsplit(':', 1)[1]}.tar"
+        return self._ensure_image(
+            images.mps_double_image(REPO_ROOT / "tests" / "doubles"), "mps-double"
         )
+
+    def _ensure_image(self, spec: images.ImageSpec, archive_prefix: str) -> str:
+        """Write `spec`'s archive ``<prefix>-<tag>.tar`` unless cached, import it unless
+        containerd has it; its reference."""
+        tag = spec.reference.rsplit(":", 1)[1]
+        archive = self.cluster.paths.images_dir / f"{archive_prefix}-{tag}.tar"
         if not archive.exists():
             images.write_oci_archive(spec, archive)
         ctr, socket = self.cluster.bin_dir / "ctr", self.cluster.paths.containerd_socket

@@ -151,6 +151,16 @@ def busybox_image() -> ImageSpec:
     )
 
 
+def content_tag(files: dict[str, bytes | Path]) -> str:
+    """A tag naming the image's content: a hash over its paths and file contents."""
+    digest = hashlib.sha256()
+    for path in sorted(files):
+        source = files[path]
+        digest.update(path.encode() + b"\0")
+        digest.update(source.read_bytes() if isinstance(source, Path) else source)
+    return digest.hexdigest()[:12]
+
+
 GLIBC_TEST_IMAGE = "localhost/gpu-dra/glibc-test"
 """Repository of the glibc test image; the tag is a hash of the content."""
 LDCONFIG = Path("/sbin/ldconfig")
@@ -167,13 +177,8 @@ def glibc_test_image() -> ImageSpec:
     files["etc/ld.so.conf"] = b"include /etc/ld.so.conf.d/*.conf\n"
     for library in _shared_libraries([Path("/usr/bin/true")]):
         files[str(library).lstrip("/")] = Path(os.path.realpath(library))
-    digest = hashlib.sha256()
-    for path in sorted(files):
-        source = files[path]
-        digest.update(path.encode() + b"\0")
-        digest.update(source.read_bytes() if isinstance(source, Path) else source)
     return ImageSpec(
-        reference=f"{GLIBC_TEST_IMAGE}:{digest.hexdigest()[:12]}",
+        reference=f"{GLIBC_TEST_IMAGE}:{content_tag(files)}",
         files=files,
         symlinks=base.symlinks,
         entrypoint=[],
@@ -260,13 +265,8 @@ def mps_double_image(doubles_dir: Path, python: str | None = None) -> ImageSpec:
         "usr/bin/nvidia-cuda-mps-control": f"/{MPS_DOUBLE_DIR}/nvidia_cuda_mps_control.py",
         "usr/bin/python3": str(interpreter),
     }
-    digest = hashlib.sha256()
-    for path in sorted(files):
-        source = files[path]
-        digest.update(path.encode() + b"\0")
-        digest.update(source.read_bytes() if isinstance(source, Path) else source)
     return ImageSpec(
-        reference=f"{MPS_DOUBLE_IMAGE}:{digest.hexdigest()[:12]}",
+        reference=f"{MPS_DOUBLE_IMAGE}:{content_tag(files)}",
         files=files,
         symlinks=symlinks,
         entrypoint=["/usr/bin/nvidia-cuda-mps-control"],
