@@ -443,7 +443,7 @@ async def run(settings: KubeletPluginSettings) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     settings = KubeletPluginSettings.parse(argv)
     logging.basicConfig(
-        level=logging.INFO,
+        level=settings.log_level,
         format="%(asctime)s %(levelname)s %(name)s %(message)s",
         stream=sys.stderr,
     )

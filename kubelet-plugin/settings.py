@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from gpu_dra.controller.settings import LOG_LEVELS, parse_log_level
 from gpu_dra.driver.naming import DEFAULT_DRIVER_NAME
 from gpu_dra.driver.shares import ShareSelection, ShareSelectionError
 from gpu_dra.driver.slices import SliceLayout
@@ -121,6 +122,8 @@ class KubeletPluginSettings:
     """Deadline of one prepare/unprepare call, below the kubelet's 45 s."""
     metrics_port: int = 8081
     """Port of the Prometheus `/metrics` endpoint; 0 turns it off."""
+    log_level: str = "INFO"
+    """Python log level of the plugin's own logs (`controller.settings.LOG_LEVELS`)."""
     mps_control_binary: str = DEFAULT_MPS_CONTROL_BINARY
     """The MPS control program: a path, or a name looked up on `PATH`, then under
     `<driver_root>/usr/bin` (`resolved_mps_control_binary`)."""
@@ -260,6 +263,7 @@ class KubeletPluginSettings:
         option("--data-dir", "checkpoint directory (default <plugins-dir>/<driver>)", None)
         option("--kubeconfig", "kubeconfig file (default: in-cluster service account)", None)
         option("--call-timeout", "seconds per prepare/unprepare call (< 45)", "40")
+        option("--log-level", f"log level: {', '.join(LOG_LEVELS)}", "INFO")
         option("--metrics-port", "port of the Prometheus /metrics endpoint (0 = off)", "8081")
         option(
             "--mps-control-binary",
@@ -291,12 +295,6 @@ class KubeletPluginSettings:
         if not args.node_name:
             parser.error("--node-name (or GPU_DRA_NODE_NAME / NODE_NAME) is required")
         try:
-            timeout = float(args.call_timeout)
-        except ValueError:
-            parser.error(f"--call-timeout must be a number of seconds, got {args.call_timeout!r}")
-        if not 0 < timeout < 45:
-            parser.error(f"--call-timeout must be between 0 and 45 seconds, got {timeout}")
-        try:
             metrics_port = int(args.metrics_port)
         except ValueError:
             parser.error(f"--metrics-port must be a port number, got {args.metrics_port!r}")
@@ -326,8 +324,9 @@ class KubeletPluginSettings:
             cdi_root=Path(args.cdi_root),
             data_dir=Path(args.data_dir) if args.data_dir else None,
             kubeconfig=Path(args.kubeconfig) if args.kubeconfig else None,
-            call_timeout_s=timeout,
+            call_timeout_s=_call_timeout(parser, args.call_timeout),
             metrics_port=metrics_port,
+            log_level=_log_level(parser, args.log_level),
             mps_control_binary=args.mps_control_binary or DEFAULT_MPS_CONTROL_BINARY,
             nvidia_smi=args.nvidia_smi or DEFAULT_NVIDIA_SMI,
             mps_shares=mps_shares,
@@ -346,6 +345,26 @@ def parse_hook_names(text: str) -> frozenset[str]:
             f"unknown CDI hook(s) {', '.join(unknown)}; known: {', '.join(HOOK_NAMES)}, {ALL_HOOKS}"
         )
     return names
+
+
+def _call_timeout(parser: argparse.ArgumentParser, text: str) -> float:
+    """`--call-timeout` in seconds, more than 0 and less than 45; a usage error exits."""
+    try:
+        timeout = float(text)
+    except ValueError:
+        parser.error(f"--call-timeout must be a number of seconds, got {text!r}")
+    if not 0 < timeout < 45:
+        parser.error(f"--call-timeout must be between 0 and 45 seconds, got {timeout}")
+    return timeout
+
+
+def _log_level(parser: argparse.ArgumentParser, text: str) -> str:
+    """`--log-level` as a Python level name; a usage error exits."""
+    try:
+        return parse_log_level(text)
+    except ValueError as error:
+        parser.error(f"--log-level {error}")
+        raise  # parser.error exits
 
 
 def _driver_root_settings(

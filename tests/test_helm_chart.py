@@ -262,6 +262,14 @@ def test_simulated_gpus_need_no_driver_root(tmp_path: Path) -> None:
     assert "CONTAINER_DRIVER_ROOT" not in env_of(container, DOWNWARD)
 
 
+@pytest.mark.parametrize(("verbosity", "level"), [("4", "INFO"), ("5", "DEBUG")])
+def test_log_verbosity_reaches_the_plugin_as_its_log_level(
+    tmp_path: Path, verbosity: str, level: str
+) -> None:
+    rendered = Rendered.of({**HOST_DRIVER, "logVerbosity": verbosity}, tmp_path)
+    assert plugin_settings(rendered).log_level == level
+
+
 def test_a_data_dir_and_an_mps_daemon_image_of_their_own(tmp_path: Path) -> None:
     """What the e2e node needs: a data dir short enough for MPS sockets, a test-double image."""
     rendered = Rendered.of(

@@ -27,6 +27,7 @@ ALL_FLAGS = [
     "--kubeconfig=/root/.kube/config",
     "--call-timeout=12.5",
     "--metrics-port=9400",
+    "--log-level=debug",
     "--mps-control-binary=/opt/mps/nvidia-cuda-mps-control",
     "--nvidia-smi=/opt/nvidia/bin/nvidia-smi",
     "--mps-shares=0,GPU-a75cda02-62ce-2c30-9150-555ef08935e2",
@@ -57,6 +58,7 @@ EXPECTED = KubeletPluginSettings(
     kubeconfig=Path("/root/.kube/config"),
     call_timeout_s=12.5,
     metrics_port=9400,
+    log_level="DEBUG",
     mps_control_binary="/opt/mps/nvidia-cuda-mps-control",
     nvidia_smi="/opt/nvidia/bin/nvidia-smi",
     mps_shares=ShareSelection(names=("0", "GPU-a75cda02-62ce-2c30-9150-555ef08935e2")),
@@ -211,6 +213,12 @@ def test_a_bad_metrics_port_is_a_usage_error(
     capsys: pytest.CaptureFixture[str], value: str
 ) -> None:
     assert "--metrics-port" in usage_error(capsys, ["--node-name=n", f"--metrics-port={value}"], {})
+
+
+def test_an_unknown_log_level_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    assert "--log-level must be one of" in usage_error(
+        capsys, ["--node-name=n", "--log-level=loud"], {}
+    )
 
 
 def test_metrics_port_zero_turns_the_endpoint_off() -> None:
