@@ -1,5 +1,7 @@
 """The reference docs cover what the code defines: every flag and environment variable of both
-processes in docs/config.md, every DeviceClass of deviceclasses/ in docs/deviceclasses.md.
+processes in docs/config.md, every DeviceClass of deviceclasses/ in docs/deviceclasses.md, and
+the MPS mounts every share's container gets in docs/mps.md (the container contract and the
+hostile-tenant table rest on them).
 
 Settings are read from the code (the controller's `ControllerSettings` options and parser, the
 kubelet plugin's `--help` checked against `KubeletPluginSettings` fields), never listed here.
@@ -16,15 +18,22 @@ import pytest
 import yaml
 
 from gpu_dra.controller.settings import ControllerSettings, build_parser, options
+from gpu_dra.kubelet_plugin.mps.edits import workload_edits
+from gpu_dra.kubelet_plugin.mps.interface import DaemonPaths
 from gpu_dra.kubelet_plugin.settings import KubeletPluginSettings
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG_DOC = REPO / "docs" / "config.md"
 DEVICECLASSES_DOC = REPO / "docs" / "deviceclasses.md"
 DEVICECLASSES_DIR = REPO / "deviceclasses"
+MPS_DOC = REPO / "docs" / "mps.md"
+HOSTILE_TENANT_HEADING = "## What a hostile tenant can do today"
 
 _OPTION_BLOCK = re.compile(r"^ {2}(--[a-z0-9-]+)(.*?)(?=^ {2}-|\Z)", re.MULTILINE | re.DOTALL)
 _ENV_IN_HELP = re.compile(r"\benv\s+(GPU_DRA_[A-Z0-9_]+)")
+_CONTRACT_MOUNT = re.compile(
+    r"^\| mount \| `<data-dir>/mps/<id>/(\w+)` → `([^`]+)` \(`([^`]+)`\) \|$", re.MULTILINE
+)
 
 
 # ---- what the code defines --------------------------------------------------------------------
@@ -73,6 +82,15 @@ def device_classes() -> list[dict[str, Any]]:
     return classes
 
 
+def workload_mounts() -> set[tuple[str, str, str]]:
+    """`(daemon directory, container path, options)` of the MPS mounts of a share's container."""
+    paths = DaemonPaths.of(Path("/data"), "daemon-0")
+    return {
+        (Path(mount.host_path).name, mount.container_path, ",".join(mount.options))
+        for mount in workload_edits(paths).mounts
+    }
+
+
 # ---- checks on doc text (return what is missing, so they can be tested on broken text) ---------
 def undocumented_settings(doc: str, settings: dict[str, str]) -> list[str]:
     """Flags whose doc table row (a line starting with `|`) does not also name the env twin."""
@@ -106,6 +124,24 @@ def undocumented_classes(doc: str, classes: list[dict[str, Any]]) -> list[str]:
         extended = spec.get("extendedResourceName")
         if extended and f"extendedResourceName: {extended}" not in flat_doc:
             problems.append(f"{name}: extendedResourceName {extended} not shown")
+    return problems
+
+
+def misstated_workload_mounts(doc: str, mounts: set[tuple[str, str, str]]) -> list[str]:
+    """Where docs/mps.md states the MPS mounts otherwise than ``mounts``: the `| mount |` rows of
+    the container contract, and the paragraph that opens the hostile-tenant table."""
+    documented = set(_CONTRACT_MOUNT.findall(doc))
+    problems = [f"container contract lacks {mount}" for mount in sorted(mounts - documented)]
+    problems += [f"container contract states {mount}" for mount in sorted(documented - mounts)]
+    _, found, after = doc.partition(HOSTILE_TENANT_HEADING)
+    if not found:
+        return [*problems, f"no section {HOSTILE_TENANT_HEADING!r}"]
+    opening = " ".join(after.split("\n|", 1)[0].split())
+    for _, container_path, mount_options in sorted(mounts):
+        if f"`{container_path}`" not in opening:
+            problems.append(f"hostile-tenant section does not name {container_path}")
+        if f"`{mount_options}`" not in opening:
+            problems.append(f"hostile-tenant section does not state {mount_options}")
     return problems
 
 
@@ -158,6 +194,16 @@ def test_deviceclasses_doc_covers_every_class_file() -> None:
     assert undocumented_classes(DEVICECLASSES_DOC.read_text(), classes) == []
 
 
+def test_mps_doc_states_the_mounts_a_share_container_gets() -> None:
+    mounts = workload_mounts()
+
+    assert {(directory, path) for directory, path, _ in mounts} == {
+        ("pipe", "/tmp/nvidia-mps"),
+        ("shm", "/dev/shm"),
+    }
+    assert misstated_workload_mounts(MPS_DOC.read_text(), mounts) == []
+
+
 # ---- the checks can fail ---------------------------------------------------------------------
 def test_a_flag_missing_from_the_config_doc_is_reported(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
@@ -188,3 +234,24 @@ def test_a_class_missing_from_the_deviceclasses_doc_or_a_changed_cel_is_reported
 
     assert "hopper.gpu.nvidia.com: no heading" in problems
     assert any(p.startswith("large-memory.gpu.nvidia.com: CEL not shown") for p in problems)
+
+
+def test_a_changed_mps_mount_option_is_reported() -> None:
+    read_only = {
+        (directory, path, "ro,nosuid,nodev,bind" if directory == "pipe" else mount_options)
+        for directory, path, mount_options in workload_mounts()
+    }
+
+    problems = misstated_workload_mounts(MPS_DOC.read_text(), read_only)
+
+    pipe_read_only = ("pipe", "/tmp/nvidia-mps", "ro,nosuid,nodev,bind")
+    assert f"container contract lacks {pipe_read_only}" in problems
+    assert "hostile-tenant section does not state ro,nosuid,nodev,bind" in problems
+
+
+def test_a_missing_hostile_tenant_section_is_reported() -> None:
+    doc = MPS_DOC.read_text().replace(HOSTILE_TENANT_HEADING, "## Tenants")
+
+    assert misstated_workload_mounts(doc, workload_mounts()) == [
+        f"no section {HOSTILE_TENANT_HEADING!r}"
+    ]
