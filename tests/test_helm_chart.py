@@ -564,6 +564,7 @@ def test_the_policy_can_be_left_out(tmp_path: Path) -> None:
 WEBHOOK = "gpu-dra-webhook"
 WEBHOOK_DNS_NAME = f"{WEBHOOK}.{NAMESPACE}.svc"
 CONTROLLER_USER = f"system:serviceaccount:{NAMESPACE}:{CONTROLLER_SA}"
+CLAIM_CONTROLLER_USER = "system:serviceaccount:kube-system:resource-claim-controller"
 
 
 def webhooks(rendered: Rendered) -> dict[str, dict[str, Any]]:
@@ -647,6 +648,10 @@ def test_only_objects_with_a_config_of_the_driver_are_sent_to_the_webhook(
     # The controller applies the catalog before it can answer: its own applies are not sent.
     expected = [] if kind == "DeviceClass" else [f"{plural}.gpu.nvidia.com"]
     assert sent_to(mine, user=CONTROLLER_USER) == expected
+    # Claims made for pods from a template copy the template's spec, judged when it was written.
+    expected = [] if kind == "ResourceClaim" else [f"{plural}.gpu.nvidia.com"]
+    for user in (CLAIM_CONTROLLER_USER, "system:kube-controller-manager"):
+        assert sent_to(mine, user=user) == expected
 
 
 def test_the_charts_certificate_serves_the_services_name_under_the_injected_ca(
