@@ -264,8 +264,14 @@ def test_the_webhook_refuses_a_device_class_with_a_bad_config(
 
     webhook = f"deviceclasses.{DRIVER}"
     assert BAD_STRATEGY_DENIED.format(webhook=webhook, path="spec.config[0]") in complaint
-    # The catalog's class with a config of the driver was applied by the controller itself,
-    # which the webhook leaves alone (it applies before it can answer).
+    # The controller applied its catalog (mps.gpu.nvidia.com carries a config of the driver)
+    # at start, before it could answer: the webhook leaves its own applies alone, so none failed.
+    (controller,) = pods(kube, CONTROLLER_SELECTOR)
+    log = cluster.kubectl(
+        "logs", "-n", NAMESPACE, controller["metadata"]["name"], "-c", "controller"
+    )
+    assert "serving the admission webhook on port 8443" in log
+    assert "applying DeviceClass failed" not in log
     assert kube.get(CLAIM_API, "DeviceClass", "mps.gpu.nvidia.com")["spec"]["config"]
 
 
