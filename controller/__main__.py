@@ -18,7 +18,7 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 
 from prometheus_client import CollectorRegistry, start_http_server
 
@@ -35,6 +35,7 @@ from gpu_dra.controller.inventory import Inventory, inventory
 from gpu_dra.controller.kubeapi import list_resource_objects, new_api_client
 from gpu_dra.controller.metrics import CatalogMetrics, InventoryMetrics
 from gpu_dra.controller.settings import ControllerSettings
+from gpu_dra.controller.webhook import WebhookSetupError, serving
 from gpu_dra.driver.naming import DEFAULT_DRIVER_NAME
 
 log = logging.getLogger("gpu_dra.controller")
@@ -68,15 +69,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         claims = list_resource_objects(api_client, "resourceclaims")
         return inventory(slices, classes, claims, driver=DEFAULT_DRIVER_NAME)
 
-    return asyncio.run(
-        run(
+    def keep_applied() -> Coroutine[None, None, int]:
+        return run(
             settings,
             api,
             CatalogMetrics(registry),
             read_inventory=read,
             inventory_metrics=InventoryMetrics(registry),
         )
-    )
+
+    # The admission webhook is served beside the run loop (every replica) until it returns.
+    try:
+        return asyncio.run(serving(settings, keep_applied, driver=DEFAULT_DRIVER_NAME))
+    except WebhookSetupError as error:
+        log.error("%s", error)
+        return EXIT_BAD_SETUP
 
 
 InventoryReader = Callable[[], Inventory]

@@ -159,6 +159,34 @@ class ControllerSettings:
             parse_interval_or_off,
         ),
     )
+    webhook_port: int = field(
+        default=0,
+        metadata=option(
+            "--webhook-port",
+            "GPU_DRA_WEBHOOK_PORT",
+            "HTTPS port of the validating admission webhook for the driver's opaque configs; "
+            "0: no webhook",
+            parse_port,
+        ),
+    )
+    webhook_tls_cert_file: Path = field(
+        default=Path("/etc/gpu-dra/webhook-tls/tls.crt"),
+        metadata=option(
+            "--webhook-tls-cert-file",
+            "GPU_DRA_WEBHOOK_TLS_CERT_FILE",
+            "PEM certificate (chain) the webhook serves; re-read when it changes",
+            Path,
+        ),
+    )
+    webhook_tls_private_key_file: Path = field(
+        default=Path("/etc/gpu-dra/webhook-tls/tls.key"),
+        metadata=option(
+            "--webhook-tls-private-key-file",
+            "GPU_DRA_WEBHOOK_TLS_PRIVATE_KEY_FILE",
+            "PEM private key of --webhook-tls-cert-file; re-read when it changes",
+            Path,
+        ),
+    )
     log_level: str = field(
         default="INFO",
         metadata=option(
@@ -196,7 +224,8 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="gpu-dra-controller",
         description="Cluster-level part of the gpu-dra DRA driver: applies the DeviceClass "
-        "catalog. Every flag can also be set through the environment variable named with it.",
+        "catalog and serves the admission webhook. Every flag can also be set through the "
+        "environment variable named with it.",
     )
     for item in fields(ControllerSettings):
         option: Option = item.metadata["option"]

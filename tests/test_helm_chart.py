@@ -1,12 +1,17 @@
 """The Helm chart (deployments/helm/gpu-dra) renders what the code means, checked without a
 cluster with the pinned helm: lint and schema, the DaemonSet's and the Deployment's environment
 parsed into the plugin's and the controller's settings, the driver root mounts and the wait for
-NVML, the catalog ConfigMap against deviceclasses/, least-privilege RBAC, and the admission
-policy's decisions. Applying it to a cluster is the e2e tests' part."""
+NVML, the catalog ConfigMap against deviceclasses/, least-privilege RBAC, the admission
+policy's decisions, and the admission webhook: which requests reach it, its TLS modes, and the
+chart's certificate served by the controller's own server. Applying it to a cluster is the e2e
+tests' part."""
 
 from __future__ import annotations
 
+import asyncio
+import base64
 import os
+import ssl
 import subprocess
 import sys
 import tarfile
@@ -14,11 +19,16 @@ import time
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+import aiohttp
 import pytest
 import yaml
 
+from gpu_dra.controller.admission import KINDS as ADMITTED_KINDS
+from gpu_dra.controller.admission import VERSIONS as ADMITTED_VERSIONS
 from gpu_dra.controller.catalog import load_catalog
 from gpu_dra.controller.settings import ControllerSettings
+from gpu_dra.controller.webhook import PATH as WEBHOOK_PATH
+from gpu_dra.controller.webhook import ReloadingCertificate, WebhookServer
 from gpu_dra.kubelet_plugin.settings import KubeletPluginSettings
 from tests.helmchart import (
     CHART,
@@ -29,6 +39,7 @@ from tests.helmchart import (
     env_of,
     run_helm,
     template,
+    webhook_called,
 )
 
 NODE = "gpu-node-1"
@@ -108,6 +119,9 @@ def test_defaults_render_only_once_the_device_plugin_is_acknowledged_off() -> No
         ("nvidiaDriverRoot=run/nvidia/driver", "'/nvidiaDriverRoot'"),
         ("metrics.kubeletPluginPort=0", "'/metrics/kubeletPluginPort'"),
         ("image.pullPolicy=Sometimes", "'/image/pullPolicy'"),
+        ("webhook.failurePolicy=Sometimes", "'/webhook/failurePolicy'"),
+        ("webhook.tls.mode=vault", "'/webhook/tls/mode'"),
+        ("webhook.containerPort=443", "'/webhook/containerPort'"),
     ],
 )
 def test_the_schema_rejects_misspelt_and_invalid_values(setting: str, complaint: str) -> None:
@@ -323,18 +337,23 @@ def test_the_deployment_env_parses_into_the_controller_settings(
 ) -> None:
     container = host_driver.container("Deployment", "controller")
     settings = ControllerSettings.from_env(env_of(container, {}))
-    (port,) = container["ports"]
+    ports = {p["name"]: p for p in container["ports"]}
     catalog_mount = {m["mountPath"]: m for m in container["volumeMounts"]}
 
     assert container["command"] == ["gpu-dra-controller"]
     assert settings.kubeconfig is None  # the pod's service account
-    assert settings.metrics_port == port["containerPort"] == 8080
+    assert settings.metrics_port == ports["metrics"]["containerPort"] == 8080
+    assert settings.webhook_port == ports["webhook"]["containerPort"] == 8443
     assert settings.log_level == "INFO"  # NVIDIA's default verbosity 4
     mount = catalog_mount[str(settings.deviceclasses_dir)]
     volume = host_driver.volume("Deployment", mount["name"])
     assert volume["configMap"]["name"] == host_driver.one("ConfigMap")["metadata"]["name"]
-    for probe in ("livenessProbe", "readinessProbe"):
-        assert container[probe]["httpGet"]["port"] == port["name"]
+    assert container["livenessProbe"]["httpGet"]["port"] == "metrics"
+    assert container["readinessProbe"]["httpGet"] == {
+        "path": "/readyz",
+        "port": "webhook",
+        "scheme": "HTTPS",
+    }
 
     operator = gpu_operator.container("Deployment", "controller")
     operator_settings = ControllerSettings.from_env(env_of(operator, {}))
@@ -539,6 +558,231 @@ def test_the_policy_can_be_left_out(tmp_path: Path) -> None:
 
     assert rendered.all("ValidatingAdmissionPolicy") == []
     assert rendered.all("ValidatingAdmissionPolicyBinding") == []
+
+
+# ---- admission webhook: the controller judges the driver's opaque configs ---------------------
+WEBHOOK = "gpu-dra-webhook"
+WEBHOOK_DNS_NAME = f"{WEBHOOK}.{NAMESPACE}.svc"
+CONTROLLER_USER = f"system:serviceaccount:{NAMESPACE}:{CONTROLLER_SA}"
+CLAIM_CONTROLLER_USER = "system:serviceaccount:kube-system:resource-claim-controller"
+
+
+def webhooks(rendered: Rendered) -> dict[str, dict[str, Any]]:
+    (config,) = rendered.all("ValidatingWebhookConfiguration")
+    return {hook["name"]: hook for hook in config["webhooks"]}
+
+
+def test_the_webhook_is_the_controllers_port_behind_its_service(host_driver: Rendered) -> None:
+    service = host_driver.one("Service", WEBHOOK)
+    labels = host_driver.one("Deployment")["spec"]["template"]["metadata"]["labels"]
+    container = host_driver.container("Deployment", "controller")
+    (port,) = service["spec"]["ports"]
+
+    assert service["spec"]["selector"].items() <= labels.items()
+    assert port["targetPort"] == "webhook"
+    assert "webhook" in {p["name"] for p in container["ports"]}
+    assert port["port"] == 443
+    for hook in webhooks(host_driver).values():
+        assert hook["clientConfig"]["service"] == {
+            "namespace": NAMESPACE,
+            "name": WEBHOOK,
+            "port": 443,
+            "path": WEBHOOK_PATH,
+        }
+
+
+def test_the_webhook_judges_every_validated_kind_and_version_fail_closed(
+    host_driver: Rendered,
+) -> None:
+    hooks = webhooks(host_driver)
+
+    assert sorted(hooks) == sorted(f"{plural}.gpu.nvidia.com" for plural in ADMITTED_KINDS)
+    for name, hook in hooks.items():
+        (rule,) = hook["rules"]
+        plural = name.split(".")[0]
+        assert rule == {
+            "apiGroups": ["resource.k8s.io"],
+            "apiVersions": list(ADMITTED_VERSIONS),
+            "operations": ["CREATE", "UPDATE"],
+            "resources": [plural],
+            "scope": "Cluster" if plural == "deviceclasses" else "Namespaced",
+        }
+        assert hook["admissionReviewVersions"] == ["v1"]
+        assert hook["sideEffects"] == "None"
+        assert hook["failurePolicy"] == "Fail"
+
+
+def gpu_entry(driver: str = "gpu.nvidia.com") -> dict[str, Any]:
+    parameters = {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig"}
+    return {"opaque": {"driver": driver, "parameters": parameters}}
+
+
+def with_configs(kind: str, version: str, configs: list[dict[str, Any]] | None) -> dict[str, Any]:
+    devices: dict[str, Any] = {"requests": [{"name": "gpu"}]}
+    if configs is not None:
+        devices["config"] = configs
+    spec: dict[str, Any] = {
+        "ResourceClaim": {"devices": devices},
+        "ResourceClaimTemplate": {"spec": {"devices": devices}},
+        "DeviceClass": {} if configs is None else {"config": configs},
+    }[kind]
+    return {"apiVersion": f"resource.k8s.io/{version}", "kind": kind, "spec": spec}
+
+
+@pytest.mark.parametrize("version", ADMITTED_VERSIONS)
+@pytest.mark.parametrize("kind", ["ResourceClaim", "ResourceClaimTemplate", "DeviceClass"])
+def test_only_objects_with_a_config_of_the_driver_are_sent_to_the_webhook(
+    host_driver: Rendered, kind: str, version: str
+) -> None:
+    hooks = webhooks(host_driver)
+
+    def sent_to(obj: dict[str, Any], user: str = "alice") -> list[str]:
+        return [name for name, hook in hooks.items() if webhook_called(hook, user=user, obj=obj)]
+
+    plural = kind.lower() + ("es" if kind.endswith("s") else "s")
+    mine = with_configs(kind, version, [gpu_entry("nic.example.com"), gpu_entry()])
+    assert sent_to(mine) == [f"{plural}.gpu.nvidia.com"]
+    assert sent_to(with_configs(kind, version, [gpu_entry("nic.example.com")])) == []
+    assert sent_to(with_configs(kind, version, [])) == []
+    assert sent_to(with_configs(kind, version, None)) == []
+    # The controller applies the catalog before it can answer: its own applies are not sent.
+    expected = [] if kind == "DeviceClass" else [f"{plural}.gpu.nvidia.com"]
+    assert sent_to(mine, user=CONTROLLER_USER) == expected
+    # Claims made for pods from a template copy the template's spec, judged when it was written.
+    expected = [] if kind == "ResourceClaim" else [f"{plural}.gpu.nvidia.com"]
+    for user in (CLAIM_CONTROLLER_USER, "system:kube-controller-manager"):
+        assert sent_to(mine, user=user) == expected
+
+
+def test_the_charts_certificate_serves_the_services_name_under_the_injected_ca(
+    host_driver: Rendered, tmp_path: Path
+) -> None:
+    (secret,) = host_driver.all("Secret")
+    data = {key: base64.b64decode(value) for key, value in secret["data"].items()}
+    volume = host_driver.volume("Deployment", "webhook-tls")
+
+    assert secret["type"] == "kubernetes.io/tls"
+    assert volume["secret"]["secretName"] == secret["metadata"]["name"]
+    for hook in webhooks(host_driver).values():
+        assert base64.b64decode(hook["clientConfig"]["caBundle"]) == data["ca.crt"]
+    # The controller's own server, with the rendered pair, verified as the apiserver does: the
+    # CA bundle and the Service's DNS name.
+    (tmp_path / "tls.crt").write_bytes(data["tls.crt"])
+    (tmp_path / "tls.key").write_bytes(data["tls.key"])
+    trust = ssl.create_default_context(cadata=data["ca.crt"].decode())
+    trust.verify_flags &= ~ssl.VERIFY_X509_STRICT
+
+    async def fetch(server_hostname: str) -> int:
+        server = WebhookServer(
+            ReloadingCertificate(tmp_path / "tls.crt", tmp_path / "tls.key"),
+            port=0,
+            driver="gpu.nvidia.com",
+            host="127.0.0.1",
+        )
+        await server.start()
+        try:
+            async with (
+                aiohttp.ClientSession() as session,
+                session.get(
+                    f"https://127.0.0.1:{server.port}/readyz",
+                    ssl=trust,
+                    server_hostname=server_hostname,
+                ) as reply,
+            ):
+                return reply.status
+        finally:
+            await server.stop()
+
+    assert asyncio.run(fetch(WEBHOOK_DNS_NAME)) == 200
+    with pytest.raises(aiohttp.ClientConnectorCertificateError):
+        asyncio.run(fetch(f"{WEBHOOK}.elsewhere.svc"))
+
+
+def test_cert_manager_makes_the_certificate_and_injects_its_ca(tmp_path: Path) -> None:
+    tls = {"mode": "cert-manager", "certManager": {"dnsNames": ["webhook.example"]}}
+    rendered = Rendered.of({**HOST_DRIVER, "webhook": {"tls": tls}}, tmp_path)
+    issuer = rendered.one("Issuer")
+    cert = rendered.one("Certificate")
+    (config,) = rendered.all("ValidatingWebhookConfiguration")
+
+    assert issuer["spec"] == {"selfSigned": {}}
+    assert cert["spec"]["issuerRef"] == {
+        "group": "cert-manager.io",
+        "kind": "Issuer",
+        "name": issuer["metadata"]["name"],
+    }
+    assert cert["spec"]["dnsNames"] == [
+        WEBHOOK,
+        f"{WEBHOOK}.{NAMESPACE}",
+        WEBHOOK_DNS_NAME,
+        "webhook.example",
+    ]
+    volume = rendered.volume("Deployment", "webhook-tls")
+    assert volume["secret"]["secretName"] == cert["spec"]["secretName"]
+    assert config["metadata"]["annotations"] == {
+        "cert-manager.io/inject-ca-from": f"{NAMESPACE}/{cert['metadata']['name']}"
+    }
+    assert all("caBundle" not in hook["clientConfig"] for hook in config["webhooks"])
+    assert rendered.all("Secret") == []
+
+
+def test_cert_manager_can_use_a_named_cluster_issuer_and_a_nameless_one_is_refused(
+    tmp_path: Path,
+) -> None:
+    tls = {
+        "mode": "cert-manager",
+        "certManager": {"issuerType": "clusterissuer", "issuerName": "corp-ca"},
+    }
+    rendered = Rendered.of({**HOST_DRIVER, "webhook": {"tls": tls}}, tmp_path)
+    nameless = template(
+        None,
+        "gpuResourcesEnabledOverride=true",
+        "webhook.tls.mode=cert-manager",
+        "webhook.tls.certManager.issuerType=issuer",
+    )
+
+    assert rendered.all("Issuer") == []
+    assert rendered.one("Certificate")["spec"]["issuerRef"] == {
+        "group": "cert-manager.io",
+        "kind": "ClusterIssuer",
+        "name": "corp-ca",
+    }
+    assert nameless.returncode != 0
+    assert "issuerType=issuer needs webhook.tls.certManager.issuerName" in nameless.stderr
+
+
+def test_a_secret_of_ones_own_with_its_ca_bundle(tmp_path: Path) -> None:
+    tls = {"mode": "secret", "secret": {"name": "my-webhook-tls", "caBundle": "Q0EK"}}
+    rendered = Rendered.of({**HOST_DRIVER, "webhook": {"tls": tls}}, tmp_path)
+    no_bundle = template(
+        None,
+        "gpuResourcesEnabledOverride=true",
+        "webhook.tls.mode=secret",
+        "webhook.tls.secret.name=my-webhook-tls",
+    )
+
+    volume = rendered.volume("Deployment", "webhook-tls")
+    assert volume["secret"]["secretName"] == "my-webhook-tls"
+    assert {h["clientConfig"]["caBundle"] for h in webhooks(rendered).values()} == {"Q0EK"}
+    for kind in ("Secret", "Certificate", "Issuer"):
+        assert rendered.all(kind) == []
+    assert no_bundle.returncode != 0
+    assert "webhook.tls.mode=secret needs webhook.tls.secret.name" in no_bundle.stderr
+
+
+def test_the_webhook_can_be_left_out_or_fail_open(tmp_path: Path) -> None:
+    off = Rendered.of({**HOST_DRIVER, "webhook": {"enabled": False}}, tmp_path)
+    fail_open = Rendered.of({**HOST_DRIVER, "webhook": {"failurePolicy": "Ignore"}}, tmp_path)
+
+    container = off.container("Deployment", "controller")
+    assert ControllerSettings.from_env(env_of(container, {})).webhook_port == 0
+    assert [p["name"] for p in container["ports"]] == ["metrics"]
+    assert container["readinessProbe"]["httpGet"] == {"path": "/metrics", "port": "metrics"}
+    assert "webhook-tls" not in {v["name"] for v in off.pod_spec("Deployment")["volumes"]}
+    for kind in ("ValidatingWebhookConfiguration", "Secret"):
+        assert off.all(kind) == []
+    assert WEBHOOK not in {s["metadata"]["name"] for s in off.all("Service")}
+    assert {h["failurePolicy"] for h in webhooks(fail_open).values()} == {"Ignore"}
 
 
 # ---- metrics ----------------------------------------------------------------------------------

@@ -79,3 +79,19 @@ def test_bad_flag_value_exits_with_the_reason(capsys: pytest.CaptureFixture[str]
         ControllerSettings.from_args(["--log-level", "loud"], {})
 
     assert "must be one of" in capsys.readouterr().err
+
+
+def test_the_webhook_is_off_by_default_and_set_by_port_and_tls_files() -> None:
+    assert ControllerSettings().webhook_port == 0
+
+    settings = ControllerSettings.from_env(
+        {
+            "GPU_DRA_WEBHOOK_PORT": "8443",
+            "GPU_DRA_WEBHOOK_TLS_CERT_FILE": "/tls/tls.crt",
+            "GPU_DRA_WEBHOOK_TLS_PRIVATE_KEY_FILE": "/tls/tls.key",
+        }
+    )
+
+    assert settings.webhook_port == 8443
+    assert settings.webhook_tls_cert_file == Path("/tls/tls.crt")
+    assert settings.webhook_tls_private_key_file == Path("/tls/tls.key")
