@@ -12,7 +12,8 @@ GPUs, a recorded fake on simulated nodes) exists before recovery too, which rese
 intervals of interrupted prepares. With dynamic MIG, recovery also destroys the MIG instances of
 partitionable GPUs that no prepared claim owns. Every successful registration
 republishes the slices: the kubelet wipes them when it starts. Prepares GET their claims until the
-cache has listed them.
+cache has listed them. The gRPC health service (`--healthcheck-port`, kubelet-plugin/health.py)
+listens from the start and reports SERVING once recovery is done and both sockets answer.
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ from gpu_dra.kubelet_plugin.cdi import ClaimSpecStore
 from gpu_dra.kubelet_plugin.checkpoint import Checkpoint
 from gpu_dra.kubelet_plugin.claimcache import CachedClaimReader
 from gpu_dra.kubelet_plugin.driver_userspace import CommonEdits, DriverRoot, DriverUserspaceError
+from gpu_dra.kubelet_plugin.health import HealthServer, PluginHealth
 from gpu_dra.kubelet_plugin.inventory import NodeInventory
 from gpu_dra.kubelet_plugin.kubeapi import KubernetesClaimReader, KubernetesPodApi
 from gpu_dra.kubelet_plugin.metrics import DiscoveryMetrics, MpsCollector, PluginMetrics
@@ -353,6 +355,22 @@ def node_inventory(settings: KubeletPluginSettings, devices: NodeDevices) -> Nod
 
 
 async def run(settings: KubeletPluginSettings) -> None:
+    """Serve the gRPC health service (`--healthcheck-port`, NOT_SERVING until the sockets are
+    served) for as long as the plugin starts, runs and stops."""
+    health = PluginHealth()
+    health_server = None
+    if settings.healthcheck_port >= 0:
+        health_server = HealthServer(health, settings.healthcheck_port)
+        await health_server.start()
+    try:
+        await serve(settings, health)
+    finally:
+        await health.stopping()
+        if health_server is not None:
+            await health_server.stop()
+
+
+async def serve(settings: KubeletPluginSettings, health: PluginHealth) -> None:
     nvml, pci = _nvml(settings)
     registry = CollectorRegistry()
     discovery_metrics = DiscoveryMetrics(registry, settings.node_name)
@@ -387,6 +405,7 @@ async def run(settings: KubeletPluginSettings) -> None:
         common_edits=None if common_edits is None else common_edits.current,
     )
     await preparer.recover()
+    health.mark_recovered()
 
     registry.register(MpsCollector(settings.node_name, checkpoint.all))
     if settings.metrics_port:
@@ -425,6 +444,7 @@ async def run(settings: KubeletPluginSettings) -> None:
     claims.start()
     try:
         await server.start()
+        health.attach(server)
         log.info("serving dra=%s registration=%s", server.dra_socket, server.registration_socket)
         done, _ = await asyncio.wait(
             {publishing, asyncio.create_task(stop.wait())}, return_when=asyncio.FIRST_COMPLETED
@@ -433,6 +453,7 @@ async def run(settings: KubeletPluginSettings) -> None:
             publishing.result()  # the publisher only ends on a bug: surface it
     finally:
         log.info("shutting down")
+        await health.stopping()
         await server.stop()
         publisher.stop()
         await asyncio.gather(publishing, return_exceptions=True)

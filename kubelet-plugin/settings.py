@@ -122,6 +122,9 @@ class KubeletPluginSettings:
     """Deadline of one prepare/unprepare call, below the kubelet's 45 s."""
     metrics_port: int = 8081
     """Port of the Prometheus `/metrics` endpoint; 0 turns it off."""
+    healthcheck_port: int = -1
+    """TCP port of the gRPC health service (`grpc.health.v1`): 0 any free port, negative off
+    (NVIDIA's `--healthcheck-port`)."""
     log_level: str = "INFO"
     """Python log level of the plugin's own logs (`controller.settings.LOG_LEVELS`)."""
     mps_control_binary: str = DEFAULT_MPS_CONTROL_BINARY
@@ -266,6 +269,12 @@ class KubeletPluginSettings:
         option("--log-level", f"log level: {', '.join(LOG_LEVELS)}", "INFO")
         option("--metrics-port", "port of the Prometheus /metrics endpoint (0 = off)", "8081")
         option(
+            "--healthcheck-port",
+            "TCP port of the gRPC health service (grpc.health.v1; services '', liveness, "
+            "readiness): 0 any free port, negative off; also read from HEALTHCHECK_PORT",
+            environ.get("HEALTHCHECK_PORT") or "-1",
+        )
+        option(
             "--mps-control-binary",
             "MPS control program: a path, or a name looked up on PATH, then under "
             "<driver-root>/usr/bin",
@@ -294,12 +303,9 @@ class KubeletPluginSettings:
         args = parser.parse_args(argv)
         if not args.node_name:
             parser.error("--node-name (or GPU_DRA_NODE_NAME / NODE_NAME) is required")
-        try:
-            metrics_port = int(args.metrics_port)
-        except ValueError:
-            parser.error(f"--metrics-port must be a port number, got {args.metrics_port!r}")
-        if not 0 <= metrics_port <= 65535:
-            parser.error(f"--metrics-port must be between 0 and 65535, got {metrics_port}")
+        metrics_port = _port(parser, "--metrics-port", args.metrics_port, minimum=0)
+        # NVIDIA's convention: any negative port turns the health service off.
+        healthcheck_port = _port(parser, "--healthcheck-port", args.healthcheck_port, minimum=None)
         try:
             mps_shares = ShareSelection.parse(args.mps_shares or "none")
         except ShareSelectionError as error:
@@ -326,6 +332,7 @@ class KubeletPluginSettings:
             kubeconfig=Path(args.kubeconfig) if args.kubeconfig else None,
             call_timeout_s=_call_timeout(parser, args.call_timeout),
             metrics_port=metrics_port,
+            healthcheck_port=max(healthcheck_port, -1),
             log_level=_log_level(parser, args.log_level),
             mps_control_binary=args.mps_control_binary or DEFAULT_MPS_CONTROL_BINARY,
             nvidia_smi=args.nvidia_smi or DEFAULT_NVIDIA_SMI,
@@ -345,6 +352,18 @@ def parse_hook_names(text: str) -> frozenset[str]:
             f"unknown CDI hook(s) {', '.join(unknown)}; known: {', '.join(HOOK_NAMES)}, {ALL_HOOKS}"
         )
     return names
+
+
+def _port(parser: argparse.ArgumentParser, flag: str, text: str, *, minimum: int | None) -> int:
+    """A port number of `flag` up to 65535 and from `minimum` (None: any); usage errors exit."""
+    try:
+        port = int(text)
+    except ValueError:
+        parser.error(f"{flag} must be a port number, got {text!r}")
+    if port > 65535 or (minimum is not None and port < minimum):
+        low = "any negative number (off)" if minimum is None else str(minimum)
+        parser.error(f"{flag} must be between {low} and 65535, got {port}")
+    return port
 
 
 def _call_timeout(parser: argparse.ArgumentParser, text: str) -> float:
