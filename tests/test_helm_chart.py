@@ -108,6 +108,11 @@ def test_defaults_render_only_once_the_device_plugin_is_acknowledged_off() -> No
         ("nvidiaDriverRoot=run/nvidia/driver", "'/nvidiaDriverRoot'"),
         ("metrics.kubeletPluginPort=0", "'/metrics/kubeletPluginPort'"),
         ("image.pullPolicy=Sometimes", "'/image/pullPolicy'"),
+        # The kubelet's grpc probe needs a fixed port.
+        (
+            "kubeletPlugin.containers.gpus.healthcheckPort=0",
+            "'/kubeletPlugin/containers/gpus/healthcheckPort'",
+        ),
     ],
 )
 def test_the_schema_rejects_misspelt_and_invalid_values(setting: str, complaint: str) -> None:
@@ -301,12 +306,40 @@ def test_no_variable_is_set_twice(gpu_operator: Rendered, tmp_path: Path) -> Non
             assert len(names) == len(set(names))
 
 
-def test_the_plugin_is_probed_on_its_metrics_port(host_driver: Rendered) -> None:
+def test_the_kubelet_probes_the_plugins_grpc_health_service(host_driver: Rendered) -> None:
     container = host_driver.container("DaemonSet", "gpus")
-    (port,) = container["ports"]
+    settings = plugin_settings(host_driver)
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
 
+    # NVIDIA's port; the plugin serves grpc.health.v1 there (kubelet-plugin/health.py).
+    assert settings.healthcheck_port == ports["healthcheck"] == 51516
+    services = {}
     for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
-        assert container[probe]["httpGet"] == {"path": "/metrics", "port": port["name"]}
+        assert "httpGet" not in container[probe]
+        assert container[probe]["grpc"]["port"] == settings.healthcheck_port
+        services[probe] = container[probe]["grpc"]["service"]
+    assert services == {
+        "startupProbe": "liveness",
+        "livenessProbe": "liveness",
+        "readinessProbe": "readiness",
+    }
+    # Recovery may take a while on a node with many prepared claims: 10 minutes to start.
+    startup = container["startupProbe"]
+    assert startup["periodSeconds"] * startup["failureThreshold"] == 600
+    assert container["livenessProbe"]["periodSeconds"] == 30
+
+
+def test_a_negative_healthcheck_port_turns_health_and_probes_off(tmp_path: Path) -> None:
+    rendered = Rendered.of(
+        {**HOST_DRIVER, "kubeletPlugin": {"containers": {"gpus": {"healthcheckPort": -1}}}},
+        tmp_path,
+    )
+    container = rendered.container("DaemonSet", "gpus")
+
+    assert plugin_settings(rendered).healthcheck_port == -1
+    assert [p["name"] for p in container["ports"]] == ["metrics"]
+    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+        assert probe not in container
 
 
 def test_the_plugin_runs_as_root_although_the_image_user_is_not(host_driver: Rendered) -> None:
