@@ -1,19 +1,21 @@
 """Composition root of `gpu-dra-kubelet-plugin`: settings -> adapters -> serve until SIGTERM.
 
 Order matters: discover the GPUs (`discover`: a node-wide NVML failure, or GPUs of which none can
-be read, stop the plugin with exit status 1; a GPU that cannot be read is left out, logged at
-ERROR with its NVML return code and exported as ``gpu_dra_gpu_discovery_errors``; see
-docs/real-nodes.md, "NVML errors"), recover from the checkpoint (roll back half-done prepares,
-remove orphaned CDI specs), start publishing the node's ResourceSlices and caching the
-ResourceClaims, then serve the DRA socket, and only then the registration socket (PluginServer
-does both in that order). The MPS daemon manager exists before recovery, which adopts the daemons
-of prepared claims and stops those of interrupted prepares; the time slicer (nvidia-smi on real
-GPUs, a recorded fake on simulated nodes) exists before recovery too, which resets the time-slice
-intervals of interrupted prepares. With dynamic MIG, recovery also destroys the MIG instances of
-partitionable GPUs that no prepared claim owns. Every successful registration
-republishes the slices: the kubelet wipes them when it starts. Prepares GET their claims until the
-cache has listed them. The gRPC health service (`--healthcheck-port`, kubelet-plugin/health.py)
-listens from the start and reports SERVING once recovery is done and both sockets answer.
+be read, stop the plugin with exit status 1; a GPU that cannot be read is left out, logged at ERROR
+with its NVML return code and exported as ``gpu_dra_gpu_discovery_errors``; see
+docs/real-nodes.md, "NVML errors"), refuse a node whose GPUs NVIDIA's device plugin or another DRA
+driver already serves (`guard_node`, kubelet-plugin/guard.py), recover from the
+checkpoint (roll back half-done prepares, remove orphaned CDI specs), start publishing the node's
+ResourceSlices and caching the ResourceClaims, then serve the DRA socket, and only then the
+registration socket (PluginServer does both in that order). The MPS daemon manager exists before
+recovery, which adopts the daemons of prepared claims and stops those of interrupted prepares; the
+time slicer (nvidia-smi on real GPUs, a recorded fake on simulated nodes) exists before recovery
+too, which resets the time-slice intervals of interrupted prepares. With dynamic MIG, recovery also
+destroys the MIG instances of partitionable GPUs that no prepared claim owns. Every successful
+registration republishes the slices: the kubelet wipes them when it starts. Prepares GET their
+claims until the cache has listed them. The gRPC health service (`--healthcheck-port`,
+kubelet-plugin/health.py) listens from the start and reports SERVING once recovery is done and both
+sockets answer.
 """
 
 from __future__ import annotations
@@ -53,6 +55,13 @@ from gpu_dra.kubelet_plugin.cdi import ClaimSpecStore
 from gpu_dra.kubelet_plugin.checkpoint import Checkpoint
 from gpu_dra.kubelet_plugin.claimcache import CachedClaimReader
 from gpu_dra.kubelet_plugin.driver_userspace import CommonEdits, DriverRoot, DriverUserspaceError
+from gpu_dra.kubelet_plugin.guard import (
+    GuardApi,
+    KubernetesGuardApi,
+    NodeCheck,
+    NodeConflictError,
+    guard,
+)
 from gpu_dra.kubelet_plugin.health import HealthServer, PluginHealth
 from gpu_dra.kubelet_plugin.inventory import NodeInventory
 from gpu_dra.kubelet_plugin.kubeapi import KubernetesClaimReader, KubernetesPodApi
@@ -370,12 +379,47 @@ async def run(settings: KubeletPluginSettings) -> None:
             await health_server.stop()
 
 
+def guard_node(settings: KubeletPluginSettings, api: GuardApi) -> None:
+    """Refuse (`StartupError`, after an Event on the Node) a node whose GPUs NVIDIA's device
+    plugin or another DRA driver of this name already serves; a check that cannot be made
+    refuses too."""
+    check = NodeCheck(
+        node_name=settings.node_name,
+        driver_name=settings.driver_name,
+        plugins_dir=settings.kubelet_plugins_dir,
+        registry_dir=settings.kubelet_registry_dir,
+        device_plugins_dir=settings.device_plugins_dir,
+    )
+    try:
+        guard(
+            api,
+            check,
+            event_namespace=settings.event_namespace,
+            allow_device_plugin=settings.allow_nvidia_device_plugin,
+        )
+    except NodeConflictError as error:
+        raise StartupError(f"this node's GPUs are already handed out: {error}") from error
+    except ApiError as error:
+        raise StartupError(
+            f"cannot check whether something else hands out this node's GPUs: {error}"
+        ) from error
+
+
+async def _guarded_api_client(settings: KubeletPluginSettings) -> ApiClient:
+    """The API client, once `guard_node` let the plugin start on this node."""
+    api_client = new_api_client(settings.kubeconfig)
+    await asyncio.to_thread(guard_node, settings, KubernetesGuardApi(api_client))
+    return api_client
+
+
 async def serve(settings: KubeletPluginSettings, health: PluginHealth) -> None:
     nvml, pci = _nvml(settings)
     registry = CollectorRegistry()
     discovery_metrics = DiscoveryMetrics(registry, settings.node_name)
     devices = await asyncio.to_thread(discover, settings, nvml, pci, discovery_metrics)
     inventory = node_inventory(settings, devices)
+    # Discovery only reads; nothing is written (checkpoint, CDI specs, MIG) before the guard.
+    api_client = await _guarded_api_client(settings)
     settings.state_dir.mkdir(parents=True, exist_ok=True, mode=0o750)
     checkpoint = Checkpoint(settings.state_dir)
     loaded = await asyncio.to_thread(checkpoint.load)
@@ -386,7 +430,6 @@ async def serve(settings: KubeletPluginSettings, health: PluginHealth) -> None:
             len(loaded.discarded_claims),
         )
     common_edits = await _common_edits(settings, nvml)
-    api_client = new_api_client(settings.kubeconfig)
     claim_api = KubernetesClaimReader(api_client)
     claims = CachedClaimReader(claim_api)
     preparer = WholeGpuPreparer(

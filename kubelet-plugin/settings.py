@@ -116,6 +116,13 @@ class KubeletPluginSettings:
     """Directory for per-claim CDI spec files (the runtime must list it in its CDI spec dirs)."""
     data_dir: Path | None = None
     """Checkpoint and per-claim files; default `<kubelet_plugins_dir>/<driver>`."""
+    kubelet_device_plugins_dir: Path | None = None
+    """The kubelet's device-plugins directory, where NVIDIA's device plugin has its socket;
+    default `<kubelet_plugins_dir>/../device-plugins`."""
+    allow_nvidia_device_plugin: bool = False
+    """Start although NVIDIA's device plugin serves this node's GPUs (logged as a warning)."""
+    event_namespace: str = "default"
+    """Namespace of the Events recorded about this node (start-up refusals)."""
     kubeconfig: Path | None = None
     """Kubeconfig for the API server; None = the pod's service account."""
     call_timeout_s: float = 40.0
@@ -173,6 +180,11 @@ class KubeletPluginSettings:
         if self.nvidia_driver_root is not None:
             return self.nvidia_driver_root
         return PurePosixPath(self.driver_root)
+
+    @property
+    def device_plugins_dir(self) -> Path:
+        """`kubelet_device_plugins_dir`, else `device-plugins` beside the plugins directory."""
+        return self.kubelet_device_plugins_dir or self.kubelet_plugins_dir.parent / "device-plugins"
 
     @property
     def state_dir(self) -> Path:
@@ -300,6 +312,7 @@ class KubeletPluginSettings:
         )
         _add_mps_daemon_options(option, environ)
         _add_dynamic_mig_options(option, environ)
+        _add_guard_options(option, environ)
         args = parser.parse_args(argv)
         if not args.node_name:
             parser.error("--node-name (or GPU_DRA_NODE_NAME / NODE_NAME) is required")
@@ -340,6 +353,7 @@ class KubeletPluginSettings:
             mps_share_max_percent=max_share,
             **_mps_daemon_settings(parser, args),
             **_dynamic_mig_settings(parser, args),
+            **_guard_settings(parser, args),
         )
 
 
@@ -520,4 +534,42 @@ def _dynamic_mig_settings(
         "dynamic_mig": dynamic_mig,
         "feature_gates": feature_gates,
         "slice_layout": layouts.get(layout_name),
+    }
+
+
+def _add_guard_options(option: Callable[..., None], environ: Mapping[str, str]) -> None:
+    """The start-up guard's `--kubelet-device-plugins-dir`, `--allow-nvidia-device-plugin` and
+    `--event-namespace`."""
+    option(
+        "--kubelet-device-plugins-dir",
+        "the kubelet's device-plugins directory, checked for NVIDIA's device plugin socket "
+        "(default <kubelet-plugins-dir>/../device-plugins)",
+        None,
+    )
+    option(
+        "--allow-nvidia-device-plugin",
+        "start although NVIDIA's device plugin serves this node's GPUs (only warn); both may "
+        "then hand the same GPU to two pods",
+        "false",
+        nargs="?",
+        const="true",
+    )
+    option(
+        "--event-namespace",
+        "namespace of the Events recorded about this node; default $POD_NAMESPACE, else default",
+        environ.get("POD_NAMESPACE") or "default",
+    )
+
+
+def _guard_settings(parser: argparse.ArgumentParser, args: argparse.Namespace) -> dict[str, Any]:
+    """The start-up guard's settings from parsed `args`; usage errors exit."""
+    try:
+        allow = parse_bool(args.allow_nvidia_device_plugin or "", "--allow-nvidia-device-plugin")
+    except ValueError as error:
+        parser.error(str(error))
+    directory = args.kubelet_device_plugins_dir
+    return {
+        "kubelet_device_plugins_dir": Path(directory) if directory else None,
+        "allow_nvidia_device_plugin": allow,
+        "event_namespace": args.event_namespace or "default",
     }
