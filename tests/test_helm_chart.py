@@ -33,6 +33,7 @@ from tests.helmchart import (
 
 NODE = "gpu-node-1"
 DOWNWARD = {"NODE_NAME": NODE, "POD_NAMESPACE": NAMESPACE}
+CONTROLLER_DOWNWARD = {"GPU_DRA_LEADER_ELECTION_IDENTITY": "gpu-dra-controller-5d8f-x2x7q"}
 PLUGIN_SA = "gpu-dra-kubelet-plugin"
 CONTROLLER_SA = "gpu-dra-controller"
 SLICES = "resource.k8s.io/resourceslices"
@@ -130,7 +131,7 @@ def test_the_daemonset_env_parses_into_the_plugin_settings_it_means(
     container = host_driver.container("DaemonSet", "gpus")
     settings = plugin_settings(host_driver)
     mounted = {m["mountPath"]: m for m in container["volumeMounts"]}
-    (port,) = container["ports"]
+    port = next(p for p in container["ports"] if p["name"] == "metrics")
 
     assert settings.node_name == NODE
     assert settings.simulate is None
@@ -355,7 +356,7 @@ def test_the_deployment_env_parses_into_the_controller_settings(
     host_driver: Rendered, gpu_operator: Rendered
 ) -> None:
     container = host_driver.container("Deployment", "controller")
-    settings = ControllerSettings.from_env(env_of(container, {}))
+    settings = ControllerSettings.from_env(env_of(container, CONTROLLER_DOWNWARD))
     (port,) = container["ports"]
     catalog_mount = {m["mountPath"]: m for m in container["volumeMounts"]}
 
@@ -366,13 +367,79 @@ def test_the_deployment_env_parses_into_the_controller_settings(
     mount = catalog_mount[str(settings.deviceclasses_dir)]
     volume = host_driver.volume("Deployment", mount["name"])
     assert volume["configMap"]["name"] == host_driver.one("ConfigMap")["metadata"]["name"]
-    for probe in ("livenessProbe", "readinessProbe"):
-        assert container[probe]["httpGet"]["port"] == port["name"]
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": port["name"]}
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": port["name"]}
 
     operator = gpu_operator.container("Deployment", "controller")
-    operator_settings = ControllerSettings.from_env(env_of(operator, {}))
+    operator_settings = ControllerSettings.from_env(env_of(operator, CONTROLLER_DOWNWARD))
     assert operator_settings.log_level == "DEBUG"  # logVerbosity 6
     assert operator_settings.metrics_port == 9400
+
+
+def test_the_controller_elects_a_leader_on_its_own_lease(host_driver: Rendered) -> None:
+    deployment = host_driver.one("Deployment")
+    container = host_driver.container("Deployment", "controller")
+    settings = ControllerSettings.from_env(env_of(container, CONTROLLER_DOWNWARD))
+    identity = next(e for e in container["env"] if e["name"] == "GPU_DRA_LEADER_ELECTION_IDENTITY")
+
+    assert deployment["spec"]["replicas"] == 1
+    assert settings.leader_election_enabled is True
+    assert settings.leader_election_lease_lock_name == CONTROLLER_SA
+    assert settings.leader_election_lease_lock_namespace == NAMESPACE
+    assert identity["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}  # the pod
+    assert (
+        settings.leader_election_lease_duration_s,
+        settings.leader_election_renew_deadline_s,
+        settings.leader_election_retry_period_s,
+    ) == (15.0, 10.0, 2.0)
+
+    def may(verb: str, name: str | None) -> bool:
+        return host_driver.may(
+            CONTROLLER_SA, verb, "coordination.k8s.io/leases", NAMESPACE, name=name
+        )
+
+    # Its own Lease, in the release namespace: read, renew, and create it the first time.
+    for verb in ("get", "update"):
+        assert may(verb, CONTROLLER_SA)
+        assert not may(verb, "kube-scheduler")
+    assert may("create", None)
+    assert not may("delete", CONTROLLER_SA)
+    assert not host_driver.may(
+        CONTROLLER_SA, "get", "coordination.k8s.io/leases", "kube-system", name=CONTROLLER_SA
+    )
+
+
+def test_two_replicas_need_leader_election_and_durations_pass_through(tmp_path: Path) -> None:
+    election = {"leaseDuration": "30s", "renewDeadline": "20s", "retryPeriod": "500ms"}
+    rendered = Rendered.of(
+        {**HOST_DRIVER, "controller": {"replicas": 2, "leaderElection": election}}, tmp_path
+    )
+    container = rendered.container("Deployment", "controller")
+    settings = ControllerSettings.from_env(env_of(container, CONTROLLER_DOWNWARD))
+    off = Rendered.of(
+        {**HOST_DRIVER, "controller": {"leaderElection": {"enabled": False}}}, tmp_path
+    )
+    refused = template(
+        None,
+        "gpuResourcesEnabledOverride=true",
+        "controller.replicas=2",
+        "controller.leaderElection.enabled=false",
+    )
+
+    assert rendered.one("Deployment")["spec"]["replicas"] == 2
+    assert (
+        settings.leader_election_lease_duration_s,
+        settings.leader_election_renew_deadline_s,
+        settings.leader_election_retry_period_s,
+    ) == (30.0, 20.0, 0.5)
+    off_settings = ControllerSettings.from_env(
+        env_of(off.container("Deployment", "controller"), {})
+    )
+    assert off_settings.leader_election_enabled is False
+    assert all("leader" not in role["metadata"]["name"] for role in off.all("Role"))
+    assert not off.may(CONTROLLER_SA, "create", "coordination.k8s.io/leases", NAMESPACE)
+    assert refused.returncode != 0
+    assert "controller.replicas > 1 needs controller.leaderElection.enabled=true" in refused.stderr
 
 
 def test_the_controller_runs_without_privileges(host_driver: Rendered) -> None:
