@@ -330,6 +330,26 @@ def test_the_kubelet_probes_the_plugins_grpc_health_service(host_driver: Rendere
     assert container["livenessProbe"]["periodSeconds"] == 30
 
 
+def test_the_start_up_guard_sees_the_device_plugin_sockets_and_records_events(
+    host_driver: Rendered, gpu_operator: Rendered
+) -> None:
+    for rendered, kubelet in ((host_driver, "/var/lib/kubelet"), (gpu_operator, "/var/lib/k")):
+        container = rendered.container("DaemonSet", "gpus")
+        settings = plugin_settings(rendered)
+        mount = mounts(container)["device-plugins"]
+        volume = rendered.volume("DaemonSet", "device-plugins")
+
+        assert settings.device_plugins_dir == Path(f"{kubelet}/device-plugins")
+        assert mount["mountPath"] == volume["hostPath"]["path"] == str(settings.device_plugins_dir)
+        assert mount["readOnly"] is True  # connecting to a socket needs no write access
+        assert settings.event_namespace == NAMESPACE
+        assert settings.allow_nvidia_device_plugin is False
+
+    assert host_driver.may(PLUGIN_SA, "create", "events", NAMESPACE)
+    assert not host_driver.may(PLUGIN_SA, "create", "events", "default")
+    assert not host_driver.may(PLUGIN_SA, "delete", "events", NAMESPACE)
+
+
 def test_a_negative_healthcheck_port_turns_health_and_probes_off(tmp_path: Path) -> None:
     rendered = Rendered.of(
         {**HOST_DRIVER, "kubeletPlugin": {"containers": {"gpus": {"healthcheckPort": -1}}}},
