@@ -76,7 +76,7 @@ from pathlib import Path
 from typing import Any, Final, NoReturn, TypeAlias
 
 from gpu_dra.kubelet_plugin.atomic_file import write_atomically
-from gpu_dra.kubelet_plugin.preparer import ClaimRef, PreparedDevice
+from gpu_dra.kubelet_plugin.prepare_protocol import ClaimRef, PreparedDevice
 
 log = logging.getLogger(__name__)
 

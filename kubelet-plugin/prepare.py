@@ -95,7 +95,6 @@ from gpu_dra.kubelet_plugin.cdi import (
     qualified_device_id,
 )
 from gpu_dra.kubelet_plugin.checkpoint import Checkpoint, CheckpointEntry, ClaimPhase, JsonValue
-from gpu_dra.kubelet_plugin.inventory import NodeInventory
 from gpu_dra.kubelet_plugin.kubeapi import (
     ClaimNotFoundError,
     ClaimReader,
@@ -122,7 +121,7 @@ from gpu_dra.kubelet_plugin.mps import (
     handles_to_state,
     workload_edits,
 )
-from gpu_dra.kubelet_plugin.mps.shares import (
+from gpu_dra.kubelet_plugin.mps.shared_daemons import (
     SHARES_STATE_KEY,
     PlannedShare,
     SharedDaemons,
@@ -131,7 +130,8 @@ from gpu_dra.kubelet_plugin.mps.shares import (
     plan_shares,
     share_devices,
 )
-from gpu_dra.kubelet_plugin.preparer import ClaimRef, PreparedDevice, PrepareResult
+from gpu_dra.kubelet_plugin.node_devices import NodeInventory
+from gpu_dra.kubelet_plugin.prepare_protocol import ClaimRef, PreparedDevice, PrepareResult
 from gpu_dra.kubelet_plugin.timeslicing import (
     TIME_SLICE_STATE_KEY,
     TimeSlicer,

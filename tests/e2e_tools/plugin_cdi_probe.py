@@ -27,7 +27,7 @@ from gpu_dra.driver.nvml.real import RealNvml
 from gpu_dra.driver.nvml.sysfs import SysfsPciTopology
 from gpu_dra.kubelet_plugin.__main__ import _common_edits, discover, node_inventory
 from gpu_dra.kubelet_plugin.cdi import ContainerEdits
-from gpu_dra.kubelet_plugin.inventory import NodeInventory
+from gpu_dra.kubelet_plugin.node_devices import NodeInventory
 from gpu_dra.kubelet_plugin.settings import KubeletPluginSettings
 from gpu_dra.kubelet_plugin.timeslicing import RecordedTimeSlicer
 from tests.doubles.mps_helpers import kill_processes_under, scratch_root

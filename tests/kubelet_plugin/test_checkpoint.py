@@ -28,7 +28,7 @@ from gpu_dra.kubelet_plugin.checkpoint import (
     ClaimPhase,
     read_boot_id,
 )
-from gpu_dra.kubelet_plugin.preparer import ClaimRef, PreparedDevice
+from gpu_dra.kubelet_plugin.prepare_protocol import ClaimRef, PreparedDevice
 
 UID_A = "0b6a1e3c-8f43-4a55-9a0e-2f7d1c9b8a01"
 UID_B = "5d2c9f71-3e8a-4b6d-8c1f-6a4e2b0d9c02"

@@ -26,15 +26,15 @@ from gpu_dra.driver.nvml.simulated import SimulatedHost
 from gpu_dra.kubelet_plugin.cdi import ClaimSpecStore
 from gpu_dra.kubelet_plugin.checkpoint import Checkpoint
 from gpu_dra.kubelet_plugin.claimcache import CachedClaimReader, ClaimCacheSettings
-from gpu_dra.kubelet_plugin.inventory import NodeInventory
 from gpu_dra.kubelet_plugin.kubeapi import (
     ClaimNotFoundError,
     ClaimReadError,
     KubernetesClaimReader,
     ResourceClaim,
 )
+from gpu_dra.kubelet_plugin.node_devices import NodeInventory
 from gpu_dra.kubelet_plugin.prepare import WholeGpuPreparer
-from gpu_dra.kubelet_plugin.preparer import ClaimRef
+from gpu_dra.kubelet_plugin.prepare_protocol import ClaimRef
 from tests.fakes.claim_api import InMemoryClaimApi, Verb
 from tests.fakes.claim_reader import allocation_result, resource_claim
 

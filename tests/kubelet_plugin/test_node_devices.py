@@ -23,14 +23,14 @@ from gpu_dra.driver.shares import ShareSelection, ShareSelectionError
 from gpu_dra.kubelet_plugin.cdi import CdiDevice, ClaimSpecStore, DeviceNode, build_claim_spec
 from gpu_dra.kubelet_plugin.checkpoint import Checkpoint
 from gpu_dra.kubelet_plugin.driver_userspace import DriverRoot, DriverUserspaceError
-from gpu_dra.kubelet_plugin.inventory import (
+from gpu_dra.kubelet_plugin.node_devices import (
     MigCapabilityError,
     NodeInventory,
     ProcMigCapabilities,
     device_env_prefix,
 )
 from gpu_dra.kubelet_plugin.prepare import WholeGpuPreparer
-from gpu_dra.kubelet_plugin.preparer import ClaimRef
+from gpu_dra.kubelet_plugin.prepare_protocol import ClaimRef
 from tests.fakes.claim_reader import InMemoryClaimReader, allocation_result, resource_claim
 
 NODE = "node-a"

@@ -36,9 +36,7 @@ from gpu_dra.driver.config import ConfigGroup, mps_config
 from gpu_dra.driver.model import Gpu
 from gpu_dra.driver.shares import ShareSize, ceiling, consumed_share, is_partial
 from gpu_dra.kubelet_plugin.checkpoint import Checkpoint, JsonObject, JsonValue
-from gpu_dra.kubelet_plugin.mps.edits import ClientCaps
-from gpu_dra.kubelet_plugin.mps.ids import SHARED_PREFIX, shared_daemon_id
-from gpu_dra.kubelet_plugin.mps.interface import (
+from gpu_dra.kubelet_plugin.mps.daemon_model import (
     DaemonHandle,
     MpsControl,
     MpsDaemonGoneError,
@@ -47,6 +45,8 @@ from gpu_dra.kubelet_plugin.mps.interface import (
     claims_using,
     handles_from_state,
 )
+from gpu_dra.kubelet_plugin.mps.edits import ClientCaps
+from gpu_dra.kubelet_plugin.mps.ids import SHARED_PREFIX, shared_daemon_id
 
 log = logging.getLogger(__name__)
 
