@@ -72,7 +72,7 @@ from gpu_dra.kubelet_plugin.mps import (
     TmpfsShmMounter,
 )
 from gpu_dra.kubelet_plugin.node_devices import NodeInventory
-from gpu_dra.kubelet_plugin.prepare import WholeGpuPreparer
+from gpu_dra.kubelet_plugin.prepare import NodeClaimPreparer
 from gpu_dra.kubelet_plugin.server import PluginServer
 from gpu_dra.kubelet_plugin.settings import KubeletPluginSettings
 from gpu_dra.kubelet_plugin.timeslicing import (
@@ -371,7 +371,7 @@ async def run(settings: KubeletPluginSettings) -> None:
     api_client = new_api_client(settings.kubeconfig)
     claim_api = KubernetesClaimReader(api_client)
     claims = CachedClaimReader(claim_api)
-    preparer = WholeGpuPreparer(
+    preparer = NodeClaimPreparer(
         driver_name=settings.driver_name,
         node_name=settings.node_name,
         inventory=inventory,

@@ -20,12 +20,9 @@ from gpu_dra.driver.model import GpuProblem
 from gpu_dra.driver.shares import FULL_COMPUTE
 from gpu_dra.kubelet_plugin.checkpoint import CheckpointEntry, CheckpointError
 from gpu_dra.kubelet_plugin.mps.daemon_model import DaemonHandle, MpsError, handles_from_state
+from gpu_dra.kubelet_plugin.mps.ids import is_shared_daemon
 from gpu_dra.kubelet_plugin.mps.process import ProcessIdentity, is_alive
-from gpu_dra.kubelet_plugin.mps.shared_daemons import (
-    SHARES_STATE_KEY,
-    is_shared_daemon,
-    shares_from_state,
-)
+from gpu_dra.kubelet_plugin.mps.shared_daemons import SHARES_STATE_KEY, shares_from_state
 
 log = logging.getLogger(__name__)
 

@@ -4,6 +4,7 @@
   MIG mode on Hopper and later, clear `MigError` messages, the test-only crash point;
 * :mod:`.claims` - `DynamicMig`: the claim side (checkpoint intents, create, release, the
   start-up sweep of instances no prepared claim owns);
+* :mod:`.tier` - `DynamicMigTier`, the prepare path's tier over `DynamicMig`;
 * :mod:`.simulated_state` - the simulated node's MIG state file, so simulated MIG instances
   outlive a plugin restart as real ones do.
 """

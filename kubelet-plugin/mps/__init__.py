@@ -1,6 +1,6 @@
 """MPS control daemons for prepared claims: start, stop, status, adopt, and workload CDI edits.
 
-The whole-GPU preparer uses it for per-claim MPS (``docs/mps.md``). Layout:
+The prepare path's MPS tiers use it (``docs/mps.md``). Layout:
 
 * :mod:`.daemon_model` - what a daemon is: `MpsSettings` (rendered as ``set_default_*``
   commands), `DaemonHandle` (and its checkpoint form), `DaemonStatus`, the `MpsControl` Protocol
@@ -13,8 +13,11 @@ The whole-GPU preparer uses it for per-claim MPS (``docs/mps.md``). Layout:
 * :mod:`.shm` - the `ShmMounter` seam: tmpfs in production, a plain directory in tests;
 * :mod:`.daemon` - `MpsDaemonManager`, the real `MpsControl`;
 * :mod:`.edits` - the CDI container edits of a daemon's workloads;
-* :mod:`.shared_daemons` - MPS shares: which results are shares, the per-GPU shared daemon and
-  its checkpoint-derived reference count.
+* :mod:`.shared_daemons` - the per-GPU shared daemon of MPS shares and its checkpoint-derived
+  reference count;
+* :mod:`.claim_tier`, :mod:`.share_tier` - the per-claim MPS and MPS share tiers of prepare
+  (`gpu_dra.kubelet_plugin.tier`), and :mod:`.recorded_daemons`, the daemons their records
+  name (undo, adoption and the sweep at start-up).
 """
 
 from gpu_dra.kubelet_plugin.mps.computemode import (

@@ -1,41 +1,26 @@
-"""MPS shares: many claims holding scheduler-accounted parts of one GPU, served by one daemon.
+"""The per-GPU MPS daemons that MPS shares join, reference-counted through the claims' records.
 
-A GPU offered as MPS shares (``--mps-shares``, `gpu_dra.driver.shares`) can be allocated to
-many claims; each allocation result carries a ``shareID`` and the ``consumedCapacity`` of
-``memory`` and ``compute``. A result is an **MPS share** when it consumed less than the whole
-GPU in either; one that consumed all of both holds the GPU exclusively and is prepared like any
-whole GPU (per-claim MPS included). A share needs an MPS config (``sharing.strategy: MPS``, the
-``mps.gpu.nvidia.com`` class carries it) without ``mpsConfig`` fields: its caps come from its
-capacity, not from daemon defaults it cannot own.
-
-The shares of a GPU join ONE control daemon, id `shared_daemon_id(UUID)`, started with the
-largest share allowed (``--mps-share-max-percent``) as its default caps before any server
-spawns. Each claim records the daemon's handle (checkpoint ``state.mpsDaemons``, as per-claim
-daemons are recorded) and its share (``state.mpsShares``); the daemon's reference count is the
-set of claims recording it (`claims_using`), so it cannot drift from the claims across crashes.
-`SharedDaemons.join` starts the daemon for the first share or reuses the running one;
-`SharedDaemons.release` stops it when the claim being removed is the last one recording it.
-Both run under the daemon's lock (one per GPU), and join records the claim before the lock is
-let go, so a release never stops a daemon that a join is handing out.
-
-Each claim's CDI devices get the pipe dir and shm of the daemon (`workload_edits`) and the
-share's caps as client environment: ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=<UUID>=<MiB>M`` and
-``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=<compute>``. Those are cooperative (per CUDA process, and a
-process can drop them); the daemon defaults are what a process that drops them gets.
+The shares of a GPU join ONE control daemon, id `shared_daemon_id(UUID)`, started by the first
+share with the largest share allowed (``--mps-share-max-percent``) as its defaults. Each claim
+records the daemon's handle (state ``mpsDaemons``) and its share (`SHARES_STATE_KEY`); the
+daemon's reference count is the set of claims recording it (`claims_using`), so it cannot drift
+from the claims across crashes. `SharedDaemons.join` and `release` run under the daemon's lock,
+and join records the claim before letting it go, so a release never stops a daemon a join is
+handing out. See docs/mps.md, "MPS shares".
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Final, Protocol
+from typing import Final
 
-from gpu_dra.driver.config import ConfigGroup, mps_config
 from gpu_dra.driver.model import Gpu
-from gpu_dra.driver.shares import ShareSize, ceiling, consumed_share, is_partial
-from gpu_dra.kubelet_plugin.checkpoint import Checkpoint, JsonObject, JsonValue
+from gpu_dra.driver.shares import ShareSize, ceiling
+from gpu_dra.kubelet_plugin.checkpoint import JsonObject, JsonValue
+from gpu_dra.kubelet_plugin.claim_records import ClaimRecords
 from gpu_dra.kubelet_plugin.mps.daemon_model import (
     DaemonHandle,
     MpsControl,
@@ -46,31 +31,12 @@ from gpu_dra.kubelet_plugin.mps.daemon_model import (
     handles_from_state,
 )
 from gpu_dra.kubelet_plugin.mps.edits import ClientCaps
-from gpu_dra.kubelet_plugin.mps.ids import SHARED_PREFIX, shared_daemon_id
+from gpu_dra.kubelet_plugin.mps.ids import shared_daemon_id
 
 log = logging.getLogger(__name__)
 
 SHARES_STATE_KEY: Final = "mpsShares"
 """Checkpoint ``state`` key of a claim: ``{device name: share}`` of its MPS shares."""
-
-
-class ShareRefusedError(ValueError):
-    """A share cannot be prepared as allocated or configured; the message says what to change."""
-
-
-class ShareResult(Protocol):
-    """What `plan_shares` reads of one allocation result."""
-
-    @property
-    def request(self) -> str: ...
-    @property
-    def device(self) -> str: ...
-    @property
-    def admin_access(self) -> bool: ...
-    @property
-    def share_id(self) -> str | None: ...
-    @property
-    def consumed(self) -> Mapping[str, str] | None: ...
 
 
 @dataclass(frozen=True)
@@ -103,65 +69,6 @@ class PlannedShare:
         }
 
 
-def is_shared_daemon(daemon_id: str) -> bool:
-    """Whether ``daemon_id`` is a per-GPU shared daemon (not a per-claim one)."""
-    return daemon_id.startswith(SHARED_PREFIX)
-
-
-def plan_shares(
-    results: Sequence[ShareResult],
-    groups: Sequence[ConfigGroup],
-    shared_gpu: Callable[[str], Gpu | None],
-    *,
-    max_percent: int,
-) -> list[PlannedShare]:
-    """The results of ``results`` that are MPS shares, checked; `ShareRefusedError` (or
-    `gpu_dra.driver.shares.ShareError` for an unreadable consumedCapacity) naming the device and
-    what to change. ``shared_gpu`` maps a device name to its
-    GPU when that GPU is offered as MPS shares."""
-    planned: dict[str, PlannedShare] = {}
-    for result in results:
-        gpu = shared_gpu(result.device)
-        if gpu is None or result.admin_access:
-            continue
-        size = consumed_share(result.consumed, gpu)
-        if not is_partial(size, gpu):
-            continue  # the whole GPU: exclusive, prepared as any whole GPU
-        where = f"device {result.device} (request {result.request}, {size})"
-        group = next((g for g in groups if _has(g, result)), None)
-        mps = None if group is None else mps_config(group.config)
-        if group is None or mps is None:
-            raise ShareRefusedError(
-                f"{where} is an MPS share of the GPU, but its config has no "
-                "sharing.strategy MPS, so its caps could not be applied; use DeviceClass "
-                "mps.gpu.nvidia.com, or add a GpuConfig with sharing.strategy MPS"
-            )
-        fields = sorted(name for name, value in mps.model_dump(by_alias=True).items() if value)
-        if fields:
-            raise ShareRefusedError(
-                f"{where}: {group.origin.label} sets mpsConfig {', '.join(fields)}, but an MPS "
-                "share's caps come from its capacity request (memory, compute) and its GPU's "
-                "daemon is shared; remove mpsConfig"
-            )
-        largest = ceiling(gpu, max_percent)
-        if size.memory_bytes > largest.memory_bytes or size.compute_percent > max_percent:
-            raise ShareRefusedError(
-                f"{where} is larger than the largest MPS share this node allows ({largest}; "
-                f"--mps-share-max-percent={max_percent}); ask for at most that"
-            )
-        if result.device in planned:
-            raise ShareRefusedError(
-                f"{where}: the claim holds two MPS shares of this GPU; ask for one share of the "
-                "combined size in one request"
-            )
-        planned[result.device] = PlannedShare(result.device, gpu, size, result.share_id)
-    return [planned[name] for name in sorted(planned)]
-
-
-def _has(group: ConfigGroup, result: ShareResult) -> bool:
-    return any(d.request == result.request and d.device == result.device for d in group.devices)
-
-
 def share_devices(state: Mapping[str, JsonValue]) -> set[str]:
     """Device names a claim's checkpoint ``state`` holds as MPS shares."""
     value = state.get(SHARES_STATE_KEY)
@@ -187,9 +94,9 @@ class SharedDaemons:
     """Starts, reuses and stops the per-GPU daemons of MPS shares, reference-counted through
     the checkpoint (see the module doc). Blocking: call it from a worker thread."""
 
-    def __init__(self, mps: MpsControl, checkpoint: Checkpoint, *, max_percent: int) -> None:
+    def __init__(self, mps: MpsControl, records: ClaimRecords, *, max_percent: int) -> None:
         self._mps = mps
-        self._checkpoint = checkpoint
+        self._records = records
         self._max_percent = max_percent
         self._locks: dict[str, threading.Lock] = {}  # one per shared daemon (offered GPU)
         self._locks_lock = threading.Lock()
@@ -245,13 +152,13 @@ class SharedDaemons:
             log.info("mps shared daemon stopped daemon_id=%s (last share gone)", handle.daemon_id)
 
     def _users(self, daemon_id: str) -> list[str]:
-        states = {uid: entry.state for uid, entry in self._checkpoint.all().items()}
+        states = {uid: entry.state for uid, entry in self._records.all().items()}
         return claims_using(states, daemon_id)
 
     def _running(self, claim_uid: str, daemon_id: str) -> DaemonHandle | None:
         """A live handle of ``daemon_id`` that another claim records, or None (then a new
         daemon is to be started; a dead one's leftovers go with that start)."""
-        for uid, entry in self._checkpoint.all().items():
+        for uid, entry in self._records.all().items():
             if uid == claim_uid:
                 continue
             for handle in handles_from_state(entry.state):

@@ -4,7 +4,7 @@
 with the NVML mock library's ``GPU_DRA_NVML_MOCK_*`` variables in the environment (pynvml keeps
 one loaded library per process, hence the subprocess). It composes the plugin as its
 ``__main__`` does in real mode (`discover`, `node_inventory`, `_common_edits` over `RealNvml` of
-the driver root), builds the real `WholeGpuPreparer` over it (claims from an in-memory API
+the driver root), builds the real `NodeClaimPreparer` over it (claims from an in-memory API
 server, the MPS test double, the recorded time slicer) and prepares one claim at a time: each
 published device alone, then MPS and TimeSlicing claims on a whole GPU and on a MIG device. It
 prints one JSON list, one entry per claim: ``label``, ``device`` (the DRA device name),
