@@ -24,7 +24,8 @@ from gpu_dra.driver.naming import (
     parse_device_name,
 )
 from gpu_dra.kubelet_plugin.checkpoint import CheckpointEntry, ClaimPhase, JsonValue
-from gpu_dra.kubelet_plugin.mig.lifecycle import MigError, MigLifecycle, gpu_label
+from gpu_dra.kubelet_plugin.mig.instances import MigError, gpu_label
+from gpu_dra.kubelet_plugin.mig.lifecycle import MigLifecycle
 
 log = logging.getLogger(__name__)
 

@@ -24,7 +24,7 @@ from gpu_dra.kubelet_plugin.mig.claims import (
     intents_from_state,
     intents_to_state,
 )
-from gpu_dra.kubelet_plugin.mig.lifecycle import MigError
+from gpu_dra.kubelet_plugin.mig.instances import MigError
 from gpu_dra.kubelet_plugin.node_devices import NodeInventory
 from gpu_dra.kubelet_plugin.tier import (
     ClaimRequest,
