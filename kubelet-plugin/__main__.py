@@ -51,7 +51,8 @@ from gpu_dra.driver.shares import ShareSelectionError
 from gpu_dra.kubelet_plugin.cdi import ClaimSpecStore
 from gpu_dra.kubelet_plugin.checkpoint import Checkpoint
 from gpu_dra.kubelet_plugin.claimcache import CachedClaimReader
-from gpu_dra.kubelet_plugin.driver_userspace import CommonEdits, DriverRoot, DriverUserspaceError
+from gpu_dra.kubelet_plugin.driver_root import DriverRoot, DriverUserspaceError
+from gpu_dra.kubelet_plugin.driver_userspace import CommonEdits
 from gpu_dra.kubelet_plugin.kubeapi import KubernetesClaimReader, KubernetesPodApi
 from gpu_dra.kubelet_plugin.metrics import DiscoveryMetrics, MpsCollector, PluginMetrics
 from gpu_dra.kubelet_plugin.mig import (

@@ -22,7 +22,7 @@ from gpu_dra.driver.nvml.simulated import SimulatedHost
 from gpu_dra.driver.shares import ShareSelection, ShareSelectionError
 from gpu_dra.kubelet_plugin.cdi import CdiDevice, ClaimSpecStore, DeviceNode, build_claim_spec
 from gpu_dra.kubelet_plugin.checkpoint import Checkpoint
-from gpu_dra.kubelet_plugin.driver_userspace import DriverRoot, DriverUserspaceError
+from gpu_dra.kubelet_plugin.driver_root import DriverRoot, DriverUserspaceError
 from gpu_dra.kubelet_plugin.node_devices import (
     MigCapabilityError,
     NodeInventory,
