@@ -54,7 +54,8 @@ from gpu_dra.driver.shares import ShareSelectionError
 from gpu_dra.kubelet_plugin.cdi import ClaimSpecStore
 from gpu_dra.kubelet_plugin.checkpoint import Checkpoint
 from gpu_dra.kubelet_plugin.claimcache import CachedClaimReader
-from gpu_dra.kubelet_plugin.driver_userspace import CommonEdits, DriverRoot, DriverUserspaceError
+from gpu_dra.kubelet_plugin.driver_root import DriverRoot, DriverUserspaceError
+from gpu_dra.kubelet_plugin.driver_userspace import CommonEdits
 from gpu_dra.kubelet_plugin.guard import (
     GuardApi,
     KubernetesGuardApi,
@@ -63,7 +64,6 @@ from gpu_dra.kubelet_plugin.guard import (
     guard,
 )
 from gpu_dra.kubelet_plugin.health import HealthServer, PluginHealth
-from gpu_dra.kubelet_plugin.inventory import NodeInventory
 from gpu_dra.kubelet_plugin.kubeapi import KubernetesClaimReader, KubernetesPodApi
 from gpu_dra.kubelet_plugin.metrics import DiscoveryMetrics, MpsCollector, PluginMetrics
 from gpu_dra.kubelet_plugin.mig import (
@@ -83,7 +83,8 @@ from gpu_dra.kubelet_plugin.mps import (
     ShmMounter,
     TmpfsShmMounter,
 )
-from gpu_dra.kubelet_plugin.prepare import WholeGpuPreparer
+from gpu_dra.kubelet_plugin.node_devices import NodeInventory
+from gpu_dra.kubelet_plugin.prepare import NodeClaimPreparer
 from gpu_dra.kubelet_plugin.server import PluginServer
 from gpu_dra.kubelet_plugin.settings import KubeletPluginSettings
 from gpu_dra.kubelet_plugin.timeslicing import (
@@ -432,7 +433,7 @@ async def serve(settings: KubeletPluginSettings, health: PluginHealth) -> None:
     common_edits = await _common_edits(settings, nvml)
     claim_api = KubernetesClaimReader(api_client)
     claims = CachedClaimReader(claim_api)
-    preparer = WholeGpuPreparer(
+    preparer = NodeClaimPreparer(
         driver_name=settings.driver_name,
         node_name=settings.node_name,
         inventory=inventory,
