@@ -344,7 +344,7 @@ def test_the_plugin_refuses_a_node_with_nvidias_device_plugin_resource(
         def refusal_events() -> list[dict[str, Any]]:
             return [
                 e
-                for e in kube.events_for(NAMESPACE, versions.NODE_NAME)
+                for e in kube.events_for("default", versions.NODE_NAME)
                 if e.get("reason") == "NvidiaDevicePluginPresent"
             ]
 

@@ -556,8 +556,9 @@ def _add_guard_options(option: Callable[..., None], environ: Mapping[str, str]) 
     )
     option(
         "--event-namespace",
-        "namespace of the Events recorded about this node; default $POD_NAMESPACE, else default",
-        environ.get("POD_NAMESPACE") or "default",
+        "namespace of the Events recorded about this node: the apiserver takes Events about a "
+        "Node only in default or kube-system",
+        "default",
     )
 
 

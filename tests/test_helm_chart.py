@@ -356,11 +356,11 @@ def test_the_start_up_guard_sees_the_device_plugin_sockets_and_records_events(
         assert settings.device_plugins_dir == Path(f"{kubelet}/device-plugins")
         assert mount["mountPath"] == volume["hostPath"]["path"] == str(settings.device_plugins_dir)
         assert mount["readOnly"] is True  # connecting to a socket needs no write access
-        assert settings.event_namespace == NAMESPACE
+        assert settings.event_namespace == "default"  # Node Events: default or kube-system
         assert settings.allow_nvidia_device_plugin is False
 
-    assert host_driver.may(PLUGIN_SA, "create", "events", NAMESPACE)
-    assert not host_driver.may(PLUGIN_SA, "create", "events", "default")
+    assert host_driver.may(PLUGIN_SA, "create", "events", "default")
+    assert not host_driver.may(PLUGIN_SA, "create", "events", NAMESPACE)
     assert not host_driver.may(PLUGIN_SA, "delete", "events", NAMESPACE)
 
 

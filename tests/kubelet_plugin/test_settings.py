@@ -401,6 +401,14 @@ def test_the_daemon_pod_namespace_defaults_to_the_plugins_own() -> None:
     assert settings.mps_daemon_namespace == "nvidia-dra"
 
 
+def test_node_events_go_to_default_whatever_the_pods_namespace() -> None:
+    """The apiserver refuses an Event about a Node (cluster-scoped) outside default and
+    kube-system: the chart's release namespace would lose every start-up refusal."""
+    settings = KubeletPluginSettings.parse(["--node-name=n"], {"POD_NAMESPACE": "nvidia-dra"})
+
+    assert settings.event_namespace == "default"
+
+
 def test_the_pod_runner_without_an_image_is_a_usage_error(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
