@@ -21,6 +21,7 @@ ENV PIP_CERT=${PIP_CERT} \
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY driver driver
+COPY kube kube
 COPY controller controller
 COPY kubelet-plugin kubelet-plugin
 # The gpu-dra wheel and wheels of its pinned dependencies, installed into a venv without pip.

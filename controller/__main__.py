@@ -22,7 +22,6 @@ from collections.abc import Callable, Sequence
 
 from prometheus_client import CollectorRegistry, start_http_server
 
-from gpu_dra.controller import errors
 from gpu_dra.controller.catalog import (
     CatalogError,
     DeviceClass,
@@ -32,10 +31,11 @@ from gpu_dra.controller.catalog import (
     load_catalog,
 )
 from gpu_dra.controller.inventory import Inventory, inventory
-from gpu_dra.controller.kubeapi import list_resource_objects, new_api_client
 from gpu_dra.controller.metrics import CatalogMetrics, InventoryMetrics
 from gpu_dra.controller.settings import ControllerSettings
 from gpu_dra.driver.naming import DEFAULT_DRIVER_NAME
+from gpu_dra.kube import errors
+from gpu_dra.kube.client import list_resource_objects, new_api_client
 
 log = logging.getLogger("gpu_dra.controller")
 

@@ -37,10 +37,8 @@ from typing import Any, Final, Literal, TextIO
 
 import yaml
 
-from gpu_dra.controller import errors as api_errors
 from gpu_dra.controller.explain import explain, render_explanation
 from gpu_dra.controller.inventory import inventory, render_inventory
-from gpu_dra.controller.kubeapi import list_resource_objects, new_api_client, read_resource_claim
 from gpu_dra.controller.lint import (
     LintReport,
     PublishedNames,
@@ -69,6 +67,8 @@ from gpu_dra.driver.nvml.sysfs import SysfsPciTopology
 from gpu_dra.driver.partitions import partitioned_node
 from gpu_dra.driver.resourceapi import API_GROUP, Device
 from gpu_dra.driver.shares import ShareSelection, with_shares
+from gpu_dra.kube import errors as api_errors
+from gpu_dra.kube.client import list_resource_objects, new_api_client, read_resource_claim
 
 PROG: Final = "gpu-dra"
 MPS_SHARES_VARIANT: Final = "+mps-shares"

@@ -7,27 +7,17 @@ them through `asyncio.to_thread`. Every failure surfaces as an `errors.ApiError`
 
 from __future__ import annotations
 
-import contextlib
-import json
-import logging
-from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Generic, Literal, NotRequired, Protocol, TypedDict, TypeVar, cast
+from typing import Any, NotRequired, Protocol, TypedDict, cast
 
-import urllib3
 from kubernetes import client as k8s
-from kubernetes import config as k8s_config
-from kubernetes.client.exceptions import ApiException
 
-from gpu_dra.controller import errors
-from gpu_dra.driver.resourceapi import API_GROUP, API_VERSION, ResourceSliceSpec
+from gpu_dra.driver.resourceapi import API_GROUP, ResourceSliceSpec
+from gpu_dra.kube import errors
+from gpu_dra.kube.client import RESOURCE_VERSION as _VERSION
+from gpu_dra.kube.client import list_objects, translated_errors
+from gpu_dra.kube.watch import WatchEventType, open_watch
 
-log = logging.getLogger(__name__)
-
-EventT = TypeVar("EventT")
-
-_VERSION = API_VERSION.removeprefix(f"{API_GROUP}/")
 RESOURCE_SLICES = "resourceslices"
 RESOURCE_SLICE_KIND = "ResourceSlice"
 
@@ -80,9 +70,6 @@ class SliceList:
     items: tuple[ResourceSlice, ...]
     resource_version: str
     """The list's resourceVersion: start a watch here to miss nothing."""
-
-
-WatchEventType = Literal["ADDED", "MODIFIED", "DELETED", "BOOKMARK"]
 
 
 @dataclass(frozen=True)
@@ -141,44 +128,6 @@ class SliceApi(Protocol):
         ...
 
 
-def new_api_client(kubeconfig: Path | None) -> k8s.ApiClient:
-    """An ApiClient from a kubeconfig file, or from the pod's service account when None."""
-    configuration = k8s.Configuration()
-    try:
-        if kubeconfig is None:
-            k8s_config.load_incluster_config(  # type: ignore[no-untyped-call]
-                client_configuration=configuration
-            )
-        else:
-            k8s_config.load_kube_config(  # type: ignore[no-untyped-call]
-                config_file=str(kubeconfig), client_configuration=configuration
-            )
-    except (k8s_config.ConfigException, OSError) as error:
-        source = f"kubeconfig {kubeconfig}" if kubeconfig else "in-cluster service account"
-        raise errors.ClientConfigError(
-            f"cannot configure the Kubernetes client from the {source}: {error}"
-        ) from error
-    return k8s.ApiClient(configuration)
-
-
-def read_server_version(api_client: k8s.ApiClient, *, timeout_s: float = 30.0) -> tuple[str, str]:
-    """(major, minor) from the apiserver's ``/version``, as it reports them (``1``, ``35+``)."""
-    action = "read the apiserver version (/version)"
-    with translated_errors(action):
-        response: Any = k8s.VersionApi(api_client).get_code(
-            _request_timeout=timeout_s, _preload_content=False
-        )
-        body: bytes = response.data
-    # raw JSON: vendor builds leave out fields the client's model insists on
-    try:
-        info = json.loads(body)
-    except ValueError as error:
-        raise errors.ApiError(f"{action}: not JSON: {body[:200]!r}") from error
-    if not isinstance(info, dict):
-        raise errors.ApiError(f"{action}: expected an object, got {body[:200]!r}")
-    return str(info.get("major") or ""), str(info.get("minor") or "")
-
-
 class KubernetesSliceApi:
     """`SliceApi` on the `kubernetes` client, with raw dictionaries (`CustomObjectsApi`)."""
 
@@ -188,19 +137,15 @@ class KubernetesSliceApi:
         self._timeout = request_timeout_s
 
     def list_slices(self, selector: SliceSelector) -> SliceList:
-        with translated_errors(f"list ResourceSlices ({selector.field_selector})"):
-            listing = cast(
-                "dict[str, Any]",
-                self._objects.list_cluster_custom_object(
-                    API_GROUP,
-                    _VERSION,
-                    RESOURCE_SLICES,
-                    field_selector=selector.field_selector,
-                    _request_timeout=self._timeout,
-                ),
-            )
-        items = tuple(cast("list[ResourceSlice]", listing.get("items") or []))
-        return SliceList(items=items, resource_version=listing["metadata"]["resourceVersion"])
+        listing = list_objects(
+            self._objects,
+            RESOURCE_SLICES,
+            what="ResourceSlices",
+            field_selector=selector.field_selector,
+            request_timeout_s=self._timeout,
+        )
+        items = cast("tuple[ResourceSlice, ...]", listing.items)
+        return SliceList(items=items, resource_version=listing.resource_version)
 
     def create_slice(self, body: ResourceSlice) -> ResourceSlice:
         with translated_errors(f"create ResourceSlice {_describe(body)}"):
@@ -239,21 +184,16 @@ class KubernetesSliceApi:
     def watch_slices(
         self, selector: SliceSelector, *, resource_version: str, timeout_seconds: int
     ) -> SliceWatch:
-        with translated_errors(f"watch ResourceSlices ({selector.field_selector})"):
-            response = self._objects.list_cluster_custom_object(
-                API_GROUP,
-                _VERSION,
-                RESOURCE_SLICES,
-                field_selector=selector.field_selector,
-                resource_version=resource_version,
-                allow_watch_bookmarks=True,
-                timeout_seconds=timeout_seconds,
-                watch=True,
-                _preload_content=False,
-                # connect timeout, then a read timeout past the server's own end of the stream
-                _request_timeout=(self._timeout, timeout_seconds + self._timeout),
-            )
-        return KubernetesSliceWatch(response)
+        return open_watch(
+            self._objects,
+            RESOURCE_SLICES,
+            slice_event,
+            what="ResourceSlices",
+            field_selector=selector.field_selector,
+            resource_version=resource_version,
+            timeout_seconds=timeout_seconds,
+            request_timeout_s=self._timeout,
+        )
 
     def node_uid(self, name: str) -> str:
         with translated_errors(f"read Node {name}"):
@@ -267,188 +207,6 @@ def slice_event(kind: WatchEventType, obj: dict[str, Any]) -> SliceEvent:
     return SliceEvent(type=kind, slice=cast("ResourceSlice", obj))
 
 
-def parse_watch_event(line: str) -> SliceEvent:
-    """Decode one ResourceSlice watch line (see `parse_raw_watch_event`)."""
-    return slice_event(*parse_raw_watch_event(line, "ResourceSlices"))
-
-
-class RawWatchStream(Generic[EventT]):
-    """A watch stream over a raw (`_preload_content=False`) HTTP response: one JSON event per line.
-
-    `what` names the watched resource in error messages ("ResourceSlices"); `make_event` builds
-    the event from (type, object). `next_event` returns None at the end of the stream (or once
-    closed) and raises `errors.ApiError` subclasses for ERROR events and broken streams. `close`
-    may be called from another thread to unblock a `next_event` waiting on the socket.
-    """
-
-    def __init__(
-        self,
-        response: Any,
-        what: str,
-        make_event: Callable[[WatchEventType, dict[str, Any]], EventT],
-    ) -> None:
-        self._response = response
-        self._what = what
-        self._make_event = make_event
-        self._lines = _response_lines(response)
-        self._closed = False
-
-    def next_event(self) -> EventT | None:
-        try:
-            while True:
-                line = next(self._lines, None)
-                if line is None:
-                    return None
-                if line.strip():
-                    return self._make_event(*parse_raw_watch_event(line, self._what))
-        except (urllib3.exceptions.HTTPError, OSError, ValueError) as error:
-            if self._closed:
-                return None
-            raise errors.ApiError(f"watch {self._what}: stream broke: {error}") from error
-        except AttributeError:
-            if self._closed:  # http.client, when `close` released the response mid-read
-                return None
-            raise
-
-    def close(self) -> None:
-        """Shut the socket down (unblocks a read in another thread), then release the response.
-
-        `HTTPResponse.shutdown` (urllib3 >= 2.3) reaches the socket even where http.client has
-        already let go of it (`Connection: close` streams): `connection.sock` is None there.
-        """
-        self._closed = True
-        with contextlib.suppress(Exception):
-            self._response.shutdown()
-        with contextlib.suppress(Exception):
-            self._response.close()
-            self._response.release_conn()
-
-
-class KubernetesSliceWatch(RawWatchStream[SliceEvent]):
-    """A `SliceWatch` over the raw HTTP response of a ResourceSlice watch."""
-
-    def __init__(self, response: Any) -> None:
-        super().__init__(response, "ResourceSlices", slice_event)
-
-
-_WATCH_EVENT_TYPES: frozenset[str] = frozenset({"ADDED", "MODIFIED", "DELETED", "BOOKMARK"})
-
-
-def parse_raw_watch_event(line: str, what: str) -> tuple[WatchEventType, dict[str, Any]]:
-    """Decode one watch line into (type, object); ERROR events become `ApiError`s (410 Gone:
-    `ResourceExpiredError`). `what` names the watched resource in messages."""
-    event = json.loads(line)
-    kind = event.get("type")
-    obj = event.get("object") or {}
-    if kind == "ERROR":
-        code = obj.get("code")
-        message = f"watch {what}: {obj.get('reason', '')}: {obj.get('message', '')}"
-        error_type = errors.ResourceExpiredError if code == 410 else errors.ApiError
-        raise error_type(message, status=code, reason=obj.get("reason", ""))
-    if kind not in _WATCH_EVENT_TYPES or not isinstance(obj, dict):
-        raise errors.ApiError(f"watch {what}: unexpected event type {kind!r}")
-    return cast("WatchEventType", kind), obj
-
-
-@contextlib.contextmanager
-def translated_errors(action: str) -> Iterator[None]:
-    """Turn client exceptions into `errors.ApiError` subclasses that say what failed."""
-    try:
-        yield
-    except ApiException as error:
-        raise translate_api_exception(action, error) from error
-    except (urllib3.exceptions.HTTPError, OSError) as error:
-        raise errors.ApiError(f"{action}: {error}") from error
-
-
-def translate_api_exception(action: str, error: ApiException) -> errors.ApiError:
-    status = error.status if isinstance(error.status, int) else None
-    reason, message = _status_reason(error.body)
-    text = f"{action}: {status} {reason or error.reason}: {message}".rstrip(": ")
-    error_type: type[errors.ApiError] = errors.ApiError
-    if status == 409 and reason == "AlreadyExists":
-        error_type = errors.AlreadyExistsError
-    elif status == 409:
-        error_type = errors.ConflictError
-    elif status == 404:
-        error_type = errors.NotFoundError
-    elif status == 410:
-        error_type = errors.ResourceExpiredError
-    elif status in (400, 422):
-        error_type = errors.InvalidError
-    elif status in (401, 403):
-        error_type = errors.ForbiddenError
-    return error_type(text, status=status, reason=reason)
-
-
-def _status_reason(body: object) -> tuple[str, str]:
-    """(reason, message) from a `Status` response body, or empty strings."""
-    if not isinstance(body, str | bytes):
-        return "", ""
-    try:
-        status = json.loads(body)
-    except ValueError:
-        return "", str(body)[:200]
-    if not isinstance(status, dict):
-        return "", ""
-    return str(status.get("reason", "")), str(status.get("message", ""))
-
-
-def _response_lines(response: Any) -> Iterator[str]:
-    buffer = bytearray()
-    for chunk in response.stream(amt=None, decode_content=False):
-        buffer.extend(chunk if isinstance(chunk, bytes) else str(chunk).encode())
-        while (newline := buffer.find(b"\n")) != -1:
-            yield buffer[:newline].decode("utf-8", errors="replace")
-            del buffer[: newline + 1]
-    if buffer:
-        yield buffer.decode("utf-8", errors="replace")
-
-
 def _describe(body: ResourceSlice) -> str:
     metadata = body["metadata"]
     return metadata.get("name") or f"{metadata.get('generateName', '')}*"
-
-
-def list_resource_objects(
-    api_client: k8s.ApiClient, plural: str, *, request_timeout_s: float = 30.0
-) -> list[dict[str, Any]]:
-    """Every ``resource.k8s.io/v1`` object of `plural` (``resourceslices``, ``deviceclasses``,
-    ``resourceclaims``: all namespaces), raw; read-only, for `gpu-dra explain` / ``inventory``."""
-    objects = k8s.CustomObjectsApi(api_client)
-    items: list[dict[str, Any]] = []
-    token: str | None = None
-    while True:
-        with translated_errors(f"list {plural}"):
-            listing = cast(
-                "dict[str, Any]",
-                objects.list_cluster_custom_object(
-                    API_GROUP,
-                    _VERSION,
-                    plural,
-                    limit=500,
-                    _continue=token,
-                    _request_timeout=request_timeout_s,
-                ),
-            )
-        items.extend(cast("list[dict[str, Any]]", listing.get("items") or []))
-        token = (listing.get("metadata") or {}).get("continue") or None
-        if token is None:
-            return items
-
-
-def read_resource_claim(
-    api_client: k8s.ApiClient, namespace: str, name: str, *, request_timeout_s: float = 30.0
-) -> dict[str, Any]:
-    """The raw ResourceClaim `namespace`/`name` (`errors.NotFoundError` when there is none)."""
-    objects = k8s.CustomObjectsApi(api_client)
-    with translated_errors(f"read ResourceClaim {namespace}/{name}"):
-        claim = objects.get_namespaced_custom_object(
-            API_GROUP,
-            _VERSION,
-            namespace,
-            "resourceclaims",
-            name,
-            _request_timeout=request_timeout_s,
-        )
-    return cast("dict[str, Any]", claim)

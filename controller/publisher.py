@@ -29,7 +29,6 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from gpu_dra.controller import errors
 from gpu_dra.controller.kubeapi import (
     ResourceSlice,
     SliceApi,
@@ -40,6 +39,7 @@ from gpu_dra.controller.kubeapi import (
 from gpu_dra.controller.metrics import SliceMetrics, WriteVerb
 from gpu_dra.controller.sliceplan import SlicePlan, node_owner, plan_pool
 from gpu_dra.driver.slices import DesiredPool
+from gpu_dra.kube import errors
 
 log = logging.getLogger(__name__)
 

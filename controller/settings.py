@@ -12,7 +12,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+from gpu_dra.kube.logs import LOG_LEVELS, parse_log_level
+
 _TRUE = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"0", "false", "no", "off", ""})
 
@@ -72,13 +73,6 @@ def parse_interval_or_off(text: str) -> float:
     if seconds < 0:
         raise ValueError(f"must be 0 (off) or more seconds, got {text}")
     return seconds
-
-
-def parse_log_level(text: str) -> str:
-    level = text.upper()
-    if level not in LOG_LEVELS:
-        raise ValueError(f"must be one of {', '.join(LOG_LEVELS)}, got {text!r}")
-    return level
 
 
 @dataclass(frozen=True)

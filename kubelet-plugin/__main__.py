@@ -29,8 +29,7 @@ from pathlib import Path
 from kubernetes.client import ApiClient
 from prometheus_client import CollectorRegistry, start_http_server
 
-from gpu_dra.controller.errors import ApiError
-from gpu_dra.controller.kubeapi import KubernetesSliceApi, new_api_client, read_server_version
+from gpu_dra.controller.kubeapi import KubernetesSliceApi
 from gpu_dra.controller.metrics import SliceMetrics
 from gpu_dra.controller.publisher import SlicePublisher
 from gpu_dra.driver import slices
@@ -48,6 +47,8 @@ from gpu_dra.driver.nvml.real import RealNvml
 from gpu_dra.driver.nvml.simulated import SimulatedHost
 from gpu_dra.driver.nvml.sysfs import SysfsPciTopology
 from gpu_dra.driver.shares import ShareSelectionError
+from gpu_dra.kube.client import new_api_client, read_server_version
+from gpu_dra.kube.errors import ApiError
 from gpu_dra.kubelet_plugin.cdi import ClaimSpecStore
 from gpu_dra.kubelet_plugin.checkpoint import Checkpoint
 from gpu_dra.kubelet_plugin.claimcache import CachedClaimReader

@@ -26,7 +26,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from gpu_dra.controller import errors
+from gpu_dra.kube import errors
 from gpu_dra.kubelet_plugin.kubeapi import ClaimApi, ClaimEvent, ClaimWatch, ResourceClaim
 
 log = logging.getLogger(__name__)

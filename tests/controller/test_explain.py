@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 
 from gpu_dra.controller import cli
-from gpu_dra.controller.errors import NotFoundError
 from gpu_dra.controller.explain import Explanation, capacity_fits, explain, render_explanation
 from gpu_dra.controller.inventory import PoolDevice
 from gpu_dra.driver.cel import Selector
+from gpu_dra.kube.errors import NotFoundError
 from tests.controller.test_inventory import (
     DRIVER,
     Obj,

@@ -20,9 +20,9 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 from kubernetes import client as k8s
 
-from gpu_dra.controller import errors
 from gpu_dra.driver.discovery import discover_gpus
 from gpu_dra.driver.nvml.simulated import SimulatedHost
+from gpu_dra.kube import errors
 from gpu_dra.kubelet_plugin.cdi import ClaimSpecStore
 from gpu_dra.kubelet_plugin.checkpoint import Checkpoint
 from gpu_dra.kubelet_plugin.claimcache import CachedClaimReader, ClaimCacheSettings

@@ -1,8 +1,8 @@
-"""Kubernetes API errors as the controller sees them, independent of the client library.
+"""Kubernetes API errors as gpu-dra sees them, independent of the client library.
 
-Adapters (`kubeapi.py`, `catalog.py`) translate client exceptions into these; the publisher and
-the catalog applier only catch these. `retryable` says whether the same request may succeed later
-without a change on our side (conflicts and transport errors do; validation errors do not).
+Adapters translate client exceptions into these (`client.translated_errors`); callers only catch
+these. `retryable` says whether the same request may succeed later without a change on our side
+(conflicts and transport errors do; validation errors do not).
 """
 
 from __future__ import annotations
