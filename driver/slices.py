@@ -2,7 +2,7 @@
 
 Pure: values in, values out. Given a node's devices (already rendered as `resourceapi.Device`) and
 the counter sets they consume, `build_pool` decides how the pool is cut into slices. The publisher
-(`gpu_dra.controller.publisher`) stamps the pool generation and writes the slices.
+(`gpu_dra.kubelet_plugin.slices.publisher`) stamps the pool generation and writes the slices.
 
 Rules (`shared/reference/resource-api.md` §5-6):
 

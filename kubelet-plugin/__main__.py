@@ -29,9 +29,6 @@ from pathlib import Path
 from kubernetes.client import ApiClient
 from prometheus_client import CollectorRegistry, start_http_server
 
-from gpu_dra.controller.kubeapi import KubernetesSliceApi
-from gpu_dra.controller.metrics import SliceMetrics
-from gpu_dra.controller.publisher import SlicePublisher
 from gpu_dra.driver import slices
 from gpu_dra.driver.discovery import DiscoveryError, discover_devices
 from gpu_dra.driver.model import NodeDevices
@@ -76,6 +73,9 @@ from gpu_dra.kubelet_plugin.mps import (
 from gpu_dra.kubelet_plugin.prepare import WholeGpuPreparer
 from gpu_dra.kubelet_plugin.server import PluginServer
 from gpu_dra.kubelet_plugin.settings import KubeletPluginSettings
+from gpu_dra.kubelet_plugin.slices.kubeapi import KubernetesSliceApi
+from gpu_dra.kubelet_plugin.slices.metrics import SliceMetrics
+from gpu_dra.kubelet_plugin.slices.publisher import SlicePublisher
 from gpu_dra.kubelet_plugin.timeslicing import (
     RECORD_FILE,
     NvidiaSmiTimeSlicer,

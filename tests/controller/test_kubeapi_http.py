@@ -15,14 +15,14 @@ import pytest
 from kubernetes import client as k8s
 
 from gpu_dra.controller.catalog import DeviceClass, KubernetesDeviceClassApi
-from gpu_dra.controller.kubeapi import (
+from gpu_dra.kube import errors
+from gpu_dra.kube.client import read_server_version
+from gpu_dra.kubelet_plugin.slices.kubeapi import (
     KubernetesSliceApi,
     ResourceSlice,
     SliceEvent,
     SliceSelector,
 )
-from gpu_dra.kube import errors
-from gpu_dra.kube.client import read_server_version
 
 SLICES = "/apis/resource.k8s.io/v1/resourceslices"
 SELECTOR = SliceSelector(driver="gpu.example.com", node_name="node-a")

@@ -4,12 +4,23 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
 
 import pytest
 
-from gpu_dra.controller.kubeapi import slice_event
 from gpu_dra.kube import errors
-from gpu_dra.kube.watch import RawWatchStream, parse_raw_watch_event
+from gpu_dra.kube.watch import RawWatchStream, WatchEventType, parse_raw_watch_event
+
+
+@dataclass(frozen=True)
+class Event:
+    type: WatchEventType
+    resource_version: str
+
+
+def event(kind: WatchEventType, obj: dict[str, Any]) -> Event:
+    return Event(kind, obj["metadata"]["resourceVersion"])
 
 
 def test_watch_error_410_means_list_again() -> None:
@@ -43,7 +54,7 @@ def test_watch_stream_decodes_events_split_across_chunks() -> None:
     second = json.dumps({"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "2"}}})
     payload = f"{first}\n\n{second}\n".encode()
     response = ChunkedResponse([payload[:10], payload[10:50], payload[50:]])
-    watch = RawWatchStream(response, "ResourceSlices", slice_event)
+    watch = RawWatchStream(response, "ResourceSlices", event)
 
     events = [watch.next_event(), watch.next_event(), watch.next_event()]
 

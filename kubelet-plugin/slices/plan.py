@@ -1,18 +1,11 @@
 """Plan the writes that turn a pool's live ResourceSlices into its desired ones (pure).
 
-Matching: a live slice whose recorded content hash equals a desired slice's hash is that slice;
-the rest pair up by position (desired order against live slices sorted by name). Unpaired desired
-slices are created, unpaired live slices (and slices of other pools under the same selector) are
-deleted.
-
-A pool is up to date when every desired slice has a live slice with its content, no extra slices
-exist, and all of them carry one generation, the right resourceSliceCount and the Node owner. Then
-the plan is empty. Otherwise the generation is bumped and every slice of the pool is written once:
-consumers only use a pool's newest generation, so all its slices must carry it.
-
-Content is compared through a hash annotation written with each slice rather than field by field:
-the apiserver normalizes quantities, sets taint `timeAdded` and drops fields of disabled feature
-gates, and a field-by-field comparison would rewrite such slices forever.
+A live slice whose content-hash annotation matches a desired slice is that slice; the rest pair by
+position (live slices sorted by name); unpaired desired slices are created, unpaired live ones and
+other pools' slices deleted. When every slice is current (content, generation, slice count, Node
+owner) the plan is empty; otherwise the generation is bumped and every slice of the pool is written
+once. Content is compared by hash because the apiserver normalizes fields.
+See docs/architecture.md#slice-publishing.
 """
 
 from __future__ import annotations
@@ -23,14 +16,14 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from gpu_dra.controller.kubeapi import (
+from gpu_dra.driver.resourceapi import API_VERSION, ResourceSliceSpec
+from gpu_dra.driver.slices import DesiredPool
+from gpu_dra.kubelet_plugin.slices.kubeapi import (
     RESOURCE_SLICE_KIND,
     ObjectMeta,
     OwnerReference,
     ResourceSlice,
 )
-from gpu_dra.driver.resourceapi import API_VERSION, ResourceSliceSpec
-from gpu_dra.driver.slices import DesiredPool
 
 SPEC_HASH_ANNOTATION_NAME = "spec-hash"
 

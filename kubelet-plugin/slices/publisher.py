@@ -29,17 +29,17 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from gpu_dra.controller.kubeapi import (
+from gpu_dra.driver.slices import DesiredPool
+from gpu_dra.kube import errors
+from gpu_dra.kubelet_plugin.slices.kubeapi import (
     ResourceSlice,
     SliceApi,
     SliceEvent,
     SliceSelector,
     SliceWatch,
 )
-from gpu_dra.controller.metrics import SliceMetrics, WriteVerb
-from gpu_dra.controller.sliceplan import SlicePlan, node_owner, plan_pool
-from gpu_dra.driver.slices import DesiredPool
-from gpu_dra.kube import errors
+from gpu_dra.kubelet_plugin.slices.metrics import SliceMetrics, WriteVerb
+from gpu_dra.kubelet_plugin.slices.plan import SlicePlan, node_owner, plan_pool
 
 log = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from prometheus_client import CollectorRegistry
 
-from gpu_dra.controller.metrics import SliceMetrics
+from gpu_dra.kubelet_plugin.slices.metrics import SliceMetrics
 from tests.fakes.slice_api import InMemorySliceApi
 
 

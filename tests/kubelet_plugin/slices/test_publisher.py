@@ -9,13 +9,13 @@ from collections.abc import AsyncIterator, Callable, Sequence
 import pytest
 from prometheus_client import CollectorRegistry
 
-from gpu_dra.controller.kubeapi import ResourceSlice, SliceSelector
-from gpu_dra.controller.metrics import SliceMetrics
-from gpu_dra.controller.publisher import PublisherSettings, SlicePublisher
-from gpu_dra.controller.sliceplan import spec_hash_annotation
 from gpu_dra.driver.resourceapi import CounterSet, Device
 from gpu_dra.driver.slices import DesiredPool, DeviceOrder, build_pool
 from gpu_dra.kube import errors
+from gpu_dra.kubelet_plugin.slices.kubeapi import ResourceSlice, SliceSelector
+from gpu_dra.kubelet_plugin.slices.metrics import SliceMetrics
+from gpu_dra.kubelet_plugin.slices.plan import spec_hash_annotation
+from gpu_dra.kubelet_plugin.slices.publisher import PublisherSettings, SlicePublisher
 from tests.fakes.slice_api import InMemorySliceApi
 
 DRIVER = "gpu.example.com"

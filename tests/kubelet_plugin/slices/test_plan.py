@@ -4,9 +4,14 @@ from __future__ import annotations
 
 from typing import Any, cast
 
-from gpu_dra.controller.kubeapi import ResourceSlice
-from gpu_dra.controller.sliceplan import node_owner, plan_pool, spec_hash, spec_hash_annotation
 from gpu_dra.driver.slices import DeviceOrder, build_pool
+from gpu_dra.kubelet_plugin.slices.kubeapi import ResourceSlice
+from gpu_dra.kubelet_plugin.slices.plan import (
+    node_owner,
+    plan_pool,
+    spec_hash,
+    spec_hash_annotation,
+)
 
 DRIVER = "gpu.example.com"
 NODE = "node-a"

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from gpu_dra.controller.kubeapi import SliceSelector, slice_event
 from gpu_dra.kube.watch import parse_raw_watch_event
+from gpu_dra.kubelet_plugin.slices.kubeapi import SliceSelector, slice_event
 
 
 def test_node_pool_selector_filters_by_driver_and_node() -> None:
