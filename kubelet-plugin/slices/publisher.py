@@ -1,27 +1,17 @@
-"""Keep one pool's ResourceSlices published: reconcile on change, re-publish after a wipe.
+"""Keep one node's pool of ResourceSlices published: reconcile on change, republish after a wipe.
 
-`SlicePublisher` runs in the process that knows the devices: the kubelet plugin for node-local
-pools (as NVIDIA's driver does), or the controller. It is asyncio-native; the blocking `SliceApi`
-calls run through `asyncio.to_thread`.
-
-Two loops run under `run()`:
-
-- the reconcile loop waits for a trigger (new desired state, `republish()`, a watch event, a failed
-  attempt), lists the pool's slices, and makes the writes `sliceplan.plan_pool` asks for. Conflicts
-  (409) are retried with exponential backoff, a bounded number of times per sync; after that, or on
-  any other API error, the loop backs off and tries again.
-- the watch loop lists, then watches the driver's slices on the node from the list's
-  resourceVersion, resuming from the last event it saw and listing again after 410 Gone. Events
-  caused by someone else (the kubelet wiping the node's slices at start or when the plugin
-  disappears, garbage collection, an admin) trigger a reconcile; echoes of our own writes do not.
-
-In steady state a trigger costs one list and no writes.
+`SlicePublisher.run()` reconciles on every trigger (new desired state, `republish()`, a watch event
+someone else caused, a failed attempt): it lists the pool's slices and makes the writes
+`plan.plan_pool` asks for, retrying conflicts and backing off on errors. A `Reflector` lists and
+watches the node's slices in a thread; echoes of the publisher's own writes trigger nothing. In
+steady state a trigger costs one list and no writes. See docs/architecture.md#slice-publishing.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass
@@ -31,12 +21,13 @@ from prometheus_client import CollectorRegistry
 
 from gpu_dra.driver.slices import DesiredPool
 from gpu_dra.kube import errors
+from gpu_dra.kube.reflector import Reflector, ReflectorSettings
 from gpu_dra.kubelet_plugin.slices.kubeapi import (
     ResourceSlice,
     SliceApi,
     SliceEvent,
+    SliceList,
     SliceSelector,
-    SliceWatch,
 )
 from gpu_dra.kubelet_plugin.slices.metrics import SliceMetrics, WriteVerb
 from gpu_dra.kubelet_plugin.slices.plan import SlicePlan, node_owner, plan_pool
@@ -45,8 +36,6 @@ log = logging.getLogger(__name__)
 
 # Remembered versions of our own writes, to ignore their watch echoes; cleared when this large.
 _MAX_REMEMBERED_WRITES = 1024
-# A watch stream that ends sooner than this is retried with backoff.
-_MIN_HEALTHY_WATCH_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -131,9 +120,23 @@ class SlicePublisher:
         self._stopping = asyncio.Event()
         self._sync_lock = asyncio.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._watch: SliceWatch | None = None
         self._own_versions: set[str] = set()
         self._own_deletes: set[str] = set()
+        selector = self._selector
+        self._reflector = Reflector[SliceList, SliceEvent](
+            "ResourceSlices",
+            lambda: api.list_slices(selector),
+            lambda version, timeout: api.watch_slices(
+                selector, resource_version=version, timeout_seconds=timeout
+            ),
+            lambda _listing: self._trigger(),  # changes before this list were seen by no watch
+            self._on_event,
+            settings=ReflectorSettings(
+                backoff_initial_s=self._settings.backoff_initial_s,
+                backoff_max_s=self._settings.backoff_max_s,
+                watch_timeout_s=self._settings.watch_timeout_s,
+            ),
+        )
 
     @property
     def generation(self) -> int:
@@ -158,25 +161,24 @@ class SlicePublisher:
     def stop(self) -> None:
         """Make `run()` return; closes the watch. Any thread; idempotent; final."""
         self._call_in_loop(self._stopping.set)
-        self._close_watch()
+        self._reflector.stop()
 
     async def run(self) -> None:
         """Reconcile and watch until `stop()` (or cancellation)."""
         self._loop = asyncio.get_running_loop()
-        workers = {
-            asyncio.create_task(self._reconcile_forever(), name="slices-reconcile"),
-            asyncio.create_task(self._watch_forever(), name="slices-watch"),
-        }
+        self._reflector.start("slice-watch")
+        reconciler = asyncio.create_task(self._reconcile_forever(), name="slices-reconcile")
         stopper = asyncio.create_task(self._stopping.wait(), name="slices-stop")
         try:
-            done, _ = await asyncio.wait({stopper, *workers}, return_when=asyncio.FIRST_COMPLETED)
+            done, _ = await asyncio.wait({stopper, reconciler}, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            for task in (stopper, *workers):
+            for task in (stopper, reconciler):
                 task.cancel()
-            self._close_watch()
-            await asyncio.gather(stopper, *workers, return_exceptions=True)
-        for task in done - {stopper}:
-            task.result()  # a worker only ends on a bug: raise it
+            self._reflector.stop()
+            await asyncio.gather(stopper, reconciler, return_exceptions=True)
+            await asyncio.to_thread(self._reflector.close)
+        if reconciler in done:
+            reconciler.result()  # the reconcile loop only ends on a bug: raise it
 
     async def sync(self) -> SyncResult:
         """Reconcile the pool once now, retrying conflicts; raises the last error on failure."""
@@ -297,50 +299,14 @@ class SlicePublisher:
             delay = min(delay * 2, settings.backoff_max_s)
             self._dirty.set()
 
-    async def _watch_forever(self) -> None:
-        settings = self._settings
-        loop = asyncio.get_running_loop()
-        delay = settings.backoff_initial_s
-        resource_version: str | None = None
-        while True:
-            started = loop.time()
-            try:
-                if resource_version is None:
-                    listing = await asyncio.to_thread(self._api.list_slices, self._selector)
-                    resource_version = listing.resource_version
-                    self._trigger()  # changes before this list were not seen by any watch
-                resource_version = await self._watch_once(resource_version)
-            except errors.ResourceExpiredError:
-                self._log.info("slice watch expired (410 Gone); listing again")
-                resource_version = None
-            except errors.ApiError as error:
-                self._log.warning("watching slices failed: retry_in_s=%.2f error=%s", delay, error)
-            if loop.time() - started >= _MIN_HEALTHY_WATCH_S:
-                delay = settings.backoff_initial_s  # it ran a while: resume (or list) at once
-                continue
-            # Ended or failed at once: back off, so that a repeating failure is no busy loop.
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, settings.backoff_max_s)
+    def _on_event(self, event: SliceEvent) -> None:
+        """A watch event, in the reflector's thread: judged in the event loop."""
+        self._call_in_loop(functools.partial(self._on_event_in_loop, event))
 
-    async def _watch_once(self, resource_version: str) -> str:
-        """Follow one watch stream; returns the version to resume from."""
-        watch = await asyncio.to_thread(
-            self._api.watch_slices,
-            self._selector,
-            resource_version=resource_version,
-            timeout_seconds=self._settings.watch_timeout_s,
-        )
-        self._watch = watch
-        try:
-            while (event := await asyncio.to_thread(watch.next_event)) is not None:
-                resource_version = event.resource_version or resource_version
-                if self._caused_by_others(event):
-                    self._log.debug("slice event: type=%s name=%s", event.type, event.name)
-                    self._trigger()
-        finally:
-            self._watch = None
-            watch.close()
-        return resource_version
+    def _on_event_in_loop(self, event: SliceEvent) -> None:
+        if self._caused_by_others(event):
+            self._log.debug("slice event: type=%s name=%s", event.type, event.name)
+            self._dirty.set()
 
     def _caused_by_others(self, event: SliceEvent) -> bool:
         if event.type == "BOOKMARK":
@@ -362,16 +328,11 @@ class SlicePublisher:
             running = asyncio.get_running_loop()
         except RuntimeError:
             running = None
-        if loop is not None and running is not loop and not loop.is_closed():
-            loop.call_soon_threadsafe(callback)
+        if loop is not None and running is not loop:
+            with contextlib.suppress(RuntimeError):  # the loop closed: nobody waits any more
+                loop.call_soon_threadsafe(callback)
         else:
             callback()
-
-    def _close_watch(self) -> None:
-        watch = self._watch
-        if watch is not None:
-            with contextlib.suppress(Exception):
-                watch.close()
 
     @staticmethod
     def _remember(remembered: set[str], value: str) -> None:

@@ -23,9 +23,10 @@ from kubernetes import client as k8s
 from gpu_dra.driver.discovery import discover_gpus
 from gpu_dra.driver.nvml.simulated import SimulatedHost
 from gpu_dra.kube import errors
+from gpu_dra.kube.reflector import ReflectorSettings
 from gpu_dra.kubelet_plugin.cdi import ClaimSpecStore
 from gpu_dra.kubelet_plugin.checkpoint import Checkpoint
-from gpu_dra.kubelet_plugin.claimcache import CachedClaimReader, ClaimCacheSettings
+from gpu_dra.kubelet_plugin.claimcache import CachedClaimReader
 from gpu_dra.kubelet_plugin.inventory import NodeInventory
 from gpu_dra.kubelet_plugin.kubeapi import (
     ClaimNotFoundError,
@@ -45,7 +46,7 @@ UID_B = "5d2c9f71-3e8a-4b6d-8c1f-6a4e2b0d9c02"
 UID_C = "9e4f2a10-6b3d-4c8e-a1f7-0d5b3c2e1f03"
 CLAIM_A = ("default", "claim-a")
 
-FAST = ClaimCacheSettings(backoff_initial_s=0.01, backoff_max_s=0.05, close_timeout_s=5.0)
+FAST = ReflectorSettings(backoff_initial_s=0.01, backoff_max_s=0.05, close_timeout_s=5.0)
 BROKEN = errors.ApiError("watch ResourceClaims: stream broke: connection reset")
 
 
@@ -272,7 +273,7 @@ def test_gone_watch_lists_again_and_keeps_only_what_exists(
 
 @pytest.mark.parametrize("verb", ["list", "watch"])
 def test_failures_back_off_exponentially_then_recover(api: InMemoryClaimApi, verb: Verb) -> None:
-    settings = ClaimCacheSettings(backoff_initial_s=0.02, backoff_max_s=0.05, close_timeout_s=5.0)
+    settings = ReflectorSettings(backoff_initial_s=0.02, backoff_max_s=0.05, close_timeout_s=5.0)
     cache = CachedClaimReader(api, settings)
     api.add(gpu_claim(UID_A))
     api.fail_next(verb, errors.ApiError("503 ServiceUnavailable"), times=3)
@@ -309,7 +310,7 @@ def test_close_closes_the_open_watch_and_stops_the_thread(
 
 def test_close_ends_a_backoff_wait_at_once(api: InMemoryClaimApi) -> None:
     cache = CachedClaimReader(
-        api, ClaimCacheSettings(backoff_initial_s=60.0, backoff_max_s=60.0, close_timeout_s=5.0)
+        api, ReflectorSettings(backoff_initial_s=60.0, backoff_max_s=60.0, close_timeout_s=5.0)
     )
     api.fail_next("list", errors.ApiError("503 ServiceUnavailable"))
     cache.start()
