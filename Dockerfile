@@ -22,6 +22,7 @@ WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY driver driver
 COPY kube kube
+COPY cli cli
 COPY controller controller
 COPY kubelet-plugin kubelet-plugin
 # The gpu-dra wheel and wheels of its pinned dependencies, installed into a venv without pip.

@@ -30,9 +30,9 @@ from gpu_dra.controller.catalog import (
     apply_catalog,
     load_catalog,
 )
-from gpu_dra.controller.inventory import Inventory, inventory
 from gpu_dra.controller.metrics import CatalogMetrics, InventoryMetrics
 from gpu_dra.controller.settings import ControllerSettings
+from gpu_dra.driver.cluster.usage import Inventory, inventory
 from gpu_dra.driver.naming import DEFAULT_DRIVER_NAME
 from gpu_dra.kube import errors
 from gpu_dra.kube.client import list_resource_objects, new_api_client

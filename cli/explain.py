@@ -1,44 +1,37 @@
-"""`gpu-dra explain <namespace>/<claim>`: why a ResourceClaim is (not) allocatable. Pure logic.
+"""`gpu-dra explain <namespace>/<claim>`: why a ResourceClaim is (not) allocatable.
 
-Input: the raw ``resource.k8s.io/v1`` dictionaries (the claim, DeviceClasses, ResourceSlices and
-all ResourceClaims); no I/O. For each request (``exactly``, or each ``firstAvailable``
-subrequest) every device of every pool (highest generation, `inventory.build_cluster_state`) goes
-through a funnel of the scheduler's checks (resource-api.md §9.3), and each step says how many
-devices pass, per pool:
-
-1. each DeviceClass selector, then each request selector (compiled with `gpu_dra.driver.cel`);
-   a CEL runtime error is counted (with one example) and the device drops out;
-2. no untolerated ``NoSchedule`` / ``NoExecute`` device taint (``spec.devices[].taints`` of the
-   slice against the request's ``tolerations``; shown when some device is tainted);
-3. not already allocated to another claim (skipped for ``adminAccess``; multi-allocatable devices
-   pass and are judged by capacity);
-4. capacity requests fit (``requestPolicy`` rounding, what other allocations consumed);
-5. shared counters (partitionable devices) still cover the device's consumption.
-
-Constraints (``matchAttribute``, ``distinctAttribute``) list the attribute values available
-among the devices that pass. The funnel orders the checks for explanation; the scheduler checks
-"in use" before the selectors, so a runtime error on an allocated device would not stop it.
-The verdict is a bound, not an allocation: no backtracking search is made across requests.
+`explain` (pure, over raw ``resource.k8s.io/v1`` objects) runs each request's devices through a
+funnel of the scheduler's checks (selectors, taints, in use, capacity, shared counters), counting
+per pool what passes each step, and lists the attribute values the constraints can use. The
+verdict is a bound: no backtracking search is made across requests. The command reads the
+cluster (`cluster`). See docs/cel.md, "gpu-dra explain and gpu-dra inventory".
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from gpu_dra.controller.availability import capacity_fits, counter_use, counters_shortage
-from gpu_dra.controller.inventory import (
-    ALL_NODES,
-    ClusterState,
-    Obj,
-    PoolDevice,
-    build_cluster_state,
-    claim_key,
-    compile_class,
-    selector_expressions,
+from gpu_dra.cli.cluster import (
+    add_cluster_arguments,
+    api_client,
+    cluster_errors,
+    read_claim,
+    read_objects,
+)
+from gpu_dra.cli.command import (
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_USAGE,
+    CliError,
+    Streams,
+    Subcommand,
+    write_blocks,
+    write_data,
 )
 from gpu_dra.driver.cel import (
     CelCompileError,
@@ -49,6 +42,17 @@ from gpu_dra.driver.cel import (
     select,
 )
 from gpu_dra.driver.cel.device import split_qualified_name
+from gpu_dra.driver.cluster.availability import capacity_fits, counter_use, counters_shortage
+from gpu_dra.driver.cluster.state import (
+    ALL_NODES,
+    ClusterState,
+    Obj,
+    PoolDevice,
+    build_cluster_state,
+    claim_key,
+    compile_class,
+    selector_expressions,
+)
 
 _SHOWN_HOLDERS: Final = 5
 _SHOWN_EXPRESSION: Final = 70
@@ -711,3 +715,52 @@ def _short(text: str, limit: int = _SHOWN_EXPRESSION) -> str:
 def _shortlist(items: Sequence[str]) -> str:
     shown = ", ".join(items[:_SHOWN_HOLDERS])
     return shown + (", ..." if len(items) > _SHOWN_HOLDERS else "")
+
+
+# ---- the command --------------------------------------------------------------------------------
+
+
+def add_arguments(parser: argparse.ArgumentParser, environ: Mapping[str, str]) -> None:
+    parser.add_argument(
+        "claim", metavar="NAMESPACE/CLAIM", help="the ResourceClaim to explain, e.g. default/gpu"
+    )
+    add_cluster_arguments(parser, environ)
+
+
+def run(args: argparse.Namespace, streams: Streams) -> int:
+    namespace, slash, name = str(args.claim).partition("/")
+    if not (slash and namespace and name and "/" not in name):
+        raise CliError(f"expected NAMESPACE/CLAIM, got {args.claim!r}", EXIT_USAGE)
+    with cluster_errors():
+        client = api_client(args.kubeconfig)
+        claim = read_claim(client, namespace, name)
+        classes, slices, claims = read_objects(client)
+    report = explain(claim, classes, slices, claims)
+    if args.output != "table":
+        write_data(streams, report.to_json(), args.output)
+    else:
+        write_blocks(streams, render_explanation(report))
+    satisfied = report.allocated or all(r.satisfied for r in report.requests)
+    return EXIT_OK if satisfied and all(c.satisfiable for c in report.constraints) else EXIT_FAILED
+
+
+COMMAND: Final = Subcommand(
+    name="explain",
+    summary="say why a ResourceClaim is or is not allocatable (reads the cluster)",
+    description="Read the claim, the DeviceClasses, every ResourceSlice (highest generation per\n"
+    "pool; incomplete pools are marked) and every ResourceClaim, and show, for each request\n"
+    "(or firstAvailable subrequest), how many devices in which pools pass each step: the\n"
+    "class selectors, the request selectors (CEL evaluated as the scheduler does; runtime\n"
+    "errors counted with an example), not allocated to another claim, capacity requests,\n"
+    "shared counters; which claims hold the matching devices; which attribute values the\n"
+    "matchAttribute / distinctAttribute constraints can use. The first line is the verdict.\n"
+    "No backtracking search is made across requests: the verdict is a bound.\n"
+    "Exit status: 0 allocated or allocatable, 1 not allocatable now or the cluster cannot\n"
+    "be read, 2 usage error or unusable kubeconfig.",
+    examples=(
+        "gpu-dra explain default/my-claim",
+        "gpu-dra explain team-a/training -o json --kubeconfig ~/.kube/prod",
+    ),
+    add_arguments=add_arguments,
+    run=run,
+)

@@ -12,19 +12,20 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from gpu_dra.controller.availability import quantity_text
+from gpu_dra.cli.explain import explain
+from gpu_dra.cli.inventory import render_inventory
 from gpu_dra.controller.catalog import load_catalog
-from gpu_dra.controller.explain import explain
-from gpu_dra.controller.inventory import Inventory, inventory, render_inventory
 from gpu_dra.controller.metrics import InventoryMetrics
 from gpu_dra.driver import slices
 from gpu_dra.driver.cel import Quantity
+from gpu_dra.driver.cluster.availability import quantity_text
+from gpu_dra.driver.cluster.usage import Inventory, inventory
 from gpu_dra.driver.discovery import discover_devices
 from gpu_dra.driver.model import MigPartition
 from gpu_dra.driver.nvml.simulated import SimulatedHost
 from gpu_dra.driver.shares import ShareSelection
 from gpu_dra.kubelet_plugin.inventory import NodeInventory
-from tests.controller.test_inventory import DRIVER, claim, exactly
+from tests.fakes.cluster_objects import DRIVER, claim, exactly
 
 Obj = dict[str, Any]
 NODE = "node-a"

@@ -1,37 +1,41 @@
-"""`gpu-dra lint`: check DeviceClass and claim selectors before they reach a cluster (pure logic).
+"""`gpu-dra lint`: check DeviceClass and claim selectors before they reach a cluster.
 
-Input: the parsed YAML documents of some files and the devices of some simulated machines (both
-read by the CLI). Checks, each a `Finding`:
-
-- every CEL selector of a DeviceClass (``spec.selectors``), ResourceClaim and
-  ResourceClaimTemplate request (``exactly.selectors``, ``firstAvailable[].selectors``; the inline
-  v1beta1 form too) compiles, with the engine's message (ERROR);
-- attribute and capacity names a selector reads that gpu-dra never publishes (ERROR, with a
-  suggestion: ``memory`` is a capacity, ``pciBusID`` lives in ``resource.kubernetes.io``, a close
-  name); names NVIDIA's driver publishes and gpu-dra does not yet (``gpuModuleID``) are WARNINGs;
-- each DeviceClass evaluated against every device, as the scheduler evaluates it (selectors in
-  order, the first false or failing one decides): runtime errors (ERROR, one example device),
-  classes that select nothing (WARNING), what each class selects (INFO), pairs of classes
-  selecting identical device sets (WARNING) or overlapping ones (INFO);
-- claim requests whose DeviceClass is linted too: their selectors evaluated on the devices the
-  class selects (runtime errors ERROR, nothing selected WARNING).
-
-Names are read from the selector text with the tokenizer of `gpu_dra.driver.cel.source` (string
-literals and comments never match): ``device.attributes[D].x``, ``[D]['x']``, ``[D].?x``,
-``'x' in device.attributes[D]``, and aliases bound by ``cel.bind(g, device.attributes[D], ...)``.
-cel-expr-python exposes its checked AST only as a serialized ``cel.expr.CheckedExpr`` without the
-protobuf types to decode it, so the token stream is the best structure available.
+The checks (`lint`, pure): every CEL selector compiles; names gpu-dra never publishes are errors
+(with a suggestion), names only NVIDIA's driver publishes warnings; each DeviceClass, and each claim
+request on its class's devices, is evaluated on the devices of simulated machines as the scheduler
+evaluates it (runtime errors, classes selecting nothing or the same devices). Names are read from
+the selector text with the tokenizer of `gpu_dra.driver.cel.source`. The command reads the files
+and builds the devices (`devices.plugin_devices`).
+See docs/cel.md, "gpu-dra lint".
 """
 
 from __future__ import annotations
 
+import argparse
 import difflib
 import re
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any, Final, Literal
 
+from gpu_dra.cli.command import (
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_USAGE,
+    PROG,
+    STDIN,
+    STDIN_LABEL,
+    CliError,
+    Streams,
+    Subcommand,
+    add_env_argument,
+    print_error,
+    write_data,
+)
+from gpu_dra.cli.devices import plugin_devices
+from gpu_dra.cli.manifests import load_documents
 from gpu_dra.driver.attributes import gpu_device, mig_device
 from gpu_dra.driver.cel import (
     CelCompileError,
@@ -44,6 +48,8 @@ from gpu_dra.driver.cel import (
 from gpu_dra.driver.cel.source import LexError, Token, tokens
 from gpu_dra.driver.model import Gpu, MigDevice
 from gpu_dra.driver.naming import DEFAULT_DRIVER_NAME
+from gpu_dra.driver.nvml.profiles import ProfileError, builtin_profile_names
+from gpu_dra.driver.nvml.simulated import SimulatedHost
 from gpu_dra.driver.resourceapi import API_GROUP, Device
 from gpu_dra.driver.shares import offered_device
 
@@ -828,3 +834,182 @@ def _plural(kind: str) -> str:
 
 def _a(word: str) -> str:
     return f"an {word}" if word[0] in "aeiou" else f"a {word}"
+
+
+# ---- the command --------------------------------------------------------------------------------
+
+MPS_SHARES_VARIANT: Final = "+mps-shares"
+"""Suffix of the profile name under which `gpu-dra lint` evaluates a machine's whole GPUs as
+they are published when offered as MPS shares (``--mps-shares=all``)."""
+
+DYNAMIC_MIG_VARIANT: Final = "+dynamic-mig"
+"""Suffix of the profile name under which `gpu-dra lint` evaluates a machine's partitionable
+GPUs as they are published with ``--dynamic-mig`` (the whole GPU and every MIG placement)."""
+
+_LINT_NODE: Final = "lint-node"  # seeds the simulated UUIDs, which no selector should read
+
+
+def add_arguments(parser: argparse.ArgumentParser, environ: Mapping[str, str]) -> None:
+    parser.add_argument(
+        "paths",
+        nargs="+",
+        metavar="PATH",
+        help="YAML manifest file (several documents and List objects allowed), directory (its "
+        f"*.yaml and *.yml files) or {STDIN} for standard input",
+    )
+    parser.add_argument(
+        "--profile",
+        action="append",
+        metavar="PROFILE",
+        help="evaluate on this simulated machine only: a built-in name (see `gpu-dra profiles`) "
+        "or the path of a .json/.yaml profile file; repeatable (default: every built-in profile)",
+    )
+    parser.add_argument(
+        "--strict", action="store_true", help="warnings fail the lint too (exit status 1)"
+    )
+    add_env_argument(
+        parser,
+        environ,
+        "--driver-name",
+        env=("GPU_DRA_DRIVER_NAME",),
+        metavar="NAME",
+        help="DRA driver name: the domain of the published attributes and device.driver",
+        default=DEFAULT_DRIVER_NAME,
+    )
+    parser.add_argument(
+        "-o",
+        "--output",
+        choices=("text", "json", "yaml"),
+        default="text",
+        help="output format (default: text, one line per finding and a summary)",
+    )
+
+
+def run(args: argparse.Namespace, streams: Streams) -> int:
+    every_builtin = _lint_devices(builtin_profile_names(), variants=True)
+    devices = _lint_devices(args.profile) if args.profile else every_builtin
+    sources: list[Source] = []
+    unreadable: list[str] = []
+    for path in args.paths:
+        try:
+            files = _lint_files(path)
+        except CliError as error:
+            print_error(streams, COMMAND, str(error))
+            unreadable.append(str(error))
+            continue
+        for file in files:
+            try:
+                documents = load_documents(file, streams.stdin)
+            except CliError as error:
+                print_error(streams, COMMAND, str(error))
+                unreadable.append(str(error))
+                continue
+            sources.append(Source(STDIN_LABEL if file == STDIN else file, documents))
+    try:
+        report = lint(
+            sources,
+            devices,
+            driver=args.driver_name,
+            published=_published(every_builtin, args.driver_name),
+        )
+    except CelRuntimeError as error:
+        raise CliError(f"a simulated device cannot be evaluated: {error}", EXIT_USAGE) from error
+    _write_lint_report(streams, report, len(sources), unreadable, args.output)
+    if unreadable:
+        return EXIT_USAGE
+    return EXIT_FAILED if report.failed(strict=args.strict) else EXIT_OK
+
+
+def _lint_files(path: str) -> list[str]:
+    """`path` itself, or the sorted *.yaml / *.yml files of a directory (CliError if none)."""
+    if path == STDIN or not Path(path).is_dir():
+        return [path]
+    files = sorted(
+        str(child)
+        for child in Path(path).iterdir()
+        if child.suffix in (".yaml", ".yml") and child.is_file()
+    )
+    if not files:
+        raise CliError(f"no .yaml or .yml files in directory {path}", EXIT_USAGE)
+    return files
+
+
+def _lint_devices(profiles: Sequence[str], *, variants: bool = False) -> list[SimulatedDevice]:
+    """The published devices of each profile; with ``variants`` also, as profile
+    ``<name>+mps-shares``, its whole GPUs as published with ``--mps-shares=all``, and as
+    ``<name>+dynamic-mig``, its partitionable GPUs' devices as published with ``--dynamic-mig``
+    (profiles without such GPUs add nothing)."""
+    devices: list[SimulatedDevice] = []
+    for spec in profiles:
+        try:
+            host = SimulatedHost.load(spec, _LINT_NODE)
+        except ProfileError as error:
+            raise CliError(str(error), EXIT_USAGE) from error
+        try:
+            published = plugin_devices(host.nvml, host.pci)
+        except CliError as error:  # a profile with injected NVML faults
+            raise CliError(f"simulated machine {spec}: {error}", EXIT_USAGE) from error
+        devices.extend(SimulatedDevice(host.profile.name, device) for device in published)
+        if not variants:
+            continue
+        shared = plugin_devices(host.nvml, host.pci, mps_shares=True)
+        devices.extend(
+            SimulatedDevice(f"{host.profile.name}{MPS_SHARES_VARIANT}", device)
+            for device in shared
+            if device.get("allowMultipleAllocations")
+        )
+        partitioned = plugin_devices(host.nvml, host.pci, dynamic_mig=True)
+        devices.extend(
+            SimulatedDevice(f"{host.profile.name}{DYNAMIC_MIG_VARIANT}", device)
+            for device in partitioned
+            if device.get("consumesCounters")
+        )
+    return devices
+
+
+def _published(devices: Sequence[SimulatedDevice], driver: str) -> PublishedNames:
+    """What gpu-dra publishes on any built-in profile, and can publish on any whole GPU."""
+    converted = [to_cel_device(driver, device.device) for device in devices]
+    return publishable_names(driver) | PublishedNames.of(converted)
+
+
+def _write_lint_report(
+    streams: Streams, report: LintReport, files: int, unreadable: Sequence[str], output: str
+) -> None:
+    if output != "text":
+        data = report.to_json(files)
+        data["unreadable"] = list(unreadable)
+        write_data(streams, data, output)
+        return
+    for finding in report.findings:
+        print(finding, file=streams.out)
+    if not report.objects:
+        print("no DeviceClasses, ResourceClaims or ResourceClaimTemplates found", file=streams.err)
+    summary = report.summary(files)
+    if unreadable:
+        summary += f"; {len(unreadable)} inputs unreadable"
+    print(f"{PROG} lint: {summary}", file=streams.out)
+
+
+COMMAND: Final = Subcommand(
+    name="lint",
+    summary="check the CEL selectors of DeviceClasses and claims on simulated GPUs",
+    description="Compile every CEL selector of the DeviceClasses, ResourceClaims and\n"
+    "ResourceClaimTemplates in the files, and evaluate each DeviceClass (and each claim\n"
+    "request on the devices of its class) against every device of the simulated machines,\n"
+    "as the scheduler evaluates them. One line per finding:\n"
+    "  LEVEL <file> <kind>/<name>: [<path>: ]<message>\n"
+    "ERROR: a compile error, a runtime error on some device (e.g. a missing attribute read\n"
+    "without has()), an attribute or capacity gpu-dra never publishes (with a suggestion).\n"
+    "WARNING: a class selecting no device, two classes selecting the same devices, a name\n"
+    "only NVIDIA's driver publishes (MIG). INFO: what each class selects, overlaps.\n"
+    "Exit status: 0 no errors (warnings allowed unless --strict), 1 errors (or warnings\n"
+    "with --strict), 2 an input or profile cannot be read or parsed.",
+    examples=(
+        "gpu-dra lint deviceclasses/",
+        "gpu-dra lint --strict --profile hgx-h100 --profile my-node.yaml classes/ claim.yaml",
+        "kubectl get deviceclasses -o yaml | gpu-dra lint -o json -",
+    ),
+    add_arguments=add_arguments,
+    run=run,
+)

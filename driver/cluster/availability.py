@@ -1,16 +1,11 @@
 """What is left of a device for the next allocation: consumable capacity and shared counters.
 
-Pure logic over the cluster model of `gpu_dra.controller.inventory` (devices with the claims
-holding them), used by both `gpu-dra explain` (its ``capacity`` and ``counters`` steps) and
-`gpu-dra inventory` (device states, free capacity; the controller's inventory gauges):
-
-- consumable capacity (resource-api.md §5.1): a multi-allocatable device's capacity minus the
-  ``consumedCapacity`` of its allocations; a request is rounded by the capacity's
-  ``requestPolicy``;
-- shared counters (§5.2, partitionable devices): a device can be allocated only if, for each
-  counter it consumes, the pool's counter set value minus what the already-allocated devices of
-  the pool consume is at least its consumption. An allocated device consumes its counters once,
-  however many allocations it has; adminAccess allocations consume nothing.
+Pure logic over the cluster model of `state` (devices with the claims holding them), used by
+`gpu-dra explain` (its ``capacity`` and ``counters`` steps), `gpu-dra inventory` and the
+controller's inventory gauges (device states: `device_availability`). A multi-allocatable device
+has its capacity minus its allocations' ``consumedCapacity`` left; a partitionable device can be
+allocated only while its pool's shared counters cover it (an allocated device consumes its counters
+once; adminAccess consumes nothing). See docs/cel.md, "gpu-dra explain and gpu-dra inventory".
 """
 
 from __future__ import annotations
@@ -20,17 +15,20 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import TYPE_CHECKING, Any
+from typing import Any, Final
 
 from gpu_dra.driver.attributes import binary_si_quantity
 from gpu_dra.driver.cel import CelValueError, Quantity
 from gpu_dra.driver.cel.device import split_qualified_name
-
-if TYPE_CHECKING:
-    from gpu_dra.controller.inventory import PoolDevice
+from gpu_dra.driver.cluster.state import ClusterState, PoolDevice
 
 CounterKey = tuple[str, str]
 """(counter set name, counter name)."""
+
+ALLOCATABLE_STATES: Final = ("free", "shared", "admin")
+"""States of devices the scheduler can allocate now (a class's ``free`` count)."""
+DEVICE_STATES: Final = ("free", "allocated", "shared", "blocked", "admin")
+"""Every state `device_availability` gives a device (`usage.DeviceRow.state`)."""
 
 
 @functools.lru_cache(maxsize=4096)
@@ -222,3 +220,41 @@ def counters_shortage(
                 holders = sorted(use.holders.get(name, ())) if use is not None else []
                 return f"counters of {name} used by {', '.join(holders) or 'nobody'}"
     return None
+
+
+@dataclass(frozen=True)
+class Availability:
+    """A device's state (one of `DEVICE_STATES`), why it is blocked, and its capacity left."""
+
+    state: str
+    reason: str = ""
+    capacity: Mapping[str, CapacityLeft] = field(default_factory=dict)
+
+
+def device_availability(
+    device: PoolDevice, counter_sets: Mapping[str, Mapping[str, str]], use: CounterUse | None
+) -> Availability:
+    """The state of `device` given its pool's `counter_sets` and what the pool's allocated
+    devices consume of them (`availability.counter_use`)."""
+    capacity = remaining_capacity(device) if device.multi_allocatable else {}
+    if device.busy_holders():
+        if not device.multi_allocatable:
+            return Availability("allocated")
+        used_up = any(left.remaining <= 0 for left in capacity.values())
+        return Availability("allocated" if used_up else "shared", capacity=capacity)
+    shortage = counters_shortage(device, counter_sets, use)
+    if shortage is not None:
+        return Availability("blocked", shortage, capacity)
+    return Availability("admin" if device.holders else "free", capacity=capacity)
+
+
+def availabilities(state: ClusterState) -> dict[tuple[str, str, str], Availability]:
+    """`device_availability` of every device, by `PoolDevice.key`."""
+    use = counter_use(state.devices)
+    return {
+        device.key: device_availability(
+            device, pool.counter_sets, use.get((pool.driver, pool.name))
+        )
+        for pool in state.pools
+        for device in pool.devices
+    }

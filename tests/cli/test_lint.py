@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gpu_dra.controller.cli import EXIT_FAILED, EXIT_OK, EXIT_USAGE, main
-from gpu_dra.controller.lint import (
+from gpu_dra.cli.__main__ import main
+from gpu_dra.cli.command import EXIT_FAILED, EXIT_OK, EXIT_USAGE
+from gpu_dra.cli.lint import (
     Reference,
     SimulatedDevice,
     Source,

@@ -8,12 +8,14 @@ from typing import Any
 
 import pytest
 
-from gpu_dra.controller import cli
-from gpu_dra.controller.explain import Explanation, capacity_fits, explain, render_explanation
-from gpu_dra.controller.inventory import PoolDevice
+from gpu_dra.cli import cluster as cli_cluster
+from gpu_dra.cli.__main__ import main
+from gpu_dra.cli.command import EXIT_FAILED, EXIT_OK, EXIT_USAGE
+from gpu_dra.cli.explain import Explanation, capacity_fits, explain, render_explanation
 from gpu_dra.driver.cel import Selector
+from gpu_dra.driver.cluster.state import PoolDevice
 from gpu_dra.kube.errors import NotFoundError
-from tests.controller.test_inventory import (
+from tests.fakes.cluster_objects import (
     DRIVER,
     Obj,
     a100,
@@ -311,9 +313,11 @@ def cluster(monkeypatch: pytest.MonkeyPatch) -> dict[str, list[Obj]]:
                 return item
         raise NotFoundError(f"read ResourceClaim {namespace}/{name}: 404 NotFound", status=404)
 
-    monkeypatch.setattr(cli, "new_api_client", lambda path: object())
-    monkeypatch.setattr(cli, "list_resource_objects", lambda client, plural: objects[plural])
-    monkeypatch.setattr(cli, "read_resource_claim", read)
+    monkeypatch.setattr(cli_cluster, "new_api_client", lambda path: object())
+    monkeypatch.setattr(
+        cli_cluster, "list_resource_objects", lambda client, plural: objects[plural]
+    )
+    monkeypatch.setattr(cli_cluster, "read_resource_claim", read)
     return objects
 
 
@@ -324,23 +328,23 @@ def test_explain_command_prints_the_verdict_first_and_fails_when_unallocatable(
         claim("ns", "future", [exactly("gpu", "gpu.nvidia.com", FUTURE_DRIVER)]),
         claim("ns", "fine"),
     ]
-    code = cli.main(["explain", "ns/future", "--kubeconfig", "/dev/null"], environ={})
+    code = main(["explain", "ns/future", "--kubeconfig", "/dev/null"], environ={})
     out = capsys.readouterr().out
-    assert code == cli.EXIT_FAILED
+    assert code == EXIT_FAILED
     assert out.splitlines()[0].startswith("verdict: claim ns/future cannot be allocated now")
     assert "request selector #0" in out
-    code = cli.main(["explain", "ns/fine", "-o", "json"], environ={"KUBECONFIG": "/dev/null"})
+    code = main(["explain", "ns/fine", "-o", "json"], environ={"KUBECONFIG": "/dev/null"})
     data = json.loads(capsys.readouterr().out)
-    assert code == cli.EXIT_OK
+    assert code == EXIT_OK
     assert data["requests"][0]["alternatives"][0]["funnel"][0]["pass"] == 4
 
 
 def test_explain_command_errors(
     cluster: dict[str, list[Obj]], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert cli.main(["explain", "no-slash"], environ={}) == cli.EXIT_USAGE
+    assert main(["explain", "no-slash"], environ={}) == EXIT_USAGE
     assert "expected NAMESPACE/CLAIM" in capsys.readouterr().err
-    assert cli.main(["explain", "ns/missing"], environ={}) == cli.EXIT_FAILED
+    assert main(["explain", "ns/missing"], environ={}) == EXIT_FAILED
     assert "gpu-dra explain: error: read ResourceClaim ns/missing: 404" in capsys.readouterr().err
 
 
@@ -348,11 +352,11 @@ def test_inventory_command_tables_and_json(
     cluster: dict[str, list[Obj]], capsys: pytest.CaptureFixture[str]
 ) -> None:
     cluster["resourceclaims"] = [claim("ns", "a", allocated=[("gpu", "gpu-2")])]
-    assert cli.main(["inventory"], environ={}) == cli.EXIT_OK
+    assert main(["inventory"], environ={}) == EXIT_OK
     out = capsys.readouterr().out
     assert "ns/a (gpu)" in out
     assert "gpu: 3/4 free" in out
-    assert cli.main(["inventory", "-o", "json"], environ={}) == cli.EXIT_OK
+    assert main(["inventory", "-o", "json"], environ={}) == EXIT_OK
     data = json.loads(capsys.readouterr().out)
     assert data["nodes"]["node-a"] == {
         "devices": 4,
