@@ -35,9 +35,9 @@ from gpu_dra.driver.attributes import (
 from gpu_dra.driver.discovery import DiscoveryError, discover_devices
 from gpu_dra.driver.model import NodeDevices
 from gpu_dra.driver.nvml.interface import NvmlLibrary, PciTopology
-from gpu_dra.driver.nvml.profiles import ProfileError
 from gpu_dra.driver.nvml.real import RealNvml
 from gpu_dra.driver.nvml.simulated import SimulatedHost
+from gpu_dra.driver.nvml.simulated_profiles import ProfileError
 from gpu_dra.driver.nvml.sysfs import SysfsPciTopology
 from gpu_dra.driver.partitions import partitioned_node
 from gpu_dra.driver.resourceapi import Device

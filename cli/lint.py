@@ -48,8 +48,8 @@ from gpu_dra.driver.cel import (
 from gpu_dra.driver.cel.source import LexError, Token, tokens
 from gpu_dra.driver.model import Gpu, MigDevice
 from gpu_dra.driver.naming import DEFAULT_DRIVER_NAME
-from gpu_dra.driver.nvml.profiles import ProfileError, builtin_profile_names
 from gpu_dra.driver.nvml.simulated import SimulatedHost
+from gpu_dra.driver.nvml.simulated_profiles import ProfileError, builtin_profile_names
 from gpu_dra.driver.resourceapi import API_GROUP, Device
 from gpu_dra.driver.shares import offered_device
 

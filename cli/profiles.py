@@ -16,7 +16,7 @@ from gpu_dra.cli.command import (
     write_data,
     write_table,
 )
-from gpu_dra.driver.nvml.profiles import builtin_profile_names, load_profile
+from gpu_dra.driver.nvml.simulated_profiles import builtin_profile_names, load_profile
 
 
 def add_arguments(parser: argparse.ArgumentParser, environ: Mapping[str, str]) -> None:

@@ -22,7 +22,7 @@ from gpu_dra.cli.lint import (
     lint,
     selector_references,
 )
-from gpu_dra.driver.nvml.profiles import builtin_profile_names
+from gpu_dra.driver.nvml.simulated_profiles import builtin_profile_names
 
 REPO = Path(__file__).resolve().parents[2]
 G = "device.attributes['gpu.nvidia.com']"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from gpu_dra.cli.command import EXIT_OK
-from gpu_dra.driver.nvml.profiles import builtin_profile_names
+from gpu_dra.driver.nvml.simulated_profiles import builtin_profile_names
 from tests.cli.support import run, table
 
 

@@ -6,8 +6,8 @@ import pytest
 
 from gpu_dra.driver.discovery import DiscoveryError, discover_devices, discover_gpus
 from gpu_dra.driver.model import Gpu
-from gpu_dra.driver.nvml.profiles import parse_profile
 from gpu_dra.driver.nvml.simulated import SimulatedHost
+from gpu_dra.driver.nvml.simulated_profiles import parse_profile
 
 
 def _discover(spec: str, node: str = "node-a") -> tuple[list[Gpu], SimulatedHost]:

@@ -15,9 +15,9 @@ import pytest
 import yaml
 
 from gpu_dra.driver.nvml.interface import NvmlLibrary
-from gpu_dra.driver.nvml.profiles import ProfileError, load_profile, parse_profile
 from gpu_dra.driver.nvml.real import RealNvml
 from gpu_dra.driver.nvml.simulated import SimulatedNvml
+from gpu_dra.driver.nvml.simulated_profiles import ProfileError, load_profile, parse_profile
 
 MIG_UUID = re.compile(r"^MIG-[0-9a-f]{8}-[0-9a-f]{4}-5[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$")
 ON, OFF = pynvml.NVML_DEVICE_MIG_ENABLE, pynvml.NVML_DEVICE_MIG_DISABLE

@@ -51,7 +51,7 @@ from gpu_dra.driver.nvml.interface import (
     return_code_by_name,
     return_code_name,
 )
-from gpu_dra.driver.nvml.mig import GpuInstanceProfile, MigGeometry, MigState
+from gpu_dra.driver.nvml.simulated_mig import GpuInstanceProfile, MigGeometry, MigState
 
 _T = TypeVar("_T")
 _D = TypeVar("_D")

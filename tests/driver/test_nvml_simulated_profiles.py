@@ -8,7 +8,7 @@ import re
 import pytest
 import yaml
 
-from gpu_dra.driver.nvml.profiles import (
+from gpu_dra.driver.nvml.simulated_profiles import (
     ProfileError,
     builtin_profile_names,
     load_profile,

@@ -10,9 +10,9 @@ from typing import Any
 import pynvml
 import pytest
 
-from gpu_dra.driver.nvml.mig import MigSnapshotError
-from gpu_dra.driver.nvml.profiles import load_profile, parse_profile
 from gpu_dra.driver.nvml.simulated import SimulatedNvml
+from gpu_dra.driver.nvml.simulated_mig import MigSnapshotError
+from gpu_dra.driver.nvml.simulated_profiles import load_profile, parse_profile
 
 ON, OFF = pynvml.NVML_DEVICE_MIG_ENABLE, pynvml.NVML_DEVICE_MIG_DISABLE
 FULL_CI_1G, FULL_CI_3G = 0, 2
