@@ -46,10 +46,14 @@ from gpu_dra.driver.cel import (
     to_cel_device,
 )
 from gpu_dra.driver.cel.source import LexError, Token, tokens
-from gpu_dra.driver.model import Gpu, MigDevice
+from gpu_dra.driver.model import MigDevice
 from gpu_dra.driver.naming import DEFAULT_DRIVER_NAME
 from gpu_dra.driver.nvml.simulated import SimulatedHost
-from gpu_dra.driver.nvml.simulated_profiles import ProfileError, builtin_profile_names
+from gpu_dra.driver.nvml.simulated_profiles import (
+    ProfileError,
+    builtin_models,
+    builtin_profile_names,
+)
 from gpu_dra.driver.resourceapi import API_GROUP, Device
 from gpu_dra.driver.shares import offered_device
 
@@ -162,21 +166,10 @@ def publishable_names(driver: str = DEFAULT_DRIVER_NAME) -> PublishedNames:
     """Every name gpu-dra can publish: those of a GPU for which NVML reports every optional fact
     (memory, addressing mode, NUMA node, PCIe root) and of a MIG device spanning all 8 memory
     slices of it, so names no simulated profile happens to have (``addressingMode``) count."""
-    full = Gpu(
-        index=0,
-        minor=0,
-        uuid="GPU-00000000-0000-0000-0000-000000000000",
-        product_name="NVIDIA H100 80GB HBM3",
-        brand=14,
-        architecture=9,
-        cuda_compute_capability=(9, 0),
-        driver_version="580.95.05",
-        cuda_driver_version=13000,
-        pci_bus_id="0000:1b:00.0",
-        pci_device_id=0x233010DE,
+    full = replace(
+        builtin_models()["H100-SXM5-80GB"].gpu(),
         pcie_root="pci0000:18",
         numa_node=0,
-        memory_bytes=80 * 2**30,
         addressing_mode=1,
     )
     mig = MigDevice(

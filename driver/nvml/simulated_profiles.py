@@ -43,6 +43,7 @@ from typing import Final, TypeVar
 
 import yaml
 
+from gpu_dra.driver.model import Gpu
 from gpu_dra.driver.nvml.interface import (
     NVML_DEVICE_MIG_ENABLE,
     NVMLError,
@@ -118,6 +119,34 @@ class GpuModel:
     mig_capable: bool
     mig: MigGeometry | None = None
     """MIG profiles; None for models without MIG or without known profiles."""
+
+    def gpu(
+        self,
+        index: int = 0,
+        *,
+        minor: int | None = None,
+        uuid: str = "GPU-00000000-0000-0000-0000-000000000000",
+        driver_version: str = "580.95.05",
+        cuda_driver_version: int = 13000,
+        pci_bus_id: str = "0000:1b:00.0",
+    ) -> Gpu:
+        """A GPU of this model as discovery describes it (MIG off), at NVML index `index`; the
+        rest of `Gpu` (PCIe root, NUMA node, addressing mode) is left unset."""
+        return Gpu(
+            index=index,
+            minor=index if minor is None else minor,
+            uuid=uuid,
+            product_name=self.name,
+            brand=self.brand,
+            architecture=self.architecture,
+            cuda_compute_capability=self.cuda_compute_capability,
+            driver_version=driver_version,
+            cuda_driver_version=cuda_driver_version,
+            pci_bus_id=pci_bus_id,
+            pci_device_id=self.pci_device_id,
+            memory_bytes=None if self.memory_total_mib is None else self.memory_total_mib * 2**20,
+            mig_capable=self.mig_capable,
+        )
 
 
 @dataclass(frozen=True)
