@@ -41,10 +41,6 @@ class SlicePlan:
     def is_empty(self) -> bool:
         return not (self.deletes or self.updates or self.creates)
 
-    @property
-    def write_count(self) -> int:
-        return len(self.deletes) + len(self.updates) + len(self.creates)
-
     def owned_by(self, owner: OwnerReference) -> SlicePlan:
         """The plan with `owner` as the controller reference of every written slice."""
         return replace(
