@@ -1,32 +1,8 @@
 """Simulated machine profiles: which GPUs a simulated node has and what NVML reports for them.
 
-A profile is chosen explicitly by a setting: a built-in name (`builtin_profile_names`) or the path
-of a JSON/YAML file with the same shape as an entry of ``machine_profiles.json``::
-
-    name: my-node                      # optional, defaults to the file name without extension
-    description: ...                   # optional
-    driverVersion: "580.95.05"
-    cudaDriverVersion: 13000
-    models: {MyGpu: {...}}             # optional, extra models shaped like gpu_models.json
-    faults: {init: DRIVER_NOT_LOADED}  # optional, NVML errors of system-level calls
-    gpus:
-      - model: H100-SXM5-80GB          # key in gpu_models.json or in `models`
-        busId: "00000000:1B:00.0"      # NVML form; 0000:1b:00.0 is accepted too
-        minor: 0                       # optional, default = index
-        numaNode: 0                    # optional, CPU NUMA node from sysfs; null or -1 = none
-        pcieRoot: pci0000:18           # optional
-        uuid: GPU-...                  # optional, default derived from (profile, node, index)
-        migMode: [0, 0]                # optional, [current, pending] for MIG-capable models
-        migDevices:                    # optional, static MIG: GIs (and their full CI) at start
-          - {profileId: 9, start: 4}   # GI profile ID (not index) and placement start
-          - {profileId: 19, start: 0, computeInstance: false}   # a GI without CI (no MIG device)
-        gpuNumaNodeId: 1               # optional, nvmlDeviceGetNumaNodeId; absent = NotSupported
-        addressingMode: HMM            # optional, None|HMM|ATS; absent = NotSupported
-        faults: {device_get_memory_info: NOT_SUPPORTED}   # optional, per-call NVML errors
-
-GPUs are enumerated in PCI bus order, as NVML does, whatever order the file lists them in.
-A model's ``mig`` block (see ``gpu_models.json``) gives its MIG profiles; ``migDevices`` needs MIG
-on and defaults ``migMode`` to ``[1, 1]``.
+A profile is a built-in name (`builtin_profile_names`, ``machine_profiles.json``) or the path of a
+JSON/YAML file of the same shape (`load_profile`); models come from ``gpu_models.json`` or the
+file. GPUs are enumerated in PCI bus order. File format: docs/config.md#simulated-machine-profiles.
 """
 
 from __future__ import annotations
