@@ -1,4 +1,4 @@
-"""`gpu-dra explain` pure logic (`controller/explain.py`) on hand-built raw objects, and the
+"""`gpu-dra explain` pure logic (`cli/explain.py`) on hand-built raw objects, and the
 ``explain`` / ``inventory`` commands with the cluster reads replaced by those objects."""
 
 from __future__ import annotations
