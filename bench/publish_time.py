@@ -41,7 +41,7 @@ from gpu_dra.driver.discovery import discover_gpus
 from gpu_dra.driver.nvml.simulated import SimulatedHost
 from gpu_dra.driver.slices import DesiredPool
 from gpu_dra.kube.client import new_api_client
-from gpu_dra.kubelet_plugin.inventory import NodeInventory
+from gpu_dra.kubelet_plugin.node_devices import NodeInventory
 from gpu_dra.kubelet_plugin.slices.kubeapi import (
     KubernetesSliceApi,
     ResourceSlice,

@@ -18,7 +18,15 @@ from pathlib import Path
 from typing import Final
 
 from e2e.cluster.paths import ClusterPaths
-from e2e.cluster.toolchain import TOOLCHAIN, ToolBuild, build_tool, go_env, tool_built, tool_dir
+from e2e.cluster.toolchain import (
+    TOOLCHAIN,
+    ToolBuild,
+    build_tool,
+    go_env,
+    run_go,
+    tool_built,
+    tool_dir,
+)
 
 LIBRARY_NAME: Final = "libnvidia-ml.so.1"
 
@@ -71,11 +79,12 @@ def build(paths: ClusterPaths) -> Path:
         env = go_env(paths, cgo=True)
         header = nvml_header(paths)
         with tempfile.TemporaryDirectory(prefix="nvml-mock-include-") as include:
-            subprocess.run(
+            run_go(
                 ["go", "run", "./internal/stubgen", "-header", str(header), "-out", include],
                 cwd=module,
                 env=env,
-                check=True,
+                what="nvml-mock-stubgen",
+                logs=paths.cache / "logs",
             )
             build_tool(
                 paths,

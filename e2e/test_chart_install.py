@@ -2,7 +2,10 @@
 (`e2e.cluster.driverimage`), imported into the node's containerd, and the Helm chart
 (deployments/helm/gpu-dra) installed with the pinned ``helm``. The kubelet plugin runs as the
 chart's DaemonSet pod on a simulated H100 node and the controller as its Deployment; a whole-GPU
-claim runs through them; ``helm uninstall`` leaves no pod of the chart behind."""
+claim runs through them; the controller's admission webhook refuses a claim and a DeviceClass
+with an unknown sharing strategy at ``kubectl apply`` with the plugin's message, admits a valid
+claim, and keeps its chart-made certificate across ``helm upgrade``; ``helm uninstall`` leaves no
+pod of the chart behind."""
 
 from __future__ import annotations
 
@@ -18,7 +21,7 @@ from kubernetes.client.exceptions import ApiException
 
 from e2e import helm
 from e2e import manifests as m
-from e2e.cluster import Cluster, driverimage, images, netns, versions
+from e2e.cluster import Cluster, ClusterError, driverimage, images, netns, versions
 from e2e.driver import CDI_ROOT, DATA_DIR_LINK, DRIVER, Driver
 from e2e.kube import Kube, wait_for
 from e2e.workloads import allocated_devices, claim_uid, delete_pods, gpus_seen, wait_running
@@ -31,6 +34,7 @@ CHART = Path(__file__).resolve().parents[1] / "deployments" / "helm" / "gpu-dra"
 PROFILE = "hgx-h100"
 PLUGIN_SELECTOR = "app.kubernetes.io/component=kubelet-plugin"
 CONTROLLER_SELECTOR = "app.kubernetes.io/component=controller"
+CLAIM_API = "resource.k8s.io/v1"
 
 
 def chart_values(cluster: Cluster, image: str) -> dict[str, Any]:
@@ -182,6 +186,95 @@ def test_a_whole_gpu_claim_runs_through_the_chart_installed_plugin(
     wait_for("the CDI spec to be removed", lambda: not list(CDI_ROOT.glob(f"*{uid}*")), 60)
 
 
+WEBHOOK = f"{RELEASE}-webhook"
+BAD_STRATEGY_DENIED = (
+    'admission webhook "{webhook}" denied the request: {path}: parameters.sharing.strategy: '
+    "unknown GPU sharing strategy 'Often': supported are TimeSlicing, MPS"
+)
+
+
+def sharing(strategy: str) -> list[dict[str, Any]]:
+    return [m.gpu_config({"kind": "GpuConfig", "sharing": {"strategy": strategy}})]
+
+
+def kubectl_apply(cluster: Cluster, manifest: dict[str, Any]) -> str:
+    """`kubectl apply` of one object as the admin; ClusterError with kubectl's stderr if refused."""
+    return cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(manifest))
+
+
+def refused_by_the_webhook(cluster: Cluster, manifest: dict[str, Any]) -> str:
+    """kubectl's complaint about applying `manifest`, once the webhook itself answers: while the
+    controller's address is not yet in its Service, the apiserver fails to call it (and refuses,
+    failurePolicy Fail) with another message; that is waited out."""
+    complaint = ""
+
+    def webhook_answered() -> bool:
+        nonlocal complaint
+        try:
+            kubectl_apply(cluster, manifest)
+        except ClusterError as error:
+            complaint = str(error)
+            return "failed calling webhook" not in complaint
+        raise AssertionError(f"applied, not refused: {manifest['metadata']['name']}")
+
+    try:
+        wait_for("the webhook to answer the apiserver", webhook_answered, 120, interval=2)
+    except TimeoutError as error:
+        # E.g. an e2e cluster started before --enable-aggregator-routing: restart it.
+        raise AssertionError(f"{error}; the last refusal: {complaint}") from error
+    return complaint
+
+
+def test_the_webhook_refuses_an_unknown_sharing_strategy_at_apply(
+    installed: str, kube: Kube, cluster: Cluster, namespace: str
+) -> None:
+    wait_for(
+        "the controller pod to be ready",
+        lambda: any(map(ready, pods(kube, CONTROLLER_SELECTOR))),
+        120,
+    )
+    bad = m.claim("bad-sharing", namespace, m.claim_spec([m.request()], sharing("Often")))
+    good = m.claim("time-sliced", namespace, m.claim_spec([m.request()], sharing("TimeSlicing")))
+
+    complaint = refused_by_the_webhook(cluster, bad)
+
+    webhook = f"resourceclaims.{DRIVER}"
+    assert BAD_STRATEGY_DENIED.format(webhook=webhook, path="spec.devices.config[0]") in complaint
+    claims = {c["metadata"]["name"] for c in kube.list(CLAIM_API, "ResourceClaim", namespace)}
+    assert "bad-sharing" not in claims
+    kubectl_apply(cluster, good)
+    claims = {c["metadata"]["name"] for c in kube.list(CLAIM_API, "ResourceClaim", namespace)}
+    assert "time-sliced" in claims
+
+
+def test_the_webhook_refuses_a_device_class_with_a_bad_config(
+    installed: str, kube: Kube, cluster: Cluster
+) -> None:
+    name = "webhook-test.gpu.nvidia.com"
+    bad = {
+        "apiVersion": CLAIM_API,
+        "kind": "DeviceClass",
+        "metadata": {"name": name},
+        "spec": {"config": sharing("Often")},
+    }
+    try:
+        complaint = refused_by_the_webhook(cluster, bad)
+    finally:
+        kube.delete(CLAIM_API, "DeviceClass", name)
+
+    webhook = f"deviceclasses.{DRIVER}"
+    assert BAD_STRATEGY_DENIED.format(webhook=webhook, path="spec.config[0]") in complaint
+    # The controller applied its catalog (mps.gpu.nvidia.com carries a config of the driver)
+    # at start, before it could answer: the webhook leaves its own applies alone, so none failed.
+    (controller,) = pods(kube, CONTROLLER_SELECTOR)
+    log = cluster.kubectl(
+        "logs", "-n", NAMESPACE, controller["metadata"]["name"], "-c", "controller"
+    )
+    assert "serving the admission webhook on port 8443" in log
+    assert "applying DeviceClass failed" not in log
+    assert kube.get(CLAIM_API, "DeviceClass", "mps.gpu.nvidia.com")["spec"]["config"]
+
+
 def plugin_identity(cluster: Cluster, kube: Kube, tmp_path: Path) -> Kube:
     """A client with the plugin's own identity: a token of its ServiceAccount bound to its pod
     (so the apiserver puts the pod's node into the token, as for the running plugin)."""
@@ -242,3 +335,25 @@ def test_the_plugins_identity_may_write_only_its_own_nodes_slices(
             "metadata": {"name": "policy-test.gpu.nvidia.com"}, "spec": {},
         })  # fmt: skip
     assert forbidden.value.status == 403
+
+
+def test_an_upgrade_keeps_the_webhooks_certificate(
+    installed: str, kube: Kube, cluster: Cluster
+) -> None:
+    # Last in the module: it upgrades the shared release (with the same values).
+    def certificate() -> tuple[dict[str, str], set[str]]:
+        secret = kube.get("v1", "Secret", f"{WEBHOOK}-tls", NAMESPACE)
+        config = kube.get(
+            "admissionregistration.k8s.io/v1", "ValidatingWebhookConfiguration", WEBHOOK
+        )
+        return secret["data"], {hook["clientConfig"]["caBundle"] for hook in config["webhooks"]}
+
+    before = certificate()
+    run_helm(
+        cluster, "upgrade", RELEASE, str(CHART), f"--namespace={NAMESPACE}", "--reuse-values",
+    )  # fmt: skip
+    after = certificate()
+
+    assert set(before[0]) == {"tls.crt", "tls.key", "ca.crt"}
+    assert before[1] == {before[0]["ca.crt"]}
+    assert after == before

@@ -4,7 +4,7 @@ A `Reflector` lists and watches the claims of all namespaces; the cache keeps th
 `metadata.managedFields`, by (namespace, name). `get_claim` answers from the cache only while a
 watch stream is open and the cached claim is allocated; otherwise it GETs the claim. An open watch
 still lags a little, so the preparer asks again when the UID differs
-(`WholeGpuPreparer(uncached_claims=...)`). See docs/architecture.md#prepare-and-unprepare.
+(`NodeClaimPreparer(uncached_claims=...)`). See docs/architecture.md#prepare-and-unprepare.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """Rendering the Helm chart (deployments/helm/gpu-dra) with the pinned helm, and reading what it
-rendered: the objects by kind, what a ServiceAccount may do under the rendered RBAC, and what the
-rendered ValidatingAdmissionPolicy decides for a request (its CEL run on cel-expr-python)."""
+rendered: the objects by kind, what a ServiceAccount may do under the rendered RBAC, what the
+rendered ValidatingAdmissionPolicy decides for a request, and which requests the rendered
+admission webhook is sent (their CEL run on cel-expr-python)."""
 
 from __future__ import annotations
 
@@ -81,10 +82,18 @@ class Rendered:
         (found,) = [v for v in self.pod_spec(kind)["volumes"] if v["name"] == name]
         return found
 
-    def may(self, service_account: str, verb: str, resource: str, namespace: str = "") -> bool:
+    def may(
+        self,
+        service_account: str,
+        verb: str,
+        resource: str,
+        namespace: str = "",
+        name: str | None = None,
+    ) -> bool:
         """Whether the rendered RBAC lets `service_account` (of `NAMESPACE`) do `verb` on
         `resource` ("pods", "resource.k8s.io/resourceslices"); `namespace` "" = cluster-wide
-        resources. Rules with resourceNames or nonResourceURLs are not rendered (asserted)."""
+        resources; `name` the object (None: any object, as for list or create), which a rule
+        with resourceNames must name. Rules with nonResourceURLs are not rendered (asserted)."""
         group, _, plural = resource.rpartition("/")
         subject = {"kind": "ServiceAccount", "name": service_account, "namespace": NAMESPACE}
         for binding in self.all("ClusterRoleBinding") + self.all("RoleBinding"):
@@ -102,8 +111,9 @@ class Rendered:
                 and r["metadata"].get("namespace", "") == role_namespace
             ]
             for rule in role[0]["rules"] if role else []:
-                assert "resourceNames" not in rule
                 assert "nonResourceURLs" not in rule
+                if "resourceNames" in rule and name not in rule["resourceNames"]:
+                    continue
                 if (
                     group in rule["apiGroups"]
                     and plural in rule["resources"]
@@ -186,6 +196,46 @@ class AdmissionPolicy:
         result = self._env.compile(expression).eval(data=dict(data))
         assert result.type() != cel.Type.ERROR, f"{expression}: {result.value()}"
         return result.plain_value()
+
+
+def webhook_called(
+    webhook: Obj, *, user: str, obj: Obj, operation: str = "CREATE", resource: str = ""
+) -> bool:
+    """Whether the apiserver sends a request to `webhook` (one entry of a rendered
+    ValidatingWebhookConfiguration): a rule matches and every match condition is true. A
+    condition that does not evaluate fails the test (the apiserver would apply failurePolicy)."""
+    rules = webhook["rules"]
+    plural = resource or _plural(obj["kind"])
+    version = obj["apiVersion"].rpartition("/")[2]
+    if not any(
+        plural in rule["resources"]
+        and version in rule["apiVersions"]
+        and operation in rule["operations"]
+        and obj["apiVersion"].startswith(tuple(f"{g}/" for g in rule["apiGroups"]))
+        for rule in rules
+    ):
+        return False
+    env = cel.NewEnv(
+        descriptor_pool.DescriptorPool(),
+        variables={v: cel.Type.DYN for v in ("request", "object", "oldObject")},
+        functions=[],
+        extensions=[],
+    )
+    data = {
+        "request": {"operation": operation, "userInfo": {"username": user}},
+        "object": obj,
+        "oldObject": None,
+    }
+    for condition in webhook.get("matchConditions", []):
+        result = env.compile(condition["expression"]).eval(data=data)
+        assert result.type() != cel.Type.ERROR, f"{condition['expression']}: {result.value()}"
+        if result.plain_value() is not True:
+            return False
+    return True
+
+
+def _plural(kind: str) -> str:
+    return kind.lower() + ("es" if kind.endswith("s") else "s")
 
 
 def env_of(container: Obj, downward: Mapping[str, str]) -> dict[str, str]:

@@ -1,7 +1,8 @@
 """The reference docs cover what the code defines: the flag tables of docs/config.md list exactly
 the flags of both processes' and the `gpu-dra` commands' argparse parsers (with the environment
-twins), docs/deviceclasses.md every DeviceClass of deviceclasses/, and every relative link in
-docs/*.md and README.md resolves (file, and heading anchor in a Markdown file).
+twins), docs/deviceclasses.md every DeviceClass of deviceclasses/, docs/mps.md the MPS mounts every
+share's container gets (the container contract and the hostile-tenant table rest on them), and
+every relative link in docs/*.md and README.md resolves (file, and heading anchor).
 
 Settings are read from the code (the parsers themselves, the controller's `ControllerSettings`
 options, the kubelet plugin's `--help` checked against `KubeletPluginSettings` fields), never
@@ -22,6 +23,8 @@ import yaml
 
 from gpu_dra.cli.__main__ import build_parser as cli_parser
 from gpu_dra.controller.settings import ControllerSettings, build_parser, options
+from gpu_dra.kubelet_plugin.mps.daemon_model import DaemonPaths
+from gpu_dra.kubelet_plugin.mps.edits import workload_edits
 from gpu_dra.kubelet_plugin.settings import KubeletPluginSettings
 
 REPO = Path(__file__).resolve().parents[1]
@@ -32,12 +35,17 @@ LINKED_DOCS = [*sorted((REPO / "docs").glob("*.md")), REPO / "README.md"]
 PLUGIN_SECTION = "### `gpu-dra-kubelet-plugin`"
 CONTROLLER_SECTION = "### `gpu-dra-controller`"
 CLI_SECTION = "### `gpu-dra`"
+MPS_DOC = REPO / "docs" / "mps.md"
+HOSTILE_TENANT_HEADING = "## What a hostile tenant can do today"
 
 _OPTION_BLOCK = re.compile(r"^ {2}(--[a-z0-9-]+)(.*?)(?=^ {2}-|\Z)", re.MULTILINE | re.DOTALL)
 _ENV_IN_HELP = re.compile(r"\benv\s+(GPU_DRA_[A-Z0-9_]+)")
 _LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)[^)]*\)")
 _FENCE = re.compile(r"^\s*(```|~~~)")
 _FLAG_IN_CELL = re.compile(r"`(--?[a-z0-9][a-z0-9-]*)`")
+_CONTRACT_MOUNT = re.compile(
+    r"^\| mount \| `<data-dir>/mps/<id>/(\w+)` → `([^`]+)` \(`([^`]+)`\) \|$", re.MULTILINE
+)
 
 
 # ---- what the code defines --------------------------------------------------------------------
@@ -116,6 +124,15 @@ def device_classes() -> list[dict[str, Any]]:
     for path in sorted(DEVICECLASSES_DIR.glob("*.yaml")):
         classes.extend(doc for doc in yaml.safe_load_all(path.read_text()) if doc)
     return classes
+
+
+def workload_mounts() -> set[tuple[str, str, str]]:
+    """`(daemon directory, container path, options)` of the MPS mounts of a share's container."""
+    paths = DaemonPaths.of(Path("/data"), "daemon-0")
+    return {
+        (Path(mount.host_path).name, mount.container_path, ",".join(mount.options))
+        for mount in workload_edits(paths).mounts
+    }
 
 
 # ---- checks on doc text (return what is missing, so they can be tested on broken text) ---------
@@ -243,6 +260,24 @@ def undocumented_classes(doc: str, classes: list[dict[str, Any]]) -> list[str]:
     return problems
 
 
+def misstated_workload_mounts(doc: str, mounts: set[tuple[str, str, str]]) -> list[str]:
+    """Where docs/mps.md states the MPS mounts otherwise than ``mounts``: the `| mount |` rows of
+    the container contract, and the paragraph that opens the hostile-tenant table."""
+    documented = set(_CONTRACT_MOUNT.findall(doc))
+    problems = [f"container contract lacks {mount}" for mount in sorted(mounts - documented)]
+    problems += [f"container contract states {mount}" for mount in sorted(documented - mounts)]
+    _, found, after = doc.partition(HOSTILE_TENANT_HEADING)
+    if not found:
+        return [*problems, f"no section {HOSTILE_TENANT_HEADING!r}"]
+    opening = " ".join(after.split("\n|", 1)[0].split())
+    for _, container_path, mount_options in sorted(mounts):
+        if f"`{container_path}`" not in opening:
+            problems.append(f"hostile-tenant section does not name {container_path}")
+        if f"`{mount_options}`" not in opening:
+            problems.append(f"hostile-tenant section does not state {mount_options}")
+    return problems
+
+
 # ---- the settings are what the checks assume -----------------------------------------------
 def test_every_plugin_settings_field_has_a_flag_with_an_env_twin(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
@@ -321,6 +356,16 @@ def test_deviceclasses_doc_covers_every_class_file() -> None:
     assert undocumented_classes(DEVICECLASSES_DOC.read_text(), classes) == []
 
 
+def test_mps_doc_states_the_mounts_a_share_container_gets() -> None:
+    mounts = workload_mounts()
+
+    assert {(directory, path) for directory, path, _ in mounts} == {
+        ("pipe", "/tmp/nvidia-mps"),
+        ("shm", "/dev/shm"),
+    }
+    assert misstated_workload_mounts(MPS_DOC.read_text(), mounts) == []
+
+
 # ---- the checks can fail ---------------------------------------------------------------------
 def test_a_flag_missing_from_the_config_doc_is_reported(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
@@ -378,4 +423,25 @@ def test_a_link_to_a_missing_file_or_heading_is_reported() -> None:
     assert broken_links(doc, text) == [
         "docs/architecture.md:1: nowhere.md: no such file",
         "docs/architecture.md:1: mig.md#no-such-part: no such heading",
+    ]
+
+
+def test_a_changed_mps_mount_option_is_reported() -> None:
+    read_only = {
+        (directory, path, "ro,nosuid,nodev,bind" if directory == "pipe" else mount_options)
+        for directory, path, mount_options in workload_mounts()
+    }
+
+    problems = misstated_workload_mounts(MPS_DOC.read_text(), read_only)
+
+    pipe_read_only = ("pipe", "/tmp/nvidia-mps", "ro,nosuid,nodev,bind")
+    assert f"container contract lacks {pipe_read_only}" in problems
+    assert "hostile-tenant section does not state ro,nosuid,nodev,bind" in problems
+
+
+def test_a_missing_hostile_tenant_section_is_reported() -> None:
+    doc = MPS_DOC.read_text().replace(HOSTILE_TENANT_HEADING, "## Tenants")
+
+    assert misstated_workload_mounts(doc, workload_mounts()) == [
+        f"no section {HOSTILE_TENANT_HEADING!r}"
     ]

@@ -1,12 +1,17 @@
 """The Helm chart (deployments/helm/gpu-dra) renders what the code means, checked without a
 cluster with the pinned helm: lint and schema, the DaemonSet's and the Deployment's environment
 parsed into the plugin's and the controller's settings, the driver root mounts and the wait for
-NVML, the catalog ConfigMap against deviceclasses/, least-privilege RBAC, and the admission
-policy's decisions. Applying it to a cluster is the e2e tests' part."""
+NVML, the catalog ConfigMap against deviceclasses/, least-privilege RBAC, the admission
+policy's decisions, and the admission webhook: which requests reach it, its TLS modes, and the
+chart's certificate served by the controller's own server. Applying it to a cluster is the e2e
+tests' part."""
 
 from __future__ import annotations
 
+import asyncio
+import base64
 import os
+import ssl
 import subprocess
 import sys
 import tarfile
@@ -14,11 +19,16 @@ import time
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+import aiohttp
 import pytest
 import yaml
 
+from gpu_dra.controller.admission import KINDS as ADMITTED_KINDS
+from gpu_dra.controller.admission import VERSIONS as ADMITTED_VERSIONS
 from gpu_dra.controller.catalog import load_catalog
 from gpu_dra.controller.settings import ControllerSettings
+from gpu_dra.controller.webhook import PATH as WEBHOOK_PATH
+from gpu_dra.controller.webhook import ReloadingCertificate, WebhookServer
 from gpu_dra.kubelet_plugin.settings import KubeletPluginSettings
 from tests.helmchart import (
     CHART,
@@ -29,10 +39,12 @@ from tests.helmchart import (
     env_of,
     run_helm,
     template,
+    webhook_called,
 )
 
 NODE = "gpu-node-1"
 DOWNWARD = {"NODE_NAME": NODE, "POD_NAMESPACE": NAMESPACE}
+CONTROLLER_DOWNWARD = {"GPU_DRA_LEADER_ELECTION_IDENTITY": "gpu-dra-controller-5d8f-x2x7q"}
 PLUGIN_SA = "gpu-dra-kubelet-plugin"
 CONTROLLER_SA = "gpu-dra-controller"
 SLICES = "resource.k8s.io/resourceslices"
@@ -108,6 +120,14 @@ def test_defaults_render_only_once_the_device_plugin_is_acknowledged_off() -> No
         ("nvidiaDriverRoot=run/nvidia/driver", "'/nvidiaDriverRoot'"),
         ("metrics.kubeletPluginPort=0", "'/metrics/kubeletPluginPort'"),
         ("image.pullPolicy=Sometimes", "'/image/pullPolicy'"),
+        ("webhook.failurePolicy=Sometimes", "'/webhook/failurePolicy'"),
+        ("webhook.tls.mode=vault", "'/webhook/tls/mode'"),
+        ("webhook.containerPort=443", "'/webhook/containerPort'"),
+        # The kubelet's grpc probe needs a fixed port.
+        (
+            "kubeletPlugin.containers.gpus.healthcheckPort=0",
+            "'/kubeletPlugin/containers/gpus/healthcheckPort'",
+        ),
     ],
 )
 def test_the_schema_rejects_misspelt_and_invalid_values(setting: str, complaint: str) -> None:
@@ -125,7 +145,7 @@ def test_the_daemonset_env_parses_into_the_plugin_settings_it_means(
     container = host_driver.container("DaemonSet", "gpus")
     settings = plugin_settings(host_driver)
     mounted = {m["mountPath"]: m for m in container["volumeMounts"]}
-    (port,) = container["ports"]
+    port = next(p for p in container["ports"] if p["name"] == "metrics")
 
     assert settings.node_name == NODE
     assert settings.simulate is None
@@ -301,12 +321,60 @@ def test_no_variable_is_set_twice(gpu_operator: Rendered, tmp_path: Path) -> Non
             assert len(names) == len(set(names))
 
 
-def test_the_plugin_is_probed_on_its_metrics_port(host_driver: Rendered) -> None:
+def test_the_kubelet_probes_the_plugins_grpc_health_service(host_driver: Rendered) -> None:
     container = host_driver.container("DaemonSet", "gpus")
-    (port,) = container["ports"]
+    settings = plugin_settings(host_driver)
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
 
+    # NVIDIA's port; the plugin serves grpc.health.v1 there (kubelet-plugin/health.py).
+    assert settings.healthcheck_port == ports["healthcheck"] == 51516
+    services = {}
     for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
-        assert container[probe]["httpGet"] == {"path": "/metrics", "port": port["name"]}
+        assert "httpGet" not in container[probe]
+        assert container[probe]["grpc"]["port"] == settings.healthcheck_port
+        services[probe] = container[probe]["grpc"]["service"]
+    assert services == {
+        "startupProbe": "liveness",
+        "livenessProbe": "liveness",
+        "readinessProbe": "readiness",
+    }
+    # Recovery may take a while on a node with many prepared claims: 10 minutes to start.
+    startup = container["startupProbe"]
+    assert startup["periodSeconds"] * startup["failureThreshold"] == 600
+    assert container["livenessProbe"]["periodSeconds"] == 30
+
+
+def test_the_start_up_guard_sees_the_device_plugin_sockets_and_records_events(
+    host_driver: Rendered, gpu_operator: Rendered
+) -> None:
+    for rendered, kubelet in ((host_driver, "/var/lib/kubelet"), (gpu_operator, "/var/lib/k")):
+        container = rendered.container("DaemonSet", "gpus")
+        settings = plugin_settings(rendered)
+        mount = mounts(container)["device-plugins"]
+        volume = rendered.volume("DaemonSet", "device-plugins")
+
+        assert settings.device_plugins_dir == Path(f"{kubelet}/device-plugins")
+        assert mount["mountPath"] == volume["hostPath"]["path"] == str(settings.device_plugins_dir)
+        assert mount["readOnly"] is True  # connecting to a socket needs no write access
+        assert settings.event_namespace == NAMESPACE
+        assert settings.allow_nvidia_device_plugin is False
+
+    assert host_driver.may(PLUGIN_SA, "create", "events", NAMESPACE)
+    assert not host_driver.may(PLUGIN_SA, "create", "events", "default")
+    assert not host_driver.may(PLUGIN_SA, "delete", "events", NAMESPACE)
+
+
+def test_a_negative_healthcheck_port_turns_health_and_probes_off(tmp_path: Path) -> None:
+    rendered = Rendered.of(
+        {**HOST_DRIVER, "kubeletPlugin": {"containers": {"gpus": {"healthcheckPort": -1}}}},
+        tmp_path,
+    )
+    container = rendered.container("DaemonSet", "gpus")
+
+    assert plugin_settings(rendered).healthcheck_port == -1
+    assert [p["name"] for p in container["ports"]] == ["metrics"]
+    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+        assert probe not in container
 
 
 def test_the_plugin_runs_as_root_although_the_image_user_is_not(host_driver: Rendered) -> None:
@@ -322,24 +390,96 @@ def test_the_deployment_env_parses_into_the_controller_settings(
     host_driver: Rendered, gpu_operator: Rendered
 ) -> None:
     container = host_driver.container("Deployment", "controller")
-    settings = ControllerSettings.from_env(env_of(container, {}))
-    (port,) = container["ports"]
+    settings = ControllerSettings.from_env(env_of(container, CONTROLLER_DOWNWARD))
+    ports = {p["name"]: p for p in container["ports"]}
     catalog_mount = {m["mountPath"]: m for m in container["volumeMounts"]}
 
     assert container["command"] == ["gpu-dra-controller"]
     assert settings.kubeconfig is None  # the pod's service account
-    assert settings.metrics_port == port["containerPort"] == 8080
+    assert settings.metrics_port == ports["metrics"]["containerPort"] == 8080
+    assert settings.webhook_port == ports["webhook"]["containerPort"] == 8443
     assert settings.log_level == "INFO"  # NVIDIA's default verbosity 4
     mount = catalog_mount[str(settings.deviceclasses_dir)]
     volume = host_driver.volume("Deployment", mount["name"])
     assert volume["configMap"]["name"] == host_driver.one("ConfigMap")["metadata"]["name"]
-    for probe in ("livenessProbe", "readinessProbe"):
-        assert container[probe]["httpGet"]["port"] == port["name"]
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+    # With the webhook (the default), readiness is the webhook answering over TLS.
+    assert container["readinessProbe"]["httpGet"] == {
+        "path": "/readyz",
+        "port": "webhook",
+        "scheme": "HTTPS",
+    }
 
     operator = gpu_operator.container("Deployment", "controller")
-    operator_settings = ControllerSettings.from_env(env_of(operator, {}))
+    operator_settings = ControllerSettings.from_env(env_of(operator, CONTROLLER_DOWNWARD))
     assert operator_settings.log_level == "DEBUG"  # logVerbosity 6
     assert operator_settings.metrics_port == 9400
+
+
+def test_the_controller_elects_a_leader_on_its_own_lease(host_driver: Rendered) -> None:
+    deployment = host_driver.one("Deployment")
+    container = host_driver.container("Deployment", "controller")
+    settings = ControllerSettings.from_env(env_of(container, CONTROLLER_DOWNWARD))
+    identity = next(e for e in container["env"] if e["name"] == "GPU_DRA_LEADER_ELECTION_IDENTITY")
+
+    assert deployment["spec"]["replicas"] == 1
+    assert settings.leader_election_enabled is True
+    assert settings.leader_election_lease_lock_name == CONTROLLER_SA
+    assert settings.leader_election_lease_lock_namespace == NAMESPACE
+    assert identity["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}  # the pod
+    assert (
+        settings.leader_election_lease_duration_s,
+        settings.leader_election_renew_deadline_s,
+        settings.leader_election_retry_period_s,
+    ) == (15.0, 10.0, 2.0)
+
+    def may(verb: str, name: str | None) -> bool:
+        return host_driver.may(
+            CONTROLLER_SA, verb, "coordination.k8s.io/leases", NAMESPACE, name=name
+        )
+
+    # Its own Lease, in the release namespace: read, renew, and create it the first time.
+    for verb in ("get", "update"):
+        assert may(verb, CONTROLLER_SA)
+        assert not may(verb, "kube-scheduler")
+    assert may("create", None)
+    assert not may("delete", CONTROLLER_SA)
+    assert not host_driver.may(
+        CONTROLLER_SA, "get", "coordination.k8s.io/leases", "kube-system", name=CONTROLLER_SA
+    )
+
+
+def test_two_replicas_need_leader_election_and_durations_pass_through(tmp_path: Path) -> None:
+    election = {"leaseDuration": "30s", "renewDeadline": "20s", "retryPeriod": "500ms"}
+    rendered = Rendered.of(
+        {**HOST_DRIVER, "controller": {"replicas": 2, "leaderElection": election}}, tmp_path
+    )
+    container = rendered.container("Deployment", "controller")
+    settings = ControllerSettings.from_env(env_of(container, CONTROLLER_DOWNWARD))
+    off = Rendered.of(
+        {**HOST_DRIVER, "controller": {"leaderElection": {"enabled": False}}}, tmp_path
+    )
+    refused = template(
+        None,
+        "gpuResourcesEnabledOverride=true",
+        "controller.replicas=2",
+        "controller.leaderElection.enabled=false",
+    )
+
+    assert rendered.one("Deployment")["spec"]["replicas"] == 2
+    assert (
+        settings.leader_election_lease_duration_s,
+        settings.leader_election_renew_deadline_s,
+        settings.leader_election_retry_period_s,
+    ) == (30.0, 20.0, 0.5)
+    off_settings = ControllerSettings.from_env(
+        env_of(off.container("Deployment", "controller"), {})
+    )
+    assert off_settings.leader_election_enabled is False
+    assert all("leader" not in role["metadata"]["name"] for role in off.all("Role"))
+    assert not off.may(CONTROLLER_SA, "create", "coordination.k8s.io/leases", NAMESPACE)
+    assert refused.returncode != 0
+    assert "controller.replicas > 1 needs controller.leaderElection.enabled=true" in refused.stderr
 
 
 def test_the_controller_runs_without_privileges(host_driver: Rendered) -> None:
@@ -539,6 +679,231 @@ def test_the_policy_can_be_left_out(tmp_path: Path) -> None:
 
     assert rendered.all("ValidatingAdmissionPolicy") == []
     assert rendered.all("ValidatingAdmissionPolicyBinding") == []
+
+
+# ---- admission webhook: the controller judges the driver's opaque configs ---------------------
+WEBHOOK = "gpu-dra-webhook"
+WEBHOOK_DNS_NAME = f"{WEBHOOK}.{NAMESPACE}.svc"
+CONTROLLER_USER = f"system:serviceaccount:{NAMESPACE}:{CONTROLLER_SA}"
+CLAIM_CONTROLLER_USER = "system:serviceaccount:kube-system:resource-claim-controller"
+
+
+def webhooks(rendered: Rendered) -> dict[str, dict[str, Any]]:
+    (config,) = rendered.all("ValidatingWebhookConfiguration")
+    return {hook["name"]: hook for hook in config["webhooks"]}
+
+
+def test_the_webhook_is_the_controllers_port_behind_its_service(host_driver: Rendered) -> None:
+    service = host_driver.one("Service", WEBHOOK)
+    labels = host_driver.one("Deployment")["spec"]["template"]["metadata"]["labels"]
+    container = host_driver.container("Deployment", "controller")
+    (port,) = service["spec"]["ports"]
+
+    assert service["spec"]["selector"].items() <= labels.items()
+    assert port["targetPort"] == "webhook"
+    assert "webhook" in {p["name"] for p in container["ports"]}
+    assert port["port"] == 443
+    for hook in webhooks(host_driver).values():
+        assert hook["clientConfig"]["service"] == {
+            "namespace": NAMESPACE,
+            "name": WEBHOOK,
+            "port": 443,
+            "path": WEBHOOK_PATH,
+        }
+
+
+def test_the_webhook_judges_every_validated_kind_and_version_fail_closed(
+    host_driver: Rendered,
+) -> None:
+    hooks = webhooks(host_driver)
+
+    assert sorted(hooks) == sorted(f"{plural}.gpu.nvidia.com" for plural in ADMITTED_KINDS)
+    for name, hook in hooks.items():
+        (rule,) = hook["rules"]
+        plural = name.split(".")[0]
+        assert rule == {
+            "apiGroups": ["resource.k8s.io"],
+            "apiVersions": list(ADMITTED_VERSIONS),
+            "operations": ["CREATE", "UPDATE"],
+            "resources": [plural],
+            "scope": "Cluster" if plural == "deviceclasses" else "Namespaced",
+        }
+        assert hook["admissionReviewVersions"] == ["v1"]
+        assert hook["sideEffects"] == "None"
+        assert hook["failurePolicy"] == "Fail"
+
+
+def gpu_entry(driver: str = "gpu.nvidia.com") -> dict[str, Any]:
+    parameters = {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig"}
+    return {"opaque": {"driver": driver, "parameters": parameters}}
+
+
+def with_configs(kind: str, version: str, configs: list[dict[str, Any]] | None) -> dict[str, Any]:
+    devices: dict[str, Any] = {"requests": [{"name": "gpu"}]}
+    if configs is not None:
+        devices["config"] = configs
+    spec: dict[str, Any] = {
+        "ResourceClaim": {"devices": devices},
+        "ResourceClaimTemplate": {"spec": {"devices": devices}},
+        "DeviceClass": {} if configs is None else {"config": configs},
+    }[kind]
+    return {"apiVersion": f"resource.k8s.io/{version}", "kind": kind, "spec": spec}
+
+
+@pytest.mark.parametrize("version", ADMITTED_VERSIONS)
+@pytest.mark.parametrize("kind", ["ResourceClaim", "ResourceClaimTemplate", "DeviceClass"])
+def test_only_objects_with_a_config_of_the_driver_are_sent_to_the_webhook(
+    host_driver: Rendered, kind: str, version: str
+) -> None:
+    hooks = webhooks(host_driver)
+
+    def sent_to(obj: dict[str, Any], user: str = "alice") -> list[str]:
+        return [name for name, hook in hooks.items() if webhook_called(hook, user=user, obj=obj)]
+
+    plural = kind.lower() + ("es" if kind.endswith("s") else "s")
+    mine = with_configs(kind, version, [gpu_entry("nic.example.com"), gpu_entry()])
+    assert sent_to(mine) == [f"{plural}.gpu.nvidia.com"]
+    assert sent_to(with_configs(kind, version, [gpu_entry("nic.example.com")])) == []
+    assert sent_to(with_configs(kind, version, [])) == []
+    assert sent_to(with_configs(kind, version, None)) == []
+    # The controller applies the catalog before it can answer: its own applies are not sent.
+    expected = [] if kind == "DeviceClass" else [f"{plural}.gpu.nvidia.com"]
+    assert sent_to(mine, user=CONTROLLER_USER) == expected
+    # Claims made for pods from a template copy the template's spec, judged when it was written.
+    expected = [] if kind == "ResourceClaim" else [f"{plural}.gpu.nvidia.com"]
+    for user in (CLAIM_CONTROLLER_USER, "system:kube-controller-manager"):
+        assert sent_to(mine, user=user) == expected
+
+
+def test_the_charts_certificate_serves_the_services_name_under_the_injected_ca(
+    host_driver: Rendered, tmp_path: Path
+) -> None:
+    (secret,) = host_driver.all("Secret")
+    data = {key: base64.b64decode(value) for key, value in secret["data"].items()}
+    volume = host_driver.volume("Deployment", "webhook-tls")
+
+    assert secret["type"] == "kubernetes.io/tls"
+    assert volume["secret"]["secretName"] == secret["metadata"]["name"]
+    for hook in webhooks(host_driver).values():
+        assert base64.b64decode(hook["clientConfig"]["caBundle"]) == data["ca.crt"]
+    # The controller's own server, with the rendered pair, verified as the apiserver does: the
+    # CA bundle and the Service's DNS name.
+    (tmp_path / "tls.crt").write_bytes(data["tls.crt"])
+    (tmp_path / "tls.key").write_bytes(data["tls.key"])
+    trust = ssl.create_default_context(cadata=data["ca.crt"].decode())
+    trust.verify_flags &= ~ssl.VERIFY_X509_STRICT
+
+    async def fetch(server_hostname: str) -> int:
+        server = WebhookServer(
+            ReloadingCertificate(tmp_path / "tls.crt", tmp_path / "tls.key"),
+            port=0,
+            driver="gpu.nvidia.com",
+            host="127.0.0.1",
+        )
+        await server.start()
+        try:
+            async with (
+                aiohttp.ClientSession() as session,
+                session.get(
+                    f"https://127.0.0.1:{server.port}/readyz",
+                    ssl=trust,
+                    server_hostname=server_hostname,
+                ) as reply,
+            ):
+                return reply.status
+        finally:
+            await server.stop()
+
+    assert asyncio.run(fetch(WEBHOOK_DNS_NAME)) == 200
+    with pytest.raises(aiohttp.ClientConnectorCertificateError):
+        asyncio.run(fetch(f"{WEBHOOK}.elsewhere.svc"))
+
+
+def test_cert_manager_makes_the_certificate_and_injects_its_ca(tmp_path: Path) -> None:
+    tls = {"mode": "cert-manager", "certManager": {"dnsNames": ["webhook.example"]}}
+    rendered = Rendered.of({**HOST_DRIVER, "webhook": {"tls": tls}}, tmp_path)
+    issuer = rendered.one("Issuer")
+    cert = rendered.one("Certificate")
+    (config,) = rendered.all("ValidatingWebhookConfiguration")
+
+    assert issuer["spec"] == {"selfSigned": {}}
+    assert cert["spec"]["issuerRef"] == {
+        "group": "cert-manager.io",
+        "kind": "Issuer",
+        "name": issuer["metadata"]["name"],
+    }
+    assert cert["spec"]["dnsNames"] == [
+        WEBHOOK,
+        f"{WEBHOOK}.{NAMESPACE}",
+        WEBHOOK_DNS_NAME,
+        "webhook.example",
+    ]
+    volume = rendered.volume("Deployment", "webhook-tls")
+    assert volume["secret"]["secretName"] == cert["spec"]["secretName"]
+    assert config["metadata"]["annotations"] == {
+        "cert-manager.io/inject-ca-from": f"{NAMESPACE}/{cert['metadata']['name']}"
+    }
+    assert all("caBundle" not in hook["clientConfig"] for hook in config["webhooks"])
+    assert rendered.all("Secret") == []
+
+
+def test_cert_manager_can_use_a_named_cluster_issuer_and_a_nameless_one_is_refused(
+    tmp_path: Path,
+) -> None:
+    tls = {
+        "mode": "cert-manager",
+        "certManager": {"issuerType": "clusterissuer", "issuerName": "corp-ca"},
+    }
+    rendered = Rendered.of({**HOST_DRIVER, "webhook": {"tls": tls}}, tmp_path)
+    nameless = template(
+        None,
+        "gpuResourcesEnabledOverride=true",
+        "webhook.tls.mode=cert-manager",
+        "webhook.tls.certManager.issuerType=issuer",
+    )
+
+    assert rendered.all("Issuer") == []
+    assert rendered.one("Certificate")["spec"]["issuerRef"] == {
+        "group": "cert-manager.io",
+        "kind": "ClusterIssuer",
+        "name": "corp-ca",
+    }
+    assert nameless.returncode != 0
+    assert "issuerType=issuer needs webhook.tls.certManager.issuerName" in nameless.stderr
+
+
+def test_a_secret_of_ones_own_with_its_ca_bundle(tmp_path: Path) -> None:
+    tls = {"mode": "secret", "secret": {"name": "my-webhook-tls", "caBundle": "Q0EK"}}
+    rendered = Rendered.of({**HOST_DRIVER, "webhook": {"tls": tls}}, tmp_path)
+    no_bundle = template(
+        None,
+        "gpuResourcesEnabledOverride=true",
+        "webhook.tls.mode=secret",
+        "webhook.tls.secret.name=my-webhook-tls",
+    )
+
+    volume = rendered.volume("Deployment", "webhook-tls")
+    assert volume["secret"]["secretName"] == "my-webhook-tls"
+    assert {h["clientConfig"]["caBundle"] for h in webhooks(rendered).values()} == {"Q0EK"}
+    for kind in ("Secret", "Certificate", "Issuer"):
+        assert rendered.all(kind) == []
+    assert no_bundle.returncode != 0
+    assert "webhook.tls.mode=secret needs webhook.tls.secret.name" in no_bundle.stderr
+
+
+def test_the_webhook_can_be_left_out_or_fail_open(tmp_path: Path) -> None:
+    off = Rendered.of({**HOST_DRIVER, "webhook": {"enabled": False}}, tmp_path)
+    fail_open = Rendered.of({**HOST_DRIVER, "webhook": {"failurePolicy": "Ignore"}}, tmp_path)
+
+    container = off.container("Deployment", "controller")
+    assert ControllerSettings.from_env(env_of(container, CONTROLLER_DOWNWARD)).webhook_port == 0
+    assert [p["name"] for p in container["ports"]] == ["metrics"]
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
+    assert "webhook-tls" not in {v["name"] for v in off.pod_spec("Deployment")["volumes"]}
+    for kind in ("ValidatingWebhookConfiguration", "Secret"):
+        assert off.all(kind) == []
+    assert WEBHOOK not in {s["metadata"]["name"] for s in off.all("Service")}
+    assert {h["failurePolicy"] for h in webhooks(fail_open).values()} == {"Ignore"}
 
 
 # ---- metrics ----------------------------------------------------------------------------------

@@ -52,6 +52,8 @@ def apiserver_command(paths: ClusterPaths, bin_dir: Path) -> list[str]:
         f"--secure-port={versions.APISERVER_PORT}",
         # Loopback-style setups have no second apiserver to reconcile endpoints with.
         "--endpoint-reconciler-type=none",
+        # No kube-proxy: reach admission webhooks (the chart's) at their Service's pod endpoints.
+        "--enable-aggregator-routing=true",
         f"--client-ca-file={pki / 'ca.crt'}",
         f"--tls-cert-file={pki / 'apiserver.crt'}",
         f"--tls-private-key-file={pki / 'apiserver.key'}",

@@ -4,7 +4,9 @@ Cluster binaries (`BUILDS`) land in ``<cache>/bin/<hash>``, the hash taken over 
 go.mod/go.sum/source files; each further tool (`ToolBuild`: the NVML mock library, NVIDIA's
 container toolkit) lands in ``<cache>/tools/<name>-<hash of its own module>``, so adding or
 changing a tool never rebuilds Kubernetes. An unchanged pin is never rebuilt. GOMODCACHE and
-GOCACHE live in the same cache, which keeps warm CI runs fast.
+GOCACHE live in the same cache, which keeps warm CI runs fast. Go's own output goes to a log
+file per build (``<cache>/logs``); the console gets one line per step ("building kubelet, 3 of
+6"), a heartbeat with the modules downloaded so far, and the log's tail when a build fails.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import os
 import shutil
 import subprocess
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,6 +27,9 @@ from e2e.cluster.paths import REPO_ROOT, ClusterPaths
 log = logging.getLogger(__name__)
 
 TOOLCHAIN = REPO_ROOT / "e2e" / "toolchain"
+
+HEARTBEAT_S = 30.0
+"""How often a running Go build reports that it is still going."""
 
 STALE_TOOL_AGE_S = 24 * 3600
 """Older builds of a test-bed tool are removed when at least this old: worktrees sharing one
@@ -135,6 +140,52 @@ def go_env(paths: ClusterPaths, *, cgo: bool = False) -> dict[str, str]:
     )
 
 
+class GoBuildError(RuntimeError):
+    """A Go build or generator failed; the message carries the log's last lines."""
+
+
+def run_go(
+    command: Sequence[str], *, cwd: Path, env: Mapping[str, str], what: str, logs: Path
+) -> None:
+    """Run one Go command with its output in ``<logs>/<what>.log`` instead of the console.
+
+    Logs a heartbeat every `HEARTBEAT_S` seconds (elapsed time, modules downloaded so far) and
+    the duration at the end; raises `GoBuildError` with the log's last lines on failure.
+    """
+    logs.mkdir(parents=True, exist_ok=True)
+    log_path = logs / f"{what.replace(' ', '-').replace('/', '-')}.log"
+    started = time.monotonic()
+    with log_path.open("wb") as output:
+        process = subprocess.Popen(
+            list(command), cwd=cwd, env=dict(env), stdout=output, stderr=subprocess.STDOUT
+        )
+        while True:
+            try:
+                returncode = process.wait(timeout=HEARTBEAT_S)
+                break
+            except subprocess.TimeoutExpired:
+                log.info(
+                    "toolchain: still building %s (%.0f s, %d modules downloaded; log %s)",
+                    what,
+                    time.monotonic() - started,
+                    _downloads(log_path),
+                    log_path,
+                )
+    if returncode != 0:
+        tail = log_path.read_text(errors="replace").splitlines()[-40:]
+        raise GoBuildError(
+            f"building {what} failed (exit {returncode}); the last lines of {log_path}:\n"
+            + "\n".join(tail)
+        )
+    log.info("toolchain: built %s in %.0f s", what, time.monotonic() - started)
+
+
+def _downloads(log_path: Path) -> int:
+    return sum(
+        1 for line in log_path.read_text(errors="replace").splitlines() if "downloading" in line
+    )
+
+
 @dataclass(frozen=True)
 class ToolBuild:
     """A test-bed tool built from the module in ``e2e/toolchain/<name>``.
@@ -184,15 +235,16 @@ def build_tool(
     staging = directory.with_name(directory.name + ".partial")
     staging.mkdir(parents=True, exist_ok=True)
     build_env = go_env(paths, cgo=tool.cgo) | dict(env or {})
-    for name, package in tool.outputs:
-        if (staging / name).is_file():
-            continue
-        log.info("toolchain: building %s", name)
+    todo = [(name, package) for name, package in tool.outputs if not (staging / name).is_file()]
+    for step, (name, package) in enumerate(todo, start=1):
+        log.info("toolchain: building %s (%s, %d of %d)", name, tool.name, step, len(todo))
         command = ["go", "build", "-trimpath", "-ldflags", tool.ldflags]
         if tool.buildmode is not None:
             command.append(f"-buildmode={tool.buildmode}")
         command += ["-o", str(staging / name), package]
-        subprocess.run(command, cwd=TOOLCHAIN / tool.name, env=build_env, check=True)
+        run_go(
+            command, cwd=TOOLCHAIN / tool.name, env=build_env, what=name, logs=paths.cache / "logs"
+        )
     if directory.exists():
         shutil.rmtree(directory)
     staging.rename(directory)
@@ -216,12 +268,22 @@ def build(paths: ClusterPaths) -> Path:
     staging = directory.with_name(directory.name + ".partial")
     staging.mkdir(parents=True, exist_ok=True)
     env = go_env(paths)
-    for item in BUILDS:
-        wanted = [Path(p).name if p != "." else item.module_dir for p in item.packages]
-        if all((staging / name).is_file() for name in wanted):
-            continue
-        log.info("toolchain: building %s", ", ".join(wanted))
-        subprocess.run(
+    todo = [
+        (item, [Path(p).name if p != "." else item.module_dir for p in item.packages])
+        for item in BUILDS
+    ]
+    todo = [
+        (item, wanted) for item, wanted in todo if not all((staging / n).is_file() for n in wanted)
+    ]
+    for step, (item, wanted) in enumerate(todo, start=1):
+        log.info(
+            "toolchain: building %s (%d of %d)%s",
+            ", ".join(wanted),
+            step,
+            len(todo),
+            "; about 10 minutes on 2 cores" if item.module_dir == "kubernetes" else "",
+        )
+        run_go(
             [
                 "go",
                 "build",
@@ -234,7 +296,8 @@ def build(paths: ClusterPaths) -> Path:
             ],
             cwd=TOOLCHAIN / item.module_dir,
             env=env,
-            check=True,
+            what=item.module_dir,
+            logs=paths.cache / "logs",
         )
         if item.packages == (".",):
             # A single-package build names the binary after the module path's last element.

@@ -13,7 +13,7 @@ from gpu_dra.cli.command import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from gpu_dra.driver.attributes import gpu_device
 from gpu_dra.driver.discovery import discover_devices, discover_gpus
 from gpu_dra.driver.nvml.simulated import SimulatedHost
-from gpu_dra.kubelet_plugin.inventory import NodeInventory
+from gpu_dra.kubelet_plugin.node_devices import NodeInventory
 from tests.cli.support import run, table
 
 REPO = Path(__file__).resolve().parents[2]

@@ -80,3 +80,22 @@ app.kubernetes.io/component: {{ .component }}
 {{- range .Values.imagePullSecrets }}{{ $names = append $names .name }}{{ end }}
 {{- join "," $names }}
 {{- end }}
+
+{{/* The DRA driver name: opaque configs of this driver are the webhook's to judge. */}}
+{{- define "gpu-dra.driverName" -}}
+gpu.nvidia.com
+{{- end }}
+
+{{/* The admission webhook's Service (also the name of its configuration and cert objects). */}}
+{{- define "gpu-dra.webhook.name" -}}
+{{- printf "%s-webhook" (include "gpu-dra.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* The Secret holding the webhook's tls.crt and tls.key: the user's in mode secret. */}}
+{{- define "gpu-dra.webhook.secretName" -}}
+{{- if eq .Values.webhook.tls.mode "secret" }}
+{{- .Values.webhook.tls.secret.name }}
+{{- else }}
+{{- printf "%s-webhook-tls" (include "gpu-dra.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}

@@ -1,0 +1,99 @@
+"""The opaque config entries of ResourceClaims, ResourceClaimTemplates and DeviceClasses, judged
+as the kubelet plugin judges them at prepare.
+
+`config_list` finds an object's entries (``spec.devices.config``, ``spec.spec.devices.config``,
+``spec.config``; the same paths in resource.k8s.io v1, v1beta2 and v1beta1); `check_config_list`
+runs each entry for the driver through `resolve_configs`, the plugin's own code path, with no
+devices, so every entry is decoded and validated. Messages are the plugin's, located by the
+entry's path: ``spec.devices.config[0]: parameters.sharing.strategy: unknown GPU sharing ...``.
+The controller's admission webhook uses it (docs/deployment.md#admission-webhook).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Final, Literal
+
+from gpu_dra.driver.config.errors import ConfigError, ConfigProblem
+from gpu_dra.driver.config.resolve import NOT_OPAQUE, ConfigSource, resolve_configs
+
+Verdict = Literal["OK", "ERROR", "SKIP"]
+
+CONFIG_LISTS: Final[dict[str, tuple[tuple[str, ...], ConfigSource]]] = {
+    "ResourceClaim": (("spec", "devices", "config"), "FromClaim"),
+    "ResourceClaimTemplate": (("spec", "spec", "devices", "config"), "FromClaim"),
+    "DeviceClass": (("spec", "config"), "FromClass"),
+}
+"""Kind -> where its config list is, and the source the scheduler gives its entries."""
+
+NOT_AN_ENTRY: Final = "expected an object with opaque.driver and opaque.parameters"
+NOT_A_LIST: Final = "expected a list of config entries"
+
+
+@dataclass(frozen=True)
+class EntryCheck:
+    """The verdict on one config entry, or on a config list that is not a list."""
+
+    path: str
+    """``spec.devices.config[0]`` (``spec.devices.config`` for the list itself)."""
+    verdict: Verdict
+    message: str = ""
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.message}" if self.message else self.path
+
+
+def config_list(kind: str, obj: Mapping[str, object]) -> object:
+    """The raw value at the config path of `kind` in `obj` (None where the path ends early, or
+    the value in the way where it is not an object). KeyError for kinds without config."""
+    keys, _ = CONFIG_LISTS[kind]
+    value: object = obj
+    for key in keys:
+        if not isinstance(value, Mapping):
+            return None
+        value = value.get(key)
+    return value
+
+
+def check_config_list(kind: str, obj: Mapping[str, object], *, driver: str) -> list[EntryCheck]:
+    """The verdict on each config entry of `obj`, a `kind` object (see `CONFIG_LISTS`)."""
+    keys, source = CONFIG_LISTS[kind]
+    entries: object = obj
+    for depth, key in enumerate(keys):
+        if entries is None:
+            return []
+        if not isinstance(entries, Mapping):
+            return [EntryCheck(".".join(keys[:depth]), "ERROR", "expected an object")]
+        entries = entries.get(key)
+    if entries is None:
+        return []
+    if not isinstance(entries, list):
+        return [EntryCheck(".".join(keys), "ERROR", NOT_A_LIST)]
+    checks = []
+    for index, entry in enumerate(entries):
+        verdict, message = check_entry(entry, source=source, driver=driver)
+        checks.append(EntryCheck(f"{'.'.join(keys)}[{index}]", verdict, message))
+    return checks
+
+
+def check_entry(entry: object, *, source: ConfigSource, driver: str) -> tuple[Verdict, str]:
+    """Verdict and message for one ``config`` entry, as the kubelet plugin would judge it.
+
+    Entries of other drivers are skipped. Problems come back without the entry's label (the
+    caller names the entry by its path): ``parameters.kind: unsupported kind ...``.
+    """
+    if not isinstance(entry, Mapping):
+        return "ERROR", NOT_AN_ENTRY
+    opaque = entry.get("opaque")
+    if not isinstance(opaque, Mapping):
+        return "ERROR", NOT_OPAQUE
+    entry_driver = opaque.get("driver")
+    if entry_driver != driver:
+        return "SKIP", f"driver {entry_driver} is not {driver}"
+    try:
+        resolve_configs([{**entry, "source": source}], [], driver=driver, claim="")
+    except ConfigError as error:
+        problems = (ConfigProblem(p.reason, field=p.field) for p in error.problems)
+        return "ERROR", "; ".join(str(problem) for problem in problems)
+    return "OK", ""
