@@ -21,6 +21,8 @@ ENV PIP_CERT=${PIP_CERT} \
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY driver driver
+COPY kube kube
+COPY cli cli
 COPY controller controller
 COPY kubelet-plugin kubelet-plugin
 # The gpu-dra wheel and wheels of its pinned dependencies, installed into a venv without pip.

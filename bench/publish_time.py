@@ -37,20 +37,20 @@ from pathlib import Path
 from typing import Final
 
 from bench.report import Reporter, Target
-from gpu_dra.controller.kubeapi import (
+from gpu_dra.driver.discovery import discover_gpus
+from gpu_dra.driver.nvml.simulated import SimulatedHost
+from gpu_dra.driver.slices import DesiredPool
+from gpu_dra.kube.client import new_api_client
+from gpu_dra.kubelet_plugin.node_devices import NodeInventory
+from gpu_dra.kubelet_plugin.slices.kubeapi import (
     KubernetesSliceApi,
     ResourceSlice,
     SliceApi,
     SliceList,
     SliceSelector,
     SliceWatch,
-    new_api_client,
 )
-from gpu_dra.controller.publisher import PublisherSettings, SlicePublisher
-from gpu_dra.driver.discovery import discover_gpus
-from gpu_dra.driver.nvml.simulated import SimulatedHost
-from gpu_dra.driver.slices import DesiredPool
-from gpu_dra.kubelet_plugin.node_devices import NodeInventory
+from gpu_dra.kubelet_plugin.slices.publisher import PublisherSettings, SlicePublisher
 from tests.fakes.slice_api import InMemorySliceApi
 
 BENCH: Final = "publish_time"

@@ -27,7 +27,6 @@ from collections.abc import Callable, Coroutine, Sequence
 from kubernetes.client import ApiClient
 from prometheus_client import CollectorRegistry
 
-from gpu_dra.controller import errors
 from gpu_dra.controller.catalog import (
     CatalogError,
     DeviceClass,
@@ -37,13 +36,14 @@ from gpu_dra.controller.catalog import (
     load_catalog,
 )
 from gpu_dra.controller.health import ControllerHealth, serve_http
-from gpu_dra.controller.inventory import Inventory, inventory
-from gpu_dra.controller.kubeapi import list_resource_objects, new_api_client
 from gpu_dra.controller.leader import ElectionConfig, KubernetesLeaseApi, LeaderElector
 from gpu_dra.controller.metrics import CatalogMetrics, InventoryMetrics, LeaderMetrics
 from gpu_dra.controller.settings import ControllerSettings
 from gpu_dra.controller.webhook import WebhookSetupError, serving
+from gpu_dra.driver.cluster.usage import Inventory, inventory
 from gpu_dra.driver.naming import DEFAULT_DRIVER_NAME
+from gpu_dra.kube import errors
+from gpu_dra.kube.client import list_resource_objects, new_api_client
 
 log = logging.getLogger("gpu_dra.controller")
 

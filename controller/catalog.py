@@ -17,10 +17,10 @@ from typing import Any, Protocol, TypedDict, cast
 import yaml
 from kubernetes import client as k8s
 
-from gpu_dra.controller import errors
-from gpu_dra.controller.kubeapi import translated_errors
 from gpu_dra.controller.metrics import CatalogMetrics
 from gpu_dra.driver.resourceapi import API_GROUP, API_VERSION
+from gpu_dra.kube import errors
+from gpu_dra.kube.client import translated_errors
 
 log = logging.getLogger(__name__)
 

@@ -24,8 +24,8 @@ from typing import Any, Protocol, cast
 
 from kubernetes import client as k8s
 
-from gpu_dra.controller import errors
-from gpu_dra.controller.kubeapi import translated_errors
+from gpu_dra.kube import errors
+from gpu_dra.kube.client import translated_errors
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""Prometheus metrics of the ResourceSlice publisher and of the controller.
+"""Prometheus metrics of the controller: DeviceClass applies and the inventory gauges.
 
 Metrics register on a registry passed in (no process-global default registry), so each process,
 and each test, decides where they are exported.
@@ -8,45 +8,10 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator, Mapping
-from typing import Literal
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
-
-WriteVerb = Literal["create", "update", "delete"]
-WRITE_VERBS: tuple[WriteVerb, ...] = ("create", "update", "delete")
-
-
-class SliceMetrics:
-    """Counters of the slice writes made and the reconciles that failed."""
-
-    def __init__(self, registry: CollectorRegistry) -> None:
-        self.writes = Counter(
-            "gpu_dra_resourceslice_writes",
-            "ResourceSlice writes that the apiserver accepted, by verb.",
-            ["verb"],
-            registry=registry,
-        )
-        self.reconciles = Counter(
-            "gpu_dra_resourceslice_reconciles",
-            "Pool reconciles that finished, with or without writes.",
-            registry=registry,
-        )
-        self.reconcile_errors = Counter(
-            "gpu_dra_resourceslice_reconcile_errors",
-            "Pool reconcile attempts that failed, by reason (conflict, api, internal).",
-            ["reason"],
-            registry=registry,
-        )
-        for verb in WRITE_VERBS:
-            self.writes.labels(verb=verb)
-
-    def count_write(self, verb: WriteVerb) -> None:
-        self.writes.labels(verb=verb).inc()
-
-    def count_error(self, reason: str) -> None:
-        self.reconcile_errors.labels(reason=reason).inc()
 
 
 class CatalogMetrics:

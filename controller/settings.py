@@ -14,7 +14,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+from gpu_dra.kube.logs import LOG_LEVELS, parse_log_level
+
 _TRUE = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"0", "false", "no", "off", ""})
 
@@ -96,13 +97,6 @@ def parse_duration(text: str) -> float:
     if seconds <= 0:
         raise ValueError(f"must be more than 0 seconds, got {text!r}")
     return seconds
-
-
-def parse_log_level(text: str) -> str:
-    level = text.upper()
-    if level not in LOG_LEVELS:
-        raise ValueError(f"must be one of {', '.join(LOG_LEVELS)}, got {text!r}")
-    return level
 
 
 @dataclass(frozen=True)

@@ -1,24 +1,11 @@
-"""The desired ResourceSlices of one pool: device order, paging, and the 1.35+ split layout.
+"""The desired ResourceSlices of one pool: device order, paging, and the 1.35+ split layout (pure).
 
-Pure: values in, values out. Given a node's devices (already rendered as `resourceapi.Device`) and
-the counter sets they consume, `build_pool` decides how the pool is cut into slices. The publisher
-(`gpu_dra.controller.publisher`) stamps the pool generation and writes the slices.
-
-Rules (`shared/reference/resource-api.md` §5-6):
-
-- at most 128 devices per slice, at most 64 when any device in the slice has taints or
-  consumesCounters;
-- `SliceLayout.SPLIT` (Kubernetes 1.35+): shared counters never share a slice with devices, at
-  most 8 counter sets per slice; `SliceLayout.COMBINED` (1.34): each counter set shares one slice
-  with the devices that consume it (at most 128 devices, 32 counters and 1024 device-counter
-  entries per slice), devices that consume no counters are paged as usual. Counter-set names are
-  unique in the pool either way, and a pool of one layout is invalid on the other version;
-- device names unique in the pool;
-- a managed pool always has at least one slice, so an empty pool is published as one slice with no
-  devices ("empty pool" is not "no pool").
-
-The output depends only on the input: devices keep the order chosen by `DeviceOrder`, counter sets
-are sorted by name, counter slices come before device slices.
+`build_pool` cuts a node's devices and the counter sets they consume into slices (at most 128
+devices, 64 with taints or consumesCounters; `SliceLayout.SPLIT`: counter sets in slices of their
+own, at most 8 each; `COMBINED` (1.34): each counter set in one slice with its devices). An empty
+pool is one slice without devices. The output depends only on the input; the publisher
+(`gpu_dra.kubelet_plugin.slices.publisher`) stamps the generation and writes the slices.
+Rules: `shared/reference/resource-api.md` §5-6; see docs/architecture.md#slice-publishing.
 """
 
 from __future__ import annotations

@@ -32,10 +32,6 @@ from pathlib import Path
 from kubernetes.client import ApiClient
 from prometheus_client import CollectorRegistry, start_http_server
 
-from gpu_dra.controller.errors import ApiError
-from gpu_dra.controller.kubeapi import KubernetesSliceApi, new_api_client, read_server_version
-from gpu_dra.controller.metrics import SliceMetrics
-from gpu_dra.controller.publisher import SlicePublisher
 from gpu_dra.driver import slices
 from gpu_dra.driver.discovery import DiscoveryError, discover_devices
 from gpu_dra.driver.model import NodeDevices
@@ -51,6 +47,8 @@ from gpu_dra.driver.nvml.real import RealNvml
 from gpu_dra.driver.nvml.simulated import SimulatedHost
 from gpu_dra.driver.nvml.sysfs import SysfsPciTopology
 from gpu_dra.driver.shares import ShareSelectionError
+from gpu_dra.kube.client import new_api_client, read_server_version
+from gpu_dra.kube.errors import ApiError
 from gpu_dra.kubelet_plugin.cdi import ClaimSpecStore
 from gpu_dra.kubelet_plugin.checkpoint import Checkpoint
 from gpu_dra.kubelet_plugin.claimcache import CachedClaimReader
@@ -87,6 +85,9 @@ from gpu_dra.kubelet_plugin.node_devices import NodeInventory
 from gpu_dra.kubelet_plugin.prepare import NodeClaimPreparer
 from gpu_dra.kubelet_plugin.server import PluginServer
 from gpu_dra.kubelet_plugin.settings import KubeletPluginSettings
+from gpu_dra.kubelet_plugin.slices.kubeapi import KubernetesSliceApi
+from gpu_dra.kubelet_plugin.slices.metrics import SliceMetrics
+from gpu_dra.kubelet_plugin.slices.publisher import SlicePublisher
 from gpu_dra.kubelet_plugin.timeslicing import (
     RECORD_FILE,
     NvidiaSmiTimeSlicer,

@@ -24,10 +24,10 @@ from typing import Any, Protocol, cast
 
 from kubernetes import client as k8s
 
-from gpu_dra.controller import errors
-from gpu_dra.controller.kubeapi import ResourceSlice, SliceSelector, translated_errors
-from gpu_dra.controller.sliceplan import spec_hash_annotation
-from gpu_dra.driver.resourceapi import API_GROUP, API_VERSION
+from gpu_dra.kube import errors
+from gpu_dra.kube.client import list_objects, translated_errors
+from gpu_dra.kubelet_plugin.slices.kubeapi import RESOURCE_SLICES, ResourceSlice, SliceSelector
+from gpu_dra.kubelet_plugin.slices.plan import spec_hash_annotation
 
 log = logging.getLogger(__name__)
 
@@ -284,16 +284,14 @@ class KubernetesGuardApi:
         return cast("dict[str, Any]", json.loads(response.data))
 
     def list_node_slices(self, driver: str, node_name: str) -> list[ResourceSlice]:
-        selector = SliceSelector(driver=driver, node_name=node_name)
-        with translated_errors(f"list ResourceSlices ({selector.field_selector})"):
-            listing = self._objects.list_cluster_custom_object(
-                API_GROUP,
-                API_VERSION.removeprefix(f"{API_GROUP}/"),
-                "resourceslices",
-                field_selector=selector.field_selector,
-                _request_timeout=self._timeout,
-            )
-        return list(cast("dict[str, Any]", listing).get("items") or [])
+        listing = list_objects(
+            self._objects,
+            RESOURCE_SLICES,
+            what="ResourceSlices",
+            field_selector=SliceSelector(driver=driver, node_name=node_name).field_selector,
+            request_timeout_s=self._timeout,
+        )
+        return cast("list[ResourceSlice]", list(listing.items))
 
     def create_event(self, namespace: str, event: dict[str, Any]) -> None:
         with translated_errors(f"create Event in {namespace}"):

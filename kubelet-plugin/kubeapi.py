@@ -1,12 +1,11 @@
-"""Reading ResourceClaims: the `ClaimReader` Protocol, the list and watch a cache of claims needs
-(`ClaimApi`), and their adapter on the `kubernetes` client. The MPS daemon pods of this node:
-the `PodApi` Protocol (create, get, list by label, delete with a UID precondition) and its
-adapter `KubernetesPodApi`; its calls fail with `gpu_dra.controller.errors.ApiError` subclasses.
+"""The kubelet plugin's Kubernetes API for claims and MPS daemon pods, and its adapters.
 
-`get_claim` fails with this module's `ClaimNotFoundError` / `ClaimReadError`, which the preparer
-turns into the claim's error. `list_claims` and `watch_claims` fail like the controller's slice API,
-with `gpu_dra.controller.errors.ApiError` subclasses (`ResourceExpiredError`: 410 Gone, list again);
-only the claim cache calls them.
+ResourceClaims: `ClaimReader` (GET) and `ClaimApi` (GET, list, watch: what the claim cache
+needs). `get_claim` fails with `ClaimNotFoundError` / `ClaimReadError`, which the preparer turns
+into the claim's error; `list_claims` and `watch_claims` fail with `gpu_dra.kube.errors.ApiError`
+subclasses (`ResourceExpiredError`: 410 Gone, list again). Pods: `PodApi` (create, get, list by
+label, delete with a UID precondition), failing with `ApiError` subclasses.
+See docs/architecture.md#prepare-and-unprepare and docs/mps.md.
 """
 
 from __future__ import annotations
@@ -19,19 +18,15 @@ import urllib3
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
-from gpu_dra.controller import errors
-from gpu_dra.controller.kubeapi import (
-    RawWatchStream,
-    WatchEventType,
-    parse_raw_watch_event,
-    translated_errors,
-)
-from gpu_dra.driver.resourceapi import API_GROUP, API_VERSION
+from gpu_dra.driver.resourceapi import API_GROUP
+from gpu_dra.kube import errors
+from gpu_dra.kube.client import RESOURCE_VERSION as _VERSION
+from gpu_dra.kube.client import list_objects, translated_errors
+from gpu_dra.kube.watch import WatchEventType, open_watch
 
 ResourceClaim = dict[str, Any]
 """A raw `resource.k8s.io/v1` ResourceClaim as the API server serves it."""
 
-_VERSION = API_VERSION.removeprefix(f"{API_GROUP}/")
 RESOURCE_CLAIMS = "resourceclaims"
 
 
@@ -128,59 +123,29 @@ class KubernetesClaimReader:
         return cast("ResourceClaim", claim)
 
     def list_claims(self) -> ClaimList:
-        items: list[ResourceClaim] = []
-        token: str | None = None
-        while True:
-            # An expired continue token is a 410 (ResourceExpiredError): the caller lists again.
-            with translated_errors("list ResourceClaims"):
-                page = cast(
-                    "dict[str, Any]",
-                    self._objects.list_cluster_custom_object(
-                        API_GROUP,
-                        _VERSION,
-                        RESOURCE_CLAIMS,
-                        limit=self._page_size,
-                        _continue=token,
-                        _request_timeout=self._timeout,
-                    ),
-                )
-            items.extend(page.get("items") or [])
-            metadata = page.get("metadata") or {}
-            token = metadata.get("continue") or None
-            if token is None:
-                return ClaimList(items=tuple(items), resource_version=metadata["resourceVersion"])
+        listing = list_objects(
+            self._objects,
+            RESOURCE_CLAIMS,
+            what="ResourceClaims",
+            page_size=self._page_size,
+            request_timeout_s=self._timeout,
+        )
+        return ClaimList(items=listing.items, resource_version=listing.resource_version)
 
     def watch_claims(self, *, resource_version: str, timeout_seconds: int) -> ClaimWatch:
-        with translated_errors("watch ResourceClaims"):
-            response = self._objects.list_cluster_custom_object(
-                API_GROUP,
-                _VERSION,
-                RESOURCE_CLAIMS,
-                resource_version=resource_version,
-                allow_watch_bookmarks=True,
-                timeout_seconds=timeout_seconds,
-                watch=True,
-                _preload_content=False,
-                # connect timeout, then a read timeout past the server's own end of the stream
-                _request_timeout=(self._timeout, timeout_seconds + self._timeout),
-            )
-        return KubernetesClaimWatch(response)
+        return open_watch(
+            self._objects,
+            RESOURCE_CLAIMS,
+            claim_event,
+            what="ResourceClaims",
+            resource_version=resource_version,
+            timeout_seconds=timeout_seconds,
+            request_timeout_s=self._timeout,
+        )
 
 
 def claim_event(kind: WatchEventType, obj: ResourceClaim) -> ClaimEvent:
     return ClaimEvent(type=kind, claim=obj)
-
-
-class KubernetesClaimWatch(RawWatchStream[ClaimEvent]):
-    """A `ClaimWatch` over the raw HTTP response of a ResourceClaim watch."""
-
-    def __init__(self, response: Any) -> None:
-        super().__init__(response, "ResourceClaims", claim_event)
-
-
-def parse_claim_event(line: str) -> ClaimEvent:
-    """Decode one ResourceClaim watch line (see `parse_raw_watch_event`)."""
-    return claim_event(*parse_raw_watch_event(line, "ResourceClaims"))
 
 
 Pod = dict[str, Any]

@@ -10,10 +10,10 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from gpu_dra.controller.settings import LOG_LEVELS, parse_log_level
 from gpu_dra.driver.naming import DEFAULT_DRIVER_NAME
 from gpu_dra.driver.shares import ShareSelection, ShareSelectionError
 from gpu_dra.driver.slices import SliceLayout
+from gpu_dra.kube.logs import LOG_LEVELS, parse_log_level
 from gpu_dra.kubelet_plugin.driver_userspace import ALL_HOOKS, DEFAULT_CDI_HOOK_PATH, HOOK_NAMES
 
 DEFAULT_MPS_CONTROL_BINARY = "nvidia-cuda-mps-control"
@@ -133,7 +133,7 @@ class KubeletPluginSettings:
     """TCP port of the gRPC health service (`grpc.health.v1`): 0 any free port, negative off
     (NVIDIA's `--healthcheck-port`)."""
     log_level: str = "INFO"
-    """Python log level of the plugin's own logs (`controller.settings.LOG_LEVELS`)."""
+    """Python log level of the plugin's own logs (`gpu_dra.kube.logs.LOG_LEVELS`)."""
     mps_control_binary: str = DEFAULT_MPS_CONTROL_BINARY
     """The MPS control program: a path, or a name looked up on `PATH`, then under
     `<driver_root>/usr/bin` (`resolved_mps_control_binary`)."""

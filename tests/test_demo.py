@@ -17,7 +17,8 @@ from demo.stages import (
     published_devices,
     stage_of,
 )
-from gpu_dra.controller.cli import EXIT_OK, main
+from gpu_dra.cli.__main__ import main
+from gpu_dra.cli.command import EXIT_OK
 
 EXAMPLES = example_dirs()
 

@@ -1,15 +1,19 @@
-"""The reference docs cover what the code defines: every flag and environment variable of both
-processes in docs/config.md, every DeviceClass of deviceclasses/ in docs/deviceclasses.md, and
-the MPS mounts every share's container gets in docs/mps.md (the container contract and the
-hostile-tenant table rest on them).
+"""The reference docs cover what the code defines: the flag tables of docs/config.md list exactly
+the flags of both processes' and the `gpu-dra` commands' argparse parsers (with the environment
+twins), docs/deviceclasses.md every DeviceClass of deviceclasses/, docs/mps.md the MPS mounts every
+share's container gets (the container contract and the hostile-tenant table rest on them), and
+every relative link in docs/*.md and README.md resolves (file, and heading anchor).
 
-Settings are read from the code (the controller's `ControllerSettings` options and parser, the
-kubelet plugin's `--help` checked against `KubeletPluginSettings` fields), never listed here.
+Settings are read from the code (the parsers themselves, the controller's `ControllerSettings`
+options, the kubelet plugin's `--help` checked against `KubeletPluginSettings` fields), never
+listed here.
 """
 
 from __future__ import annotations
 
+import argparse
 import re
+from collections.abc import Iterator
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
@@ -17,6 +21,7 @@ from typing import Any
 import pytest
 import yaml
 
+from gpu_dra.cli.__main__ import build_parser as cli_parser
 from gpu_dra.controller.settings import ControllerSettings, build_parser, options
 from gpu_dra.kubelet_plugin.mps.daemon_model import DaemonPaths
 from gpu_dra.kubelet_plugin.mps.edits import workload_edits
@@ -26,11 +31,18 @@ REPO = Path(__file__).resolve().parents[1]
 CONFIG_DOC = REPO / "docs" / "config.md"
 DEVICECLASSES_DOC = REPO / "docs" / "deviceclasses.md"
 DEVICECLASSES_DIR = REPO / "deviceclasses"
+LINKED_DOCS = [*sorted((REPO / "docs").glob("*.md")), REPO / "README.md"]
+PLUGIN_SECTION = "### `gpu-dra-kubelet-plugin`"
+CONTROLLER_SECTION = "### `gpu-dra-controller`"
+CLI_SECTION = "### `gpu-dra`"
 MPS_DOC = REPO / "docs" / "mps.md"
 HOSTILE_TENANT_HEADING = "## What a hostile tenant can do today"
 
 _OPTION_BLOCK = re.compile(r"^ {2}(--[a-z0-9-]+)(.*?)(?=^ {2}-|\Z)", re.MULTILINE | re.DOTALL)
 _ENV_IN_HELP = re.compile(r"\benv\s+(GPU_DRA_[A-Z0-9_]+)")
+_LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)[^)]*\)")
+_FENCE = re.compile(r"^\s*(```|~~~)")
+_FLAG_IN_CELL = re.compile(r"`(--?[a-z0-9][a-z0-9-]*)`")
 _CONTRACT_MOUNT = re.compile(
     r"^\| mount \| `<data-dir>/mps/<id>/(\w+)` → `([^`]+)` \(`([^`]+)`\) \|$", re.MULTILINE
 )
@@ -70,6 +82,38 @@ def plugin_settings(help_text: str) -> dict[str, str | None]:
     return settings
 
 
+def option_strings(parser: argparse.ArgumentParser) -> set[str]:
+    """Every option string a parser defines, `--help` left out."""
+    return {flag for action in parser._actions for flag in action.option_strings} - {"-h", "--help"}
+
+
+def plugin_parser(monkeypatch: pytest.MonkeyPatch) -> argparse.ArgumentParser:
+    """The parser `KubeletPluginSettings.parse` builds, caught at its `parse_args`."""
+    built: list[argparse.ArgumentParser] = []
+
+    def caught(parser: argparse.ArgumentParser, *args: object, **kwargs: object) -> None:
+        built.append(parser)
+        raise SystemExit(0)
+
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_args", caught)
+    with pytest.raises(SystemExit):
+        KubeletPluginSettings.parse([], env={})
+    (parser,) = built
+    return parser
+
+
+def cli_command_flags() -> set[tuple[str, str]]:
+    """(command, option string) of every `gpu-dra` subcommand."""
+    (subparsers,) = [
+        a for a in cli_parser({})._actions if isinstance(a, argparse._SubParsersAction)
+    ]
+    return {
+        (name, flag)
+        for name, parser in subparsers.choices.items()
+        for flag in option_strings(parser)
+    }
+
+
 def flag_for_field(name: str) -> str:
     """`call_timeout_s` -> `--call-timeout`: how settings fields are spelled as flags."""
     return "--" + name.removesuffix("_s").replace("_", "-")
@@ -92,6 +136,95 @@ def workload_mounts() -> set[tuple[str, str, str]]:
 
 
 # ---- checks on doc text (return what is missing, so they can be tested on broken text) ---------
+def section(doc: str, heading: str) -> str:
+    """The text under `heading` up to the next heading of its level or above."""
+    start = doc.index(f"{heading}\n") + len(heading)
+    level = heading.split(" ", 1)[0]
+    end = re.search(rf"^#{{1,{len(level)}}} ", doc[start:], re.MULTILINE)
+    return doc[start:] if end is None else doc[start : start + end.start()]
+
+
+def table_rows(text: str) -> Iterator[list[str]]:
+    """The cells of each table row (header and rule lines included) of `text`."""
+    for line in text.splitlines():
+        if line.startswith("|"):
+            yield [cell.strip() for cell in line.strip().strip("|").split("|")]
+
+
+def documented_flags(text: str) -> set[str]:
+    """The option strings named in the first column of the tables of `text`."""
+    return {flag for row in table_rows(text) for flag in _FLAG_IN_CELL.findall(row[0])}
+
+
+def documented_command_flags(text: str) -> set[tuple[str, str]]:
+    """(command, option string) of the `| `command` | `--flag`, ... |` rows of `text`."""
+    return {
+        (row[0].strip("`"), flag)
+        for row in table_rows(text)
+        if len(row) > 1
+        for flag in _FLAG_IN_CELL.findall(row[1])
+    }
+
+
+def flag_differences(documented: set[Any], defined: set[Any]) -> list[str]:
+    """What the doc lists that the parser lacks, and the other way round."""
+    return [f"not in the parser: {item}" for item in sorted(documented - defined)] + [
+        f"not in the doc: {item}" for item in sorted(defined - documented)
+    ]
+
+
+def heading_anchors(markdown: str) -> set[str]:
+    """The anchors a renderer gives the headings (GitHub style: lower case, punctuation dropped,
+    spaces as dashes, `-1`, `-2`, ... for repeats); headings in code blocks do not count."""
+    anchors: set[str] = set()
+    seen: dict[str, int] = {}
+    for line in prose_lines(markdown, keep_code_spans=True):
+        heading = re.match(r"^#{1,6}\s+(.*?)\s*$", line)
+        if heading is None:
+            continue
+        anchor = re.sub(r"[^\w\- ]", "", heading[1].lower()).replace(" ", "-")
+        count = seen.get(anchor, 0)
+        seen[anchor] = count + 1
+        anchors.add(anchor if count == 0 else f"{anchor}-{count}")
+    return anchors
+
+
+def prose_lines(markdown: str, *, keep_code_spans: bool = False) -> list[str]:
+    """The lines of `markdown` with fenced blocks blanked (and, unless kept, inline code)."""
+    lines: list[str] = []
+    fenced = False
+    for line in markdown.splitlines():
+        if _FENCE.match(line):
+            fenced = not fenced
+            lines.append("")
+        elif fenced:
+            lines.append("")
+        else:
+            lines.append(line if keep_code_spans else re.sub(r"`[^`]*`", "``", line))
+    return lines
+
+
+def broken_links(doc: Path, text: str | None = None) -> list[str]:
+    """Relative links of `doc` (its text, or `text`) whose file, or heading anchor in a Markdown
+    file, does not exist; absolute URLs are not checked."""
+    markdown = doc.read_text() if text is None else text
+    problems = []
+    for number, line in enumerate(prose_lines(markdown), start=1):
+        for target in _LINK.findall(line):
+            if re.match(r"^[a-z][a-z0-9+.-]*:", target):
+                continue
+            path, _, anchor = target.partition("#")
+            linked = (doc.parent / path).resolve() if path else doc
+            where = f"{doc.relative_to(REPO)}:{number}: {target}"
+            if not linked.exists():
+                problems.append(f"{where}: no such file")
+            elif anchor and linked.suffix == ".md":
+                linked_text = markdown if linked == doc else linked.read_text()
+                if anchor not in heading_anchors(linked_text):
+                    problems.append(f"{where}: no such heading")
+    return problems
+
+
 def undocumented_settings(doc: str, settings: dict[str, str]) -> list[str]:
     """Flags whose doc table row (a line starting with `|`) does not also name the env twin."""
     rows = [line for line in doc.splitlines() if line.lstrip().startswith("|")]
@@ -187,6 +320,35 @@ def test_config_doc_lists_every_controller_flag_with_its_env_twin() -> None:
     assert unmentioned(doc, controller_flags()) == []
 
 
+def test_config_doc_flag_tables_list_exactly_the_parsers_flags(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    doc = CONFIG_DOC.read_text()
+
+    assert (
+        flag_differences(
+            documented_flags(section(doc, PLUGIN_SECTION)),
+            option_strings(plugin_parser(monkeypatch)),
+        )
+        == []
+    )
+    assert (
+        flag_differences(
+            documented_flags(section(doc, CONTROLLER_SECTION)), option_strings(build_parser({}))
+        )
+        == []
+    )
+    assert (
+        flag_differences(documented_command_flags(section(doc, CLI_SECTION)), cli_command_flags())
+        == []
+    )
+
+
+def test_every_relative_link_in_the_docs_and_readme_resolves() -> None:
+    assert len(LINKED_DOCS) > 5
+    assert [problem for doc in LINKED_DOCS for problem in broken_links(doc)] == []
+
+
 def test_deviceclasses_doc_covers_every_class_file() -> None:
     classes = device_classes()
 
@@ -234,6 +396,34 @@ def test_a_class_missing_from_the_deviceclasses_doc_or_a_changed_cel_is_reported
 
     assert "hopper.gpu.nvidia.com: no heading" in problems
     assert any(p.startswith("large-memory.gpu.nvidia.com: CEL not shown") for p in problems)
+
+
+def test_a_stale_or_missing_flag_row_is_reported(monkeypatch: pytest.MonkeyPatch) -> None:
+    plugin = section(CONFIG_DOC.read_text(), PLUGIN_SECTION)
+    stale = plugin.replace("| `--call-timeout` |", "| `--call-timeout-s` |")
+    cli = section(CONFIG_DOC.read_text(), CLI_SECTION)
+    without_strict = "\n".join(line for line in cli.splitlines() if "`--strict`" not in line)
+
+    assert flag_differences(
+        documented_flags(stale), option_strings(plugin_parser(monkeypatch))
+    ) == ["not in the parser: --call-timeout-s", "not in the doc: --call-timeout"]
+    assert flag_differences(documented_command_flags(without_strict), cli_command_flags()) == [
+        "not in the doc: ('lint', '--strict')"
+    ]
+
+
+def test_a_link_to_a_missing_file_or_heading_is_reported() -> None:
+    doc = REPO / "docs" / "architecture.md"
+    text = (
+        "See [config](config.md#gpu-dra), [gone](nowhere.md), [bad](mig.md#no-such-part),\n"
+        "[here](#layers), [web](https://example.com/x.md) and `[code](not-a-link.md)`.\n"
+        "## Layers\n"
+    )
+
+    assert broken_links(doc, text) == [
+        "docs/architecture.md:1: nowhere.md: no such file",
+        "docs/architecture.md:1: mig.md#no-such-part: no such heading",
+    ]
 
 
 def test_a_changed_mps_mount_option_is_reported() -> None:

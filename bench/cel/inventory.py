@@ -22,8 +22,8 @@ from gpu_dra.driver.discovery import discover_gpus, mig_resources
 from gpu_dra.driver.model import Gpu, MigDevice
 from gpu_dra.driver.naming import DEFAULT_DRIVER_NAME, mig_profile_name
 from gpu_dra.driver.nvml.interface import NvmlLibrary
-from gpu_dra.driver.nvml.mig import COMPUTE_INSTANCE_PROFILE_FOR_SLICES
 from gpu_dra.driver.nvml.simulated import SimulatedHost
+from gpu_dra.driver.nvml.simulated_mig import COMPUTE_INSTANCE_PROFILE_FOR_SLICES
 from gpu_dra.driver.resourceapi import Device
 
 DRIVER: Final = DEFAULT_DRIVER_NAME

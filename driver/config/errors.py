@@ -67,7 +67,3 @@ class ConfigError(DomainError):
         details = "; ".join(str(problem) for problem in self.problems)
         prefix = f"resource claim {self.claim}: " if self.claim else ""
         return f"{prefix}{details}"
-
-    def for_claim(self, claim: str) -> ConfigError:
-        """The same problems, attributed to ``claim``."""
-        return ConfigError(self.problems, claim=claim)

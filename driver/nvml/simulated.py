@@ -10,8 +10,8 @@ Return values have pynvml's types (structs included), except the GPU/compute-ins
 structs, whose handle fields cannot point at Python objects: those are frozen dataclasses with
 the same field names.
 
-MIG follows the model's profile table and the rules in `gpu_dra.driver.nvml.mig`. MIG mode:
-Hopper and later switch at once (no reset); Ampere only records the pending mode until
+MIG follows the model's profile table and the rules in `gpu_dra.driver.nvml.simulated_mig`. MIG
+mode: Hopper and later switch at once (no reset); Ampere only records the pending mode until
 `SimulatedNvml.reset_gpu` (what ``nvidia-smi -r`` or a reboot does on a real A100). MIG device
 handles answer ``device_get_uuid``, ``device_get_memory_info`` (the profile's memory) and the
 MIG-handle calls; other device calls on them raise InvalidArgument (not modelled), except the
@@ -67,7 +67,7 @@ from gpu_dra.driver.nvml.interface import (
     nvml_error,
     short_pci_bus_id,
 )
-from gpu_dra.driver.nvml.mig import (
+from gpu_dra.driver.nvml.simulated_mig import (
     MAX_COMPUTE_INSTANCES_PER_GI,
     ComputeInstance,
     GpuInstance,
@@ -75,7 +75,7 @@ from gpu_dra.driver.nvml.mig import (
     MigState,
     full_compute_instance_profile,
 )
-from gpu_dra.driver.nvml.profiles import (
+from gpu_dra.driver.nvml.simulated_profiles import (
     DEVICE_FAULT_CALLS,
     SYSTEM_FAULT_CALLS,
     MachineProfile,

@@ -81,7 +81,7 @@ ca-certificates`` rewrites."""
 CA_MOUNT: Final = f"/mnt/{CA_BUNDLE.name}"
 DOCKERFILE: Final = REPO_ROOT / "Dockerfile"
 CONTEXT_FILES: Final = ("pyproject.toml", "README.md")
-CONTEXT_DIRS: Final = ("driver", "controller", "kubelet-plugin", "deviceclasses")
+CONTEXT_DIRS: Final = ("driver", "kube", "cli", "controller", "kubelet-plugin", "deviceclasses")
 """The build context: what .dockerignore lets through (tested against it and the Dockerfile)."""
 NICE: Final = ("nice", "-n", "10")
 """The builds run at low priority: the machine is shared."""

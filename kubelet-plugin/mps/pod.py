@@ -42,8 +42,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
 
-from gpu_dra.controller import errors
 from gpu_dra.driver.naming import InvalidNameError
+from gpu_dra.kube import errors
 from gpu_dra.kubelet_plugin.kubeapi import Pod, PodApi
 from gpu_dra.kubelet_plugin.mps.daemon_model import DaemonPaths, MpsStartError, MpsStopError
 from gpu_dra.kubelet_plugin.mps.ids import checked_daemon_id

@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
-from gpu_dra.controller import errors
 from gpu_dra.controller.__main__ import EXIT_APPLY_FAILED, EXIT_BAD_SETUP, EXIT_OK, run
 from gpu_dra.controller.catalog import CatalogError, apply_catalog, load_catalog
 from gpu_dra.controller.metrics import CatalogMetrics
 from gpu_dra.controller.settings import ControllerSettings
+from gpu_dra.kube import errors
 from tests.fakes.deviceclass_api import RecordingDeviceClassApi
 
 

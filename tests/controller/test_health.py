@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
-from gpu_dra.controller import errors
 from gpu_dra.controller.__main__ import APISERVER_CHECK, CATALOG_CHECK, EXIT_OK, run
 from gpu_dra.controller.health import ControllerHealth, serve_http
 from gpu_dra.controller.leader import ElectionConfig, LeaderElector
 from gpu_dra.controller.metrics import CatalogMetrics, LeaderMetrics
 from gpu_dra.controller.settings import ControllerSettings
+from gpu_dra.kube import errors
 from tests.controller.asyncwait import until
 from tests.fakes.deviceclass_api import RecordingDeviceClassApi
 from tests.fakes.lease_api import LeaseClient, LeaseStore

@@ -10,12 +10,13 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
-from gpu_dra.controller import errors
 from gpu_dra.controller.__main__ import inventory_loop, refresh_inventory, run
-from gpu_dra.controller.inventory import CLASS_STATES, DEVICE_STATES, Inventory, inventory
 from gpu_dra.controller.metrics import CatalogMetrics, InventoryMetrics
 from gpu_dra.controller.settings import ControllerSettings
-from tests.controller.test_inventory import (
+from gpu_dra.driver.cluster.availability import DEVICE_STATES
+from gpu_dra.driver.cluster.usage import CLASS_STATES, Inventory, inventory
+from gpu_dra.kube import errors
+from tests.fakes.cluster_objects import (
     claim,
     gpu,
     mixed_node,

@@ -18,7 +18,6 @@ from typing import Any, ClassVar
 import pytest
 from kubernetes import client as k8s
 
-from gpu_dra.controller import errors
 from gpu_dra.controller.leader import (
     ElectionConfig,
     KubernetesLeaseApi,
@@ -29,6 +28,7 @@ from gpu_dra.controller.leader import (
     lease_record,
     micro_time,
 )
+from gpu_dra.kube import errors
 from tests.controller.asyncwait import until
 from tests.fakes.lease_api import LeaseClient, LeaseStore
 

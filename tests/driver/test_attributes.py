@@ -15,25 +15,9 @@ from gpu_dra.driver.attributes import (
     qualified_name,
     semver,
 )
-from gpu_dra.driver.model import Gpu
+from tests.fakes.gpus import h100
 
-H100 = Gpu(
-    index=0,
-    minor=4,
-    uuid="GPU-a75cda02-62ce-2c30-9150-555ef08935e2",
-    product_name="NVIDIA H100 80GB HBM3",
-    brand=14,
-    architecture=9,
-    cuda_compute_capability=(9, 0),
-    driver_version="580.65.06",
-    cuda_driver_version=13000,
-    pci_bus_id="0000:65:00.0",
-    pci_device_id=0x233010DE,
-    pcie_root="pci0000:64",
-    numa_node=1,
-    memory_bytes=81559 * 1024 * 1024,
-    mig_capable=True,
-)
+H100 = h100()
 
 
 def test_full_gpu_device_has_nvidias_name_attributes_and_types():

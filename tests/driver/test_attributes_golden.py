@@ -21,8 +21,8 @@ import pytest
 
 from gpu_dra.driver.attributes import published_devices
 from gpu_dra.driver.discovery import discover_devices
-from gpu_dra.driver.nvml.profiles import builtin_profile_names
 from gpu_dra.driver.nvml.simulated import SimulatedHost
+from gpu_dra.driver.nvml.simulated_profiles import builtin_profile_names
 
 GOLDEN = Path(__file__).parent / "golden"
 UPDATE = os.environ.get("GPU_DRA_UPDATE_GOLDEN") == "1"

@@ -13,9 +13,9 @@ import pynvml
 import pytest
 
 from gpu_dra.driver.nvml.interface import NvmlLibrary
-from gpu_dra.driver.nvml.profiles import builtin_models, parse_profile
 from gpu_dra.driver.nvml.real import RealNvml, find_nvml_library
 from gpu_dra.driver.nvml.simulated import SimulatedNvml
+from gpu_dra.driver.nvml.simulated_profiles import builtin_models, parse_profile
 
 
 def _has_gpu() -> bool:

@@ -6,8 +6,8 @@ import pynvml
 import pytest
 
 from gpu_dra.driver.nvml.interface import NVML_INIT_FLAG_NO_GPUS, return_code
-from gpu_dra.driver.nvml.profiles import load_profile, parse_profile
 from gpu_dra.driver.nvml.simulated import SimulatedHost, SimulatedNvml
+from gpu_dra.driver.nvml.simulated_profiles import load_profile, parse_profile
 
 
 def _nvml(spec: str = "hgx-h100", node: str = "node-a") -> SimulatedNvml:

@@ -21,8 +21,8 @@ from gpu_dra.driver.cel import Selector, compile_selector, to_cel_device
 from gpu_dra.driver.discovery import discover_devices
 from gpu_dra.driver.model import MigCapableGpu, MigPartition, NodeDevices
 from gpu_dra.driver.nvml.interface import NVMLError, NvmlLibrary
-from gpu_dra.driver.nvml.profiles import parse_profile
 from gpu_dra.driver.nvml.simulated import SimulatedHost
+from gpu_dra.driver.nvml.simulated_profiles import parse_profile
 from gpu_dra.driver.partitions import (
     counter_set,
     gpu_partition_devices,

@@ -9,7 +9,6 @@ import pytest
 
 from gpu_dra.driver.attributes import gpu_device, published_devices
 from gpu_dra.driver.config.quantity import parse_quantity
-from gpu_dra.driver.model import Gpu
 from gpu_dra.driver.shares import (
     ShareError,
     ShareSelection,
@@ -22,22 +21,15 @@ from gpu_dra.driver.shares import (
     share_capacity,
     with_shares,
 )
+from tests.fakes.gpus import h100
 
 GIB = 2**30
 MIB = 2**20
 
-H100 = Gpu(
-    index=0,
-    minor=4,
-    uuid="GPU-a75cda02-62ce-2c30-9150-555ef08935e2",
-    product_name="NVIDIA H100 80GB HBM3",
-    brand=14,
-    architecture=9,
-    cuda_compute_capability=(9, 0),
-    driver_version="580.65.06",
-    cuda_driver_version=13000,
-    pci_bus_id="0000:65:00.0",
-    pci_device_id=0x233010DE,
+H100 = h100(
+    pcie_root=None,
+    numa_node=None,
+    mig_capable=False,
     memory_bytes=81559 * MIB + 123,  # not a whole MiB
 )
 SECOND = dataclasses.replace(

@@ -31,9 +31,9 @@ from gpu_dra.driver.naming import (
     mig_profile_slug,
     parse_device_name,
 )
-from gpu_dra.driver.nvml.mig import full_compute_instance_profile
-from gpu_dra.driver.nvml.profiles import builtin_models, parse_profile
 from gpu_dra.driver.nvml.simulated import SimulatedHost
+from gpu_dra.driver.nvml.simulated_mig import full_compute_instance_profile
+from gpu_dra.driver.nvml.simulated_profiles import builtin_models, parse_profile
 
 DRIVER = "gpu.nvidia.com"
 DEVICECLASSES = Path(__file__).resolve().parents[2] / "deviceclasses"

@@ -27,7 +27,7 @@ import pytest
 import yaml
 
 from e2e import nvmlmock
-from gpu_dra.driver.nvml.profiles import builtin_models, load_profile
+from gpu_dra.driver.nvml.simulated_profiles import builtin_models, load_profile
 from gpu_dra.kubelet_plugin.__main__ import _nvml, discover, node_inventory
 from gpu_dra.kubelet_plugin.settings import KubeletPluginSettings
 from tests.e2e_tools.plugin_probe import publication

@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Literal
 
-from gpu_dra.controller import errors
+from gpu_dra.kube import errors
 from gpu_dra.kubelet_plugin.kubeapi import ClaimEvent, ClaimList, ResourceClaim
 from tests.fakes.claim_reader import InMemoryClaimReader
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import copy
 import threading
 
-from gpu_dra.controller import errors
 from gpu_dra.controller.catalog import DeviceClass
+from gpu_dra.kube import errors
 
 
 class RecordingDeviceClassApi:

@@ -7,8 +7,8 @@ from __future__ import annotations
 import threading
 from dataclasses import replace
 
-from gpu_dra.controller import errors
 from gpu_dra.controller.leader import LeaseRecord
+from gpu_dra.kube import errors
 
 
 class LeaseStore:

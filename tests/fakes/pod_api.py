@@ -31,7 +31,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from gpu_dra.controller import errors
+from gpu_dra.kube import errors
 from gpu_dra.kubelet_plugin.kubeapi import Pod
 
 

@@ -21,16 +21,16 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Literal
 
-from gpu_dra.controller import errors
-from gpu_dra.controller.kubeapi import (
+from gpu_dra.driver.resourceapi import API_VERSION
+from gpu_dra.kube import errors
+from gpu_dra.kube.watch import WatchEventType
+from gpu_dra.kubelet_plugin.slices.kubeapi import (
     RESOURCE_SLICE_KIND,
     ResourceSlice,
     SliceEvent,
     SliceList,
     SliceSelector,
-    WatchEventType,
 )
-from gpu_dra.driver.resourceapi import API_VERSION
 
 Verb = Literal["list", "create", "update", "delete", "watch", "node"]
 

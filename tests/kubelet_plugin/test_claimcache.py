@@ -7,25 +7,22 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import json
 import socket
-import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, ClassVar
-from urllib.parse import parse_qs, urlsplit
+from typing import Any
 
 import pytest
 from kubernetes import client as k8s
 
-from gpu_dra.controller import errors
 from gpu_dra.driver.discovery import discover_gpus
 from gpu_dra.driver.nvml.simulated import SimulatedHost
+from gpu_dra.kube import errors
+from gpu_dra.kube.reflector import ReflectorSettings
 from gpu_dra.kubelet_plugin.cdi import ClaimSpecStore
 from gpu_dra.kubelet_plugin.checkpoint import Checkpoint
-from gpu_dra.kubelet_plugin.claimcache import CachedClaimReader, ClaimCacheSettings
+from gpu_dra.kubelet_plugin.claimcache import CachedClaimReader
 from gpu_dra.kubelet_plugin.kubeapi import (
     ClaimNotFoundError,
     ClaimReadError,
@@ -37,6 +34,7 @@ from gpu_dra.kubelet_plugin.prepare import NodeClaimPreparer
 from gpu_dra.kubelet_plugin.prepare_protocol import ClaimRef
 from tests.fakes.claim_api import InMemoryClaimApi, Verb
 from tests.fakes.claim_reader import allocation_result, resource_claim
+from tests.fakes.stub_apiserver import Answer, Query, StubApiserver, status
 
 DRIVER = "gpu.nvidia.com"
 NODE = "node-a"
@@ -45,7 +43,7 @@ UID_B = "5d2c9f71-3e8a-4b6d-8c1f-6a4e2b0d9c02"
 UID_C = "9e4f2a10-6b3d-4c8e-a1f7-0d5b3c2e1f03"
 CLAIM_A = ("default", "claim-a")
 
-FAST = ClaimCacheSettings(backoff_initial_s=0.01, backoff_max_s=0.05, close_timeout_s=5.0)
+FAST = ReflectorSettings(backoff_initial_s=0.01, backoff_max_s=0.05, close_timeout_s=5.0)
 BROKEN = errors.ApiError("watch ResourceClaims: stream broke: connection reset")
 
 
@@ -272,7 +270,7 @@ def test_gone_watch_lists_again_and_keeps_only_what_exists(
 
 @pytest.mark.parametrize("verb", ["list", "watch"])
 def test_failures_back_off_exponentially_then_recover(api: InMemoryClaimApi, verb: Verb) -> None:
-    settings = ClaimCacheSettings(backoff_initial_s=0.02, backoff_max_s=0.05, close_timeout_s=5.0)
+    settings = ReflectorSettings(backoff_initial_s=0.02, backoff_max_s=0.05, close_timeout_s=5.0)
     cache = CachedClaimReader(api, settings)
     api.add(gpu_claim(UID_A))
     api.fail_next(verb, errors.ApiError("503 ServiceUnavailable"), times=3)
@@ -309,7 +307,7 @@ def test_close_closes_the_open_watch_and_stops_the_thread(
 
 def test_close_ends_a_backoff_wait_at_once(api: InMemoryClaimApi) -> None:
     cache = CachedClaimReader(
-        api, ClaimCacheSettings(backoff_initial_s=60.0, backoff_max_s=60.0, close_timeout_s=5.0)
+        api, ReflectorSettings(backoff_initial_s=60.0, backoff_max_s=60.0, close_timeout_s=5.0)
     )
     api.fail_next("list", errors.ApiError("503 ServiceUnavailable"))
     cache.start()
@@ -411,94 +409,49 @@ def test_preparer_does_not_read_a_cached_claim_twice(
 CLAIMS = "/apis/resource.k8s.io/v1/resourceclaims"
 
 
-def status(code: int, reason: str, message: str) -> dict[str, Any]:
-    return {
-        "kind": "Status",
-        "status": "Failure",
-        "code": code,
-        "reason": reason,
-        "message": message,
-    }
-
-
-class StubApiserver(BaseHTTPRequestHandler):
-    """Pages of claims, a GET, and a watch that sends `watch_events`, then holds the stream open
-    until `release` is set (or ends it when `hold` is False)."""
-
-    requests: ClassVar[list[dict[str, Any]]] = []
-    watch_events: ClassVar[list[dict[str, Any]]] = []
-    hold: ClassVar[bool] = True
-    release: ClassVar[threading.Event] = threading.Event()
-
-    def log_message(self, format: str, *args: Any) -> None:
-        pass
-
-    def _reply(self, code: int, payload: dict[str, Any]) -> None:
-        data = json.dumps(payload).encode()
-        self.send_response(code)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def do_GET(self) -> None:
-        url = urlsplit(self.path)
-        query = parse_qs(url.query)
-        self.requests.append({"path": url.path, "query": query})
-        if url.path == CLAIMS and query.get("watch") == ["true"]:
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.end_headers()
-            for event in self.watch_events:
-                self.wfile.write(json.dumps(event).encode() + b"\n")
-            self.wfile.flush()
-            if self.hold:
-                self.release.wait(10)
-        elif url.path == CLAIMS and query.get("continue") == ["page-2"]:
-            items = [gpu_claim(UID_B, "claim-b")]
-            self._reply(200, {"metadata": {"resourceVersion": "7"}, "items": items})
-        elif url.path == CLAIMS:
-            metadata = {"resourceVersion": "7", "continue": "page-2"}
-            self._reply(200, {"metadata": metadata, "items": [gpu_claim(UID_A)]})
-        else:
-            self._reply(404, status(404, "NotFound", f"{url.path} not found"))
+def claim_pages(query: Query, body: Any) -> Answer:
+    """Two pages of claims: claim-a, then (``continue=page-2``) claim-b."""
+    if query.get("continue") == ["page-2"]:
+        return 200, {"metadata": {"resourceVersion": "7"}, "items": [gpu_claim(UID_B, "claim-b")]}
+    metadata = {"resourceVersion": "7", "continue": "page-2"}
+    return 200, {"metadata": metadata, "items": [gpu_claim(UID_A)]}
 
 
 @pytest.fixture
-def api_client() -> Iterator[k8s.ApiClient]:
-    StubApiserver.requests = []
-    StubApiserver.watch_events = []
-    StubApiserver.hold = True
-    StubApiserver.release = threading.Event()
-    server = ThreadingHTTPServer(("127.0.0.1", 0), StubApiserver)
-    thread = threading.Thread(target=server.serve_forever, args=(0.01,), daemon=True)
-    thread.start()
-    configuration = k8s.Configuration()
-    configuration.host = f"http://127.0.0.1:{server.server_address[1]}"
-    client = k8s.ApiClient(configuration)
-    try:
-        yield client
-    finally:
-        StubApiserver.release.set()
-        client.close()  # type: ignore[no-untyped-call]
-        server.shutdown()
-        server.server_close()
+def stub() -> Iterator[StubApiserver]:
+    """Pages of claims, a GET (404), and a watch that sends `watch_events`, then holds the stream
+    open until `release` is set (or ends it when `hold` is False)."""
+    with StubApiserver.running() as server:
+        server.route("GET", CLAIMS, claim_pages)
+        server.watch_paths.add(CLAIMS)
+        server.hold = True
+        yield server
 
 
-def test_list_follows_pages_and_returns_the_snapshot_version(api_client: k8s.ApiClient) -> None:
+@pytest.fixture
+def api_client(stub: StubApiserver) -> k8s.ApiClient:
+    assert stub.client is not None
+    return stub.client
+
+
+def test_list_follows_pages_and_returns_the_snapshot_version(
+    api_client: k8s.ApiClient, stub: StubApiserver
+) -> None:
     listing = KubernetesClaimReader(api_client, page_size=1).list_claims()
 
     assert [c["metadata"]["uid"] for c in listing.items] == [UID_A, UID_B]
     assert listing.resource_version == "7"
-    first, second = StubApiserver.requests
+    first, second = stub.requests
     assert first["query"]["limit"] == ["1"]
     assert "continue" not in first["query"]
     assert second["query"]["continue"] == ["page-2"]
 
 
-def test_watch_asks_for_bookmarks_and_reports_410_as_gone(api_client: k8s.ApiClient) -> None:
-    StubApiserver.hold = False
-    StubApiserver.watch_events = [
+def test_watch_asks_for_bookmarks_and_reports_410_as_gone(
+    api_client: k8s.ApiClient, stub: StubApiserver
+) -> None:
+    stub.hold = False
+    stub.watch_events = [
         {"type": "ADDED", "object": gpu_claim(UID_A) | {"kind": "ResourceClaim"}},
         {"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "9"}}},
         {"type": "ERROR", "object": status(410, "Expired", "too old resource version: 7 (8)")},
@@ -515,7 +468,7 @@ def test_watch_asks_for_bookmarks_and_reports_410_as_gone(api_client: k8s.ApiCli
     assert (added.type, added.claim["metadata"]["uid"]) == ("ADDED", UID_A)
     assert bookmark is not None
     assert (bookmark.type, bookmark.resource_version) == ("BOOKMARK", "9")
-    (request,) = StubApiserver.requests
+    (request,) = stub.requests
     assert request["query"]["watch"] == ["true"]
     assert request["query"]["resourceVersion"] == ["7"]
     assert request["query"]["allowWatchBookmarks"] == ["true"]
@@ -538,7 +491,7 @@ def test_get_from_an_unreachable_api_server_is_a_read_error() -> None:
 
 
 def test_cache_on_the_real_client_serves_from_the_watch_and_closes_it_promptly(
-    api_client: k8s.ApiClient,
+    api_client: k8s.ApiClient, stub: StubApiserver
 ) -> None:
     reader = KubernetesClaimReader(api_client, page_size=1)
     cache = CachedClaimReader(reader, FAST)
@@ -555,7 +508,7 @@ def test_cache_on_the_real_client_serves_from_the_watch_and_closes_it_promptly(
 
     assert not cache.running
     assert elapsed < 2.0
-    paths = [(r["path"], r["query"].get("watch")) for r in StubApiserver.requests]
+    paths = [(r["path"], r["query"].get("watch")) for r in stub.requests]
     assert paths == [
         (CLAIMS, None),
         (CLAIMS, None),

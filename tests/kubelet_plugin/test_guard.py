@@ -19,8 +19,7 @@ from typing import Any, ClassVar, cast
 import pytest
 import yaml
 
-from gpu_dra.controller import errors
-from gpu_dra.controller.kubeapi import ResourceSlice
+from gpu_dra.kube import errors
 from gpu_dra.kubelet_plugin.__main__ import StartupError, guard_node, main
 from gpu_dra.kubelet_plugin.guard import (
     DEVICE_PLUGIN_REASON,
@@ -34,6 +33,7 @@ from gpu_dra.kubelet_plugin.guard import (
     guard,
 )
 from gpu_dra.kubelet_plugin.settings import KubeletPluginSettings
+from gpu_dra.kubelet_plugin.slices.kubeapi import ResourceSlice
 
 NODE = "gpu-node-1"
 DRIVER = "gpu.nvidia.com"

@@ -12,8 +12,8 @@ import pytest
 
 from gpu_dra.driver.discovery import discover_gpus
 from gpu_dra.driver.model import Gpu
-from gpu_dra.driver.nvml.profiles import parse_profile
 from gpu_dra.driver.nvml.simulated import SimulatedHost, SimulatedNvml
+from gpu_dra.driver.nvml.simulated_profiles import parse_profile
 from gpu_dra.kubelet_plugin.mig import (
     CRASH_AFTER_GPU_INSTANCE,
     TEST_CRASH_ENV,

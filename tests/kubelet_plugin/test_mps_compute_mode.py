@@ -10,8 +10,8 @@ from pathlib import Path
 import pynvml
 import pytest
 
-from gpu_dra.driver.nvml.profiles import load_profile, parse_profile
 from gpu_dra.driver.nvml.simulated import SimulatedNvml
+from gpu_dra.driver.nvml.simulated_profiles import load_profile, parse_profile
 from gpu_dra.kubelet_plugin.mps import (
     ComputeModeError,
     MpsDaemonManager,

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from gpu_dra.controller import errors
+from gpu_dra.kube import errors
 from gpu_dra.kubelet_plugin.mps import (
     DaemonPaths,
     DaemonState,

@@ -7,8 +7,8 @@ import logging
 
 import pytest
 
-from gpu_dra.controller.errors import ApiError
 from gpu_dra.driver.slices import SliceLayout
+from gpu_dra.kube.errors import ApiError
 from gpu_dra.kubelet_plugin.__main__ import slice_layout
 from gpu_dra.kubelet_plugin.settings import KubeletPluginSettings
 

@@ -1,0 +1,80 @@
+"""`gpu-dra`: the operator's command line, one module of this package per subcommand.
+
+Only ``explain`` and ``inventory`` read a cluster. To add a subcommand, write a module with its
+`Subcommand` (``COMMAND``: arguments and run function) and list it in `SUBCOMMANDS`. Exit status:
+0 success, 1 the check failed, 2 usage error or unusable input. See docs/config.md#gpu-dra.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from typing import Final
+
+from gpu_dra.cli import check_config, devices, explain, inventory, lint, profiles
+from gpu_dra.cli.command import EXIT_USAGE, PROG, CliError, Streams, Subcommand, print_error
+
+SUBCOMMANDS: Final[tuple[Subcommand, ...]] = (
+    profiles.COMMAND,
+    devices.COMMAND,
+    check_config.COMMAND,
+    lint.COMMAND,
+    explain.COMMAND,
+    inventory.COMMAND,
+)
+
+
+def main(argv: Sequence[str] | None = None, *, environ: Mapping[str, str] | None = None) -> int:
+    """Run ``gpu-dra`` with `argv` (default ``sys.argv[1:]``); the process exit status.
+
+    `environ` (default ``os.environ``) supplies the defaults of the flags with environment twins.
+    """
+    streams = Streams(out=sys.stdout, err=sys.stderr, stdin=sys.stdin)
+    parser = build_parser(os.environ if environ is None else environ)
+    try:
+        args = parser.parse_args(sys.argv[1:] if argv is None else list(argv))
+    except SystemExit as exit_request:  # --help, or a usage error argparse has already printed
+        return exit_request.code if isinstance(exit_request.code, int) else EXIT_USAGE
+    command: Subcommand | None = getattr(args, "command", None)
+    if command is None:
+        parser.print_help(streams.err)
+        return EXIT_USAGE
+    try:
+        return command.run(args, streams)
+    except CliError as error:
+        print_error(streams, command, str(error))
+        return error.exit_code
+
+
+def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
+    """The ``gpu-dra`` parser with every subcommand of `SUBCOMMANDS`."""
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description="Operator tools of gpu-dra, the Kubernetes DRA driver for NVIDIA GPUs.\n"
+        "Only explain and inventory read a cluster; `gpu-dra COMMAND --help` explains each.",
+        epilog=_examples(SUBCOMMANDS),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    subparsers = parser.add_subparsers(title="commands", metavar="COMMAND")
+    for command in SUBCOMMANDS:
+        subparser = subparsers.add_parser(
+            command.name,
+            help=command.summary,
+            description=command.description,
+            epilog=_examples([command]),
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+        command.add_arguments(subparser, environ)
+        subparser.set_defaults(command=command)
+    return parser
+
+
+def _examples(commands: Sequence[Subcommand]) -> str:
+    lines = [f"  {example}" for command in commands for example in command.examples]
+    return "examples:\n" + "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,182 @@
+"""`gpu-dra check-config`: validate the opaque ``GpuConfig``/``MigDeviceConfig`` entries of
+ResourceClaims, ResourceClaimTemplates and DeviceClasses before they are applied, with the messages
+the kubelet plugin would put in pod events (`resolve_configs`, the plugin's own code path).
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Final, Literal
+
+from gpu_dra.cli.command import (
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_USAGE,
+    STDIN,
+    STDIN_LABEL,
+    CliError,
+    Streams,
+    Subcommand,
+    add_env_argument,
+    print_error,
+)
+from gpu_dra.cli.manifests import load_documents
+from gpu_dra.driver.config import ConfigError, ConfigProblem, resolve_configs
+from gpu_dra.driver.config.resolve import NOT_OPAQUE
+from gpu_dra.driver.naming import DEFAULT_DRIVER_NAME
+from gpu_dra.driver.resourceapi import API_GROUP
+
+Verdict = Literal["OK", "ERROR", "SKIP"]
+
+_CONFIG_LISTS: Final[dict[str, tuple[tuple[str, ...], str]]] = {
+    "ResourceClaim": (("spec", "devices", "config"), "FromClaim"),
+    "ResourceClaimTemplate": (("spec", "spec", "devices", "config"), "FromClaim"),
+    "DeviceClass": (("spec", "config"), "FromClass"),
+}
+
+
+@dataclass(frozen=True)
+class ConfigCheck:
+    """The verdict on one config entry (or on a config list that is not a list)."""
+
+    file: str
+    object: str
+    """``<kind>/<name>``."""
+    path: str
+    """``spec.devices.config[0]``."""
+    verdict: Verdict
+    message: str = ""
+
+    def __str__(self) -> str:
+        line = f"{self.verdict} {self.file} {self.object} {self.path}"
+        return f"{line}: {self.message}" if self.message else line
+
+
+def add_arguments(parser: argparse.ArgumentParser, environ: Mapping[str, str]) -> None:
+    parser.add_argument(
+        "files",
+        nargs="+",
+        metavar="FILE",
+        help=f"YAML manifest file, may hold several documents and List objects; {STDIN} reads "
+        "standard input",
+    )
+    add_env_argument(
+        parser,
+        environ,
+        "--driver-name",
+        env=("GPU_DRA_DRIVER_NAME",),
+        metavar="NAME",
+        help="DRA driver name whose opaque configs are checked; others are skipped",
+        default=DEFAULT_DRIVER_NAME,
+    )
+
+
+def run(args: argparse.Namespace, streams: Streams) -> int:
+    checks: list[ConfigCheck] = []
+    unusable = False
+    for file in args.files:
+        try:
+            documents = load_documents(file, streams.stdin)
+        except CliError as error:
+            print_error(streams, COMMAND, str(error))
+            unusable = True
+            continue
+        label = STDIN_LABEL if file == STDIN else file
+        for document in documents:
+            for check in check_object(label, document, driver=args.driver_name):
+                print(check, file=streams.out)
+                checks.append(check)
+    if unusable:
+        return EXIT_USAGE
+    if not checks:
+        print(
+            "no config entries found in ResourceClaims, ResourceClaimTemplates or DeviceClasses",
+            file=streams.err,
+        )
+    return EXIT_FAILED if any(check.verdict == "ERROR" for check in checks) else EXIT_OK
+
+
+def check_object(file: str, manifest: Mapping[str, Any], *, driver: str) -> list[ConfigCheck]:
+    """The verdict on each config entry of a manifest (other kinds have none)."""
+    kind = manifest.get("kind")
+    api_version = manifest.get("apiVersion")
+    if not (
+        isinstance(kind, str)
+        and kind in _CONFIG_LISTS
+        and isinstance(api_version, str)
+        and api_version.startswith(f"{API_GROUP}/")
+    ):
+        return []
+    metadata = manifest.get("metadata")
+    name = metadata.get("name") if isinstance(metadata, Mapping) else None
+    label = f"{kind}/{name or '<unnamed>'}"
+    keys, source = _CONFIG_LISTS[kind]
+    entries: object = manifest
+    for depth, key in enumerate(keys):
+        if entries is None:
+            return []
+        if not isinstance(entries, Mapping):
+            path = ".".join(keys[:depth])
+            return [ConfigCheck(file, label, path, "ERROR", "expected an object")]
+        entries = entries.get(key)
+    if entries is None:
+        return []
+    if not isinstance(entries, list):
+        message = "expected a list of config entries"
+        return [ConfigCheck(file, label, ".".join(keys), "ERROR", message)]
+    checks = []
+    for index, entry in enumerate(entries):
+        verdict, message = check_entry(entry, source=source, driver=driver)
+        path = f"{'.'.join(keys)}[{index}]"
+        checks.append(ConfigCheck(file, label, path, verdict, message))
+    return checks
+
+
+def check_entry(entry: object, *, source: str, driver: str) -> tuple[Verdict, str]:
+    """Verdict and message for one ``config`` entry, as the kubelet plugin would judge it.
+
+    The entry goes through `resolve_configs`, the plugin's own code path, with no devices: every
+    entry for `driver` is decoded and validated whether or not it would be used. Its problems
+    come back labelled ``config[0] (FromClaim)``; the caller names the entry by its path instead.
+    """
+    if not isinstance(entry, Mapping):
+        return "ERROR", "expected an object with opaque.driver and opaque.parameters"
+    opaque = entry.get("opaque")
+    if not isinstance(opaque, Mapping):
+        return "ERROR", NOT_OPAQUE
+    entry_driver = opaque.get("driver")
+    if entry_driver != driver:
+        return "SKIP", f"driver {entry_driver} is not {driver}"
+    try:
+        resolve_configs([{**entry, "source": source}], [], driver=driver, claim="")
+    except ConfigError as error:
+        problems = (
+            ConfigProblem(problem.reason, field=problem.field) for problem in error.problems
+        )
+        return "ERROR", "; ".join(str(problem) for problem in problems)
+    return "OK", ""
+
+
+COMMAND: Final = Subcommand(
+    name="check-config",
+    summary="validate the opaque GPU configs of claims, templates and DeviceClasses",
+    description="Check every config entry of the ResourceClaims (spec.devices.config),\n"
+    "ResourceClaimTemplates (spec.spec.devices.config) and DeviceClasses (spec.config)\n"
+    "in the files, with the messages the kubelet plugin would put in pod events.\n"
+    "One line per entry:\n"
+    "  OK <file> <kind>/<name> <path>\n"
+    "  ERROR <file> <kind>/<name> <path>: <message>\n"
+    "  SKIP <file> <kind>/<name> <path>: <why>      (an entry for another driver)\n"
+    "Entries that are not opaque are errors: the driver cannot tell whom they are for.\n"
+    "Other objects are ignored.\n"
+    "Exit status: 0 all entries OK, 1 some entry has an error, 2 a file cannot be read\n"
+    "or parsed.",
+    examples=(
+        "gpu-dra check-config claim.yaml deviceclasses/*.yaml",
+        "kubectl kustomize overlays/prod | gpu-dra check-config -",
+    ),
+    add_arguments=add_arguments,
+    run=run,
+)

@@ -1,0 +1,64 @@
+"""Reading a live cluster for `gpu-dra explain` and `gpu-dra inventory` (read-only): the
+``--kubeconfig`` flag, the client, the reads, and their failures as `CliError`s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from gpu_dra.cli.command import EXIT_USAGE, CliError, add_env_argument, add_output_argument
+from gpu_dra.kube import errors
+from gpu_dra.kube.client import list_resource_objects, new_api_client, read_resource_claim
+
+Obj = dict[str, Any]
+
+
+def add_cluster_arguments(parser: argparse.ArgumentParser, environ: Mapping[str, str]) -> None:
+    add_output_argument(parser)
+    add_env_argument(
+        parser,
+        environ,
+        "--kubeconfig",
+        env=("KUBECONFIG",),
+        metavar="FILE",
+        help="kubeconfig of the cluster to read",
+        shown_default="~/.kube/config if it exists, else the pod's service account",
+    )
+
+
+def api_client(kubeconfig: str | None) -> Any:
+    if kubeconfig:
+        path: Path | None = Path(kubeconfig.split(os.pathsep)[0])
+    else:
+        default = Path.home() / ".kube" / "config"
+        path = default if default.exists() else None
+    return new_api_client(path)
+
+
+def read_claim(client: Any, namespace: str, name: str) -> Obj:
+    """The ResourceClaim `namespace`/`name`."""
+    return read_resource_claim(client, namespace, name)
+
+
+def read_objects(client: Any) -> tuple[list[Obj], list[Obj], list[Obj]]:
+    """Every DeviceClass, ResourceSlice and ResourceClaim, in that order."""
+    classes = list_resource_objects(client, "deviceclasses")
+    slices = list_resource_objects(client, "resourceslices")
+    claims = list_resource_objects(client, "resourceclaims")
+    return classes, slices, claims
+
+
+@contextlib.contextmanager
+def cluster_errors() -> Iterator[None]:
+    """Turns client configuration and API failures into `CliError`s."""
+    try:
+        yield
+    except errors.ClientConfigError as error:
+        raise CliError(str(error), EXIT_USAGE) from error
+    except errors.ApiError as error:
+        raise CliError(str(error)) from error

@@ -1,0 +1,184 @@
+"""The `kubernetes` client as every gpu-dra process builds and uses it.
+
+`new_api_client` (kubeconfig or in-cluster), `translated_errors` (client exceptions become
+`errors.ApiError` subclasses that say what failed), `list_objects` (a paged list of raw
+``resource.k8s.io/v1`` objects, one consistent snapshot) and `read_server_version`. Every call
+blocks. See docs/architecture.md#layers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, cast
+
+import urllib3
+from kubernetes import client as k8s
+from kubernetes import config as k8s_config
+from kubernetes.client.exceptions import ApiException
+
+from gpu_dra.driver.resourceapi import API_GROUP, API_VERSION
+from gpu_dra.kube import errors
+
+RESOURCE_VERSION = API_VERSION.removeprefix(f"{API_GROUP}/")
+"""The version part of ``resource.k8s.io/v1``, as `CustomObjectsApi` calls take it."""
+
+RawObject = dict[str, Any]
+"""An object as the apiserver serves it (JSON decoded, not the client's models)."""
+
+
+def new_api_client(kubeconfig: Path | None) -> k8s.ApiClient:
+    """An ApiClient from a kubeconfig file, or from the pod's service account when None."""
+    configuration = k8s.Configuration()
+    try:
+        if kubeconfig is None:
+            k8s_config.load_incluster_config(  # type: ignore[no-untyped-call]
+                client_configuration=configuration
+            )
+        else:
+            k8s_config.load_kube_config(  # type: ignore[no-untyped-call]
+                config_file=str(kubeconfig), client_configuration=configuration
+            )
+    except (k8s_config.ConfigException, OSError) as error:
+        source = f"kubeconfig {kubeconfig}" if kubeconfig else "in-cluster service account"
+        raise errors.ClientConfigError(
+            f"cannot configure the Kubernetes client from the {source}: {error}"
+        ) from error
+    return k8s.ApiClient(configuration)
+
+
+def read_server_version(api_client: k8s.ApiClient, *, timeout_s: float = 30.0) -> tuple[str, str]:
+    """(major, minor) from the apiserver's ``/version``, as it reports them (``1``, ``35+``)."""
+    action = "read the apiserver version (/version)"
+    with translated_errors(action):
+        response: Any = k8s.VersionApi(api_client).get_code(
+            _request_timeout=timeout_s, _preload_content=False
+        )
+        body: bytes = response.data
+    # raw JSON: vendor builds leave out fields the client's model insists on
+    try:
+        info = json.loads(body)
+    except ValueError as error:
+        raise errors.ApiError(f"{action}: not JSON: {body[:200]!r}") from error
+    if not isinstance(info, dict):
+        raise errors.ApiError(f"{action}: expected an object, got {body[:200]!r}")
+    return str(info.get("major") or ""), str(info.get("minor") or "")
+
+
+@dataclass(frozen=True)
+class ObjectList:
+    items: tuple[RawObject, ...]
+    resource_version: str
+    """The list's resourceVersion: start a watch here to miss nothing."""
+
+
+def list_objects(
+    objects: k8s.CustomObjectsApi,
+    plural: str,
+    *,
+    what: str,
+    field_selector: str | None = None,
+    page_size: int = 500,
+    request_timeout_s: float = 30.0,
+) -> ObjectList:
+    """Every cluster-wide (all namespaces) ``resource.k8s.io/v1`` object of `plural`, following
+    pages; `what` names them in errors. An expired continue token is `ResourceExpiredError`."""
+    action = f"list {what}" + (f" ({field_selector})" if field_selector else "")
+    items: list[RawObject] = []
+    token: str | None = None
+    while True:
+        with translated_errors(action):
+            page = cast(
+                "dict[str, Any]",
+                objects.list_cluster_custom_object(
+                    API_GROUP,
+                    RESOURCE_VERSION,
+                    plural,
+                    field_selector=field_selector,
+                    limit=page_size,
+                    _continue=token,
+                    _request_timeout=request_timeout_s,
+                ),
+            )
+        items.extend(cast("list[RawObject]", page.get("items") or []))
+        metadata = page.get("metadata") or {}
+        token = metadata.get("continue") or None
+        if token is None:
+            version = str(metadata.get("resourceVersion") or "")
+            return ObjectList(items=tuple(items), resource_version=version)
+
+
+def list_resource_objects(
+    api_client: k8s.ApiClient, plural: str, *, request_timeout_s: float = 30.0
+) -> list[RawObject]:
+    """Every ``resource.k8s.io/v1`` object of `plural` (``resourceslices``, ``deviceclasses``,
+    ``resourceclaims``: all namespaces), raw; read-only, for `gpu-dra explain` / ``inventory``
+    and the controller's inventory gauges."""
+    listing = list_objects(
+        k8s.CustomObjectsApi(api_client), plural, what=plural, request_timeout_s=request_timeout_s
+    )
+    return list(listing.items)
+
+
+def read_resource_claim(
+    api_client: k8s.ApiClient, namespace: str, name: str, *, request_timeout_s: float = 30.0
+) -> RawObject:
+    """The raw ResourceClaim `namespace`/`name` (`errors.NotFoundError` when there is none)."""
+    objects = k8s.CustomObjectsApi(api_client)
+    with translated_errors(f"read ResourceClaim {namespace}/{name}"):
+        claim = objects.get_namespaced_custom_object(
+            API_GROUP,
+            RESOURCE_VERSION,
+            namespace,
+            "resourceclaims",
+            name,
+            _request_timeout=request_timeout_s,
+        )
+    return cast("RawObject", claim)
+
+
+@contextlib.contextmanager
+def translated_errors(action: str) -> Iterator[None]:
+    """Turn client exceptions into `errors.ApiError` subclasses that say what failed."""
+    try:
+        yield
+    except ApiException as error:
+        raise translate_api_exception(action, error) from error
+    except (urllib3.exceptions.HTTPError, OSError) as error:
+        raise errors.ApiError(f"{action}: {error}") from error
+
+
+def translate_api_exception(action: str, error: ApiException) -> errors.ApiError:
+    status = error.status if isinstance(error.status, int) else None
+    reason, message = _status_reason(error.body)
+    text = f"{action}: {status} {reason or error.reason}: {message}".rstrip(": ")
+    error_type: type[errors.ApiError] = errors.ApiError
+    if status == 409 and reason == "AlreadyExists":
+        error_type = errors.AlreadyExistsError
+    elif status == 409:
+        error_type = errors.ConflictError
+    elif status == 404:
+        error_type = errors.NotFoundError
+    elif status == 410:
+        error_type = errors.ResourceExpiredError
+    elif status in (400, 422):
+        error_type = errors.InvalidError
+    elif status in (401, 403):
+        error_type = errors.ForbiddenError
+    return error_type(text, status=status, reason=reason)
+
+
+def _status_reason(body: object) -> tuple[str, str]:
+    """(reason, message) from a `Status` response body, or empty strings."""
+    if not isinstance(body, str | bytes):
+        return "", ""
+    try:
+        status = json.loads(body)
+    except ValueError:
+        return "", str(body)[:200]
+    if not isinstance(status, dict):
+        return "", ""
+    return str(status.get("reason", "")), str(status.get("message", ""))

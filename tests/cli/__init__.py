@@ -1,0 +1,1 @@
+"""Tests of gpu_dra.cli, the gpu-dra command line."""

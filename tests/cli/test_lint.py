@@ -1,0 +1,489 @@
+"""`gpu-dra lint`: compile and evaluate DeviceClass and claim selectors on simulated GPUs.
+
+CLI tests call `main(argv, environ={})` directly; the logic tests call `lint` with hand-made
+devices where no simulated profile has the shape needed (a GPU without productName).
+"""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+
+import pytest
+import yaml
+
+from gpu_dra.cli.__main__ import main
+from gpu_dra.cli.command import EXIT_FAILED, EXIT_OK, EXIT_USAGE
+from gpu_dra.cli.lint import (
+    Reference,
+    SimulatedDevice,
+    Source,
+    lint,
+    selector_references,
+)
+from gpu_dra.driver.nvml.simulated_profiles import builtin_profile_names
+
+REPO = Path(__file__).resolve().parents[2]
+G = "device.attributes['gpu.nvidia.com']"
+C = "device.capacity['gpu.nvidia.com']"
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(["lint", *argv], environ={})
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def device_class(name: str, *expressions: str) -> dict[str, object]:
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "DeviceClass",
+        "metadata": {"name": name},
+        "spec": {"selectors": [{"cel": {"expression": e}} for e in expressions]},
+    }
+
+
+def write(path: Path, *documents: object) -> str:
+    path.write_text(yaml.safe_dump_all(documents, sort_keys=False))
+    return str(path)
+
+
+def lines(out: str, level: str) -> list[str]:
+    return [line for line in out.splitlines() if line.startswith(f"{level} ")]
+
+
+# ---- the shipped catalog ---------------------------------------------------------------------
+
+
+def test_shipped_catalog_lints_clean_on_every_builtin_profile(capsys):
+    code, out, err = run(capsys, str(REPO / "deviceclasses"))
+
+    assert code == EXIT_OK, out
+    assert err == ""
+    assert lines(out, "ERROR") == []
+    classes = len(list((REPO / "deviceclasses").glob("*.yaml")))
+    assert out.splitlines()[-1].startswith(
+        f"gpu-dra lint: {classes} files: {classes} DeviceClasses"
+    )
+    # Each profile as published by default, and with --mps-shares=all; with --dynamic-mig the
+    # two profiles with partitionable GPUs (H100s).
+    assert f"of {2 * len(builtin_profile_names()) + 2} profiles" in out.splitlines()[-1]
+    assert "hgx-h100+dynamic-mig, hgx-h100-mig, hgx-h100-mig+mps-shares, " in out
+
+
+# Profiles without MIG devices: what mig.nvidia.com meets on most clusters today.
+WHOLE_GPU_PROFILES = ("hgx-h100", "dgx-a100", "l4x4", "mixed", "t4")
+
+
+def test_shipped_catalog_warns_that_mig_selects_nothing_without_mig_devices(capsys):
+    profiles = [arg for name in WHOLE_GPU_PROFILES for arg in ("--profile", name)]
+
+    code, out, _ = run(capsys, *profiles, str(REPO / "deviceclasses"))
+
+    assert code == EXIT_OK, out
+    assert lines(out, "ERROR") == []
+    file = REPO / "deviceclasses" / "mig.nvidia.com.yaml"
+    profile_list = ", ".join(WHOLE_GPU_PROFILES)
+    assert (
+        f"WARNING {file} DeviceClass/mig.nvidia.com: selects no device of the simulated "
+        f"profiles ({profile_list})"
+    ) in lines(out, "WARNING")
+    assert main(["lint", "--strict", *profiles, str(REPO / "deviceclasses")], environ={}) == (
+        EXIT_FAILED
+    )
+
+
+def test_shipped_catalog_selects_what_docs_say(capsys):
+    code, out, _ = run(capsys, "-o", "json", str(REPO / "deviceclasses"))
+
+    assert code == EXIT_OK
+    selects = {c["name"]: c["selects"] for c in json.loads(out)["classes"]}
+    # MIG devices only where static MIG is configured or MIG is dynamic, only through the MIG
+    # classes; each family class selects its family on every one of those profiles.
+    mig_profiles = {"hgx-h100-mig", "hgx-h100+dynamic-mig", "hgx-h100-mig+dynamic-mig"}
+    assert set(selects["mig.nvidia.com"]) == mig_profiles
+    assert all("-mig-" in name for name in selects["mig.nvidia.com"]["hgx-h100-mig"])
+    assert len(selects["mig.nvidia.com"]["hgx-h100+dynamic-mig"]) == 8 * 25
+    for family in ("1g", "2g", "3g", "4g", "7g"):
+        by_profile = selects[f"mig-{family}.gpu.nvidia.com"]
+        assert set(by_profile) == mig_profiles
+        names = [name for names in by_profile.values() for name in names]
+        assert all(f"-mig-{family}" in name for name in names), family
+    assert sorted(selects["mig-4g.gpu.nvidia.com"]["hgx-h100+dynamic-mig"]) == [
+        f"gpu-{minor}-mig-4g40gb-5-0" for minor in range(8)
+    ]
+    assert "gpu-0" in selects["gpu.nvidia.com"]["hgx-h100+dynamic-mig"]
+    for whole in ("gpu.nvidia.com", "hopper.gpu.nvidia.com", "training.gpu.nvidia.com"):
+        assert not any("-mig-" in name for names in selects[whole].values() for name in names)
+    assert selects["gpu.nvidia.com"]["t4"] == ["gpu-0"]
+    # MPS shares only on GPUs offered as shares; whole-GPU classes select those GPUs too.
+    assert all(profile.endswith("+mps-shares") for profile in selects["mps.gpu.nvidia.com"])
+    assert selects["mps.gpu.nvidia.com"]["t4+mps-shares"] == ["gpu-0"]
+    assert selects["gpu.nvidia.com"]["t4+mps-shares"] == ["gpu-0"]
+    assert "hgx-h100" in selects["hopper.gpu.nvidia.com"]
+    assert "dgx-a100" not in selects["hopper.gpu.nvidia.com"]
+    assert "l4x4" not in selects["large-memory.gpu.nvidia.com"]
+
+
+# ---- compile errors, runtime errors, names ----------------------------------------------------
+
+
+def test_syntax_error_fails_with_file_object_and_selector_path(capsys, tmp_path):
+    file = write(
+        tmp_path / "bad.yaml",
+        device_class("ok", "device.driver == 'gpu.nvidia.com'"),
+        device_class("broken", "device.driver == 'gpu.nvidia.com'", "device.driver =="),
+    )
+
+    code, out, _ = run(capsys, file)
+
+    assert code == EXIT_FAILED
+    [error] = lines(out, "ERROR")
+    assert error.startswith(
+        f"ERROR {file} DeviceClass/broken: spec.selectors[1].cel.expression: compile error: "
+    )
+    assert "Syntax error" in error
+
+
+def test_objects_inside_a_list_are_linted(capsys, tmp_path):
+    broken = device_class("broken", "device.driver ==")
+    file = write(tmp_path / "list.yaml", {"apiVersion": "v1", "kind": "List", "items": [broken]})
+
+    code, out, _ = run(capsys, file)
+
+    assert code == EXIT_FAILED
+    [error] = lines(out, "ERROR")
+    assert error.startswith(f"ERROR {file} DeviceClass/broken: spec.selectors[0].cel.expression")
+
+
+def test_claim_selectors_are_compiled_with_their_request_paths(capsys, tmp_path):
+    claim = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": "t"},
+        "spec": {
+            "spec": {
+                "devices": {
+                    "requests": [
+                        {"name": "a", "exactly": {"deviceClassName": "gpu.nvidia.com"}},
+                        {
+                            "name": "b",
+                            "firstAvailable": [
+                                {"name": "x", "deviceClassName": "gpu.nvidia.com"},
+                                {
+                                    "name": "y",
+                                    "deviceClassName": "gpu.nvidia.com",
+                                    "selectors": [{"cel": {"expression": "gpuCount > 1"}}],
+                                },
+                            ],
+                        },
+                    ]
+                }
+            }
+        },
+    }
+    file = write(tmp_path / "claim.yaml", claim)
+
+    code, out, _ = run(capsys, file, str(REPO / "deviceclasses" / "gpu.nvidia.com.yaml"))
+
+    assert code == EXIT_FAILED
+    [error] = lines(out, "ERROR")
+    assert (
+        "ResourceClaimTemplate/t: spec.spec.devices.requests[1].firstAvailable[1]"
+        ".selectors[0].cel.expression: compile error: " in error
+    )
+    assert "undeclared reference to 'gpuCount'" in error
+
+
+def hand_made(name: str, **attributes: str) -> SimulatedDevice:
+    return SimulatedDevice(
+        "custom",
+        {
+            "name": name,
+            "attributes": {"type": {"string": "gpu"}}
+            | {key: {"string": value} for key, value in attributes.items()},
+        },
+    )
+
+
+def test_attribute_read_without_has_is_a_runtime_error_on_the_device_lacking_it():
+    devices = [
+        hand_made("gpu-0", productName="NVIDIA H100 80GB HBM3"),
+        hand_made("gpu-1"),  # a device without productName
+    ]
+    guarded = device_class("guarded", f"has({G}.productName) && {G}.productName == 'x'")
+    unguarded = device_class("unguarded", f"{G}.productName.startsWith('NVIDIA')")
+
+    report = lint([Source("c.yaml", [guarded, unguarded])], devices)
+
+    [error] = [f for f in report.findings if f.level == "ERROR"]
+    assert error.object == "DeviceClass/unguarded"
+    assert error.path == "spec.selectors[0].cel.expression"
+    assert "CEL runtime error on 1 of 2 devices" in error.message
+    assert "custom/gpu-1" in error.message
+    assert error.message.endswith("no such key: productName")
+    assert report.failed()
+
+
+def test_capacity_read_without_guard_fails_on_a_profile_gpu_without_memory(capsys, tmp_path):
+    profile = tmp_path / "no-memory.yaml"
+    profile.write_text(
+        textwrap.dedent(
+            """\
+            driverVersion: "580.95.05"
+            cudaDriverVersion: 13000
+            gpus:
+              - {model: H100-SXM5-80GB, busId: "0000:1b:00.0"}
+              - model: H100-SXM5-80GB
+                busId: "0000:2b:00.0"
+                faults: {device_get_memory_info: NOT_SUPPORTED}
+            """
+        )
+    )
+    file = write(
+        tmp_path / "c.yaml", device_class("big", f"{C}.memory.compareTo(quantity('40Gi')) >= 0")
+    )
+
+    code, out, _ = run(capsys, "--profile", str(profile), file)
+
+    assert code == EXIT_FAILED
+    [error] = lines(out, "ERROR")
+    assert "CEL runtime error on 1 of 2 devices, e.g. no-memory/gpu-1" in error
+    assert error.endswith("no such key: memory")
+
+
+def test_memory_read_as_an_attribute_suggests_the_capacity(capsys, tmp_path):
+    file = write(tmp_path / "c.yaml", device_class("mem", f"has({G}.memory) && {G}.memory > 0"))
+
+    code, out, _ = run(capsys, file)
+
+    assert code == EXIT_FAILED
+    [error] = lines(out, "ERROR")
+    assert (
+        "device.attributes['gpu.nvidia.com'].memory: gpu-dra never publishes attribute memory; "
+        "memory is a capacity: device.capacity['gpu.nvidia.com'].memory" in error
+    )
+
+
+def test_misspelt_attribute_suggests_the_published_name(capsys, tmp_path):
+    file = write(
+        tmp_path / "c.yaml",
+        device_class("typo", f"'prodctName' in {G} && {G}.prodctName == 'NVIDIA L4'"),
+    )
+
+    code, out, _ = run(capsys, file)
+
+    assert code == EXIT_FAILED
+    [error] = lines(out, "ERROR")  # one finding per name, however often it is read
+    assert "gpu-dra never publishes attribute prodctName; did you mean productName: " in error
+    assert error.endswith("device.attributes['gpu.nvidia.com'].productName?")
+
+
+def test_names_in_the_wrong_domain_and_nvidia_only_names():
+    report = lint(
+        [
+            Source(
+                "c.yaml",
+                [
+                    device_class("wrong-domain", f"has({G}.pciBusID)"),
+                    device_class("mig", f"has({G}.profile) && {G}.profile == '1g.10gb'"),
+                    device_class("fabric", f"has({G}.gpuModuleID) && {G}.gpuModuleID == 1"),
+                ],
+            )
+        ],
+        [hand_made("gpu-0", productName="x")],
+    )
+
+    by_object = {f.object: f for f in report.findings if f.path}  # the name findings
+    assert (
+        "it is in domain resource.kubernetes.io: " in by_object["DeviceClass/wrong-domain"].message
+    )
+    assert "DeviceClass/mig" not in by_object  # gpu-dra publishes profile on MIG devices
+    assert by_object["DeviceClass/fabric"].level == "WARNING"
+    assert (
+        "NVIDIA's driver publishes it with FabricManagerPartitioning"
+        in by_object["DeviceClass/fabric"].message
+    )
+
+
+def test_published_names_include_optional_ones_no_profile_has():
+    # addressingMode is published where NVML reports it; no simulated profile does.
+    report = lint(
+        [Source("c.yaml", [device_class("hmm", f"has({G}.addressingMode)")])],
+        [hand_made("gpu-0")],
+    )
+
+    assert [f.level for f in report.findings] == ["WARNING"]  # selects nothing, name is fine
+
+
+def test_selector_references_follow_cel_bind_and_ignore_strings():
+    expression = (
+        f"cel.bind(g, {G}, has(g.profile) && 'uuid' in g && g['brand'] == 'x') && "
+        f"{C}.?memory.hasValue() && \"device.attributes['gpu.nvidia.com'].fake\" != '' && "
+        f"{G}.productName.startsWith('N')"
+    )
+
+    assert selector_references(expression) == [
+        Reference("capacity", "gpu.nvidia.com", "memory"),
+        Reference("attributes", "gpu.nvidia.com", "productName"),
+        Reference("attributes", "gpu.nvidia.com", "profile"),
+        Reference("attributes", "gpu.nvidia.com", "uuid"),
+        Reference("attributes", "gpu.nvidia.com", "brand"),
+    ]
+
+
+# ---- comparing classes --------------------------------------------------------------------------
+
+
+def test_identical_classes_warn_and_overlapping_ones_are_info(capsys, tmp_path):
+    file = write(
+        tmp_path / "c.yaml",
+        device_class("l4", f"{G}.productName == 'NVIDIA L4'"),
+        device_class("ada", f"{G}.architecture == 'Ada Lovelace'"),
+        device_class("all", "device.driver == 'gpu.nvidia.com'"),
+    )
+
+    code, out, _ = run(capsys, "--profile", "mixed", file)
+
+    assert code == EXIT_OK
+    assert lines(out, "WARNING") == [
+        f"WARNING {file} DeviceClass/ada: selects the same 2 devices as DeviceClass/l4 on the "
+        "simulated profiles"
+    ]
+    superset = "selects a superset of DeviceClass/l4 (its 2 devices and 2 more)"
+    assert f"INFO {file} DeviceClass/all: {superset}" in out
+
+
+# ---- output and exit status ---------------------------------------------------------------------
+
+
+def test_json_output_shape(capsys, tmp_path):
+    file = write(
+        tmp_path / "c.yaml",
+        device_class("t4", f"{G}.productName == 'Tesla T4'"),
+        device_class("none", f"{G}.type == 'mig'"),
+    )
+
+    code, out, _ = run(capsys, "-o", "json", "--profile", "t4", "--profile", "l4x4", file)
+
+    assert code == EXIT_OK
+    data = json.loads(out)
+    assert set(data) == {"findings", "classes", "summary", "unreadable"}
+    assert data["summary"] == {
+        "files": 1,
+        "deviceClasses": 2,
+        "resourceClaims": 0,
+        "resourceClaimTemplates": 0,
+        "profiles": ["t4", "l4x4"],
+        "devices": 5,
+        "errors": 0,
+        "warnings": 1,
+        "infos": 1,
+    }
+    assert data["classes"][0] == {
+        "file": file,
+        "name": "t4",
+        "evaluated": True,
+        "devices": 1,
+        "selects": {"t4": ["gpu-0"]},
+    }
+    assert data["findings"][1] == {
+        "level": "WARNING",
+        "file": file,
+        "object": "DeviceClass/none",
+        "path": "",
+        "message": "selects no device of the simulated profiles (t4, l4x4)",
+    }
+    assert data["unreadable"] == []
+
+
+def test_bad_yaml_exits_2_and_still_lints_the_other_files(capsys, tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("kind: DeviceClass\nspec: [unclosed\n")
+    good = write(tmp_path / "good.yaml", device_class("all", "device.driver == 'gpu.nvidia.com'"))
+
+    code, out, err = run(capsys, str(bad), good)
+
+    assert code == EXIT_USAGE
+    assert f"gpu-dra lint: error: {bad}: not valid YAML: line 3" in err
+    assert "DeviceClass/all: selects" in out
+    assert out.splitlines()[-1].endswith("1 inputs unreadable")
+
+
+@pytest.mark.parametrize("problem", ["missing file", "empty directory", "unknown profile"])
+def test_unusable_inputs_exit_2(capsys, tmp_path, problem):
+    good = write(tmp_path / "good.yaml", device_class("all", "device.driver == 'gpu.nvidia.com'"))
+    argv = {
+        "missing file": [str(tmp_path / "absent.yaml")],
+        "empty directory": [str(tmp_path / "empty")],
+        "unknown profile": ["--profile", "no-such-profile", good],
+    }[problem]
+    (tmp_path / "empty").mkdir()
+
+    code, _, err = run(capsys, *argv)
+
+    assert code == EXIT_USAGE
+    assert err.startswith("gpu-dra lint: error: ")
+
+
+def test_malformed_selectors_are_errors_and_stop_evaluation(capsys, tmp_path):
+    broken = device_class("broken")
+    broken["spec"] = {"selectors": [{"cel": {"expr": "true"}}]}
+    claim = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": "c"},
+        "spec": {"devices": {"requests": [{"name": "a", "exactly": {"selectors": "x"}}]}},
+    }
+    file = write(tmp_path / "c.yaml", broken, claim)
+
+    code, out, _ = run(capsys, file)
+
+    assert code == EXIT_FAILED
+    assert lines(out, "ERROR") == [
+        f"ERROR {file} DeviceClass/broken: spec.selectors[0]: expected a selector with a "
+        "cel.expression string",
+        f"ERROR {file} ResourceClaim/c: spec.devices.requests[0].exactly.selectors: "
+        "expected a list",
+    ]
+    assert "selects" not in out.replace("gpu-dra lint", "")
+
+
+def test_claim_requests_are_evaluated_on_the_devices_of_their_class(capsys, tmp_path):
+    def request(name: str, class_name: str, expression: str) -> dict[str, object]:
+        selectors = [{"cel": {"expression": expression}}]
+        return {"name": name, "exactly": {"deviceClassName": class_name, "selectors": selectors}}
+
+    claim = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": "c", "namespace": "ns"},
+        "spec": {
+            "devices": {
+                "requests": [
+                    request("hmm", "l4", f"{G}.addressingMode == 'HMM'"),
+                    request("t4", "l4", f"{G}.productName == 'Tesla T4'"),
+                    request("elsewhere", "not-linted", "true"),
+                ]
+            }
+        },
+    }
+    file = write(tmp_path / "c.yaml", device_class("l4", f"{G}.productName == 'NVIDIA L4'"), claim)
+
+    code, out, _ = run(capsys, "--profile", "mixed", file)
+
+    assert code == EXIT_FAILED
+    assert lines(out, "ERROR") == [
+        f"ERROR {file} ResourceClaim/c: spec.devices.requests[0].exactly.selectors[0]"
+        ".cel.expression: CEL runtime error on 2 of 2 devices DeviceClass l4 selects, e.g. "
+        "mixed/gpu-2 (NVIDIA L4): no such key: addressingMode"
+    ]
+    assert lines(out, "WARNING") == [
+        f"WARNING {file} ResourceClaim/c: spec.devices.requests[1].exactly: the selectors "
+        "reject all 2 devices DeviceClass l4 selects (2x NVIDIA L4)"
+    ]
+    assert (
+        f"INFO {file} ResourceClaim/c: spec.devices.requests[2].exactly: DeviceClass not-linted "
+        "is not among the linted files" in out
+    )
