@@ -12,7 +12,10 @@ GPUs, a recorded fake on simulated nodes) exists before recovery too, which rese
 intervals of interrupted prepares. With dynamic MIG, recovery also destroys the MIG instances of
 partitionable GPUs that no prepared claim owns. Every successful registration
 republishes the slices: the kubelet wipes them when it starts. Prepares GET their claims until the
-cache has listed them.
+cache has listed them. The health monitor (`health.runtime`, on by default with real NVML)
+starts after the publisher and stops after the sockets: every change of device health
+republishes the slices with the devices' taints, and its DRAResourceHealth service is served on
+the DRA socket.
 """
 
 from __future__ import annotations
@@ -52,6 +55,7 @@ from gpu_dra.kubelet_plugin.cdi import ClaimSpecStore
 from gpu_dra.kubelet_plugin.checkpoint import Checkpoint
 from gpu_dra.kubelet_plugin.claimcache import CachedClaimReader
 from gpu_dra.kubelet_plugin.driver_userspace import CommonEdits, DriverRoot, DriverUserspaceError
+from gpu_dra.kubelet_plugin.health.runtime import close_health, health_services, start_health
 from gpu_dra.kubelet_plugin.inventory import NodeInventory
 from gpu_dra.kubelet_plugin.kubeapi import KubernetesClaimReader, KubernetesPodApi
 from gpu_dra.kubelet_plugin.metrics import DiscoveryMetrics, MpsCollector, PluginMetrics
@@ -371,6 +375,7 @@ async def run(settings: KubeletPluginSettings) -> None:
     api_client = new_api_client(settings.kubeconfig)
     claim_api = KubernetesClaimReader(api_client)
     claims = CachedClaimReader(claim_api)
+    mps = _mps(settings, api_client, nvml)
     preparer = WholeGpuPreparer(
         driver_name=settings.driver_name,
         node_name=settings.node_name,
@@ -380,7 +385,7 @@ async def run(settings: KubeletPluginSettings) -> None:
         checkpoint=checkpoint,
         cdi=ClaimSpecStore(settings.cdi_root, driver_name=settings.driver_name),
         claims_dir=settings.state_dir / "claims",
-        mps=_mps(settings, api_client, nvml),
+        mps=mps,
         time_slicer=_time_slicer(settings, devices),
         mps_share_max_percent=settings.mps_share_max_percent,
         dynamic_mig=_dynamic_mig(settings, nvml, inventory),
@@ -405,6 +410,16 @@ async def run(settings: KubeletPluginSettings) -> None:
         )
     publisher.set_desired(inventory.desired_pool(settings.driver_name, settings.node_name, layout))
     publishing = asyncio.create_task(publisher.run(), name="publisher")
+    health = start_health(
+        settings,
+        nvml,
+        inventory,
+        checkpoint=checkpoint,
+        mps=mps,
+        republish=lambda taints: publisher.set_desired(
+            inventory.desired_pool(settings.driver_name, settings.node_name, layout, taints)
+        ),
+    )
 
     async def registered() -> None:
         publisher.republish()
@@ -417,6 +432,7 @@ async def run(settings: KubeletPluginSettings) -> None:
         registry_dir=settings.kubelet_registry_dir,
         call_timeout_s=settings.call_timeout_s,
         on_registered=registered,
+        extra_services=health_services(health),
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -434,6 +450,7 @@ async def run(settings: KubeletPluginSettings) -> None:
     finally:
         log.info("shutting down")
         await server.stop()
+        await close_health(health)
         publisher.stop()
         await asyncio.gather(publishing, return_exceptions=True)
         await asyncio.to_thread(claims.close)

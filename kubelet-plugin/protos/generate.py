@@ -9,7 +9,8 @@ The ``.proto`` files in this folder are copied into a staging tree laid out as
 ``gpu_dra/kubelet_plugin/_generated/<subpackage>/api.proto`` and compiled from there with
 ``grpc_tools.protoc``. That way the generated modules import each other by their full
 package name, and the v1 and v1beta1 ``api.proto`` files (and those of the device health
-service) register under different proto file names in the protobuf descriptor pool. Needs the ``dev`` extra (grpcio-tools).
+service) register under different proto file names in the protobuf descriptor pool. Needs the
+``dev`` extra (grpcio-tools).
 """
 
 from __future__ import annotations
