@@ -130,7 +130,8 @@ class HealthMonitor:
         self._mps_dead: set[str] = set()
         self._registration_problems: set[str] = set()
         self._wait_failures = 0
-        self._heartbeat = time.monotonic()
+        self._beats: dict[str, float] = {}
+        """Worker -> when it last completed a check (the NVML waiter, the MPS checker)."""
 
     # ---- what others read ---------------------------------------------------------------------
     @property
@@ -167,9 +168,10 @@ class HealthMonitor:
         await self._started.wait()
 
     def alive_within(self, seconds: float) -> bool:
-        """Whether the monitor completed a check (an NVML wait, an MPS check, its start) in the
-        last `seconds`: only then is its health worth repeating to the kubelet."""
-        return time.monotonic() - self._heartbeat <= seconds
+        """Whether every running check (NVML waits, MPS checks) completed in the last
+        `seconds`: only then is the monitor's health worth repeating to the kubelet."""
+        now = time.monotonic()
+        return all(now - beat <= seconds for beat in self._beats.values())
 
     # ---- lifecycle ----------------------------------------------------------------------------
     def stop(self) -> None:
@@ -183,13 +185,14 @@ class HealthMonitor:
         for target, problem in problems:
             state = state.with_problem(target, problem)
         self._set_state(state)
-        self._beat()
-        self._started.set()
         workers = []
         if event_set is not None:
+            self._beat("nvml")
             workers.append(asyncio.create_task(self._watch_events(event_set), name="health-nvml"))
         if self._mps is not None and self._shared_gpus:
+            self._beat("mps")
             workers.append(asyncio.create_task(self._watch_mps(), name="health-mps"))
+        self._started.set()
         try:
             await self._stopping.wait()
         finally:
@@ -353,7 +356,7 @@ class HealthMonitor:
         return lost
 
     def _wait_worked(self) -> None:
-        self._beat()
+        self._beat("nvml")
         if self._wait_failures >= WAIT_FAILURES_BEFORE_UNMONITORED:
             log.info("health: NVML event waits work again")
             state = self._state
@@ -371,7 +374,8 @@ class HealthMonitor:
             now = self._clock()
             state = self._state
             for uuid in self._gpus:
-                state = state.with_problem(Target(uuid), unmonitored(reason, now))
+                if uuid not in self._registration_problems:  # keep the reason they have
+                    state = state.with_problem(Target(uuid), unmonitored(reason, now))
             self._set_state(state)
 
     # ---- MPS ----------------------------------------------------------------------------------
@@ -383,7 +387,7 @@ class HealthMonitor:
             except Exception:
                 log.exception("health: checking the MPS share daemons failed")
             else:
-                self._beat()
+                self._beat("mps")
                 for uuid in sorted(set(dead) - self._mps_dead):
                     log.warning("health: MPS daemon of GPU %s not running: %s", uuid, dead[uuid])
                 for uuid in sorted(self._mps_dead - set(dead)):
@@ -394,8 +398,8 @@ class HealthMonitor:
             await self._pause(self._timing.mps_interval_s)
 
     # ---- state --------------------------------------------------------------------------------
-    def _beat(self) -> None:
-        self._heartbeat = time.monotonic()
+    def _beat(self, worker: str) -> None:
+        self._beats[worker] = time.monotonic()
 
     async def _pause(self, seconds: float) -> None:
         with contextlib.suppress(TimeoutError):

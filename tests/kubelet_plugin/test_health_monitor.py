@@ -19,7 +19,7 @@ from gpu_dra.driver.health import HealthPolicy, HealthStatus, device_taints
 from gpu_dra.driver.nvml.interface import NVML_EVENT_TYPE_XID_CRITICAL_ERROR
 from gpu_dra.driver.nvml.simulated import SimulatedHost, SimulatedNvml
 from gpu_dra.driver.shares import ShareSelection
-from gpu_dra.kubelet_plugin.health.monitor import HealthMonitor, MonitorTiming
+from gpu_dra.kubelet_plugin.health.monitor import HealthMonitor, MonitorTiming, MpsLiveness
 from gpu_dra.kubelet_plugin.inventory import NodeInventory
 
 NODE = "node-a"
@@ -59,7 +59,7 @@ def build(
     profile: str = "hgx-h100",
     *,
     shares: str = "none",
-    liveness: FakeLiveness | None = None,
+    liveness: MpsLiveness | None = None,
     prepare: Callable[[SimulatedNvml], None] | None = None,
 ) -> Node:
     host = SimulatedHost.load(profile, NODE)
@@ -287,5 +287,21 @@ def test_snapshot_listeners_get_only_changes() -> None:
             node.nvml.inject_event(6, XID, 94)  # a marker
             await until(lambda: "gpu-6" in node.taints(), "gpu-6 tainted")
             assert [sorted(p) for p in node.published] == [["gpu-4"], ["gpu-4", "gpu-6"]]
+
+    asyncio.run(scenario())
+
+
+class BrokenLiveness:
+    def dead_shared_daemons(self) -> dict[str, str]:
+        raise RuntimeError("cannot read the checkpoint: corrupt")
+
+
+def test_a_check_that_keeps_failing_makes_the_monitor_not_alive() -> None:
+    async def scenario() -> None:
+        node = build(shares="0", liveness=BrokenLiveness())
+        async with running(node):
+            await asyncio.sleep(0.4)  # NVML waits (50 ms) still complete, MPS checks fail
+            assert not node.monitor.alive_within(0.3)
+            assert node.monitor.alive_within(60)
 
     asyncio.run(scenario())
