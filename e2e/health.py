@@ -9,7 +9,7 @@ from typing import Any
 
 from e2e.driver import Driver
 from e2e.kube import Kube, wait_for
-from gpu_dra.kubelet_plugin.health.inbox import SIMULATED_EVENTS_DIR, write_event
+from gpu_dra.kubelet_plugin.device_health.inbox import SIMULATED_EVENTS_DIR, write_event
 
 HEALTH_ARGS = ("--health-monitor=true",)
 """Plugin flags of the health modules: the monitor is off by default on simulated nodes."""

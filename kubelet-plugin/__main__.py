@@ -12,8 +12,8 @@ GPUs, a recorded fake on simulated nodes) exists before recovery too, which rese
 intervals of interrupted prepares. With dynamic MIG, recovery also destroys the MIG instances of
 partitionable GPUs that no prepared claim owns. Every successful registration
 republishes the slices: the kubelet wipes them when it starts. Prepares GET their claims until the
-cache has listed them. The health monitor (`health.runtime`, on by default with real NVML)
-starts after the publisher and stops after the sockets: every change of device health
+cache has listed them. The device health monitor (`device_health.runtime`, on by default with
+real NVML) starts after the publisher and stops after the sockets: every change of device health
 republishes the slices with the devices' taints, and its DRAResourceHealth service is served on
 the DRA socket.
 """
@@ -54,8 +54,12 @@ from gpu_dra.driver.shares import ShareSelectionError
 from gpu_dra.kubelet_plugin.cdi import ClaimSpecStore
 from gpu_dra.kubelet_plugin.checkpoint import Checkpoint
 from gpu_dra.kubelet_plugin.claimcache import CachedClaimReader
+from gpu_dra.kubelet_plugin.device_health.runtime import (
+    close_health,
+    health_services,
+    start_health,
+)
 from gpu_dra.kubelet_plugin.driver_userspace import CommonEdits, DriverRoot, DriverUserspaceError
-from gpu_dra.kubelet_plugin.health.runtime import close_health, health_services, start_health
 from gpu_dra.kubelet_plugin.inventory import NodeInventory
 from gpu_dra.kubelet_plugin.kubeapi import KubernetesClaimReader, KubernetesPodApi
 from gpu_dra.kubelet_plugin.metrics import DiscoveryMetrics, MpsCollector, PluginMetrics

@@ -22,13 +22,13 @@ from gpu_dra.driver.nvml.simulated import SimulatedHost
 from gpu_dra.driver.resourceapi import DeviceTaint
 from gpu_dra.driver.shares import ShareSelection
 from gpu_dra.kubelet_plugin.checkpoint import Checkpoint, CheckpointEntry, ClaimPhase
-from gpu_dra.kubelet_plugin.health.inbox import (
+from gpu_dra.kubelet_plugin.device_health.inbox import (
     SIMULATED_EVENTS_DIR,
     SimulatedEventInbox,
     write_event,
 )
-from gpu_dra.kubelet_plugin.health.mps import SharedDaemonLiveness
-from gpu_dra.kubelet_plugin.health.runtime import health_runtime, health_services
+from gpu_dra.kubelet_plugin.device_health.mps import SharedDaemonLiveness
+from gpu_dra.kubelet_plugin.device_health.runtime import health_runtime, health_services
 from gpu_dra.kubelet_plugin.inventory import NodeInventory
 from gpu_dra.kubelet_plugin.mps import (
     DaemonHandle,

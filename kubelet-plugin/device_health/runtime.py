@@ -22,10 +22,10 @@ from gpu_dra.driver.nvml.interface import NvmlLibrary
 from gpu_dra.driver.nvml.simulated import SimulatedNvml
 from gpu_dra.driver.resourceapi import DeviceTaint
 from gpu_dra.kubelet_plugin.checkpoint import Checkpoint
-from gpu_dra.kubelet_plugin.health.inbox import SIMULATED_EVENTS_DIR, SimulatedEventInbox
-from gpu_dra.kubelet_plugin.health.monitor import HealthMonitor, MpsLiveness, Snapshot
-from gpu_dra.kubelet_plugin.health.mps import SharedDaemonLiveness
-from gpu_dra.kubelet_plugin.health.service import DeviceHealthService
+from gpu_dra.kubelet_plugin.device_health.inbox import SIMULATED_EVENTS_DIR, SimulatedEventInbox
+from gpu_dra.kubelet_plugin.device_health.monitor import HealthMonitor, MpsLiveness, Snapshot
+from gpu_dra.kubelet_plugin.device_health.mps import SharedDaemonLiveness
+from gpu_dra.kubelet_plugin.device_health.service import DeviceHealthService
 from gpu_dra.kubelet_plugin.inventory import NodeInventory
 from gpu_dra.kubelet_plugin.mps import MpsDaemonManager
 from gpu_dra.kubelet_plugin.settings import KubeletPluginSettings
