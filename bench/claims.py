@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from typing import Final
 
 from gpu_dra.kubelet_plugin.kubeapi import ClaimNotFoundError, ResourceClaim
-from gpu_dra.kubelet_plugin.preparer import ClaimRef
+from gpu_dra.kubelet_plugin.prepare_protocol import ClaimRef
 
 DRIVER: Final = "gpu.nvidia.com"
 NAMESPACE: Final = "bench"

@@ -3,7 +3,7 @@
 ``launch_plugin()`` (client side) starts ``python -m bench.plugin`` in a fresh temporary
 directory and yields once its DRA socket accepts connections. The child builds what the
 composition root builds - simulated NVML, discovery, ``NodeInventory``, ``Checkpoint``,
-``ClaimSpecStore``, ``WholeGpuPreparer``, ``PluginServer`` - with three differences:
+``ClaimSpecStore``, ``NodeClaimPreparer``, ``PluginServer`` - with three differences:
 
 * claims come from :class:`bench.claims.InMemoryClaimReader`, not the API server;
 * sockets, checkpoint, claim files and CDI specs live under the temporary directory;
@@ -44,8 +44,8 @@ from gpu_dra.driver.naming import gpu_device_name
 from gpu_dra.driver.nvml.simulated import SimulatedHost
 from gpu_dra.kubelet_plugin.cdi import ClaimSpecStore
 from gpu_dra.kubelet_plugin.checkpoint import Checkpoint
-from gpu_dra.kubelet_plugin.inventory import NodeInventory
-from gpu_dra.kubelet_plugin.prepare import WholeGpuPreparer
+from gpu_dra.kubelet_plugin.node_devices import NodeInventory
+from gpu_dra.kubelet_plugin.prepare import NodeClaimPreparer
 from gpu_dra.kubelet_plugin.server import PluginServer
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -224,7 +224,7 @@ async def _serve(
     state_dir = root / "state"
     checkpoint = Checkpoint(state_dir)
     checkpoint.load()
-    preparer = WholeGpuPreparer(
+    preparer = NodeClaimPreparer(
         driver_name=DRIVER,
         node_name=NODE_NAME,
         inventory=inventory,

@@ -1,6 +1,6 @@
 """Latency of NodePrepareResources and NodeUnprepareResources for one whole-GPU claim.
 
-A real grpc.aio client calls the plugin (``bench.plugin``: real PluginServer, WholeGpuPreparer,
+A real grpc.aio client calls the plugin (``bench.plugin``: real PluginServer, NodeClaimPreparer,
 Checkpoint and CDI store on the simulated ``hgx-h100``) over its Unix socket, the way the kubelet
 does: prepare one claim, then unprepare it, one call at a time. Each iteration uses a new claim
 (claim ``i`` holds GPU ``i % 8``), so every prepare does the full work: checkpoint

@@ -41,8 +41,8 @@ from gpu_dra.driver.naming import gpu_device_name
 from gpu_dra.driver.nvml.simulated import SimulatedHost
 from gpu_dra.kubelet_plugin.cdi import CdiDevice, ClaimSpecStore, build_claim_spec
 from gpu_dra.kubelet_plugin.checkpoint import Checkpoint, CheckpointEntry, ClaimPhase
-from gpu_dra.kubelet_plugin.inventory import NodeInventory
-from gpu_dra.kubelet_plugin.preparer import ClaimRef, PreparedDevice
+from gpu_dra.kubelet_plugin.node_devices import NodeInventory
+from gpu_dra.kubelet_plugin.prepare_protocol import ClaimRef, PreparedDevice
 
 BENCH: Final = "prepare_parts"
 NODE: Final = "bench-node"

@@ -50,7 +50,7 @@ from gpu_dra.controller.publisher import PublisherSettings, SlicePublisher
 from gpu_dra.driver.discovery import discover_gpus
 from gpu_dra.driver.nvml.simulated import SimulatedHost
 from gpu_dra.driver.slices import DesiredPool
-from gpu_dra.kubelet_plugin.inventory import NodeInventory
+from gpu_dra.kubelet_plugin.node_devices import NodeInventory
 from tests.fakes.slice_api import InMemorySliceApi
 
 BENCH: Final = "publish_time"

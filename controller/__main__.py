@@ -8,6 +8,10 @@ Beside it, every `--inventory-interval` seconds (0: never, nor with `--once`), i
 cluster's ResourceSlices, DeviceClasses and ResourceClaims with the list helpers of `gpu-dra
 inventory` (in a worker thread) and exports the inventory as gauges (`InventoryMetrics`); a failed
 read keeps the last snapshot and counts an error.
+
+With `--leader-election-enabled` (controller/leader.py) only the replica holding the Lease applies
+the catalog; losing the Lease cancels that duty and the replica becomes a candidate again. Every
+replica serves `/metrics`, `/healthz` and `/readyz` (controller/health.py) and reads the inventory.
 """
 
 from __future__ import annotations
@@ -20,7 +24,8 @@ import signal
 import sys
 from collections.abc import Callable, Coroutine, Sequence
 
-from prometheus_client import CollectorRegistry, start_http_server
+from kubernetes.client import ApiClient
+from prometheus_client import CollectorRegistry
 
 from gpu_dra.controller import errors
 from gpu_dra.controller.catalog import (
@@ -31,9 +36,11 @@ from gpu_dra.controller.catalog import (
     apply_catalog,
     load_catalog,
 )
+from gpu_dra.controller.health import ControllerHealth, serve_http
 from gpu_dra.controller.inventory import Inventory, inventory
 from gpu_dra.controller.kubeapi import list_resource_objects, new_api_client
-from gpu_dra.controller.metrics import CatalogMetrics, InventoryMetrics
+from gpu_dra.controller.leader import ElectionConfig, KubernetesLeaseApi, LeaderElector
+from gpu_dra.controller.metrics import CatalogMetrics, InventoryMetrics, LeaderMetrics
 from gpu_dra.controller.settings import ControllerSettings
 from gpu_dra.controller.webhook import WebhookSetupError, serving
 from gpu_dra.driver.naming import DEFAULT_DRIVER_NAME
@@ -43,6 +50,11 @@ log = logging.getLogger("gpu_dra.controller")
 EXIT_OK = 0
 EXIT_APPLY_FAILED = 1
 EXIT_BAD_SETUP = 2
+
+CATALOG_CHECK = "catalog"
+"""Readiness condition: the last catalog apply of this replica (while it leads) succeeded."""
+APISERVER_CHECK = "apiserver"
+"""Readiness condition: the apiserver answered the last leader election call."""
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -54,14 +66,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     log.info("starting gpu-dra-controller: %s", settings.log_fields())
     registry = CollectorRegistry()
+    health = ControllerHealth()
     if settings.metrics_port:
-        start_http_server(settings.metrics_port, registry=registry)
+        serve_http(settings.metrics_port, registry, health)
     try:
         api_client = new_api_client(settings.kubeconfig)
     except errors.ClientConfigError as error:
         log.error("%s", error)
         return EXIT_BAD_SETUP
     api = KubernetesDeviceClassApi(api_client, field_manager=settings.field_manager)
+    leader_metrics = LeaderMetrics(registry)
+    elector = None
+    if settings.leader_election_enabled and not settings.once:
+        elector = _elector(settings, api_client, health, leader_metrics)
+    else:
+        leader_metrics.set_leading(True)
 
     def read() -> Inventory:
         classes = list_resource_objects(api_client, "deviceclasses")
@@ -76,6 +95,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             CatalogMetrics(registry),
             read_inventory=read,
             inventory_metrics=InventoryMetrics(registry),
+            health=health,
+            elector=elector,
         )
 
     # The admission webhook is served beside the run loop (every replica) until it returns.
@@ -84,6 +105,34 @@ def main(argv: Sequence[str] | None = None) -> int:
     except WebhookSetupError as error:
         log.error("%s", error)
         return EXIT_BAD_SETUP
+
+
+def _elector(
+    settings: ControllerSettings,
+    api_client: ApiClient,
+    health: ControllerHealth,
+    metrics: LeaderMetrics,
+) -> LeaderElector:
+    config = ElectionConfig(
+        lease_name=settings.leader_election_lease_lock_name,
+        namespace=settings.leader_election_lease_lock_namespace,
+        identity=settings.leader_election_identity_or_host,
+        lease_duration_s=settings.leader_election_lease_duration_s,
+        renew_deadline_s=settings.leader_election_renew_deadline_s,
+        retry_period_s=settings.leader_election_retry_period_s,
+    )
+    leases = KubernetesLeaseApi(
+        api_client,
+        namespace=config.namespace,
+        name=config.lease_name,
+        request_timeout_s=config.renew_deadline_s,
+    )
+    return LeaderElector(
+        leases,
+        config,
+        on_api=lambda ok, reason: health.set(APISERVER_CHECK, ok, reason),
+        on_leading=metrics.set_leading,
+    )
 
 
 InventoryReader = Callable[[], Inventory]
@@ -124,27 +173,46 @@ async def run(
     stop: asyncio.Event | None = None,
     read_inventory: InventoryReader | None = None,
     inventory_metrics: InventoryMetrics | None = None,
+    health: ControllerHealth | None = None,
+    elector: LeaderElector | None = None,
 ) -> int:
     """Keep the catalog applied until SIGTERM/SIGINT (or `stop`), exporting the inventory when
-    `read_inventory` and `inventory_metrics` are given; the process exit status."""
+    `read_inventory` and `inventory_metrics` are given; the process exit status. With
+    `elector` (not with `--once`), only while it holds the Lease."""
     stop = stop or _stop_on_signals()
-    task: asyncio.Task[None] | None = None
+    health = health or ControllerHealth()
+    tasks = [asyncio.create_task(health.heartbeat(stop), name="heartbeat")]
     if (
         read_inventory is not None
         and inventory_metrics is not None
         and settings.inventory_interval_s > 0
         and not settings.once
     ):
-        task = asyncio.create_task(
-            inventory_loop(settings.inventory_interval_s, read_inventory, inventory_metrics, stop)
+        tasks.append(
+            asyncio.create_task(
+                inventory_loop(
+                    settings.inventory_interval_s, read_inventory, inventory_metrics, stop
+                )
+            )
         )
     try:
-        return await _keep_applied(settings, api, metrics, stop)
+        if elector is None or settings.once:
+            return await _keep_applied(settings, api, metrics, stop, health)
+
+        async def lead() -> int:
+            try:
+                return await _keep_applied(settings, api, metrics, stop, health)
+            finally:
+                health.forget(CATALOG_CHECK)  # the next leader's apply counts now
+
+        status = await elector.run(lead, stop)
+        if status is None:
+            log.info("stopping gpu-dra-controller")
+        return EXIT_OK if status is None else status
     finally:
-        if task is not None:
+        for task in tasks:
             task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 async def _keep_applied(
@@ -152,14 +220,21 @@ async def _keep_applied(
     api: DeviceClassApi,
     metrics: CatalogMetrics,
     stop: asyncio.Event,
+    health: ControllerHealth,
 ) -> int:
     try:
         catalog = load_catalog(settings.deviceclasses_dir)
     except CatalogError as error:
         log.error("cannot load the DeviceClass catalog: %s", error)
+        health.set(CATALOG_CHECK, False, f"cannot load the catalog: {error}")
         return EXIT_BAD_SETUP
     while True:
         result = await apply_catalog(api, catalog, metrics)
+        health.set(
+            CATALOG_CHECK,
+            result.ok,
+            "; ".join(f"DeviceClass {name}: {message}" for name, message in result.failed),
+        )
         if settings.once:
             return EXIT_OK if result.ok else EXIT_APPLY_FAILED
         wait_s = settings.resync_interval_s if result.ok else settings.retry_interval_s

@@ -10,7 +10,7 @@ import threading
 from collections.abc import Iterator, Mapping
 from typing import Literal
 
-from prometheus_client import CollectorRegistry, Counter
+from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -61,6 +61,21 @@ class CatalogMetrics:
         )
         for result in ("applied", "failed"):
             self.applies.labels(result=result)
+
+
+class LeaderMetrics:
+    """``gpu_dra_controller_leader``: 1 while this replica does the leader's duties."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.leader = Gauge(
+            "gpu_dra_controller_leader",
+            "1 while this controller replica holds the leader election Lease and applies the "
+            "catalog (always 1 without leader election), else 0.",
+            registry=registry,
+        )
+
+    def set_leading(self, leading: bool) -> None:
+        self.leader.set(1 if leading else 0)
 
 
 DeviceCounts = Mapping[tuple[str, str, str], int]

@@ -7,6 +7,8 @@ wins over the environment, the environment over the default. `--help` lists them
 from __future__ import annotations
 
 import argparse
+import re
+import socket
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -71,6 +73,28 @@ def parse_interval_or_off(text: str) -> float:
     seconds = float(text)
     if seconds < 0:
         raise ValueError(f"must be 0 (off) or more seconds, got {text}")
+    return seconds
+
+
+_DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ms|s|m|h)")
+_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def parse_duration(text: str) -> float:
+    """Seconds from a number of seconds (``15``) or a Go duration (``15s``, ``1m30s``,
+    ``500ms``), as NVIDIA's chart writes its leader election values; more than 0."""
+    value = text.strip()
+    try:
+        seconds = float(value)
+    except ValueError:
+        parts = list(_DURATION_PART.finditer(value))
+        if not value or "".join(m.group(0) for m in parts) != value:
+            raise ValueError(
+                f"expected seconds or a duration such as 15s, 1m30s, 500ms; got {text!r}"
+            ) from None
+        seconds = sum(float(m.group(1)) * _UNIT_SECONDS[m.group(2)] for m in parts)
+    if seconds <= 0:
+        raise ValueError(f"must be more than 0 seconds, got {text!r}")
     return seconds
 
 
@@ -197,6 +221,80 @@ class ControllerSettings:
         ),
     )
 
+    leader_election_enabled: bool = field(
+        default=False,
+        metadata=option(
+            "--leader-election-enabled",
+            "GPU_DRA_LEADER_ELECTION_ENABLED",
+            "elect a leader through a coordination.k8s.io Lease: only the leader applies the "
+            "catalog; every replica serves health and metrics (NVIDIA's flag)",
+            parse_bool,
+        ),
+    )
+    leader_election_lease_lock_name: str = field(
+        default="gpu-dra-controller",
+        metadata=option(
+            "--leader-election-lease-lock-name",
+            "GPU_DRA_LEADER_ELECTION_LEASE_LOCK_NAME",
+            "name of the Lease",
+            str,
+        ),
+    )
+    leader_election_lease_lock_namespace: str = field(
+        default="gpu-dra",
+        metadata=option(
+            "--leader-election-lease-lock-namespace",
+            "GPU_DRA_LEADER_ELECTION_LEASE_LOCK_NAMESPACE",
+            "namespace of the Lease (the chart: the release namespace)",
+            str,
+        ),
+    )
+    leader_election_identity: str = field(
+        default="",
+        metadata=option(
+            "--leader-election-identity",
+            "GPU_DRA_LEADER_ELECTION_IDENTITY",
+            "this candidate's holderIdentity in the Lease (the chart: the pod name); empty: the "
+            "host name, which is the pod name in a pod",
+            str,
+            show_default="the host name",
+        ),
+    )
+    leader_election_lease_duration_s: float = field(
+        default=15.0,
+        metadata=option(
+            "--leader-election-lease-duration",
+            "GPU_DRA_LEADER_ELECTION_LEASE_DURATION",
+            "how long candidates wait after the leader's last renewal they saw before taking "
+            "over (seconds or a duration: 15s)",
+            parse_duration,
+        ),
+    )
+    leader_election_renew_deadline_s: float = field(
+        default=10.0,
+        metadata=option(
+            "--leader-election-renew-deadline",
+            "GPU_DRA_LEADER_ELECTION_RENEW_DEADLINE",
+            "how long the leader keeps trying to renew before it stops its duties; shorter "
+            "than the lease duration",
+            parse_duration,
+        ),
+    )
+    leader_election_retry_period_s: float = field(
+        default=2.0,
+        metadata=option(
+            "--leader-election-retry-period",
+            "GPU_DRA_LEADER_ELECTION_RETRY_PERIOD",
+            "time between tries to acquire or renew the Lease",
+            parse_duration,
+        ),
+    )
+
+    @property
+    def leader_election_identity_or_host(self) -> str:
+        """`leader_election_identity`, else the host name (the pod name in a pod)."""
+        return self.leader_election_identity or socket.gethostname()
+
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> ControllerSettings:
         """Settings from the environment alone (no flags)."""
@@ -207,7 +305,16 @@ class ControllerSettings:
         """Settings from flags over environment over defaults; exits with usage on bad input."""
         parser = build_parser(environ)
         namespace = parser.parse_args(list(argv))
-        return cls(**{item.name: getattr(namespace, item.name) for item in fields(cls)})
+        settings = cls(**{item.name: getattr(namespace, item.name) for item in fields(cls)})
+        lease = settings.leader_election_lease_duration_s
+        renew = settings.leader_election_renew_deadline_s
+        retry = settings.leader_election_retry_period_s
+        if not lease > renew > 1.2 * retry:
+            parser.error(
+                "leader election needs lease duration > renew deadline > 1.2 x retry period "
+                f"(as client-go), got {lease:g}s, {renew:g}s, {retry:g}s"
+            )
+        return settings
 
     def log_fields(self) -> dict[str, str]:
         """The settings as strings, for the start-up log line."""

@@ -27,8 +27,8 @@ from e2e.kube import Kube, wait_for
 from e2e.realnode import RealNode
 from gpu_dra.driver.discovery import discover_devices
 from gpu_dra.driver.nvml.simulated import SimulatedHost
-from gpu_dra.kubelet_plugin.inventory import NodeInventory
 from gpu_dra.kubelet_plugin.mig import SIMULATED_STATE_FILE
+from gpu_dra.kubelet_plugin.node_devices import NodeInventory
 
 DRIVER = "gpu.nvidia.com"
 PLUGIN = "gpu-dra-kubelet-plugin"

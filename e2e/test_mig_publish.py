@@ -22,7 +22,7 @@ from gpu_dra.driver.discovery import discover_devices
 from gpu_dra.driver.model import MigPartition
 from gpu_dra.driver.nvml.simulated import SimulatedHost
 from gpu_dra.driver.slices import MAX_DEVICES_PER_SLICE_WITH_TAINTS_OR_COUNTERS
-from gpu_dra.kubelet_plugin.inventory import NodeInventory
+from gpu_dra.kubelet_plugin.node_devices import NodeInventory
 
 pytestmark = pytest.mark.e2e
 

@@ -1,19 +1,22 @@
 """Composition root of `gpu-dra-kubelet-plugin`: settings -> adapters -> serve until SIGTERM.
 
 Order matters: discover the GPUs (`discover`: a node-wide NVML failure, or GPUs of which none can
-be read, stop the plugin with exit status 1; a GPU that cannot be read is left out, logged at
-ERROR with its NVML return code and exported as ``gpu_dra_gpu_discovery_errors``; see
-docs/real-nodes.md, "NVML errors"), recover from the checkpoint (roll back half-done prepares,
-remove orphaned CDI specs), start publishing the node's ResourceSlices and caching the
-ResourceClaims, then serve the DRA socket, and only then the registration socket (PluginServer
-does both in that order). The MPS daemon manager exists before recovery, which adopts the daemons
-of prepared claims and stops those of interrupted prepares; the time slicer (nvidia-smi on real
-GPUs, a recorded fake on simulated nodes) exists before recovery too, which resets the time-slice
-intervals of interrupted prepares. With dynamic MIG, recovery also destroys the MIG instances of
-partitionable GPUs that no prepared claim owns. Every successful registration
-republishes the slices: the kubelet wipes them when it starts. Prepares GET their claims until the
-cache has listed them. The device health monitor (`device_health.runtime`, on by default with
-real NVML) starts after the publisher and stops after the sockets: every change of device health
+be read, stop the plugin with exit status 1; a GPU that cannot be read is left out, logged at ERROR
+with its NVML return code and exported as ``gpu_dra_gpu_discovery_errors``; see
+docs/real-nodes.md, "NVML errors"), refuse a node whose GPUs NVIDIA's device plugin or another DRA
+driver already serves (`guard_node`, kubelet-plugin/guard.py), recover from the
+checkpoint (roll back half-done prepares, remove orphaned CDI specs), start publishing the node's
+ResourceSlices and caching the ResourceClaims, then serve the DRA socket, and only then the
+registration socket (PluginServer does both in that order). The MPS daemon manager exists before
+recovery, which adopts the daemons of prepared claims and stops those of interrupted prepares; the
+time slicer (nvidia-smi on real GPUs, a recorded fake on simulated nodes) exists before recovery
+too, which resets the time-slice intervals of interrupted prepares. With dynamic MIG, recovery also
+destroys the MIG instances of partitionable GPUs that no prepared claim owns. Every successful
+registration republishes the slices: the kubelet wipes them when it starts. Prepares GET their
+claims until the cache has listed them. The gRPC health service (`--healthcheck-port`,
+kubelet-plugin/health.py) listens from the start and reports SERVING once recovery is done and both
+sockets answer. The device health monitor (`device_health.runtime`, on by default with real NVML)
+starts after the publisher and stops after the sockets: every change of device health
 republishes the slices with the devices' taints, and its DRAResourceHealth service is served on
 the DRA socket.
 """
@@ -59,8 +62,16 @@ from gpu_dra.kubelet_plugin.device_health.runtime import (
     health_services,
     start_health,
 )
-from gpu_dra.kubelet_plugin.driver_userspace import CommonEdits, DriverRoot, DriverUserspaceError
-from gpu_dra.kubelet_plugin.inventory import NodeInventory
+from gpu_dra.kubelet_plugin.driver_root import DriverRoot, DriverUserspaceError
+from gpu_dra.kubelet_plugin.driver_userspace import CommonEdits
+from gpu_dra.kubelet_plugin.guard import (
+    GuardApi,
+    KubernetesGuardApi,
+    NodeCheck,
+    NodeConflictError,
+    guard,
+)
+from gpu_dra.kubelet_plugin.health import HealthServer, PluginHealth
 from gpu_dra.kubelet_plugin.kubeapi import KubernetesClaimReader, KubernetesPodApi
 from gpu_dra.kubelet_plugin.metrics import DiscoveryMetrics, MpsCollector, PluginMetrics
 from gpu_dra.kubelet_plugin.mig import (
@@ -80,7 +91,8 @@ from gpu_dra.kubelet_plugin.mps import (
     ShmMounter,
     TmpfsShmMounter,
 )
-from gpu_dra.kubelet_plugin.prepare import WholeGpuPreparer
+from gpu_dra.kubelet_plugin.node_devices import NodeInventory
+from gpu_dra.kubelet_plugin.prepare import NodeClaimPreparer
 from gpu_dra.kubelet_plugin.server import PluginServer
 from gpu_dra.kubelet_plugin.settings import KubeletPluginSettings
 from gpu_dra.kubelet_plugin.timeslicing import (
@@ -361,11 +373,85 @@ def node_inventory(settings: KubeletPluginSettings, devices: NodeDevices) -> Nod
 
 
 async def run(settings: KubeletPluginSettings) -> None:
+    """Serve the gRPC health service (`--healthcheck-port`, NOT_SERVING until the sockets are
+    served) for as long as the plugin starts, runs and stops."""
+    health = PluginHealth()
+    health_server = None
+    if settings.healthcheck_port >= 0:
+        health_server = HealthServer(health, settings.healthcheck_port)
+        await health_server.start()
+    try:
+        await serve(settings, health)
+    finally:
+        await health.stopping()
+        if health_server is not None:
+            await health_server.stop()
+
+
+def guard_node(settings: KubeletPluginSettings, api: GuardApi) -> None:
+    """Refuse (`StartupError`, after an Event on the Node) a node whose GPUs NVIDIA's device
+    plugin or another DRA driver of this name already serves; a check that cannot be made
+    refuses too."""
+    check = NodeCheck(
+        node_name=settings.node_name,
+        driver_name=settings.driver_name,
+        plugins_dir=settings.kubelet_plugins_dir,
+        registry_dir=settings.kubelet_registry_dir,
+        device_plugins_dir=settings.device_plugins_dir,
+    )
+    try:
+        guard(
+            api,
+            check,
+            event_namespace=settings.event_namespace,
+            allow_device_plugin=settings.allow_nvidia_device_plugin,
+        )
+    except NodeConflictError as error:
+        raise StartupError(f"this node's GPUs are already handed out: {error}") from error
+    except ApiError as error:
+        raise StartupError(
+            f"cannot check whether something else hands out this node's GPUs: {error}"
+        ) from error
+
+
+async def _guarded_api_client(settings: KubeletPluginSettings) -> ApiClient:
+    """The API client, once `guard_node` let the plugin start on this node."""
+    api_client = new_api_client(settings.kubeconfig)
+    await asyncio.to_thread(guard_node, settings, KubernetesGuardApi(api_client))
+    return api_client
+
+
+async def _publish(
+    settings: KubeletPluginSettings,
+    api_client: ApiClient,
+    registry: CollectorRegistry,
+    inventory: NodeInventory,
+) -> tuple[SlicePublisher, asyncio.Task[None], slices.SliceLayout]:
+    """The slice publisher, publishing the node's pool in the layout the apiserver takes (read
+    only when there are counter sets); its running task; the layout."""
+    publisher = SlicePublisher(
+        KubernetesSliceApi(api_client),
+        driver=settings.driver_name,
+        node_name=settings.node_name,
+        metrics=SliceMetrics(registry),
+    )
+    layout = slices.SliceLayout.SPLIT
+    if inventory.counter_sets():
+        layout = await asyncio.to_thread(
+            slice_layout, settings, functools.partial(read_server_version, api_client)
+        )
+    publisher.set_desired(inventory.desired_pool(settings.driver_name, settings.node_name, layout))
+    return publisher, asyncio.create_task(publisher.run(), name="publisher"), layout
+
+
+async def serve(settings: KubeletPluginSettings, health: PluginHealth) -> None:
     nvml, pci = _nvml(settings)
     registry = CollectorRegistry()
     discovery_metrics = DiscoveryMetrics(registry, settings.node_name)
     devices = await asyncio.to_thread(discover, settings, nvml, pci, discovery_metrics)
     inventory = node_inventory(settings, devices)
+    # Discovery only reads; nothing is written (checkpoint, CDI specs, MIG) before the guard.
+    api_client = await _guarded_api_client(settings)
     settings.state_dir.mkdir(parents=True, exist_ok=True, mode=0o750)
     checkpoint = Checkpoint(settings.state_dir)
     loaded = await asyncio.to_thread(checkpoint.load)
@@ -376,11 +462,10 @@ async def run(settings: KubeletPluginSettings) -> None:
             len(loaded.discarded_claims),
         )
     common_edits = await _common_edits(settings, nvml)
-    api_client = new_api_client(settings.kubeconfig)
     claim_api = KubernetesClaimReader(api_client)
     claims = CachedClaimReader(claim_api)
     mps = _mps(settings, api_client, nvml)
-    preparer = WholeGpuPreparer(
+    preparer = NodeClaimPreparer(
         driver_name=settings.driver_name,
         node_name=settings.node_name,
         inventory=inventory,
@@ -396,25 +481,14 @@ async def run(settings: KubeletPluginSettings) -> None:
         common_edits=None if common_edits is None else common_edits.current,
     )
     await preparer.recover()
+    health.mark_recovered()
 
     registry.register(MpsCollector(settings.node_name, checkpoint.all))
     if settings.metrics_port:
         start_http_server(settings.metrics_port, registry=registry)
         log.info("metrics on :%d/metrics", settings.metrics_port)
-    publisher = SlicePublisher(
-        KubernetesSliceApi(api_client),
-        driver=settings.driver_name,
-        node_name=settings.node_name,
-        metrics=SliceMetrics(registry),
-    )
-    layout = slices.SliceLayout.SPLIT
-    if inventory.counter_sets():
-        layout = await asyncio.to_thread(
-            slice_layout, settings, functools.partial(read_server_version, api_client)
-        )
-    publisher.set_desired(inventory.desired_pool(settings.driver_name, settings.node_name, layout))
-    publishing = asyncio.create_task(publisher.run(), name="publisher")
-    health = start_health(
+    publisher, publishing, layout = await _publish(settings, api_client, registry, inventory)
+    device_health = start_health(
         settings,
         nvml,
         inventory,
@@ -436,7 +510,7 @@ async def run(settings: KubeletPluginSettings) -> None:
         registry_dir=settings.kubelet_registry_dir,
         call_timeout_s=settings.call_timeout_s,
         on_registered=registered,
-        extra_services=health_services(health),
+        extra_services=health_services(device_health),
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -445,6 +519,7 @@ async def run(settings: KubeletPluginSettings) -> None:
     claims.start()
     try:
         await server.start()
+        health.attach(server)
         log.info("serving dra=%s registration=%s", server.dra_socket, server.registration_socket)
         done, _ = await asyncio.wait(
             {publishing, asyncio.create_task(stop.wait())}, return_when=asyncio.FIRST_COMPLETED
@@ -453,8 +528,9 @@ async def run(settings: KubeletPluginSettings) -> None:
             publishing.result()  # the publisher only ends on a bug: surface it
     finally:
         log.info("shutting down")
+        await health.stopping()
         await server.stop()
-        await close_health(health)
+        await close_health(device_health)
         publisher.stop()
         await asyncio.gather(publishing, return_exceptions=True)
         await asyncio.to_thread(claims.close)

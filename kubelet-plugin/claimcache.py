@@ -11,7 +11,7 @@ a list replaces everything.
 allocated; in every other case (not started yet, watch down or backing off, claim not seen yet,
 not allocated yet) it GETs the claim. Even an open watch lags the API server a little: a claim
 replaced under the same name still has the old UID here, so the preparer asks the API server again
-when the UID does not match (`WholeGpuPreparer(uncached_claims=...)`).
+when the UID does not match (`NodeClaimPreparer(uncached_claims=...)`).
 
 A thread, not an asyncio task: the reads block, and a watch blocks for minutes; a thread of its own
 keeps them out of the event loop's default executor, which the preparer's reads share.

@@ -1,40 +1,17 @@
 """The NVIDIA driver's userspace in CDI edits: what NVIDIA's ``nvidia-ctk cdi generate`` injects.
 
-From a driver root as the plugin sees it (`DriverRoot.path`: ``/`` or a mount such as
-``/driver-root``) and the driver version (NVML's ``nvmlSystemGetDriverVersion``, passed in: this
-module makes no NVML call), `discover_userspace` finds what every GPU container of the node gets,
-following ``nvidia-container-toolkit`` v1.20.1 (``pkg/nvcdi``, ``internal/discover``):
-
-* libraries: the directories holding ``lib*.so.<version>`` (the standard library directories of
-  the root first, else the root's ``etc/ld.so.cache``, `ldcache`), then every ``*.so.<version>``
-  in them and in their ``vdpau`` subdirectories, and the legacy ``libnvidia-nvvm70.so.*``;
-  symlinks are resolved inside the root;
-* binaries (``nvidia-smi``, ``nvidia-debugdump``, ``nvidia-persistenced``, the MPS control and
-  server, ``nvidia-imex``, ``nvidia-imex-ctl``) from the root's usual ``bin`` directories;
-* GSP firmware ``nvidia/<version>/gsp*.bin`` (and ``ucodes*.bin``) under the firmware search path;
-* IPC sockets of ``nvidia-persistenced`` and the fabric manager (not ``/tmp/nvidia-mps``: MPS
-  claims get their own daemon's pipe directory there);
-* control device nodes (``/dev/nvidiactl``, ``/dev/nvidia-uvm``, ``/dev/nvidia-uvm-tools``,
-  ``/dev/nvidia-modeset``); missing ones are left out with a log line;
-* ``nvidia-cdi-hook`` createContainer hooks, in NVIDIA's order and with its arguments:
-  ``create-symlinks``, ``enable-cuda-compat``, ``update-ldcache``,
-  ``disable-device-node-modification``, ``update-application-profile``; and the environment
-  variables ``NVIDIA_CTK_LIBCUDA_DIR`` and ``NVIDIA_VISIBLE_DEVICES=void`` (NVIDIA's legacy
-  runtime hook then adds no GPU of its own, whatever the image's ``NVIDIA_VISIBLE_DEVICES``).
-
-Per device: `gpu_device_edits` (``/dev/nvidia<minor>``, the GPU's DRM ``card``/``renderD`` nodes
-from sysfs, and the hook that makes their ``/dev/dri/by-path`` links) and
-`mig_capability_nodes` (character devices with major/minor, which need not exist anywhere).
-
-Spec paths: a host path is `DriverRoot.host_path` plus the path inside the root, a container path
-the path inside the root. ``/dev`` comes from the driver root only if ``<root>/dev`` is a
-directory, else from ``/``. `CommonEdits` keeps the node's common edits and recomputes them when
-the driver changes. See docs/real-nodes.md, "What a container gets".
+`discover_userspace` finds, in a `DriverRoot` and for the driver version NVML reports (passed
+in), what every GPU container of the node gets: the driver's files (`driver_files`), the control
+device nodes, ``nvidia-cdi-hook`` createContainer hooks in NVIDIA's order with its arguments
+(``create-symlinks``, ``enable-cuda-compat``, ``update-ldcache``,
+``disable-device-node-modification``, ``update-application-profile``) and
+``NVIDIA_CTK_LIBCUDA_DIR``, ``NVIDIA_VISIBLE_DEVICES=void``. Per device: `gpu_device_edits` and
+`mig_capability_nodes`. `CommonEdits` keeps the node's common edits current as the driver
+changes. See docs/real-nodes.md, "What a container gets".
 """
 
 from __future__ import annotations
 
-import fnmatch
 import logging
 import os
 import stat
@@ -45,46 +22,29 @@ from pathlib import Path, PurePosixPath
 from typing import Final
 
 from gpu_dra.kubelet_plugin.cdi import ContainerEdits, DeviceNode, Hook, Mount
-from gpu_dra.kubelet_plugin.elf import ElfError, read_sonames
-from gpu_dra.kubelet_plugin.ldcache import LdCacheError, read_ld_cache
+from gpu_dra.kubelet_plugin.driver_files import (
+    LD_CACHE,
+    LIBRARY_MOUNT_OPTIONS,
+    binaries,
+    firmware,
+    ipc,
+    ldcache_folders,
+    libraries,
+    library_dirs,
+    library_links,
+)
+from gpu_dra.kubelet_plugin.driver_root import (
+    HOST_ROOT,
+    DriverRoot,
+    DriverUserspaceError,
+    mount_in_root,
+)
 
 log = logging.getLogger(__name__)
 
 DEFAULT_CDI_HOOK_PATH: Final = "/usr/bin/nvidia-cdi-hook"
 """Where NVIDIA's toolkit packages install ``nvidia-cdi-hook`` on a host."""
 
-LD_CACHE: Final = PurePosixPath("/etc/ld.so.cache")
-LIBRARY_DIRS: Final = (
-    "/",
-    "/usr/lib64",
-    "/usr/lib/x86_64-linux-gnu",
-    "/usr/lib/aarch64-linux-gnu",
-    "/usr/lib/x86_64-linux-gnu/nvidia/current",
-    "/usr/lib/aarch64-linux-gnu/nvidia/current",
-    "/lib64",
-    "/lib/x86_64-linux-gnu",
-    "/lib/aarch64-linux-gnu",
-    "/lib/x86_64-linux-gnu/nvidia/current",
-    "/lib/aarch64-linux-gnu/nvidia/current",
-)
-"""Searched in the root for ``lib*.so.<version>`` before the ld cache (NVIDIA's order)."""
-LEGACY_LIBRARIES: Final = ("libnvidia-nvvm70.so.*",)
-BINARIES: Final = (
-    "nvidia-smi",
-    "nvidia-debugdump",
-    "nvidia-persistenced",
-    "nvidia-cuda-mps-control",
-    "nvidia-cuda-mps-server",
-    "nvidia-imex",
-    "nvidia-imex-ctl",
-)
-BIN_DIRS: Final = ("/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin")
-FIRMWARE_PATTERNS: Final = ("gsp*.bin", "ucodes*.bin")
-"""In ``nvidia/<version>/`` of each firmware directory."""
-FIRMWARE_CLASS_PATH: Final = "module/firmware_class/parameters/path"
-"""Under sysfs: a custom firmware directory the kernel searches first (empty when unset)."""
-IPC_SOCKETS: Final = ("/nvidia-persistenced/socket", "/nvidia-fabricmanager/socket")
-IPC_DIRS: Final = ("/run", "/var/run")
 CONTROL_DEVICE_NODES: Final = (
     "/dev/nvidia-modeset",
     "/dev/nvidia-uvm-tools",
@@ -96,8 +56,7 @@ MIG_CAPABILITY_FILE_MODE: Final = 0o444
 """Mode of the GPU- and compute-instance access nodes the NVIDIA driver makes."""
 CAPS_DRIVER_NAME: Final = "nvidia-caps"
 
-LIBRARY_MOUNT_OPTIONS: Final = ("ro", "nosuid", "nodev", "rbind", "rprivate")
-IPC_MOUNT_OPTIONS: Final = ("nosuid", "nodev", "rbind", "rprivate", "noexec")
+
 DEVICE_PERMISSIONS: Final = "rw"
 HOOK_ENV: Final = ("NVIDIA_CTK_DEBUG=false",)
 CREATE_CONTAINER: Final = "createContainer"
@@ -117,103 +76,12 @@ HOOK_NAMES: Final = (
 """The hooks this module emits; `discover_userspace` can leave any of them out."""
 ALL_HOOKS: Final = "all"
 
-_MAX_SYMLINKS: Final = 40
 LIBCUDA_DIR_ENV: Final = "NVIDIA_CTK_LIBCUDA_DIR"
 VISIBLE_DEVICES_ENV: Final = "NVIDIA_VISIBLE_DEVICES"
 VISIBLE_DEVICES_NONE: Final = "void"
 """CUDA images set ``NVIDIA_VISIBLE_DEVICES=all``; where the node's runtime is NVIDIA's
 ``nvidia-container-runtime`` (the GPU Operator's default), its legacy hook would give such a
 container every GPU of the node. ``void`` makes it add none (NVIDIA's CDI specs set it too)."""
-HOST_ROOT: Final = PurePosixPath("/")
-
-
-class DriverUserspaceError(OSError):
-    """The driver's userspace cannot be found (no library of the driver version, no version,
-    no ``nvidia-caps`` major); a prepare that needs it fails with this message and is retried."""
-
-
-@dataclass(frozen=True)
-class DriverRoot:
-    """Where the NVIDIA driver is installed, as the plugin sees it and as the host sees it.
-
-    `path` is read by the plugin (``/`` when it runs on the host or mounts the host's root
-    there, ``/driver-root`` in NVIDIA's DaemonSet); `host_path` is what CDI specs carry (``/``
-    for a host-installed driver, ``/run/nvidia/driver`` with the GPU Operator). `sysfs` and
-    `proc` are the plugin's own (tests point them at temporary directories).
-    """
-
-    path: Path = Path("/")
-    host_path: PurePosixPath = HOST_ROOT
-    sysfs: Path = Path("/sys")
-    proc: Path = Path("/proc")
-
-    def __post_init__(self) -> None:
-        if not self.host_path.is_absolute():
-            raise ValueError(f"host driver root {self.host_path} must be an absolute path")
-
-    def view(self, inside: PurePosixPath) -> Path:
-        """Where the plugin finds the root's `inside` (an absolute path in the root)."""
-        return self.path / inside.relative_to("/")
-
-    def host(self, inside: PurePosixPath) -> str:
-        """The host path of the root's `inside`."""
-        return str(self.host_path / inside.relative_to("/"))
-
-    def resolve(self, inside: PurePosixPath) -> PurePosixPath | None:
-        """`inside` with every symlink followed inside the root (an absolute target means the
-        root's path, as a process chrooted there sees it); None if it does not exist."""
-        return resolve_in_root(self.path, inside)
-
-    def dev_root(self) -> DriverRoot:
-        """The root of ``/dev``: the driver root if ``<root>/dev`` is a directory, else ``/``
-        (NVIDIA's rule)."""
-        if (self.path / "dev").is_dir():
-            return self
-        return DriverRoot(Path("/"), HOST_ROOT, self.sysfs, self.proc)
-
-    def proc_roots(self) -> tuple[Path, ...]:
-        """The driver's procfs: ``<root>/proc`` first, then the plugin's."""
-        return tuple(dict.fromkeys((self.path / "proc", self.proc)))
-
-
-HOST_INSTALLED_DRIVER: Final = DriverRoot()
-"""The driver installed on the host, the plugin running there: ``/`` seen as ``/``."""
-
-
-def resolve_in_root(root: Path, inside: PurePosixPath) -> PurePosixPath | None:
-    """`inside` (absolute) resolved component by component within `root`; None when missing,
-    not absolute, or a symlink loop."""
-    if not inside.is_absolute():
-        return None
-    pending = list(inside.parts[1:])
-    resolved = HOST_ROOT
-    links = 0
-    while pending:
-        part = pending.pop(0)
-        if part in ("", "."):
-            continue
-        if part == "..":
-            resolved = resolved.parent
-            continue
-        candidate = resolved / part
-        view = root / candidate.relative_to("/")
-        try:
-            mode = os.lstat(view).st_mode
-        except OSError:
-            return None
-        if not stat.S_ISLNK(mode):
-            resolved = candidate
-            continue
-        links += 1
-        if links > _MAX_SYMLINKS:
-            return None
-        target = PurePosixPath(os.readlink(view))
-        if target.is_absolute():
-            resolved = HOST_ROOT
-            pending[:0] = target.parts[1:]
-        else:
-            pending[:0] = target.parts
-    return resolved
 
 
 @dataclass(frozen=True)
@@ -262,23 +130,23 @@ def discover_userspace(
         raise DriverUserspaceError(f"invalid driver version {version!r}")
     if not PurePosixPath(hook_path).is_absolute():
         raise ValueError(f"nvidia-cdi-hook path {hook_path!r} must be absolute")
-    dirs = _library_dirs(root, version)
-    libraries = _libraries(root, version, dirs)
+    dirs = library_dirs(root, version)
+    found = libraries(root, version, dirs)
     hooks = _HookMaker(hook_path, disabled_hooks)
     made = [
-        hooks.make(HOOK_CREATE_SYMLINKS, _library_links(root, libraries)),
+        hooks.make(HOOK_CREATE_SYMLINKS, library_links(root, found)),
         hooks.make(HOOK_ENABLE_CUDA_COMPAT, [f"--host-driver-version={version}"]),
-        hooks.make(HOOK_UPDATE_LDCACHE, _ldcache_folders(libraries), needs_args=True),
+        hooks.make(HOOK_UPDATE_LDCACHE, ldcache_folders(found), needs_args=True),
         hooks.make(HOOK_DISABLE_DEVICE_NODE_MODIFICATION, []),
         hooks.make(HOOK_UPDATE_APPLICATION_PROFILE, []),
     ]
     return DriverUserspace(
         version=version,
         library_dirs=tuple(str(d) for d in dirs),
-        libraries=tuple(_mount(root, path, LIBRARY_MOUNT_OPTIONS) for path in libraries),
-        binaries=_binaries(root),
-        firmware=_firmware(root, version, kernel_release or os.uname().release),
-        ipc=_ipc(root),
+        libraries=tuple(mount_in_root(root, path, LIBRARY_MOUNT_OPTIONS) for path in found),
+        binaries=binaries(root),
+        firmware=firmware(root, version, kernel_release or os.uname().release),
+        ipc=ipc(root),
         control_nodes=tuple(_char_devices(root.dev_root(), CONTROL_DEVICE_NODES, "control")),
         hooks=tuple(hook for hook in made if hook is not None),
         env={
@@ -372,221 +240,6 @@ def _char_major(text: str, name: str) -> int | None:
     return None
 
 
-# ---- libraries -----------------------------------------------------------------------------------
-
-
-def _library_dirs(root: DriverRoot, version: str) -> list[PurePosixPath]:
-    """Directories of ``lib*.so.<version>``: found in `LIBRARY_DIRS`, else in the ld cache."""
-    pattern = f"lib*.so.{version}"
-    found: dict[PurePosixPath, None] = {}
-    for directory in LIBRARY_DIRS:
-        for candidate in _glob(root, PurePosixPath(directory), pattern):
-            target = _regular_file(root, candidate)
-            if target is not None:
-                found[target] = None
-    if not found:
-        for candidate in _ld_cache_libraries(root):
-            if fnmatch.fnmatchcase(candidate.name, pattern):
-                target = _regular_file(root, candidate)
-                if target is not None:
-                    found[target] = None
-    dirs = list(dict.fromkeys(path.parent for path in found))
-    if not dirs:
-        raise DriverUserspaceError(
-            f"no library of NVIDIA driver {version} ({pattern}) under driver root {root.path}: "
-            f"searched {', '.join(LIBRARY_DIRS)} and the libraries of {root.view(LD_CACHE)}; "
-            "does the driver root setting point at the installed driver?"
-        )
-    return dirs
-
-
-def _ld_cache_libraries(root: DriverRoot) -> list[PurePosixPath]:
-    """The 64-bit libraries of the root's ld cache and every link of their symlink chains."""
-    path = root.view(LD_CACHE)
-    try:
-        cache = read_ld_cache(path)
-    except FileNotFoundError:
-        log.info("no ld cache at %s", path)
-        return []
-    except (OSError, LdCacheError) as error:
-        log.warning("cannot read the driver root's ld cache: %s", error)
-        return []
-    chains: dict[PurePosixPath, None] = {}
-    for value in cache.libraries64():
-        chains.update(dict.fromkeys(_symlink_chain(root, PurePosixPath(value))))
-    return list(chains)
-
-
-def _symlink_chain(root: DriverRoot, start: PurePosixPath) -> list[PurePosixPath]:
-    """`start`, then each target its final component links to (inside the root)."""
-    chain: list[PurePosixPath] = []
-    current = start
-    while current not in chain and len(chain) <= _MAX_SYMLINKS:
-        parent = root.resolve(current.parent)
-        if parent is None:
-            break
-        current = parent / current.name
-        view = root.view(current)
-        try:
-            mode = os.lstat(view).st_mode
-        except OSError:
-            break
-        chain.append(current)
-        if not stat.S_ISLNK(mode):
-            break
-        target = PurePosixPath(os.readlink(view))
-        current = PurePosixPath(
-            os.path.normpath(target if target.is_absolute() else current.parent / target)
-        )
-    return chain
-
-
-def _libraries(
-    root: DriverRoot, version: str, dirs: Sequence[PurePosixPath]
-) -> list[PurePosixPath]:
-    """Every ``*.so.<version>`` in `dirs` and their ``vdpau``, then the legacy libraries; each
-    resolved inside the root, once, in search order."""
-    found: dict[PurePosixPath, None] = {}
-    searches = [(d, f"*.so.{version}") for d in (*dirs, *(d / "vdpau" for d in dirs))]
-    searches += [(d, pattern) for pattern in LEGACY_LIBRARIES for d in dirs]
-    for directory, pattern in searches:
-        for candidate in _glob(root, directory, pattern):
-            target = _regular_file(root, candidate)
-            if target is not None:
-                found[target] = None
-    return list(found)
-
-
-def _library_links(root: DriverRoot, libraries: Sequence[PurePosixPath]) -> list[str]:
-    """The ``<target>::<link>`` arguments of NVIDIA's ``create-symlinks`` hook for libraries."""
-    links: dict[str, None] = {}
-    for path in libraries:
-        links.update(dict.fromkeys(_well_known_links(path)))
-        links.update(dict.fromkeys(_soname_links(root, path)))
-    return list(links)
-
-
-def _well_known_links(path: PurePosixPath) -> list[str]:
-    """Links applications expect that the driver's packages do not always make."""
-    name = path.name
-    if fnmatch.fnmatchcase(name, "libcuda.so.*.*"):
-        return [f"libcuda.so.1::{path.parent / 'libcuda.so'}"]
-    if fnmatch.fnmatchcase(name, "libGLX_nvidia.so.*.*"):
-        return [f"{name}::{path.parent / 'libGLX_indirect.so.0'}"]
-    if fnmatch.fnmatchcase(name, "libnvidia-opticalflow.so.*.*"):
-        return [f"libnvidia-opticalflow.so.1::{path.parent / 'libnvidia-opticalflow.so'}"]
-    return []
-
-
-def _soname_links(root: DriverRoot, path: PurePosixPath) -> list[str]:
-    """``soname -> file`` and ``.so -> soname``, each only if the root has that link too."""
-    name = path.name
-    if not fnmatch.fnmatchcase(name, "*.*.*"):
-        return []
-    try:
-        sonames = read_sonames(root.view(path))
-    except (OSError, ElfError) as error:
-        log.warning("no soname links for %s: %s", path, error)
-        return []
-    if len(sonames) > 1:
-        log.warning("no soname links for %s: several sonames %s", path, list(sonames))
-        return []
-    soname = sonames[0] if sonames else name
-    links = []
-    if soname != name and _is_link(root, path.parent / soname):
-        links.append(f"{name}::{path.parent / soname}")
-    so_link = _so_link(soname)
-    if so_link and so_link != soname and _is_link(root, path.parent / so_link):
-        links.append(f"{soname}::{path.parent / so_link}")
-    return links
-
-
-def _so_link(name: str) -> str:
-    """``libfoo.so.1.2`` -> ``libfoo.so``; empty if the name has no ``.so`` suffix part."""
-    while True:
-        stem, dot, extension = name.rpartition(".")
-        if not dot or not stem:
-            return ""
-        if extension == "so":
-            return name
-        name = stem
-
-
-def _ldcache_folders(libraries: Sequence[PurePosixPath]) -> list[str]:
-    """Directories of the libraries (names ``lib?*.so[.*]``), once each, in order."""
-    folders: dict[str, None] = {}
-    for path in libraries:
-        if _is_library_name(path.name):
-            folders[str(path.parent)] = None
-    return list(folders)
-
-
-def _is_library_name(name: str) -> bool:
-    if not fnmatch.fnmatchcase(name, "lib?*.so*"):
-        return False
-    tail = name.rsplit(".so", maxsplit=1)[-1]
-    return tail == "" or tail.startswith(".")
-
-
-# ---- binaries, firmware, IPC -----------------------------------------------------------------
-
-
-def _binaries(root: DriverRoot) -> tuple[Mount, ...]:
-    mounts = []
-    for name in BINARIES:
-        for directory in BIN_DIRS:
-            candidate = PurePosixPath(directory) / name
-            target = _regular_file(root, candidate)
-            if target is not None and os.stat(root.view(target)).st_mode & 0o111:
-                mounts.append(_mount(root, candidate, LIBRARY_MOUNT_OPTIONS, target))
-                break
-        else:
-            log.info("driver binary %s not found in %s of %s", name, ", ".join(BIN_DIRS), root.path)
-    return tuple(mounts)
-
-
-def _firmware_dirs(root: DriverRoot, kernel_release: str) -> list[PurePosixPath]:
-    dirs = []
-    try:
-        custom = (root.sysfs / FIRMWARE_CLASS_PATH).read_text().strip()
-    except OSError:
-        custom = ""
-    if custom.startswith("/"):
-        dirs.append(PurePosixPath(custom))
-    dirs += [
-        PurePosixPath("/lib/firmware/updates") / kernel_release,
-        PurePosixPath("/lib/firmware/updates"),
-        PurePosixPath("/lib/firmware") / kernel_release,
-        PurePosixPath("/lib/firmware"),
-    ]
-    return list(dict.fromkeys(dirs))
-
-
-def _firmware(root: DriverRoot, version: str, kernel_release: str) -> tuple[Mount, ...]:
-    mounts: dict[PurePosixPath, Mount] = {}
-    for pattern in FIRMWARE_PATTERNS:
-        for directory in _firmware_dirs(root, kernel_release):
-            for candidate in _glob(root, directory / "nvidia" / version, pattern):
-                target = _regular_file(root, candidate)
-                if target is not None and candidate not in mounts:
-                    mounts[candidate] = _mount(root, candidate, LIBRARY_MOUNT_OPTIONS, target)
-    if not mounts:
-        log.info("no GSP firmware of driver %s under %s", version, root.path)
-    return tuple(mounts.values())
-
-
-def _ipc(root: DriverRoot) -> tuple[Mount, ...]:
-    mounts = []
-    for socket in IPC_SOCKETS:
-        for directory in IPC_DIRS:
-            candidate = PurePosixPath(directory + socket)
-            target = root.resolve(candidate)
-            if target is not None and not root.view(target).is_dir():
-                mounts.append(_mount(root, candidate, IPC_MOUNT_OPTIONS, target))
-                break
-    return tuple(mounts)
-
-
 # ---- device nodes --------------------------------------------------------------------------------
 
 
@@ -628,7 +281,7 @@ def _by_path_links(dev: DriverRoot, pci_bus_id: str, selected: Collection[str]) 
     return links
 
 
-# ---- helpers -----------------------------------------------------------------------------------
+# ---- hooks -------------------------------------------------------------------------------------
 
 
 class _HookMaker:
@@ -661,46 +314,6 @@ def hook_name(hook: Hook) -> str:
     """The ``nvidia-cdi-hook`` subcommand a hook runs (``create-symlinks``, ...)."""
     fixed = 2 if hook.args[:2] == ("nvidia-ctk", "hook") else 1
     return hook.args[fixed] if len(hook.args) > fixed else ""
-
-
-def _glob(root: DriverRoot, directory: PurePosixPath, pattern: str) -> list[PurePosixPath]:
-    """Names in the root's `directory` (resolved inside the root) matching `pattern`, sorted,
-    as paths under `directory` as given."""
-    resolved = root.resolve(directory)
-    if resolved is None:
-        return []
-    try:
-        names = os.listdir(root.view(resolved))
-    except OSError:
-        return []
-    return [directory / name for name in sorted(names) if fnmatch.fnmatchcase(name, pattern)]
-
-
-def _regular_file(root: DriverRoot, candidate: PurePosixPath) -> PurePosixPath | None:
-    """`candidate` resolved inside the root if that is a file (not a directory)."""
-    target = root.resolve(candidate)
-    if target is None or root.view(target).is_dir():
-        return None
-    return target
-
-
-def _is_link(root: DriverRoot, inside: PurePosixPath) -> bool:
-    return root.view(inside).is_symlink()
-
-
-def _mount(
-    root: DriverRoot,
-    inside: PurePosixPath,
-    options: tuple[str, ...],
-    resolved: PurePosixPath | None = None,
-) -> Mount:
-    """`inside` at its own path in the container, from the host path of its resolved target (a
-    symlink inside a root mounted elsewhere must not be followed on the host)."""
-    return Mount(
-        host_path=root.host(resolved or inside),
-        container_path=str(inside),
-        options=options,
-    )
 
 
 def _spec_order(path: str) -> tuple[int, str]:

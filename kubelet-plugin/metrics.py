@@ -19,9 +19,10 @@ from prometheus_client.registry import Collector
 from gpu_dra.driver.model import GpuProblem
 from gpu_dra.driver.shares import FULL_COMPUTE
 from gpu_dra.kubelet_plugin.checkpoint import CheckpointEntry, CheckpointError
-from gpu_dra.kubelet_plugin.mps.interface import DaemonHandle, MpsError, handles_from_state
+from gpu_dra.kubelet_plugin.mps.daemon_model import DaemonHandle, MpsError, handles_from_state
+from gpu_dra.kubelet_plugin.mps.ids import is_shared_daemon
 from gpu_dra.kubelet_plugin.mps.process import ProcessIdentity, is_alive
-from gpu_dra.kubelet_plugin.mps.shares import SHARES_STATE_KEY, is_shared_daemon, shares_from_state
+from gpu_dra.kubelet_plugin.mps.shared_daemons import SHARES_STATE_KEY, shares_from_state
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +98,7 @@ class MpsCollector(Collector):
 
     The checkpoint is what the plugin knows about prepared claims, so gauges of a daemon or a
     claim disappear as soon as its last claim is unprepared. Per-claim daemons report their
-    defaults as the claim's caps; MPS shares report their own caps (`mps.shares`).
+    defaults as the claim's caps; MPS shares report their own caps (`mps.shared_daemons`).
     """
 
     def __init__(

@@ -29,7 +29,7 @@ import grpc
 
 from gpu_dra.kubelet_plugin._generated.pluginregistration import api_pb2_grpc as reg_grpc
 from gpu_dra.kubelet_plugin.metrics import PluginMetrics
-from gpu_dra.kubelet_plugin.preparer import ClaimPreparer
+from gpu_dra.kubelet_plugin.prepare_protocol import ClaimPreparer
 from gpu_dra.kubelet_plugin.registration import (
     SUPPORTED_SERVICES,
     RegisteredCallback,

@@ -31,7 +31,7 @@ from gpu_dra.kubelet_plugin._generated.dra.v1 import api_pb2_grpc as v1_grpc
 from gpu_dra.kubelet_plugin._generated.dra.v1beta1 import api_pb2 as v1beta1
 from gpu_dra.kubelet_plugin._generated.dra.v1beta1 import api_pb2_grpc as v1beta1_grpc
 from gpu_dra.kubelet_plugin.metrics import PluginMetrics
-from gpu_dra.kubelet_plugin.preparer import ClaimPreparer, ClaimRef, PrepareResult
+from gpu_dra.kubelet_plugin.prepare_protocol import ClaimPreparer, ClaimRef, PrepareResult
 
 log = logging.getLogger(__name__)
 

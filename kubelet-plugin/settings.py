@@ -126,12 +126,22 @@ class KubeletPluginSettings:
     """Directory for per-claim CDI spec files (the runtime must list it in its CDI spec dirs)."""
     data_dir: Path | None = None
     """Checkpoint and per-claim files; default `<kubelet_plugins_dir>/<driver>`."""
+    kubelet_device_plugins_dir: Path | None = None
+    """The kubelet's device-plugins directory, where NVIDIA's device plugin has its socket;
+    default `<kubelet_plugins_dir>/../device-plugins`."""
+    allow_nvidia_device_plugin: bool = False
+    """Start although NVIDIA's device plugin serves this node's GPUs (logged as a warning)."""
+    event_namespace: str = "default"
+    """Namespace of the Events recorded about this node (start-up refusals)."""
     kubeconfig: Path | None = None
     """Kubeconfig for the API server; None = the pod's service account."""
     call_timeout_s: float = 40.0
     """Deadline of one prepare/unprepare call, below the kubelet's 45 s."""
     metrics_port: int = 8081
     """Port of the Prometheus `/metrics` endpoint; 0 turns it off."""
+    healthcheck_port: int = -1
+    """TCP port of the gRPC health service (`grpc.health.v1`): 0 any free port, negative off
+    (NVIDIA's `--healthcheck-port`)."""
     log_level: str = "INFO"
     """Python log level of the plugin's own logs (`controller.settings.LOG_LEVELS`)."""
     mps_control_binary: str = DEFAULT_MPS_CONTROL_BINARY
@@ -208,6 +218,11 @@ class KubeletPluginSettings:
         if self.nvidia_driver_root is not None:
             return self.nvidia_driver_root
         return PurePosixPath(self.driver_root)
+
+    @property
+    def device_plugins_dir(self) -> Path:
+        """`kubelet_device_plugins_dir`, else `device-plugins` beside the plugins directory."""
+        return self.kubelet_device_plugins_dir or self.kubelet_plugins_dir.parent / "device-plugins"
 
     @property
     def state_dir(self) -> Path:
@@ -304,6 +319,12 @@ class KubeletPluginSettings:
         option("--log-level", f"log level: {', '.join(LOG_LEVELS)}", "INFO")
         option("--metrics-port", "port of the Prometheus /metrics endpoint (0 = off)", "8081")
         option(
+            "--healthcheck-port",
+            "TCP port of the gRPC health service (grpc.health.v1; services '', liveness, "
+            "readiness): 0 any free port, negative off; also read from HEALTHCHECK_PORT",
+            environ.get("HEALTHCHECK_PORT") or "-1",
+        )
+        option(
             "--mps-control-binary",
             "MPS control program: a path, or a name looked up on PATH, then under "
             "<driver-root>/usr/bin",
@@ -329,16 +350,14 @@ class KubeletPluginSettings:
         )
         _add_mps_daemon_options(option, environ)
         _add_dynamic_mig_options(option, environ)
+        _add_guard_options(option, environ)
         _add_health_options(option, environ)
         args = parser.parse_args(argv)
         if not args.node_name:
             parser.error("--node-name (or GPU_DRA_NODE_NAME / NODE_NAME) is required")
-        try:
-            metrics_port = int(args.metrics_port)
-        except ValueError:
-            parser.error(f"--metrics-port must be a port number, got {args.metrics_port!r}")
-        if not 0 <= metrics_port <= 65535:
-            parser.error(f"--metrics-port must be between 0 and 65535, got {metrics_port}")
+        metrics_port = _port(parser, "--metrics-port", args.metrics_port, minimum=0)
+        # NVIDIA's convention: any negative port turns the health service off.
+        healthcheck_port = _port(parser, "--healthcheck-port", args.healthcheck_port, minimum=None)
         try:
             mps_shares = ShareSelection.parse(args.mps_shares or "none")
         except ShareSelectionError as error:
@@ -365,6 +384,7 @@ class KubeletPluginSettings:
             kubeconfig=Path(args.kubeconfig) if args.kubeconfig else None,
             call_timeout_s=_call_timeout(parser, args.call_timeout),
             metrics_port=metrics_port,
+            healthcheck_port=max(healthcheck_port, -1),
             log_level=_log_level(parser, args.log_level),
             mps_control_binary=args.mps_control_binary or DEFAULT_MPS_CONTROL_BINARY,
             nvidia_smi=args.nvidia_smi or DEFAULT_NVIDIA_SMI,
@@ -372,6 +392,7 @@ class KubeletPluginSettings:
             mps_share_max_percent=max_share,
             **_mps_daemon_settings(parser, args),
             **_dynamic_mig_settings(parser, args),
+            **_guard_settings(parser, args),
             **_health_settings(parser, args),
         )
 
@@ -385,6 +406,18 @@ def parse_hook_names(text: str) -> frozenset[str]:
             f"unknown CDI hook(s) {', '.join(unknown)}; known: {', '.join(HOOK_NAMES)}, {ALL_HOOKS}"
         )
     return names
+
+
+def _port(parser: argparse.ArgumentParser, flag: str, text: str, *, minimum: int | None) -> int:
+    """A port number of `flag` up to 65535 and from `minimum` (None: any); usage errors exit."""
+    try:
+        port = int(text)
+    except ValueError:
+        parser.error(f"{flag} must be a port number, got {text!r}")
+    if port > 65535 or (minimum is not None and port < minimum):
+        low = "any negative number (off)" if minimum is None else str(minimum)
+        parser.error(f"{flag} must be between {low} and 65535, got {port}")
+    return port
 
 
 def _call_timeout(parser: argparse.ArgumentParser, text: str) -> float:
@@ -541,6 +574,44 @@ def _dynamic_mig_settings(
         "dynamic_mig": dynamic_mig,
         "feature_gates": feature_gates,
         "slice_layout": layouts.get(layout_name),
+    }
+
+
+def _add_guard_options(option: Callable[..., None], environ: Mapping[str, str]) -> None:
+    """The start-up guard's `--kubelet-device-plugins-dir`, `--allow-nvidia-device-plugin` and
+    `--event-namespace`."""
+    option(
+        "--kubelet-device-plugins-dir",
+        "the kubelet's device-plugins directory, checked for NVIDIA's device plugin socket "
+        "(default <kubelet-plugins-dir>/../device-plugins)",
+        None,
+    )
+    option(
+        "--allow-nvidia-device-plugin",
+        "start although NVIDIA's device plugin serves this node's GPUs (only warn); both may "
+        "then hand the same GPU to two pods",
+        "false",
+        nargs="?",
+        const="true",
+    )
+    option(
+        "--event-namespace",
+        "namespace of the Events recorded about this node; default $POD_NAMESPACE, else default",
+        environ.get("POD_NAMESPACE") or "default",
+    )
+
+
+def _guard_settings(parser: argparse.ArgumentParser, args: argparse.Namespace) -> dict[str, Any]:
+    """The start-up guard's settings from parsed `args`; usage errors exit."""
+    try:
+        allow = parse_bool(args.allow_nvidia_device_plugin or "", "--allow-nvidia-device-plugin")
+    except ValueError as error:
+        parser.error(str(error))
+    directory = args.kubelet_device_plugins_dir
+    return {
+        "kubelet_device_plugins_dir": Path(directory) if directory else None,
+        "allow_nvidia_device_plugin": allow,
+        "event_namespace": args.event_namespace or "default",
     }
 
 

@@ -82,10 +82,18 @@ class Rendered:
         (found,) = [v for v in self.pod_spec(kind)["volumes"] if v["name"] == name]
         return found
 
-    def may(self, service_account: str, verb: str, resource: str, namespace: str = "") -> bool:
+    def may(
+        self,
+        service_account: str,
+        verb: str,
+        resource: str,
+        namespace: str = "",
+        name: str | None = None,
+    ) -> bool:
         """Whether the rendered RBAC lets `service_account` (of `NAMESPACE`) do `verb` on
         `resource` ("pods", "resource.k8s.io/resourceslices"); `namespace` "" = cluster-wide
-        resources. Rules with resourceNames or nonResourceURLs are not rendered (asserted)."""
+        resources; `name` the object (None: any object, as for list or create), which a rule
+        with resourceNames must name. Rules with nonResourceURLs are not rendered (asserted)."""
         group, _, plural = resource.rpartition("/")
         subject = {"kind": "ServiceAccount", "name": service_account, "namespace": NAMESPACE}
         for binding in self.all("ClusterRoleBinding") + self.all("RoleBinding"):
@@ -103,8 +111,9 @@ class Rendered:
                 and r["metadata"].get("namespace", "") == role_namespace
             ]
             for rule in role[0]["rules"] if role else []:
-                assert "resourceNames" not in rule
                 assert "nonResourceURLs" not in rule
+                if "resourceNames" in rule and name not in rule["resourceNames"]:
+                    continue
                 if (
                     group in rule["apiGroups"]
                     and plural in rule["resources"]

@@ -53,3 +53,5 @@ def test_rbac_covers_slices_claims_and_the_catalog() -> None:
     assert {"get", "list", "watch"} <= verbs(cluster_role, "resource.k8s.io", "resourceclaims")
     assert {"create", "patch"} <= verbs(cluster_role, "resource.k8s.io", "deviceclasses")
     assert "get" in verbs(cluster_role, "", "nodes")
+    # The start-up guard's refusal Event, in the plugin's default --event-namespace.
+    assert "create" in verbs(cluster_role, "", "events")

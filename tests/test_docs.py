@@ -18,8 +18,8 @@ import pytest
 import yaml
 
 from gpu_dra.controller.settings import ControllerSettings, build_parser, options
+from gpu_dra.kubelet_plugin.mps.daemon_model import DaemonPaths
 from gpu_dra.kubelet_plugin.mps.edits import workload_edits
-from gpu_dra.kubelet_plugin.mps.interface import DaemonPaths
 from gpu_dra.kubelet_plugin.settings import KubeletPluginSettings
 
 REPO = Path(__file__).resolve().parents[1]

@@ -44,6 +44,7 @@ from tests.helmchart import (
 
 NODE = "gpu-node-1"
 DOWNWARD = {"NODE_NAME": NODE, "POD_NAMESPACE": NAMESPACE}
+CONTROLLER_DOWNWARD = {"GPU_DRA_LEADER_ELECTION_IDENTITY": "gpu-dra-controller-5d8f-x2x7q"}
 PLUGIN_SA = "gpu-dra-kubelet-plugin"
 CONTROLLER_SA = "gpu-dra-controller"
 SLICES = "resource.k8s.io/resourceslices"
@@ -122,6 +123,11 @@ def test_defaults_render_only_once_the_device_plugin_is_acknowledged_off() -> No
         ("webhook.failurePolicy=Sometimes", "'/webhook/failurePolicy'"),
         ("webhook.tls.mode=vault", "'/webhook/tls/mode'"),
         ("webhook.containerPort=443", "'/webhook/containerPort'"),
+        # The kubelet's grpc probe needs a fixed port.
+        (
+            "kubeletPlugin.containers.gpus.healthcheckPort=0",
+            "'/kubeletPlugin/containers/gpus/healthcheckPort'",
+        ),
     ],
 )
 def test_the_schema_rejects_misspelt_and_invalid_values(setting: str, complaint: str) -> None:
@@ -139,7 +145,7 @@ def test_the_daemonset_env_parses_into_the_plugin_settings_it_means(
     container = host_driver.container("DaemonSet", "gpus")
     settings = plugin_settings(host_driver)
     mounted = {m["mountPath"]: m for m in container["volumeMounts"]}
-    (port,) = container["ports"]
+    port = next(p for p in container["ports"] if p["name"] == "metrics")
 
     assert settings.node_name == NODE
     assert settings.simulate is None
@@ -315,12 +321,60 @@ def test_no_variable_is_set_twice(gpu_operator: Rendered, tmp_path: Path) -> Non
             assert len(names) == len(set(names))
 
 
-def test_the_plugin_is_probed_on_its_metrics_port(host_driver: Rendered) -> None:
+def test_the_kubelet_probes_the_plugins_grpc_health_service(host_driver: Rendered) -> None:
     container = host_driver.container("DaemonSet", "gpus")
-    (port,) = container["ports"]
+    settings = plugin_settings(host_driver)
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
 
+    # NVIDIA's port; the plugin serves grpc.health.v1 there (kubelet-plugin/health.py).
+    assert settings.healthcheck_port == ports["healthcheck"] == 51516
+    services = {}
     for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
-        assert container[probe]["httpGet"] == {"path": "/metrics", "port": port["name"]}
+        assert "httpGet" not in container[probe]
+        assert container[probe]["grpc"]["port"] == settings.healthcheck_port
+        services[probe] = container[probe]["grpc"]["service"]
+    assert services == {
+        "startupProbe": "liveness",
+        "livenessProbe": "liveness",
+        "readinessProbe": "readiness",
+    }
+    # Recovery may take a while on a node with many prepared claims: 10 minutes to start.
+    startup = container["startupProbe"]
+    assert startup["periodSeconds"] * startup["failureThreshold"] == 600
+    assert container["livenessProbe"]["periodSeconds"] == 30
+
+
+def test_the_start_up_guard_sees_the_device_plugin_sockets_and_records_events(
+    host_driver: Rendered, gpu_operator: Rendered
+) -> None:
+    for rendered, kubelet in ((host_driver, "/var/lib/kubelet"), (gpu_operator, "/var/lib/k")):
+        container = rendered.container("DaemonSet", "gpus")
+        settings = plugin_settings(rendered)
+        mount = mounts(container)["device-plugins"]
+        volume = rendered.volume("DaemonSet", "device-plugins")
+
+        assert settings.device_plugins_dir == Path(f"{kubelet}/device-plugins")
+        assert mount["mountPath"] == volume["hostPath"]["path"] == str(settings.device_plugins_dir)
+        assert mount["readOnly"] is True  # connecting to a socket needs no write access
+        assert settings.event_namespace == NAMESPACE
+        assert settings.allow_nvidia_device_plugin is False
+
+    assert host_driver.may(PLUGIN_SA, "create", "events", NAMESPACE)
+    assert not host_driver.may(PLUGIN_SA, "create", "events", "default")
+    assert not host_driver.may(PLUGIN_SA, "delete", "events", NAMESPACE)
+
+
+def test_a_negative_healthcheck_port_turns_health_and_probes_off(tmp_path: Path) -> None:
+    rendered = Rendered.of(
+        {**HOST_DRIVER, "kubeletPlugin": {"containers": {"gpus": {"healthcheckPort": -1}}}},
+        tmp_path,
+    )
+    container = rendered.container("DaemonSet", "gpus")
+
+    assert plugin_settings(rendered).healthcheck_port == -1
+    assert [p["name"] for p in container["ports"]] == ["metrics"]
+    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+        assert probe not in container
 
 
 def test_the_plugin_runs_as_root_although_the_image_user_is_not(host_driver: Rendered) -> None:
@@ -336,7 +390,7 @@ def test_the_deployment_env_parses_into_the_controller_settings(
     host_driver: Rendered, gpu_operator: Rendered
 ) -> None:
     container = host_driver.container("Deployment", "controller")
-    settings = ControllerSettings.from_env(env_of(container, {}))
+    settings = ControllerSettings.from_env(env_of(container, CONTROLLER_DOWNWARD))
     ports = {p["name"]: p for p in container["ports"]}
     catalog_mount = {m["mountPath"]: m for m in container["volumeMounts"]}
 
@@ -348,7 +402,8 @@ def test_the_deployment_env_parses_into_the_controller_settings(
     mount = catalog_mount[str(settings.deviceclasses_dir)]
     volume = host_driver.volume("Deployment", mount["name"])
     assert volume["configMap"]["name"] == host_driver.one("ConfigMap")["metadata"]["name"]
-    assert container["livenessProbe"]["httpGet"]["port"] == "metrics"
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+    # With the webhook (the default), readiness is the webhook answering over TLS.
     assert container["readinessProbe"]["httpGet"] == {
         "path": "/readyz",
         "port": "webhook",
@@ -356,9 +411,75 @@ def test_the_deployment_env_parses_into_the_controller_settings(
     }
 
     operator = gpu_operator.container("Deployment", "controller")
-    operator_settings = ControllerSettings.from_env(env_of(operator, {}))
+    operator_settings = ControllerSettings.from_env(env_of(operator, CONTROLLER_DOWNWARD))
     assert operator_settings.log_level == "DEBUG"  # logVerbosity 6
     assert operator_settings.metrics_port == 9400
+
+
+def test_the_controller_elects_a_leader_on_its_own_lease(host_driver: Rendered) -> None:
+    deployment = host_driver.one("Deployment")
+    container = host_driver.container("Deployment", "controller")
+    settings = ControllerSettings.from_env(env_of(container, CONTROLLER_DOWNWARD))
+    identity = next(e for e in container["env"] if e["name"] == "GPU_DRA_LEADER_ELECTION_IDENTITY")
+
+    assert deployment["spec"]["replicas"] == 1
+    assert settings.leader_election_enabled is True
+    assert settings.leader_election_lease_lock_name == CONTROLLER_SA
+    assert settings.leader_election_lease_lock_namespace == NAMESPACE
+    assert identity["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}  # the pod
+    assert (
+        settings.leader_election_lease_duration_s,
+        settings.leader_election_renew_deadline_s,
+        settings.leader_election_retry_period_s,
+    ) == (15.0, 10.0, 2.0)
+
+    def may(verb: str, name: str | None) -> bool:
+        return host_driver.may(
+            CONTROLLER_SA, verb, "coordination.k8s.io/leases", NAMESPACE, name=name
+        )
+
+    # Its own Lease, in the release namespace: read, renew, and create it the first time.
+    for verb in ("get", "update"):
+        assert may(verb, CONTROLLER_SA)
+        assert not may(verb, "kube-scheduler")
+    assert may("create", None)
+    assert not may("delete", CONTROLLER_SA)
+    assert not host_driver.may(
+        CONTROLLER_SA, "get", "coordination.k8s.io/leases", "kube-system", name=CONTROLLER_SA
+    )
+
+
+def test_two_replicas_need_leader_election_and_durations_pass_through(tmp_path: Path) -> None:
+    election = {"leaseDuration": "30s", "renewDeadline": "20s", "retryPeriod": "500ms"}
+    rendered = Rendered.of(
+        {**HOST_DRIVER, "controller": {"replicas": 2, "leaderElection": election}}, tmp_path
+    )
+    container = rendered.container("Deployment", "controller")
+    settings = ControllerSettings.from_env(env_of(container, CONTROLLER_DOWNWARD))
+    off = Rendered.of(
+        {**HOST_DRIVER, "controller": {"leaderElection": {"enabled": False}}}, tmp_path
+    )
+    refused = template(
+        None,
+        "gpuResourcesEnabledOverride=true",
+        "controller.replicas=2",
+        "controller.leaderElection.enabled=false",
+    )
+
+    assert rendered.one("Deployment")["spec"]["replicas"] == 2
+    assert (
+        settings.leader_election_lease_duration_s,
+        settings.leader_election_renew_deadline_s,
+        settings.leader_election_retry_period_s,
+    ) == (30.0, 20.0, 0.5)
+    off_settings = ControllerSettings.from_env(
+        env_of(off.container("Deployment", "controller"), {})
+    )
+    assert off_settings.leader_election_enabled is False
+    assert all("leader" not in role["metadata"]["name"] for role in off.all("Role"))
+    assert not off.may(CONTROLLER_SA, "create", "coordination.k8s.io/leases", NAMESPACE)
+    assert refused.returncode != 0
+    assert "controller.replicas > 1 needs controller.leaderElection.enabled=true" in refused.stderr
 
 
 def test_the_controller_runs_without_privileges(host_driver: Rendered) -> None:
@@ -775,9 +896,9 @@ def test_the_webhook_can_be_left_out_or_fail_open(tmp_path: Path) -> None:
     fail_open = Rendered.of({**HOST_DRIVER, "webhook": {"failurePolicy": "Ignore"}}, tmp_path)
 
     container = off.container("Deployment", "controller")
-    assert ControllerSettings.from_env(env_of(container, {})).webhook_port == 0
+    assert ControllerSettings.from_env(env_of(container, CONTROLLER_DOWNWARD)).webhook_port == 0
     assert [p["name"] for p in container["ports"]] == ["metrics"]
-    assert container["readinessProbe"]["httpGet"] == {"path": "/metrics", "port": "metrics"}
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
     assert "webhook-tls" not in {v["name"] for v in off.pod_spec("Deployment")["volumes"]}
     for kind in ("ValidatingWebhookConfiguration", "Secret"):
         assert off.all(kind) == []

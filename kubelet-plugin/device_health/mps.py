@@ -1,6 +1,6 @@
 """Whether the MPS daemons of MPS shares run: `SharedDaemonLiveness` for the health monitor.
 
-The daemons a GPU's shares use are the shared daemons (`mps.shares`) that the checkpoint's
+The daemons a GPU's shares use are the shared daemons (`mps.shared_daemons`) that the checkpoint's
 prepared claims record. Each is checked with the daemon manager's status (its pod or process,
 its control pipe); one found DEAD in two checks in a row (the same daemon, by id and PID) is
 reported, so that the moment between the last share's unprepare stopping its daemon and
@@ -13,9 +13,14 @@ import logging
 from collections.abc import Callable, Mapping
 
 from gpu_dra.kubelet_plugin.checkpoint import CheckpointEntry, CheckpointError, ClaimPhase
-from gpu_dra.kubelet_plugin.mps import DaemonHandle, DaemonState, DaemonStatus, MpsError
-from gpu_dra.kubelet_plugin.mps.interface import handles_from_state
-from gpu_dra.kubelet_plugin.mps.shares import is_shared_daemon
+from gpu_dra.kubelet_plugin.mps import (
+    DaemonHandle,
+    DaemonState,
+    DaemonStatus,
+    MpsError,
+    handles_from_state,
+)
+from gpu_dra.kubelet_plugin.mps.ids import is_shared_daemon
 
 log = logging.getLogger(__name__)
 

@@ -26,8 +26,8 @@ from gpu_dra.kubelet_plugin.device_health.inbox import SIMULATED_EVENTS_DIR, Sim
 from gpu_dra.kubelet_plugin.device_health.monitor import HealthMonitor, MpsLiveness, Snapshot
 from gpu_dra.kubelet_plugin.device_health.mps import SharedDaemonLiveness
 from gpu_dra.kubelet_plugin.device_health.service import DeviceHealthService
-from gpu_dra.kubelet_plugin.inventory import NodeInventory
 from gpu_dra.kubelet_plugin.mps import MpsDaemonManager
+from gpu_dra.kubelet_plugin.node_devices import NodeInventory
 from gpu_dra.kubelet_plugin.settings import KubeletPluginSettings
 
 log = logging.getLogger(__name__)

@@ -1,9 +1,13 @@
 """Dynamic MIG at the plugin edge: MIG devices made at prepare and destroyed at unprepare.
 
-* :mod:`.lifecycle` - `MigLifecycle`: NVML create/destroy/list of GPU and compute instances,
-  MIG mode on Hopper and later, clear `MigError` messages, the test-only crash point;
+* :mod:`.lifecycle` - `MigLifecycle`: NVML create/destroy of GPU and compute instances, MIG
+  mode on Hopper and later;
+* :mod:`.instances` - `MigState`: listing what exists, the per-GPU lock and NVML session, clear
+  `MigError` messages;
+* :mod:`.crash_points` - the test-only crash point;
 * :mod:`.claims` - `DynamicMig`: the claim side (checkpoint intents, create, release, the
   start-up sweep of instances no prepared claim owns);
+* :mod:`.tier` - `DynamicMigTier`, the prepare path's tier over `DynamicMig`;
 * :mod:`.simulated_state` - the simulated node's MIG state file, so simulated MIG instances
   outlive a plugin restart as real ones do.
 """
@@ -15,15 +19,14 @@ from gpu_dra.kubelet_plugin.mig.claims import (
     intents_from_state,
     intents_to_state,
 )
-from gpu_dra.kubelet_plugin.mig.lifecycle import (
+from gpu_dra.kubelet_plugin.mig.crash_points import (
     CRASH_AFTER_GPU_INSTANCE,
     TEST_CRASH_ENV,
     CrashPoint,
-    MigError,
-    MigInstance,
-    MigLifecycle,
     crash_point_from_env,
 )
+from gpu_dra.kubelet_plugin.mig.instances import MigError, MigInstance
+from gpu_dra.kubelet_plugin.mig.lifecycle import MigLifecycle
 from gpu_dra.kubelet_plugin.mig.simulated_state import (
     SIMULATED_STATE_FILE,
     SimulatedMigStateFile,

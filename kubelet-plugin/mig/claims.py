@@ -1,25 +1,12 @@
 """Dynamic MIG devices of prepared claims: what the checkpoint records, create, release, sweep.
 
-The preparer delegates here for the partition devices of a claim (``docs/mig.md``, lifecycle):
-
-1. `DynamicMig.plan` turns the claim's partition devices into `MigIntent`s (device name, parent
-   UUID, GI profile ID, placement start); the preparer records them in the claim's
-   ``PrepareStarted`` checkpoint entry (state key `DYNAMIC_MIG_STATE_KEY`) **before** any NVML
-   call;
-2. `DynamicMig.create` makes each GPU and compute instance; on a failure it destroys what it made
-   and raises. The intents, now with GI id, CI id and MIG UUID, are recorded again before the
-   CDI spec is written, and kept in ``PrepareCompleted``;
-3. `DynamicMig.release` destroys the instances of a claim's intents (unprepare, after the CDI spec
-   is gone; rollback). An intent without a GI id (the process died between creating the GPU
-   instance and recording it) is found by its placement, unless another claim records that
-   placement; an intent with a GI id destroys only a GPU instance with that id.
-4. `DynamicMig.remove_unowned` (start-up, after interrupted prepares are rolled back) destroys
-   every MIG instance on a dynamic-MIG GPU that no ``PrepareCompleted`` claim records, and turns
-   MIG mode off on Hopper-or-later GPUs left without instances. A GPU whose instances cannot be
-   read (an NVML error) is left exactly as it is, and the error logged with its return code.
-
-Ownership is by (parent UUID, GI profile ID, placement start): placements of live GPU instances
-never overlap, so at most one GPU instance matches.
+`DynamicMig` does the dynamic-MIG tier's work (`mig.tier`): `plan` turns partition devices into
+`MigIntent`s (recorded before any NVML call); `create` makes them, destroying what it made on a
+failure; `release` destroys a claim's (an intent without a GI id is found by its placement,
+unless another claim records it); `remove_unowned` destroys at start-up every instance on a
+dynamic-MIG GPU that no ``PrepareCompleted`` claim records, MIG mode off on Hopper-or-later GPUs
+left empty (a GPU whose instances cannot be read is left as it is). Ownership is by (parent
+UUID, GI profile ID, placement start). See docs/mig.md, "Dynamic MIG: lifecycle".
 """
 
 from __future__ import annotations
@@ -37,7 +24,8 @@ from gpu_dra.driver.naming import (
     parse_device_name,
 )
 from gpu_dra.kubelet_plugin.checkpoint import CheckpointEntry, ClaimPhase, JsonValue
-from gpu_dra.kubelet_plugin.mig.lifecycle import MigError, MigLifecycle, gpu_label
+from gpu_dra.kubelet_plugin.mig.instances import MigError, gpu_label
+from gpu_dra.kubelet_plugin.mig.lifecycle import MigLifecycle
 
 log = logging.getLogger(__name__)
 

@@ -1,42 +1,22 @@
 """Dynamic MIG on one node: create a MIG device at a placement, destroy it, list what exists.
 
-`MigLifecycle` makes the NVML calls NVIDIA's driver makes (``gpu-hardware.md`` §6):
-
-- **create**: MIG mode on if it is off (Hopper and later switch without a reset; an Ampere GPU
-  switches only at a reset, so there MIG must already be on, else a clear error), the GPU
-  instance at the allocated placement (``CreateGpuInstanceWithPlacement``), then the compute
-  instance spanning all of it (the CI profile with as many slices as the GI, shared engines);
-  the result is the `MigDevice` (UUID, GI and CI ids) as discovery describes static ones.
-- **destroy**: the compute instances of the GPU instance at (profile ID, placement start), then
-  the GPU instance; a GPU instance that is not there any more is success. On Hopper and later,
-  MIG mode goes off again when the last GPU instance of the GPU is gone.
-- **instances**: the GPU instances of a GPU and their compute instances.
-
-Calls on one GPU are serialized (a per-GPU lock): MIG mode goes off only when no create on that
-GPU is under way. Every NVML failure becomes a `MigError` whose message names the GPU, what was
-being done, the NVML return code and what to do (an occupied placement names what occupies it).
-An NVML error is never read as "no instances": when the GPU instances cannot be listed (a profile
-scan where no index answers included), destroy and the start-up sweep fail and MIG mode stays as
-it is; create reads the profile and its placements before it touches MIG mode. Table of the
-return codes that mean "absent": docs/real-nodes.md, "NVML errors".
-
-`CRASH_AFTER_GPU_INSTANCE` is a test-only fault injection point: the composition root passes a
-`crash_point` that kills the process there when the e2e tests ask for it (simulated nodes only).
+`MigLifecycle` makes the NVML calls NVIDIA's driver makes (``gpu-hardware.md`` §6). **create**:
+MIG mode on if it is off (Hopper and later switch without a reset; on Ampere MIG must already be
+on, else a clear error), the GPU instance at the allocated placement, then the compute instance
+spanning all of it; the result is the `MigDevice` as discovery describes static ones. Profile
+and placement are read before MIG mode is touched. **destroy**: the compute instances, then the
+GPU instance (one already gone is success); on Hopper and later MIG mode goes off when the last
+GPU instance is gone. Reading, locks and errors: `instances.MigState`. See docs/mig.md,
+"Dynamic MIG: lifecycle".
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import os
-import signal
-import threading
-from collections.abc import Callable, Collection, Iterator, Mapping
-from dataclasses import dataclass
-from functools import partial
-from typing import Final, TypeVar
+from collections.abc import Collection
+from typing import Final
 
-from gpu_dra.driver.discovery import DiscoveryError, describe_mig_device, gpu_instance_profiles
+from gpu_dra.driver.discovery import DiscoveryError, describe_mig_device
 from gpu_dra.driver.model import Gpu, MigDevice
 from gpu_dra.driver.nvml.interface import (
     NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED,
@@ -45,11 +25,9 @@ from gpu_dra.driver.nvml.interface import (
     NVML_DEVICE_MIG_ENABLE,
     NVML_ERROR_IN_USE,
     NVML_ERROR_INSUFFICIENT_RESOURCES,
-    NVML_ERROR_INVALID_ARGUMENT,
-    NVML_ERROR_NOT_FOUND,
-    NVML_ERROR_NOT_SUPPORTED,
     DeviceHandle,
     GpuInstanceHandle,
+    GpuInstancePlacement,
     GpuInstanceProfileInfo,
     NVMLError,
     NvmlLibrary,
@@ -57,97 +35,28 @@ from gpu_dra.driver.nvml.interface import (
     return_code_name,
 )
 from gpu_dra.driver.partitions import toggles_mig_without_reset
+from gpu_dra.kubelet_plugin.mig.crash_points import CRASH_AFTER_GPU_INSTANCE, CrashPoint
+from gpu_dra.kubelet_plugin.mig.instances import (
+    NO_SUCH_PROFILE,
+    MigError,
+    MigState,
+    gpu_label,
+    nvml_names,
+    profile_label,
+)
 
 log = logging.getLogger(__name__)
 
-_T = TypeVar("_T")
-
-CRASH_AFTER_GPU_INSTANCE: Final = "mig-after-gpu-instance"
-"""Fault injection point (tests only): after the GPU instance exists, before its compute
-instance does."""
-
-CrashPoint = Callable[[str], None]
-"""Called with the name of each fault injection point reached; may end the process."""
-
-TEST_CRASH_ENV: Final = "GPU_DRA_TEST_CRASH_AT"
-"""Environment variable naming the fault injection point at which the plugin kills itself
-(SIGKILL); honoured only on simulated nodes. Tests only."""
-
-
-def crash_point_from_env(env: Mapping[str, str], *, simulated: bool) -> CrashPoint | None:
-    """The `CrashPoint` that `TEST_CRASH_ENV` asks for: SIGKILL of this process when that point
-    is reached. None when unset, or on real GPUs (logged: a test setting never crashes a
-    production plugin)."""
-    wanted = env.get(TEST_CRASH_ENV, "")
-    if not wanted:
-        return None
-    if not simulated:
-        log.warning(
-            "%s=%s ignored: fault injection works on simulated nodes only", TEST_CRASH_ENV, wanted
-        )
-        return None
-    if wanted != CRASH_AFTER_GPU_INSTANCE:
-        raise ValueError(
-            f"{TEST_CRASH_ENV}={wanted!r} names no fault injection point (known: "
-            f"{CRASH_AFTER_GPU_INSTANCE})"
-        )
-    log.warning("TEST FAULT INJECTION: the plugin kills itself at %s", wanted)
-
-    def crash(point: str) -> None:
-        if point != wanted:
-            return
-        log.critical("TEST FAULT INJECTION %s=%s: killing the plugin now", TEST_CRASH_ENV, point)
-        for handler in logging.getLogger().handlers:
-            handler.flush()
-        os.kill(os.getpid(), signal.SIGKILL)
-
-    return crash
-
-
-_NO_SUCH_PROFILE: Final = frozenset({NVML_ERROR_NOT_SUPPORTED, NVML_ERROR_INVALID_ARGUMENT})
-"""Per profile index: a profile the GPU (or GPU instance) does not have; for every index: error."""
-_NOT_RETRYABLE: Final = frozenset({NVML_ERROR_NOT_SUPPORTED, NVML_ERROR_INVALID_ARGUMENT})
 _CI_PROFILE_1_SLICE_REV1: Final = 7
 """``NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE_REV1``: NVIDIA's dynamic MIG skips it."""
 
 
-class MigError(Exception):
-    """A MIG create or destroy failed; the message says what, where, and what to do."""
-
-    def __init__(self, message: str, *, retryable: bool = False) -> None:
-        super().__init__(message)
-        self.retryable = retryable
-
-
-@dataclass(frozen=True)
-class MigInstance:
-    """A GPU instance on a GPU and the ids of its compute instances."""
-
-    parent_uuid: str
-    gi_id: int
-    gi_profile_id: int
-    placement_start: int
-    placement_size: int
-    ci_ids: tuple[int, ...]
-
-    @property
-    def slices(self) -> range:
-        return range(self.placement_start, self.placement_start + self.placement_size)
-
-
-def gpu_label(gpu: Gpu) -> str:
-    """``gpu-3 (GPU-..., NVIDIA H100 80GB HBM3)``: how messages name a GPU."""
-    return f"gpu-{gpu.minor} ({gpu.uuid}, {gpu.product_name})"
-
-
-class MigLifecycle:
+class MigLifecycle(MigState):
     """Creates and destroys MIG devices through NVML (see the module doc)."""
 
     def __init__(self, nvml: NvmlLibrary, *, crash_point: CrashPoint | None = None) -> None:
-        self._nvml = nvml
+        super().__init__(nvml)
         self._crash_point = crash_point
-        self._locks: dict[str, threading.Lock] = {}
-        self._locks_lock = threading.Lock()
 
     # ---- create ----------------------------------------------------------------------------------
     def create(
@@ -174,27 +83,10 @@ class MigLifecycle:
     ) -> MigDevice:
         # Profile and placement first: MIG mode is not touched for a create that cannot work.
         profile = self._gi_profile(parent, handle, gi_profile_id)
-        placements = self._call(
-            parent,
-            f"list the placements of GPU-instance profile {_profile_label(profile, gi_profile_id)}",
-            lambda: self._nvml.device_get_gpu_instance_possible_placements(handle, gi_profile_id),
-        )
-        if not placements:
-            raise MigError(
-                f"{gpu_label(parent)}: nvmlDeviceGetGpuInstancePossiblePlacements lists no "
-                f"placement of GPU-instance profile {_profile_label(profile, gi_profile_id)}, "
-                "which discovery offered: the GPU answers differently now"
-            )
-        placement = next((p for p in placements if p.start == placement_start), None)
-        if placement is None:
-            raise MigError(
-                f"{gpu_label(parent)}: {placement_start} is no placement start of "
-                f"GPU-instance profile {_profile_label(profile, gi_profile_id)}; the device "
-                "name does not match this GPU (a stale ResourceSlice?)"
-            )
+        placement = self._placement(parent, handle, profile, gi_profile_id, placement_start)
         self._enable_mig(parent, handle)
         where = (
-            f"{_profile_label(profile, gi_profile_id)} at memory slices "
+            f"{profile_label(profile, gi_profile_id)} at memory slices "
             f"{placement.start}..{placement.start + placement.size - 1}"
         )
         try:
@@ -212,29 +104,7 @@ class MigLifecycle:
                 ) from error
             raise self._error(parent, f"create GPU instance {where}", error) from error
         try:
-            gi_id = self._call(
-                parent,
-                "read the new GPU instance",
-                lambda: self._nvml.gpu_instance_get_info(gi).id,
-            )
-            log.info("created GPU instance %s gi_id=%d on %s", where, gi_id, parent.uuid)
-            if self._crash_point is not None:
-                self._crash_point(CRASH_AFTER_GPU_INSTANCE)
-            ci_profile = self._full_ci_profile(parent, gi, profile)
-            ci = self._call(
-                parent,
-                f"create the compute instance of GPU instance {gi_id} ({where})",
-                lambda: self._nvml.gpu_instance_create_compute_instance(gi, ci_profile),
-            )
-            mig = self._call(
-                parent,
-                "read the new compute instance",
-                lambda: self._nvml.compute_instance_get_info(ci).device,
-            )
-            try:
-                device = describe_mig_device(self._nvml, handle, parent, mig)
-            except DiscoveryError as error:
-                raise MigError(f"cannot describe the new MIG device: {error}") from error
+            device = self._fill_gpu_instance(parent, handle, gi, profile, where)
         except BaseException as error:
             try:
                 self._destroy_gpu_instance(parent, gi)
@@ -251,6 +121,69 @@ class MigLifecycle:
             parent.uuid,
         )
         return device
+
+    def _placement(
+        self,
+        parent: Gpu,
+        handle: DeviceHandle,
+        profile: GpuInstanceProfileInfo,
+        gi_profile_id: int,
+        placement_start: int,
+    ) -> GpuInstancePlacement:
+        """The placement of `gi_profile_id` that starts at `placement_start`; a `MigError` when
+        the GPU has none (a stale ResourceSlice) or lists no placement at all."""
+        placements = self._call(
+            parent,
+            f"list the placements of GPU-instance profile {profile_label(profile, gi_profile_id)}",
+            lambda: self._nvml.device_get_gpu_instance_possible_placements(handle, gi_profile_id),
+        )
+        if not placements:
+            raise MigError(
+                f"{gpu_label(parent)}: nvmlDeviceGetGpuInstancePossiblePlacements lists no "
+                f"placement of GPU-instance profile {profile_label(profile, gi_profile_id)}, "
+                "which discovery offered: the GPU answers differently now"
+            )
+        placement = next((p for p in placements if p.start == placement_start), None)
+        if placement is None:
+            raise MigError(
+                f"{gpu_label(parent)}: {placement_start} is no placement start of "
+                f"GPU-instance profile {profile_label(profile, gi_profile_id)}; the device "
+                "name does not match this GPU (a stale ResourceSlice?)"
+            )
+        return placement
+
+    def _fill_gpu_instance(
+        self,
+        parent: Gpu,
+        handle: DeviceHandle,
+        gi: GpuInstanceHandle,
+        profile: GpuInstanceProfileInfo,
+        where: str,
+    ) -> MigDevice:
+        """The compute instance spanning the new GPU instance `gi`, as a `MigDevice`."""
+        gi_id = self._call(
+            parent,
+            "read the new GPU instance",
+            lambda: self._nvml.gpu_instance_get_info(gi).id,
+        )
+        log.info("created GPU instance %s gi_id=%d on %s", where, gi_id, parent.uuid)
+        if self._crash_point is not None:
+            self._crash_point(CRASH_AFTER_GPU_INSTANCE)
+        ci_profile = self._full_ci_profile(parent, gi, profile)
+        ci = self._call(
+            parent,
+            f"create the compute instance of GPU instance {gi_id} ({where})",
+            lambda: self._nvml.gpu_instance_create_compute_instance(gi, ci_profile),
+        )
+        mig = self._call(
+            parent,
+            "read the new compute instance",
+            lambda: self._nvml.compute_instance_get_info(ci).device,
+        )
+        try:
+            return describe_mig_device(self._nvml, handle, parent, mig)
+        except DiscoveryError as error:
+            raise MigError(f"cannot describe the new MIG device: {error}") from error
 
     def _enable_mig(self, parent: Gpu, handle: DeviceHandle) -> None:
         current, pending = self._call(
@@ -288,19 +221,6 @@ class MigLifecycle:
             )
         return found[1]
 
-    def _gi_profiles(
-        self, parent: Gpu, handle: DeviceHandle
-    ) -> dict[int, tuple[int, GpuInstanceProfileInfo]]:
-        """The GPU's GPU-instance profiles by ID; never empty (no profile answering is a
-        `MigError` naming the return code)."""
-        try:
-            return gpu_instance_profiles(self._nvml, handle, parent)
-        except DiscoveryError as error:
-            raise MigError(
-                f"{gpu_label(parent)}: cannot list the MIG profiles: {error}",
-                retryable=error.return_code not in _NOT_RETRYABLE,
-            ) from error
-
     def _full_ci_profile(
         self, parent: Gpu, gi: GpuInstanceHandle, profile: GpuInstanceProfileInfo
     ) -> int:
@@ -315,7 +235,7 @@ class MigLifecycle:
                 )
             except NVMLError as error:
                 code = return_code(error)
-                if code is not None and code in _NO_SUCH_PROFILE:
+                if code is not None and code in NO_SUCH_PROFILE:
                     absent.append(code)
                     continue
                 raise self._error(parent, "read compute-instance profiles", error) from error
@@ -323,7 +243,7 @@ class MigLifecycle:
                 return info.id
         answered = NVML_COMPUTE_INSTANCE_PROFILE_COUNT - 1 - len(absent)
         why = (
-            f"nvmlGpuInstanceGetComputeInstanceProfileInfo answered {_names(absent)} for every "
+            f"nvmlGpuInstanceGetComputeInstanceProfileInfo answered {nvml_names(absent)} for every "
             "compute-instance profile index"
             if answered == 0
             else f"none of the {answered} compute-instance profiles it lists does"
@@ -451,132 +371,3 @@ class MigLifecycle:
                 f"({return_code_name(status)}){hint}",
                 retryable=True,
             )
-
-    # ---- listing ---------------------------------------------------------------------------------
-    def instances(self, parent: Gpu) -> list[MigInstance]:
-        """The GPU instances of `parent`, by placement start; none while MIG mode is off."""
-        with self._gpu_lock(parent.uuid), self._session(parent) as handle:
-            return self._instances(parent, handle)
-
-    def _instances(self, parent: Gpu, handle: DeviceHandle) -> list[MigInstance]:
-        return [instance for instance, _ in self._instance_handles(parent, handle)]
-
-    def _instance_handles(
-        self, parent: Gpu, handle: DeviceHandle
-    ) -> list[tuple[MigInstance, GpuInstanceHandle]]:
-        current, _ = self._call(
-            parent, "read the MIG mode", lambda: self._nvml.device_get_mig_mode(handle)
-        )
-        if current != NVML_DEVICE_MIG_ENABLE:
-            return []
-        profile_ids = sorted(self._gi_profiles(parent, handle))
-        found = []
-        for profile_id in profile_ids:
-            gis = self._call(
-                parent,
-                f"list the GPU instances of profile ID {profile_id}",
-                partial(self._nvml.device_get_gpu_instances, handle, profile_id),
-            )
-            for gi in gis:
-                info = self._call(
-                    parent, "read a GPU instance", partial(self._nvml.gpu_instance_get_info, gi)
-                )
-                ci_ids = tuple(
-                    sorted(
-                        self._call(
-                            parent,
-                            "read a compute instance",
-                            partial(self._nvml.compute_instance_get_info, ci),
-                        ).id
-                        for ci in self._compute_instances(parent, gi)
-                    )
-                )
-                found.append(
-                    (
-                        MigInstance(
-                            parent_uuid=parent.uuid,
-                            gi_id=info.id,
-                            gi_profile_id=info.profileId,
-                            placement_start=info.placement.start,
-                            placement_size=info.placement.size,
-                            ci_ids=ci_ids,
-                        ),
-                        gi,
-                    )
-                )
-        return sorted(found, key=lambda pair: (pair[0].placement_start, pair[0].gi_id))
-
-    def _compute_instances(self, parent: Gpu, gi: GpuInstanceHandle) -> list[object]:
-        """Every compute instance of `gi`, over the compute-instance profile indexes (NOT_SUPPORTED
-        / INVALID_ARGUMENT: a profile the GI does not have); an error when no index answers."""
-        found: list[object] = []
-        absent: list[int] = []
-        for index in range(NVML_COMPUTE_INSTANCE_PROFILE_COUNT):
-            try:
-                found.extend(self._nvml.gpu_instance_get_compute_instances(gi, index))
-            except NVMLError as error:
-                code = return_code(error)
-                if code is not None and code in _NO_SUCH_PROFILE:
-                    absent.append(code)
-                    continue
-                raise self._error(parent, "list compute instances", error) from error
-        if len(absent) == NVML_COMPUTE_INSTANCE_PROFILE_COUNT:
-            raise MigError(
-                f"{gpu_label(parent)}: cannot list compute instances: "
-                f"nvmlGpuInstanceGetComputeInstances answered {_names(absent)} for every "
-                "compute-instance profile index; the GPU's MIG state cannot be read",
-                retryable=not set(absent) <= _NOT_RETRYABLE,
-            )
-        return found
-
-    # ---- plumbing --------------------------------------------------------------------------------
-    def _gpu_lock(self, uuid: str) -> threading.Lock:
-        with self._locks_lock:
-            return self._locks.setdefault(uuid, threading.Lock())
-
-    @contextlib.contextmanager
-    def _session(self, parent: Gpu) -> Iterator[DeviceHandle]:
-        """NVML initialised (reference-counted) and `parent`'s handle, by UUID."""
-        try:
-            self._nvml.init()
-        except NVMLError as error:
-            raise self._error(parent, "initialise NVML", error) from error
-        try:
-            yield self._call(
-                parent,
-                "find the GPU by UUID",
-                lambda: self._nvml.device_get_handle_by_uuid(parent.uuid),
-            )
-        finally:
-            with contextlib.suppress(NVMLError):
-                self._nvml.shutdown()
-
-    def _call(self, parent: Gpu, what: str, call: Callable[[], _T]) -> _T:
-        try:
-            return call()
-        except NVMLError as error:
-            raise self._error(parent, what, error) from error
-
-    def _error(self, parent: Gpu, what: str, error: Exception) -> MigError:
-        code = return_code(error)
-        name = "" if code is None else f" ({return_code_name(code)})"
-        retryable = code not in _NOT_RETRYABLE
-        hint = ""
-        if code == NVML_ERROR_NOT_FOUND:
-            hint = "; was the GPU removed or reset?"
-        return MigError(
-            f"{gpu_label(parent)}: cannot {what}: {error}{name}{hint}", retryable=retryable
-        )
-
-
-def _names(codes: Collection[int]) -> str:
-    """``NVML_ERROR_NOT_SUPPORTED`` (``A / B`` when several codes were seen)."""
-    return " / ".join(return_code_name(code) for code in sorted(set(codes)))
-
-
-def _profile_label(profile: GpuInstanceProfileInfo, profile_id: int) -> str:
-    name = getattr(profile, "name", "")
-    if isinstance(name, bytes):
-        name = name.decode(errors="replace")
-    name = str(name).removeprefix("MIG ")
-    return f"{name} (profile ID {profile_id})" if name else f"profile ID {profile_id}"

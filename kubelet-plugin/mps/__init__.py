@@ -1,9 +1,10 @@
 """MPS control daemons for prepared claims: start, stop, status, adopt, and workload CDI edits.
 
-The whole-GPU preparer uses it for per-claim MPS (``docs/mps.md``). Layout:
+The prepare path's MPS tiers use it (``docs/mps.md``). Layout:
 
-* :mod:`.interface` - values (`MpsSettings`, `DaemonHandle`, `DaemonStatus`), the `MpsControl`
-  Protocol and the error vocabulary;
+* :mod:`.daemon_model` - what a daemon is: `MpsSettings` (rendered as ``set_default_*``
+  commands), `DaemonHandle` (and its checkpoint form), `DaemonStatus`, the `MpsControl` Protocol
+  and the error vocabulary;
 * :mod:`.ids` - NVIDIA-compatible per-claim daemon ids and per-device shared-daemon ids;
 * :mod:`.control` - runs control commands through the control binary (stdin, one per call);
 * :mod:`.process` - the `DaemonRunner` seam and the host-process runner, process checks;
@@ -12,8 +13,11 @@ The whole-GPU preparer uses it for per-claim MPS (``docs/mps.md``). Layout:
 * :mod:`.shm` - the `ShmMounter` seam: tmpfs in production, a plain directory in tests;
 * :mod:`.daemon` - `MpsDaemonManager`, the real `MpsControl`;
 * :mod:`.edits` - the CDI container edits of a daemon's workloads;
-* :mod:`.shares` - MPS shares: which results are shares, the per-GPU shared daemon and its
-  checkpoint-derived reference count.
+* :mod:`.shared_daemons` - the per-GPU shared daemon of MPS shares and its checkpoint-derived
+  reference count;
+* :mod:`.claim_tier`, :mod:`.share_tier` - the per-claim MPS and MPS share tiers of prepare
+  (`gpu_dra.kubelet_plugin.tier`), and :mod:`.recorded_daemons`, the daemons their records
+  name (undo, adoption and the sweep at start-up).
 """
 
 from gpu_dra.kubelet_plugin.mps.computemode import (
@@ -23,13 +27,7 @@ from gpu_dra.kubelet_plugin.mps.computemode import (
 )
 from gpu_dra.kubelet_plugin.mps.control import ControlClient
 from gpu_dra.kubelet_plugin.mps.daemon import MpsDaemonManager
-from gpu_dra.kubelet_plugin.mps.edits import (
-    CONTAINER_PIPE_DIRECTORY,
-    ClientCaps,
-    workload_edits,
-)
-from gpu_dra.kubelet_plugin.mps.ids import claim_daemon_id, shared_daemon_id
-from gpu_dra.kubelet_plugin.mps.interface import (
+from gpu_dra.kubelet_plugin.mps.daemon_model import (
     MPS_STATE_KEY,
     DaemonHandle,
     DaemonPaths,
@@ -47,6 +45,12 @@ from gpu_dra.kubelet_plugin.mps.interface import (
     handles_from_state,
     handles_to_state,
 )
+from gpu_dra.kubelet_plugin.mps.edits import (
+    CONTAINER_PIPE_DIRECTORY,
+    ClientCaps,
+    workload_edits,
+)
+from gpu_dra.kubelet_plugin.mps.ids import claim_daemon_id, shared_daemon_id
 from gpu_dra.kubelet_plugin.mps.pod import PodRunner
 from gpu_dra.kubelet_plugin.mps.process import DaemonRunner, LaunchedDaemon, ProcessRunner
 from gpu_dra.kubelet_plugin.mps.shm import PlainDirectoryShm, ShmMounter, TmpfsShmMounter

@@ -22,7 +22,7 @@ from gpu_dra.driver.nvml.interface import (
     return_code,
     return_code_name,
 )
-from gpu_dra.kubelet_plugin.mps.interface import MpsError
+from gpu_dra.kubelet_plugin.mps.daemon_model import MpsError
 
 EXCLUSIVE_PROCESS: Final = NVML_COMPUTEMODE_EXCLUSIVE_PROCESS
 DEFAULT: Final = NVML_COMPUTEMODE_DEFAULT

@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Final
 
-from gpu_dra.kubelet_plugin.mps.interface import MpsCommandError
+from gpu_dra.kubelet_plugin.mps.daemon_model import MpsCommandError
 
 _NUMBER: Final = re.compile(r"[0-9]+(?:\.[0-9]+)?")
 _MEMORY: Final = re.compile(r"([0-9]+)\s*([MG])")

@@ -49,8 +49,7 @@ from gpu_dra.kubelet_plugin.mps.computemode import (
     is_full_gpu,
 )
 from gpu_dra.kubelet_plugin.mps.control import ControlClient
-from gpu_dra.kubelet_plugin.mps.ids import checked_daemon_id, checked_device_uuid
-from gpu_dra.kubelet_plugin.mps.interface import (
+from gpu_dra.kubelet_plugin.mps.daemon_model import (
     DaemonHandle,
     DaemonPaths,
     DaemonState,
@@ -63,6 +62,7 @@ from gpu_dra.kubelet_plugin.mps.interface import (
     MpsStateError,
     MpsStopError,
 )
+from gpu_dra.kubelet_plugin.mps.ids import checked_daemon_id, checked_device_uuid
 from gpu_dra.kubelet_plugin.mps.process import (
     DaemonRunner,
     ProcessIdentity,

@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from gpu_dra.kubelet_plugin.cdi import ContainerEdits, Mount
+from gpu_dra.kubelet_plugin.mps.daemon_model import PINNED_LIMIT, DaemonPaths
 from gpu_dra.kubelet_plugin.mps.ids import checked_device_uuid
-from gpu_dra.kubelet_plugin.mps.interface import PINNED_LIMIT, DaemonPaths
 
 CONTAINER_PIPE_DIRECTORY: Final = "/tmp/nvidia-mps"
 CONTAINER_SHM: Final = "/dev/shm"

@@ -57,3 +57,8 @@ def shared_daemon_id(uuid: str) -> str:
     """The id of the one daemon per GPU or MIG device that serves MPS shares of it."""
     digest = hashlib.sha256(checked_device_uuid(uuid).encode()).hexdigest()[:16]
     return f"{SHARED_PREFIX}{digest}"
+
+
+def is_shared_daemon(daemon_id: str) -> bool:
+    """Whether ``daemon_id`` is a per-GPU shared daemon (not a per-claim one)."""
+    return daemon_id.startswith(SHARED_PREFIX)

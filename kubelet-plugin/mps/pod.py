@@ -45,8 +45,8 @@ from typing import Any, Final
 from gpu_dra.controller import errors
 from gpu_dra.driver.naming import InvalidNameError
 from gpu_dra.kubelet_plugin.kubeapi import Pod, PodApi
+from gpu_dra.kubelet_plugin.mps.daemon_model import DaemonPaths, MpsStartError, MpsStopError
 from gpu_dra.kubelet_plugin.mps.ids import checked_daemon_id
-from gpu_dra.kubelet_plugin.mps.interface import DaemonPaths, MpsStartError, MpsStopError
 from gpu_dra.kubelet_plugin.mps.process import LaunchedDaemon, wait_for_daemon_pid
 
 log = logging.getLogger(__name__)

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final, Protocol
 
-from gpu_dra.kubelet_plugin.mps.interface import DaemonPaths, MpsStartError
+from gpu_dra.kubelet_plugin.mps.daemon_model import DaemonPaths, MpsStartError
 
 PID_FILE: Final = "nvidia-cuda-mps-control.pid"
 LAUNCH_LOG: Final = "launch.log"

@@ -14,7 +14,7 @@ import subprocess
 from pathlib import Path
 from typing import Final, Protocol
 
-from gpu_dra.kubelet_plugin.mps.interface import MpsError
+from gpu_dra.kubelet_plugin.mps.daemon_model import MpsError
 
 FALLBACK_SIZE: Final = "65536k"
 MOUNTINFO: Final = Path("/proc/self/mountinfo")

@@ -22,7 +22,7 @@ from gpu_dra.driver.config.resolve import NOT_OPAQUE
 from gpu_dra.driver.discovery import discover_devices, discover_gpus
 from gpu_dra.driver.nvml.profiles import builtin_profile_names
 from gpu_dra.driver.nvml.simulated import SimulatedHost
-from gpu_dra.kubelet_plugin.inventory import NodeInventory
+from gpu_dra.kubelet_plugin.node_devices import NodeInventory
 
 REPO = Path(__file__).resolve().parents[2]
 

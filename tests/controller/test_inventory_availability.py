@@ -23,7 +23,7 @@ from gpu_dra.driver.discovery import discover_devices
 from gpu_dra.driver.model import MigPartition
 from gpu_dra.driver.nvml.simulated import SimulatedHost
 from gpu_dra.driver.shares import ShareSelection
-from gpu_dra.kubelet_plugin.inventory import NodeInventory
+from gpu_dra.kubelet_plugin.node_devices import NodeInventory
 from tests.controller.test_inventory import DRIVER, claim, exactly
 
 Obj = dict[str, Any]

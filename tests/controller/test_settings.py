@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 from dataclasses import fields
 from pathlib import Path
 
@@ -95,3 +96,52 @@ def test_the_webhook_is_off_by_default_and_set_by_port_and_tls_files() -> None:
     assert settings.webhook_port == 8443
     assert settings.webhook_tls_cert_file == Path("/tls/tls.crt")
     assert settings.webhook_tls_private_key_file == Path("/tls/tls.key")
+
+
+def test_leader_election_durations_take_seconds_or_nvidias_go_durations() -> None:
+    settings = ControllerSettings.from_args(
+        [
+            "--leader-election-enabled",
+            "--leader-election-lease-duration=1m30s",
+            "--leader-election-renew-deadline=20",
+            "--leader-election-retry-period=500ms",
+        ],
+        {"GPU_DRA_LEADER_ELECTION_LEASE_LOCK_NAMESPACE": "gpu-system"},
+    )
+
+    assert settings.leader_election_enabled is True
+    assert settings.leader_election_lease_duration_s == 90.0
+    assert settings.leader_election_renew_deadline_s == 20.0
+    assert settings.leader_election_retry_period_s == 0.5
+    assert settings.leader_election_lease_lock_namespace == "gpu-system"
+    defaults = ControllerSettings()
+    assert (
+        defaults.leader_election_lease_duration_s,
+        defaults.leader_election_renew_deadline_s,
+        defaults.leader_election_retry_period_s,
+    ) == (15.0, 10.0, 2.0)  # client-go's
+
+
+@pytest.mark.parametrize(
+    ("argv", "complaint"),
+    [
+        (["--leader-election-lease-duration=15 s"], "a duration such as 15s"),
+        (["--leader-election-retry-period=0s"], "more than 0 seconds"),
+        (["--leader-election-renew-deadline=20s"], "lease duration > renew deadline"),
+        (["--leader-election-retry-period=9s"], "> 1.2 x retry period"),
+    ],
+)
+def test_bad_leader_election_durations_are_usage_errors(
+    argv: list[str], complaint: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        ControllerSettings.from_args(argv, {})
+
+    assert exit_info.value.code == 2
+    assert complaint in capsys.readouterr().err
+
+
+def test_the_identity_defaults_to_the_host_name() -> None:
+    assert ControllerSettings().leader_election_identity_or_host == socket.gethostname()
+    named = ControllerSettings(leader_election_identity="gpu-dra-controller-7d9f-abcde")
+    assert named.leader_election_identity_or_host == "gpu-dra-controller-7d9f-abcde"

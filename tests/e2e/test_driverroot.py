@@ -24,7 +24,7 @@ import pytest
 from e2e import driverroot, nvmlmock
 from e2e.cluster.paths import ClusterPaths
 from e2e.driverroot import LIBRARIES, NVML, DriverRoot, build_driver_root, remove_driver_root
-from gpu_dra.kubelet_plugin.inventory import ProcMigCapabilities
+from gpu_dra.kubelet_plugin.node_devices import ProcMigCapabilities
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0, reason="mknod and ldconfig -r need root (the e2e tooling runs as root)"

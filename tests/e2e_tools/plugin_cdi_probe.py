@@ -4,7 +4,7 @@
 with the NVML mock library's ``GPU_DRA_NVML_MOCK_*`` variables in the environment (pynvml keeps
 one loaded library per process, hence the subprocess). It composes the plugin as its
 ``__main__`` does in real mode (`discover`, `node_inventory`, `_common_edits` over `RealNvml` of
-the driver root), builds the real `WholeGpuPreparer` over it (claims from an in-memory API
+the driver root), builds the real `NodeClaimPreparer` over it (claims from an in-memory API
 server, the MPS test double, the recorded time slicer) and prepares one claim at a time: each
 published device alone, then MPS and TimeSlicing claims on a whole GPU and on a MIG device. It
 prints one JSON list, one entry per claim: ``label``, ``device`` (the DRA device name),
@@ -27,7 +27,7 @@ from gpu_dra.driver.nvml.real import RealNvml
 from gpu_dra.driver.nvml.sysfs import SysfsPciTopology
 from gpu_dra.kubelet_plugin.__main__ import _common_edits, discover, node_inventory
 from gpu_dra.kubelet_plugin.cdi import ContainerEdits
-from gpu_dra.kubelet_plugin.inventory import NodeInventory
+from gpu_dra.kubelet_plugin.node_devices import NodeInventory
 from gpu_dra.kubelet_plugin.settings import KubeletPluginSettings
 from gpu_dra.kubelet_plugin.timeslicing import RecordedTimeSlicer
 from tests.doubles.mps_helpers import kill_processes_under, scratch_root

@@ -34,8 +34,8 @@ from gpu_dra.driver.nvml.interface import (
 from gpu_dra.driver.nvml.real import RealNvml
 from gpu_dra.driver.nvml.sysfs import SysfsPciTopology
 from gpu_dra.kubelet_plugin.__main__ import _nvml, discover, node_inventory
-from gpu_dra.kubelet_plugin.inventory import NodeInventory
 from gpu_dra.kubelet_plugin.mig import MigError, MigLifecycle
+from gpu_dra.kubelet_plugin.node_devices import NodeInventory
 from gpu_dra.kubelet_plugin.settings import KubeletPluginSettings
 
 

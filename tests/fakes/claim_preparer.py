@@ -6,12 +6,12 @@ import asyncio
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from gpu_dra.kubelet_plugin.preparer import ClaimRef, PreparedDevice, PrepareResult
+from gpu_dra.kubelet_plugin.prepare_protocol import ClaimRef, PreparedDevice, PrepareResult
 
 
 @dataclass
 class InMemoryClaimPreparer:
-    """Scripted :class:`gpu_dra.kubelet_plugin.preparer.ClaimPreparer`.
+    """Scripted :class:`gpu_dra.kubelet_plugin.prepare_protocol.ClaimPreparer`.
 
     Claims listed in ``devices`` prepare to those devices (others to no devices), claims in
     ``prepare_errors`` / ``unprepare_errors`` fail with that message, claims in ``forget`` are

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gpu_dra.kubelet_plugin.inventory import NodeInventory
+from gpu_dra.kubelet_plugin.node_devices import NodeInventory
 from tests.doubles.mps_helpers import kill_processes_under, scratch_root
 from tests.kubelet_plugin.nodes import hgx_h100_inventory
 

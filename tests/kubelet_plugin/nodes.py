@@ -1,6 +1,6 @@
 """The kubelet plugin's prepare side on a test node, shared by the prepare tests: the real
 checkpoint, CDI store and claim files under a temporary directory, claims from an in-memory API
-server, GPUs of a simulated machine profile, and the real `WholeGpuPreparer` built over them.
+server, GPUs of a simulated machine profile, and the real `NodeClaimPreparer` built over them.
 
 `Node` serves static inventories (whole GPUs, static MIG); `MpsNode` adds the real MPS daemon
 manager running the ``nvidia-cuda-mps-control`` test double; `DynamicMigNode` simulates an
@@ -26,7 +26,6 @@ from gpu_dra.driver.nvml.simulated import SimulatedHost
 from gpu_dra.driver.shares import ShareSelection
 from gpu_dra.kubelet_plugin.cdi import CdiDevice, ClaimSpecStore, ContainerEdits
 from gpu_dra.kubelet_plugin.checkpoint import Checkpoint, LoadResult
-from gpu_dra.kubelet_plugin.inventory import NodeInventory
 from gpu_dra.kubelet_plugin.kubeapi import ResourceClaim
 from gpu_dra.kubelet_plugin.mig import DynamicMig, MigLifecycle, SimulatedMigStateFile
 from gpu_dra.kubelet_plugin.mps import (
@@ -38,8 +37,9 @@ from gpu_dra.kubelet_plugin.mps import (
     handles_from_state,
 )
 from gpu_dra.kubelet_plugin.mps.process import start_time
-from gpu_dra.kubelet_plugin.prepare import WholeGpuPreparer
-from gpu_dra.kubelet_plugin.preparer import ClaimRef, PreparedDevice, PrepareResult
+from gpu_dra.kubelet_plugin.node_devices import NodeInventory
+from gpu_dra.kubelet_plugin.prepare import NodeClaimPreparer
+from gpu_dra.kubelet_plugin.prepare_protocol import ClaimRef, PreparedDevice, PrepareResult
 from tests.doubles import nvidia_cuda_mps_control as double
 from tests.doubles.mps_helpers import DOUBLE_BINARY, double_env, processes_under
 from tests.fakes.claim_reader import (
@@ -112,16 +112,16 @@ class PluginOnNode:
     checkpoint: Checkpoint
     cdi: ClaimSpecStore
     data_dir: Path
-    preparer: WholeGpuPreparer
+    preparer: NodeClaimPreparer
 
     def preparer_options(self) -> dict[str, Any]:
-        """Further `WholeGpuPreparer` arguments (MPS, time slicing, ...); built at each restart."""
+        """Further `NodeClaimPreparer` arguments (MPS, time slicing, ...); built at each restart."""
         return {}
 
-    def build_preparer(self, **options: Any) -> WholeGpuPreparer:
+    def build_preparer(self, **options: Any) -> NodeClaimPreparer:
         """The preparer of driver `DRIVER` on node `NODE`, claim files in ``<data_dir>/claims``,
         with `preparer_options` and `options`."""
-        return WholeGpuPreparer(
+        return NodeClaimPreparer(
             driver_name=DRIVER,
             node_name=NODE,
             inventory=self.inventory,

@@ -28,7 +28,7 @@ from gpu_dra.kubelet_plugin.checkpoint import (
     ClaimPhase,
     read_boot_id,
 )
-from gpu_dra.kubelet_plugin.preparer import ClaimRef, PreparedDevice
+from gpu_dra.kubelet_plugin.prepare_protocol import ClaimRef, PreparedDevice
 
 UID_A = "0b6a1e3c-8f43-4a55-9a0e-2f7d1c9b8a01"
 UID_B = "5d2c9f71-3e8a-4b6d-8c1f-6a4e2b0d9c02"
@@ -662,4 +662,93 @@ def test_failed_group_write_raises_in_every_waiter_and_keeps_the_previous_file(
     assert checkpoint.get(UID_B) is None
     checkpoint.put(entry(UID_C))
     assert set(on_disk(tmp_path)["claims"]) == {UID_A, UID_C}
+    assert set(opened(tmp_path).all()) == {UID_A, UID_C}
+
+
+# --- update ---------------------------------------------------------------------------
+
+
+def test_update_gives_the_entry_on_disk_and_keeps_what_it_returns(tmp_path: Path) -> None:
+    checkpoint = opened(tmp_path)
+    seen: list[CheckpointEntry | None] = []
+
+    def start(current: CheckpointEntry | None) -> CheckpointEntry:
+        seen.append(current)
+        return entry(UID_A, ClaimPhase.PREPARE_STARTED, devices=(), state={"step": (1,)})
+
+    kept = checkpoint.update(UID_A, start)
+
+    assert seen == [None]
+    assert kept == entry(UID_A, ClaimPhase.PREPARE_STARTED, devices=(), state={"step": [1]})
+    assert opened(tmp_path).get(UID_A) == kept
+
+    def complete(current: CheckpointEntry | None) -> CheckpointEntry:
+        assert current is not None
+        return replace(current, phase=ClaimPhase.PREPARE_COMPLETED, devices=(DEVICE,))
+
+    assert checkpoint.update(UID_A, complete) == replace(
+        kept, phase=ClaimPhase.PREPARE_COMPLETED, devices=(DEVICE,)
+    )
+    assert on_disk(tmp_path)["claims"][UID_A]["phase"] == "PrepareCompleted"
+    assert checkpoint.update(UID_A, lambda _: None) is None
+    assert on_disk(tmp_path)["claims"] == {}
+    assert opened(tmp_path).all() == {}
+
+
+def test_update_refusing_an_entry_raises_and_changes_nothing(tmp_path: Path) -> None:
+    checkpoint = opened(tmp_path)
+    checkpoint.put(entry(UID_A))
+    before = on_disk(tmp_path)
+
+    with pytest.raises(ValueError, match="not JSON"):
+        checkpoint.update(UID_A, lambda _: entry(UID_A, state={"bad": {1, 2}}))
+    with pytest.raises(ValueError, match=f"returned the entry of {UID_B}"):
+        checkpoint.update(UID_A, lambda _: entry(UID_B))
+
+    def fails(_: CheckpointEntry | None) -> CheckpointEntry | None:
+        raise KeyError("mutate failed")
+
+    with pytest.raises(KeyError, match="mutate failed"):
+        checkpoint.update(UID_A, fails)
+    assert on_disk(tmp_path) == before
+    assert checkpoint.get(UID_A) == entry(UID_A)
+
+
+def test_a_refused_update_fails_alone_and_its_batch_is_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    checkpoint = opened(tmp_path)
+    hook = WriteHook(monkeypatch)
+    hook.hold = threading.Event()
+    outcomes: dict[str, BaseException | None] = {}
+
+    def update(uid: str, mutate: Callable[[CheckpointEntry | None], CheckpointEntry]) -> None:
+        try:
+            checkpoint.update(uid, mutate)
+        except BaseException as error:
+            outcomes[uid] = error
+        else:
+            outcomes[uid] = None
+
+    def refuse(_: CheckpointEntry | None) -> CheckpointEntry:
+        raise RuntimeError("refused")
+
+    first = threading.Thread(target=update, args=(UID_A, lambda _: entry(UID_A)))
+    first.start()
+    assert hook.started.wait(timeout=10)  # write 1 is under way; the next two queue
+    batch = [
+        threading.Thread(target=update, args=(UID_B, refuse)),
+        threading.Thread(target=update, args=(UID_C, lambda _: entry(UID_C))),
+    ]
+    for thread in batch:
+        thread.start()
+    wait_until(lambda: pending_changes(checkpoint) == 2, "both updates are queued")
+    hook.hold.set()
+    for thread in (first, *batch):
+        thread.join(timeout=10)
+
+    assert outcomes[UID_A] is None
+    assert outcomes[UID_C] is None
+    assert isinstance(outcomes[UID_B], RuntimeError)
+    assert hook.written() == [frozenset({UID_A}), frozenset({UID_A, UID_C})]
     assert set(opened(tmp_path).all()) == {UID_A, UID_C}

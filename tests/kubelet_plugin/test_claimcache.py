@@ -26,15 +26,15 @@ from gpu_dra.driver.nvml.simulated import SimulatedHost
 from gpu_dra.kubelet_plugin.cdi import ClaimSpecStore
 from gpu_dra.kubelet_plugin.checkpoint import Checkpoint
 from gpu_dra.kubelet_plugin.claimcache import CachedClaimReader, ClaimCacheSettings
-from gpu_dra.kubelet_plugin.inventory import NodeInventory
 from gpu_dra.kubelet_plugin.kubeapi import (
     ClaimNotFoundError,
     ClaimReadError,
     KubernetesClaimReader,
     ResourceClaim,
 )
-from gpu_dra.kubelet_plugin.prepare import WholeGpuPreparer
-from gpu_dra.kubelet_plugin.preparer import ClaimRef
+from gpu_dra.kubelet_plugin.node_devices import NodeInventory
+from gpu_dra.kubelet_plugin.prepare import NodeClaimPreparer
+from gpu_dra.kubelet_plugin.prepare_protocol import ClaimRef
 from tests.fakes.claim_api import InMemoryClaimApi, Verb
 from tests.fakes.claim_reader import allocation_result, resource_claim
 
@@ -350,10 +350,10 @@ def inventory() -> NodeInventory:
 @pytest.fixture
 def preparer(
     tmp_path: Path, inventory: NodeInventory, api: InMemoryClaimApi, cache: CachedClaimReader
-) -> WholeGpuPreparer:
+) -> NodeClaimPreparer:
     checkpoint = Checkpoint(tmp_path / "data", boot_id=lambda: "boot-1")
     checkpoint.load()
-    return WholeGpuPreparer(
+    return NodeClaimPreparer(
         driver_name=DRIVER,
         node_name=NODE,
         inventory=inventory,
@@ -366,7 +366,7 @@ def preparer(
 
 
 def test_preparer_reads_a_claim_replaced_behind_the_cache_from_the_api_server(
-    api: InMemoryClaimApi, cache: CachedClaimReader, preparer: WholeGpuPreparer
+    api: InMemoryClaimApi, cache: CachedClaimReader, preparer: NodeClaimPreparer
 ) -> None:
     api.add(gpu_claim(UID_A))
     start(cache, api)
@@ -382,7 +382,7 @@ def test_preparer_reads_a_claim_replaced_behind_the_cache_from_the_api_server(
 
 
 def test_preparer_reports_a_replaced_claim_after_one_read_from_the_api_server(
-    api: InMemoryClaimApi, cache: CachedClaimReader, preparer: WholeGpuPreparer
+    api: InMemoryClaimApi, cache: CachedClaimReader, preparer: NodeClaimPreparer
 ) -> None:
     api.add(gpu_claim(UID_A))
     start(cache, api)
@@ -395,7 +395,7 @@ def test_preparer_reports_a_replaced_claim_after_one_read_from_the_api_server(
 
 
 def test_preparer_does_not_read_a_cached_claim_twice(
-    api: InMemoryClaimApi, cache: CachedClaimReader, preparer: WholeGpuPreparer
+    api: InMemoryClaimApi, cache: CachedClaimReader, preparer: NodeClaimPreparer
 ) -> None:
     api.add(gpu_claim(UID_A))
     start(cache, api)

@@ -29,7 +29,6 @@ from gpu_dra.kubelet_plugin.device_health.inbox import (
 )
 from gpu_dra.kubelet_plugin.device_health.mps import SharedDaemonLiveness
 from gpu_dra.kubelet_plugin.device_health.runtime import health_runtime, health_services
-from gpu_dra.kubelet_plugin.inventory import NodeInventory
 from gpu_dra.kubelet_plugin.mps import (
     DaemonHandle,
     DaemonState,
@@ -38,8 +37,9 @@ from gpu_dra.kubelet_plugin.mps import (
     claim_daemon_id,
     shared_daemon_id,
 )
-from gpu_dra.kubelet_plugin.mps.interface import handles_to_state
-from gpu_dra.kubelet_plugin.preparer import ClaimRef
+from gpu_dra.kubelet_plugin.mps.daemon_model import handles_to_state
+from gpu_dra.kubelet_plugin.node_devices import NodeInventory
+from gpu_dra.kubelet_plugin.prepare_protocol import ClaimRef
 from gpu_dra.kubelet_plugin.settings import KubeletPluginSettings
 
 NODE = "node-a"

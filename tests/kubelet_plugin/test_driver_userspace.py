@@ -17,17 +17,15 @@ from pathlib import Path, PurePosixPath
 import pytest
 
 from gpu_dra.kubelet_plugin.cdi import CdiDevice, DeviceNode, build_claim_spec
+from gpu_dra.kubelet_plugin.driver_root import DriverRoot, DriverUserspaceError, resolve_in_root
 from gpu_dra.kubelet_plugin.driver_userspace import (
     CommonEdits,
-    DriverRoot,
     DriverUserspace,
-    DriverUserspaceError,
     discover_userspace,
     gpu_device_edits,
     hook_name,
     mig_capability_nodes,
     nvidia_caps_major,
-    resolve_in_root,
 )
 from tests.kubelet_plugin.fake_driver_root import (
     CAPS_MAJOR,

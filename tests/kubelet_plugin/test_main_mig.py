@@ -12,8 +12,8 @@ import pytest
 from gpu_dra.driver.discovery import discover_devices
 from gpu_dra.driver.nvml.interface import NvmlLibrary
 from gpu_dra.kubelet_plugin.__main__ import _dynamic_mig, _nvml
-from gpu_dra.kubelet_plugin.inventory import NodeInventory
 from gpu_dra.kubelet_plugin.mig import SIMULATED_STATE_FILE, TEST_CRASH_ENV, MigLifecycle
+from gpu_dra.kubelet_plugin.node_devices import NodeInventory
 from gpu_dra.kubelet_plugin.settings import KubeletPluginSettings
 
 

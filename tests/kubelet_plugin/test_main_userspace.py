@@ -13,7 +13,7 @@ import pytest
 from gpu_dra.driver.nvml.interface import nvml_error
 from gpu_dra.driver.nvml.simulated import SimulatedHost
 from gpu_dra.kubelet_plugin.__main__ import _common_edits, driver_root, nvml_driver_version
-from gpu_dra.kubelet_plugin.driver_userspace import DriverUserspaceError
+from gpu_dra.kubelet_plugin.driver_root import DriverUserspaceError
 from gpu_dra.kubelet_plugin.settings import KubeletPluginSettings
 from tests.kubelet_plugin.fake_driver_root import VERSION, build_driver_root
 

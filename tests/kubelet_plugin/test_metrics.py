@@ -7,7 +7,7 @@ import asyncio
 from prometheus_client import CollectorRegistry
 
 from gpu_dra.kubelet_plugin.metrics import PluginMetrics
-from gpu_dra.kubelet_plugin.preparer import ClaimRef
+from gpu_dra.kubelet_plugin.prepare_protocol import ClaimRef
 from gpu_dra.kubelet_plugin.service import ClaimCallHandler
 from tests.fakes.claim_preparer import InMemoryClaimPreparer
 

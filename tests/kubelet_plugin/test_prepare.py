@@ -19,8 +19,8 @@ import pytest
 from gpu_dra.kubelet_plugin import checkpoint as checkpoint_module
 from gpu_dra.kubelet_plugin.cdi import CdiDevice, ContainerEdits
 from gpu_dra.kubelet_plugin.checkpoint import CheckpointEntry, ClaimPhase
-from gpu_dra.kubelet_plugin.inventory import NodeInventory
-from gpu_dra.kubelet_plugin.preparer import ClaimRef, PreparedDevice, PrepareResult
+from gpu_dra.kubelet_plugin.node_devices import NodeInventory
+from gpu_dra.kubelet_plugin.prepare_protocol import ClaimRef, PreparedDevice, PrepareResult
 from tests.fakes.claim_reader import (
     allocation_result,
     gpu_config,

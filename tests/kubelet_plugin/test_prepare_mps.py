@@ -19,7 +19,6 @@ import pytest
 from gpu_dra.driver.discovery import discover_devices
 from gpu_dra.driver.nvml.simulated import SimulatedHost
 from gpu_dra.kubelet_plugin.checkpoint import CheckpointEntry, ClaimPhase
-from gpu_dra.kubelet_plugin.inventory import NodeInventory
 from gpu_dra.kubelet_plugin.mps import (
     MPS_STATE_KEY,
     DaemonHandle,
@@ -28,6 +27,7 @@ from gpu_dra.kubelet_plugin.mps import (
     claim_daemon_id,
     handles_from_state,
 )
+from gpu_dra.kubelet_plugin.node_devices import NodeInventory
 from tests.doubles import nvidia_cuda_mps_control as double
 from tests.fakes.claim_reader import allocation_result, gpu_config, opaque_config, resource_claim
 from tests.kubelet_plugin.nodes import (

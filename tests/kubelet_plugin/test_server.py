@@ -26,7 +26,7 @@ from gpu_dra.kubelet_plugin._generated.dra.v1beta1 import api_pb2 as v1beta1
 from gpu_dra.kubelet_plugin._generated.dra.v1beta1 import api_pb2_grpc as v1beta1_grpc
 from gpu_dra.kubelet_plugin._generated.pluginregistration import api_pb2 as reg
 from gpu_dra.kubelet_plugin._generated.pluginregistration import api_pb2_grpc as reg_grpc
-from gpu_dra.kubelet_plugin.preparer import PreparedDevice
+from gpu_dra.kubelet_plugin.prepare_protocol import PreparedDevice
 from gpu_dra.kubelet_plugin.server import PluginServer
 from tests.fakes.claim_preparer import InMemoryClaimPreparer
 

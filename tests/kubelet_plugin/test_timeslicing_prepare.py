@@ -15,8 +15,8 @@ import pytest
 from gpu_dra.driver.discovery import discover_devices
 from gpu_dra.driver.nvml.simulated import SimulatedHost
 from gpu_dra.kubelet_plugin.checkpoint import CheckpointEntry, ClaimPhase
-from gpu_dra.kubelet_plugin.inventory import NodeInventory
-from gpu_dra.kubelet_plugin.preparer import ClaimRef
+from gpu_dra.kubelet_plugin.node_devices import NodeInventory
+from gpu_dra.kubelet_plugin.prepare_protocol import ClaimRef
 from gpu_dra.kubelet_plugin.timeslicing import (
     TIME_SLICE_STATE_KEY,
     RecordedTimeSlicer,

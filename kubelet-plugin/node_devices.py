@@ -31,10 +31,9 @@ from gpu_dra.driver.model import Gpu, MigCapableGpu, MigDevice, MigPartition, No
 from gpu_dra.driver.naming import gpu_device_name, mig_device_name
 from gpu_dra.driver.resourceapi import CounterSet, Device, DeviceTaint
 from gpu_dra.kubelet_plugin.cdi import ContainerEdits, DeviceNode, Mount
+from gpu_dra.kubelet_plugin.driver_root import HOST_INSTALLED_DRIVER, DriverRoot
 from gpu_dra.kubelet_plugin.driver_userspace import (
     DEFAULT_CDI_HOOK_PATH,
-    HOST_INSTALLED_DRIVER,
-    DriverRoot,
     gpu_device_edits,
     mig_capability_nodes,
 )
@@ -326,7 +325,7 @@ class NodeInventory:
         Real devices get their own device nodes only (those missing under the ``/dev`` root are
         left out and logged); the driver's common edits are `driver_userspace.CommonEdits`.
         Raises `MigCapabilityError` for a real MIG device whose capability nodes are not found,
-        `driver_userspace.DriverUserspaceError` when the ``nvidia-caps`` major is unknown.
+        `driver_root.DriverUserspaceError` when the ``nvidia-caps`` major is unknown.
         """
         name = device_name(device)
         prefix = device_env_prefix(name)

@@ -22,15 +22,15 @@ from gpu_dra.driver.nvml.simulated import SimulatedHost
 from gpu_dra.driver.shares import ShareSelection, ShareSelectionError
 from gpu_dra.kubelet_plugin.cdi import CdiDevice, ClaimSpecStore, DeviceNode, build_claim_spec
 from gpu_dra.kubelet_plugin.checkpoint import Checkpoint
-from gpu_dra.kubelet_plugin.driver_userspace import DriverRoot, DriverUserspaceError
-from gpu_dra.kubelet_plugin.inventory import (
+from gpu_dra.kubelet_plugin.driver_root import DriverRoot, DriverUserspaceError
+from gpu_dra.kubelet_plugin.node_devices import (
     MigCapabilityError,
     NodeInventory,
     ProcMigCapabilities,
     device_env_prefix,
 )
-from gpu_dra.kubelet_plugin.prepare import WholeGpuPreparer
-from gpu_dra.kubelet_plugin.preparer import ClaimRef
+from gpu_dra.kubelet_plugin.prepare import NodeClaimPreparer
+from gpu_dra.kubelet_plugin.prepare_protocol import ClaimRef
 from tests.fakes.claim_reader import InMemoryClaimReader, allocation_result, resource_claim
 
 NODE = "node-a"
@@ -468,7 +468,7 @@ def test_the_preparer_hands_out_mig_devices_through_by_name_and_container_edits(
     cdi = ClaimSpecStore(tmp_path / "cdi", driver_name=DRIVER)
     checkpoint = Checkpoint(tmp_path / "data", boot_id=lambda: "boot-1")
     checkpoint.load()
-    preparer = WholeGpuPreparer(
+    preparer = NodeClaimPreparer(
         driver_name=DRIVER,
         node_name=NODE,
         inventory=inventory,

@@ -1,0 +1,68 @@
+"""Prepared claims as the checkpoint records them; `ClaimRecords.update` is the one way to change
+a claim's record.
+
+Prepare, rollback, unprepare and recovery change records only through `update` (the phase
+changes are the mutations below); the tiers and the rest of the plugin only read. An update
+returns once it is on disk, and updates of claims prepared at the same time share writes. The
+caller holds the claim's lock, so updates of one claim never race. See docs/architecture.md,
+"Prepare and unprepare".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from gpu_dra.kubelet_plugin.checkpoint import (
+    Checkpoint,
+    CheckpointEntry,
+    ClaimPhase,
+    JsonValue,
+    Mutation,
+)
+from gpu_dra.kubelet_plugin.prepare_protocol import ClaimRef, PreparedDevice
+
+
+class ClaimRecords:
+    """The checkpoint's claim entries: reads, and `update`. Blocking (file I/O, fsync, the
+    checkpoint's lock): call it from a worker thread."""
+
+    def __init__(self, checkpoint: Checkpoint) -> None:
+        self._checkpoint = checkpoint
+
+    def get(self, claim_uid: str) -> CheckpointEntry | None:
+        return self._checkpoint.get(claim_uid)
+
+    def all(self) -> dict[str, CheckpointEntry]:
+        return self._checkpoint.all()
+
+    def others(self, claim_uid: str) -> dict[str, CheckpointEntry]:
+        """Every entry but that of ``claim_uid``."""
+        return {uid: e for uid, e in self._checkpoint.all().items() if uid != claim_uid}
+
+    def update(self, claim_uid: str, mutate: Mutation) -> CheckpointEntry | None:
+        """The only change of a claim's record: ``mutate`` gets its entry (None: none) and
+        returns the one to keep (None: remove it); returns that once it is on disk. ``mutate``
+        runs under the checkpoint's lock: quick, and no checkpoint calls."""
+        return self._checkpoint.update(claim_uid, mutate)
+
+
+def started(claim: ClaimRef, state: Mapping[str, JsonValue]) -> Mutation:
+    """The claim's entry becomes `PrepareStarted` with ``state``: what the prepare under way
+    has recorded so far (intents and what it made), enough to undo it after a crash."""
+    entry = CheckpointEntry(claim=claim, phase=ClaimPhase.PREPARE_STARTED, state=dict(state))
+    return lambda _: entry
+
+
+def completed(
+    claim: ClaimRef, devices: Sequence[PreparedDevice], state: Mapping[str, JsonValue]
+) -> Mutation:
+    """The claim's entry becomes `PrepareCompleted` with its prepared devices and ``state``."""
+    entry = CheckpointEntry(
+        claim=claim, phase=ClaimPhase.PREPARE_COMPLETED, devices=tuple(devices), state=dict(state)
+    )
+    return lambda _: entry
+
+
+def removed(_: CheckpointEntry | None) -> None:
+    """The claim's entry goes (the last step of an unprepare or a rollback)."""
+    return None

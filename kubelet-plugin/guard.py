@@ -1,0 +1,302 @@
+"""Start-up guard: the plugin refuses a node whose GPUs something else already hands out.
+
+Checked before recovery touches anything (`check_node`): NVIDIA's device plugin (the Node's
+allocatable `nvidia.com/gpu`, `nvidia.com/gpu.*` or `nvidia.com/mig-*` above 0, or a socket
+`nvidia-*.sock` in the kubelet's device-plugins directory that accepts connections), another
+process serving this driver's DRA or registration socket, and ResourceSlices of this driver for
+this node that gpu-dra did not publish. A refusal is logged, recorded as a Warning Event on the
+Node and stops the plugin (exit status 1). `--allow-nvidia-device-plugin` turns the device
+plugin findings into warnings; the others cannot be overridden. See docs/deployment.md,
+"Start-up guard".
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import socket
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Protocol, cast
+
+from kubernetes import client as k8s
+
+from gpu_dra.controller import errors
+from gpu_dra.controller.kubeapi import ResourceSlice, SliceSelector, translated_errors
+from gpu_dra.controller.sliceplan import spec_hash_annotation
+from gpu_dra.driver.resourceapi import API_GROUP, API_VERSION
+
+log = logging.getLogger(__name__)
+
+DEVICE_PLUGIN_REASON = "NvidiaDevicePluginPresent"
+DRA_DRIVER_REASON = "GpuDraDriverConflict"
+COMPONENT = "gpu-dra-kubelet-plugin"
+EVENT_MESSAGE_LIMIT = 1024
+SOCKET_PROBE_TIMEOUT_S = 1.0
+DEVICE_PLUGIN_SOCKET_GLOB = "nvidia-*.sock"
+"""NVIDIA's device plugin serves resource `nvidia.com/<name>` on `nvidia-<name>.sock`."""
+
+
+@dataclass(frozen=True)
+class Finding:
+    reason: str
+    """The Event reason: `DEVICE_PLUGIN_REASON` or `DRA_DRIVER_REASON`."""
+    message: str
+
+    @property
+    def overridable(self) -> bool:
+        """Whether `--allow-nvidia-device-plugin` lets the plugin start anyway."""
+        return self.reason == DEVICE_PLUGIN_REASON
+
+
+class GuardApi(Protocol):
+    """What the guard reads and writes (blocking; failures are `errors.ApiError`)."""
+
+    def read_node(self, name: str) -> dict[str, Any]: ...
+
+    def list_node_slices(self, driver: str, node_name: str) -> list[ResourceSlice]: ...
+
+    def create_event(self, namespace: str, event: dict[str, Any]) -> None: ...
+
+
+def device_plugin_resources(node: Mapping[str, Any]) -> dict[str, str]:
+    """The Node's allocatable NVIDIA device-plugin resources above 0 (name -> quantity)."""
+    allocatable = (node.get("status") or {}).get("allocatable") or {}
+    return {
+        name: str(quantity)
+        for name, quantity in sorted(allocatable.items())
+        if _is_nvidia_device_plugin_resource(name) and _positive(str(quantity))
+    }
+
+
+def _is_nvidia_device_plugin_resource(name: str) -> bool:
+    return name == "nvidia.com/gpu" or name.startswith(("nvidia.com/gpu.", "nvidia.com/mig-"))
+
+
+def _positive(quantity: str) -> bool:
+    text = quantity.strip()
+    try:
+        return float(text) > 0
+    except ValueError:
+        return text not in ("", "0")  # a suffixed quantity (1k) is more than 0
+
+
+def answering_sockets(paths: Sequence[Path]) -> list[Path]:
+    """Those of `paths` that are Unix sockets with a listener (a stale file refuses)."""
+    found = []
+    for path in paths:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+            probe.settimeout(SOCKET_PROBE_TIMEOUT_S)
+            try:
+                probe.connect(str(path))
+            except OSError:
+                continue
+            found.append(path)
+    return found
+
+
+def device_plugin_sockets(directory: Path) -> list[Path]:
+    """NVIDIA device-plugin sockets in the kubelet's device-plugins directory that answer."""
+    try:
+        candidates = sorted(directory.glob(DEVICE_PLUGIN_SOCKET_GLOB))
+    except OSError:
+        return []
+    return answering_sockets(candidates)
+
+
+def driver_sockets(plugins_dir: Path, registry_dir: Path, driver_name: str) -> list[Path]:
+    """Sockets of `driver_name` that another process already serves: the DRA socket (also the
+    per-instance `dra-<id>.sock` of rolling updates) and the registration socket
+    (`<driver>-reg.sock`, `<driver>-<id>-reg.sock`)."""
+    socket_dir = plugins_dir / driver_name
+    candidates: list[Path] = []
+    with contextlib.suppress(OSError):
+        candidates += sorted(socket_dir.glob("dra*.sock"))
+    with contextlib.suppress(OSError):
+        candidates += sorted(registry_dir.glob(f"{driver_name}-*reg.sock"))
+    return answering_sockets(candidates)
+
+
+def foreign_slices(slices: Sequence[ResourceSlice], driver: str, node_name: str) -> list[str]:
+    """Names (and pools) of the node's slices of `driver` that gpu-dra did not publish: ours are
+    in the pool named after the node and carry the publisher's `<driver>/spec-hash`."""
+    annotation = spec_hash_annotation(driver)
+    found = []
+    for item in slices:
+        raw = cast("dict[str, Any]", item)  # as the apiserver sent it: fields may be missing
+        metadata = raw.get("metadata") or {}
+        pool = ((raw.get("spec") or {}).get("pool") or {}).get("name", "")
+        if annotation not in (metadata.get("annotations") or {}) or pool != node_name:
+            found.append(f"{metadata.get('name', '?')} (pool {pool or '?'})")
+    return found
+
+
+@dataclass(frozen=True)
+class NodeCheck:
+    node_name: str
+    driver_name: str
+    plugins_dir: Path
+    registry_dir: Path
+    device_plugins_dir: Path
+
+
+def check_node(api: GuardApi, check: NodeCheck) -> tuple[dict[str, Any], list[Finding]]:
+    """The Node and what already serves its GPUs. API failures raise `errors.ApiError`: a check
+    that could not be made is not a pass."""
+    node = api.read_node(check.node_name)
+    findings = []
+    resources = device_plugin_resources(node)
+    if resources:
+        listed = ", ".join(f"{name}={quantity}" for name, quantity in resources.items())
+        findings.append(
+            Finding(
+                DEVICE_PLUGIN_REASON,
+                f"node {check.node_name} has allocatable {listed}: a device plugin (NVIDIA's, "
+                "or the GPU Operator's) serves its GPUs",
+            )
+        )
+    sockets = device_plugin_sockets(check.device_plugins_dir)
+    if sockets:
+        findings.append(
+            Finding(
+                DEVICE_PLUGIN_REASON,
+                f"NVIDIA device plugin socket(s) {', '.join(map(str, sockets))} accept "
+                "connections: NVIDIA's device plugin runs on this node",
+            )
+        )
+    served = driver_sockets(check.plugins_dir, check.registry_dir, check.driver_name)
+    if served:
+        findings.append(
+            Finding(
+                DRA_DRIVER_REASON,
+                f"another process serves the {check.driver_name} socket(s) "
+                f"{', '.join(map(str, served))}: a DRA driver of that name (NVIDIA's, or a "
+                "second gpu-dra plugin) already runs on this node",
+            )
+        )
+    foreign = foreign_slices(
+        api.list_node_slices(check.driver_name, check.node_name),
+        check.driver_name,
+        check.node_name,
+    )
+    if foreign:
+        findings.append(
+            Finding(
+                DRA_DRIVER_REASON,
+                f"ResourceSlices of driver {check.driver_name} for node {check.node_name} that "
+                f"gpu-dra did not publish: {', '.join(foreign)}; another DRA driver publishes "
+                "these GPUs (once it is gone the kubelet removes them, or delete them)",
+            )
+        )
+    return node, findings
+
+
+def node_event(
+    node: Mapping[str, Any], namespace: str, finding: Finding, now: datetime
+) -> dict[str, Any]:
+    """A Warning Event about `node` (as `kubectl describe node` lists them)."""
+    metadata = node.get("metadata") or {}
+    name = str(metadata.get("name", ""))
+    stamp = now.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    message = f"gpu-dra kubelet plugin refuses to start: {finding.message}"
+    if len(message) > EVENT_MESSAGE_LIMIT:
+        message = message[: EVENT_MESSAGE_LIMIT - 1] + "…"
+    return {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"generateName": f"{name}.gpu-dra-", "namespace": namespace},
+        "involvedObject": {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "name": name,
+            "uid": str(metadata.get("uid", "")),
+        },
+        "reason": finding.reason,
+        "message": message,
+        "type": "Warning",
+        "source": {"component": COMPONENT, "host": name},
+        "reportingComponent": COMPONENT,
+        "reportingInstance": name,
+        "firstTimestamp": stamp,
+        "lastTimestamp": stamp,
+        "count": 1,
+    }
+
+
+class NodeConflictError(Exception):
+    """The node's GPUs are already handed out by something else; the message says what."""
+
+
+def guard(
+    api: GuardApi,
+    check: NodeCheck,
+    *,
+    event_namespace: str,
+    allow_device_plugin: bool,
+    now: datetime | None = None,
+) -> None:
+    """Raise `NodeConflictError` (after logging it and recording an Event on the Node) when the
+    node's GPUs are served by something else; device-plugin findings only warn with
+    `allow_device_plugin`."""
+    node, findings = check_node(api, check)
+    refusing = [f for f in findings if not (allow_device_plugin and f.overridable)]
+    for finding in findings:
+        if finding not in refusing:
+            log.warning(
+                "starting anyway (--allow-nvidia-device-plugin): %s; gpu-dra and the device "
+                "plugin may hand the same GPU to two pods",
+                finding.message,
+            )
+    if not refusing:
+        return
+    for finding in refusing:
+        log.error("refusing to start on node %s: %s", check.node_name, finding.message)
+        event = node_event(node, event_namespace, finding, now or datetime.now(UTC))
+        try:
+            api.create_event(event_namespace, event)
+        except errors.ApiError as error:
+            log.warning("could not record the refusal as an Event on the Node: %s", error)
+    hint = (
+        " (set --allow-nvidia-device-plugin to start next to the device plugin anyway)"
+        if all(f.overridable for f in refusing)
+        else ""
+    )
+    raise NodeConflictError("; ".join(f.message for f in refusing) + hint)
+
+
+class KubernetesGuardApi:
+    """`GuardApi` on the `kubernetes` client."""
+
+    def __init__(self, api_client: k8s.ApiClient, *, request_timeout_s: float = 10.0) -> None:
+        # Any: raw dictionaries in and out (_preload_content=False), not the typed models.
+        self._core: Any = k8s.CoreV1Api(api_client)
+        self._objects = k8s.CustomObjectsApi(api_client)
+        self._timeout = request_timeout_s
+
+    def read_node(self, name: str) -> dict[str, Any]:
+        with translated_errors(f"read Node {name}"):
+            response = self._core.read_node(
+                name, _preload_content=False, _request_timeout=self._timeout
+            )
+        return cast("dict[str, Any]", json.loads(response.data))
+
+    def list_node_slices(self, driver: str, node_name: str) -> list[ResourceSlice]:
+        selector = SliceSelector(driver=driver, node_name=node_name)
+        with translated_errors(f"list ResourceSlices ({selector.field_selector})"):
+            listing = self._objects.list_cluster_custom_object(
+                API_GROUP,
+                API_VERSION.removeprefix(f"{API_GROUP}/"),
+                "resourceslices",
+                field_selector=selector.field_selector,
+                _request_timeout=self._timeout,
+            )
+        return list(cast("dict[str, Any]", listing).get("items") or [])
+
+    def create_event(self, namespace: str, event: dict[str, Any]) -> None:
+        with translated_errors(f"create Event in {namespace}"):
+            self._core.create_namespaced_event(
+                namespace, event, _preload_content=False, _request_timeout=self._timeout
+            )

@@ -1,0 +1,176 @@
+"""The MPS share tier: claims holding scheduler-accounted parts of one GPU, served by its one
+shared MPS daemon (`shared_daemons`).
+
+A result on a GPU offered as shares (``--mps-shares``) is a **share** when it consumed less than
+the whole GPU in ``memory`` or ``compute``; one that consumed all of both holds the GPU and is
+prepared as any whole GPU. A share needs a config with ``sharing.strategy: MPS`` and no
+``mpsConfig`` fields, at most the largest share allowed, one per GPU and claim. Its CDI devices
+get the daemon's pipe and shm and the share's caps as client environment; its record keeps the
+daemon's handle and the share (`SHARES_STATE_KEY`). See docs/mps.md, "MPS shares".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+from gpu_dra.driver.config import ConfigGroup, mps_config
+from gpu_dra.driver.model import Gpu
+from gpu_dra.driver.shares import ShareError, ceiling, consumed_share, is_partial
+from gpu_dra.kubelet_plugin.checkpoint import CheckpointEntry, JsonValue
+from gpu_dra.kubelet_plugin.claim_records import ClaimRecords
+from gpu_dra.kubelet_plugin.mps.daemon_model import MPS_STATE_KEY, MpsControl, MpsError
+from gpu_dra.kubelet_plugin.mps.edits import workload_edits
+from gpu_dra.kubelet_plugin.mps.recorded_daemons import (
+    adopt_daemons,
+    claim_handles,
+    remove_unrecorded,
+)
+from gpu_dra.kubelet_plugin.mps.shared_daemons import SHARES_STATE_KEY, PlannedShare, SharedDaemons
+from gpu_dra.kubelet_plugin.node_devices import NodeInventory
+from gpu_dra.kubelet_plugin.tier import (
+    AllocatedResult,
+    ClaimRequest,
+    Planned,
+    PrepareError,
+    PrepareRun,
+    Tier,
+    TierPlan,
+)
+
+
+@dataclass(frozen=True)
+class SharePlan(TierPlan):
+    """The MPS shares of one claim, by device name."""
+
+    shares: tuple[PlannedShare, ...]
+    shared: SharedDaemons | None
+
+    @property
+    def devices(self) -> frozenset[str]:
+        return frozenset(share.device_name for share in self.shares)
+
+    def apply(self, run: PrepareRun) -> None:
+        """Join each share's GPU daemon; its handle is recorded before others could stop it."""
+        for share in self.shares:
+            assert self.shared is not None  # checked in plan
+            handle = self.shared.join(
+                run.claim.uid, share, lambda joined: run.append(MPS_STATE_KEY, joined.to_state())
+            )
+            run.edits[share.device_name] = workload_edits(handle.paths, share.caps())
+        if self.shares:
+            run.completed[SHARES_STATE_KEY] = {s.device_name: s.to_state() for s in self.shares}
+
+
+class MpsShareTier(Tier):
+    """`Tier` of MPS shares. Without an MPS control daemon manager, claims with shares fail."""
+
+    def __init__(
+        self,
+        mps: MpsControl | None,
+        records: ClaimRecords,
+        inventory: NodeInventory,
+        *,
+        node_name: str,
+        max_percent: int,
+    ) -> None:
+        self._mps = mps
+        self._inventory = inventory
+        self._node = node_name
+        self._max_percent = max_percent
+        self._shared = None
+        if mps is not None:
+            self._shared = SharedDaemons(mps, records, max_percent=max_percent)
+
+    def plan(self, request: ClaimRequest, planned: Planned) -> SharePlan:
+        try:
+            shares = plan_shares(
+                request.results,
+                request.groups,
+                self._inventory.shared_gpu,
+                max_percent=self._max_percent,
+            )
+        except ShareError as error:
+            raise PrepareError(str(error)) from error
+        if shares and self._shared is None:
+            raise PrepareError(
+                f"device {shares[0].device_name} is an MPS share, but MPS is not available on "
+                f"node {self._node}: the plugin has no MPS control daemon manager (see its "
+                "start-up log)"
+            )
+        return SharePlan(tuple(shares), self._shared)
+
+    def undo(
+        self, claim_uid: str, entry: CheckpointEntry | None, pending: Mapping[str, JsonValue]
+    ) -> None:
+        """Leave the shared daemons of the claim; the last claim recording one stops it."""
+        handles = claim_handles(entry, pending, shared=True)
+        if handles and self._shared is None:
+            raise MpsError(
+                f"claim {claim_uid} has MPS daemons ({', '.join(h.daemon_id for h in handles)})"
+                " but this plugin has no MPS control daemon manager to stop them"
+            )
+        for handle in handles:
+            assert self._shared is not None
+            self._shared.release(claim_uid, handle)
+
+    def adopt(self, entry: CheckpointEntry) -> None:
+        adopt_daemons(self._mps, entry, shared=True)
+
+    def sweep(self, entries: Mapping[str, CheckpointEntry]) -> None:
+        if self._mps is not None:
+            remove_unrecorded(self._mps, entries, shared=True)
+
+
+def plan_shares(
+    results: Sequence[AllocatedResult],
+    groups: Sequence[ConfigGroup],
+    shared_gpu: Callable[[str], Gpu | None],
+    *,
+    max_percent: int,
+) -> list[PlannedShare]:
+    """The results of ``results`` that are MPS shares, checked, by device name; `PrepareError`
+    (or `gpu_dra.driver.shares.ShareError` for an unreadable consumedCapacity) naming the device
+    and what to change. ``shared_gpu`` maps a device name to its GPU when that GPU is offered as
+    MPS shares."""
+    planned: dict[str, PlannedShare] = {}
+    for result in results:
+        gpu = shared_gpu(result.device)
+        if gpu is None or result.admin_access:
+            continue
+        size = consumed_share(result.consumed, gpu)
+        if not is_partial(size, gpu):
+            continue  # the whole GPU: exclusive, prepared as any whole GPU
+        where = f"device {result.device} (request {result.request}, {size})"
+        group = next((g for g in groups if _has(g, result)), None)
+        mps = None if group is None else mps_config(group.config)
+        if group is None or mps is None:
+            raise PrepareError(
+                f"{where} is an MPS share of the GPU, but its config has no "
+                "sharing.strategy MPS, so its caps could not be applied; use DeviceClass "
+                "mps.gpu.nvidia.com, or add a GpuConfig with sharing.strategy MPS"
+            )
+        fields = sorted(name for name, value in mps.model_dump(by_alias=True).items() if value)
+        if fields:
+            raise PrepareError(
+                f"{where}: {group.origin.label} sets mpsConfig {', '.join(fields)}, but an MPS "
+                "share's caps come from its capacity request (memory, compute) and its GPU's "
+                "daemon is shared; remove mpsConfig"
+            )
+        largest = ceiling(gpu, max_percent)
+        if size.memory_bytes > largest.memory_bytes or size.compute_percent > max_percent:
+            raise PrepareError(
+                f"{where} is larger than the largest MPS share this node allows ({largest}; "
+                f"--mps-share-max-percent={max_percent}); ask for at most that"
+            )
+        if result.device in planned:
+            raise PrepareError(
+                f"{where}: the claim holds two MPS shares of this GPU; ask for one share of the "
+                "combined size in one request"
+            )
+        planned[result.device] = PlannedShare(result.device, gpu, size, result.share_id)
+    return [planned[name] for name in sorted(planned)]
+
+
+def _has(group: ConfigGroup, result: AllocatedResult) -> bool:
+    return any(d.request == result.request and d.device == result.device for d in group.devices)

@@ -1,0 +1,176 @@
+"""The per-GPU MPS daemons that MPS shares join, reference-counted through the claims' records.
+
+The shares of a GPU join ONE control daemon, id `shared_daemon_id(UUID)`, started by the first
+share with the largest share allowed (``--mps-share-max-percent``) as its defaults. Each claim
+records the daemon's handle (state ``mpsDaemons``) and its share (`SHARES_STATE_KEY`); the
+daemon's reference count is the set of claims recording it (`claims_using`), so it cannot drift
+from the claims across crashes. `SharedDaemons.join` and `release` run under the daemon's lock,
+and join records the claim before letting it go, so a release never stops a daemon a join is
+handing out. See docs/mps.md, "MPS shares".
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Final
+
+from gpu_dra.driver.model import Gpu
+from gpu_dra.driver.shares import ShareSize, ceiling
+from gpu_dra.kubelet_plugin.checkpoint import JsonObject, JsonValue
+from gpu_dra.kubelet_plugin.claim_records import ClaimRecords
+from gpu_dra.kubelet_plugin.mps.daemon_model import (
+    DaemonHandle,
+    MpsControl,
+    MpsDaemonGoneError,
+    MpsError,
+    MpsSettings,
+    claims_using,
+    handles_from_state,
+)
+from gpu_dra.kubelet_plugin.mps.edits import ClientCaps
+from gpu_dra.kubelet_plugin.mps.ids import shared_daemon_id
+
+log = logging.getLogger(__name__)
+
+SHARES_STATE_KEY: Final = "mpsShares"
+"""Checkpoint ``state`` key of a claim: ``{device name: share}`` of its MPS shares."""
+
+
+@dataclass(frozen=True)
+class PlannedShare:
+    """One MPS share a claim is about to get."""
+
+    device_name: str
+    gpu: Gpu
+    size: ShareSize
+    share_id: str | None
+
+    @property
+    def daemon_id(self) -> str:
+        return shared_daemon_id(self.gpu.uuid)
+
+    def caps(self) -> ClientCaps:
+        """The client environment that caps this share's CUDA processes."""
+        return ClientCaps(
+            pinned_limits={self.gpu.uuid: f"{self.size.memory_mib}M"},
+            active_thread_percentage=self.size.compute_percent,
+        )
+
+    def to_state(self) -> JsonObject:
+        return {
+            "uuid": self.gpu.uuid,
+            "daemonId": self.daemon_id,
+            "shareID": self.share_id,
+            "memoryBytes": self.size.memory_bytes,
+            "computePercent": self.size.compute_percent,
+        }
+
+
+def share_devices(state: Mapping[str, JsonValue]) -> set[str]:
+    """Device names a claim's checkpoint ``state`` holds as MPS shares."""
+    value = state.get(SHARES_STATE_KEY)
+    return {str(name) for name in value} if isinstance(value, dict) else set()
+
+
+def shares_from_state(state: Mapping[str, JsonValue]) -> dict[str, ShareSize]:
+    """``{device name: size}`` of the shares a claim's ``state`` records (bad entries skipped)."""
+    value = state.get(SHARES_STATE_KEY)
+    if not isinstance(value, dict):
+        return {}
+    sizes = {}
+    for name, share in value.items():
+        if not isinstance(share, dict):
+            continue
+        memory, compute = share.get("memoryBytes"), share.get("computePercent")
+        if isinstance(memory, int) and isinstance(compute, int):
+            sizes[str(name)] = ShareSize(memory, compute)
+    return sizes
+
+
+class SharedDaemons:
+    """Starts, reuses and stops the per-GPU daemons of MPS shares, reference-counted through
+    the checkpoint (see the module doc). Blocking: call it from a worker thread."""
+
+    def __init__(self, mps: MpsControl, records: ClaimRecords, *, max_percent: int) -> None:
+        self._mps = mps
+        self._records = records
+        self._max_percent = max_percent
+        self._locks: dict[str, threading.Lock] = {}  # one per shared daemon (offered GPU)
+        self._locks_lock = threading.Lock()
+
+    def _lock(self, daemon_id: str) -> threading.Lock:
+        with self._locks_lock:
+            return self._locks.setdefault(daemon_id, threading.Lock())
+
+    def settings(self, gpu: Gpu) -> MpsSettings:
+        """The daemon defaults: the largest share allowed, so a client that drops its caps from
+        its environment still cannot take more than that."""
+        largest = ceiling(gpu, self._max_percent)
+        return MpsSettings(
+            active_thread_percentage=largest.compute_percent,
+            pinned_limits={gpu.uuid: f"{largest.memory_mib}M"},
+        )
+
+    def join(
+        self, claim_uid: str, share: PlannedShare, record: Callable[[DaemonHandle], None]
+    ) -> DaemonHandle:
+        """The running daemon of ``share``'s GPU, started if none runs; ``record`` (which must
+        write the handle into the claim's checkpoint entry) is called before others can stop
+        it."""
+        with self._lock(share.daemon_id):
+            handle = self._running(claim_uid, share.daemon_id)
+            if handle is None:
+                handle = self._mps.start(
+                    share.daemon_id, (share.gpu.uuid,), self.settings(share.gpu)
+                )
+                log.info(
+                    "mps shared daemon started daemon_id=%s uuid=%s for claim_uid=%s",
+                    share.daemon_id,
+                    share.gpu.uuid,
+                    claim_uid,
+                )
+            record(handle)
+            return handle
+
+    def release(self, claim_uid: str, handle: DaemonHandle) -> None:
+        """Stop the shared daemon of ``handle`` unless a claim other than ``claim_uid`` still
+        records it; idempotent."""
+        with self._lock(handle.daemon_id):
+            users = [u for u in self._users(handle.daemon_id) if u != claim_uid]
+            if users:
+                log.info(
+                    "mps shared daemon kept daemon_id=%s claims=%d", handle.daemon_id, len(users)
+                )
+                return
+            self._mps.stop(handle)
+            # A daemon restarted under the same id after this handle's died is not this
+            # handle's to stop, but no claim uses it any more either.
+            self._mps.remove_leftover(handle.daemon_id)
+            log.info("mps shared daemon stopped daemon_id=%s (last share gone)", handle.daemon_id)
+
+    def _users(self, daemon_id: str) -> list[str]:
+        states = {uid: entry.state for uid, entry in self._records.all().items()}
+        return claims_using(states, daemon_id)
+
+    def _running(self, claim_uid: str, daemon_id: str) -> DaemonHandle | None:
+        """A live handle of ``daemon_id`` that another claim records, or None (then a new
+        daemon is to be started; a dead one's leftovers go with that start)."""
+        for uid, entry in self._records.all().items():
+            if uid == claim_uid:
+                continue
+            for handle in handles_from_state(entry.state):
+                if handle.daemon_id != daemon_id:
+                    continue
+                try:
+                    return self._mps.adopt(handle)
+                except MpsDaemonGoneError:
+                    continue
+                except MpsError as error:
+                    raise MpsError(
+                        f"the MPS daemon {daemon_id} that serves this GPU's shares does not "
+                        f"answer ({error}); new shares wait until it does"
+                    ) from error
+        return None

@@ -1,0 +1,175 @@
+"""The tiers of the prepare path: one handler per way of handing out devices, one interface.
+
+A `Tier` (whole GPUs, time-slicing, per-claim MPS, MPS shares, dynamic MIG) plans its part of a
+claim (a `TierPlan`; pure, before any lock), which is checked against the other claims' records
+(under the device locks) and applied: each side effect recorded in the claim's `PrepareStarted`
+entry (`PrepareRun.record`) before the next. It undoes its part from the record alone, adopts
+what prepared claims hold at start-up, and sweeps what no record owns. `NodeClaimPreparer`
+(prepare.py) runs the tiers; adding a tier means adding a handler. See docs/architecture.md,
+"Prepare and unprepare".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Protocol, TypeVar
+
+from gpu_dra.driver.config import ConfigGroup
+from gpu_dra.driver.model import Gpu, MigDevice
+from gpu_dra.kubelet_plugin.cdi import ContainerEdits
+from gpu_dra.kubelet_plugin.checkpoint import CheckpointEntry, JsonValue
+from gpu_dra.kubelet_plugin.claim_records import ClaimRecords, started
+from gpu_dra.kubelet_plugin.node_devices import NodeInventory
+from gpu_dra.kubelet_plugin.prepare_protocol import ClaimRef
+
+
+class PrepareError(Exception):
+    """A claim cannot be prepared; the message is what the pod event shows."""
+
+
+@dataclass(frozen=True)
+class AllocatedResult:
+    """One allocation result of this driver on this node."""
+
+    request: str
+    device: str
+    admin_access: bool
+    share_id: str | None
+    consumed: Mapping[str, str] | None = None
+    """``consumedCapacity`` (devices that allow multiple allocations)."""
+
+    @property
+    def base_request(self) -> str:
+        return self.request.split("/", 1)[0]
+
+
+@dataclass(frozen=True)
+class ClaimRequest:
+    """What a claim asks of this node: its results here and their resolved config groups."""
+
+    claim: ClaimRef
+    results: tuple[AllocatedResult, ...]
+    groups: tuple[ConfigGroup, ...]
+
+    @property
+    def label(self) -> str:
+        """``namespace/name``, as config errors name the claim."""
+        return f"{self.claim.namespace}/{self.claim.name}"
+
+
+@dataclass
+class PrepareRun:
+    """One prepare under way, after its first `PrepareStarted` record: what the tiers recorded
+    and made so far. Tiers add to it in `TierPlan.apply`; a rollback undoes from ``state``."""
+
+    claim: ClaimRef
+    records: ClaimRecords
+    inventory: NodeInventory
+    state: dict[str, JsonValue]
+    """The claim's `PrepareStarted` state: the tiers' intents, then what they made (on disk
+    after `record`; may be ahead of the disk when a record failed)."""
+    completed: dict[str, JsonValue] = field(default_factory=dict)
+    """The state `PrepareCompleted` records beside the devices."""
+    edits: dict[str, ContainerEdits] = field(default_factory=dict)
+    """Container edits by device name, added after the device's own (an MPS daemon's pipe)."""
+    made: dict[str, MigDevice] = field(default_factory=dict)
+    """Devices made for the claim (dynamic MIG), by name; they stand in for the published
+    partition device."""
+
+    def record(self) -> None:
+        """Write ``state`` as the claim's `PrepareStarted` entry; returns once it is on disk."""
+        self.records.update(self.claim.uid, started(self.claim, self.state))
+
+    def append(self, key: str, value: JsonValue) -> None:
+        """Add ``value`` to the list under ``key`` in ``state`` and ``completed``, and
+        `record` at once: what was just made is on disk before anything else happens."""
+        earlier = self.state.get(key)
+        values = [*(earlier if isinstance(earlier, list) else []), value]
+        self.state[key] = values
+        self.completed[key] = list(values)
+        self.record()
+
+    def device(self, name: str) -> Gpu | MigDevice:
+        """The device a container gets for ``name``: one made for the claim, or the published
+        one."""
+        device = self.made.get(name) or self.inventory.by_name(name)
+        assert isinstance(device, Gpu | MigDevice)  # partitions are in `made` once applied
+        return device
+
+
+class TierPlan(Protocol):
+    """One tier's part of one claim. Subclass it to keep the defaults (nothing to do)."""
+
+    def check(self, others: Mapping[str, CheckpointEntry]) -> None:
+        """Raise `PrepareError` when what other claims hold (their entries, read once under
+        the claim's device locks) makes this part impossible."""
+        return None
+
+    def intents(self) -> Mapping[str, JsonValue]:
+        """State for the claim's first `PrepareStarted` record, on disk before any tier
+        applies: what a rollback after a crash must find (devices to destroy, settings to
+        reset)."""
+        return {}
+
+    def apply(self, run: PrepareRun) -> None:
+        """Make the changes (side effects), each recorded in ``run`` before the next; add
+        ``run.completed`` state and container edits. Raising fails the claim; the tiers' `undo`
+        then rolls back from ``run.state``."""
+        return None
+
+    def apply_to_made(self, run: PrepareRun) -> None:
+        """Changes that need devices another tier made (``run.made``); after every `apply`."""
+        return None
+
+
+class Tier(Protocol):
+    """One way of handing out devices: plans claims, undoes them, and cleans up at start-up.
+    Subclass it to keep the defaults (nothing to undo, adopt or sweep). Blocking: every method
+    but `plan` runs in a worker thread."""
+
+    def plan(self, request: ClaimRequest, planned: Planned) -> TierPlan:
+        """This tier's part of ``request`` (pure: no I/O). ``planned`` has the plans of the
+        tiers planned before. Raises `PrepareError` (or a config error) naming what to fix."""
+        ...
+
+    def undo(
+        self, claim_uid: str, entry: CheckpointEntry | None, pending: Mapping[str, JsonValue]
+    ) -> None:
+        """Undo what the claim's record (``entry``; None: none) and ``pending`` (the state of a
+        prepare being rolled back, possibly ahead of the record) say this tier did, before the
+        claim's CDI spec is removed. Idempotent; raising keeps the record for the next try."""
+        return None
+
+    def undo_devices(self, claim_uid: str, entry: CheckpointEntry | None) -> None:
+        """Destroy the devices this tier made for the claim, once its CDI spec is gone."""
+        return None
+
+    def adopt(self, entry: CheckpointEntry) -> None:
+        """At start-up: take over what a prepared claim holds (from an earlier process)."""
+        return None
+
+    def sweep(self, entries: Mapping[str, CheckpointEntry]) -> None:
+        """At start-up, after interrupted prepares were rolled back: remove what this tier
+        finds that no entry of ``entries`` records."""
+        return None
+
+
+_P = TypeVar("_P", bound=TierPlan)
+
+
+class Planned:
+    """The plans of one claim made so far, in planning order."""
+
+    def __init__(self) -> None:
+        self._plans: dict[int, TierPlan] = {}
+
+    def add(self, tier: Tier, plan: TierPlan) -> None:
+        self._plans[id(tier)] = plan
+
+    def of(self, kind: type[_P]) -> _P | None:
+        """The plan of type ``kind``, if its tier planned already."""
+        return next((p for p in self._plans.values() if isinstance(p, kind)), None)
+
+    def of_tier(self, tier: Tier) -> TierPlan:
+        return self._plans[id(tier)]

@@ -1,0 +1,73 @@
+"""The tier interface's shared pieces: `PrepareRun` (what a prepare recorded and made so far)
+and `Planned` (the plans made so far)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from gpu_dra.kubelet_plugin.checkpoint import Checkpoint, ClaimPhase, JsonValue
+from gpu_dra.kubelet_plugin.claim_records import ClaimRecords
+from gpu_dra.kubelet_plugin.node_devices import NodeInventory
+from gpu_dra.kubelet_plugin.prepare_protocol import ClaimRef
+from gpu_dra.kubelet_plugin.tier import ClaimRequest, Planned, PrepareRun, Tier, TierPlan
+from tests.kubelet_plugin.nodes import hgx_h100_inventory
+
+CLAIM = ClaimRef("default", "0b6a1e3c-8f43-4a55-9a0e-2f7d1c9b8a01", "claim-a")
+
+
+def run_on(
+    tmp_path: Path, inventory: NodeInventory, state: dict[str, JsonValue] | None = None
+) -> PrepareRun:
+    checkpoint = Checkpoint(tmp_path, boot_id=lambda: "boot-1")
+    checkpoint.load()
+    return PrepareRun(CLAIM, ClaimRecords(checkpoint), inventory, state or {})
+
+
+def test_append_records_at_once_and_keeps_the_list_for_completed(tmp_path: Path) -> None:
+    run = run_on(tmp_path, hgx_h100_inventory(), {"intent": {"gpu": 1}})
+
+    run.append("made", {"id": "a"})
+    run.append("made", {"id": "b"})
+
+    entry = run.records.get(CLAIM.uid)
+    assert entry is not None
+    assert entry.phase is ClaimPhase.PREPARE_STARTED
+    assert entry.state == {"intent": {"gpu": 1}, "made": [{"id": "a"}, {"id": "b"}]}
+    assert run.completed == {"made": [{"id": "a"}, {"id": "b"}]}
+
+
+def test_a_device_made_for_the_claim_stands_in_for_the_published_one(tmp_path: Path) -> None:
+    inventory = hgx_h100_inventory()
+    run = run_on(tmp_path, inventory)
+    gpu_0, gpu_1 = inventory.by_name("gpu-0"), inventory.by_name("gpu-1")
+    assert gpu_0 is not None
+    assert gpu_1 is not None
+
+    assert run.device("gpu-0") is gpu_0
+    run.made["gpu-0"] = gpu_1  # type: ignore[assignment]  # any device will do here
+    assert run.device("gpu-0") is gpu_1
+
+
+class _PlanA(TierPlan):
+    pass
+
+
+class _PlanB(TierPlan):
+    pass
+
+
+class _TierA(Tier):
+    def plan(self, request: ClaimRequest, planned: Planned) -> TierPlan:
+        return _PlanA()
+
+
+def test_planned_finds_plans_by_kind_and_by_tier() -> None:
+    planned = Planned()
+    tier = _TierA()
+    plan = _PlanA()
+
+    planned.add(tier, plan)
+
+    assert planned.of(_PlanA) is plan
+    assert planned.of(_PlanB) is None
+    assert planned.of_tier(tier) is plan
