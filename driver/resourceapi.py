@@ -59,7 +59,8 @@ class DeviceCounterConsumption(TypedDict):
 class DeviceTaint(TypedDict):
     key: str
     value: NotRequired[str]
-    effect: str
+    effect: str  # None, NoSchedule or NoExecute
+    timeAdded: NotRequired[str]  # RFC 3339; the apiserver sets it when absent
 
 
 class Device(TypedDict):

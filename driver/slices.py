@@ -6,6 +6,8 @@ own, at most 8 each; `COMBINED` (1.34): each counter set in one slice with its d
 pool is one slice without devices. The output depends only on the input; the publisher
 (`gpu_dra.kubelet_plugin.slices.publisher`) stamps the generation and writes the slices.
 Rules: `shared/reference/resource-api.md` §5-6; see docs/architecture.md#slice-publishing.
+Device taints (health, `gpu_dra.driver.health`) are given by device name and rendered into
+copies of the devices (`with_taints`); they only change the paging limit.
 """
 
 from __future__ import annotations
@@ -14,10 +16,16 @@ import collections
 import copy
 import enum
 import itertools
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from gpu_dra.driver.resourceapi import CounterSet, Device, ResourcePool, ResourceSliceSpec
+from gpu_dra.driver.resourceapi import (
+    CounterSet,
+    Device,
+    DeviceTaint,
+    ResourcePool,
+    ResourceSliceSpec,
+)
 
 MAX_DEVICES_PER_SLICE = 128
 MAX_DEVICES_PER_SLICE_WITH_TAINTS_OR_COUNTERS = 64
@@ -97,8 +105,12 @@ def build_pool(
     *,
     order: DeviceOrder,
     layout: SliceLayout = SliceLayout.SPLIT,
+    taints: Mapping[str, Sequence[DeviceTaint]] | None = None,
 ) -> DesiredPool:
-    """Cut one node-local pool into slices (see the module docstring for the rules)."""
+    """Cut one node-local pool into slices (see the module docstring for the rules); the
+    devices named in `taints` get those taints (`with_taints`)."""
+    if taints:
+        devices = with_taints(devices, taints, pool)
     ordered = _ordered_devices(devices, order)
     sets = sorted(counter_sets, key=lambda counter_set: counter_set["name"])
     _check_unique("device", [device["name"] for device in ordered], pool)
@@ -230,6 +242,34 @@ def page_devices(devices: Sequence[Device]) -> list[list[Device]]:
 def has_taints_or_counters(device: Device) -> bool:
     """Whether the device counts against the lower per-slice limit (1.35+)."""
     return bool(device.get("taints")) or bool(device.get("consumesCounters"))
+
+
+def with_taints(
+    devices: Iterable[Device], taints: Mapping[str, Sequence[DeviceTaint]], pool: str = ""
+) -> list[Device]:
+    """Copies of `devices`; each one `taints` names carries exactly those taints (an empty list
+    removes any it had). `SliceLayoutError` when `taints` names a device that is not there."""
+    result = []
+    seen = set()
+    for device in devices:
+        name = device["name"]
+        if name not in taints:
+            result.append(device)
+            continue
+        seen.add(name)
+        tainted = copy.deepcopy(device)
+        if taints[name]:
+            tainted["taints"] = copy.deepcopy(list(taints[name]))
+        else:
+            tainted.pop("taints", None)
+        result.append(tainted)
+    unknown = sorted(set(taints) - seen)
+    if unknown:
+        raise SliceLayoutError(
+            f"pool {pool!r}: taints name device(s) {', '.join(unknown)}, which the pool does "
+            "not publish"
+        )
+    return result
 
 
 def _ordered_devices(devices: Iterable[Device], order: DeviceOrder) -> list[Device]:

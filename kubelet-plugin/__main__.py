@@ -15,7 +15,10 @@ destroys the MIG instances of partitionable GPUs that no prepared claim owns. Ev
 registration republishes the slices: the kubelet wipes them when it starts. Prepares GET their
 claims until the cache has listed them. The gRPC health service (`--healthcheck-port`,
 kubelet-plugin/health.py) listens from the start and reports SERVING once recovery is done and both
-sockets answer.
+sockets answer. The device health monitor (`device_health.runtime`, on by default with real NVML)
+starts after the publisher and stops after the sockets: every change of device health
+republishes the slices with the devices' taints, and its DRAResourceHealth service is served on
+the DRA socket.
 """
 
 from __future__ import annotations
@@ -52,6 +55,11 @@ from gpu_dra.kube.errors import ApiError
 from gpu_dra.kubelet_plugin.cdi import ClaimSpecStore
 from gpu_dra.kubelet_plugin.checkpoint import Checkpoint
 from gpu_dra.kubelet_plugin.claimcache import CachedClaimReader
+from gpu_dra.kubelet_plugin.device_health.runtime import (
+    close_health,
+    health_services,
+    start_health,
+)
 from gpu_dra.kubelet_plugin.driver_root import DriverRoot, DriverUserspaceError
 from gpu_dra.kubelet_plugin.driver_userspace import CommonEdits
 from gpu_dra.kubelet_plugin.guard import (
@@ -414,6 +422,29 @@ async def _guarded_api_client(settings: KubeletPluginSettings) -> ApiClient:
     return api_client
 
 
+async def _publish(
+    settings: KubeletPluginSettings,
+    api_client: ApiClient,
+    registry: CollectorRegistry,
+    inventory: NodeInventory,
+) -> tuple[SlicePublisher, asyncio.Task[None], slices.SliceLayout]:
+    """The slice publisher, publishing the node's pool in the layout the apiserver takes (read
+    only when there are counter sets); its running task; the layout."""
+    publisher = SlicePublisher(
+        KubernetesSliceApi(api_client),
+        driver=settings.driver_name,
+        node_name=settings.node_name,
+        metrics=SliceMetrics(registry),
+    )
+    layout = slices.SliceLayout.SPLIT
+    if inventory.counter_sets():
+        layout = await asyncio.to_thread(
+            slice_layout, settings, functools.partial(read_server_version, api_client)
+        )
+    publisher.set_desired(inventory.desired_pool(settings.driver_name, settings.node_name, layout))
+    return publisher, asyncio.create_task(publisher.run(), name="publisher"), layout
+
+
 async def serve(settings: KubeletPluginSettings, health: PluginHealth) -> None:
     nvml, pci = _nvml(settings)
     registry = CollectorRegistry()
@@ -434,6 +465,7 @@ async def serve(settings: KubeletPluginSettings, health: PluginHealth) -> None:
     common_edits = await _common_edits(settings, nvml)
     claim_api = KubernetesClaimReader(api_client)
     claims = CachedClaimReader(claim_api)
+    mps = _mps(settings, api_client, nvml)
     preparer = NodeClaimPreparer(
         driver_name=settings.driver_name,
         node_name=settings.node_name,
@@ -443,7 +475,7 @@ async def serve(settings: KubeletPluginSettings, health: PluginHealth) -> None:
         checkpoint=checkpoint,
         cdi=ClaimSpecStore(settings.cdi_root, driver_name=settings.driver_name),
         claims_dir=settings.state_dir / "claims",
-        mps=_mps(settings, api_client, nvml),
+        mps=mps,
         time_slicer=_time_slicer(settings, devices),
         mps_share_max_percent=settings.mps_share_max_percent,
         dynamic_mig=_dynamic_mig(settings, nvml, inventory),
@@ -456,19 +488,17 @@ async def serve(settings: KubeletPluginSettings, health: PluginHealth) -> None:
     if settings.metrics_port:
         start_http_server(settings.metrics_port, registry=registry)
         log.info("metrics on :%d/metrics", settings.metrics_port)
-    publisher = SlicePublisher(
-        KubernetesSliceApi(api_client),
-        driver=settings.driver_name,
-        node_name=settings.node_name,
-        metrics=SliceMetrics(registry),
+    publisher, publishing, layout = await _publish(settings, api_client, registry, inventory)
+    device_health = start_health(
+        settings,
+        nvml,
+        inventory,
+        checkpoint=checkpoint,
+        mps=mps,
+        republish=lambda taints: publisher.set_desired(
+            inventory.desired_pool(settings.driver_name, settings.node_name, layout, taints)
+        ),
     )
-    layout = slices.SliceLayout.SPLIT
-    if inventory.counter_sets():
-        layout = await asyncio.to_thread(
-            slice_layout, settings, functools.partial(read_server_version, api_client)
-        )
-    publisher.set_desired(inventory.desired_pool(settings.driver_name, settings.node_name, layout))
-    publishing = asyncio.create_task(publisher.run(), name="publisher")
 
     async def registered() -> None:
         publisher.republish()
@@ -481,6 +511,7 @@ async def serve(settings: KubeletPluginSettings, health: PluginHealth) -> None:
         registry_dir=settings.kubelet_registry_dir,
         call_timeout_s=settings.call_timeout_s,
         on_registered=registered,
+        extra_services=health_services(device_health),
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -500,6 +531,7 @@ async def serve(settings: KubeletPluginSettings, health: PluginHealth) -> None:
         log.info("shutting down")
         await health.stopping()
         await server.stop()
+        await close_health(device_health)
         publisher.stop()
         await asyncio.gather(publishing, return_exceptions=True)
         await asyncio.to_thread(claims.close)

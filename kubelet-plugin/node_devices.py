@@ -20,15 +20,16 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
 from gpu_dra.driver import attributes, partitions, shares, slices
+from gpu_dra.driver.health import DeviceScope
 from gpu_dra.driver.model import Gpu, MigCapableGpu, MigDevice, MigPartition, NodeDevices
 from gpu_dra.driver.naming import gpu_device_name, mig_device_name
-from gpu_dra.driver.resourceapi import CounterSet, Device
+from gpu_dra.driver.resourceapi import CounterSet, Device, DeviceTaint
 from gpu_dra.kubelet_plugin.cdi import ContainerEdits, DeviceNode, Mount
 from gpu_dra.kubelet_plugin.driver_root import HOST_INSTALLED_DRIVER, DriverRoot
 from gpu_dra.kubelet_plugin.driver_userspace import (
@@ -287,9 +288,11 @@ class NodeInventory:
         driver: str,
         node_name: str,
         layout: slices.SliceLayout = slices.SliceLayout.SPLIT,
+        taints: Mapping[str, Sequence[DeviceTaint]] | None = None,
     ) -> slices.DesiredPool:
         """The node's pool: counter sets in their own slices (`SliceLayout.SPLIT`, Kubernetes
-        1.35+) or with the devices that consume them (`SliceLayout.COMBINED`, 1.34)."""
+        1.35+) or with the devices that consume them (`SliceLayout.COMBINED`, 1.34); the
+        devices named in `taints` (health) carry those taints."""
         return slices.build_pool(
             driver,
             node_name,
@@ -298,7 +301,23 @@ class NodeInventory:
             self.counter_sets(),
             order=slices.DeviceOrder.GIVEN,
             layout=layout,
+            taints=taints,
         )
+
+    def health_scopes(self) -> list[DeviceScope]:
+        """Each published device with the GPU whose health it shares (a static MIG device also
+        with its GPU and compute instance ids), in publishing order."""
+        scopes = []
+        for device in self.published_devices():
+            found = self._by_name[device["name"]]
+            if isinstance(found, MigDevice):
+                mig = (found.gi_id, found.ci_id)
+                scopes.append(DeviceScope(device["name"], found.parent.uuid, mig))
+            elif isinstance(found, MigPartition):
+                scopes.append(DeviceScope(device["name"], found.parent.uuid))
+            else:
+                scopes.append(DeviceScope(device["name"], found.uuid))
+        return scopes
 
     def container_edits(self, device: InventoryDevice, claim_dir: Path) -> ContainerEdits:
         """Edits for one device; simulated ones write their fact file under `claim_dir`.

@@ -6,6 +6,10 @@ check that the socket accepts connections, and only then create the registration
 sees the registration socket. Stop: remove the registration socket first (the kubelet
 deregisters the plugin on its removal), then stop the DRA service and remove its socket.
 
+Optional services on the DRA socket (the device health service) are passed as
+``extra_services``: each is registered on the DRA server and its names are advertised in the
+registration's supported versions, after the DRAPlugin versions.
+
 Signal handling is the caller's job: call :meth:`PluginServer.stop` on SIGTERM.
 """
 
@@ -16,15 +20,21 @@ import logging
 import os
 import re
 import stat
+from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
+from typing import Protocol
 
 import grpc
 
 from gpu_dra.kubelet_plugin._generated.pluginregistration import api_pb2_grpc as reg_grpc
 from gpu_dra.kubelet_plugin.metrics import PluginMetrics
 from gpu_dra.kubelet_plugin.prepare_protocol import ClaimPreparer
-from gpu_dra.kubelet_plugin.registration import RegisteredCallback, RegistrationServicer
+from gpu_dra.kubelet_plugin.registration import (
+    SUPPORTED_SERVICES,
+    RegisteredCallback,
+    RegistrationServicer,
+)
 from gpu_dra.kubelet_plugin.service import (
     DEFAULT_CALL_TIMEOUT_S,
     ClaimCallHandler,
@@ -42,6 +52,17 @@ MAX_SOCKET_PATH_BYTES = 107  # sizeof(sockaddr_un.sun_path) - 1 on Linux
 
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _INSTANCE_ID = re.compile(r"^[a-zA-Z0-9]([-_.a-zA-Z0-9]*[a-zA-Z0-9])?$")
+
+
+class ExtraService(Protocol):
+    """A further gRPC service on the DRA socket, e.g. ``health.DeviceHealthService``."""
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """``<proto package>.<service>`` names advertised at registration."""
+        ...
+
+    def add_to(self, server: grpc.aio.Server) -> None: ...
 
 
 class PluginServer:
@@ -64,6 +85,7 @@ class PluginServer:
         instance_id: str | None = None,
         readiness_timeout_s: float = 10.0,
         metrics: PluginMetrics | None = None,
+        extra_services: Sequence[ExtraService] = (),
     ) -> None:
         if len(driver_name) > 253 or not _DNS_SUBDOMAIN.match(driver_name):
             raise ValueError(f"driver name {driver_name!r} is not a DNS subdomain")
@@ -83,9 +105,12 @@ class PluginServer:
                 raise ValueError(f"socket path {path} is longer than {MAX_SOCKET_PATH_BYTES} bytes")
         self._handler = ClaimCallHandler(preparer, call_timeout_s=call_timeout_s, metrics=metrics)
         self._readiness_timeout_s = readiness_timeout_s
+        self._extra_services = tuple(extra_services)
+        extra_names = [name for service in self._extra_services for name in service.names]
         self.registration = RegistrationServicer(
             driver_name=driver_name,
             endpoint=str(self.dra_socket),
+            supported_versions=(*SUPPORTED_SERVICES, *extra_names),
             on_registered=on_registered,
         )
         self._dra_server: grpc.aio.Server | None = None
@@ -108,6 +133,8 @@ class PluginServer:
 
             self._dra_server = grpc.aio.server()
             add_dra_services(self._dra_server, self._handler)
+            for service in self._extra_services:
+                service.add_to(self._dra_server)
             await self._serve(self._dra_server, self.dra_socket)
             await self._wait_connectable(self.dra_socket)
             log.info("dra service serving driver=%s socket=%s", self.driver_name, self.dra_socket)

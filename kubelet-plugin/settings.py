@@ -10,6 +10,13 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from gpu_dra.driver.health import (
+    DEFAULT_IGNORED_XIDS,
+    HealthPolicy,
+    TaintEffect,
+    parse_taint_effect,
+    parse_xids,
+)
 from gpu_dra.driver.naming import DEFAULT_DRIVER_NAME
 from gpu_dra.driver.shares import ShareSelection, ShareSelectionError
 from gpu_dra.driver.slices import SliceLayout
@@ -26,13 +33,13 @@ be the last the kubelet evicts (a built-in class the apiserver creates)."""
 
 # NVIDIA's driver feature gates (nvidia-compat.md §10) and what gpu-dra does with them.
 GATE_DYNAMIC_MIG = "DynamicMIG"
+GATE_HEALTH_CHECK = "NVMLDeviceHealthCheck"
 GATES_ALWAYS_ON = frozenset({"TimeSlicingSettings", "MPSSupport"})
 """Behaviour gpu-dra always has: accepted either way, no effect."""
 GATES_NOT_IMPLEMENTED = frozenset(
     {
         "IMEXDaemonsWithDNSNames",
         "PassthroughSupport",
-        "NVMLDeviceHealthCheck",
         "ComputeDomainCliques",
         "CrashOnNVLinkFabricErrors",
         "DeviceMetadata",
@@ -61,8 +68,9 @@ def parse_bool(text: str, what: str) -> bool:
 def parse_feature_gates(text: str) -> tuple[str, ...]:
     """NVIDIA's ``--feature-gates`` / ``FEATURE_GATES`` (``K1=v1,K2=v2,``): the gates turned on.
 
-    ``DynamicMIG`` turns on dynamic MIG; ``TimeSlicingSettings`` and ``MPSSupport`` are always on
-    in gpu-dra; NVIDIA's other gates may only be false. Unknown names are an error.
+    ``DynamicMIG`` turns on dynamic MIG, ``NVMLDeviceHealthCheck`` the health monitor;
+    ``TimeSlicingSettings`` and ``MPSSupport`` are always on in gpu-dra; NVIDIA's other gates may
+    only be false. Unknown names are an error.
     """
     enabled = []
     for item in text.split(","):
@@ -73,13 +81,15 @@ def parse_feature_gates(text: str) -> tuple[str, ...]:
         if not separator:
             raise ValueError(f"feature gate {item.strip()!r} must be written Name=true|false")
         value = parse_bool(raw, f"feature gate {name}")
-        if name == GATE_DYNAMIC_MIG or name in GATES_ALWAYS_ON:
+        if name in (GATE_DYNAMIC_MIG, GATE_HEALTH_CHECK) or name in GATES_ALWAYS_ON:
             pass
         elif name in GATES_NOT_IMPLEMENTED:
             if value:
                 raise ValueError(f"feature gate {name} is not implemented by gpu-dra")
         else:
-            known = sorted({GATE_DYNAMIC_MIG, *GATES_ALWAYS_ON, *GATES_NOT_IMPLEMENTED})
+            known = sorted(
+                {GATE_DYNAMIC_MIG, GATE_HEALTH_CHECK, *GATES_ALWAYS_ON, *GATES_NOT_IMPLEMENTED}
+            )
             raise ValueError(f"unknown feature gate {name!r}; known: {', '.join(known)}")
         if value:
             enabled.append(name)
@@ -168,6 +178,34 @@ class KubeletPluginSettings:
     slice_layout: SliceLayout | None = None
     """Where shared counters go; None = from the apiserver's version (1.34 combined, else
     split)."""
+    health_monitor: bool | None = None
+    """Watch the GPUs (NVML events, the daemons of MPS shares), taint unhealthy devices and
+    report their health to the kubelet; None = on with real NVML, off with `simulate`."""
+    health_ignored_xids: frozenset[int] = DEFAULT_IGNORED_XIDS
+    """XIDs taken as application errors, not device faults: ignored."""
+    additional_xids_to_ignore: frozenset[int] = frozenset()
+    """Further ignored XIDs (NVIDIA's ``ADDITIONAL_XIDS_TO_IGNORE``)."""
+    health_taint_effect_degraded: TaintEffect = TaintEffect.NO_SCHEDULE
+    """Taint effect of a degraded device (a critical XID, a double-bit ECC error, a dead MPS
+    share daemon)."""
+    health_taint_effect_lost: TaintEffect = TaintEffect.NO_EXECUTE
+    """Taint effect of a lost GPU's devices (XID 79, NVML answering GPU_IS_LOST)."""
+
+    @property
+    def health_monitor_enabled(self) -> bool:
+        """`health_monitor` (None: whether NVML is real), or NVIDIA's spelling
+        ``--feature-gates NVMLDeviceHealthCheck=true``."""
+        if GATE_HEALTH_CHECK in self.feature_gates:
+            return True
+        return self.simulate is None if self.health_monitor is None else self.health_monitor
+
+    @property
+    def health_policy(self) -> HealthPolicy:
+        return HealthPolicy(
+            ignored_xids=self.health_ignored_xids | self.additional_xids_to_ignore,
+            degraded_effect=self.health_taint_effect_degraded,
+            lost_effect=self.health_taint_effect_lost,
+        )
 
     @property
     def dynamic_mig_enabled(self) -> bool:
@@ -313,6 +351,7 @@ class KubeletPluginSettings:
         _add_mps_daemon_options(option, environ)
         _add_dynamic_mig_options(option, environ)
         _add_guard_options(option, environ)
+        _add_health_options(option, environ)
         args = parser.parse_args(argv)
         if not args.node_name:
             parser.error("--node-name (or GPU_DRA_NODE_NAME / NODE_NAME) is required")
@@ -354,6 +393,7 @@ class KubeletPluginSettings:
             **_mps_daemon_settings(parser, args),
             **_dynamic_mig_settings(parser, args),
             **_guard_settings(parser, args),
+            **_health_settings(parser, args),
         )
 
 
@@ -573,4 +613,65 @@ def _guard_settings(parser: argparse.ArgumentParser, args: argparse.Namespace) -
         "kubelet_device_plugins_dir": Path(directory) if directory else None,
         "allow_nvidia_device_plugin": allow,
         "event_namespace": args.event_namespace or "default",
+    }
+
+
+def _add_health_options(option: Callable[..., None], environ: Mapping[str, str]) -> None:
+    """`--health-monitor`, `--health-ignored-xids`, `--additional-xids-to-ignore` and the
+    taint effects."""
+    option(
+        "--health-monitor",
+        "watch GPU health (NVML XID and ECC events, MPS share daemons), taint unhealthy "
+        "devices and report device health to the kubelet: auto (on with real GPUs, off with "
+        "--simulate), true or false; a bare flag means true",
+        "auto",
+        nargs="?",
+        const="true",
+    )
+    option(
+        "--health-ignored-xids",
+        "comma-separated XIDs taken as application errors and ignored (NVIDIA's list)",
+        ",".join(str(xid) for xid in sorted(DEFAULT_IGNORED_XIDS)),
+    )
+    option(
+        "--additional-xids-to-ignore",
+        "comma-separated XIDs ignored besides --health-ignored-xids; also read from "
+        "ADDITIONAL_XIDS_TO_IGNORE",
+        environ.get("ADDITIONAL_XIDS_TO_IGNORE"),
+    )
+    option(
+        "--health-taint-effect-degraded",
+        "taint effect of a degraded device (critical XID, double-bit ECC error, dead MPS share "
+        "daemon): None, NoSchedule or NoExecute",
+        TaintEffect.NO_SCHEDULE.value,
+    )
+    option(
+        "--health-taint-effect-lost",
+        "taint effect of the devices of a lost GPU (XID 79, NVML GPU_IS_LOST): None, "
+        "NoSchedule or NoExecute",
+        TaintEffect.NO_EXECUTE.value,
+    )
+
+
+def _health_settings(parser: argparse.ArgumentParser, args: argparse.Namespace) -> dict[str, Any]:
+    """The health monitor's settings from parsed ``args``; usage errors exit."""
+    try:
+        text = (args.health_monitor or "auto").strip()
+        monitor = None if text.lower() == "auto" else parse_bool(text, "--health-monitor")
+        ignored = parse_xids(args.health_ignored_xids or "", "--health-ignored-xids")
+        additional = parse_xids(args.additional_xids_to_ignore or "", "--additional-xids-to-ignore")
+        degraded = parse_taint_effect(
+            args.health_taint_effect_degraded or "NoSchedule", "--health-taint-effect-degraded"
+        )
+        lost = parse_taint_effect(
+            args.health_taint_effect_lost or "NoExecute", "--health-taint-effect-lost"
+        )
+    except ValueError as error:
+        parser.error(str(error))
+    return {
+        "health_monitor": monitor,
+        "health_ignored_xids": ignored,
+        "additional_xids_to_ignore": additional,
+        "health_taint_effect_degraded": degraded,
+        "health_taint_effect_lost": lost,
     }

@@ -2,7 +2,9 @@
 
 Method names are the pynvml function names without the ``nvml`` prefix, in snake_case
 (``nvmlDeviceGetUUID`` -> ``device_get_uuid``); arguments, return types and raised exceptions are
-pynvml's. New calls (MIG create/destroy, events) are added the same way.
+pynvml's. New calls (MIG create/destroy, events) are added the same way. Events (health
+monitoring): `NvmlLibrary.event_set_create`, ``device_register_events`` and ``event_set_wait``
+(``nvmlEventSetWait_v2``, raising ``NVMLError_Timeout`` when no event came in time).
 
 Errors are pynvml's own classes: ``pynvml.NVMLError(code)`` instantiates the subclass for the code
 (``NVMLError_NotSupported`` for 3) and keeps the code in ``.value``. pynvml is imported only for
@@ -21,6 +23,8 @@ GpuInstanceHandle = object
 """Opaque GPU-instance handle: pynvml's ``c_nvmlGpuInstance_t`` or a simulator's handle."""
 ComputeInstanceHandle = object
 """Opaque compute-instance handle: pynvml's ``c_nvmlComputeInstance_t`` or a simulator's handle."""
+EventSetHandle = object
+"""Opaque event-set handle: pynvml's ``c_nvmlEventSet_t`` or a simulator's handle."""
 
 # Exception classes (typed as plain exception classes; pynvml has no type hints).
 NVMLError: Final[type[Exception]] = pynvml.NVMLError
@@ -30,6 +34,8 @@ NVMLError_NotSupported: Final[type[Exception]] = pynvml.NVMLError_NotSupported
 NVMLError_NotFound: Final[type[Exception]] = pynvml.NVMLError_NotFound
 NVMLError_InUse: Final[type[Exception]] = pynvml.NVMLError_InUse
 NVMLError_InsufficientResources: Final[type[Exception]] = pynvml.NVMLError_InsufficientResources
+NVMLError_Timeout: Final[type[Exception]] = pynvml.NVMLError_Timeout
+NVMLError_GpuIsLost: Final[type[Exception]] = pynvml.NVMLError_GpuIsLost
 
 # Return codes (nvml.h).
 NVML_ERROR_UNINITIALIZED: Final[int] = pynvml.NVML_ERROR_UNINITIALIZED
@@ -39,6 +45,8 @@ NVML_ERROR_NOT_FOUND: Final[int] = pynvml.NVML_ERROR_NOT_FOUND
 NVML_ERROR_FUNCTION_NOT_FOUND: Final[int] = pynvml.NVML_ERROR_FUNCTION_NOT_FOUND
 NVML_ERROR_IN_USE: Final[int] = pynvml.NVML_ERROR_IN_USE
 NVML_ERROR_INSUFFICIENT_RESOURCES: Final[int] = pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES
+NVML_ERROR_TIMEOUT: Final[int] = pynvml.NVML_ERROR_TIMEOUT
+NVML_ERROR_GPU_IS_LOST: Final[int] = pynvml.NVML_ERROR_GPU_IS_LOST
 NVML_SUCCESS: Final[int] = pynvml.NVML_SUCCESS
 
 NVML_INIT_FLAG_NO_GPUS: Final[int] = pynvml.NVML_INIT_FLAG_NO_GPUS
@@ -59,6 +67,17 @@ NVML_COMPUTEMODE_EXCLUSIVE_THREAD: Final[int] = pynvml.NVML_COMPUTEMODE_EXCLUSIV
 """Removed from NVML (CUDA 8+): setting it is an invalid argument."""
 NVML_COMPUTEMODE_PROHIBITED: Final[int] = pynvml.NVML_COMPUTEMODE_PROHIBITED
 NVML_COMPUTEMODE_EXCLUSIVE_PROCESS: Final[int] = pynvml.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS
+
+# Event types (``nvmlEventType*``, bits of a mask) and the instance id of a whole-GPU event.
+NVML_EVENT_TYPE_SINGLE_BIT_ECC_ERROR: Final[int] = pynvml.nvmlEventTypeSingleBitEccError
+NVML_EVENT_TYPE_DOUBLE_BIT_ECC_ERROR: Final[int] = pynvml.nvmlEventTypeDoubleBitEccError
+NVML_EVENT_TYPE_XID_CRITICAL_ERROR: Final[int] = pynvml.nvmlEventTypeXidCriticalError
+"""``eventData`` is the XID."""
+NVML_NO_INSTANCE_ID: Final[int] = 0xFFFFFFFF
+"""``gpuInstanceId`` / ``computeInstanceId`` of an event that concerns the whole GPU."""
+EVENT_TYPE_SIMULATED_RECOVERY: Final[int] = 1 << 63
+"""Not an NVML event type: `SimulatedNvml` reports it when a simulated GPU is repaired
+(``recover_gpu``). Real NVML reports no recovery and never sets this bit."""
 
 
 def nvml_error(code: int) -> Exception:
@@ -180,6 +199,26 @@ class ComputeInstanceInfo(Protocol):
 
     @property
     def profileId(self) -> int: ...  # noqa: N802
+
+
+class EventData(Protocol):
+    """``nvmlEventData_t``: the GPU (for a MIG device its parent GPU, with the instance ids),
+    the event type bit, its data (the XID for ``NVML_EVENT_TYPE_XID_CRITICAL_ERROR``)."""
+
+    @property
+    def device(self) -> DeviceHandle: ...
+
+    @property
+    def eventType(self) -> int: ...  # noqa: N802
+
+    @property
+    def eventData(self) -> int: ...  # noqa: N802
+
+    @property
+    def gpuInstanceId(self) -> int: ...  # noqa: N802
+
+    @property
+    def computeInstanceId(self) -> int: ...  # noqa: N802
 
 
 class NvmlLibrary(Protocol):
@@ -354,6 +393,33 @@ class NvmlLibrary(Protocol):
         """Set a full GPU's compute mode (root only; lost on reboot). NotSupported on MIG
         devices and, for EXCLUSIVE_PROCESS, on GPUs with MIG on; InvalidArgument for
         EXCLUSIVE_THREAD or an unknown mode."""
+        ...
+
+    # Events (health monitoring).
+
+    def event_set_create(self) -> EventSetHandle:
+        """``nvmlEventSetCreate``: an empty event set; free it with `event_set_free`."""
+        ...
+
+    def event_set_free(self, event_set: EventSetHandle) -> None:
+        """``nvmlEventSetFree``."""
+        ...
+
+    def device_get_supported_event_types(self, handle: DeviceHandle) -> int:
+        """The ``nvmlEventType*`` bits the GPU can report."""
+        ...
+
+    def device_register_events(
+        self, handle: DeviceHandle, event_types: int, event_set: EventSetHandle
+    ) -> None:
+        """Report the GPU's events of `event_types` into `event_set`; NotSupported when the GPU
+        cannot report some of them."""
+        ...
+
+    def event_set_wait(self, event_set: EventSetHandle, timeout_ms: int) -> EventData:
+        """``nvmlEventSetWait_v2``: the next event, waiting up to `timeout_ms`; raises
+        ``NVMLError_Timeout`` when none came, ``NVMLError_GpuIsLost`` when a registered GPU
+        fell off the bus."""
         ...
 
 

@@ -19,6 +19,8 @@ from gpu_dra.driver.nvml.interface import (
     ComputeInstanceInfo,
     ComputeInstanceProfileInfo,
     DeviceHandle,
+    EventData,
+    EventSetHandle,
     GpuInstanceHandle,
     GpuInstanceInfo,
     GpuInstancePlacement,
@@ -288,6 +290,24 @@ class RealNvml:
 
     def device_get_compute_instance_id(self, handle: DeviceHandle) -> int:
         return int(pynvml.nvmlDeviceGetComputeInstanceId(handle))
+
+    def event_set_create(self) -> EventSetHandle:
+        return cast(EventSetHandle, pynvml.nvmlEventSetCreate())
+
+    def event_set_free(self, event_set: EventSetHandle) -> None:
+        pynvml.nvmlEventSetFree(event_set)
+
+    def device_get_supported_event_types(self, handle: DeviceHandle) -> int:
+        return int(pynvml.nvmlDeviceGetSupportedEventTypes(handle))
+
+    def device_register_events(
+        self, handle: DeviceHandle, event_types: int, event_set: EventSetHandle
+    ) -> None:
+        pynvml.nvmlDeviceRegisterEvents(handle, event_types, event_set)
+
+    def event_set_wait(self, event_set: EventSetHandle, timeout_ms: int) -> EventData:
+        # Blocks in libnvidia-ml; ctypes lets other threads run meanwhile.
+        return cast(EventData, pynvml.nvmlEventSetWait_v2(event_set, timeout_ms))
 
 
 if TYPE_CHECKING:

@@ -20,6 +20,15 @@ MIG runs without EXCLUSIVE_PROCESS). Compute modes start at DEFAULT; EXCLUSIVE_P
 with MIG on is NotSupported, EXCLUSIVE_THREAD (removed from NVML) and unknown modes are
 InvalidArgument.
 
+Events: every simulated GPU reports XID critical errors and single- and double-bit ECC errors
+(``device_get_supported_event_types``). Tests and the plugin's control path make them happen:
+`SimulatedNvml.inject_event` (an XID, optionally on one MIG device's GPU and compute instance),
+`SimulatedNvml.lose_gpu` (the GPU falls off the bus: every call on it raises
+``NVMLError_GpuIsLost``, and so does the next ``event_set_wait`` of each event set it is
+registered in) and `SimulatedNvml.recover_gpu` (calls work again and the event sets get an
+``EVENT_TYPE_SIMULATED_RECOVERY`` event, which real NVML never reports). Events reach the
+event sets the GPU was registered in for that type, in order.
+
 Persistence: `SimulatedNvml.mig_snapshot` is the MIG mode and instances of every GPU as JSON
 values; a `SimulatedNvml` built with ``saved_mig`` (a snapshot) starts from it instead of the
 profile's static MIG devices, and ``on_mig_change`` receives a new snapshot after every change
@@ -31,6 +40,7 @@ the plugin on a real GPU.
 from __future__ import annotations
 
 import threading
+from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
@@ -38,6 +48,7 @@ from typing import TYPE_CHECKING, Final
 import pynvml
 
 from gpu_dra.driver.nvml.interface import (
+    EVENT_TYPE_SIMULATED_RECOVERY,
     NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED,
     NVML_COMPUTE_INSTANCE_PROFILE_COUNT,
     NVML_COMPUTEMODE_DEFAULT,
@@ -45,17 +56,25 @@ from gpu_dra.driver.nvml.interface import (
     NVML_COMPUTEMODE_PROHIBITED,
     NVML_DEVICE_ARCH_HOPPER,
     NVML_ERROR_FUNCTION_NOT_FOUND,
+    NVML_ERROR_GPU_IS_LOST,
     NVML_ERROR_IN_USE,
     NVML_ERROR_INSUFFICIENT_RESOURCES,
     NVML_ERROR_INVALID_ARGUMENT,
     NVML_ERROR_NOT_FOUND,
     NVML_ERROR_NOT_SUPPORTED,
+    NVML_ERROR_TIMEOUT,
     NVML_ERROR_UNINITIALIZED,
+    NVML_EVENT_TYPE_DOUBLE_BIT_ECC_ERROR,
+    NVML_EVENT_TYPE_SINGLE_BIT_ECC_ERROR,
+    NVML_EVENT_TYPE_XID_CRITICAL_ERROR,
     NVML_GPU_INSTANCE_PROFILE_COUNT,
+    NVML_NO_INSTANCE_ID,
     ComputeInstanceHandle,
     ComputeInstanceInfo,
     ComputeInstanceProfileInfo,
     DeviceHandle,
+    EventData,
+    EventSetHandle,
     GpuInstanceHandle,
     GpuInstanceInfo,
     GpuInstancePlacement,
@@ -84,6 +103,12 @@ from gpu_dra.driver.nvml.simulated_profiles import (
 )
 
 _MIB: Final = 1024 * 1024
+SUPPORTED_EVENT_TYPES: Final = (
+    NVML_EVENT_TYPE_SINGLE_BIT_ECC_ERROR
+    | NVML_EVENT_TYPE_DOUBLE_BIT_ECC_ERROR
+    | NVML_EVENT_TYPE_XID_CRITICAL_ERROR
+)
+"""What every simulated GPU can report (``device_get_supported_event_types``)."""
 
 # pynvml has no text for these codes and asks libnvidia-ml (nvmlErrorString), which the simulator
 # does not load; these are the strings the real library returns. setdefault: a loaded library's
@@ -172,6 +197,34 @@ class SimulatedComputeInstanceInfo:
     placement: GpuInstancePlacement
 
 
+@dataclass(frozen=True)
+class SimulatedEventData:
+    """``nvmlEventData_t`` with a simulated device handle (the GPU, also for a MIG device)."""
+
+    device: DeviceHandle
+    eventType: int  # noqa: N815
+    eventData: int  # noqa: N815
+    gpuInstanceId: int = NVML_NO_INSTANCE_ID  # noqa: N815
+    computeInstanceId: int = NVML_NO_INSTANCE_ID  # noqa: N815
+
+
+class SimulatedEventSet:
+    """Event-set handle of `SimulatedNvml`: which GPUs report into it (index -> type mask), the
+    events waiting in it, and the GPUs whose loss it has still to report."""
+
+    __slots__ = ("_owner", "freed", "lost", "queue", "registered")
+
+    def __init__(self, owner: SimulatedNvml) -> None:
+        self._owner = owner
+        self.registered: dict[int, int] = {}
+        self.queue: deque[SimulatedEventData] = deque()
+        self.lost: set[int] = set()
+        self.freed = False
+
+    def __repr__(self) -> str:
+        return f"<SimulatedEventSet gpus={sorted(self.registered)}>"
+
+
 MigSnapshot = dict[str, object]
 """`SimulatedNvml.mig_snapshot`: ``{"gpus": {<GPU UUID>: <MigState.snapshot>}}``."""
 
@@ -213,6 +266,9 @@ class SimulatedNvml:
             self._restore(saved_mig)
         self._on_mig_change = on_mig_change
         self._persist_lock = threading.Lock()
+        self._events = threading.Condition()  # guards event sets and lost GPUs
+        self._event_sets: list[SimulatedEventSet] = []
+        self._lost: set[int] = set()
 
     def _restore(self, saved: Mapping[str, object]) -> None:
         gpus = saved.get("gpus")
@@ -260,6 +316,134 @@ class SimulatedNvml:
             raise ValueError(f"no GPU {gpu}: the profile has {len(self.profile.gpus)}")
         self._faults[(gpu, call)] = code
 
+    def gpu_index(self, ref: int | str) -> int:
+        """The NVML index of GPU `ref`: an index, or a ``GPU-`` UUID; ValueError if unknown."""
+        for gpu in self.profile.gpus:
+            if ref in (gpu.index, gpu.uuid) or (isinstance(ref, str) and ref == str(gpu.index)):
+                return gpu.index
+        known = ", ".join(f"{gpu.index} ({gpu.uuid})" for gpu in self.profile.gpus)
+        raise ValueError(f"no simulated GPU {ref!r}; GPUs: {known}")
+
+    def inject_event(
+        self,
+        gpu: int | str,
+        event_type: int,
+        data: int = 0,
+        *,
+        gpu_instance_id: int | None = None,
+        compute_instance_id: int | None = None,
+    ) -> int:
+        """Let GPU `gpu` (index or UUID) report an event of `event_type` with `data` (the XID
+        for ``NVML_EVENT_TYPE_XID_CRITICAL_ERROR``); with both instance ids, an event of that
+        MIG device (it must exist). Returns how many event sets it reached (those the GPU is
+        registered in for `event_type`). ValueError for an unknown GPU or MIG device."""
+        index = self.gpu_index(gpu)
+        if (gpu_instance_id is None) != (compute_instance_id is None):
+            raise ValueError("give both the GPU instance and the compute instance id, or neither")
+        if gpu_instance_id is not None:
+            instance = self._mig[index].gpu_instances.get(gpu_instance_id)
+            if instance is None or compute_instance_id not in instance.compute_instances:
+                raise ValueError(
+                    f"simulated GPU {index} has no MIG device with GPU instance "
+                    f"{gpu_instance_id} and compute instance {compute_instance_id}"
+                )
+        event = SimulatedEventData(
+            device=self._handles[index],
+            eventType=event_type,
+            eventData=data,
+            gpuInstanceId=NVML_NO_INSTANCE_ID if gpu_instance_id is None else gpu_instance_id,
+            computeInstanceId=(
+                NVML_NO_INSTANCE_ID if compute_instance_id is None else compute_instance_id
+            ),
+        )
+        with self._events:
+            reached = [es for es in self._event_sets if es.registered.get(index, 0) & event_type]
+            for event_set in reached:
+                event_set.queue.append(event)
+            self._events.notify_all()
+        return len(reached)
+
+    def lose_gpu(self, gpu: int | str) -> None:
+        """GPU `gpu` falls off the bus: calls on it raise ``NVMLError_GpuIsLost`` (lookups of it
+        too), and so does the next ``event_set_wait`` of every event set it is registered in."""
+        index = self.gpu_index(gpu)
+        with self._events:
+            self._lost.add(index)
+            for event_set in self._event_sets:
+                if index in event_set.registered:
+                    event_set.lost.add(index)
+            self._events.notify_all()
+
+    def recover_gpu(self, gpu: int | str) -> int:
+        """GPU `gpu` is repaired: calls on it work again and every event set it is registered
+        in gets an ``EVENT_TYPE_SIMULATED_RECOVERY`` event. Returns how many sets it reached."""
+        index = self.gpu_index(gpu)
+        with self._events:
+            self._lost.discard(index)
+            event = SimulatedEventData(self._handles[index], EVENT_TYPE_SIMULATED_RECOVERY, 0)
+            reached = [es for es in self._event_sets if index in es.registered]
+            for event_set in reached:
+                event_set.lost.discard(index)
+                event_set.queue.append(event)
+            self._events.notify_all()
+        return len(reached)
+
+    def event_set_create(self) -> EventSetHandle:
+        self._system("event_set_create")
+        event_set = SimulatedEventSet(self)
+        with self._events:
+            self._event_sets.append(event_set)
+        return event_set
+
+    def event_set_free(self, event_set: EventSetHandle) -> None:
+        self._system("event_set_free")
+        found = self._event_set(event_set)
+        with self._events:
+            found.freed = True
+            self._event_sets.remove(found)
+            self._events.notify_all()
+
+    def device_get_supported_event_types(self, handle: DeviceHandle) -> int:
+        self._gpu(handle, "device_get_supported_event_types")
+        return SUPPORTED_EVENT_TYPES
+
+    def device_register_events(
+        self, handle: DeviceHandle, event_types: int, event_set: EventSetHandle
+    ) -> None:
+        gpu = self._gpu(handle, "device_register_events")
+        found = self._event_set(event_set)
+        if event_types & ~SUPPORTED_EVENT_TYPES:
+            raise nvml_error(NVML_ERROR_NOT_SUPPORTED)
+        with self._events:
+            found.registered[gpu.index] = found.registered.get(gpu.index, 0) | event_types
+
+    def event_set_wait(self, event_set: EventSetHandle, timeout_ms: int) -> EventData:
+        self._system("event_set_wait")
+        found = self._event_set(event_set)
+        with self._events:
+            self._events.wait_for(
+                lambda: bool(found.queue or found.lost or found.freed), max(timeout_ms, 0) / 1000
+            )
+            if found.freed:
+                raise nvml_error(NVML_ERROR_INVALID_ARGUMENT)
+            if found.lost:
+                found.lost.remove(min(found.lost))
+                raise nvml_error(NVML_ERROR_GPU_IS_LOST)
+            if found.queue:
+                return found.queue.popleft()
+        raise nvml_error(NVML_ERROR_TIMEOUT)
+
+    def _event_set(self, event_set: EventSetHandle) -> SimulatedEventSet:
+        if (
+            not isinstance(event_set, SimulatedEventSet)
+            or event_set._owner is not self
+            or event_set.freed
+        ):
+            self._initialized()
+            raise nvml_error(NVML_ERROR_INVALID_ARGUMENT)
+        self._initialized()
+        return event_set
+
     def _fault(self, call: str, gpu: SimulatedGpu | None = None) -> int | None:
         key = (None if gpu is None else gpu.index, call)
         if key in self._faults:
@@ -304,6 +488,8 @@ class SimulatedNvml:
         self._system("device_get_handle_by_index")
         if not 0 <= index < len(self._handles):
             raise nvml_error(NVML_ERROR_INVALID_ARGUMENT)
+        if index in self._lost:
+            raise nvml_error(NVML_ERROR_GPU_IS_LOST)
         return self._handles[index]
 
     def device_get_handle_by_uuid(self, uuid: str) -> DeviceHandle:
@@ -312,10 +498,14 @@ class SimulatedNvml:
             raise nvml_error(NVML_ERROR_INVALID_ARGUMENT)
         for gpu in self.profile.gpus:
             if gpu.uuid == uuid:
+                if gpu.index in self._lost:
+                    raise nvml_error(NVML_ERROR_GPU_IS_LOST)
                 return self._handles[gpu.index]
         for index, state in enumerate(self._mig):
             for ci in state.mig_devices():
                 if ci.uuid == uuid:
+                    if index in self._lost:
+                        raise nvml_error(NVML_ERROR_GPU_IS_LOST)
                     return self._mig_handle(index, ci)
         raise nvml_error(NVML_ERROR_NOT_FOUND)
 
@@ -729,6 +919,8 @@ class SimulatedNvml:
         if not isinstance(handle, SimulatedDeviceHandle) or handle._owner is not self:
             raise nvml_error(NVML_ERROR_INVALID_ARGUMENT)
         gpu = self.profile.gpus[handle.index]
+        if gpu.index in self._lost:
+            raise nvml_error(NVML_ERROR_GPU_IS_LOST)
         fault = self._fault(call, gpu)
         if fault is not None:
             raise nvml_error(fault)

@@ -50,4 +50,8 @@ WANTED_FEATURE_GATES: Final = (
     "DRAPrioritizedList",
     "DRAAdminAccess",
     "DRAResourceClaimDeviceStatus",
+    # Device health in pod status (kubelet; beta and on by default in 1.37, named so that the
+    # health e2e does not depend on defaults): the plugin's DRAResourceHealth stream.
+    "ResourceHealthStatus",
+    "ResourceHealthStatusMessage",
 )

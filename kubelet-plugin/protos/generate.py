@@ -8,8 +8,9 @@ Usage::
 The ``.proto`` files in this folder are copied into a staging tree laid out as
 ``gpu_dra/kubelet_plugin/_generated/<subpackage>/api.proto`` and compiled from there with
 ``grpc_tools.protoc``. That way the generated modules import each other by their full
-package name, and the v1 and v1beta1 ``api.proto`` files register under different proto
-file names in the protobuf descriptor pool. Needs the ``dev`` extra (grpcio-tools).
+package name, and the v1 and v1beta1 ``api.proto`` files (and those of the device health
+service) register under different proto file names in the protobuf descriptor pool. Needs the
+``dev`` extra (grpcio-tools).
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ GENERATED_PACKAGE_PATH = Path("gpu_dra", "kubelet_plugin", "_generated")
 PROTO_LAYOUT: dict[str, Path] = {
     "dra_v1.proto": Path("dra", "v1", "api.proto"),
     "dra_v1beta1.proto": Path("dra", "v1beta1", "api.proto"),
+    "dra_health_v1.proto": Path("dra_health", "v1", "api.proto"),
+    "dra_health_v1alpha1.proto": Path("dra_health", "v1alpha1", "api.proto"),
     "pluginregistration.proto": Path("pluginregistration", "api.proto"),
 }
 

@@ -90,3 +90,25 @@ def test_real_gpus_are_discovered_with_nvml_formats():
         assert re.match(r"^\d+\.\d+(\.\d+)?$", gpu.driver_version)
         assert gpu.cuda_driver_version >= 11000
         assert gpu.memory_bytes is None or gpu.memory_bytes % (1024 * 1024) == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _has_gpu(), reason="needs an NVIDIA GPU and libnvidia-ml")
+def test_real_gpus_take_xid_registrations_and_a_quiet_wait_times_out():
+    nvml = RealNvml(Path("/"))
+    nvml.init()
+    try:
+        event_set = nvml.event_set_create()
+        try:
+            handle = nvml.device_get_handle_by_index(0)
+            supported = nvml.device_get_supported_event_types(handle)
+            assert supported & pynvml.nvmlEventTypeXidCriticalError
+            nvml.device_register_events(
+                handle, supported & pynvml.nvmlEventTypeXidCriticalError, event_set
+            )
+            with pytest.raises(pynvml.NVMLError_Timeout):
+                nvml.event_set_wait(event_set, 100)
+        finally:
+            nvml.event_set_free(event_set)
+    finally:
+        nvml.shutdown()

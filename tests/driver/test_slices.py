@@ -17,6 +17,7 @@ from gpu_dra.driver.slices import (
     build_pool,
     layout_for_kubernetes,
     page_devices,
+    with_taints,
 )
 
 DRIVER = "gpu.example.com"
@@ -267,3 +268,45 @@ def test_layout_follows_the_apiserver_version(major: str, minor: str, layout: Sl
 def test_unreadable_version_names_the_way_out() -> None:
     with pytest.raises(ValueError, match="set the slice layout explicitly"):
         layout_for_kubernetes("", "x")
+
+
+LOST = {
+    "key": f"{DRIVER}/xid",
+    "value": "79",
+    "effect": "NoExecute",
+    "timeAdded": "2026-07-22T02:24:46Z",
+}
+
+
+def test_taints_are_rendered_into_copies_of_the_named_devices() -> None:
+    devices = [plain("gpu-0"), plain("gpu-1")]
+    pool = build_pool(
+        DRIVER, NODE, NODE, devices, order=DeviceOrder.GIVEN, taints={"gpu-1": [LOST]}
+    )
+    (spec,) = pool.slices
+    assert spec["devices"][1]["taints"] == [LOST]
+    assert "taints" not in spec["devices"][0]
+    assert "taints" not in devices[1]  # the input is not changed
+    spec["devices"][1]["taints"][0]["value"] = "48"
+    assert LOST["value"] == "79"
+
+
+def test_an_empty_taint_list_removes_taints_a_device_had() -> None:
+    (untainted,) = with_taints([tainted("gpu-0")], {"gpu-0": []})
+    assert "taints" not in untainted
+
+
+def test_taints_for_a_device_the_pool_does_not_publish_are_refused() -> None:
+    with pytest.raises(SliceLayoutError, match="gpu-9"):
+        build_pool(
+            DRIVER, NODE, NODE, [plain("gpu-0")], order=DeviceOrder.GIVEN, taints={"gpu-9": [LOST]}
+        )
+
+
+def test_a_taint_lowers_the_page_limit_of_its_slice() -> None:
+    devices = [plain(f"gpu-{i:03}") for i in range(100)]
+    assert len(build_pool(DRIVER, NODE, NODE, devices, order=DeviceOrder.GIVEN).slices) == 1
+    pool = build_pool(
+        DRIVER, NODE, NODE, devices, order=DeviceOrder.GIVEN, taints={"gpu-000": [LOST]}
+    )
+    assert [len(spec["devices"]) for spec in pool.slices] == [64, 36]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
 from typing import Any
 
@@ -99,3 +100,35 @@ def test_registration_messages_have_the_kubelets_field_numbers() -> None:
     service = reg.DESCRIPTOR.services_by_name["Registration"]
     assert service.full_name == "pluginregistration.Registration"
     assert sorted(service.methods_by_name) == ["GetInfo", "NotifyRegistrationStatus"]
+
+
+INT64 = FieldDescriptor.TYPE_INT64
+ENUM = FieldDescriptor.TYPE_ENUM
+
+
+@pytest.mark.parametrize("version", ["v1", "v1alpha1"])
+def test_health_service_has_the_kubelets_names_and_field_numbers(version: str) -> None:
+    api = importlib.import_module(f"gpu_dra.kubelet_plugin._generated.dra_health.{version}.api_pb2")
+    assert api.DESCRIPTOR.package == version
+    service = api.DESCRIPTOR.services_by_name["DRAResourceHealth"]
+    assert service.full_name == f"{version}.DRAResourceHealth"  # what registration advertises
+    (method,) = service.methods
+    assert (method.name, method.server_streaming, method.client_streaming) == (
+        "NodeWatchResources",
+        True,
+        False,
+    )
+    assert fields(api.NodeWatchResourcesRequest) == {}
+    assert fields(api.NodeWatchResourcesResponse) == {"devices": (1, MESSAGE, True)}
+    assert fields(api.DeviceIdentifier) == {
+        "pool_name": (1, STRING, False),
+        "device_name": (2, STRING, False),
+    }
+    assert fields(api.DeviceHealth) == {
+        "device": (1, MESSAGE, False),
+        "health": (2, ENUM, False),
+        "last_updated_time": (3, INT64, False),
+        "health_check_timeout_seconds": (4, INT64, False),
+        "message": (5, STRING, False),
+    }
+    assert dict(api.HealthStatus.items()) == {"UNKNOWN": 0, "HEALTHY": 1, "UNHEALTHY": 2}

@@ -8,6 +8,7 @@ from pathlib import Path, PurePosixPath
 
 import pytest
 
+from gpu_dra.driver.health import TaintEffect
 from gpu_dra.driver.shares import ShareSelection
 from gpu_dra.driver.slices import SliceLayout
 from gpu_dra.kubelet_plugin.settings import KubeletPluginSettings
@@ -45,6 +46,11 @@ ALL_FLAGS = [
     "--dynamic-mig=true",
     "--feature-gates=DynamicMIG=true,MPSSupport=false,TimeSlicingSettings=true",
     "--slice-layout=combined",
+    "--health-monitor=false",
+    "--health-ignored-xids=13,31",
+    "--additional-xids-to-ignore=48",
+    "--health-taint-effect-degraded=None",
+    "--health-taint-effect-lost=NoSchedule",
 ]
 
 EXPECTED = KubeletPluginSettings(
@@ -80,6 +86,11 @@ EXPECTED = KubeletPluginSettings(
     dynamic_mig=True,
     feature_gates=("DynamicMIG", "TimeSlicingSettings"),
     slice_layout=SliceLayout.COMBINED,
+    health_monitor=False,
+    health_ignored_xids=frozenset({13, 31}),
+    additional_xids_to_ignore=frozenset({48}),
+    health_taint_effect_degraded=TaintEffect.NONE,
+    health_taint_effect_lost=TaintEffect.NO_SCHEDULE,
 )
 
 

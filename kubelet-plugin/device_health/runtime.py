@@ -1,0 +1,158 @@
+"""The health monitor as the plugin runs it: built from the settings, feeding the slices and the
+kubelet's health service, and on simulated nodes taking events from the inbox.
+
+`start_health` returns None when the monitor is off (``--health-monitor``). Otherwise it
+starts the monitor (and the inbox poll) in the running event loop, until `close_health`; every
+change of device health calls ``republish`` with the taints of every tainted device (the
+caller renders them into its desired pool), and `HealthRuntime.service` is the
+``DRAResourceHealth`` service for the DRA socket.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Final
+
+from gpu_dra.driver.health import device_taints
+from gpu_dra.driver.nvml.interface import NvmlLibrary
+from gpu_dra.driver.nvml.simulated import SimulatedNvml
+from gpu_dra.driver.resourceapi import DeviceTaint
+from gpu_dra.kubelet_plugin.checkpoint import Checkpoint
+from gpu_dra.kubelet_plugin.device_health.inbox import SIMULATED_EVENTS_DIR, SimulatedEventInbox
+from gpu_dra.kubelet_plugin.device_health.monitor import HealthMonitor, MpsLiveness, Snapshot
+from gpu_dra.kubelet_plugin.device_health.mps import SharedDaemonLiveness
+from gpu_dra.kubelet_plugin.device_health.service import DeviceHealthService
+from gpu_dra.kubelet_plugin.mps import MpsDaemonManager
+from gpu_dra.kubelet_plugin.node_devices import NodeInventory
+from gpu_dra.kubelet_plugin.settings import KubeletPluginSettings
+
+log = logging.getLogger(__name__)
+
+INBOX_POLL_S: Final = 0.25
+
+Republish = Callable[[Mapping[str, Sequence[DeviceTaint]]], None]
+
+
+@dataclass
+class HealthRuntime:
+    monitor: HealthMonitor
+    service: DeviceHealthService
+    inbox: SimulatedEventInbox | None = None
+    _stopping: asyncio.Event = field(default_factory=asyncio.Event)
+    _task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        """Run in the background (in the running event loop) until `close`."""
+        self._task = asyncio.create_task(self.run(), name="health")
+
+    async def close(self) -> None:
+        """Stop and wait until NVML is released (at most about one NVML wait)."""
+        self.stop()
+        if self._task is not None:
+            await asyncio.gather(self._task, return_exceptions=True)
+
+    async def run(self) -> None:
+        tasks = [asyncio.create_task(self.monitor.run(), name="health-monitor")]
+        if self.inbox is not None:
+            tasks.append(asyncio.create_task(self._poll_inbox(), name="health-inbox"))
+        try:
+            await self._stopping.wait()
+        finally:
+            self.monitor.stop()
+            self._stopping.set()
+            for result in await asyncio.gather(*tasks, return_exceptions=True):
+                if isinstance(result, Exception):
+                    log.error("health monitor ended with an error: %r", result)
+
+    def stop(self) -> None:
+        self._stopping.set()
+
+    async def _poll_inbox(self) -> None:
+        assert self.inbox is not None
+        while not self._stopping.is_set():
+            try:
+                await asyncio.to_thread(self.inbox.poll)
+            except OSError as error:
+                log.error("simulated NVML event inbox %s: %s", self.inbox.directory, error)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stopping.wait(), INBOX_POLL_S)
+
+
+def start_health(
+    settings: KubeletPluginSettings,
+    nvml: NvmlLibrary,
+    inventory: NodeInventory,
+    *,
+    checkpoint: Checkpoint,
+    mps: MpsDaemonManager | None,
+    republish: Republish,
+) -> HealthRuntime | None:
+    """`health_runtime`, started in the running event loop; None when the monitor is off."""
+    runtime = health_runtime(
+        settings, nvml, inventory, checkpoint=checkpoint, mps=mps, republish=republish
+    )
+    if runtime is not None:
+        runtime.start()
+    return runtime
+
+
+def health_services(runtime: HealthRuntime | None) -> tuple[DeviceHealthService, ...]:
+    """The services to serve on the DRA socket: the health service, or none."""
+    return () if runtime is None else (runtime.service,)
+
+
+async def close_health(runtime: HealthRuntime | None) -> None:
+    """Stop the runtime (if any) and wait until NVML is released."""
+    if runtime is not None:
+        await runtime.close()
+
+
+def health_runtime(
+    settings: KubeletPluginSettings,
+    nvml: NvmlLibrary,
+    inventory: NodeInventory,
+    *,
+    checkpoint: Checkpoint,
+    mps: MpsDaemonManager | None,
+    republish: Republish,
+) -> HealthRuntime | None:
+    """The monitor of this node's published devices, or None when it is off."""
+    if not settings.health_monitor_enabled:
+        log.info("health monitor off (--health-monitor)")
+        return None
+    policy = settings.health_policy
+    shared = [gpu.uuid for gpu in inventory.mps_shares]
+    liveness: MpsLiveness | None = None
+    if mps is not None and shared:
+        liveness = SharedDaemonLiveness(checkpoint.all, mps.status)
+    monitor = HealthMonitor(
+        nvml,
+        inventory.gpus,
+        inventory.health_scopes(),
+        policy=policy,
+        shared_gpus=shared,
+        mps=liveness,
+    )
+
+    def changed(snapshot: Snapshot) -> None:
+        republish(device_taints(snapshot, policy, settings.driver_name))
+
+    monitor.add_listener(changed)
+    inbox = None
+    if isinstance(nvml, SimulatedNvml):
+        inbox = SimulatedEventInbox(settings.state_dir / SIMULATED_EVENTS_DIR, nvml)
+    log.info(
+        "health monitor on: ignored XIDs %s, taint effects degraded=%s lost=%s, MPS share "
+        "GPUs watched=%d, simulated event inbox=%s",
+        ",".join(map(str, sorted(policy.ignored_xids))) or "none",
+        policy.degraded_effect.value,
+        policy.lost_effect.value,
+        len(shared) if liveness is not None else 0,
+        inbox.directory if inbox is not None else "-",
+    )
+    service = DeviceHealthService(monitor, pool=settings.node_name)
+    return HealthRuntime(monitor, service, inbox)
