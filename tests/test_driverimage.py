@@ -5,15 +5,18 @@ and the archive it writes is named for ``ctr images import`` with its layers mea
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import tarfile
+import time
 from pathlib import Path
 
 import pytest
 
 from e2e.cluster import driverimage
 from e2e.cluster.images import ImageSpec, write_oci_archive
+from e2e.cluster.paths import ClusterPaths
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -87,3 +90,57 @@ def test_the_archive_is_named_for_containerd_and_its_layers_measured(tmp_path: P
         "org.opencontainers.image.ref.name": "0123456789ab",
     }
     assert driverimage.layers_bytes(layout) == len(payload)
+
+
+def test_a_download_step_is_retried_until_it_works(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[list[str]] = []
+
+    def flaky(argv: list[str]) -> str:
+        calls.append(argv)
+        if len(calls) < 3:
+            raise RuntimeError("mmdebstrap --mode=root failed (25):\nTemporary failure resolving")
+        return "ok"
+
+    monkeypatch.setattr(driverimage, "_run", flaky)
+    monkeypatch.setattr(driverimage, "NETWORK_RETRY_S", 0.0)
+
+    assert driverimage._run_retried(["mmdebstrap"]) == "ok"
+    assert len(calls) == 3
+
+
+def test_a_download_step_that_keeps_failing_raises_its_last_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def broken(argv: list[str]) -> str:
+        raise RuntimeError("buildah bud failed (1):\nno such host")
+
+    monkeypatch.setattr(driverimage, "_run", broken)
+    monkeypatch.setattr(driverimage, "NETWORK_RETRY_S", 0.0)
+
+    with pytest.raises(RuntimeError, match="no such host"):
+        driverimage._run_retried(["buildah", "bud"], attempts=2)
+
+
+def test_the_base_root_filesystem_is_made_once_and_again_when_old(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    made: list[Path] = []
+
+    def fake_base(tarball: Path) -> None:
+        made.append(tarball)
+        tarball.write_bytes(b"rootfs %d" % len(made))
+
+    monkeypatch.setattr(driverimage, "base_rootfs", fake_base)
+    paths = ClusterPaths(cache=tmp_path, state=tmp_path / "state")
+    paths.images_dir.mkdir(parents=True)
+
+    first = driverimage.base_rootfs_cached(paths)
+    again = driverimage.base_rootfs_cached(paths)
+    old = time.time() - driverimage.BASE_MAX_AGE_S - 60
+    os.utime(first, (old, old))
+    refreshed = driverimage.base_rootfs_cached(paths)
+
+    assert first == again == refreshed
+    assert len(made) == 2
+    assert refreshed.read_bytes() == b"rootfs 2"
+    assert [p.name for p in paths.images_dir.iterdir()] == [first.name]

@@ -8,7 +8,10 @@ the host), and exports the result as an OCI archive named for ``ctr images impor
 (``io.containerd.image.name`` = ``localhost/gpu-dra:<hash>``). The archive is cached in the
 images cache by a hash of every input (`inputs_digest`: the Dockerfile, .dockerignore and what
 the build context holds, plus this module's recipe); an unchanged tree is never rebuilt. buildah
-keeps its storage (vfs driver) in a temporary directory that is removed afterwards. Needs root
+keeps its storage (vfs driver) in a temporary directory that is removed afterwards. The base
+root filesystem is cached too (`base_rootfs_cached`, refreshed after `BASE_MAX_AGE_S` for
+security updates), and the two steps that download (mmdebstrap, ``buildah bud``) are retried
+`NETWORK_ATTEMPTS` times, so a passing DNS or mirror failure does not fail the run. Needs root
 and the Debian packages ``mmdebstrap`` and ``buildah`` (e2e/setup-host installs them).
 Importing into a cluster's containerd is the caller's step (`images.import_images`).
 
@@ -123,6 +126,32 @@ def archive_path(paths: ClusterPaths, digest: str) -> Path:
     return paths.images_dir / f"gpu-dra-{digest}.tar"
 
 
+BASE_MAX_AGE_S: Final = 7 * 24 * 3600
+"""A cached base root filesystem older than this is made again (Debian's security updates)."""
+NETWORK_ATTEMPTS: Final = 3
+NETWORK_RETRY_S: Final = 15.0
+
+
+def _run_retried(argv: Sequence[str], attempts: int = NETWORK_ATTEMPTS) -> str:
+    """`_run` for a step that downloads: a failure is tried again after `NETWORK_RETRY_S`."""
+    for attempt in range(1, attempts + 1):
+        try:
+            return _run(argv)
+        except RuntimeError as error:
+            if attempt == attempts:
+                raise
+            log.warning(
+                "driverimage: %s failed (attempt %d of %d), retrying in %.0f s: %s",
+                argv[0],
+                attempt,
+                attempts,
+                NETWORK_RETRY_S,
+                str(error).splitlines()[0],
+            )
+            time.sleep(NETWORK_RETRY_S)
+    raise AssertionError("unreachable")
+
+
 def _run(argv: Sequence[str]) -> str:
     log.info("driverimage: %s", " ".join(argv[:8]) + (" ..." if len(argv) > 8 else ""))
     done = subprocess.run([*NICE, *argv], check=False, capture_output=True, text=True)
@@ -134,25 +163,44 @@ def _run(argv: Sequence[str]) -> str:
     return str(done.stdout)
 
 
+def base_rootfs_cached(paths: ClusterPaths) -> Path:
+    """`base_rootfs` in the images cache, named by a hash of its recipe; made again when older
+    than `BASE_MAX_AGE_S`. Call with the images lock held."""
+    recipe = hashlib.sha256(
+        repr((SUITE, SOURCES, SLIM_DPKG_OPTIONS, APT_OPTIONS, APT_CONFIG)).encode()
+    ).hexdigest()[:12]
+    tarball = paths.images_dir / f"debian-{SUITE}-slim-{recipe}.tar"
+    if tarball.is_file() and time.time() - tarball.stat().st_mtime < BASE_MAX_AGE_S:
+        return tarball
+    partial = tarball.with_suffix(".partial")
+    base_rootfs(partial)
+    partial.rename(tarball)
+    for stale in paths.images_dir.glob(f"debian-{SUITE}-slim-*.tar"):
+        if stale != tarball:
+            stale.unlink()
+    return tarball
+
+
 def base_rootfs(tarball: Path) -> None:
     """A slim Debian root filesystem as a tarball (mmdebstrap, minbase variant)."""
-    apt_config = tarball.with_name(Path(APT_CONFIG).name)
-    apt_config.write_text("".join(f"{option};\n" for option in APT_OPTIONS))
-    _run(
-        [
-            "mmdebstrap",
-            "--mode=root",
-            "--variant=minbase",
-            "--format=tar",
-            *(f"--dpkgopt={option}" for option in SLIM_DPKG_OPTIONS),
-            f"--customize-hook=copy-in {apt_config} {Path(APT_CONFIG).parent}",
-            # With that configuration mmdebstrap's clean-up leaves apt's binary caches.
-            '--customize-hook=rm -f "$1"/var/cache/apt/*.bin',
-            SUITE,
-            str(tarball),
-            *SOURCES,
-        ]
-    )
+    with tempfile.TemporaryDirectory(prefix="gpu-dra-apt-") as scratch:
+        apt_config = Path(scratch) / Path(APT_CONFIG).name
+        apt_config.write_text("".join(f"{option};\n" for option in APT_OPTIONS))
+        _run_retried(
+            [
+                "mmdebstrap",
+                "--mode=root",
+                "--variant=minbase",
+                "--format=tar",
+                *(f"--dpkgopt={option}" for option in SLIM_DPKG_OPTIONS),
+                f"--customize-hook=copy-in {apt_config} {Path(APT_CONFIG).parent}",
+                # With that configuration mmdebstrap's clean-up leaves apt's binary caches.
+                '--customize-hook=rm -f "$1"/var/cache/apt/*.bin',
+                SUITE,
+                str(tarball),
+                *SOURCES,
+            ]
+        )
 
 
 def name_for_containerd(layout: Path, reference: str) -> None:
@@ -225,12 +273,12 @@ def build(paths: ClusterPaths, *, root: Path = REPO_ROOT) -> DriverImage:
                 f"--root={work / 'storage'}",
                 f"--runroot={work / 'run'}",
             ]
-            base_rootfs(work / "rootfs.tar")
+            rootfs = base_rootfs_cached(paths)
             container = _run([*buildah, "from", "scratch"]).strip()
-            _run([*buildah, "add", container, str(work / "rootfs.tar"), "/"])
+            _run([*buildah, "add", container, str(rootfs), "/"])
             _run([*buildah, "config", "--cmd", "bash", container])
             _run([*buildah, "commit", "--rm", container, BASE_IMAGE])
-            _run(
+            _run_retried(
                 [
                     *buildah,
                     "bud",
