@@ -142,7 +142,7 @@ class NodeClaimPreparer:
     async def recover(self) -> None:
         """Roll back half-done prepares, let the tiers adopt what prepared claims hold (MPS
         daemons) and sweep what no record owns (MPS daemons, MIG instances), and remove CDI
-        specs and claim files nobody owns.
+        specs, temporary files of interrupted CDI spec writes and claim files nobody owns.
 
         Run it before serving: what a prepare running beside it has made but not recorded yet
         would be taken for a leftover."""
@@ -160,6 +160,7 @@ class NodeClaimPreparer:
         remaining = await asyncio.to_thread(self._records.all)  # what the rollbacks left
         await _in_thread_to_completion(self._sweep, remaining)
         owned = {uid for uid, e in entries.items() if e.phase is ClaimPhase.PREPARE_COMPLETED}
+        await asyncio.to_thread(self._cdi.remove_temporaries)
         for uid in await asyncio.to_thread(self._cdi.claim_uids):
             if uid not in owned:
                 log.info("removing orphaned CDI spec claim_uid=%s", uid)

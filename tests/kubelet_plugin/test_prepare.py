@@ -474,6 +474,22 @@ def test_recover_removes_cdi_specs_and_claim_files_nobody_owns(node: Node) -> No
     assert node.claim_dirs() == []
 
 
+def test_recover_removes_temporary_files_of_interrupted_spec_writes_of_this_driver(
+    node: Node,
+) -> None:
+    claim = node.add_gpus(UID_A, "claim-a", "gpu-0")
+    ok(node.prepare(claim)[UID_A])
+    ours = f".k8s.gpu.nvidia.com-claim_{UID_B}.yaml.q8w2e4r6.tmp"
+    theirs = ".k8s.nic.example.com-claim_x.yaml.q8w2e4r6.tmp"
+    for name in (ours, theirs):
+        (node.cdi_root / name).write_text("cdiVersion: 0.5.0\n")
+
+    node.restart()
+    node.recover()
+
+    assert node.spec_files() == [theirs, f"k8s.gpu.nvidia.com-claim_{UID_A}.yaml"]
+
+
 def test_recover_keeps_completed_claims(node: Node) -> None:
     claim = node.add_gpus(UID_A, "claim-a", "gpu-0")
     devices = ok(node.prepare(claim)[UID_A])
