@@ -31,7 +31,13 @@ from gpu_dra.kubelet_plugin.cdi import (
     ContainerEdits,
     qualified_device_id,
 )
-from gpu_dra.kubelet_plugin.checkpoint import Checkpoint, CheckpointEntry, ClaimPhase, JsonValue
+from gpu_dra.kubelet_plugin.checkpoint import (
+    Checkpoint,
+    CheckpointEntry,
+    CheckpointError,
+    ClaimPhase,
+    JsonValue,
+)
 from gpu_dra.kubelet_plugin.claim_records import ClaimRecords, completed, removed
 from gpu_dra.kubelet_plugin.kubeapi import (
     ClaimNotFoundError,
@@ -198,6 +204,15 @@ class NodeClaimPreparer:
             log.exception("prepare failed claim_uid=%s", claim.uid)
             retry = " (will retry)" if error.retryable else ""
             return PrepareResult.failure(f"{where}: {error}{retry}")
+        except CheckpointError as error:
+            log.exception("prepare failed claim_uid=%s", claim.uid)
+            return PrepareResult.failure(f"{where}: {error} (will retry)")
+        except Exception as error:
+            # A bug, or data no check foresaw: this claim fails, the others of the call do not.
+            log.exception("prepare failed unexpectedly claim_uid=%s", claim.uid)
+            return PrepareResult.failure(
+                f"{where}: unexpected {type(error).__name__}: {error} (will retry)"
+            )
         log.info("prepared claim_uid=%s devices=%s", claim.uid, [d.device_name for d in devices])
         return PrepareResult.success(devices)
 
@@ -219,14 +234,14 @@ class NodeClaimPreparer:
     def _request(self, claim: ClaimRef, resource_claim: ResourceClaim) -> ClaimRequest:
         """This driver's results on this node and their opaque configs (class < claim, later
         wins); config errors name the claim, the config entry and the field."""
-        results = self._our_results(resource_claim)
+        allocation = _allocated_devices(resource_claim)
+        results = self._our_results(allocation["results"])
         if not results:
             raise PrepareError(
                 f"the allocation has no device of driver {self._driver} in pool {self._pool}"
             )
-        allocation = resource_claim["status"]["allocation"]["devices"]
         configs = resolve_configs(
-            allocation.get("config", []),
+            allocation["config"],
             [
                 AllocatedDevice(
                     request=r.request, device=r.device, type=self._device_type(r.device)
@@ -235,7 +250,7 @@ class NodeClaimPreparer:
             ],
             driver=self._driver,
             claim=f"{claim.namespace}/{claim.name}",
-            spec_configs=resource_claim.get("spec", {}).get("devices", {}).get("config"),
+            spec_configs=_spec_configs(resource_claim),
         )
         return ClaimRequest(claim, tuple(results), tuple(configs.groups))
 
@@ -321,9 +336,15 @@ class NodeClaimPreparer:
                     return None
                 async with self._locked_devices(sorted(d.device_name for d in entry.devices)):
                     await _in_thread_to_completion(self._undo, claim.uid)
-        except (InvalidNameError, OSError, DomainError, *_TIER_ERRORS) as error:
+        except (InvalidNameError, OSError, DomainError, CheckpointError, *_TIER_ERRORS) as error:
             log.exception("unprepare failed claim_uid=%s", claim.uid)
             return f"claim {claim.namespace}/{claim.name} ({claim.uid}): {error}"
+        except Exception as error:
+            log.exception("unprepare failed unexpectedly claim_uid=%s", claim.uid)
+            return (
+                f"claim {claim.namespace}/{claim.name} ({claim.uid}): unexpected "
+                f"{type(error).__name__}: {error}"
+            )
         log.info("unprepared claim_uid=%s", claim.uid)
         return None
 
@@ -377,29 +398,20 @@ class NodeClaimPreparer:
         device = self._inventory.by_name(device_name)
         return "mig" if isinstance(device, MigDevice | MigPartition) else "gpu"
 
-    def _our_results(self, resource_claim: ResourceClaim) -> list[AllocatedResult]:
-        raw: list[dict[str, Any]] = resource_claim["status"]["allocation"]["devices"].get(
-            "results", []
-        )
+    def _our_results(self, raw: Sequence[Mapping[str, Any]]) -> list[AllocatedResult]:
+        """The results of this driver in this node's pool; `PrepareError` for one that is
+        malformed or names a device this node does not have."""
         results = []
-        for item in raw:
+        for index, item in enumerate(raw):
             if item.get("driver") != self._driver or item.get("pool") != self._pool:
                 continue
-            device = self._inventory.by_name(item["device"])
-            if device is None:
+            result = _allocated_result(index, item)
+            if self._inventory.by_name(result.device) is None:
                 raise PrepareError(
-                    f"allocated device {item['device']} does not exist on node {self._pool}; "
+                    f"allocated device {result.device} does not exist on node {self._pool}; "
                     "the ResourceSlice it came from is stale"
                 )
-            results.append(
-                AllocatedResult(
-                    request=item["request"],
-                    device=item["device"],
-                    admin_access=bool(item.get("adminAccess")),
-                    share_id=item.get("shareID"),
-                    consumed=item.get("consumedCapacity"),
-                )
-            )
+            results.append(result)
         return results
 
     # ---- locks -----------------------------------------------------------------------------------
@@ -430,6 +442,60 @@ def merged_edits(first: ContainerEdits, second: ContainerEdits) -> ContainerEdit
         device_nodes=first.device_nodes + second.device_nodes,
         mounts=first.mounts + second.mounts,
         hooks=first.hooks + second.hooks,
+    )
+
+
+def _allocated_devices(resource_claim: ResourceClaim) -> dict[str, list[Mapping[str, Any]]]:
+    """``status.allocation.devices``: its ``results`` and ``config`` (lists of objects, empty
+    when absent); `PrepareError` naming what is malformed."""
+    allocation = resource_claim["status"]["allocation"]
+    devices = allocation.get("devices") if isinstance(allocation, Mapping) else None
+    where = "status.allocation.devices"
+    if not isinstance(devices, Mapping):
+        raise PrepareError(f"the claim's {where} is not an object: {devices!r:.100}")
+    found: dict[str, list[Mapping[str, Any]]] = {}
+    for key in ("results", "config"):
+        items = devices.get(key)
+        items = [] if items is None else items
+        if not isinstance(items, list) or not all(isinstance(i, Mapping) for i in items):
+            raise PrepareError(f"the claim's {where}.{key} is not a list of objects")
+        found[key] = items
+    return found
+
+
+def _spec_configs(resource_claim: ResourceClaim) -> list[Mapping[str, Any]] | None:
+    """``spec.devices.config`` (used only to name claim configs in messages), if well-formed."""
+    spec = resource_claim.get("spec")
+    devices = spec.get("devices") if isinstance(spec, Mapping) else None
+    configs = devices.get("config") if isinstance(devices, Mapping) else None
+    if isinstance(configs, list) and all(isinstance(c, Mapping) for c in configs):
+        return configs
+    return None
+
+
+def _allocated_result(index: int, item: Mapping[str, Any]) -> AllocatedResult:
+    """One of this driver's allocation results; `PrepareError` naming a malformed field."""
+
+    def field(key: str, kind: type | tuple[type, ...], *, required: bool = False) -> Any:
+        value = item.get(key)
+        if (value is None and required) or (value is not None and not isinstance(value, kind)):
+            raise PrepareError(
+                f"allocation result {index} of the claim is malformed: {key} is {value!r:.100}"
+            )
+        return value
+
+    consumed = field("consumedCapacity", Mapping)
+    if consumed is not None and not all(isinstance(v, str) for v in consumed.values()):
+        raise PrepareError(
+            f"allocation result {index} of the claim is malformed: consumedCapacity is "
+            f"{consumed!r:.100}"
+        )
+    return AllocatedResult(
+        request=field("request", str, required=True),
+        device=field("device", str, required=True),
+        admin_access=bool(field("adminAccess", bool)),
+        share_id=field("shareID", str),
+        consumed=consumed,
     )
 
 

@@ -286,6 +286,101 @@ def test_bad_claim_gets_its_own_error_and_does_not_fail_the_batch(
     node.assert_nothing_left(UID_B)
 
 
+def _result(**fields: Any) -> Callable[[dict[str, Any]], None]:
+    def change(claim: dict[str, Any]) -> None:
+        claim["status"]["allocation"]["devices"]["results"][0].update(fields)
+        for key in [k for k, v in fields.items() if v is None]:
+            del claim["status"]["allocation"]["devices"]["results"][0][key]
+
+    return change
+
+
+def _devices(value: Any) -> Callable[[dict[str, Any]], None]:
+    def change(claim: dict[str, Any]) -> None:
+        claim["status"]["allocation"]["devices"] = value
+
+    return change
+
+
+@pytest.mark.parametrize(
+    ("malform", "expected"),
+    [
+        pytest.param(_result(device=None), "device is None", id="no-device"),
+        pytest.param(_result(device=7), "device is 7", id="device-number"),
+        pytest.param(_result(request=None), "request is None", id="no-request"),
+        pytest.param(_result(request=["gpu"]), "request is ['gpu']", id="request-list"),
+        pytest.param(_result(shareID=5), "shareID is 5", id="share-id-number"),
+        pytest.param(_result(adminAccess="yes"), "adminAccess is 'yes'", id="admin-string"),
+        pytest.param(
+            _result(consumedCapacity={"memory": 5}), "consumedCapacity is", id="capacity-number"
+        ),
+        pytest.param(_devices({"results": {}}), "devices.results is not a list", id="results"),
+        pytest.param(_devices(["x"]), "devices is not an object", id="devices-list"),
+        pytest.param(
+            _devices({"results": [], "config": "x"}), "devices.config is not a list", id="config"
+        ),
+    ],
+)
+def test_malformed_allocation_fails_only_its_claim(
+    node: Node, malform: Callable[[dict[str, Any]], None], expected: str
+) -> None:
+    good = node.add_gpus(UID_A, "claim-a", "gpu-0")
+    claim = resource_claim(UID_B, "claim-b", results=[allocation_result("gpu-1")])
+    malform(claim)
+    bad = node.add(claim)
+
+    results = node.prepare(bad, good)
+
+    error = failed(results[UID_B])
+    assert error.startswith(f"claim default/claim-b ({UID_B}): ")
+    assert expected in error
+    assert [d.device_name for d in ok(results[UID_A])] == ["gpu-0"]
+    node.assert_nothing_left(UID_B)
+
+
+def test_an_unexpected_error_fails_only_its_claim(
+    node: Node, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    good = node.add_gpus(UID_A, "claim-a", "gpu-0")
+    bad = node.add_gpus(UID_B, "claim-b", "gpu-1")
+    real_get = node.api.get_claim
+
+    def get_claim(namespace: str, name: str) -> Any:
+        if name == "claim-b":
+            raise KeyError("metadata")  # a bug in a reader, say
+        return real_get(namespace, name)
+
+    monkeypatch.setattr(node.api, "get_claim", get_claim)
+
+    results = node.prepare(bad, good)
+
+    assert "unexpected KeyError: 'metadata' (will retry)" in failed(results[UID_B])
+    assert [d.device_name for d in ok(results[UID_A])] == ["gpu-0"]
+    node.assert_nothing_left(UID_B)
+
+
+def test_an_unexpected_unprepare_error_fails_only_its_claim(
+    node: Node, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    claims = [node.add_gpus(UID_A, "claim-a", "gpu-0"), node.add_gpus(UID_B, "claim-b", "gpu-1")]
+    node.prepare(*claims)
+    real_remove = node.cdi.remove
+
+    def remove(claim_uid: str) -> bool:
+        if claim_uid == UID_B:
+            raise RuntimeError("a bug")
+        return real_remove(claim_uid)
+
+    monkeypatch.setattr(node.cdi, "remove", remove)
+
+    results = node.unprepare(*claims)
+
+    assert results[UID_A] is None
+    assert results[UID_B] == f"claim default/claim-b ({UID_B}): unexpected RuntimeError: a bug"
+    node.assert_nothing_left(UID_A)
+    assert node.checkpoint.get(UID_B) is not None  # kept for the kubelet's retry
+
+
 def test_claim_uid_that_is_not_a_uuid_never_reaches_the_filesystem(node: Node) -> None:
     claim = node.add_gpus("../../etc", "claim-a", "gpu-0")
 
