@@ -5,12 +5,15 @@ prepare of the claim; start-up removes instances no prepared claim owns."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pynvml
 import pytest
+from prometheus_client import CollectorRegistry
 
-from gpu_dra.kubelet_plugin.checkpoint import ClaimPhase
+from gpu_dra.kubelet_plugin.checkpoint import CheckpointEntry, ClaimPhase
+from gpu_dra.kubelet_plugin.metrics import ClaimStateCollector
 from gpu_dra.kubelet_plugin.mig import (
     CRASH_AFTER_GPU_INSTANCE,
     DYNAMIC_MIG_STATE_KEY,
@@ -352,3 +355,73 @@ def test_the_start_up_sweep_destroys_nothing_and_keeps_mig_on_when_it_cannot_rea
     assert len(errors) == 2
     assert all("leftover MIG instances of gpu-" in e for e in errors)
     assert all("NVML_ERROR_NOT_SUPPORTED" in e for e in errors)
+
+
+# ---- the start-up sweep fails closed (issue 12) --------------------------------------------------
+
+
+def corrupt_mig_state(node: DynamicMigNode, uid: str) -> None:
+    """The claim's recorded MIG devices become unreadable (a hand edit, a bug of a writer)."""
+
+    def mutate(entry: CheckpointEntry | None) -> CheckpointEntry | None:
+        assert entry is not None
+        return replace(entry, state={**entry.state, DYNAMIC_MIG_STATE_KEY: [{"device": 3}]})
+
+    node.checkpoint.update(uid, mutate)
+
+
+def test_the_sweep_keeps_the_gpus_of_a_claim_whose_mig_state_cannot_be_read(
+    node: DynamicMigNode, caplog: pytest.LogCaptureFixture
+) -> None:
+    claim = node.add(UID_A, "gpu-4-mig-3g40gb-9-0")
+    ok(node.prepare(claim))
+    corrupt_mig_state(node, UID_A)
+    node.lifecycle.create(node.gpu(4), 19, 6)  # may be the claim's: kept
+    node.lifecycle.create(node.gpu(5), 19, 0)  # a leftover on a GPU the claim does not name
+
+    node.restart()
+    node.recover()
+
+    assert node.layout(4) == [(9, 0, (0,)), (19, 6, (0,))]
+    assert node.layout(5) == []
+    errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert any(
+        "MIG instances of gpu-4 (" in e
+        and f"kept at start-up: they may be claim_uid={UID_A}'s" in e
+        for e in errors
+    ), errors
+    registry = CollectorRegistry()
+    registry.register(ClaimStateCollector("node-a", node.checkpoint.all))
+    assert (
+        registry.get_sample_value(
+            "gpu_dra_claim_state_unreadable",
+            {
+                "node": "node-a",
+                "claim": "default/claim-a",
+                "claim_uid": UID_A,
+                "state": "dynamicMig",
+            },
+        )
+        == 1
+    )
+
+
+def test_the_sweep_keeps_every_gpu_when_the_unreadable_claim_names_no_mig_device(
+    node: DynamicMigNode,
+) -> None:
+    claim = node.add(UID_A, "gpu-4-mig-3g40gb-9-0")
+    ok(node.prepare(claim))
+
+    def whole_gpu_names(entry: CheckpointEntry | None) -> CheckpointEntry | None:
+        assert entry is not None
+        devices = tuple(replace(d, device_name="gpu-3") for d in entry.devices)
+        return replace(entry, devices=devices, state={DYNAMIC_MIG_STATE_KEY: "garbage"})
+
+    node.checkpoint.update(UID_A, whole_gpu_names)
+    node.lifecycle.create(node.gpu(5), 19, 0)
+
+    node.restart()
+    node.recover()
+
+    assert node.layout(4) == [(9, 0, (0,))]
+    assert node.layout(5) == [(19, 0, (0,))]
