@@ -46,10 +46,15 @@ class ClaimRecords:
         return self._checkpoint.update(claim_uid, mutate)
 
 
-def started(claim: ClaimRef, state: Mapping[str, JsonValue]) -> Mutation:
+def started(
+    claim: ClaimRef, state: Mapping[str, JsonValue], devices: Sequence[PreparedDevice] = ()
+) -> Mutation:
     """The claim's entry becomes `PrepareStarted` with ``state``: what the prepare under way
-    has recorded so far (intents and what it made), enough to undo it after a crash."""
-    entry = CheckpointEntry(claim=claim, phase=ClaimPhase.PREPARE_STARTED, state=dict(state))
+    has recorded so far (intents and what it made), enough to undo it after a crash, and the
+    ``devices`` it prepares, so that other claims' checks see them while it is under way."""
+    entry = CheckpointEntry(
+        claim=claim, phase=ClaimPhase.PREPARE_STARTED, devices=tuple(devices), state=dict(state)
+    )
     return lambda _: entry
 
 

@@ -17,14 +17,14 @@ import contextlib
 import logging
 import shutil
 import weakref
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
 from gpu_dra.driver.config import AllocatedDevice, ConfigError, DeviceType, resolve_configs
 from gpu_dra.driver.config.errors import DomainError
 from gpu_dra.driver.model import MigDevice, MigPartition
-from gpu_dra.driver.naming import InvalidNameError, validate_claim_uid
+from gpu_dra.driver.naming import InvalidNameError, gpu_device_name, validate_claim_uid
 from gpu_dra.kubelet_plugin.cdi import (
     CdiDevice,
     ClaimSpecStore,
@@ -223,12 +223,13 @@ class NodeClaimPreparer:
             if existing.phase is ClaimPhase.PREPARE_COMPLETED:
                 return existing.devices
             log.info("rolling back an interrupted prepare claim_uid=%s", claim.uid)
-            await _in_thread_to_completion(self._undo, claim.uid)
+            async with self._locked_devices(self._lock_names(existing)):
+                await _in_thread_to_completion(self._undo, claim.uid)
             resource_claim = await asyncio.to_thread(self._read_claim, claim)
         assert resource_claim is not None
         request = self._request(claim, resource_claim)
         plans = self._plan(request)
-        async with self._locked_devices(sorted({r.device for r in request.results})):
+        async with self._locked_devices(self._device_locks_of({r.device for r in request.results})):
             return await _in_thread_to_completion(self._check_and_commit, request, plans)
 
     def _request(self, claim: ClaimRef, resource_claim: ResourceClaim) -> ClaimRequest:
@@ -280,7 +281,7 @@ class NodeClaimPreparer:
         intents: dict[str, JsonValue] = {}
         for plan in plans:
             intents.update(plan.intents())
-        run = PrepareRun(claim, self._records, self._inventory, intents)
+        run = PrepareRun(claim, self._records, self._inventory, intents, self._devices(request))
         # On disk before any tier changes anything: a crash from here on is rolled back from it.
         run.record()
         try:
@@ -288,43 +289,45 @@ class NodeClaimPreparer:
                 plan.apply(run)
             for plan in plans:
                 plan.apply_to_made(run)
-            devices = self._write_spec(request, run, common)
-            self._records.update(claim.uid, completed(claim, devices, run.completed))
+            self._write_spec(request, run, common)
+            self._records.update(claim.uid, completed(claim, run.devices, run.completed))
         except BaseException:
             self._undo(claim.uid, run.state)
             raise
-        return devices
+        return run.devices
 
-    def _write_spec(
-        self, request: ClaimRequest, run: PrepareRun, common: ContainerEdits | None
-    ) -> tuple[PreparedDevice, ...]:
-        """The claim's CDI spec (a CDI device per allocated device: its own edits, then those
-        the tiers added) and claim files; the devices as the kubelet gets them."""
-        claim = request.claim
-        claim_dir = self._claims_dir / claim.uid
-        claim_dir.mkdir(parents=True, exist_ok=True)
-        claim_dir.chmod(0o755)
+    def _devices(self, request: ClaimRequest) -> tuple[PreparedDevice, ...]:
+        """The claim's devices as the kubelet gets them, one per allocated device."""
         by_device: dict[str, list[AllocatedResult]] = {}
         for result in request.results:
             by_device.setdefault(result.device, []).append(result)
-        cdi_devices = []
-        prepared = []
-        for device_name, device_results in sorted(by_device.items()):
-            edits = self._inventory.container_edits(run.device(device_name), claim_dir)
-            if device_name in run.edits:
-                edits = merged_edits(edits, run.edits[device_name])
-            cdi_devices.append(CdiDevice(device_name, edits))
-            prepared.append(
-                PreparedDevice(
-                    request_names=tuple(sorted({r.base_request for r in device_results})),
-                    pool_name=self._pool,
-                    device_name=device_name,
-                    cdi_device_ids=(qualified_device_id(claim.uid, device_name, self._driver),),
-                    share_id=device_results[0].share_id,
-                )
+        return tuple(
+            PreparedDevice(
+                request_names=tuple(sorted({r.base_request for r in device_results})),
+                pool_name=self._pool,
+                device_name=device_name,
+                cdi_device_ids=(qualified_device_id(request.claim.uid, device_name, self._driver),),
+                share_id=device_results[0].share_id,
             )
-        self._cdi.write(claim.uid, cdi_devices, common_edits=common)
-        return tuple(prepared)
+            for device_name, device_results in sorted(by_device.items())
+        )
+
+    def _write_spec(
+        self, request: ClaimRequest, run: PrepareRun, common: ContainerEdits | None
+    ) -> None:
+        """The claim's CDI spec (a CDI device per allocated device: its own edits, then those
+        the tiers added) and claim files."""
+        claim_dir = self._claims_dir / request.claim.uid
+        claim_dir.mkdir(parents=True, exist_ok=True)
+        claim_dir.chmod(0o755)
+        cdi_devices = []
+        for device in run.devices:
+            name = device.device_name
+            edits = self._inventory.container_edits(run.device(name), claim_dir)
+            if name in run.edits:
+                edits = merged_edits(edits, run.edits[name])
+            cdi_devices.append(CdiDevice(name, edits))
+        self._cdi.write(request.claim.uid, cdi_devices, common_edits=common)
 
     # ---- unprepare -------------------------------------------------------------------------------
     async def _unprepare_one(self, claim: ClaimRef) -> str | None:
@@ -334,7 +337,7 @@ class NodeClaimPreparer:
                 entry = await asyncio.to_thread(self._records.get, claim.uid)
                 if entry is None:
                     return None
-                async with self._locked_devices(sorted(d.device_name for d in entry.devices)):
+                async with self._locked_devices(self._lock_names(entry)):
                     await _in_thread_to_completion(self._undo, claim.uid)
         except (InvalidNameError, OSError, DomainError, CheckpointError, *_TIER_ERRORS) as error:
             log.exception("unprepare failed claim_uid=%s", claim.uid)
@@ -415,6 +418,22 @@ class NodeClaimPreparer:
         return results
 
     # ---- locks -----------------------------------------------------------------------------------
+    def _lock_names(self, entry: CheckpointEntry) -> list[str]:
+        """The device locks an undo of ``entry`` takes: those of the devices it records (a
+        `PrepareStarted` entry of schema 1 records none; recovery runs before serving)."""
+        return self._device_locks_of({d.device_name for d in entry.devices})
+
+    def _device_locks_of(self, names: Collection[str]) -> list[str]:
+        """The device locks of a claim's devices: each device's, and for a dynamic MIG partition
+        also its GPU's, so that a whole-GPU claim and a MIG device on that GPU, whose checks
+        look at each other's records, never run side by side."""
+        locks = set(names)
+        for name in names:
+            device = self._inventory.by_name(name)
+            if isinstance(device, MigPartition):
+                locks.add(gpu_device_name(device.parent.minor))
+        return sorted(locks)
+
     def _claim_lock(self, uid: str) -> asyncio.Lock:
         lock = self._claim_locks.get(uid)
         if lock is None:

@@ -21,7 +21,7 @@ from gpu_dra.kubelet_plugin.cdi import ContainerEdits
 from gpu_dra.kubelet_plugin.checkpoint import CheckpointEntry, JsonValue
 from gpu_dra.kubelet_plugin.claim_records import ClaimRecords, started
 from gpu_dra.kubelet_plugin.node_devices import NodeInventory
-from gpu_dra.kubelet_plugin.prepare_protocol import ClaimRef
+from gpu_dra.kubelet_plugin.prepare_protocol import ClaimRef, PreparedDevice
 
 
 class PrepareError(Exception):
@@ -69,6 +69,8 @@ class PrepareRun:
     state: dict[str, JsonValue]
     """The claim's `PrepareStarted` state: the tiers' intents, then what they made (on disk
     after `record`; may be ahead of the disk when a record failed)."""
+    devices: tuple[PreparedDevice, ...] = ()
+    """The devices being prepared, as the kubelet gets them; in every `PrepareStarted` record."""
     completed: dict[str, JsonValue] = field(default_factory=dict)
     """The state `PrepareCompleted` records beside the devices."""
     edits: dict[str, ContainerEdits] = field(default_factory=dict)
@@ -79,7 +81,7 @@ class PrepareRun:
 
     def record(self) -> None:
         """Write ``state`` as the claim's `PrepareStarted` entry; returns once it is on disk."""
-        self.records.update(self.claim.uid, started(self.claim, self.state))
+        self.records.update(self.claim.uid, started(self.claim, self.state, self.devices))
 
     def append(self, key: str, value: JsonValue) -> None:
         """Add ``value`` to the list under ``key`` in ``state`` and ``completed``, and

@@ -50,6 +50,12 @@ class SharePlan(TierPlan):
     def devices(self) -> frozenset[str]:
         return frozenset(share.device_name for share in self.shares)
 
+    def intents(self) -> Mapping[str, JsonValue]:
+        """The shares, so that a `PrepareStarted` record does not hold their GPUs whole."""
+        if not self.shares:
+            return {}
+        return {SHARES_STATE_KEY: {s.device_name: s.to_state() for s in self.shares}}
+
     def apply(self, run: PrepareRun) -> None:
         """Join each share's GPU daemon; its handle is recorded before others could stop it."""
         for share in self.shares:

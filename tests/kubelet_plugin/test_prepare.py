@@ -612,6 +612,77 @@ def test_prepare_rolls_back_an_interrupted_prepare_of_the_same_claim_first(node:
     assert sorted(p.name for p in (node.claims_dir / UID_A).iterdir()) == ["gpu-3.json"]
 
 
+def test_prepare_started_records_the_devices_it_prepares(
+    node: Node, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    claim = node.add(
+        resource_claim(
+            UID_A,
+            results=[allocation_result("gpu-0"), allocation_result("gpu-1", admin_access=True)],
+        )
+    )
+    seen: list[CheckpointEntry | None] = []
+    real_write = node.cdi.write
+
+    def write(claim_uid: str, devices: Sequence[CdiDevice], **kwargs: Any) -> Path:
+        seen.append(node.checkpoint.get(claim_uid))
+        return real_write(claim_uid, devices, **kwargs)
+
+    monkeypatch.setattr(node.cdi, "write", write)
+
+    devices = ok(node.prepare(claim)[UID_A])
+
+    (started,) = seen
+    assert started is not None
+    assert (started.phase, started.devices) == (ClaimPhase.PREPARE_STARTED, devices)
+    # The adminAccess device is marked as such already: the record holds gpu-0 alone.
+    assert started.state == {"adminAccessDevices": ["gpu-1"]}
+
+
+def test_rollback_of_an_interrupted_prepare_holds_the_locks_of_its_devices(node: Node) -> None:
+    # A died preparing gpu-0 and is now allocated gpu-3. While its next prepare rolls the old
+    # one back, B's prepare of gpu-0 waits instead of running beside the rollback.
+    a = node.add_gpus(UID_A, "claim-a", "gpu-3")
+    node.checkpoint.put(
+        CheckpointEntry(
+            claim=a,
+            phase=ClaimPhase.PREPARE_STARTED,
+            devices=(
+                PreparedDevice(
+                    ("gpu",), NODE, "gpu-0", (f"k8s.gpu.nvidia.com/claim={UID_A}-gpu-0",)
+                ),
+            ),
+        )
+    )
+    b = node.add_gpus(UID_B, "claim-b", "gpu-0")
+    node.restart()
+    removing = threading.Event()
+    go_on = threading.Event()
+    real_remove = node.cdi.remove
+
+    def remove(claim_uid: str) -> bool:
+        if claim_uid == UID_A:
+            removing.set()
+            assert go_on.wait(10)
+        return real_remove(claim_uid)
+
+    node.cdi.remove = remove  # type: ignore[method-assign]
+
+    async def both() -> tuple[bool, Mapping[str, PrepareResult], Mapping[str, PrepareResult]]:
+        rolling_back = asyncio.create_task(node.preparer.prepare([a]))
+        assert await asyncio.to_thread(removing.wait, 5)
+        other = asyncio.create_task(node.preparer.prepare([b]))
+        done, _ = await asyncio.wait({other}, timeout=0.5)
+        go_on.set()
+        return bool(done), await rolling_back, await other
+
+    b_done_during_rollback, first, second = asyncio.run(both())
+
+    assert not b_done_during_rollback
+    assert [d.device_name for d in ok(first[UID_A])] == ["gpu-3"]
+    assert [d.device_name for d in ok(second[UID_B])] == ["gpu-0"]
+
+
 def test_checkpoint_of_an_earlier_boot_is_discarded_and_its_files_cleaned_up(node: Node) -> None:
     claim = node.add_gpus(UID_A, "claim-a", "gpu-0")
     ok(node.prepare(claim)[UID_A])

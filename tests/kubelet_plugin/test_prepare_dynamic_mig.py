@@ -5,19 +5,25 @@ prepare of the claim; start-up removes instances no prepared claim owns."""
 
 from __future__ import annotations
 
+import asyncio
+import threading
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pynvml
 import pytest
 from prometheus_client import CollectorRegistry
 
+from gpu_dra.kubelet_plugin.cdi import CdiDevice
 from gpu_dra.kubelet_plugin.checkpoint import CheckpointEntry, ClaimPhase
 from gpu_dra.kubelet_plugin.metrics import ClaimStateCollector
 from gpu_dra.kubelet_plugin.mig import (
     CRASH_AFTER_GPU_INSTANCE,
     DYNAMIC_MIG_STATE_KEY,
 )
+from gpu_dra.kubelet_plugin.prepare_protocol import PrepareResult
 from tests.fakes.claim_reader import (
     opaque_config,
 )
@@ -219,6 +225,39 @@ def test_a_whole_gpu_with_another_claims_mig_device_is_refused_and_vice_versa(
     assert node.all_instances() == {}
 
 
+def test_a_whole_gpu_and_a_mig_device_of_it_prepared_at_once_get_one_of_them(
+    node: DynamicMigNode, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The whole GPU's prepare is under way (PrepareStarted on disk, CDI spec not written yet)
+    # when the MIG device's prepare checks the records: it must see the whole GPU's.
+    whole = node.add(UID_A, "gpu-2", name="whole")
+    mig = node.add(UID_B, "gpu-2-mig-1g10gb-19-0", name="slices")
+    writing, go_on = threading.Event(), threading.Event()
+    real_write = node.cdi.write
+
+    def write(claim_uid: str, devices: Sequence[CdiDevice], **kwargs: Any) -> Path:
+        if claim_uid == UID_A:
+            writing.set()
+            assert go_on.wait(10)
+        return real_write(claim_uid, devices, **kwargs)
+
+    monkeypatch.setattr(node.cdi, "write", write)
+
+    async def both() -> tuple[Mapping[str, PrepareResult], Mapping[str, PrepareResult]]:
+        first = asyncio.create_task(node.preparer.prepare([whole]))
+        assert await asyncio.to_thread(writing.wait, 5)
+        second = asyncio.create_task(node.preparer.prepare([mig]))
+        await asyncio.wait({second}, timeout=0.5)
+        go_on.set()
+        return await first, await second
+
+    first, second = asyncio.run(both())
+
+    ok(first[UID_A])
+    assert "is prepared whole for claim default/whole" in failed(second[UID_B])
+    assert node.all_instances() == {}
+
+
 def test_mig_device_config_time_slicing_is_a_no_op_and_gpu_config_a_mismatch(
     node: DynamicMigNode,
 ) -> None:
@@ -293,6 +332,10 @@ def test_rolling_back_an_intent_without_ids_spares_a_placement_another_claim_rec
     # the bare GPU instance of A goes first, by hand, so B can make its own there.
     node.lifecycle.destroy(node.gpu(0), 9, 4)
     b = node.add(UID_B, "gpu-0-mig-3g40gb-9-4", name="later")
+    # A's PrepareStarted entry names the device: B waits for A's rollback ...
+    assert "is already prepared for claim default/crashed" in failed(node.prepare(b))
+    # ... unless A's entry was written by a plugin of schema 1, whose entries name no devices.
+    node.checkpoint.update(UID_A, lambda e: None if e is None else replace(e, devices=()))
     ok(node.prepare(b))
     made = node.layout(0)
 
