@@ -1,13 +1,14 @@
 """Prepare and unprepare claims on this node: read, resolve, plan, check, commit, undo.
 
 Per claim (the claims of one call run concurrently): a claim recorded `PrepareCompleted` returns
-its devices, one left `PrepareStarted` is rolled back first. Otherwise the claim is read, its
-opaque configs resolved, and each `Tier` plans its part; under the claim's device locks the
-plans are checked against the other claims' records, `PrepareStarted` is recorded with the
-tiers' intents, the tiers apply, the CDI spec is written and `PrepareCompleted` recorded. A
-failure rolls back at once, a crash at the next prepare or in `recover()`. Unprepare works from
-the record alone. Records change only through `ClaimRecords.update`. See docs/architecture.md,
-"Prepare and unprepare".
+its devices, one left `PrepareStarted` is rolled back and one left `UnprepareStarted` unprepared
+first. Otherwise the claim is read, its opaque configs resolved, and each `Tier` plans its part;
+under the claim's device locks the plans are checked against the other claims' records,
+`PrepareStarted` is recorded with the devices and the tiers' intents, the tiers apply, the CDI
+spec is written and `PrepareCompleted` recorded. A failure rolls back at once, a crash at the
+next prepare or in `recover()`. Unprepare works from the record alone and records
+`UnprepareStarted` before it tears anything down. Records change only through
+`ClaimRecords.update`. See docs/architecture.md, "Prepare and unprepare".
 """
 
 from __future__ import annotations
@@ -38,7 +39,12 @@ from gpu_dra.kubelet_plugin.checkpoint import (
     ClaimPhase,
     JsonValue,
 )
-from gpu_dra.kubelet_plugin.claim_records import ClaimRecords, completed, removed
+from gpu_dra.kubelet_plugin.claim_records import (
+    ClaimRecords,
+    completed,
+    removed,
+    unprepare_started,
+)
 from gpu_dra.kubelet_plugin.kubeapi import (
     ClaimNotFoundError,
     ClaimReader,
@@ -71,6 +77,11 @@ _T = TypeVar("_T")
 
 _TIER_ERRORS = (MpsError, TimeSlicingError, MigError)
 """What the tiers' executors raise; each error says whether a retry can succeed."""
+
+_UNDOING = {
+    ClaimPhase.PREPARE_STARTED: "rolling back an interrupted prepare",
+    ClaimPhase.UNPREPARE_STARTED: "finishing an interrupted unprepare",
+}
 
 
 class NodeClaimPreparer:
@@ -154,13 +165,13 @@ class NodeClaimPreparer:
         would be taken for a leftover."""
         entries = await asyncio.to_thread(self._records.all)
         for uid, entry in entries.items():
-            if entry.phase is ClaimPhase.PREPARE_STARTED:
-                log.info("rolling back interrupted prepare claim_uid=%s", uid)
+            if entry.phase is not ClaimPhase.PREPARE_COMPLETED:
+                log.info("%s claim_uid=%s", _UNDOING[entry.phase], uid)
                 try:
                     await _in_thread_to_completion(self._undo, uid)
                 except (*_TIER_ERRORS, OSError) as error:
                     # Kept in the checkpoint: the next prepare or unprepare retries.
-                    log.error("rollback of claim_uid=%s incomplete: %s", uid, error)
+                    log.error("undo of claim_uid=%s incomplete: %s", uid, error)
             else:
                 await _in_thread_to_completion(self._adopt, entry)
         remaining = await asyncio.to_thread(self._records.all)  # what the rollbacks left
@@ -222,7 +233,7 @@ class NodeClaimPreparer:
         if existing is not None:
             if existing.phase is ClaimPhase.PREPARE_COMPLETED:
                 return existing.devices
-            log.info("rolling back an interrupted prepare claim_uid=%s", claim.uid)
+            log.info("%s claim_uid=%s", _UNDOING[existing.phase], claim.uid)
             async with self._locked_devices(self._lock_names(existing)):
                 await _in_thread_to_completion(self._undo, claim.uid)
             resource_claim = await asyncio.to_thread(self._read_claim, claim)
@@ -354,11 +365,15 @@ class NodeClaimPreparer:
     def _undo(self, claim_uid: str, pending: Mapping[str, JsonValue] | None = None) -> None:
         """Remove everything a prepare of this claim may have left; the record last.
 
-        The tiers undo in reverse order from the record and ``pending`` (the state of the
-        prepare being rolled back, which may hold what is not recorded yet), then the CDI spec
-        and claim files go, then the devices tiers made. A tier that cannot undo raises, and the
-        record stays for the next try."""
+        A `PrepareCompleted` record becomes `UnprepareStarted` first, so that a crash or an
+        error part-way is finished later instead of being taken for a prepared claim. The tiers
+        undo in reverse order from the record and ``pending`` (the state of the prepare being
+        rolled back, which may hold what is not recorded yet), then the CDI spec and claim files
+        go, then the devices tiers made. A tier that cannot undo raises, and the record stays
+        for the next try."""
         entry = self._records.get(claim_uid)
+        if entry is not None and entry.phase is ClaimPhase.PREPARE_COMPLETED:
+            entry = self._records.update(claim_uid, unprepare_started)
         for tier in reversed(self._tiers):
             tier.undo(claim_uid, entry, pending or {})
         self._cdi.remove(claim_uid)

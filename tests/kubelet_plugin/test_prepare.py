@@ -818,8 +818,18 @@ def test_claims_of_one_call_share_checkpoint_writes_each_durable_in_protocol_ord
     assert len(writes) < 2 * len(claims)  # one write per change would be 16
 
     writes[:-1] = []
+    seen_by_cdi_remove: dict[str, str | None] = {}
+    real_cdi_remove = node.cdi.remove
+
+    def cdi_remove(claim_uid: str) -> bool:
+        seen_by_cdi_remove[claim_uid] = on_disk_phase(claim_uid)
+        return real_cdi_remove(claim_uid)
+
+    monkeypatch.setattr(node.cdi, "remove", cdi_remove)
     assert node.unprepare(*claims) == {c.uid: None for c in claims}
     for claim in claims:
         node.assert_nothing_left(claim.uid)
+    # UnprepareStarted was on disk before each claim's CDI spec went; the entry went last.
+    assert seen_by_cdi_remove == {c.uid: "UnprepareStarted" for c in claims}
     assert writes[-1] == {}
-    assert len(writes) - 1 < len(claims)
+    assert len(writes) - 1 < 2 * len(claims)  # one write per change would be 16
