@@ -207,22 +207,22 @@ class NodeClaimPreparer:
             log.warning("prepare failed claim_uid=%s error=%s", claim.uid, error)
             # ConfigError messages start with the claim already: name it once, with its UID.
             detail = str(error).removeprefix(f"resource claim {claim.namespace}/{claim.name}: ")
-            return PrepareResult.failure(f"{where}: {detail}")
+            return _failure(f"{where}: {detail}", error)
         except (DomainError, OSError, ClaimReadError) as error:
             log.exception("prepare failed claim_uid=%s", claim.uid)
-            return PrepareResult.failure(f"{where}: {error} (will retry)")
+            return _failure(f"{where}: {error} (will retry)", error)
         except _TIER_ERRORS as error:
             log.exception("prepare failed claim_uid=%s", claim.uid)
             retry = " (will retry)" if error.retryable else ""
-            return PrepareResult.failure(f"{where}: {error}{retry}")
+            return _failure(f"{where}: {error}{retry}", error)
         except CheckpointError as error:
             log.exception("prepare failed claim_uid=%s", claim.uid)
-            return PrepareResult.failure(f"{where}: {error} (will retry)")
+            return _failure(f"{where}: {error} (will retry)", error)
         except Exception as error:
             # A bug, or data no check foresaw: this claim fails, the others of the call do not.
             log.exception("prepare failed unexpectedly claim_uid=%s", claim.uid)
-            return PrepareResult.failure(
-                f"{where}: unexpected {type(error).__name__}: {error} (will retry)"
+            return _failure(
+                f"{where}: unexpected {type(error).__name__}: {error} (will retry)", error
             )
         log.info("prepared claim_uid=%s devices=%s", claim.uid, [d.device_name for d in devices])
         return PrepareResult.success(devices)
@@ -231,13 +231,33 @@ class NodeClaimPreparer:
         # One thread hop for the checkpoint lookup and, for a new claim, the claim read.
         existing, resource_claim = await asyncio.to_thread(self._lookup, claim)
         if existing is not None:
+            lost: list[str] = []
             if existing.phase is ClaimPhase.PREPARE_COMPLETED:
-                return existing.devices
-            log.info("%s claim_uid=%s", _UNDOING[existing.phase], claim.uid)
-            async with self._locked_devices(self._lock_names(existing)):
-                await _in_thread_to_completion(self._undo, claim.uid)
-            resource_claim = await asyncio.to_thread(self._read_claim, claim)
+                lost = await asyncio.to_thread(self._missing, existing)
+                if not lost:
+                    return existing.devices
+                log.warning(
+                    "prepared claim lost %s; unpreparing and preparing it again claim_uid=%s",
+                    "; ".join(lost),
+                    claim.uid,
+                )
+            else:
+                log.info("%s claim_uid=%s", _UNDOING[existing.phase], claim.uid)
+            try:
+                async with self._locked_devices(self._lock_names(existing)):
+                    await _in_thread_to_completion(self._undo, claim.uid)
+                resource_claim = await asyncio.to_thread(self._read_claim, claim)
+                return await self._prepare_new(claim, resource_claim)
+            except Exception as error:
+                if lost:
+                    error.add_note(f"while preparing it again because {'; '.join(lost)}")
+                raise
         assert resource_claim is not None
+        return await self._prepare_new(claim, resource_claim)
+
+    async def _prepare_new(
+        self, claim: ClaimRef, resource_claim: ResourceClaim
+    ) -> tuple[PreparedDevice, ...]:
         request = self._request(claim, resource_claim)
         plans = self._plan(request)
         async with self._locked_devices(self._device_locks_of({r.device for r in request.results})):
@@ -339,6 +359,18 @@ class NodeClaimPreparer:
                 edits = merged_edits(edits, run.edits[name])
             cdi_devices.append(CdiDevice(name, edits))
         self._cdi.write(request.claim.uid, cdi_devices, common_edits=common)
+
+    def _missing(self, entry: CheckpointEntry) -> list[str]:
+        """What of the prepared claim ``entry`` is gone: its CDI spec, its claim files, what
+        the tiers made (daemons, MIG devices). Raises when a tier cannot tell."""
+        missing = []
+        if not self._cdi.path_for(entry.uid).exists():
+            missing.append("its CDI spec is gone")
+        if not (self._claims_dir / entry.uid).is_dir():
+            missing.append("its claim files are gone")
+        for tier in self._tiers:
+            missing += tier.missing(entry)
+        return missing
 
     # ---- unprepare -------------------------------------------------------------------------------
     async def _unprepare_one(self, claim: ClaimRef) -> str | None:
@@ -466,6 +498,12 @@ class NodeClaimPreparer:
                 held.append(lock)
                 await stack.enter_async_context(lock)
             yield
+
+
+def _failure(message: str, error: BaseException) -> PrepareResult:
+    """The failed result with ``message``, and the context notes ``error`` carries."""
+    notes = getattr(error, "__notes__", [])
+    return PrepareResult.failure("".join([message, *(f" [{note}]" for note in notes)]))
 
 
 def merged_edits(first: ContainerEdits, second: ContainerEdits) -> ContainerEdits:

@@ -207,6 +207,27 @@ class DynamicMig:
         if failures:
             raise failures[0]
 
+    def missing(self, intents: Sequence[MigIntent]) -> list[str]:
+        """The MIG devices of ``intents`` (a prepared claim's) that no longer exist, one phrase
+        each: no GPU instance at the placement with the recorded id. Raises `MigError` when a
+        GPU's instances cannot be listed."""
+        gone = []
+        listed: dict[str, set[tuple[int, int, int]]] = {}
+        for intent in intents:
+            parent = self._gpu(intent)
+            if parent.uuid not in listed:
+                listed[parent.uuid] = {
+                    (i.gi_profile_id, i.placement_start, i.gi_id)
+                    for i in self._lifecycle.instances(parent)
+                }
+            here = (intent.gi_profile_id, intent.placement_start)
+            if not any(
+                found[:2] == here and intent.gi_id in (None, found[2])
+                for found in listed[parent.uuid]
+            ):
+                gone.append(f"MIG device {intent.device} on {gpu_label(parent)} is gone")
+        return gone
+
     def conflict(
         self,
         claim_uid: str,

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import shutil
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -184,6 +185,50 @@ def test_prepare_after_a_plugin_restart_returns_the_recorded_devices(node: Node)
     assert ok(node.prepare(claim)[UID_A]) == first
     assert node.cdi.writes == []
     assert node.cdi.path_for(UID_A).exists()
+
+
+@pytest.mark.parametrize(
+    ("lose", "lost"),
+    [
+        pytest.param(
+            lambda node: node.cdi.path_for(UID_A).unlink(), "its CDI spec is gone", id="cdi-spec"
+        ),
+        pytest.param(
+            lambda node: shutil.rmtree(node.claims_dir / UID_A),
+            "its claim files are gone",
+            id="claim-files",
+        ),
+    ],
+)
+def test_a_prepared_claim_that_lost_its_files_is_prepared_again(
+    node: Node, lose: Callable[[Node], None], lost: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    claim = node.add_gpus(UID_A, "claim-a", "gpu-0", "gpu-1")
+    first = ok(node.prepare(claim)[UID_A])
+    spec = node.spec(UID_A)
+    lose(node)
+
+    assert ok(node.prepare(claim)[UID_A]) == first
+
+    assert node.cdi.writes == [UID_A, UID_A]
+    assert node.spec(UID_A) == spec
+    assert (node.claims_dir / UID_A / "gpu-0.json").exists()
+    assert f"prepared claim lost {lost}; unpreparing and preparing it again" in caplog.text
+
+
+def test_a_prepared_claim_that_cannot_be_prepared_again_fails_naming_what_it_lost(
+    node: Node,
+) -> None:
+    claim = node.add_gpus(UID_A, "claim-a", "gpu-0")
+    ok(node.prepare(claim)[UID_A])
+    node.cdi.path_for(UID_A).unlink()
+    node.api.delete("default", "claim-a")
+
+    error = failed(node.prepare(claim)[UID_A])
+
+    assert "ResourceClaim default/claim-a not found" in error
+    assert error.endswith("[while preparing it again because its CDI spec is gone]")
+    node.assert_nothing_left(UID_A)
 
 
 # ---- one GPU, one claim ----------------------------------------------------------------------

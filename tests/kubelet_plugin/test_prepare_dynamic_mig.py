@@ -258,6 +258,65 @@ def test_a_whole_gpu_and_a_mig_device_of_it_prepared_at_once_get_one_of_them(
     assert node.all_instances() == {}
 
 
+def test_a_prepared_claim_whose_mig_device_is_gone_gets_it_made_again(
+    node: DynamicMigNode,
+) -> None:
+    claim = node.add(UID_A, "gpu-2-mig-2g20gb-14-2")
+    devices = ok(node.prepare(claim))
+    node.lifecycle.destroy(node.gpu(2), 14, 2)  # by hand, behind the plugin's back
+    assert node.layout(2) == []
+
+    assert ok(node.prepare(claim)) == devices
+
+    assert node.layout(2) == [(14, 2, (0,))]
+    entry = node.checkpoint.get(UID_A)
+    assert entry is not None
+    [recorded] = entry.state[DYNAMIC_MIG_STATE_KEY]  # type: ignore[misc]
+    [made] = [
+        ci["uuid"] for gi in node.all_instances()[node.gpu(2).uuid] for ci in gi["computeInstances"]
+    ]
+    assert recorded["uuid"] == made  # type: ignore[index]
+    uuid_var = device_var("gpu-2-mig-2g20gb-14-2", "UUID")
+    assert env_of(node.spec(UID_A))[f"{UID_A}-gpu-2-mig-2g20gb-14-2"][uuid_var] == made
+    assert node.unprepare(claim) is None
+    node.assert_nothing_left(UID_A)
+
+
+def test_a_prepared_claim_whose_mig_device_cannot_be_made_again_fails_clearly(
+    node: DynamicMigNode,
+) -> None:
+    claim = node.add(UID_A, "gpu-2-mig-2g20gb-14-2")
+    ok(node.prepare(claim))
+    node.lifecycle.destroy(node.gpu(2), 14, 2)
+    node.lifecycle.create(node.gpu(2), 19, 2)  # someone took the placement
+
+    error = failed(node.prepare(claim))
+
+    assert "NVML_ERROR_INSUFFICIENT_RESOURCES" in error
+    assert error.endswith(
+        "[while preparing it again because MIG device gpu-2-mig-2g20gb-14-2 on gpu-2 "
+        f"({node.gpu(2).uuid}, NVIDIA H100 80GB HBM3) is gone]"
+    )
+    assert node.checkpoint.get(UID_A) is None
+
+
+def test_a_prepared_claim_is_not_touched_when_its_mig_devices_cannot_be_listed(
+    node: DynamicMigNode,
+) -> None:
+    claim = node.add(UID_A, "gpu-2-mig-2g20gb-14-2")
+    devices = ok(node.prepare(claim))
+    gpu = node.gpu(2)
+    node.host.nvml.set_fault(PROFILE_INFO, pynvml.NVML_ERROR_NOT_SUPPORTED, gpu=gpu.index)
+
+    error = failed(node.prepare(claim))
+
+    assert "NVML_ERROR_NOT_SUPPORTED" in error
+    node.host.nvml.set_fault(PROFILE_INFO, None, gpu=gpu.index)
+    assert node.layout(2) == [(14, 2, (0,))]
+    assert node.cdi.path_for(UID_A).exists()
+    assert ok(node.prepare(claim)) == devices
+
+
 def test_mig_device_config_time_slicing_is_a_no_op_and_gpu_config_a_mismatch(
     node: DynamicMigNode,
 ) -> None:
