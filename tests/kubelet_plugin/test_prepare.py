@@ -22,6 +22,7 @@ from gpu_dra.kubelet_plugin.cdi import CdiDevice, ContainerEdits
 from gpu_dra.kubelet_plugin.checkpoint import CheckpointEntry, ClaimPhase
 from gpu_dra.kubelet_plugin.node_devices import NodeInventory
 from gpu_dra.kubelet_plugin.prepare_protocol import ClaimRef, PreparedDevice, PrepareResult
+from gpu_dra.kubelet_plugin.service import ClaimCallHandler
 from tests.fakes.claim_reader import (
     allocation_result,
     gpu_config,
@@ -812,6 +813,35 @@ def test_cancelled_prepare_finishes_before_an_unprepare_of_the_claim_runs(node: 
     node.assert_nothing_left(UID_A)
     other = node.add_gpus(UID_B, "claim-b", "gpu-0")
     ok(node.prepare(other)[UID_B])
+
+
+def test_the_reply_is_sent_by_the_deadline_and_the_work_behind_it_is_done_once(
+    node: Node,
+) -> None:
+    # The CDI write hangs (a slow disk, say) for 2 s; the call's budget is 0.3 s. The kubelet
+    # gets its answer by then, not when the worker thread is done.
+    claim = node.add_gpus(UID_A, "claim-a", "gpu-0")
+    node.cdi.gate = threading.Event()
+    threading.Timer(2.0, node.cdi.gate.set).start()
+
+    async def call_then_retry() -> tuple[float, dict[str, PrepareResult], dict[str, PrepareResult]]:
+        handler = ClaimCallHandler(node.preparer, call_timeout_s=0.3)
+        started = time.monotonic()
+        first = await handler.prepare([claim])
+        answered_after = time.monotonic() - started
+        # The kubelet's retry waits for the work left behind, then finds the claim prepared.
+        retry = ClaimCallHandler(node.preparer, call_timeout_s=10)
+        return answered_after, first, await retry.prepare([claim])
+
+    answered_after, first, second = asyncio.run(call_then_retry())
+
+    assert answered_after < 1.0
+    assert "prepare did not finish within 0.3s" in failed(first[UID_A])
+    assert [d.device_name for d in ok(second[UID_A])] == ["gpu-0"]
+    assert node.cdi.writes == [UID_A]  # prepared once
+    entry = node.checkpoint.get(UID_A)
+    assert entry is not None
+    assert entry.phase is ClaimPhase.PREPARE_COMPLETED
 
 
 def test_claims_of_one_call_share_checkpoint_writes_each_durable_in_protocol_order(
