@@ -71,7 +71,11 @@ from gpu_dra.kubelet_plugin.guard import (
 )
 from gpu_dra.kubelet_plugin.health import HealthServer, PluginHealth
 from gpu_dra.kubelet_plugin.kubeapi import KubernetesClaimReader, KubernetesPodApi
-from gpu_dra.kubelet_plugin.metrics import DiscoveryMetrics, MpsCollector, PluginMetrics
+from gpu_dra.kubelet_plugin.metrics import (
+    DiscoveryMetrics,
+    PluginMetrics,
+    register_checkpoint_collectors,
+)
 from gpu_dra.kubelet_plugin.mig import (
     SIMULATED_STATE_FILE,
     DynamicMig,
@@ -484,7 +488,7 @@ async def serve(settings: KubeletPluginSettings, health: PluginHealth) -> None:
     await preparer.recover()
     health.mark_recovered()
 
-    registry.register(MpsCollector(settings.node_name, checkpoint.all))
+    register_checkpoint_collectors(registry, settings.node_name, checkpoint.all)
     if settings.metrics_port:
         start_http_server(settings.metrics_port, registry=registry)
         log.info("metrics on :%d/metrics", settings.metrics_port)

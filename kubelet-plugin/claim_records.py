@@ -2,15 +2,16 @@
 a claim's record.
 
 Prepare, rollback, unprepare and recovery change records only through `update` (the phase
-changes are the mutations below); the tiers and the rest of the plugin only read. An update
-returns once it is on disk, and updates of claims prepared at the same time share writes. The
-caller holds the claim's lock, so updates of one claim never race. See docs/architecture.md,
-"Prepare and unprepare".
+changes are the mutations below: `started`, `completed`, `unprepare_started`, `removed`); the
+tiers and the rest of the plugin only read. An update returns once it is on disk, and updates of
+claims prepared at the same time share writes. The caller holds the claim's lock, so updates of
+one claim never race. See docs/architecture.md, "Prepare and unprepare".
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 
 from gpu_dra.kubelet_plugin.checkpoint import (
     Checkpoint,
@@ -46,10 +47,15 @@ class ClaimRecords:
         return self._checkpoint.update(claim_uid, mutate)
 
 
-def started(claim: ClaimRef, state: Mapping[str, JsonValue]) -> Mutation:
+def started(
+    claim: ClaimRef, state: Mapping[str, JsonValue], devices: Sequence[PreparedDevice] = ()
+) -> Mutation:
     """The claim's entry becomes `PrepareStarted` with ``state``: what the prepare under way
-    has recorded so far (intents and what it made), enough to undo it after a crash."""
-    entry = CheckpointEntry(claim=claim, phase=ClaimPhase.PREPARE_STARTED, state=dict(state))
+    has recorded so far (intents and what it made), enough to undo it after a crash, and the
+    ``devices`` it prepares, so that other claims' checks see them while it is under way."""
+    entry = CheckpointEntry(
+        claim=claim, phase=ClaimPhase.PREPARE_STARTED, devices=tuple(devices), state=dict(state)
+    )
     return lambda _: entry
 
 
@@ -61,6 +67,15 @@ def completed(
         claim=claim, phase=ClaimPhase.PREPARE_COMPLETED, devices=tuple(devices), state=dict(state)
     )
     return lambda _: entry
+
+
+def unprepare_started(entry: CheckpointEntry | None) -> CheckpointEntry | None:
+    """The claim's entry becomes `UnprepareStarted` (devices and state kept), before anything
+    is torn down: from here on it is never taken for prepared, and a crash is finished by the
+    next prepare or unprepare of the claim or at start-up."""
+    if entry is None or entry.phase is not ClaimPhase.PREPARE_COMPLETED:
+        return entry
+    return replace(entry, phase=ClaimPhase.UNPREPARE_STARTED)
 
 
 def removed(_: CheckpointEntry | None) -> None:

@@ -117,6 +117,20 @@ class DynamicMigTier(Tier):
             )
         self._dynamic_mig.release(claim_uid, intents, self._records.all())
 
+    def missing(self, entry: CheckpointEntry) -> list[str]:
+        """The claim's MIG devices that are gone; raises `MigError` when they cannot be listed
+        (or this plugin runs without dynamic MIG)."""
+        intents = intents_from_state(entry.state)
+        if not intents:
+            return []
+        if self._dynamic_mig is None:
+            raise MigError(
+                f"claim {entry.uid} has MIG devices ({', '.join(i.device for i in intents)}) but "
+                "this plugin runs without dynamic MIG and cannot check them; restart it with "
+                "dynamic MIG on"
+            )
+        return self._dynamic_mig.missing(intents)
+
     def sweep(self, entries: Mapping[str, CheckpointEntry]) -> None:
         if self._dynamic_mig is not None:
             self._dynamic_mig.remove_unowned(entries)
