@@ -6,8 +6,10 @@ opaque configs resolved, and each `Tier` plans its part; under the claim's devic
 plans are checked against the other claims' records, `PrepareStarted` is recorded with the
 tiers' intents, the tiers apply, the CDI spec is written and `PrepareCompleted` recorded. A
 failure rolls back at once, a crash at the next prepare or in `recover()`. Unprepare works from
-the record alone. Records change only through `ClaimRecords.update`. See docs/architecture.md,
-"Prepare and unprepare".
+the record alone. Records change only through `ClaimRecords.update`. With a `PluginInstance`,
+the claim and device locks are node-wide (two instances during a rolling update), and
+`recover()` runs while no instance prepares and leaves live instances' prepares alone. See
+docs/architecture.md, "Prepare and unprepare" and "Two instances on one node".
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from gpu_dra.kubelet_plugin.cdi import (
 )
 from gpu_dra.kubelet_plugin.checkpoint import Checkpoint, CheckpointEntry, ClaimPhase, JsonValue
 from gpu_dra.kubelet_plugin.claim_records import ClaimRecords, completed, removed
+from gpu_dra.kubelet_plugin.instances import PluginInstance
 from gpu_dra.kubelet_plugin.kubeapi import (
     ClaimNotFoundError,
     ClaimReader,
@@ -87,6 +90,8 @@ class NodeClaimPreparer:
         dynamic_mig: DynamicMig | None = None,
         mps_share_max_percent: int = 100,
         common_edits: Callable[[], ContainerEdits] | None = None,
+        instance: PluginInstance | None = None,
+        recovery_wait_s: float = 300.0,
     ) -> None:
         """`uncached_claims` reads the API server directly; give it when `claims` is a cache, which
         may not have seen a claim replaced under the same name yet: a claim whose UID does not
@@ -98,23 +103,29 @@ class NodeClaimPreparer:
         claims with partition devices fail. `mps_share_max_percent` is the largest MPS share
         (`mps.share_tier`). `common_edits` gives the edits every container of a claim gets (the
         driver's userspace on real nodes, `driver_userspace.CommonEdits.current`; None on
-        simulated ones), asked once per prepare before anything changes."""
+        simulated ones), asked once per prepare before anything changes. `instance` is this
+        plugin instance on the node: its token goes into the records, its node-wide locks are
+        taken beside the in-process ones, and `recover` waits up to `recovery_wait_s` for the
+        other instances' calls under way; without it, every record is this process's."""
         self._driver = driver_name
         self._pool = node_name
         self._inventory = inventory
         self._claims = claims
         self._uncached_claims = uncached_claims
-        self._records = ClaimRecords(checkpoint)
+        self._instance = instance
+        self._recovery_wait_s = recovery_wait_s
+        self._records = ClaimRecords(checkpoint, owner=None if instance is None else instance.token)
         self._cdi = cdi
         self._claims_dir = claims_dir
         self._common_edits = common_edits
         records, node = self._records, node_name
+        locks = None if instance is None else instance.locks
         shares = MpsShareTier(
-            mps, records, inventory, node_name=node, max_percent=mps_share_max_percent
+            mps, records, inventory, node_name=node, max_percent=mps_share_max_percent, locks=locks
         )
         claim_mps = ClaimMpsTier(mps, inventory, node_name=node)
         time_slicing = TimeSlicingTier(time_slicer, records, inventory, node_name=node)
-        mig = DynamicMigTier(dynamic_mig, records, inventory)
+        mig = DynamicMigTier(dynamic_mig, records, inventory, owner_alive=self._owner_alive)
         whole = WholeGpuTier()
         # The order the tiers act in on a claim: checks, then changes (time slices, MPS
         # daemons, shares, MIG devices; docs/architecture.md); undo runs in reverse.
@@ -145,10 +156,23 @@ class NodeClaimPreparer:
         specs and claim files nobody owns.
 
         Run it before serving: what a prepare running beside it has made but not recorded yet
-        would be taken for a leftover."""
+        would be taken for a leftover. Other instances' calls are waited for (the node lock,
+        exclusive); their `PrepareStarted` records, and what those name, are left to them while
+        they run."""
+        async with self._exclusive():
+            await self._recover()
+
+    async def _recover(self) -> None:
         entries = await asyncio.to_thread(self._records.all)
         for uid, entry in entries.items():
             if entry.phase is ClaimPhase.PREPARE_STARTED:
+                if self._owner_alive(entry.owner):
+                    log.info(
+                        "interrupted prepare left to its running instance claim_uid=%s owner=%s",
+                        uid,
+                        entry.owner,
+                    )
+                    continue
                 log.info("rolling back interrupted prepare claim_uid=%s", uid)
                 try:
                     await _in_thread_to_completion(self._undo, uid)
@@ -159,7 +183,11 @@ class NodeClaimPreparer:
                 await _in_thread_to_completion(self._adopt, entry)
         remaining = await asyncio.to_thread(self._records.all)  # what the rollbacks left
         await _in_thread_to_completion(self._sweep, remaining)
-        owned = {uid for uid, e in entries.items() if e.phase is ClaimPhase.PREPARE_COMPLETED}
+        owned = {
+            uid
+            for uid, e in remaining.items()
+            if e.phase is ClaimPhase.PREPARE_COMPLETED or self._owner_alive(e.owner)
+        }
         for uid in await asyncio.to_thread(self._cdi.claim_uids):
             if uid not in owned:
                 log.info("removing orphaned CDI spec claim_uid=%s", uid)
@@ -169,6 +197,10 @@ class NodeClaimPreparer:
                 if directory.name not in owned:
                     log.info("removing orphaned claim files claim_uid=%s", directory.name)
                     await asyncio.to_thread(shutil.rmtree, directory, True)
+
+    def _owner_alive(self, owner: str | None) -> bool:
+        """Whether the instance that wrote a record still runs (never, without an instance)."""
+        return self._instance is not None and self._instance.owner_alive(owner)
 
     def _adopt(self, entry: CheckpointEntry) -> None:
         for tier in self._tiers:
@@ -183,7 +215,7 @@ class NodeClaimPreparer:
         where = f"claim {claim.namespace}/{claim.name} ({claim.uid})"
         try:
             validate_claim_uid(claim.uid)
-            async with self._claim_lock(claim.uid):
+            async with self._operation(), self._claim_lock(claim.uid):
                 devices = await self._prepare_locked(claim)
         except (PrepareError, ConfigError, InvalidNameError) as error:
             log.warning("prepare failed claim_uid=%s error=%s", claim.uid, error)
@@ -314,7 +346,7 @@ class NodeClaimPreparer:
     async def _unprepare_one(self, claim: ClaimRef) -> str | None:
         try:
             validate_claim_uid(claim.uid)
-            async with self._claim_lock(claim.uid):
+            async with self._operation(), self._claim_lock(claim.uid):
                 entry = await asyncio.to_thread(self._records.get, claim.uid)
                 if entry is None:
                     return None
@@ -402,11 +434,35 @@ class NodeClaimPreparer:
         return results
 
     # ---- locks -----------------------------------------------------------------------------------
-    def _claim_lock(self, uid: str) -> asyncio.Lock:
+    @contextlib.asynccontextmanager
+    async def _operation(self) -> AsyncIterator[None]:
+        """One claim's prepare or unprepare: the node lock, shared (recovery takes it
+        exclusive)."""
+        if self._instance is None:
+            yield
+            return
+        async with self._instance.locks.operation():
+            yield
+
+    @contextlib.asynccontextmanager
+    async def _exclusive(self) -> AsyncIterator[None]:
+        if self._instance is None:
+            yield
+            return
+        async with self._instance.locks.exclusive(self._recovery_wait_s):
+            yield
+
+    @contextlib.asynccontextmanager
+    async def _claim_lock(self, uid: str) -> AsyncIterator[None]:
         lock = self._claim_locks.get(uid)
         if lock is None:
             lock = self._claim_locks[uid] = asyncio.Lock()
-        return lock
+        async with lock:
+            if self._instance is None:
+                yield
+                return
+            async with self._instance.locks.claim(uid):
+                yield
 
     @contextlib.asynccontextmanager
     async def _locked_devices(self, names: Sequence[str]) -> AsyncIterator[None]:
@@ -418,6 +474,8 @@ class NodeClaimPreparer:
                     lock = self._device_locks[name] = asyncio.Lock()
                 held.append(lock)
                 await stack.enter_async_context(lock)
+            if self._instance is not None:
+                await stack.enter_async_context(self._instance.locks.devices(names))
             yield
 
 

@@ -4,7 +4,8 @@
 `MigIntent`s (recorded before any NVML call); `create` makes them, destroying what it made on a
 failure; `release` destroys a claim's (an intent without a GI id is found by its placement,
 unless another claim records it); `remove_unowned` destroys at start-up every instance on a
-dynamic-MIG GPU that no ``PrepareCompleted`` claim records, MIG mode off on Hopper-or-later GPUs
+dynamic-MIG GPU that no ``PrepareCompleted`` claim records (nor a ``PrepareStarted`` one of a
+plugin instance that still runs), MIG mode off on Hopper-or-later GPUs
 left empty (a GPU whose instances cannot be read is left as it is). Ownership is by (parent
 UUID, GI profile ID, placement start). See docs/mig.md, "Dynamic MIG: lifecycle".
 """
@@ -12,7 +13,7 @@ UUID, GI profile ID, placement start). See docs/mig.md, "Dynamic MIG: lifecycle"
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Final
 
@@ -240,13 +241,20 @@ class DynamicMig:
                     )
         return None
 
-    def remove_unowned(self, entries: Mapping[str, CheckpointEntry]) -> None:
+    def remove_unowned(
+        self,
+        entries: Mapping[str, CheckpointEntry],
+        *,
+        owner_alive: Callable[[str | None], bool] = lambda _: False,
+    ) -> None:
         """Destroy every MIG instance of the dynamic-MIG GPUs that no ``PrepareCompleted`` entry
-        records; MIG mode off where nothing is left (Hopper and later). Errors are logged; a GPU
-        whose instances cannot be listed keeps its instances and its MIG mode."""
+        records, nor an entry whose writer still runs (``owner_alive``: another plugin instance
+        during a rolling update); MIG mode off where nothing is left (Hopper and later). Errors
+        are logged; a GPU whose instances cannot be listed keeps its instances and its MIG
+        mode."""
         owned: set[tuple[str, int, int]] = set()
         for uid, entry in entries.items():
-            if entry.phase is ClaimPhase.PREPARE_COMPLETED:
+            if entry.phase is ClaimPhase.PREPARE_COMPLETED or owner_alive(entry.owner):
                 owned.update(intent.key for intent in _recorded(uid, entry))
         for gpu in self._gpus.values():
             try:
