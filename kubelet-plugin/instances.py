@@ -266,4 +266,5 @@ class PluginInstance:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.registry.lock_path(self.token))
         os.close(fd)
+        self.locks.close()
         log.info("unregistered plugin instance token=%s", self.token)

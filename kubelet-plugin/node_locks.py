@@ -5,13 +5,16 @@ locks inside one process exclude its own calls.
 * ``node`` (with ``gate``): every prepare and unprepare holds it shared for the whole claim;
   start-up recovery holds it exclusive, so that it never sees another instance's prepare
   halfway. Taking ``gate`` first gives recovery writer preference: new calls wait while it waits.
-* ``claim-<uid>``: one call per claim at a time, node-wide (removed when released).
-* ``device-<name>``: the devices a prepare or unprepare works on, taken in name order.
+* ``claim-<stripe>``: one call per claim at a time, node-wide (256 stripes by claim UID; the
+  calls of one process share a stripe, another process waits).
+* ``device-<name>``: the devices (the preparer: their GPUs) a prepare or unprepare works on,
+  taken in name order.
 * `blocking` names taken from worker threads: ``mig-<GPU UUID>`` (MIG mode and instances of one
   GPU), ``mps-<daemon id>`` (a shared MPS daemon's users).
 
-Waits poll with ``LOCK_NB`` (a cancelled wait stops at once). See docs/architecture.md, "Two
-instances on one node".
+Waits poll with ``LOCK_NB`` (a cancelled wait stops at once); the files of the node, claim and
+device locks stay open, and one process holds each once for all its calls. See
+docs/architecture.md, "Two instances on one node".
 """
 
 from __future__ import annotations
@@ -20,10 +23,12 @@ import asyncio
 import contextlib
 import errno
 import fcntl
+import hashlib
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Iterator, Sequence
+import weakref
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Final
 
@@ -66,60 +71,40 @@ def open_lock_file(path: Path) -> int:
 
 
 class HeldLock:
-    """An ``flock`` this process holds; `release` drops it (and removes the file if asked)."""
+    """An ``flock`` this process holds on its own open file; `release` drops it."""
 
-    def __init__(self, fd: int, path: Path, *, remove: bool) -> None:
+    def __init__(self, fd: int, path: Path) -> None:
         self.fd = fd
         self.path = path
-        self._remove = remove
 
     def release(self) -> None:
         fd, self.fd = self.fd, -1
-        if fd < 0:
-            return
-        try:
-            if self._remove:
-                # Still ours (held): nobody else can hold this file, waiters re-check the inode.
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(self.path)
-        finally:
+        if fd >= 0:
             os.close(fd)
 
 
-def _attempt(path: Path, operation: int, remove: bool) -> HeldLock | None:
-    """One try: the lock held, or None. A file removed by its last holder meanwhile is retried
-    by the caller (``remove``: the path must still name the locked file)."""
+def _attempt(path: Path, operation: int) -> HeldLock | None:
+    """One try on a fresh open file: the lock held, or None."""
     fd = open_lock_file(path)
     try:
-        if not try_flock(fd, operation):
-            os.close(fd)
-            return None
-        if remove:
-            try:
-                current = os.stat(path)
-            except FileNotFoundError:
-                os.close(fd)
-                return None
-            mine = os.fstat(fd)
-            if (current.st_dev, current.st_ino) != (mine.st_dev, mine.st_ino):
-                os.close(fd)
-                return None
+        if try_flock(fd, operation):
+            return HeldLock(fd, path)
     except BaseException:
-        with contextlib.suppress(OSError):
-            os.close(fd)
+        os.close(fd)
         raise
-    return HeldLock(fd, path, remove=remove)
+    os.close(fd)
+    return None
 
 
 def acquire_blocking(
-    path: Path, *, shared: bool = False, timeout_s: float | None = None, remove: bool = False
+    path: Path, *, shared: bool = False, timeout_s: float | None = None
 ) -> HeldLock:
     """Take the lock on ``path`` from a worker thread; `LockTimeoutError` after ``timeout_s``."""
     operation = fcntl.LOCK_SH if shared else fcntl.LOCK_EX
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     delay = _FIRST_POLL_S
     while True:
-        held = _attempt(path, operation, remove)
+        held = _attempt(path, operation)
         if held is not None:
             return held
         if deadline is not None and time.monotonic() >= deadline:
@@ -128,20 +113,20 @@ def acquire_blocking(
         delay = min(delay * 2, _LAST_POLL_S)
 
 
-async def acquire(
-    path: Path, *, shared: bool = False, timeout_s: float | None = None, remove: bool = False
-) -> HeldLock:
-    """Take the lock on ``path`` without blocking the event loop; cancellable;
-    `LockTimeoutError` after ``timeout_s``. Waits longer than 10 s are logged."""
-    operation = fcntl.LOCK_SH if shared else fcntl.LOCK_EX
+async def poll(path: Path, attempt: Callable[[], bool], timeout_s: float | None = None) -> None:
+    """Call ``attempt`` (one ``LOCK_NB`` try on ``path``) until it succeeds, without blocking
+    the event loop; cancellable; `LockTimeoutError` after ``timeout_s``. Waits longer than
+    10 s are logged."""
+    if attempt():
+        return
     loop = asyncio.get_running_loop()
-    started = loop.time()
-    logged = started
+    started = logged = loop.time()
     delay = _FIRST_POLL_S
     while True:
-        held = _attempt(path, operation, remove)
-        if held is not None:
-            return held
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, _LAST_POLL_S)
+        if attempt():
+            return
         now = loop.time()
         if timeout_s is not None and now - started >= timeout_s:
             raise LockTimeoutError(_timeout_message(path, timeout_s))
@@ -149,8 +134,21 @@ async def acquire(
             logged = now
             log.info("waiting for lock %s held by another plugin instance (%.0fs)", path,
                      now - started)  # fmt: skip
-        await asyncio.sleep(delay)
-        delay = min(delay * 2, _LAST_POLL_S)
+
+
+async def acquire(path: Path, *, shared: bool = False, timeout_s: float | None = None) -> HeldLock:
+    """Take the lock on ``path`` on a fresh open file, polling (see `poll`)."""
+    operation = fcntl.LOCK_SH if shared else fcntl.LOCK_EX
+    held: list[HeldLock] = []
+
+    def attempt() -> bool:
+        taken = _attempt(path, operation)
+        if taken is not None:
+            held.append(taken)
+        return taken is not None
+
+    await poll(path, attempt, timeout_s)
+    return held[0]
 
 
 def _timeout_message(path: Path, timeout_s: float | None) -> str:
@@ -160,28 +158,77 @@ def _timeout_message(path: Path, timeout_s: float | None) -> str:
     )
 
 
+class _Shared:
+    """A lock file this process keeps open and holds while any of its users needs it
+    (``users``): joining a hold this process has costs no system call."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.fd = open_lock_file(path)
+        self.users = 0
+
+    async def enter(self, operation: int) -> None:
+        if self.users == 0:
+            await poll(self.path, lambda: try_flock(self.fd, operation))
+        self.users += 1
+
+    def leave(self) -> None:
+        self.users -= 1
+        if self.users == 0:
+            fcntl.flock(self.fd, fcntl.LOCK_UN)
+
+
+def _close_all(files: dict[str, _Shared]) -> None:
+    for held in files.values():
+        os.close(held.fd)
+    files.clear()
+
+
 class NodeLocks:
-    """The node-wide locks under ``<data_dir>/locks`` (see the module doc)."""
+    """The node-wide locks under ``<data_dir>/locks`` (see the module doc).
+
+    The asynchronous locks are for one event loop. The node and claim locks keep their files
+    open and are held once per process however many calls share them (a claim lock stands for a
+    stripe of claims: calls of this process never wait for one another's claims; the caller
+    serializes one claim's calls). A device lock has one holder per process: the caller
+    serializes the calls for one device, as the preparer's asyncio locks do."""
+
+    CLAIM_STRIPES: Final = 256
 
     def __init__(self, data_dir: Path, *, blocking_timeout_s: float = 60.0) -> None:
         self.directory = data_dir / LOCKS_DIR
         self._blocking_timeout_s = blocking_timeout_s
+        self._open: dict[str, _Shared] = {}
+        weakref.finalize(self, _close_all, self._open)
 
     def path(self, name: str) -> Path:
         return self.directory / f"{name}.lock"
 
+    def _file(self, name: str) -> _Shared:
+        found = self._open.get(name)
+        if found is None:
+            found = self._open[name] = _Shared(self.path(name))
+        return found
+
+    def close(self) -> None:
+        """Close the kept lock files (releasing what they hold)."""
+        _close_all(self._open)
+
     @contextlib.asynccontextmanager
     async def operation(self) -> AsyncIterator[None]:
-        """Held (shared) around one claim's prepare or unprepare."""
-        gate = await acquire(self.path("gate"), shared=True)
+        """Held (shared) around one claim's prepare or unprepare. Each call passes the gate,
+        so that a waiting recovery stops new calls, even while this process holds the node."""
+        gate = self._file("gate")
+        await poll(gate.path, lambda: try_flock(gate.fd, fcntl.LOCK_SH))
+        node = self._file("node")
         try:
-            node = await acquire(self.path("node"), shared=True)
+            await node.enter(fcntl.LOCK_SH)
         finally:
-            gate.release()
+            fcntl.flock(gate.fd, fcntl.LOCK_UN)
         try:
             yield
         finally:
-            node.release()
+            node.leave()
 
     @contextlib.asynccontextmanager
     async def exclusive(self, timeout_s: float | None = None) -> AsyncIterator[None]:
@@ -202,28 +249,33 @@ class NodeLocks:
 
     @contextlib.asynccontextmanager
     async def claim(self, uid: str) -> AsyncIterator[None]:
-        """One claim's lock (the claim UID is validated by the caller)."""
-        held = await acquire(self.path(f"claim-{uid}"), remove=True)
+        """The lock of ``uid``'s stripe of claims (one of `CLAIM_STRIPES`)."""
+        stripe = int.from_bytes(hashlib.sha256(uid.encode()).digest()[:4]) % self.CLAIM_STRIPES
+        held = self._file(f"claim-{stripe:02x}")
+        await held.enter(fcntl.LOCK_EX)
         try:
             yield
         finally:
-            held.release()
+            held.leave()
 
     @contextlib.asynccontextmanager
     async def devices(self, names: Sequence[str]) -> AsyncIterator[None]:
         """The locks of ``names`` (device names), taken in name order."""
-        held: list[HeldLock] = []
+        held: list[_Shared] = []
         try:
             for name in sorted(set(names)):
-                held.append(await acquire(self.path(f"device-{name}")))
+                device = self._file(f"device-{name}")
+                await device.enter(fcntl.LOCK_EX)
+                held.append(device)
             yield
         finally:
-            for lock in reversed(held):
-                lock.release()
+            for device in reversed(held):
+                device.leave()
 
     @contextlib.contextmanager
     def blocking(self, name: str) -> Iterator[None]:
-        """The lock ``name`` from a worker thread (`LockTimeoutError` after the timeout)."""
+        """The lock ``name`` from a worker thread (`LockTimeoutError` after the timeout); the
+        caller excludes its own threads."""
         held = acquire_blocking(self.path(name), timeout_s=self._blocking_timeout_s)
         try:
             yield
