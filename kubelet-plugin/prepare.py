@@ -2,7 +2,7 @@
 
 Per claim (the claims of one call run concurrently): a claim recorded `PrepareCompleted` returns
 its devices, one left `PrepareStarted` is rolled back first. Otherwise the claim is read, its
-opaque configs resolved, and each `Tier` plans its part; under the claim's device locks the
+opaque configs resolved, and each `Tier` plans its part; under the locks of the claim's GPUs the
 plans are checked against the other claims' records, `PrepareStarted` is recorded with the
 tiers' intents, the tiers apply, the CDI spec is written and `PrepareCompleted` recorded. A
 failure rolls back at once, a crash at the next prepare or in `recover()`. Unprepare works from
@@ -26,7 +26,13 @@ from typing import Any, TypeVar
 from gpu_dra.driver.config import AllocatedDevice, ConfigError, DeviceType, resolve_configs
 from gpu_dra.driver.config.errors import DomainError
 from gpu_dra.driver.model import MigDevice, MigPartition
-from gpu_dra.driver.naming import InvalidNameError, validate_claim_uid
+from gpu_dra.driver.naming import (
+    InvalidNameError,
+    MigDeviceName,
+    gpu_device_name,
+    parse_device_name,
+    validate_claim_uid,
+)
 from gpu_dra.kubelet_plugin.cdi import (
     CdiDevice,
     ClaimSpecStore,
@@ -465,10 +471,14 @@ class NodeClaimPreparer:
                 yield
 
     @contextlib.asynccontextmanager
-    async def _locked_devices(self, names: Sequence[str]) -> AsyncIterator[None]:
+    async def _locked_devices(self, devices: Sequence[str]) -> AsyncIterator[None]:
+        """The locks of the GPUs ``devices`` are on (a MIG device's is its parent's: a whole GPU
+        and a MIG device of it are checked one after the other), in name order; node-wide
+        too with an instance."""
+        names = sorted({_gpu_of(device) for device in devices})
         async with contextlib.AsyncExitStack() as stack:
             held = []  # strong references while held
-            for name in sorted(names):
+            for name in names:
                 lock = self._device_locks.get(name)
                 if lock is None:
                     lock = self._device_locks[name] = asyncio.Lock()
@@ -477,6 +487,15 @@ class NodeClaimPreparer:
             if self._instance is not None:
                 await stack.enter_async_context(self._instance.locks.devices(names))
             yield
+
+
+def _gpu_of(device: str) -> str:
+    """``gpu-<minor>`` of a GPU or MIG device name (any other name as it is)."""
+    try:
+        name = parse_device_name(device)
+    except InvalidNameError:
+        return device
+    return gpu_device_name(name.parent_minor) if isinstance(name, MigDeviceName) else device
 
 
 def merged_edits(first: ContainerEdits, second: ContainerEdits) -> ContainerEdits:

@@ -5,6 +5,7 @@ prepare of the claim; start-up removes instances no prepared claim owns."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pynvml
@@ -214,6 +215,23 @@ def test_a_whole_gpu_with_another_claims_mig_device_is_refused_and_vice_versa(
     assert "its GPU gpu-0" in error
     assert "is prepared whole for claim default/whole" in error
     assert node.all_instances() == {}
+
+
+def test_a_whole_gpu_and_a_mig_device_of_it_prepared_at_once_do_not_both_succeed(
+    node: DynamicMigNode,
+) -> None:
+    # The scheduler's counters prevent it; a stale allocation must still not get both: the GPU's
+    # lock orders the two checks.
+    for round_ in range(5):
+        mig = node.add(UID_A, "gpu-0-mig-1g10gb-19-3", name="slices")
+        whole = node.add(UID_B, "gpu-0", name="whole")
+
+        results = asyncio.run(node.preparer.prepare([mig, whole]))
+
+        assert sum(r.ok for r in results.values()) == 1, (round_, results)
+        for claim in (mig, whole):
+            assert node.unprepare(claim) is None
+        assert node.all_instances() == {}
 
 
 def test_mig_device_config_time_slicing_is_a_no_op_and_gpu_config_a_mismatch(
