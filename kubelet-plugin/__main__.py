@@ -91,7 +91,12 @@ from gpu_dra.kubelet_plugin.node_devices import NodeInventory
 from gpu_dra.kubelet_plugin.node_locks import NodeLocks
 from gpu_dra.kubelet_plugin.prepare import NodeClaimPreparer
 from gpu_dra.kubelet_plugin.publishing import PublisherTurn
-from gpu_dra.kubelet_plugin.server import PluginServer, remove_stale_sockets, socket_paths
+from gpu_dra.kubelet_plugin.server import (
+    MAX_SOCKET_PATH_BYTES,
+    PluginServer,
+    remove_stale_sockets,
+    socket_paths,
+)
 from gpu_dra.kubelet_plugin.settings import KubeletPluginSettings
 from gpu_dra.kubelet_plugin.timeslicing import (
     RECORD_FILE,
@@ -455,6 +460,12 @@ def register_instance(settings: KubeletPluginSettings) -> PluginInstance:
         settings.kubelet_registry_dir,
         instance_id,
     )
+    for path in sockets:
+        if len(os.fsencode(path)) > MAX_SOCKET_PATH_BYTES:
+            raise StartupError(
+                f"socket path {path} is longer than {MAX_SOCKET_PATH_BYTES} bytes: use a "
+                "shorter --kubelet-plugins-dir (or --instance-id)"
+            )
     instance = registry.register(settings.instance_id, sockets)
     live = {Path(path) for info in registry.live() for path in info.sockets}
     candidates = {Path(path) for info in dead for path in info.sockets}

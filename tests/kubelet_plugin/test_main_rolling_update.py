@@ -2,7 +2,8 @@
 sockets (named by its instance id), a second one starts beside the first (the guard accepts a
 running gpu-dra instance of the data dir), the first stops and removes only its own sockets, and
 the sockets of an instance killed with SIGKILL are removed by the next one to start. The
-apiserver is a stub that answers what start-up needs."""
+apiserver is a stub that answers what start-up needs. An instance id too long for a socket path
+stops the plugin with a message."""
 
 from __future__ import annotations
 
@@ -23,10 +24,12 @@ import grpc
 import pytest
 import yaml
 
+from gpu_dra.kubelet_plugin.__main__ import StartupError, register_instance
 from gpu_dra.kubelet_plugin._generated.pluginregistration import api_pb2 as reg
 from gpu_dra.kubelet_plugin._generated.pluginregistration import api_pb2_grpc as reg_grpc
 from gpu_dra.kubelet_plugin.instances import InstanceRegistry
 from gpu_dra.kubelet_plugin.server import served, socket_paths
+from gpu_dra.kubelet_plugin.settings import KubeletPluginSettings
 
 NODE = "gpu-node-1"
 DRIVER = "gpu.nvidia.com"
@@ -210,3 +213,20 @@ def test_the_sockets_of_a_killed_instance_are_removed_by_the_next_one(
     finally:
         if successor.process.poll() is None:
             successor.kill()
+
+
+def test_an_instance_id_too_long_for_a_unix_socket_stops_the_plugin_clearly(
+    node_root: Path,
+) -> None:
+    settings = KubeletPluginSettings(
+        node_name=NODE,
+        kubelet_plugins_dir=node_root / "plugins",
+        kubelet_registry_dir=node_root / "plugins_registry",
+        data_dir=node_root / "data",
+        instance_id="x" * 100,
+    )
+
+    with pytest.raises(StartupError, match="is longer than 107 bytes"):
+        register_instance(settings)
+
+    assert InstanceRegistry(settings.state_dir).instances() == []
