@@ -1,14 +1,12 @@
 """The plugin instances running on this node: ``<data-dir>/instances/``.
 
-During a rolling update two instances share the data dir. Each registers at start under a token
-of its own (`PluginInstance.token`: the instance id, e.g. the pod UID, or ``host``, plus a random
-suffix) and holds an exclusive ``flock`` on ``<token>.lock`` for its lifetime: an instance is
-alive exactly while that lock cannot be taken (`InstanceRegistry.alive`), whatever killed it.
-``<token>.json`` says who it is (instance id, pid, start sequence, its sockets, whether its
-start-up recovery is done). Checkpoint entries name the token of the instance that wrote them, so
-recovery rolls back only the prepares of dead instances; the newest ready instance publishes the
-node's ResourceSlices; the start-up guard accepts sockets that a live instance serves. See
-docs/architecture.md, "Two instances on one node".
+Each process registers under a token (`PluginInstance.token`: instance id or ``host``, plus a
+random suffix) and holds an exclusive ``flock`` on ``<token>.lock`` for its lifetime: it is
+alive exactly while that lock cannot be taken (`InstanceRegistry.alive`), however it ended.
+``<token>.json`` records instance id, pid, start sequence, sockets and readiness. Checkpoint
+entries name their writer's token, so recovery rolls back only dead instances' prepares; the
+newest ready instance publishes the slices; the start-up guard accepts a live instance's
+sockets. See docs/architecture.md, "Two instances on one node".
 """
 
 from __future__ import annotations

@@ -1,20 +1,12 @@
-"""File locks that every plugin instance on a node shares: ``flock`` on files in
-``<data-dir>/locks/``, so that two instances of a rolling update exclude each other as the
-locks inside one process exclude its own calls.
+"""File locks every plugin instance on a node shares (``flock`` in ``<data-dir>/locks/``), so
+that the two instances of a rolling update exclude each other as one process's locks do.
 
-* ``node`` (with ``gate``): every prepare and unprepare holds it shared for the whole claim;
-  start-up recovery holds it exclusive, so that it never sees another instance's prepare
-  halfway. Taking ``gate`` first gives recovery writer preference: new calls wait while it waits.
-* ``claim-<stripe>``: one call per claim at a time, node-wide (256 stripes by claim UID; the
-  calls of one process share a stripe, another process waits).
-* ``device-<name>``: the devices (the preparer: their GPUs) a prepare or unprepare works on,
-  taken in name order.
-* `blocking` names taken from worker threads: ``mig-<GPU UUID>`` (MIG mode and instances of one
-  GPU), ``mps-<daemon id>`` (a shared MPS daemon's users).
-
-Waits poll with ``LOCK_NB`` (a cancelled wait stops at once); the files of the node, claim and
-device locks stay open, and one process holds each once for all its calls. See
-docs/architecture.md, "Two instances on one node".
+* ``node`` (after ``gate``, which gives a waiting recovery writer preference): held shared by
+  every prepare and unprepare, exclusive by start-up recovery;
+* ``claim-<stripe>`` (256 stripes by claim UID) and ``device-<name>`` (in name order);
+* `blocking` ones from worker threads: ``mig-<GPU UUID>``, ``mps-<daemon id>``.
+Waits poll with ``LOCK_NB`` (cancellable). Node, claim and device files stay open and a process
+holds each once for all its calls. See docs/architecture.md, "Two instances on one node".
 """
 
 from __future__ import annotations
