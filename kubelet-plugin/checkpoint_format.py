@@ -25,7 +25,7 @@ JsonValue: TypeAlias = str | int | float | bool | list["JsonValue"] | dict[str, 
 JsonObject: TypeAlias = dict[str, JsonValue]
 
 _KNOWN_TOP_LEVEL: Final = frozenset({"version", "nodeBootID", "claims"})
-_KNOWN_CLAIM: Final = frozenset({"namespace", "name", "phase", "devices", "state"})
+_KNOWN_CLAIM: Final = frozenset({"namespace", "name", "phase", "devices", "state", "owner"})
 
 
 class ClaimPhase(StrEnum):
@@ -55,6 +55,9 @@ class CheckpointEntry:
     phase: ClaimPhase
     devices: tuple[PreparedDevice, ...] = ()
     state: Mapping[str, JsonValue] = field(default_factory=dict)
+    owner: str | None = None
+    """Token of the plugin instance that wrote the entry (`instances`); None: written before
+    plugins had tokens."""
     unknown_fields: Mapping[str, JsonValue] = field(default_factory=dict, compare=False)
     """Fields from a newer writer, kept so that rewriting this entry does not lose them."""
 
@@ -181,6 +184,9 @@ def _parse_entry(uid: str, raw: object) -> CheckpointEntry:
     state = raw.get("state", {})
     if not isinstance(state, dict):
         raise SchemaError(f"{where}.state is not a JSON object")
+    owner = raw.get("owner")
+    if owner is not None and not isinstance(owner, str):
+        raise SchemaError(f"{where}.owner must be a string, got {owner!r}")
     return CheckpointEntry(
         claim=ClaimRef(
             namespace=_string(raw, "namespace", where), uid=uid, name=_string(raw, "name", where)
@@ -190,6 +196,7 @@ def _parse_entry(uid: str, raw: object) -> CheckpointEntry:
             _parse_device(device, f"{where}.devices[{i}]") for i, device in enumerate(devices_raw)
         ),
         state=state,
+        owner=owner,
         unknown_fields={k: v for k, v in raw.items() if k not in _KNOWN_CLAIM},
     )
 
@@ -234,6 +241,8 @@ def _format_entry(entry: CheckpointEntry) -> JsonObject:
             "state": dict(entry.state),
         }
     )
+    if entry.owner is not None:
+        formatted["owner"] = entry.owner
     return formatted
 
 

@@ -3,12 +3,15 @@
 Per claim (the claims of one call run concurrently): a claim recorded `PrepareCompleted` returns
 its devices, one left `PrepareStarted` is rolled back and one left `UnprepareStarted` unprepared
 first. Otherwise the claim is read, its opaque configs resolved, and each `Tier` plans its part;
-under the claim's device locks the plans are checked against the other claims' records,
+under the locks of the claim's GPUs the plans are checked against the other claims' records,
 `PrepareStarted` is recorded with the devices and the tiers' intents, the tiers apply, the CDI
 spec is written and `PrepareCompleted` recorded. A failure rolls back at once, a crash at the
 next prepare or in `recover()`. Unprepare works from the record alone and records
 `UnprepareStarted` before it tears anything down. Records change only through
-`ClaimRecords.update`. See docs/architecture.md, "Prepare and unprepare".
+`ClaimRecords.update`. With a `PluginInstance` the claim and GPU locks are node-wide (two
+instances during a rolling update) and `recover()` runs while no instance prepares, leaving live
+instances' unfinished records alone. See docs/architecture.md, "Prepare and unprepare" and "Two
+instances on one node".
 """
 
 from __future__ import annotations
@@ -18,14 +21,20 @@ import contextlib
 import logging
 import shutil
 import weakref
-from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
 from gpu_dra.driver.config import AllocatedDevice, ConfigError, DeviceType, resolve_configs
 from gpu_dra.driver.config.errors import DomainError
 from gpu_dra.driver.model import MigDevice, MigPartition
-from gpu_dra.driver.naming import InvalidNameError, gpu_device_name, validate_claim_uid
+from gpu_dra.driver.naming import (
+    InvalidNameError,
+    MigDeviceName,
+    gpu_device_name,
+    parse_device_name,
+    validate_claim_uid,
+)
 from gpu_dra.kubelet_plugin.cdi import (
     CdiDevice,
     ClaimSpecStore,
@@ -45,6 +54,7 @@ from gpu_dra.kubelet_plugin.claim_records import (
     removed,
     unprepare_started,
 )
+from gpu_dra.kubelet_plugin.instances import PluginInstance
 from gpu_dra.kubelet_plugin.kubeapi import (
     ClaimNotFoundError,
     ClaimReader,
@@ -82,6 +92,10 @@ _UNDOING = {
     ClaimPhase.PREPARE_STARTED: "rolling back an interrupted prepare",
     ClaimPhase.UNPREPARE_STARTED: "finishing an interrupted unprepare",
 }
+_UNFINISHED = {
+    ClaimPhase.PREPARE_STARTED: "unfinished prepare",
+    ClaimPhase.UNPREPARE_STARTED: "unfinished unprepare",
+}
 
 
 class NodeClaimPreparer:
@@ -104,6 +118,8 @@ class NodeClaimPreparer:
         dynamic_mig: DynamicMig | None = None,
         mps_share_max_percent: int = 100,
         common_edits: Callable[[], ContainerEdits] | None = None,
+        instance: PluginInstance | None = None,
+        recovery_wait_s: float = 300.0,
     ) -> None:
         """`uncached_claims` reads the API server directly; give it when `claims` is a cache, which
         may not have seen a claim replaced under the same name yet: a claim whose UID does not
@@ -115,23 +131,29 @@ class NodeClaimPreparer:
         claims with partition devices fail. `mps_share_max_percent` is the largest MPS share
         (`mps.share_tier`). `common_edits` gives the edits every container of a claim gets (the
         driver's userspace on real nodes, `driver_userspace.CommonEdits.current`; None on
-        simulated ones), asked once per prepare before anything changes."""
+        simulated ones), asked once per prepare before anything changes. `instance` is this
+        plugin instance on the node: its token goes into the records, its node-wide locks are
+        taken beside the in-process ones, and `recover` waits up to `recovery_wait_s` for the
+        other instances' calls under way; without it, every record is this process's."""
         self._driver = driver_name
         self._pool = node_name
         self._inventory = inventory
         self._claims = claims
         self._uncached_claims = uncached_claims
-        self._records = ClaimRecords(checkpoint)
+        self._instance = instance
+        self._recovery_wait_s = recovery_wait_s
+        self._records = ClaimRecords(checkpoint, owner=None if instance is None else instance.token)
         self._cdi = cdi
         self._claims_dir = claims_dir
         self._common_edits = common_edits
         records, node = self._records, node_name
+        locks = None if instance is None else instance.locks
         shares = MpsShareTier(
-            mps, records, inventory, node_name=node, max_percent=mps_share_max_percent
+            mps, records, inventory, node_name=node, max_percent=mps_share_max_percent, locks=locks
         )
         claim_mps = ClaimMpsTier(mps, inventory, node_name=node)
         time_slicing = TimeSlicingTier(time_slicer, records, inventory, node_name=node)
-        mig = DynamicMigTier(dynamic_mig, records, inventory)
+        mig = DynamicMigTier(dynamic_mig, records, inventory, owner_alive=self._owner_alive)
         whole = WholeGpuTier()
         # The order the tiers act in on a claim: checks, then changes (time slices, MPS
         # daemons, shares, MIG devices; docs/architecture.md); undo runs in reverse.
@@ -162,10 +184,26 @@ class NodeClaimPreparer:
         specs, temporary files of interrupted CDI spec writes and claim files nobody owns.
 
         Run it before serving: what a prepare running beside it has made but not recorded yet
-        would be taken for a leftover."""
+        would be taken for a leftover. Other instances' calls are waited for (the node lock,
+        exclusive); their `PrepareStarted` records, and what those name, are left to them while
+        they run."""
+        async with self._exclusive():
+            await self._recover()
+
+    async def _recover(self) -> None:
         entries = await asyncio.to_thread(self._records.all)
         for uid, entry in entries.items():
             if entry.phase is not ClaimPhase.PREPARE_COMPLETED:
+                if self._owner_alive(entry.owner):
+                    # Another instance runs: it finishes this at the claim's next call (which
+                    # any instance may get), not recovery behind its back.
+                    log.info(
+                        "%s left to its running instance claim_uid=%s owner=%s",
+                        _UNFINISHED[entry.phase],
+                        uid,
+                        entry.owner,
+                    )
+                    continue
                 log.info("%s claim_uid=%s", _UNDOING[entry.phase], uid)
                 try:
                     await _in_thread_to_completion(self._undo, uid)
@@ -176,8 +214,12 @@ class NodeClaimPreparer:
                 await _in_thread_to_completion(self._adopt, entry)
         remaining = await asyncio.to_thread(self._records.all)  # what the rollbacks left
         await _in_thread_to_completion(self._sweep, remaining)
-        owned = {uid for uid, e in entries.items() if e.phase is ClaimPhase.PREPARE_COMPLETED}
         await asyncio.to_thread(self._cdi.remove_temporaries)
+        owned = {
+            uid
+            for uid, e in remaining.items()
+            if e.phase is ClaimPhase.PREPARE_COMPLETED or self._owner_alive(e.owner)
+        }
         for uid in await asyncio.to_thread(self._cdi.claim_uids):
             if uid not in owned:
                 log.info("removing orphaned CDI spec claim_uid=%s", uid)
@@ -187,6 +229,10 @@ class NodeClaimPreparer:
                 if directory.name not in owned:
                     log.info("removing orphaned claim files claim_uid=%s", directory.name)
                     await asyncio.to_thread(shutil.rmtree, directory, True)
+
+    def _owner_alive(self, owner: str | None) -> bool:
+        """Whether the instance that wrote a record still runs (never, without an instance)."""
+        return self._instance is not None and self._instance.owner_alive(owner)
 
     def _adopt(self, entry: CheckpointEntry) -> None:
         for tier in self._tiers:
@@ -201,7 +247,7 @@ class NodeClaimPreparer:
         where = f"claim {claim.namespace}/{claim.name} ({claim.uid})"
         try:
             validate_claim_uid(claim.uid)
-            async with self._claim_lock(claim.uid):
+            async with self._operation(), self._claim_lock(claim.uid):
                 devices = await self._prepare_locked(claim)
         except (PrepareError, ConfigError, InvalidNameError) as error:
             log.warning("prepare failed claim_uid=%s error=%s", claim.uid, error)
@@ -260,7 +306,7 @@ class NodeClaimPreparer:
     ) -> tuple[PreparedDevice, ...]:
         request = self._request(claim, resource_claim)
         plans = self._plan(request)
-        async with self._locked_devices(self._device_locks_of({r.device for r in request.results})):
+        async with self._locked_devices([r.device for r in request.results]):
             return await _in_thread_to_completion(self._check_and_commit, request, plans)
 
     def _request(self, claim: ClaimRef, resource_claim: ResourceClaim) -> ClaimRequest:
@@ -376,7 +422,7 @@ class NodeClaimPreparer:
     async def _unprepare_one(self, claim: ClaimRef) -> str | None:
         try:
             validate_claim_uid(claim.uid)
-            async with self._claim_lock(claim.uid):
+            async with self._operation(), self._claim_lock(claim.uid):
                 entry = await asyncio.to_thread(self._records.get, claim.uid)
                 if entry is None:
                     return None
@@ -466,37 +512,57 @@ class NodeClaimPreparer:
 
     # ---- locks -----------------------------------------------------------------------------------
     def _lock_names(self, entry: CheckpointEntry) -> list[str]:
-        """The device locks an undo of ``entry`` takes: those of the devices it records (a
-        `PrepareStarted` entry of schema 1 records none; recovery runs before serving)."""
-        return self._device_locks_of({d.device_name for d in entry.devices})
+        """The devices whose locks an undo of ``entry`` takes: those it records (a
+        `PrepareStarted` entry of schema 1 records none; recovery, under the exclusive node
+        lock, rolls those back before this instance serves)."""
+        return sorted({d.device_name for d in entry.devices})
 
-    def _device_locks_of(self, names: Collection[str]) -> list[str]:
-        """The device locks of a claim's devices: each device's, and for a dynamic MIG partition
-        also its GPU's, so that a whole-GPU claim and a MIG device on that GPU, whose checks
-        look at each other's records, never run side by side."""
-        locks = set(names)
-        for name in names:
-            device = self._inventory.by_name(name)
-            if isinstance(device, MigPartition):
-                locks.add(gpu_device_name(device.parent.minor))
-        return sorted(locks)
+    @contextlib.asynccontextmanager
+    async def _operation(self) -> AsyncIterator[None]:
+        """One claim's prepare or unprepare: the node lock, shared (recovery takes it
+        exclusive)."""
+        if self._instance is None:
+            yield
+            return
+        async with self._instance.locks.operation():
+            yield
 
-    def _claim_lock(self, uid: str) -> asyncio.Lock:
+    @contextlib.asynccontextmanager
+    async def _exclusive(self) -> AsyncIterator[None]:
+        if self._instance is None:
+            yield
+            return
+        async with self._instance.locks.exclusive(self._recovery_wait_s):
+            yield
+
+    @contextlib.asynccontextmanager
+    async def _claim_lock(self, uid: str) -> AsyncIterator[None]:
         lock = self._claim_locks.get(uid)
         if lock is None:
             lock = self._claim_locks[uid] = asyncio.Lock()
-        return lock
+        async with lock:
+            if self._instance is None:
+                yield
+                return
+            async with self._instance.locks.claim(uid):
+                yield
 
     @contextlib.asynccontextmanager
-    async def _locked_devices(self, names: Sequence[str]) -> AsyncIterator[None]:
+    async def _locked_devices(self, devices: Sequence[str]) -> AsyncIterator[None]:
+        """The locks of the GPUs ``devices`` are on (a MIG device's is its parent's: a whole GPU
+        and a MIG device of it are checked one after the other), in name order; node-wide
+        too with an instance."""
+        names = sorted({_gpu_of(device) for device in devices})
         async with contextlib.AsyncExitStack() as stack:
             held = []  # strong references while held
-            for name in sorted(names):
+            for name in names:
                 lock = self._device_locks.get(name)
                 if lock is None:
                     lock = self._device_locks[name] = asyncio.Lock()
                 held.append(lock)
                 await stack.enter_async_context(lock)
+            if self._instance is not None:
+                await stack.enter_async_context(self._instance.locks.devices(names))
             yield
 
 
@@ -504,6 +570,15 @@ def _failure(message: str, error: BaseException) -> PrepareResult:
     """The failed result with ``message``, and the context notes ``error`` carries."""
     notes = getattr(error, "__notes__", [])
     return PrepareResult.failure("".join([message, *(f" [{note}]" for note in notes)]))
+
+
+def _gpu_of(device: str) -> str:
+    """``gpu-<minor>`` of a GPU or MIG device name (any other name as it is)."""
+    try:
+        name = parse_device_name(device)
+    except InvalidNameError:
+        return device
+    return gpu_device_name(name.parent_minor) if isinstance(name, MigDeviceName) else device
 
 
 def merged_edits(first: ContainerEdits, second: ContainerEdits) -> ContainerEdits:

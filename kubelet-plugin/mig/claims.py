@@ -4,16 +4,16 @@
 `MigIntent`s (recorded before any NVML call); `create` makes them, destroying what it made on a
 failure; `release` destroys a claim's (an intent without a GI id is found by its placement,
 unless another claim records it); `remove_unowned` destroys at start-up every instance on a
-dynamic-MIG GPU that no ``PrepareCompleted`` claim records, MIG mode off on Hopper-or-later GPUs
-left empty (a GPU whose instances cannot be read, or that a claim with unreadable MIG state may
-use, is left as it is). Ownership is by (parent UUID, GI profile ID, placement start). See
-docs/mig.md, "Dynamic MIG: lifecycle".
+dynamic-MIG GPU that no ``PrepareCompleted`` claim records (nor any entry of a plugin instance
+that still runs), MIG mode off on Hopper-or-later GPUs left empty (a GPU whose instances cannot
+be read, or that a claim with unreadable MIG state may use, is left as it is). Ownership is by
+(parent UUID, GI profile ID, placement start). See docs/mig.md, "Dynamic MIG: lifecycle".
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Final
 
@@ -263,16 +263,23 @@ class DynamicMig:
                     )
         return None
 
-    def remove_unowned(self, entries: Mapping[str, CheckpointEntry]) -> None:
+    def remove_unowned(
+        self,
+        entries: Mapping[str, CheckpointEntry],
+        *,
+        owner_alive: Callable[[str | None], bool] = lambda _: False,
+    ) -> None:
         """Destroy every MIG instance of the dynamic-MIG GPUs that no ``PrepareCompleted`` entry
-        records; MIG mode off where nothing is left (Hopper and later). Errors are logged; a GPU
-        whose instances cannot be listed keeps its instances and its MIG mode. Fails closed: a
-        ``PrepareCompleted`` entry whose MIG state cannot be read may own any instance of the
-        GPUs its devices name (of every GPU when they name none), so those are left alone."""
+        records, nor an entry whose writer still runs (``owner_alive``: another plugin instance
+        during a rolling update, whose prepare or unprepare is under way); MIG mode off where
+        nothing is left (Hopper and later). Errors are logged; a GPU whose instances cannot be
+        listed keeps its instances and its MIG mode. Fails closed: a kept entry whose MIG state
+        cannot be read may own any instance of the GPUs its devices name (of every GPU when
+        they name none), so those are left alone."""
         owned: set[tuple[str, int, int]] = set()
         untouchable: set[str] = set()
         for uid, entry in entries.items():
-            if entry.phase is not ClaimPhase.PREPARE_COMPLETED:
+            if entry.phase is not ClaimPhase.PREPARE_COMPLETED and not owner_alive(entry.owner):
                 continue
             try:
                 owned.update(intent.key for intent in intents_from_state(entry.state))

@@ -29,6 +29,7 @@ from gpu_dra.kubelet_plugin.mps.recorded_daemons import (
 )
 from gpu_dra.kubelet_plugin.mps.shared_daemons import SHARES_STATE_KEY, PlannedShare, SharedDaemons
 from gpu_dra.kubelet_plugin.node_devices import NodeInventory
+from gpu_dra.kubelet_plugin.node_locks import NodeLocks
 from gpu_dra.kubelet_plugin.tier import (
     AllocatedResult,
     ClaimRequest,
@@ -80,14 +81,16 @@ class MpsShareTier(Tier):
         *,
         node_name: str,
         max_percent: int,
+        locks: NodeLocks | None = None,
     ) -> None:
+        """``locks``: the node's locks, when other plugin instances may share the daemons."""
         self._mps = mps
         self._inventory = inventory
         self._node = node_name
         self._max_percent = max_percent
         self._shared = None
         if mps is not None:
-            self._shared = SharedDaemons(mps, records, max_percent=max_percent)
+            self._shared = SharedDaemons(mps, records, max_percent=max_percent, locks=locks)
 
     def plan(self, request: ClaimRequest, planned: Planned) -> SharePlan:
         try:

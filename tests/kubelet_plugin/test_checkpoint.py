@@ -337,6 +337,11 @@ def test_checkpoint_of_a_newer_schema_version_is_refused(tmp_path: Path) -> None
             "devices is not a list",
         ),
         ('{"version": 1, "claims": {"u": {"name": "c", "phase": "PrepareStarted"}}}', "namespace"),
+        (
+            '{"version": 1, "claims": {"u": {"namespace": "n", "name": "c", '
+            '"phase": "PrepareStarted", "owner": 7}}}',
+            "owner must be a string",
+        ),
     ],
 )
 def test_corrupt_checkpoint_raises_a_clear_error_and_is_left_alone(

@@ -27,6 +27,12 @@ from gpu_dra.kubelet_plugin.checkpoint import (
     ClaimPhase,
 )
 from gpu_dra.kubelet_plugin.checkpoint_format import parse_document
+from gpu_dra.kubelet_plugin.claim_records import (
+    ClaimRecords,
+    completed,
+    started,
+    unprepare_started,
+)
 from gpu_dra.kubelet_plugin.node_devices import NodeInventory
 from gpu_dra.kubelet_plugin.prepare_protocol import ClaimRef, PreparedDevice, PrepareResult
 from tests.fakes.claim_reader import allocation_result, resource_claim
@@ -256,6 +262,38 @@ def test_a_schema_1_plugin_refuses_the_file_while_an_unprepare_is_under_way(
     monkeypatch.setattr(node.cdi, "remove", real_remove)
     assert node.unprepare(claim) == {UID_A: None}  # finished: schema 1 again
     assert read_as_schema_1(node.checkpoint.path.read_text()) == {}
+
+
+def test_owners_stay_schema_1_and_a_schema_1_plugin_keeps_them_on_entries_it_does_not_write(
+    tmp_path: Path,
+) -> None:
+    # `owner` (the plugin instance that wrote an entry) is an added optional field, not a new
+    # schema: it never raises the version, and the released reader takes it as unknown.
+    checkpoint = Checkpoint(tmp_path, boot_id=lambda: "boot-1")
+    checkpoint.load()
+    records = ClaimRecords(checkpoint, owner="pod-a-1f2e")
+    a, b = ClaimRef("default", UID_A, "a"), ClaimRef("default", UID_B, "b")
+    records.update(UID_A, completed(a, (device(UID_A, "gpu-0"),), {}))
+    records.update(UID_B, started(b, {}, (device(UID_B, "gpu-1"),)))
+    text = (tmp_path / "gpu-dra-checkpoint.json").read_text()
+    assert json.loads(text)["version"] == 1
+    assert {e["owner"] for e in json.loads(text)["claims"].values()} == {"pod-a-1f2e"}
+
+    old = released_v1_reader()
+    document = old.parse_document(json.loads(text))
+    assert read_as_schema_1(text) == read_as_this_plugin(text)
+    # The schema-1 plugin prepares B anew: its own entry has no owner; A keeps its owner.
+    rewritten = document.copy()
+    rewritten.entries[UID_B] = old.CheckpointEntry(
+        b, old.ClaimPhase.PREPARE_COMPLETED, devices=(device(UID_B, "gpu-1"),)
+    )
+    back = parse_document(json.loads(old.encode_document(rewritten, "boot-1")))
+    assert (back.entries[UID_A].owner, back.entries[UID_B].owner) == ("pod-a-1f2e", None)
+
+    records.update(UID_A, unprepare_started)
+    written = json.loads((tmp_path / "gpu-dra-checkpoint.json").read_text())
+    assert written["version"] == 2
+    assert written["claims"][UID_A]["owner"] == "pod-a-1f2e"
 
 
 # ---- schema 2 ------------------------------------------------------------------------------------

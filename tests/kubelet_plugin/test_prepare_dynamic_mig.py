@@ -317,6 +317,23 @@ def test_a_prepared_claim_is_not_touched_when_its_mig_devices_cannot_be_listed(
     assert ok(node.prepare(claim)) == devices
 
 
+def test_a_whole_gpu_and_a_mig_device_of_it_prepared_at_once_do_not_both_succeed(
+    node: DynamicMigNode,
+) -> None:
+    # The scheduler's counters prevent it; a stale allocation must still not get both: the GPU's
+    # lock orders the two checks.
+    for round_ in range(5):
+        mig = node.add(UID_A, "gpu-0-mig-1g10gb-19-3", name="slices")
+        whole = node.add(UID_B, "gpu-0", name="whole")
+
+        results = asyncio.run(node.preparer.prepare([mig, whole]))
+
+        assert sum(r.ok for r in results.values()) == 1, (round_, results)
+        for claim in (mig, whole):
+            assert node.unprepare(claim) is None
+        assert node.all_instances() == {}
+
+
 def test_mig_device_config_time_slicing_is_a_no_op_and_gpu_config_a_mismatch(
     node: DynamicMigNode,
 ) -> None:
