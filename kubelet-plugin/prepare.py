@@ -35,6 +35,7 @@ from gpu_dra.driver.naming import (
     parse_device_name,
     validate_claim_uid,
 )
+from gpu_dra.kubelet_plugin.atomic_file import remove_temporaries
 from gpu_dra.kubelet_plugin.cdi import (
     CdiDevice,
     ClaimSpecStore,
@@ -42,6 +43,7 @@ from gpu_dra.kubelet_plugin.cdi import (
     qualified_device_id,
 )
 from gpu_dra.kubelet_plugin.checkpoint import (
+    CHECKPOINT_FILE,
     Checkpoint,
     CheckpointEntry,
     CheckpointError,
@@ -144,6 +146,7 @@ class NodeClaimPreparer:
         self._recovery_wait_s = recovery_wait_s
         self._records = ClaimRecords(checkpoint, owner=None if instance is None else instance.token)
         self._cdi = cdi
+        self._data_dir = checkpoint.data_dir
         self._claims_dir = claims_dir
         self._common_edits = common_edits
         records, node = self._records, node_name
@@ -179,14 +182,15 @@ class NodeClaimPreparer:
 
     # ---- start-up --------------------------------------------------------------------------------
     async def recover(self) -> None:
-        """Roll back half-done prepares, let the tiers adopt what prepared claims hold (MPS
-        daemons) and sweep what no record owns (MPS daemons, MIG instances), and remove CDI
-        specs, temporary files of interrupted CDI spec writes and claim files nobody owns.
+        """Roll back half-done prepares and finish half-done unprepares, let the tiers adopt
+        what prepared claims hold (MPS daemons) and sweep what no record owns (MPS daemons, MIG
+        instances), and remove CDI specs, temporary files of interrupted writes (CDI specs, the
+        data dir's files) and claim files nobody owns.
 
         Run it before serving: what a prepare running beside it has made but not recorded yet
         would be taken for a leftover. Other instances' calls are waited for (the node lock,
-        exclusive); their `PrepareStarted` records, and what those name, are left to them while
-        they run."""
+        exclusive); their `PrepareStarted` and `UnprepareStarted` records, and what those name,
+        are left to them while they run."""
         async with self._exclusive():
             await self._recover()
 
@@ -215,6 +219,9 @@ class NodeClaimPreparer:
         remaining = await asyncio.to_thread(self._records.all)  # what the rollbacks left
         await _in_thread_to_completion(self._sweep, remaining)
         await asyncio.to_thread(self._cdi.remove_temporaries)
+        # The data dir's other files (simulated MIG state, time slices) are written by any
+        # instance: their temporaries are removed only here, while no instance works.
+        await asyncio.to_thread(remove_temporaries, self._data_dir, _not_the_checkpoint)
         owned = {
             uid
             for uid, e in remaining.items()
@@ -564,6 +571,12 @@ class NodeClaimPreparer:
             if self._instance is not None:
                 await stack.enter_async_context(self._instance.locks.devices(names))
             yield
+
+
+def _not_the_checkpoint(target: str) -> bool:
+    """Whether temporary files of writes of ``target`` are recovery's to remove (the
+    checkpoint's own are `Checkpoint.load`'s, under the checkpoint lock)."""
+    return target != CHECKPOINT_FILE
 
 
 def _failure(message: str, error: BaseException) -> PrepareResult:

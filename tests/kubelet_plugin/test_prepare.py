@@ -631,6 +631,22 @@ def test_recover_removes_temporary_files_of_interrupted_spec_writes_of_this_driv
     assert node.spec_files() == [theirs, f"k8s.gpu.nvidia.com-claim_{UID_A}.yaml"]
 
 
+def test_recover_removes_temporary_files_of_interrupted_writes_in_the_data_dir(
+    node: Node,
+) -> None:
+    left = [".simulated-nvml.json.0a1b2c3d.tmp", ".time-slicing.json.x1y2.tmp"]
+    kept = ["simulated-nvml.json", ".hidden", "notes.tmp"]
+    for name in left + kept:
+        (node.data_dir / name).write_text("half a file")
+
+    node.restart()
+    node.recover()
+
+    names = {p.name for p in node.data_dir.iterdir()}
+    assert not names & set(left)
+    assert set(kept) <= names
+
+
 def test_recover_keeps_completed_claims(node: Node) -> None:
     claim = node.add_gpus(UID_A, "claim-a", "gpu-0")
     devices = ok(node.prepare(claim)[UID_A])
