@@ -4,14 +4,16 @@ MIG, one API server. Each instance is registered (`InstanceRegistry`) and has it
 object, simulator and preparer, so their locks are separate files exactly as in two processes.
 
 The new instance's start-up recovery waits for the old one's prepare under way and leaves the
-prepares of a running instance alone; a dead instance's are rolled back; conflicting claims
-prepared on the two instances at once never both succeed; one claim sent to both is prepared
-once."""
+unfinished prepares and unprepares of a running instance alone; a dead instance's are rolled
+back or finished; conflicting claims prepared on the two instances at once never both succeed;
+one claim sent to both is prepared once, also when the first call was answered at its deadline
+and its work went on behind the reply."""
 
 from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +36,7 @@ from gpu_dra.kubelet_plugin.node_devices import NodeInventory
 from gpu_dra.kubelet_plugin.node_locks import NodeLocks
 from gpu_dra.kubelet_plugin.prepare import NodeClaimPreparer
 from gpu_dra.kubelet_plugin.prepare_protocol import ClaimRef, PrepareResult
+from gpu_dra.kubelet_plugin.service import ClaimCallHandler
 from tests.fakes.claim_reader import InMemoryClaimReader, allocation_result, resource_claim
 from tests.kubelet_plugin.nodes import (
     DRIVER,
@@ -345,3 +348,33 @@ def test_a_running_instances_unfinished_unprepare_is_left_to_it_and_a_dead_ones_
     assert shared.mig_instances() == {}
     assert not new.cdi.path_for(UID_A).exists()
     assert not (shared.data_dir / "claims" / UID_A).exists()
+
+
+def test_work_behind_a_deadline_reply_holds_the_node_wide_locks_for_the_other_instances_retry(
+    shared: Shared,
+) -> None:
+    old, new = Instance(shared, POD_OLD), Instance(shared, POD_NEW)
+    claim = shared.add(UID_A, MIG)
+    old.cdi.gate = threading.Event()  # the old instance's CDI write hangs for 1.5 s
+    threading.Timer(1.5, old.cdi.gate.set).start()
+
+    async def call_then_retry() -> tuple[float, PrepareResult, PrepareResult]:
+        started = time.monotonic()
+        first = await ClaimCallHandler(old.preparer, call_timeout_s=0.3).prepare([claim])
+        answered_after = time.monotonic() - started
+        # The kubelet retries on the new instance while the old one's work goes on behind its
+        # reply: the retry waits for it (claim and GPU locks, node-wide) and finds it prepared.
+        retry = await ClaimCallHandler(new.preparer, call_timeout_s=10).prepare([claim])
+        return answered_after, first[UID_A], retry[UID_A]
+
+    answered_after, first, retry = asyncio.run(call_then_retry())
+
+    assert answered_after < 1.0
+    assert "prepare did not finish within 0.3s" in failed(first)
+    assert [d.device_name for d in ok(retry)] == [MIG]
+    assert (old.cdi.writes, new.cdi.writes) == ([UID_A], []), "prepared twice"
+    entry = shared.checkpoint().get(UID_A)
+    assert entry is not None
+    assert (entry.phase, entry.owner) == (ClaimPhase.PREPARE_COMPLETED, old.instance.token)
+    (instances,) = shared.mig_instances().values()
+    assert len(instances) == 1
