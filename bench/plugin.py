@@ -44,6 +44,7 @@ from gpu_dra.driver.naming import gpu_device_name
 from gpu_dra.driver.nvml.simulated import SimulatedHost
 from gpu_dra.kubelet_plugin.cdi import ClaimSpecStore
 from gpu_dra.kubelet_plugin.checkpoint import Checkpoint
+from gpu_dra.kubelet_plugin.instances import InstanceRegistry
 from gpu_dra.kubelet_plugin.node_devices import NodeInventory
 from gpu_dra.kubelet_plugin.prepare import NodeClaimPreparer
 from gpu_dra.kubelet_plugin.server import PluginServer
@@ -224,6 +225,7 @@ async def _serve(
     state_dir = root / "state"
     checkpoint = Checkpoint(state_dir)
     checkpoint.load()
+    instance = InstanceRegistry(state_dir).register("")  # its node-wide locks, as in production
     preparer = NodeClaimPreparer(
         driver_name=DRIVER,
         node_name=NODE_NAME,
@@ -234,6 +236,7 @@ async def _serve(
         checkpoint=checkpoint,
         cdi=ClaimSpecStore(cdi_root, driver_name=DRIVER),
         claims_dir=state_dir / "claims",
+        instance=instance,
     )
     await preparer.recover()
     server = PluginServer(
@@ -255,6 +258,7 @@ async def _serve(
         if main_profile is not None:
             main_profile.disable()
         await server.stop(grace_s=1)
+        instance.close()
     if cprofile is not None and main_profile is not None and executor is not None:
         executor.shutdown(wait=True)
         stats = pstats.Stats(main_profile)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Final, Literal
+from typing import Any, Final
 
 from gpu_dra.cli.command import (
     EXIT_FAILED,
@@ -23,18 +23,9 @@ from gpu_dra.cli.command import (
     print_error,
 )
 from gpu_dra.cli.manifests import load_documents
-from gpu_dra.driver.config import ConfigError, ConfigProblem, resolve_configs
-from gpu_dra.driver.config.resolve import NOT_OPAQUE
+from gpu_dra.driver.config.objects import CONFIG_LISTS, Verdict, check_config_list
 from gpu_dra.driver.naming import DEFAULT_DRIVER_NAME
 from gpu_dra.driver.resourceapi import API_GROUP
-
-Verdict = Literal["OK", "ERROR", "SKIP"]
-
-_CONFIG_LISTS: Final[dict[str, tuple[tuple[str, ...], str]]] = {
-    "ResourceClaim": (("spec", "devices", "config"), "FromClaim"),
-    "ResourceClaimTemplate": (("spec", "spec", "devices", "config"), "FromClaim"),
-    "DeviceClass": (("spec", "config"), "FromClass"),
-}
 
 
 @dataclass(frozen=True)
@@ -99,12 +90,13 @@ def run(args: argparse.Namespace, streams: Streams) -> int:
 
 
 def check_object(file: str, manifest: Mapping[str, Any], *, driver: str) -> list[ConfigCheck]:
-    """The verdict on each config entry of a manifest (other kinds have none)."""
+    """The verdict on each config entry of a manifest (other kinds have none): the admission
+    webhook's and the kubelet plugin's check (`driver.config.objects`), located in `file`."""
     kind = manifest.get("kind")
     api_version = manifest.get("apiVersion")
     if not (
         isinstance(kind, str)
-        and kind in _CONFIG_LISTS
+        and kind in CONFIG_LISTS
         and isinstance(api_version, str)
         and api_version.startswith(f"{API_GROUP}/")
     ):
@@ -112,51 +104,10 @@ def check_object(file: str, manifest: Mapping[str, Any], *, driver: str) -> list
     metadata = manifest.get("metadata")
     name = metadata.get("name") if isinstance(metadata, Mapping) else None
     label = f"{kind}/{name or '<unnamed>'}"
-    keys, source = _CONFIG_LISTS[kind]
-    entries: object = manifest
-    for depth, key in enumerate(keys):
-        if entries is None:
-            return []
-        if not isinstance(entries, Mapping):
-            path = ".".join(keys[:depth])
-            return [ConfigCheck(file, label, path, "ERROR", "expected an object")]
-        entries = entries.get(key)
-    if entries is None:
-        return []
-    if not isinstance(entries, list):
-        message = "expected a list of config entries"
-        return [ConfigCheck(file, label, ".".join(keys), "ERROR", message)]
-    checks = []
-    for index, entry in enumerate(entries):
-        verdict, message = check_entry(entry, source=source, driver=driver)
-        path = f"{'.'.join(keys)}[{index}]"
-        checks.append(ConfigCheck(file, label, path, verdict, message))
-    return checks
-
-
-def check_entry(entry: object, *, source: str, driver: str) -> tuple[Verdict, str]:
-    """Verdict and message for one ``config`` entry, as the kubelet plugin would judge it.
-
-    The entry goes through `resolve_configs`, the plugin's own code path, with no devices: every
-    entry for `driver` is decoded and validated whether or not it would be used. Its problems
-    come back labelled ``config[0] (FromClaim)``; the caller names the entry by its path instead.
-    """
-    if not isinstance(entry, Mapping):
-        return "ERROR", "expected an object with opaque.driver and opaque.parameters"
-    opaque = entry.get("opaque")
-    if not isinstance(opaque, Mapping):
-        return "ERROR", NOT_OPAQUE
-    entry_driver = opaque.get("driver")
-    if entry_driver != driver:
-        return "SKIP", f"driver {entry_driver} is not {driver}"
-    try:
-        resolve_configs([{**entry, "source": source}], [], driver=driver, claim="")
-    except ConfigError as error:
-        problems = (
-            ConfigProblem(problem.reason, field=problem.field) for problem in error.problems
-        )
-        return "ERROR", "; ".join(str(problem) for problem in problems)
-    return "OK", ""
+    return [
+        ConfigCheck(file, label, check.path, check.verdict, check.message)
+        for check in check_config_list(kind, manifest, driver=driver)
+    ]
 
 
 COMMAND: Final = Subcommand(

@@ -4,10 +4,13 @@ Order matters: discover the GPUs (`discover`: a node-wide NVML failure, or GPUs 
 be read, stop the plugin with exit status 1; a GPU that cannot be read is left out, logged at ERROR
 with its NVML return code and exported as ``gpu_dra_gpu_discovery_errors``; see
 docs/real-nodes.md, "NVML errors"), refuse a node whose GPUs NVIDIA's device plugin or another DRA
-driver already serves (`guard_node`, kubelet-plugin/guard.py), recover from the
-checkpoint (roll back half-done prepares, remove orphaned CDI specs), start publishing the node's
-ResourceSlices and caching the ResourceClaims, then serve the DRA socket, and only then the
-registration socket (PluginServer does both in that order). The MPS daemon manager exists before
+driver already serves (`guard_node`, kubelet-plugin/guard.py), register this instance in the data
+dir (`register_instance`: sockets of dead instances removed), recover from the checkpoint (roll
+back half-done prepares and finish half-done unprepares of dead instances, remove orphaned CDI
+specs), start publishing the node's
+ResourceSlices (while this is the newest ready instance) and caching the ResourceClaims, then
+serve the DRA socket, and only then the registration socket (PluginServer does both in that
+order). The MPS daemon manager exists before
 recovery, which adopts the daemons of prepared claims and stops those of interrupted prepares; the
 time slicer (nvidia-smi on real GPUs, a recorded fake on simulated nodes) exists before recovery
 too, which resets the time-slice intervals of interrupted prepares. With dynamic MIG, recovery also
@@ -24,6 +27,7 @@ the DRA socket.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import os
@@ -70,8 +74,13 @@ from gpu_dra.kubelet_plugin.guard import (
     guard,
 )
 from gpu_dra.kubelet_plugin.health import HealthServer, PluginHealth
+from gpu_dra.kubelet_plugin.instances import InstanceRegistry, PluginInstance
 from gpu_dra.kubelet_plugin.kubeapi import KubernetesClaimReader, KubernetesPodApi
-from gpu_dra.kubelet_plugin.metrics import DiscoveryMetrics, MpsCollector, PluginMetrics
+from gpu_dra.kubelet_plugin.metrics import (
+    DiscoveryMetrics,
+    PluginMetrics,
+    register_checkpoint_collectors,
+)
 from gpu_dra.kubelet_plugin.mig import (
     SIMULATED_STATE_FILE,
     DynamicMig,
@@ -90,8 +99,15 @@ from gpu_dra.kubelet_plugin.mps import (
     TmpfsShmMounter,
 )
 from gpu_dra.kubelet_plugin.node_devices import NodeInventory
+from gpu_dra.kubelet_plugin.node_locks import NodeLocks
 from gpu_dra.kubelet_plugin.prepare import NodeClaimPreparer
-from gpu_dra.kubelet_plugin.server import PluginServer
+from gpu_dra.kubelet_plugin.publishing import PublisherTurn
+from gpu_dra.kubelet_plugin.server import (
+    MAX_SOCKET_PATH_BYTES,
+    PluginServer,
+    remove_stale_sockets,
+    socket_paths,
+)
 from gpu_dra.kubelet_plugin.settings import KubeletPluginSettings
 from gpu_dra.kubelet_plugin.slices.kubeapi import KubernetesSliceApi
 from gpu_dra.kubelet_plugin.slices.metrics import SliceMetrics
@@ -112,17 +128,27 @@ class StartupError(Exception):
 
 
 def _nvml(settings: KubeletPluginSettings) -> tuple[NvmlLibrary, PciTopology]:
+    """Real NVML, or the simulated profile (`_nvml_and_state`)."""
+    nvml, pci, _ = _nvml_and_state(settings)
+    return nvml, pci
+
+
+def _nvml_and_state(
+    settings: KubeletPluginSettings,
+) -> tuple[NvmlLibrary, PciTopology, SimulatedMigStateFile | None]:
     """Real NVML, or the simulated profile, whose MIG state lives in
-    ``<data-dir>/simulated-nvml.json`` (loaded now, rewritten on every change) so that simulated
-    MIG instances outlive the process as real ones do."""
+    ``<data-dir>/simulated-nvml.json`` (loaded now, rewritten on every change, shared with
+    another instance on the node) so that simulated MIG instances outlive the process as real
+    ones do; that file is returned too."""
     if settings.simulate:
         settings.state_dir.mkdir(parents=True, exist_ok=True, mode=0o750)
         state = SimulatedMigStateFile(settings.state_dir / SIMULATED_STATE_FILE, settings.simulate)
         host = SimulatedHost.load(
             settings.simulate, settings.node_name, saved_mig=state.load(), on_mig_change=state.save
         )
-        return host.nvml, host.pci
-    return RealNvml(settings.driver_root), SysfsPciTopology()
+        state.attach(host.nvml)
+        return host.nvml, host.pci, state
+    return RealNvml(settings.driver_root), SysfsPciTopology(), None
 
 
 def discover(
@@ -160,14 +186,25 @@ def discover(
 
 
 def _dynamic_mig(
-    settings: KubeletPluginSettings, nvml: NvmlLibrary, inventory: NodeInventory
+    settings: KubeletPluginSettings,
+    nvml: NvmlLibrary,
+    inventory: NodeInventory,
+    locks: NodeLocks | None = None,
+    simulated: SimulatedMigStateFile | None = None,
 ) -> DynamicMig | None:
-    """The MIG lifecycle of the partitionable GPUs (dynamic MIG only), with the test-only crash
-    point of ``GPU_DRA_TEST_CRASH_AT`` on simulated nodes."""
+    """The MIG lifecycle of the partitionable GPUs (dynamic MIG only) under the node-wide GPU
+    locks, with the test-only crash point of ``GPU_DRA_TEST_CRASH_AT`` on simulated nodes (whose
+    GPU state is refreshed from the shared file before each use)."""
     if not settings.dynamic_mig_enabled:
         return None
     crash_point = crash_point_from_env(os.environ, simulated=settings.simulate is not None)
-    return DynamicMig(MigLifecycle(nvml, crash_point=crash_point), inventory.partitionable_gpus())
+    lifecycle = MigLifecycle(
+        nvml,
+        crash_point=crash_point,
+        locks=locks,
+        refresh=None if simulated is None else simulated.refresh,
+    )
+    return DynamicMig(lifecycle, inventory.partitionable_gpus())
 
 
 def nvml_driver_version(nvml: NvmlLibrary) -> str:
@@ -391,14 +428,17 @@ async def run(settings: KubeletPluginSettings) -> None:
 
 def guard_node(settings: KubeletPluginSettings, api: GuardApi) -> None:
     """Refuse (`StartupError`, after an Event on the Node) a node whose GPUs NVIDIA's device
-    plugin or another DRA driver of this name already serves; a check that cannot be made
-    refuses too."""
+    plugin or another DRA driver of this name already serves (another running gpu-dra instance
+    of this data dir is a rolling update, not a conflict); a check that cannot be made refuses
+    too."""
+    live = InstanceRegistry(settings.state_dir).live()
     check = NodeCheck(
         node_name=settings.node_name,
         driver_name=settings.driver_name,
         plugins_dir=settings.kubelet_plugins_dir,
         registry_dir=settings.kubelet_registry_dir,
         device_plugins_dir=settings.device_plugins_dir,
+        gpu_dra_sockets=frozenset(Path(path) for info in live for path in info.sockets),
     )
     try:
         guard(
@@ -422,31 +462,39 @@ async def _guarded_api_client(settings: KubeletPluginSettings) -> ApiClient:
     return api_client
 
 
-async def _publish(
-    settings: KubeletPluginSettings,
-    api_client: ApiClient,
-    registry: CollectorRegistry,
-    inventory: NodeInventory,
-) -> tuple[SlicePublisher, asyncio.Task[None], slices.SliceLayout]:
-    """The slice publisher, publishing the node's pool in the layout the apiserver takes (read
-    only when there are counter sets); its running task; the layout."""
-    publisher = SlicePublisher(
-        KubernetesSliceApi(api_client),
-        driver=settings.driver_name,
-        node_name=settings.node_name,
-        metrics=SliceMetrics(registry),
+def register_instance(settings: KubeletPluginSettings) -> PluginInstance:
+    """This process as a plugin instance of the data dir, after forgetting dead instances and
+    removing their sockets (and any other socket of this driver nobody serves)."""
+    registry = InstanceRegistry(settings.state_dir)
+    dead = registry.remove_dead()
+    instance_id = settings.instance_id or None
+    sockets = socket_paths(
+        settings.driver_name,
+        settings.kubelet_plugins_dir,
+        settings.kubelet_registry_dir,
+        instance_id,
     )
-    layout = slices.SliceLayout.SPLIT
-    if inventory.counter_sets():
-        layout = await asyncio.to_thread(
-            slice_layout, settings, functools.partial(read_server_version, api_client)
-        )
-    publisher.set_desired(inventory.desired_pool(settings.driver_name, settings.node_name, layout))
-    return publisher, asyncio.create_task(publisher.run(), name="publisher"), layout
+    for path in sockets:
+        if len(os.fsencode(path)) > MAX_SOCKET_PATH_BYTES:
+            raise StartupError(
+                f"socket path {path} is longer than {MAX_SOCKET_PATH_BYTES} bytes: use a "
+                "shorter --kubelet-plugins-dir (or --instance-id)"
+            )
+    instance = registry.register(settings.instance_id, sockets)
+    live = {Path(path) for info in registry.live() for path in info.sockets}
+    candidates = {Path(path) for info in dead for path in info.sockets}
+    socket_dir = settings.kubelet_plugins_dir.absolute() / settings.driver_name
+    registry_dir = settings.kubelet_registry_dir.absolute()
+    with contextlib.suppress(OSError):
+        candidates.update(socket_dir.glob("dra*.sock"))
+    with contextlib.suppress(OSError):
+        candidates.update(registry_dir.glob(f"{settings.driver_name}-*reg.sock"))
+    remove_stale_sockets(candidates, keep=live)
+    return instance
 
 
 async def serve(settings: KubeletPluginSettings, health: PluginHealth) -> None:
-    nvml, pci = _nvml(settings)
+    nvml, pci, simulated_mig = _nvml_and_state(settings)
     registry = CollectorRegistry()
     discovery_metrics = DiscoveryMetrics(registry, settings.node_name)
     devices = await asyncio.to_thread(discover, settings, nvml, pci, discovery_metrics)
@@ -454,6 +502,58 @@ async def serve(settings: KubeletPluginSettings, health: PluginHealth) -> None:
     # Discovery only reads; nothing is written (checkpoint, CDI specs, MIG) before the guard.
     api_client = await _guarded_api_client(settings)
     settings.state_dir.mkdir(parents=True, exist_ok=True, mode=0o750)
+    instance = await asyncio.to_thread(register_instance, settings)
+    try:
+        await _serve_instance(
+            settings, health=health, instance=instance, api_client=api_client, nvml=nvml,
+            devices=devices, inventory=inventory, registry=registry, simulated_mig=simulated_mig,
+        )  # fmt: skip
+    finally:
+        instance.close()
+
+
+async def _publisher_turn(
+    settings: KubeletPluginSettings,
+    api_client: ApiClient,
+    inventory: NodeInventory,
+    registry: CollectorRegistry,
+    instance: PluginInstance,
+) -> tuple[PublisherTurn, slices.SliceLayout]:
+    """Publishing of the node's pool (in the layout the apiserver takes, read only when there
+    are counter sets), while this instance is the newest ready one; the layout."""
+    slice_metrics = SliceMetrics(registry)
+    layout = slices.SliceLayout.SPLIT
+    if inventory.counter_sets():
+        layout = await asyncio.to_thread(
+            slice_layout, settings, functools.partial(read_server_version, api_client)
+        )
+    pool = inventory.desired_pool(settings.driver_name, settings.node_name, layout)
+
+    def new_publisher() -> SlicePublisher:
+        return SlicePublisher(
+            KubernetesSliceApi(api_client),
+            driver=settings.driver_name,
+            node_name=settings.node_name,
+            metrics=slice_metrics,
+        )
+
+    turn = PublisherTurn(new_publisher, instance.newest_ready)
+    turn.set_desired(pool)
+    return turn, layout
+
+
+async def _serve_instance(
+    settings: KubeletPluginSettings,
+    *,
+    health: PluginHealth,
+    instance: PluginInstance,
+    api_client: ApiClient,
+    nvml: NvmlLibrary,
+    devices: NodeDevices,
+    inventory: NodeInventory,
+    registry: CollectorRegistry,
+    simulated_mig: SimulatedMigStateFile | None,
+) -> None:
     checkpoint = Checkpoint(settings.state_dir)
     loaded = await asyncio.to_thread(checkpoint.load)
     if loaded.discarded_boot_id:
@@ -478,17 +578,24 @@ async def serve(settings: KubeletPluginSettings, health: PluginHealth) -> None:
         mps=mps,
         time_slicer=_time_slicer(settings, devices),
         mps_share_max_percent=settings.mps_share_max_percent,
-        dynamic_mig=_dynamic_mig(settings, nvml, inventory),
+        dynamic_mig=_dynamic_mig(settings, nvml, inventory, instance.locks, simulated_mig),
         common_edits=None if common_edits is None else common_edits.current,
+        instance=instance,
     )
-    await preparer.recover()
+    try:
+        await preparer.recover()
+    except TimeoutError as error:  # another instance's calls never finished
+        raise StartupError(f"start-up recovery: {error}") from error
+    await asyncio.to_thread(instance.mark_ready)
     health.mark_recovered()
 
-    registry.register(MpsCollector(settings.node_name, checkpoint.all))
+    register_checkpoint_collectors(registry, settings.node_name, checkpoint.all)
     if settings.metrics_port:
         start_http_server(settings.metrics_port, registry=registry)
         log.info("metrics on :%d/metrics", settings.metrics_port)
-    publisher, publishing, layout = await _publish(settings, api_client, registry, inventory)
+    # The newest ready instance publishes: two versions never write the pool in turn.
+    publisher, layout = await _publisher_turn(settings, api_client, inventory, registry, instance)
+    publishing = asyncio.create_task(publisher.run(), name="publisher-turn")
     device_health = start_health(
         settings,
         nvml,
@@ -512,6 +619,7 @@ async def serve(settings: KubeletPluginSettings, health: PluginHealth) -> None:
         call_timeout_s=settings.call_timeout_s,
         on_registered=registered,
         extra_services=health_services(device_health),
+        instance_id=settings.instance_id or None,
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -2,22 +2,32 @@
 
 A reader sees either the old or the new content, never a mix: the data goes to a temporary
 file in the same directory, is fsynced, renamed over the target, and the directory is
-fsynced so that the rename itself survives a power loss. Temporary files start with ``.``
-and end with ``.tmp``, which CDI spec scanners (``*.yaml``/``*.json``) ignore.
+fsynced so that the rename itself survives a power loss. Temporary files are named
+``.<target>.<random>.tmp``, which CDI spec scanners (``*.yaml``/``*.json``) ignore; a writer
+that dies before its rename leaves one, which `remove_temporaries` removes at start-up.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import Final
+
+log = logging.getLogger(__name__)
+
+TEMPORARY_SUFFIX: Final = ".tmp"
 
 
 def write_atomically(path: Path, data: bytes, *, mode: int = 0o600) -> None:
     """Replace ``path`` with ``data``; on any failure the old file is left untouched."""
     directory = path.parent
-    fd, temporary = tempfile.mkstemp(dir=directory, prefix=f".{path.name}.", suffix=".tmp")
+    fd, temporary = tempfile.mkstemp(
+        dir=directory, prefix=f".{path.name}.", suffix=TEMPORARY_SUFFIX
+    )
     try:
         with os.fdopen(fd, "wb") as handle:
             os.fchmod(handle.fileno(), mode)
@@ -48,3 +58,37 @@ def fsync_directory(directory: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def temporary_target(name: str) -> str | None:
+    """The file name whose `write_atomically` made the temporary file ``name``; None when
+    ``name`` is not such a temporary file."""
+    if not (name.startswith(".") and name.endswith(TEMPORARY_SUFFIX)):
+        return None
+    target, dot, random = name[1 : -len(TEMPORARY_SUFFIX)].rpartition(".")
+    return target if dot and target and random else None
+
+
+def remove_temporaries(
+    directory: Path, accept: Callable[[str], bool] = lambda _: True
+) -> list[str]:
+    """Remove the temporary files that writers which died before their rename left in
+    ``directory`` (not below it), those whose target name ``accept`` takes; returns their names.
+    A write under way there fails at its rename: call it at start-up, before this process
+    writes into ``directory``."""
+    try:
+        entries = list(os.scandir(directory))
+    except FileNotFoundError:
+        return []
+    removed = []
+    for entry in entries:
+        target = temporary_target(entry.name)
+        if target is None or not accept(target) or not entry.is_file(follow_symlinks=False):
+            continue
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(entry.path)
+            removed.append(entry.name)
+            log.info("removed temporary file of an interrupted write path=%s", entry.path)
+    if removed:
+        fsync_directory(directory)
+    return sorted(removed)

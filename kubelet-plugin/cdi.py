@@ -34,7 +34,11 @@ from gpu_dra.driver.naming import (
     qualified_cdi_device,
     validate_claim_uid,
 )
-from gpu_dra.kubelet_plugin.atomic_file import remove_durably, write_atomically
+from gpu_dra.kubelet_plugin.atomic_file import (
+    remove_durably,
+    remove_temporaries,
+    write_atomically,
+)
 
 log = logging.getLogger(__name__)
 
@@ -306,6 +310,18 @@ class ClaimSpecStore:
         if removed:
             log.info("cdi spec removed claim_uid=%s path=%s", claim_uid, path)
         return removed
+
+    def remove_temporaries(self) -> list[str]:
+        """Remove the temporary files of spec writes that died before their rename (only this
+        driver's spec names); returns their names. At start-up, before any write."""
+        return remove_temporaries(self.cdi_root, self._is_spec_name)
+
+    def _is_spec_name(self, name: str) -> bool:
+        try:
+            parse_cdi_spec_file_name(name, self.driver_name)
+        except InvalidNameError:
+            return False
+        return True
 
     def claim_uids(self) -> list[str]:
         """UIDs of the claims that have a spec file of this driver (for orphan cleanup)."""

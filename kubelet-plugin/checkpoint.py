@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final, NoReturn, TypeAlias
 
-from gpu_dra.kubelet_plugin.atomic_file import write_atomically
+from gpu_dra.kubelet_plugin.atomic_file import remove_temporaries, write_atomically
 from gpu_dra.kubelet_plugin.checkpoint_format import (
     SCHEMA_VERSION,
     CheckpointCorruptError,
@@ -165,14 +165,18 @@ class Checkpoint:
         """Open the checkpoint for this boot; call once before the other methods.
 
         A checkpoint from an earlier boot is replaced by an empty one and reported in the
-        result. Raises :class:`CheckpointCorruptError` or :class:`CheckpointVersionError`
-        for a file it cannot trust.
+        result. Temporary files of interrupted writes of the checkpoint are removed (under the
+        lock, which every checkpoint writer holds); those of the data dir's other files are not,
+        as another plugin instance may be writing them (the preparer's recovery removes them
+        while no instance works). Raises :class:`CheckpointCorruptError` or
+        :class:`CheckpointVersionError` for a file it cannot trust.
         """
         boot_id = self._read_boot_id()
         if not boot_id:
             raise CheckpointError("node boot ID is empty; cannot tell whether the node rebooted")
         self.data_dir.mkdir(mode=0o750, parents=True, exist_ok=True)
         with self._locked():
+            remove_temporaries(self.data_dir, lambda target: target == CHECKPOINT_FILE)
             self._forget()  # the first read of this boot is a full one
             document = self._read()
             if document.boot_id is not None and document.boot_id != boot_id:

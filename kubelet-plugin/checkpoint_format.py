@@ -1,9 +1,11 @@
 """The checkpoint file's schema: claim entries, and their JSON form (parse, format, encode).
 
-Version 1; readers ignore and writers keep fields they do not know; anything but an added
-optional field bumps the version, and a newer version is refused, never guessed at. A file that
-does not parse raises `CheckpointCorruptError` (it records claims still to be unprepared). The
-format and its rules: docs/architecture.md, "The checkpoint".
+Version 2 (adds phase ``UnprepareStarted`` to version 1); every version up to it is read. A
+writer labels the file with the oldest version that holds its entries, so a plugin of version 1
+reads it unless an unprepare is under way. Readers ignore and writers keep fields they do not
+know; anything but an added optional field bumps the version, and a newer version is refused,
+never guessed at. A file that does not parse raises `CheckpointCorruptError` (it records claims
+still to be unprepared). The format and its rules: docs/architecture.md, "The checkpoint".
 """
 
 from __future__ import annotations
@@ -16,18 +18,33 @@ from typing import Any, Final, TypeAlias
 
 from gpu_dra.kubelet_plugin.prepare_protocol import ClaimRef, PreparedDevice
 
-SCHEMA_VERSION: Final = 1
+SCHEMA_VERSION: Final = 2
+"""The newest schema version this plugin reads and writes."""
 
 JsonValue: TypeAlias = str | int | float | bool | list["JsonValue"] | dict[str, "JsonValue"] | None
 JsonObject: TypeAlias = dict[str, JsonValue]
 
 _KNOWN_TOP_LEVEL: Final = frozenset({"version", "nodeBootID", "claims"})
-_KNOWN_CLAIM: Final = frozenset({"namespace", "name", "phase", "devices", "state"})
+_KNOWN_CLAIM: Final = frozenset({"namespace", "name", "phase", "devices", "state", "owner"})
 
 
 class ClaimPhase(StrEnum):
+    """Where a claim's prepare or unprepare stands (docs/architecture.md, "Claim states")."""
+
     PREPARE_STARTED = "PrepareStarted"
+    """Written before any change of a prepare; undone on sight (rollback)."""
     PREPARE_COMPLETED = "PrepareCompleted"
+    """Prepared: the devices were handed to the kubelet."""
+    UNPREPARE_STARTED = "UnprepareStarted"
+    """Written before an unprepare tears anything down; finished on sight. Schema version 2."""
+
+
+_PHASE_VERSION: Final = {
+    ClaimPhase.PREPARE_STARTED: 1,
+    ClaimPhase.PREPARE_COMPLETED: 1,
+    ClaimPhase.UNPREPARE_STARTED: 2,
+}
+"""The schema version that introduced each phase."""
 
 
 @dataclass(frozen=True)
@@ -38,6 +55,9 @@ class CheckpointEntry:
     phase: ClaimPhase
     devices: tuple[PreparedDevice, ...] = ()
     state: Mapping[str, JsonValue] = field(default_factory=dict)
+    owner: str | None = None
+    """Token of the plugin instance that wrote the entry (`instances`); None: written before
+    plugins had tokens."""
     unknown_fields: Mapping[str, JsonValue] = field(default_factory=dict, compare=False)
     """Fields from a newer writer, kept so that rewriting this entry does not lose them."""
 
@@ -83,13 +103,19 @@ def encode_document(document: Document, boot_id: str) -> str:
     """The file's text (without the final newline), as `boot_id` writes it; `ValueError` for a
     value that is not JSON."""
     payload: JsonObject = dict(document.unknown_fields)
-    payload["version"] = SCHEMA_VERSION
+    payload["version"] = schema_version(document)
     payload["nodeBootID"] = boot_id
     payload["claims"] = {uid: _format_entry(e) for uid, e in document.entries.items()}
     try:
         return _encode(payload)
     except (TypeError, ValueError) as err:
         raise ValueError(f"checkpoint entry holds a value that is not JSON: {err}") from err
+
+
+def schema_version(document: Document) -> int:
+    """The oldest schema version that holds ``document``: 2 while an entry is
+    ``UnprepareStarted``, else 1, which a plugin of schema 1 reads (downgrades)."""
+    return max((_PHASE_VERSION[e.phase] for e in document.entries.values()), default=1)
 
 
 def as_read_back(entry: CheckpointEntry) -> CheckpointEntry:
@@ -121,7 +147,8 @@ def parse_document(parsed: object) -> Document:
     if version > SCHEMA_VERSION:
         raise CheckpointVersionError(
             f"schema version {version} was written by a newer driver; this driver reads up to "
-            f"version {SCHEMA_VERSION}. Downgrading over prepared claims is not supported"
+            f"version {SCHEMA_VERSION}. Run the newer driver until the claims it recorded in a "
+            'newer form are unprepared (docs/architecture.md, "The checkpoint")'
         )
     boot_id = parsed.get("nodeBootID")
     if boot_id is not None and not isinstance(boot_id, str):
@@ -130,6 +157,12 @@ def parse_document(parsed: object) -> Document:
     if not isinstance(claims, dict):
         raise SchemaError("'claims' is not a JSON object")
     entries = {uid: _parse_entry(uid, raw) for uid, raw in claims.items()}
+    for uid, entry in entries.items():
+        if _PHASE_VERSION[entry.phase] > version:
+            raise SchemaError(
+                f"claims[{uid!r}].phase {entry.phase.value!r} does not exist in schema version "
+                f"{version}"
+            )
     unknown = {k: v for k, v in parsed.items() if k not in _KNOWN_TOP_LEVEL}
     return Document(boot_id or None, entries, unknown)
 
@@ -151,6 +184,9 @@ def _parse_entry(uid: str, raw: object) -> CheckpointEntry:
     state = raw.get("state", {})
     if not isinstance(state, dict):
         raise SchemaError(f"{where}.state is not a JSON object")
+    owner = raw.get("owner")
+    if owner is not None and not isinstance(owner, str):
+        raise SchemaError(f"{where}.owner must be a string, got {owner!r}")
     return CheckpointEntry(
         claim=ClaimRef(
             namespace=_string(raw, "namespace", where), uid=uid, name=_string(raw, "name", where)
@@ -160,6 +196,7 @@ def _parse_entry(uid: str, raw: object) -> CheckpointEntry:
             _parse_device(device, f"{where}.devices[{i}]") for i, device in enumerate(devices_raw)
         ),
         state=state,
+        owner=owner,
         unknown_fields={k: v for k, v in raw.items() if k not in _KNOWN_CLAIM},
     )
 
@@ -204,6 +241,8 @@ def _format_entry(entry: CheckpointEntry) -> JsonObject:
             "state": dict(entry.state),
         }
     )
+    if entry.owner is not None:
+        formatted["owner"] = entry.owner
     return formatted
 
 

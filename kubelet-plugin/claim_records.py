@@ -2,15 +2,18 @@
 a claim's record.
 
 Prepare, rollback, unprepare and recovery change records only through `update` (the phase
-changes are the mutations below); the tiers and the rest of the plugin only read. An update
-returns once it is on disk, and updates of claims prepared at the same time share writes. The
-caller holds the claim's lock, so updates of one claim never race. See docs/architecture.md,
-"Prepare and unprepare".
+changes are the mutations below: `started`, `completed`, `unprepare_started`, `removed`); the
+tiers and the rest of the plugin only read. An update returns once it is on disk, and updates of
+claims prepared at the same time share writes. The caller holds the claim's lock, so updates of
+one claim never race. Every entry written names this plugin instance (`owner`), whatever its
+phase: recovery leaves the `PrepareStarted` and `UnprepareStarted` entries of instances that
+still run to them. See docs/architecture.md, "Prepare and unprepare".
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 
 from gpu_dra.kubelet_plugin.checkpoint import (
     Checkpoint,
@@ -26,8 +29,11 @@ class ClaimRecords:
     """The checkpoint's claim entries: reads, and `update`. Blocking (file I/O, fsync, the
     checkpoint's lock): call it from a worker thread."""
 
-    def __init__(self, checkpoint: Checkpoint) -> None:
+    def __init__(self, checkpoint: Checkpoint, *, owner: str | None = None) -> None:
+        """``owner``: the token of this plugin instance (`instances.PluginInstance`), written
+        into every entry; None writes none."""
         self._checkpoint = checkpoint
+        self.owner = owner
 
     def get(self, claim_uid: str) -> CheckpointEntry | None:
         return self._checkpoint.get(claim_uid)
@@ -42,14 +48,28 @@ class ClaimRecords:
     def update(self, claim_uid: str, mutate: Mutation) -> CheckpointEntry | None:
         """The only change of a claim's record: ``mutate`` gets its entry (None: none) and
         returns the one to keep (None: remove it); returns that once it is on disk. ``mutate``
-        runs under the checkpoint's lock: quick, and no checkpoint calls."""
-        return self._checkpoint.update(claim_uid, mutate)
+        runs under the checkpoint's lock: quick, and no checkpoint calls. The entry kept names
+        this instance as its owner."""
+        owner = self.owner
+        if owner is None:
+            return self._checkpoint.update(claim_uid, mutate)
+
+        def owned(entry: CheckpointEntry | None) -> CheckpointEntry | None:
+            kept = mutate(entry)
+            return None if kept is None else replace(kept, owner=owner)
+
+        return self._checkpoint.update(claim_uid, owned)
 
 
-def started(claim: ClaimRef, state: Mapping[str, JsonValue]) -> Mutation:
+def started(
+    claim: ClaimRef, state: Mapping[str, JsonValue], devices: Sequence[PreparedDevice] = ()
+) -> Mutation:
     """The claim's entry becomes `PrepareStarted` with ``state``: what the prepare under way
-    has recorded so far (intents and what it made), enough to undo it after a crash."""
-    entry = CheckpointEntry(claim=claim, phase=ClaimPhase.PREPARE_STARTED, state=dict(state))
+    has recorded so far (intents and what it made), enough to undo it after a crash, and the
+    ``devices`` it prepares, so that other claims' checks see them while it is under way."""
+    entry = CheckpointEntry(
+        claim=claim, phase=ClaimPhase.PREPARE_STARTED, devices=tuple(devices), state=dict(state)
+    )
     return lambda _: entry
 
 
@@ -61,6 +81,15 @@ def completed(
         claim=claim, phase=ClaimPhase.PREPARE_COMPLETED, devices=tuple(devices), state=dict(state)
     )
     return lambda _: entry
+
+
+def unprepare_started(entry: CheckpointEntry | None) -> CheckpointEntry | None:
+    """The claim's entry becomes `UnprepareStarted` (devices and state kept), before anything
+    is torn down: from here on it is never taken for prepared, and a crash is finished by the
+    next prepare or unprepare of the claim or at start-up."""
+    if entry is None or entry.phase is not ClaimPhase.PREPARE_COMPLETED:
+        return entry
+    return replace(entry, phase=ClaimPhase.UNPREPARE_STARTED)
 
 
 def removed(_: CheckpointEntry | None) -> None:

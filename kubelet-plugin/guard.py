@@ -3,8 +3,9 @@
 Checked before recovery touches anything (`check_node`): NVIDIA's device plugin (the Node's
 allocatable `nvidia.com/gpu`, `nvidia.com/gpu.*` or `nvidia.com/mig-*` above 0, or a socket
 `nvidia-*.sock` in the kubelet's device-plugins directory that accepts connections), another
-process serving this driver's DRA or registration socket, and ResourceSlices of this driver for
-this node that gpu-dra did not publish. A refusal is logged, recorded as a Warning Event on the
+process serving this driver's DRA or registration socket (except the sockets of another running
+gpu-dra instance of this data dir: a rolling update), and ResourceSlices of this driver for this
+node that gpu-dra did not publish. A refusal is logged, recorded as a Warning Event on the
 Node and stops the plugin (exit status 1). `--allow-nvidia-device-plugin` turns the device
 plugin findings into warnings; the others cannot be overridden. See docs/deployment.md,
 "Start-up guard".
@@ -141,6 +142,9 @@ class NodeCheck:
     plugins_dir: Path
     registry_dir: Path
     device_plugins_dir: Path
+    gpu_dra_sockets: frozenset[Path] = frozenset()
+    """Sockets of gpu-dra instances that run on this node (`instances.InstanceRegistry.live`):
+    the old instance of a rolling update, not a conflict."""
 
 
 def check_node(api: GuardApi, check: NodeCheck) -> tuple[dict[str, Any], list[Finding]]:
@@ -167,7 +171,12 @@ def check_node(api: GuardApi, check: NodeCheck) -> tuple[dict[str, Any], list[Fi
                 "connections: NVIDIA's device plugin runs on this node",
             )
         )
-    served = driver_sockets(check.plugins_dir, check.registry_dir, check.driver_name)
+    answering = driver_sockets(check.plugins_dir, check.registry_dir, check.driver_name)
+    served = [path for path in answering if path not in check.gpu_dra_sockets]
+    for path in answering:
+        if path in check.gpu_dra_sockets:
+            log.info("another gpu-dra instance serves %s (a rolling update): starting beside it",
+                     path)  # fmt: skip
     if served:
         findings.append(
             Finding(

@@ -1,5 +1,5 @@
-"""Prometheus metrics of the kubelet plugin: its DRA calls, the GPUs discovery left out, and its
-MPS daemons and caps.
+"""Prometheus metrics of the kubelet plugin: its DRA calls, the GPUs discovery left out, its
+MPS daemons and caps, and claims whose recorded state cannot be read.
 
 Registered on a registry passed in (no process-global default), exported by `__main__` on
 `--metrics-port` together with the slice publisher's metrics.
@@ -18,8 +18,15 @@ from prometheus_client.registry import Collector
 
 from gpu_dra.driver.model import GpuProblem
 from gpu_dra.driver.shares import FULL_COMPUTE
-from gpu_dra.kubelet_plugin.checkpoint import CheckpointEntry, CheckpointError
-from gpu_dra.kubelet_plugin.mps.daemon_model import DaemonHandle, MpsError, handles_from_state
+from gpu_dra.kubelet_plugin.checkpoint import CheckpointEntry, CheckpointError, JsonValue
+from gpu_dra.kubelet_plugin.mig.claims import DYNAMIC_MIG_STATE_KEY, intents_from_state
+from gpu_dra.kubelet_plugin.mig.instances import MigError
+from gpu_dra.kubelet_plugin.mps.daemon_model import (
+    MPS_STATE_KEY,
+    DaemonHandle,
+    MpsError,
+    handles_from_state,
+)
 from gpu_dra.kubelet_plugin.mps.ids import is_shared_daemon
 from gpu_dra.kubelet_plugin.mps.process import ProcessIdentity, is_alive
 from gpu_dra.kubelet_plugin.mps.shared_daemons import SHARES_STATE_KEY, shares_from_state
@@ -175,6 +182,53 @@ class MpsCollector(Collector):
         for kind, count in running.items():
             daemons.add_metric([self._node, kind], count)
         yield from (daemons, clients, memory, threads)
+
+
+class ClaimStateCollector(Collector):
+    """``gpu_dra_claim_state_unreadable``: 1 per claim and state key (``dynamicMig``,
+    ``mpsDaemons``) that the checkpoint records in a form the plugin cannot read. The start-up
+    sweeps fail closed on them (what they may own is kept), so they need a person; read from
+    the checkpoint at every scrape, a series goes with its claim's entry."""
+
+    def __init__(self, node: str, entries: CheckpointEntries) -> None:
+        self._node = node
+        self._entries = entries
+
+    def collect(self) -> Iterator[Metric]:
+        unreadable = GaugeMetricFamily(
+            "gpu_dra_claim_state_unreadable",
+            "Claims whose recorded state (dynamic MIG devices, MPS daemons) cannot be read (1 "
+            "each, by state key); start-up leaves alone what they may own.",
+            labels=["node", "claim", "claim_uid", "state"],
+        )
+        try:
+            entries = self._entries()
+        except (OSError, CheckpointError) as error:
+            log.warning("claim state metrics: cannot read the checkpoint: %s", error)
+            entries = {}
+        for uid, entry in sorted(entries.items()):
+            claim = f"{entry.claim.namespace}/{entry.claim.name}"
+            for key, read in _READERS.items():
+                try:
+                    read(entry.state)
+                except (MigError, MpsError):
+                    unreadable.add_metric([self._node, claim, uid, key], 1)
+        yield unreadable
+
+
+def register_checkpoint_collectors(
+    registry: CollectorRegistry, node: str, entries: CheckpointEntries
+) -> None:
+    """The collectors that read the checkpoint at every scrape: `MpsCollector` and
+    `ClaimStateCollector`."""
+    registry.register(MpsCollector(node, entries))
+    registry.register(ClaimStateCollector(node, entries))
+
+
+_READERS: Mapping[str, Callable[[Mapping[str, JsonValue]], object]] = {
+    DYNAMIC_MIG_STATE_KEY: intents_from_state,
+    MPS_STATE_KEY: handles_from_state,
+}
 
 
 def _share_uuid(entry: CheckpointEntry, device_name: str) -> str:

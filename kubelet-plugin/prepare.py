@@ -1,13 +1,17 @@
 """Prepare and unprepare claims on this node: read, resolve, plan, check, commit, undo.
 
 Per claim (the claims of one call run concurrently): a claim recorded `PrepareCompleted` returns
-its devices, one left `PrepareStarted` is rolled back first. Otherwise the claim is read, its
-opaque configs resolved, and each `Tier` plans its part; under the claim's device locks the
-plans are checked against the other claims' records, `PrepareStarted` is recorded with the
-tiers' intents, the tiers apply, the CDI spec is written and `PrepareCompleted` recorded. A
-failure rolls back at once, a crash at the next prepare or in `recover()`. Unprepare works from
-the record alone. Records change only through `ClaimRecords.update`. See docs/architecture.md,
-"Prepare and unprepare".
+its devices, one left `PrepareStarted` is rolled back and one left `UnprepareStarted` unprepared
+first. Otherwise the claim is read, its opaque configs resolved, and each `Tier` plans its part;
+under the locks of the claim's GPUs the plans are checked against the other claims' records,
+`PrepareStarted` is recorded with the devices and the tiers' intents, the tiers apply, the CDI
+spec is written and `PrepareCompleted` recorded. A failure rolls back at once, a crash at the
+next prepare or in `recover()`. Unprepare works from the record alone and records
+`UnprepareStarted` before it tears anything down. Records change only through
+`ClaimRecords.update`. With a `PluginInstance` the claim and GPU locks are node-wide (two
+instances during a rolling update) and `recover()` runs while no instance prepares, leaving live
+instances' unfinished records alone. See docs/architecture.md, "Prepare and unprepare" and "Two
+instances on one node".
 """
 
 from __future__ import annotations
@@ -24,15 +28,35 @@ from typing import Any, TypeVar
 from gpu_dra.driver.config import AllocatedDevice, ConfigError, DeviceType, resolve_configs
 from gpu_dra.driver.config.errors import DomainError
 from gpu_dra.driver.model import MigDevice, MigPartition
-from gpu_dra.driver.naming import InvalidNameError, validate_claim_uid
+from gpu_dra.driver.naming import (
+    InvalidNameError,
+    MigDeviceName,
+    gpu_device_name,
+    parse_device_name,
+    validate_claim_uid,
+)
+from gpu_dra.kubelet_plugin.atomic_file import remove_temporaries
 from gpu_dra.kubelet_plugin.cdi import (
     CdiDevice,
     ClaimSpecStore,
     ContainerEdits,
     qualified_device_id,
 )
-from gpu_dra.kubelet_plugin.checkpoint import Checkpoint, CheckpointEntry, ClaimPhase, JsonValue
-from gpu_dra.kubelet_plugin.claim_records import ClaimRecords, completed, removed
+from gpu_dra.kubelet_plugin.checkpoint import (
+    CHECKPOINT_FILE,
+    Checkpoint,
+    CheckpointEntry,
+    CheckpointError,
+    ClaimPhase,
+    JsonValue,
+)
+from gpu_dra.kubelet_plugin.claim_records import (
+    ClaimRecords,
+    completed,
+    removed,
+    unprepare_started,
+)
+from gpu_dra.kubelet_plugin.instances import PluginInstance
 from gpu_dra.kubelet_plugin.kubeapi import (
     ClaimNotFoundError,
     ClaimReader,
@@ -66,6 +90,15 @@ _T = TypeVar("_T")
 _TIER_ERRORS = (MpsError, TimeSlicingError, MigError)
 """What the tiers' executors raise; each error says whether a retry can succeed."""
 
+_UNDOING = {
+    ClaimPhase.PREPARE_STARTED: "rolling back an interrupted prepare",
+    ClaimPhase.UNPREPARE_STARTED: "finishing an interrupted unprepare",
+}
+_UNFINISHED = {
+    ClaimPhase.PREPARE_STARTED: "unfinished prepare",
+    ClaimPhase.UNPREPARE_STARTED: "unfinished unprepare",
+}
+
 
 class NodeClaimPreparer:
     """`ClaimPreparer` of this node's devices: whole GPUs, MIG devices (static and made at
@@ -87,6 +120,8 @@ class NodeClaimPreparer:
         dynamic_mig: DynamicMig | None = None,
         mps_share_max_percent: int = 100,
         common_edits: Callable[[], ContainerEdits] | None = None,
+        instance: PluginInstance | None = None,
+        recovery_wait_s: float = 300.0,
     ) -> None:
         """`uncached_claims` reads the API server directly; give it when `claims` is a cache, which
         may not have seen a claim replaced under the same name yet: a claim whose UID does not
@@ -98,23 +133,30 @@ class NodeClaimPreparer:
         claims with partition devices fail. `mps_share_max_percent` is the largest MPS share
         (`mps.share_tier`). `common_edits` gives the edits every container of a claim gets (the
         driver's userspace on real nodes, `driver_userspace.CommonEdits.current`; None on
-        simulated ones), asked once per prepare before anything changes."""
+        simulated ones), asked once per prepare before anything changes. `instance` is this
+        plugin instance on the node: its token goes into the records, its node-wide locks are
+        taken beside the in-process ones, and `recover` waits up to `recovery_wait_s` for the
+        other instances' calls under way; without it, every record is this process's."""
         self._driver = driver_name
         self._pool = node_name
         self._inventory = inventory
         self._claims = claims
         self._uncached_claims = uncached_claims
-        self._records = ClaimRecords(checkpoint)
+        self._instance = instance
+        self._recovery_wait_s = recovery_wait_s
+        self._records = ClaimRecords(checkpoint, owner=None if instance is None else instance.token)
         self._cdi = cdi
+        self._data_dir = checkpoint.data_dir
         self._claims_dir = claims_dir
         self._common_edits = common_edits
         records, node = self._records, node_name
+        locks = None if instance is None else instance.locks
         shares = MpsShareTier(
-            mps, records, inventory, node_name=node, max_percent=mps_share_max_percent
+            mps, records, inventory, node_name=node, max_percent=mps_share_max_percent, locks=locks
         )
         claim_mps = ClaimMpsTier(mps, inventory, node_name=node)
         time_slicing = TimeSlicingTier(time_slicer, records, inventory, node_name=node)
-        mig = DynamicMigTier(dynamic_mig, records, inventory)
+        mig = DynamicMigTier(dynamic_mig, records, inventory, owner_alive=self._owner_alive)
         whole = WholeGpuTier()
         # The order the tiers act in on a claim: checks, then changes (time slices, MPS
         # daemons, shares, MIG devices; docs/architecture.md); undo runs in reverse.
@@ -140,26 +182,51 @@ class NodeClaimPreparer:
 
     # ---- start-up --------------------------------------------------------------------------------
     async def recover(self) -> None:
-        """Roll back half-done prepares, let the tiers adopt what prepared claims hold (MPS
-        daemons) and sweep what no record owns (MPS daemons, MIG instances), and remove CDI
-        specs and claim files nobody owns.
+        """Roll back half-done prepares and finish half-done unprepares, let the tiers adopt
+        what prepared claims hold (MPS daemons) and sweep what no record owns (MPS daemons, MIG
+        instances), and remove CDI specs, temporary files of interrupted writes (CDI specs, the
+        data dir's files) and claim files nobody owns.
 
         Run it before serving: what a prepare running beside it has made but not recorded yet
-        would be taken for a leftover."""
+        would be taken for a leftover. Other instances' calls are waited for (the node lock,
+        exclusive); their `PrepareStarted` and `UnprepareStarted` records, and what those name,
+        are left to them while they run."""
+        async with self._exclusive():
+            await self._recover()
+
+    async def _recover(self) -> None:
         entries = await asyncio.to_thread(self._records.all)
         for uid, entry in entries.items():
-            if entry.phase is ClaimPhase.PREPARE_STARTED:
-                log.info("rolling back interrupted prepare claim_uid=%s", uid)
+            if entry.phase is not ClaimPhase.PREPARE_COMPLETED:
+                if self._owner_alive(entry.owner):
+                    # Another instance runs: it finishes this at the claim's next call (which
+                    # any instance may get), not recovery behind its back.
+                    log.info(
+                        "%s left to its running instance claim_uid=%s owner=%s",
+                        _UNFINISHED[entry.phase],
+                        uid,
+                        entry.owner,
+                    )
+                    continue
+                log.info("%s claim_uid=%s", _UNDOING[entry.phase], uid)
                 try:
                     await _in_thread_to_completion(self._undo, uid)
                 except (*_TIER_ERRORS, OSError) as error:
                     # Kept in the checkpoint: the next prepare or unprepare retries.
-                    log.error("rollback of claim_uid=%s incomplete: %s", uid, error)
+                    log.error("undo of claim_uid=%s incomplete: %s", uid, error)
             else:
                 await _in_thread_to_completion(self._adopt, entry)
         remaining = await asyncio.to_thread(self._records.all)  # what the rollbacks left
         await _in_thread_to_completion(self._sweep, remaining)
-        owned = {uid for uid, e in entries.items() if e.phase is ClaimPhase.PREPARE_COMPLETED}
+        await asyncio.to_thread(self._cdi.remove_temporaries)
+        # The data dir's other files (simulated MIG state, time slices) are written by any
+        # instance: their temporaries are removed only here, while no instance works.
+        await asyncio.to_thread(remove_temporaries, self._data_dir, _not_the_checkpoint)
+        owned = {
+            uid
+            for uid, e in remaining.items()
+            if e.phase is ClaimPhase.PREPARE_COMPLETED or self._owner_alive(e.owner)
+        }
         for uid in await asyncio.to_thread(self._cdi.claim_uids):
             if uid not in owned:
                 log.info("removing orphaned CDI spec claim_uid=%s", uid)
@@ -169,6 +236,10 @@ class NodeClaimPreparer:
                 if directory.name not in owned:
                     log.info("removing orphaned claim files claim_uid=%s", directory.name)
                     await asyncio.to_thread(shutil.rmtree, directory, True)
+
+    def _owner_alive(self, owner: str | None) -> bool:
+        """Whether the instance that wrote a record still runs (never, without an instance)."""
+        return self._instance is not None and self._instance.owner_alive(owner)
 
     def _adopt(self, entry: CheckpointEntry) -> None:
         for tier in self._tiers:
@@ -183,20 +254,29 @@ class NodeClaimPreparer:
         where = f"claim {claim.namespace}/{claim.name} ({claim.uid})"
         try:
             validate_claim_uid(claim.uid)
-            async with self._claim_lock(claim.uid):
+            async with self._operation(), self._claim_lock(claim.uid):
                 devices = await self._prepare_locked(claim)
         except (PrepareError, ConfigError, InvalidNameError) as error:
             log.warning("prepare failed claim_uid=%s error=%s", claim.uid, error)
             # ConfigError messages start with the claim already: name it once, with its UID.
             detail = str(error).removeprefix(f"resource claim {claim.namespace}/{claim.name}: ")
-            return PrepareResult.failure(f"{where}: {detail}")
+            return _failure(f"{where}: {detail}", error)
         except (DomainError, OSError, ClaimReadError) as error:
             log.exception("prepare failed claim_uid=%s", claim.uid)
-            return PrepareResult.failure(f"{where}: {error} (will retry)")
+            return _failure(f"{where}: {error} (will retry)", error)
         except _TIER_ERRORS as error:
             log.exception("prepare failed claim_uid=%s", claim.uid)
             retry = " (will retry)" if error.retryable else ""
-            return PrepareResult.failure(f"{where}: {error}{retry}")
+            return _failure(f"{where}: {error}{retry}", error)
+        except CheckpointError as error:
+            log.exception("prepare failed claim_uid=%s", claim.uid)
+            return _failure(f"{where}: {error} (will retry)", error)
+        except Exception as error:
+            # A bug, or data no check foresaw: this claim fails, the others of the call do not.
+            log.exception("prepare failed unexpectedly claim_uid=%s", claim.uid)
+            return _failure(
+                f"{where}: unexpected {type(error).__name__}: {error} (will retry)", error
+            )
         log.info("prepared claim_uid=%s devices=%s", claim.uid, [d.device_name for d in devices])
         return PrepareResult.success(devices)
 
@@ -204,28 +284,49 @@ class NodeClaimPreparer:
         # One thread hop for the checkpoint lookup and, for a new claim, the claim read.
         existing, resource_claim = await asyncio.to_thread(self._lookup, claim)
         if existing is not None:
+            lost: list[str] = []
             if existing.phase is ClaimPhase.PREPARE_COMPLETED:
-                return existing.devices
-            log.info("rolling back an interrupted prepare claim_uid=%s", claim.uid)
-            await _in_thread_to_completion(self._undo, claim.uid)
-            resource_claim = await asyncio.to_thread(self._read_claim, claim)
+                lost = await asyncio.to_thread(self._missing, existing)
+                if not lost:
+                    return existing.devices
+                log.warning(
+                    "prepared claim lost %s; unpreparing and preparing it again claim_uid=%s",
+                    "; ".join(lost),
+                    claim.uid,
+                )
+            else:
+                log.info("%s claim_uid=%s", _UNDOING[existing.phase], claim.uid)
+            try:
+                async with self._locked_devices(self._lock_names(existing)):
+                    await _in_thread_to_completion(self._undo, claim.uid)
+                resource_claim = await asyncio.to_thread(self._read_claim, claim)
+                return await self._prepare_new(claim, resource_claim)
+            except Exception as error:
+                if lost:
+                    error.add_note(f"while preparing it again because {'; '.join(lost)}")
+                raise
         assert resource_claim is not None
+        return await self._prepare_new(claim, resource_claim)
+
+    async def _prepare_new(
+        self, claim: ClaimRef, resource_claim: ResourceClaim
+    ) -> tuple[PreparedDevice, ...]:
         request = self._request(claim, resource_claim)
         plans = self._plan(request)
-        async with self._locked_devices(sorted({r.device for r in request.results})):
+        async with self._locked_devices([r.device for r in request.results]):
             return await _in_thread_to_completion(self._check_and_commit, request, plans)
 
     def _request(self, claim: ClaimRef, resource_claim: ResourceClaim) -> ClaimRequest:
         """This driver's results on this node and their opaque configs (class < claim, later
         wins); config errors name the claim, the config entry and the field."""
-        results = self._our_results(resource_claim)
+        allocation = _allocated_devices(resource_claim)
+        results = self._our_results(allocation["results"])
         if not results:
             raise PrepareError(
                 f"the allocation has no device of driver {self._driver} in pool {self._pool}"
             )
-        allocation = resource_claim["status"]["allocation"]["devices"]
         configs = resolve_configs(
-            allocation.get("config", []),
+            allocation["config"],
             [
                 AllocatedDevice(
                     request=r.request, device=r.device, type=self._device_type(r.device)
@@ -234,7 +335,7 @@ class NodeClaimPreparer:
             ],
             driver=self._driver,
             claim=f"{claim.namespace}/{claim.name}",
-            spec_configs=resource_claim.get("spec", {}).get("devices", {}).get("config"),
+            spec_configs=_spec_configs(resource_claim),
         )
         return ClaimRequest(claim, tuple(results), tuple(configs.groups))
 
@@ -264,7 +365,7 @@ class NodeClaimPreparer:
         intents: dict[str, JsonValue] = {}
         for plan in plans:
             intents.update(plan.intents())
-        run = PrepareRun(claim, self._records, self._inventory, intents)
+        run = PrepareRun(claim, self._records, self._inventory, intents, self._devices(request))
         # On disk before any tier changes anything: a crash from here on is rolled back from it.
         run.record()
         try:
@@ -272,68 +373,92 @@ class NodeClaimPreparer:
                 plan.apply(run)
             for plan in plans:
                 plan.apply_to_made(run)
-            devices = self._write_spec(request, run, common)
-            self._records.update(claim.uid, completed(claim, devices, run.completed))
+            self._write_spec(request, run, common)
+            self._records.update(claim.uid, completed(claim, run.devices, run.completed))
         except BaseException:
             self._undo(claim.uid, run.state)
             raise
-        return devices
+        return run.devices
 
-    def _write_spec(
-        self, request: ClaimRequest, run: PrepareRun, common: ContainerEdits | None
-    ) -> tuple[PreparedDevice, ...]:
-        """The claim's CDI spec (a CDI device per allocated device: its own edits, then those
-        the tiers added) and claim files; the devices as the kubelet gets them."""
-        claim = request.claim
-        claim_dir = self._claims_dir / claim.uid
-        claim_dir.mkdir(parents=True, exist_ok=True)
-        claim_dir.chmod(0o755)
+    def _devices(self, request: ClaimRequest) -> tuple[PreparedDevice, ...]:
+        """The claim's devices as the kubelet gets them, one per allocated device."""
         by_device: dict[str, list[AllocatedResult]] = {}
         for result in request.results:
             by_device.setdefault(result.device, []).append(result)
-        cdi_devices = []
-        prepared = []
-        for device_name, device_results in sorted(by_device.items()):
-            edits = self._inventory.container_edits(run.device(device_name), claim_dir)
-            if device_name in run.edits:
-                edits = merged_edits(edits, run.edits[device_name])
-            cdi_devices.append(CdiDevice(device_name, edits))
-            prepared.append(
-                PreparedDevice(
-                    request_names=tuple(sorted({r.base_request for r in device_results})),
-                    pool_name=self._pool,
-                    device_name=device_name,
-                    cdi_device_ids=(qualified_device_id(claim.uid, device_name, self._driver),),
-                    share_id=device_results[0].share_id,
-                )
+        return tuple(
+            PreparedDevice(
+                request_names=tuple(sorted({r.base_request for r in device_results})),
+                pool_name=self._pool,
+                device_name=device_name,
+                cdi_device_ids=(qualified_device_id(request.claim.uid, device_name, self._driver),),
+                share_id=device_results[0].share_id,
             )
-        self._cdi.write(claim.uid, cdi_devices, common_edits=common)
-        return tuple(prepared)
+            for device_name, device_results in sorted(by_device.items())
+        )
+
+    def _write_spec(
+        self, request: ClaimRequest, run: PrepareRun, common: ContainerEdits | None
+    ) -> None:
+        """The claim's CDI spec (a CDI device per allocated device: its own edits, then those
+        the tiers added) and claim files."""
+        claim_dir = self._claims_dir / request.claim.uid
+        claim_dir.mkdir(parents=True, exist_ok=True)
+        claim_dir.chmod(0o755)
+        cdi_devices = []
+        for device in run.devices:
+            name = device.device_name
+            edits = self._inventory.container_edits(run.device(name), claim_dir)
+            if name in run.edits:
+                edits = merged_edits(edits, run.edits[name])
+            cdi_devices.append(CdiDevice(name, edits))
+        self._cdi.write(request.claim.uid, cdi_devices, common_edits=common)
+
+    def _missing(self, entry: CheckpointEntry) -> list[str]:
+        """What of the prepared claim ``entry`` is gone: its CDI spec, its claim files, what
+        the tiers made (daemons, MIG devices). Raises when a tier cannot tell."""
+        missing = []
+        if not self._cdi.path_for(entry.uid).exists():
+            missing.append("its CDI spec is gone")
+        if not (self._claims_dir / entry.uid).is_dir():
+            missing.append("its claim files are gone")
+        for tier in self._tiers:
+            missing += tier.missing(entry)
+        return missing
 
     # ---- unprepare -------------------------------------------------------------------------------
     async def _unprepare_one(self, claim: ClaimRef) -> str | None:
         try:
             validate_claim_uid(claim.uid)
-            async with self._claim_lock(claim.uid):
+            async with self._operation(), self._claim_lock(claim.uid):
                 entry = await asyncio.to_thread(self._records.get, claim.uid)
                 if entry is None:
                     return None
-                async with self._locked_devices(sorted(d.device_name for d in entry.devices)):
+                async with self._locked_devices(self._lock_names(entry)):
                     await _in_thread_to_completion(self._undo, claim.uid)
-        except (InvalidNameError, OSError, DomainError, *_TIER_ERRORS) as error:
+        except (InvalidNameError, OSError, DomainError, CheckpointError, *_TIER_ERRORS) as error:
             log.exception("unprepare failed claim_uid=%s", claim.uid)
             return f"claim {claim.namespace}/{claim.name} ({claim.uid}): {error}"
+        except Exception as error:
+            log.exception("unprepare failed unexpectedly claim_uid=%s", claim.uid)
+            return (
+                f"claim {claim.namespace}/{claim.name} ({claim.uid}): unexpected "
+                f"{type(error).__name__}: {error}"
+            )
         log.info("unprepared claim_uid=%s", claim.uid)
         return None
 
     def _undo(self, claim_uid: str, pending: Mapping[str, JsonValue] | None = None) -> None:
         """Remove everything a prepare of this claim may have left; the record last.
 
-        The tiers undo in reverse order from the record and ``pending`` (the state of the
-        prepare being rolled back, which may hold what is not recorded yet), then the CDI spec
-        and claim files go, then the devices tiers made. A tier that cannot undo raises, and the
-        record stays for the next try."""
+        A `PrepareCompleted` record becomes `UnprepareStarted` first, so that a crash or an
+        error part-way is finished later instead of being taken for a prepared claim. The tiers
+        undo in reverse order from the record and ``pending`` (the state of the prepare being
+        rolled back, which may hold what is not recorded yet), then the CDI spec and claim files
+        go, then the devices tiers made. A tier that cannot undo raises, and the record stays
+        for the next try."""
         entry = self._records.get(claim_uid)
+        if entry is not None and entry.phase is ClaimPhase.PREPARE_COMPLETED:
+            entry = self._records.update(claim_uid, unprepare_started)
         for tier in reversed(self._tiers):
             tier.undo(claim_uid, entry, pending or {})
         self._cdi.remove(claim_uid)
@@ -376,49 +501,97 @@ class NodeClaimPreparer:
         device = self._inventory.by_name(device_name)
         return "mig" if isinstance(device, MigDevice | MigPartition) else "gpu"
 
-    def _our_results(self, resource_claim: ResourceClaim) -> list[AllocatedResult]:
-        raw: list[dict[str, Any]] = resource_claim["status"]["allocation"]["devices"].get(
-            "results", []
-        )
+    def _our_results(self, raw: Sequence[Mapping[str, Any]]) -> list[AllocatedResult]:
+        """The results of this driver in this node's pool; `PrepareError` for one that is
+        malformed or names a device this node does not have."""
         results = []
-        for item in raw:
+        for index, item in enumerate(raw):
             if item.get("driver") != self._driver or item.get("pool") != self._pool:
                 continue
-            device = self._inventory.by_name(item["device"])
-            if device is None:
+            result = _allocated_result(index, item)
+            if self._inventory.by_name(result.device) is None:
                 raise PrepareError(
-                    f"allocated device {item['device']} does not exist on node {self._pool}; "
+                    f"allocated device {result.device} does not exist on node {self._pool}; "
                     "the ResourceSlice it came from is stale"
                 )
-            results.append(
-                AllocatedResult(
-                    request=item["request"],
-                    device=item["device"],
-                    admin_access=bool(item.get("adminAccess")),
-                    share_id=item.get("shareID"),
-                    consumed=item.get("consumedCapacity"),
-                )
-            )
+            results.append(result)
         return results
 
     # ---- locks -----------------------------------------------------------------------------------
-    def _claim_lock(self, uid: str) -> asyncio.Lock:
+    def _lock_names(self, entry: CheckpointEntry) -> list[str]:
+        """The devices whose locks an undo of ``entry`` takes: those it records (a
+        `PrepareStarted` entry of schema 1 records none; recovery, under the exclusive node
+        lock, rolls those back before this instance serves)."""
+        return sorted({d.device_name for d in entry.devices})
+
+    @contextlib.asynccontextmanager
+    async def _operation(self) -> AsyncIterator[None]:
+        """One claim's prepare or unprepare: the node lock, shared (recovery takes it
+        exclusive)."""
+        if self._instance is None:
+            yield
+            return
+        async with self._instance.locks.operation():
+            yield
+
+    @contextlib.asynccontextmanager
+    async def _exclusive(self) -> AsyncIterator[None]:
+        if self._instance is None:
+            yield
+            return
+        async with self._instance.locks.exclusive(self._recovery_wait_s):
+            yield
+
+    @contextlib.asynccontextmanager
+    async def _claim_lock(self, uid: str) -> AsyncIterator[None]:
         lock = self._claim_locks.get(uid)
         if lock is None:
             lock = self._claim_locks[uid] = asyncio.Lock()
-        return lock
+        async with lock:
+            if self._instance is None:
+                yield
+                return
+            async with self._instance.locks.claim(uid):
+                yield
 
     @contextlib.asynccontextmanager
-    async def _locked_devices(self, names: Sequence[str]) -> AsyncIterator[None]:
+    async def _locked_devices(self, devices: Sequence[str]) -> AsyncIterator[None]:
+        """The locks of the GPUs ``devices`` are on (a MIG device's is its parent's: a whole GPU
+        and a MIG device of it are checked one after the other), in name order; node-wide
+        too with an instance."""
+        names = sorted({_gpu_of(device) for device in devices})
         async with contextlib.AsyncExitStack() as stack:
             held = []  # strong references while held
-            for name in sorted(names):
+            for name in names:
                 lock = self._device_locks.get(name)
                 if lock is None:
                     lock = self._device_locks[name] = asyncio.Lock()
                 held.append(lock)
                 await stack.enter_async_context(lock)
+            if self._instance is not None:
+                await stack.enter_async_context(self._instance.locks.devices(names))
             yield
+
+
+def _not_the_checkpoint(target: str) -> bool:
+    """Whether temporary files of writes of ``target`` are recovery's to remove (the
+    checkpoint's own are `Checkpoint.load`'s, under the checkpoint lock)."""
+    return target != CHECKPOINT_FILE
+
+
+def _failure(message: str, error: BaseException) -> PrepareResult:
+    """The failed result with ``message``, and the context notes ``error`` carries."""
+    notes = getattr(error, "__notes__", [])
+    return PrepareResult.failure("".join([message, *(f" [{note}]" for note in notes)]))
+
+
+def _gpu_of(device: str) -> str:
+    """``gpu-<minor>`` of a GPU or MIG device name (any other name as it is)."""
+    try:
+        name = parse_device_name(device)
+    except InvalidNameError:
+        return device
+    return gpu_device_name(name.parent_minor) if isinstance(name, MigDeviceName) else device
 
 
 def merged_edits(first: ContainerEdits, second: ContainerEdits) -> ContainerEdits:
@@ -429,6 +602,60 @@ def merged_edits(first: ContainerEdits, second: ContainerEdits) -> ContainerEdit
         device_nodes=first.device_nodes + second.device_nodes,
         mounts=first.mounts + second.mounts,
         hooks=first.hooks + second.hooks,
+    )
+
+
+def _allocated_devices(resource_claim: ResourceClaim) -> dict[str, list[Mapping[str, Any]]]:
+    """``status.allocation.devices``: its ``results`` and ``config`` (lists of objects, empty
+    when absent); `PrepareError` naming what is malformed."""
+    allocation = resource_claim["status"]["allocation"]
+    devices = allocation.get("devices") if isinstance(allocation, Mapping) else None
+    where = "status.allocation.devices"
+    if not isinstance(devices, Mapping):
+        raise PrepareError(f"the claim's {where} is not an object: {devices!r:.100}")
+    found: dict[str, list[Mapping[str, Any]]] = {}
+    for key in ("results", "config"):
+        items = devices.get(key)
+        items = [] if items is None else items
+        if not isinstance(items, list) or not all(isinstance(i, Mapping) for i in items):
+            raise PrepareError(f"the claim's {where}.{key} is not a list of objects")
+        found[key] = items
+    return found
+
+
+def _spec_configs(resource_claim: ResourceClaim) -> list[Mapping[str, Any]] | None:
+    """``spec.devices.config`` (used only to name claim configs in messages), if well-formed."""
+    spec = resource_claim.get("spec")
+    devices = spec.get("devices") if isinstance(spec, Mapping) else None
+    configs = devices.get("config") if isinstance(devices, Mapping) else None
+    if isinstance(configs, list) and all(isinstance(c, Mapping) for c in configs):
+        return configs
+    return None
+
+
+def _allocated_result(index: int, item: Mapping[str, Any]) -> AllocatedResult:
+    """One of this driver's allocation results; `PrepareError` naming a malformed field."""
+
+    def field(key: str, kind: type | tuple[type, ...], *, required: bool = False) -> Any:
+        value = item.get(key)
+        if (value is None and required) or (value is not None and not isinstance(value, kind)):
+            raise PrepareError(
+                f"allocation result {index} of the claim is malformed: {key} is {value!r:.100}"
+            )
+        return value
+
+    consumed = field("consumedCapacity", Mapping)
+    if consumed is not None and not all(isinstance(v, str) for v in consumed.values()):
+        raise PrepareError(
+            f"allocation result {index} of the claim is malformed: consumedCapacity is "
+            f"{consumed!r:.100}"
+        )
+    return AllocatedResult(
+        request=field("request", str, required=True),
+        device=field("device", str, required=True),
+        admin_access=bool(field("adminAccess", bool)),
+        share_id=field("shareID", str),
+        consumed=consumed,
     )
 
 

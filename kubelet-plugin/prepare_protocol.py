@@ -15,7 +15,8 @@ Contract for implementations:
   example after a kubelet restart) and unprepare for claims that are unknown or already gone
   (those must succeed).
 * Be cancellation-safe: the servicer cancels the call when its deadline (below the kubelet's
-  45 s) expires and reports a per-claim error; the kubelet retries later.
+  45 s) expires, without waiting for it, and reports a per-claim error; the kubelet retries
+  later. Work that cannot stop at once must keep its claim serialized until it is done.
 * Expect concurrent calls: the kubelet sends one batch per pod being synced, so two calls
   may overlap (even for the same claim). Serialize per claim / device where it matters.
 * Keep the event loop free: run blocking work (NVML, file I/O with fsync, the checkpoint

@@ -4,7 +4,9 @@ Start: serve the DRAPlugin services (v1 and v1beta1) on ``<plugins_dir>/<driver>
 check that the socket accepts connections, and only then create the registration socket
 ``<registry_dir>/<driver>-reg.sock``; the kubelet connects to the DRA socket as soon as it
 sees the registration socket. Stop: remove the registration socket first (the kubelet
-deregisters the plugin on its removal), then stop the DRA service and remove its socket.
+deregisters the plugin on its removal), then stop the DRA service and remove its socket. With an
+instance id (the pod UID) the names are the instance's own (`socket_paths`), so that a new
+instance registers before the old one stops; `remove_stale_sockets` removes sockets nobody serves.
 
 Optional services on the DRA socket (the device health service) are passed as
 ``extra_services``: each is registered on the DRA server and its names are advertised in the
@@ -16,11 +18,15 @@ Signal handling is the caller's job: call :meth:`PluginServer.stop` on SIGTERM.
 from __future__ import annotations
 
 import asyncio
+import base64
+import contextlib
+import hashlib
 import logging
 import os
 import re
+import socket
 import stat
-from collections.abc import Sequence
+from collections.abc import Collection, Iterable, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Protocol
@@ -52,6 +58,78 @@ MAX_SOCKET_PATH_BYTES = 107  # sizeof(sockaddr_un.sun_path) - 1 on Linux
 
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _INSTANCE_ID = re.compile(r"^[a-zA-Z0-9]([-_.a-zA-Z0-9]*[a-zA-Z0-9])?$")
+_UID_HASH_BYTES = 8
+_DRIVER_UID_HASH_BYTES = 16
+
+
+def registration_socket_name(registry_dir: Path, driver_name: str, instance_id: str) -> str:
+    """The registration socket of one instance, named as k8s.io/dynamic-resource-allocation's
+    ``RollingUpdate`` names it: ``<driver>-<id>-reg.sock``, else (a path too long for a Unix
+    socket) ``<driver>-<base64url(sha256(id)[:8])>-reg.sock``, else
+    ``dra-<base64url(sha256(driver NUL id)[:16])>-reg.sock``."""
+    uid_hash = hashlib.sha256(instance_id.encode()).digest()[:_UID_HASH_BYTES]
+    both = hashlib.sha256(f"{driver_name}\0{instance_id}".encode()).digest()
+    candidates = (
+        f"{driver_name}-{instance_id}-reg.sock",
+        f"{driver_name}-{_b64(uid_hash)}-reg.sock",
+        f"dra-{_b64(both[:_DRIVER_UID_HASH_BYTES])}-reg.sock",
+    )
+    for name in candidates:
+        if len(os.fsencode(registry_dir / name)) <= MAX_SOCKET_PATH_BYTES:
+            return name
+    return candidates[-1]
+
+
+def _b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).decode().rstrip("=")
+
+
+def socket_paths(
+    driver_name: str, plugins_dir: Path, registry_dir: Path, instance_id: str | None
+) -> tuple[Path, Path]:
+    """The DRA and registration sockets of an instance (no id: the fixed names)."""
+    socket_dir = plugins_dir.absolute() / driver_name
+    registry = registry_dir.absolute()
+    if not instance_id:
+        return socket_dir / "dra.sock", registry / f"{driver_name}-reg.sock"
+    return (
+        socket_dir / f"dra-{instance_id}.sock",
+        registry / registration_socket_name(registry, driver_name, instance_id),
+    )
+
+
+def served(path: Path) -> bool:
+    """Whether a process accepts connections on the Unix socket ``path``."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.settimeout(1.0)
+        try:
+            probe.connect(str(path))
+        except OSError:
+            return False
+    return True
+
+
+def remove_stale_sockets(candidates: Iterable[Path], keep: Collection[Path] = ()) -> list[Path]:
+    """Remove those of ``candidates`` that are Unix sockets nobody serves (left by a plugin
+    instance that was killed), except ``keep`` (sockets of instances that run, which may not
+    listen yet); returns what was removed."""
+    removed = []
+    for path in sorted(set(candidates)):
+        if path in keep:
+            continue
+        try:
+            if not stat.S_ISSOCK(path.lstat().st_mode):
+                continue
+        except FileNotFoundError:
+            continue
+        if served(path):
+            log.info("socket of another process kept path=%s", path)
+            continue
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+            removed.append(path)
+            log.info("removed stale socket of a dead plugin instance path=%s", path)
+    return removed
 
 
 class ExtraService(Protocol):
@@ -69,8 +147,8 @@ class PluginServer:
     """Serves the DRA and registration sockets of one driver instance.
 
     ``instance_id`` (e.g. the pod UID) gives this instance its own socket names,
-    ``dra-<id>.sock`` and ``<driver>-<id>-reg.sock``, so that a new instance can register
-    before the old one stops (seamless upgrades, kubelet 1.33+).
+    ``dra-<id>.sock`` and ``<driver>-<id>-reg.sock`` (`socket_paths`), so that a new instance
+    can register before the old one stops (seamless upgrades, kubelet 1.33+).
     """
 
     def __init__(
@@ -94,12 +172,9 @@ class PluginServer:
         self.driver_name = driver_name
         self.socket_dir = plugins_dir.absolute() / driver_name
         self.registry_dir = registry_dir.absolute()
-        if instance_id is None:
-            self.dra_socket = self.socket_dir / "dra.sock"
-            self.registration_socket = self.registry_dir / f"{driver_name}-reg.sock"
-        else:
-            self.dra_socket = self.socket_dir / f"dra-{instance_id}.sock"
-            self.registration_socket = self.registry_dir / f"{driver_name}-{instance_id}-reg.sock"
+        self.dra_socket, self.registration_socket = socket_paths(
+            driver_name, plugins_dir, registry_dir, instance_id
+        )
         for path in (self.dra_socket, self.registration_socket):
             if len(os.fsencode(path)) > MAX_SOCKET_PATH_BYTES:
                 raise ValueError(f"socket path {path} is longer than {MAX_SOCKET_PATH_BYTES} bytes")

@@ -7,8 +7,10 @@ depends on:
   filled with an error), and no UID that was not requested;
 * per-claim failures, preparer exceptions and deadline overruns become per-claim errors;
   the RPC itself never fails for them (a gRPC error makes the kubelet discard everything);
-* each call gets a deadline below the kubelet's 45 s, so a hung prepare is reported as a
-  per-claim error instead of a kubelet-side timeout;
+* each call gets a deadline below the kubelet's 45 s, and the reply is sent by then: work
+  still running (a worker thread cannot be stopped) is cancelled where it waits and otherwise
+  finishes behind the reply, holding its claim's locks, so the kubelet's retry finds it done
+  or rolled back, never done twice; its claims get a per-claim error;
 * an empty request returns an empty map without calling the preparer (liveness probes).
 
 v1beta1 responses are the v1 responses without ``Device.share_id``.
@@ -67,6 +69,8 @@ class ClaimCallHandler:
         self._preparer = preparer
         self._call_timeout_s = call_timeout_s
         self._metrics = metrics or PluginMetrics(CollectorRegistry())
+        self._behind: set[asyncio.Future[object]] = set()
+        """Calls answered at their deadline whose work still runs (strong references)."""
 
     def _budget(self, client_time_remaining: float | None) -> float:
         if client_time_remaining is None:
@@ -131,27 +135,57 @@ class ClaimCallHandler:
         log.info(
             "%s start claims=%d claim_uids=%s budget_s=%.1f", operation, len(claims), uids, budget
         )
-        deadline = asyncio.timeout(budget)
+        work = asyncio.ensure_future(method(claims))
         try:
-            async with deadline:
-                outcome = await method(claims)
+            done, _ = await asyncio.wait({work}, timeout=budget)
+        except asyncio.CancelledError:  # the RPC itself is gone
+            self._leave_behind(work, operation, uids)
+            raise
+        if not done:
+            # The reply goes now; the work stops where it waits and finishes (or rolls back)
+            # behind it, holding its claims' locks until then.
+            self._leave_behind(work, operation, uids)
+            log.error("%s timed out claim_uids=%s budget_s=%.1f", operation, uids, budget)
+            message = (
+                f"{operation} did not finish within {budget:.1f}s "
+                "(driver-side deadline below the kubelet's); the kubelet will retry"
+            )
+            return {c.uid: failure(message) for c in claims}
+        try:
+            outcome = work.result()
         except Exception as err:
-            if deadline.expired():
-                log.error("%s timed out claim_uids=%s budget_s=%.1f", operation, uids, budget)
-                message = (
-                    f"{operation} did not finish within {budget:.1f}s "
-                    "(driver-side deadline below the kubelet's); the kubelet will retry"
-                )
-            else:
-                # Never let a preparer bug become a gRPC error: the kubelet would discard the
-                # whole response. Report it on every claim of the batch instead.
-                log.exception("%s raised claim_uids=%s", operation, uids)
-                message = f"{operation} failed: {type(err).__name__}: {err}"
+            # Never let a preparer bug become a gRPC error: the kubelet would discard the
+            # whole response. Report it on every claim of the batch instead.
+            log.exception("%s raised claim_uids=%s", operation, uids)
+            message = f"{operation} failed: {type(err).__name__}: {err}"
             return {c.uid: failure(message) for c in claims}
         extra = sorted(set(outcome) - {c.uid for c in claims})
         if extra:
             log.warning("%s returned unrequested claims, dropped claim_uids=%s", operation, extra)
         return outcome
+
+    def _leave_behind(self, work: asyncio.Future[Any], operation: str, uids: str) -> None:
+        """Cancel ``work`` without waiting for it: what runs in a worker thread finishes, the
+        rest stops at its next wait. Logged when it is over."""
+        started = time.perf_counter()
+
+        def over(finished: asyncio.Future[Any]) -> None:
+            self._behind.discard(finished)
+            seconds = time.perf_counter() - started
+            if not finished.cancelled() and finished.exception() is not None:
+                log.error(
+                    "%s failed after its reply claim_uids=%s after_s=%.1f: %r",
+                    operation, uids, seconds, finished.exception(),
+                )  # fmt: skip
+            else:
+                log.info(
+                    "%s work over after its reply claim_uids=%s after_s=%.1f",
+                    operation, uids, seconds,
+                )  # fmt: skip
+
+        self._behind.add(work)
+        work.add_done_callback(over)
+        work.cancel()
 
 
 def _unique_claims(claims: Sequence[ClaimRef]) -> list[ClaimRef]:

@@ -22,6 +22,7 @@ from gpu_dra.driver.shares import ShareSelection, ShareSelectionError
 from gpu_dra.driver.slices import SliceLayout
 from gpu_dra.kube.logs import LOG_LEVELS, parse_log_level
 from gpu_dra.kubelet_plugin.driver_userspace import ALL_HOOKS, DEFAULT_CDI_HOOK_PATH, HOOK_NAMES
+from gpu_dra.kubelet_plugin.instances import check_instance_id
 
 DEFAULT_MPS_CONTROL_BINARY = "nvidia-cuda-mps-control"
 DEFAULT_NVIDIA_SMI = "nvidia-smi"
@@ -126,6 +127,9 @@ class KubeletPluginSettings:
     """Directory for per-claim CDI spec files (the runtime must list it in its CDI spec dirs)."""
     data_dir: Path | None = None
     """Checkpoint and per-claim files; default `<kubelet_plugins_dir>/<driver>`."""
+    instance_id: str = ""
+    """This instance's own socket names (the pod UID), so that a new instance serves beside the
+    old one during a rolling update; empty: the fixed names `dra.sock`, `<driver>-reg.sock`."""
     kubelet_device_plugins_dir: Path | None = None
     """The kubelet's device-plugins directory, where NVIDIA's device plugin has its socket;
     default `<kubelet_plugins_dir>/../device-plugins`."""
@@ -314,6 +318,13 @@ class KubeletPluginSettings:
         )
         option("--cdi-root", "CDI spec directory", "/var/run/cdi")
         option("--data-dir", "checkpoint directory (default <plugins-dir>/<driver>)", None)
+        option(
+            "--instance-id",
+            "this instance's id (the pod UID) for its own socket names dra-<id>.sock and "
+            "<driver>-<id>-reg.sock, so that two instances can serve during a rolling update; "
+            "empty: the fixed names; also read from POD_UID",
+            environ.get("POD_UID"),
+        )
         option("--kubeconfig", "kubeconfig file (default: in-cluster service account)", None)
         option("--call-timeout", "seconds per prepare/unprepare call (< 45)", "40")
         option("--log-level", f"log level: {', '.join(LOG_LEVELS)}", "INFO")
@@ -381,6 +392,7 @@ class KubeletPluginSettings:
             kubelet_registry_dir=Path(args.kubelet_registry_dir),
             cdi_root=Path(args.cdi_root),
             data_dir=Path(args.data_dir) if args.data_dir else None,
+            instance_id=_instance_id(parser, args.instance_id or ""),
             kubeconfig=Path(args.kubeconfig) if args.kubeconfig else None,
             call_timeout_s=_call_timeout(parser, args.call_timeout),
             metrics_port=metrics_port,
@@ -418,6 +430,16 @@ def _port(parser: argparse.ArgumentParser, flag: str, text: str, *, minimum: int
         low = "any negative number (off)" if minimum is None else str(minimum)
         parser.error(f"{flag} must be between {low} and 65535, got {port}")
     return port
+
+
+def _instance_id(parser: argparse.ArgumentParser, text: str) -> str:
+    """`--instance-id`, empty or fit for file and socket names; a usage error exits."""
+    if text:
+        try:
+            check_instance_id(text)
+        except ValueError as error:
+            parser.error(f"--instance-id: {error}")
+    return text
 
 
 def _call_timeout(parser: argparse.ArgumentParser, text: str) -> float:

@@ -3,8 +3,9 @@
 A `Tier` (whole GPUs, time-slicing, per-claim MPS, MPS shares, dynamic MIG) plans its part of a
 claim (a `TierPlan`; pure, before any lock), which is checked against the other claims' records
 (under the device locks) and applied: each side effect recorded in the claim's `PrepareStarted`
-entry (`PrepareRun.record`) before the next. It undoes its part from the record alone, adopts
-what prepared claims hold at start-up, and sweeps what no record owns. `NodeClaimPreparer`
+entry (`PrepareRun.record`) before the next. It undoes its part from the record alone, says what
+of a prepared claim is gone, adopts what prepared claims hold at start-up, and sweeps what no
+record owns. `NodeClaimPreparer`
 (prepare.py) runs the tiers; adding a tier means adding a handler. See docs/architecture.md,
 "Prepare and unprepare".
 """
@@ -21,7 +22,7 @@ from gpu_dra.kubelet_plugin.cdi import ContainerEdits
 from gpu_dra.kubelet_plugin.checkpoint import CheckpointEntry, JsonValue
 from gpu_dra.kubelet_plugin.claim_records import ClaimRecords, started
 from gpu_dra.kubelet_plugin.node_devices import NodeInventory
-from gpu_dra.kubelet_plugin.prepare_protocol import ClaimRef
+from gpu_dra.kubelet_plugin.prepare_protocol import ClaimRef, PreparedDevice
 
 
 class PrepareError(Exception):
@@ -69,6 +70,8 @@ class PrepareRun:
     state: dict[str, JsonValue]
     """The claim's `PrepareStarted` state: the tiers' intents, then what they made (on disk
     after `record`; may be ahead of the disk when a record failed)."""
+    devices: tuple[PreparedDevice, ...] = ()
+    """The devices being prepared, as the kubelet gets them; in every `PrepareStarted` record."""
     completed: dict[str, JsonValue] = field(default_factory=dict)
     """The state `PrepareCompleted` records beside the devices."""
     edits: dict[str, ContainerEdits] = field(default_factory=dict)
@@ -79,7 +82,7 @@ class PrepareRun:
 
     def record(self) -> None:
         """Write ``state`` as the claim's `PrepareStarted` entry; returns once it is on disk."""
-        self.records.update(self.claim.uid, started(self.claim, self.state))
+        self.records.update(self.claim.uid, started(self.claim, self.state, self.devices))
 
     def append(self, key: str, value: JsonValue) -> None:
         """Add ``value`` to the list under ``key`` in ``state`` and ``completed``, and
@@ -144,6 +147,12 @@ class Tier(Protocol):
     def undo_devices(self, claim_uid: str, entry: CheckpointEntry | None) -> None:
         """Destroy the devices this tier made for the claim, once its CDI spec is gone."""
         return None
+
+    def missing(self, entry: CheckpointEntry) -> list[str]:
+        """What this tier made for the prepared claim ``entry`` that is gone now (a daemon that
+        died, a MIG device destroyed), one phrase each; empty when all is there. Raises when it
+        cannot tell (an NVML error is never "all there")."""
+        return []
 
     def adopt(self, entry: CheckpointEntry) -> None:
         """At start-up: take over what a prepared claim holds (from an earlier process)."""

@@ -32,6 +32,7 @@ from gpu_dra.driver.config.sharing import TIME_SLICE_VALUES
 from gpu_dra.driver.nvml.real import LIBRARY_DIRS, NVML_LIBRARY_NAME, find_nvml_library
 from gpu_dra.kubelet_plugin.atomic_file import write_atomically
 from gpu_dra.kubelet_plugin.checkpoint import JsonValue
+from gpu_dra.kubelet_plugin.node_locks import acquire_blocking
 
 log = logging.getLogger(__name__)
 
@@ -227,12 +228,18 @@ class RecordedTimeSlicer:
         if refused:
             call["result"] = "Not Supported"
         with self._lock:
-            record = self.read()
-            record["calls"] = [*record["calls"], call][-_CALLS_KEPT:]
-            if not refused:
-                record["intervals"][uuid] = interval
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            write_atomically(self.path, (json.dumps(record, indent=2) + "\n").encode(), mode=0o644)
+            # Another plugin instance on the node (a rolling update) records into the same file.
+            held = acquire_blocking(self.path.with_name(f"{self.path.name}.lock"), timeout_s=30)
+            try:
+                record = self.read()
+                record["calls"] = [*record["calls"], call][-_CALLS_KEPT:]
+                if not refused:
+                    record["intervals"][uuid] = interval
+                data = (json.dumps(record, indent=2) + "\n").encode()
+                write_atomically(self.path, data, mode=0o644)
+            finally:
+                held.release()
         if refused:
             raise TimeSlicingNotSupportedError(uuid, detail="Not Supported")
         log.info("time-slice recorded %s uuid=%s interval=%s", call["call"], uuid, interval)

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final
 
-from gpu_dra.kubelet_plugin.checkpoint import CheckpointEntry
+from gpu_dra.kubelet_plugin.checkpoint import CheckpointEntry, JsonValue
 from gpu_dra.kubelet_plugin.mps.share_tier import SharePlan
 from gpu_dra.kubelet_plugin.mps.shared_daemons import share_devices
 from gpu_dra.kubelet_plugin.tier import (
@@ -51,6 +51,10 @@ class WholeGpuPlan(TierPlan):
                     f"{other.namespace}/{other.name} ({other.uid}); refusing to hand one GPU to "
                     "two claims (unprepare that claim or delete its pod first)"
                 )
+
+    def intents(self) -> Mapping[str, JsonValue]:
+        """The adminAccess devices, so that a `PrepareStarted` record does not hold them."""
+        return {ADMIN_ACCESS_STATE: list(self.admin)} if self.admin else {}
 
     def apply(self, run: PrepareRun) -> None:
         if self.admin:

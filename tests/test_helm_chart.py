@@ -43,7 +43,8 @@ from tests.helmchart import (
 )
 
 NODE = "gpu-node-1"
-DOWNWARD = {"NODE_NAME": NODE, "POD_NAMESPACE": NAMESPACE}
+POD_UID = "4f1c2b9e-0000-4000-8000-00000000000a"
+DOWNWARD = {"NODE_NAME": NODE, "POD_NAMESPACE": NAMESPACE, "POD_UID": POD_UID}
 CONTROLLER_DOWNWARD = {"GPU_DRA_LEADER_ELECTION_IDENTITY": "gpu-dra-controller-5d8f-x2x7q"}
 PLUGIN_SA = "gpu-dra-kubelet-plugin"
 CONTROLLER_SA = "gpu-dra-controller"
@@ -168,6 +169,22 @@ def test_the_daemonset_env_parses_into_the_plugin_settings_it_means(
     # The plugin checks the daemon pods' processes in the host's PID namespace.
     assert spec["hostPID"] is True
     assert spec["serviceAccountName"] == PLUGIN_SA
+
+
+def test_each_plugin_pod_serves_its_own_sockets_so_a_rolling_update_surges(
+    host_driver: Rendered,
+) -> None:
+    daemonset = host_driver.one("DaemonSet")
+    container = host_driver.container("DaemonSet", "gpus")
+    uid = next(e for e in container["env"] if e["name"] == "POD_UID")
+
+    assert uid["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.uid"}}
+    assert plugin_settings(host_driver).instance_id == POD_UID
+    # The new pod of a node starts (and registers) before the old one stops.
+    assert daemonset["spec"]["updateStrategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1},
+    }
 
 
 def test_gpu_operator_values_reach_the_plugin(gpu_operator: Rendered) -> None:

@@ -34,7 +34,8 @@ values; a `SimulatedNvml` built with ``saved_mig`` (a snapshot) starts from it i
 profile's static MIG devices, and ``on_mig_change`` receives a new snapshot after every change
 (mode, GI or CI created or destroyed, reset), in order. The caller stores it (the kubelet plugin
 writes ``<data-dir>/simulated-nvml.json``), so MIG instances outlive the process as they outlive
-the plugin on a real GPU.
+the plugin on a real GPU; `SimulatedNvml.restore_gpu` takes in one GPU's state as another process
+(a second plugin instance) left it.
 """
 
 from __future__ import annotations
@@ -284,6 +285,12 @@ class SimulatedNvml:
             if not isinstance(state, Mapping):
                 raise MigSnapshotError(f"saved MIG state of GPU {uuid} is not an object")
             self._mig[by_uuid[uuid]].restore(state)
+
+    def restore_gpu(self, uuid: str, saved: Mapping[str, object]) -> None:
+        """Replace the MIG mode and instances of GPU `uuid` with its part of a `mig_snapshot`
+        (another process changed the GPU: the caller keeps both in step); raises
+        `MigSnapshotError` (the GPU unchanged) when it does not fit, as `saved_mig` does."""
+        self._restore({"gpus": {uuid: saved}})
 
     def mig_snapshot(self) -> MigSnapshot:
         """MIG mode and instances of every MIG-capable GPU, by UUID (JSON values)."""

@@ -283,6 +283,16 @@ def image_present(ctr: Path, socket: Path, reference: str) -> bool:
     return reference in listed
 
 
+def tag_image(ctr: Path, socket: Path, source: str, target: str) -> None:
+    """Give the image `source` (in containerd's k8s.io namespace) a second reference `target`
+    (replaced if it exists): the same content under another tag, e.g. to upgrade to."""
+    subprocess.run(
+        [str(ctr), "--address", str(socket), "--namespace", "k8s.io", "images", "tag", "--force",
+         source, target],
+        check=True, capture_output=True,
+    )  # fmt: skip
+
+
 def import_images(ctr: Path, socket: Path, archives: list[Path]) -> None:
     for archive in archives:
         subprocess.run(

@@ -4,15 +4,16 @@
 `MigIntent`s (recorded before any NVML call); `create` makes them, destroying what it made on a
 failure; `release` destroys a claim's (an intent without a GI id is found by its placement,
 unless another claim records it); `remove_unowned` destroys at start-up every instance on a
-dynamic-MIG GPU that no ``PrepareCompleted`` claim records, MIG mode off on Hopper-or-later GPUs
-left empty (a GPU whose instances cannot be read is left as it is). Ownership is by (parent
-UUID, GI profile ID, placement start). See docs/mig.md, "Dynamic MIG: lifecycle".
+dynamic-MIG GPU that no ``PrepareCompleted`` claim records (nor any entry of a plugin instance
+that still runs), MIG mode off on Hopper-or-later GPUs left empty (a GPU whose instances cannot
+be read, or that a claim with unreadable MIG state may use, is left as it is). Ownership is by
+(parent UUID, GI profile ID, placement start). See docs/mig.md, "Dynamic MIG: lifecycle".
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Final
 
@@ -20,6 +21,7 @@ from gpu_dra.driver.model import Gpu, MigDevice, MigPartition
 from gpu_dra.driver.naming import (
     GpuDeviceName,
     InvalidNameError,
+    MigDeviceName,
     mig_device_name,
     parse_device_name,
 )
@@ -205,6 +207,27 @@ class DynamicMig:
         if failures:
             raise failures[0]
 
+    def missing(self, intents: Sequence[MigIntent]) -> list[str]:
+        """The MIG devices of ``intents`` (a prepared claim's) that no longer exist, one phrase
+        each: no GPU instance at the placement with the recorded id. Raises `MigError` when a
+        GPU's instances cannot be listed."""
+        gone = []
+        listed: dict[str, set[tuple[int, int, int]]] = {}
+        for intent in intents:
+            parent = self._gpu(intent)
+            if parent.uuid not in listed:
+                listed[parent.uuid] = {
+                    (i.gi_profile_id, i.placement_start, i.gi_id)
+                    for i in self._lifecycle.instances(parent)
+                }
+            here = (intent.gi_profile_id, intent.placement_start)
+            if not any(
+                found[:2] == here and intent.gi_id in (None, found[2])
+                for found in listed[parent.uuid]
+            ):
+                gone.append(f"MIG device {intent.device} on {gpu_label(parent)} is gone")
+        return gone
+
     def conflict(
         self,
         claim_uid: str,
@@ -240,20 +263,57 @@ class DynamicMig:
                     )
         return None
 
-    def remove_unowned(self, entries: Mapping[str, CheckpointEntry]) -> None:
+    def remove_unowned(
+        self,
+        entries: Mapping[str, CheckpointEntry],
+        *,
+        owner_alive: Callable[[str | None], bool] = lambda _: False,
+    ) -> None:
         """Destroy every MIG instance of the dynamic-MIG GPUs that no ``PrepareCompleted`` entry
-        records; MIG mode off where nothing is left (Hopper and later). Errors are logged; a GPU
-        whose instances cannot be listed keeps its instances and its MIG mode."""
+        records, nor an entry whose writer still runs (``owner_alive``: another plugin instance
+        during a rolling update, whose prepare or unprepare is under way); MIG mode off where
+        nothing is left (Hopper and later). Errors are logged; a GPU whose instances cannot be
+        listed keeps its instances and its MIG mode. Fails closed: a kept entry whose MIG state
+        cannot be read may own any instance of the GPUs its devices name (of every GPU when
+        they name none), so those are left alone."""
         owned: set[tuple[str, int, int]] = set()
+        untouchable: set[str] = set()
         for uid, entry in entries.items():
-            if entry.phase is ClaimPhase.PREPARE_COMPLETED:
-                owned.update(intent.key for intent in _recorded(uid, entry))
+            if entry.phase is not ClaimPhase.PREPARE_COMPLETED and not owner_alive(entry.owner):
+                continue
+            try:
+                owned.update(intent.key for intent in intents_from_state(entry.state))
+            except MigError as error:
+                gpus = self._named_gpus(entry) or set(self._gpus)
+                untouchable.update(gpus)
+                log.error(
+                    "MIG instances of %s kept at start-up: they may be claim_uid=%s's, whose "
+                    "dynamic MIG state cannot be read (%s); unprepare or repair the claim, then "
+                    "restart the plugin to remove leftovers there",
+                    ", ".join(sorted(gpu_label(self._gpus[u]) for u in gpus)),
+                    uid,
+                    error,
+                )
         for gpu in self._gpus.values():
+            if gpu.uuid in untouchable:
+                continue
             try:
                 keep = {(profile, start) for uuid, profile, start in owned if uuid == gpu.uuid}
                 self._lifecycle.destroy_all_but(gpu, keep)
             except MigError as error:
                 log.error("leftover MIG instances of %s not removed: %s", gpu_label(gpu), error)
+
+    def _named_gpus(self, entry: CheckpointEntry) -> set[str]:
+        """UUIDs of the dynamic-MIG GPUs whose MIG devices ``entry``'s devices name."""
+        minors = set()
+        for device in entry.devices:
+            try:
+                name = parse_device_name(device.device_name)
+            except InvalidNameError:
+                continue
+            if isinstance(name, MigDeviceName):
+                minors.add(name.parent_minor)
+        return {gpu.uuid for gpu in self._gpus.values() if gpu.minor in minors}
 
     def _gpu(self, intent: MigIntent) -> Gpu:
         gpu = self._gpus.get(intent.parent_uuid)

@@ -1,10 +1,11 @@
 """A GPU's MIG state through NVML: sessions, errors, profiles, and the instances that exist.
 
 `MigState` is the reading half of `MigLifecycle`: a per-GPU lock (MIG mode goes off only when no
-create on that GPU is under way), an NVML session with the GPU's handle, and every NVML failure
-as a `MigError` naming the GPU, what was being done, the return code and what to do. An NVML
-error is never read as "no instances": when the GPU instances cannot be listed (a profile scan
-where no index answers included), listing fails. Return codes that mean "absent":
+create on that GPU is under way; node-wide with `NodeLocks`, ``mig-<UUID>``, when two plugin
+instances share the node), an NVML session with the GPU's handle, and every NVML failure as a
+`MigError` naming the GPU, what was being done, the return code and what to do. An NVML error
+is never read as "no instances": when the GPU instances cannot be listed (a profile scan where
+no index answers included), listing fails. Return codes that mean "absent":
 docs/real-nodes.md, "NVML errors".
 """
 
@@ -33,6 +34,7 @@ from gpu_dra.driver.nvml.interface import (
     return_code,
     return_code_name,
 )
+from gpu_dra.kubelet_plugin.node_locks import NodeLocks
 
 _T = TypeVar("_T")
 
@@ -74,8 +76,19 @@ class MigState:
     """Reads the MIG state of GPUs through NVML (see the module doc); `MigLifecycle` adds
     create and destroy."""
 
-    def __init__(self, nvml: NvmlLibrary) -> None:
+    def __init__(
+        self,
+        nvml: NvmlLibrary,
+        *,
+        locks: NodeLocks | None = None,
+        refresh: Callable[[str], None] | None = None,
+    ) -> None:
+        """``locks``: the node's locks, taken beside the in-process ones when other plugin
+        instances may change the same GPUs. ``refresh(uuid)`` runs under a GPU's locks before
+        each use of it (a simulated GPU's state as another instance left it)."""
         self._nvml = nvml
+        self._node_locks = locks
+        self._refresh = refresh
         self._locks: dict[str, threading.Lock] = {}
         self._locks_lock = threading.Lock()
 
@@ -170,9 +183,19 @@ class MigState:
         return found
 
     # ---- plumbing --------------------------------------------------------------------------------
-    def _gpu_lock(self, uuid: str) -> threading.Lock:
+    @contextlib.contextmanager
+    def _gpu_lock(self, uuid: str) -> Iterator[None]:
         with self._locks_lock:
-            return self._locks.setdefault(uuid, threading.Lock())
+            lock = self._locks.setdefault(uuid, threading.Lock())
+        with lock, contextlib.ExitStack() as stack:
+            if self._node_locks is not None:
+                try:
+                    stack.enter_context(self._node_locks.blocking(f"mig-{uuid}"))
+                except TimeoutError as error:
+                    raise MigError(f"GPU {uuid}: {error}", retryable=True) from error
+            if self._refresh is not None:
+                self._refresh(uuid)
+            yield
 
     @contextlib.contextmanager
     def _session(self, parent: Gpu) -> Iterator[DeviceHandle]:

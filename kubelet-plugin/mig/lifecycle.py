@@ -13,7 +13,7 @@ GPU instance is gone. Reading, locks and errors: `instances.MigState`. See docs/
 from __future__ import annotations
 
 import logging
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from typing import Final
 
 from gpu_dra.driver.discovery import DiscoveryError, describe_mig_device
@@ -44,6 +44,7 @@ from gpu_dra.kubelet_plugin.mig.instances import (
     nvml_names,
     profile_label,
 )
+from gpu_dra.kubelet_plugin.node_locks import NodeLocks
 
 log = logging.getLogger(__name__)
 
@@ -54,8 +55,15 @@ _CI_PROFILE_1_SLICE_REV1: Final = 7
 class MigLifecycle(MigState):
     """Creates and destroys MIG devices through NVML (see the module doc)."""
 
-    def __init__(self, nvml: NvmlLibrary, *, crash_point: CrashPoint | None = None) -> None:
-        super().__init__(nvml)
+    def __init__(
+        self,
+        nvml: NvmlLibrary,
+        *,
+        crash_point: CrashPoint | None = None,
+        locks: NodeLocks | None = None,
+        refresh: Callable[[str], None] | None = None,
+    ) -> None:
+        super().__init__(nvml, locks=locks, refresh=refresh)
         self._crash_point = crash_point
 
     # ---- create ----------------------------------------------------------------------------------

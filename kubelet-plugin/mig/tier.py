@@ -4,14 +4,15 @@ The claim's intents (parent, GI profile, placement) are in its first `PrepareSta
 before any NVML call; the instances are made after the other tiers' changes, their ids recorded
 at once, and the new devices stand in for the partitions in the CDI spec (`PrepareRun.made`).
 Undo destroys them once the CDI spec is gone; start-up destroys every MIG instance of a
-dynamic-MIG GPU that no prepared claim records. A whole GPU another claim has MIG devices on,
+dynamic-MIG GPU that no prepared claim, nor a prepare of another running plugin instance,
+records. A whole GPU another claim has MIG devices on,
 and the reverse, are refused. The work is `DynamicMig`'s (`claims`); see docs/mig.md, "Dynamic
 MIG: lifecycle".
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from gpu_dra.driver.model import Gpu, MigPartition
@@ -76,11 +77,20 @@ class DynamicMigTier(Tier):
     recorded MIG devices."""
 
     def __init__(
-        self, dynamic_mig: DynamicMig | None, records: ClaimRecords, inventory: NodeInventory
+        self,
+        dynamic_mig: DynamicMig | None,
+        records: ClaimRecords,
+        inventory: NodeInventory,
+        *,
+        owner_alive: Callable[[str | None], bool] = lambda _: False,
     ) -> None:
+        """``owner_alive`` tells whether the plugin instance that wrote a record still runs: the
+        start-up sweep keeps the MIG devices of its `PrepareStarted` and `UnprepareStarted`
+        claims too."""
         self._dynamic_mig = dynamic_mig
         self._records = records
         self._inventory = inventory
+        self._owner_alive = owner_alive
 
     def plan(self, request: ClaimRequest, planned: Planned) -> MigPlan:
         """One intent per partition device; nothing is made yet."""
@@ -117,6 +127,20 @@ class DynamicMigTier(Tier):
             )
         self._dynamic_mig.release(claim_uid, intents, self._records.all())
 
+    def missing(self, entry: CheckpointEntry) -> list[str]:
+        """The claim's MIG devices that are gone; raises `MigError` when they cannot be listed
+        (or this plugin runs without dynamic MIG)."""
+        intents = intents_from_state(entry.state)
+        if not intents:
+            return []
+        if self._dynamic_mig is None:
+            raise MigError(
+                f"claim {entry.uid} has MIG devices ({', '.join(i.device for i in intents)}) but "
+                "this plugin runs without dynamic MIG and cannot check them; restart it with "
+                "dynamic MIG on"
+            )
+        return self._dynamic_mig.missing(intents)
+
     def sweep(self, entries: Mapping[str, CheckpointEntry]) -> None:
         if self._dynamic_mig is not None:
-            self._dynamic_mig.remove_unowned(entries)
+            self._dynamic_mig.remove_unowned(entries, owner_alive=self._owner_alive)

@@ -23,6 +23,7 @@ from gpu_dra.kubelet_plugin.mps.ids import claim_daemon_id
 from gpu_dra.kubelet_plugin.mps.recorded_daemons import (
     adopt_daemons,
     claim_handles,
+    dead_daemons,
     remove_unrecorded,
 )
 from gpu_dra.kubelet_plugin.mps.share_tier import SharePlan
@@ -166,6 +167,9 @@ class ClaimMpsTier(Tier):
         for handle in handles:
             assert self._mps is not None
             self._mps.stop(handle)
+
+    def missing(self, entry: CheckpointEntry) -> list[str]:
+        return dead_daemons(entry, shared=False)
 
     def adopt(self, entry: CheckpointEntry) -> None:
         adopt_daemons(self._mps, entry, shared=False)

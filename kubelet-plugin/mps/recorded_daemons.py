@@ -1,5 +1,5 @@
-"""The MPS daemons claims' records name: which to stop on undo, adoption at start-up, and the
-start-up sweep of daemons no record names.
+"""The MPS daemons claims' records name: which to stop on undo, which are dead, adoption at
+start-up, and the start-up sweep of daemons no record names.
 
 Both MPS tiers record their daemons' handles in one list (checkpoint state `MPS_STATE_KEY`, in
 the order they started); each tier handles its own kind: per-claim daemons
@@ -21,6 +21,7 @@ from gpu_dra.kubelet_plugin.mps.daemon_model import (
     handles_from_state,
 )
 from gpu_dra.kubelet_plugin.mps.ids import is_shared_daemon
+from gpu_dra.kubelet_plugin.mps.process import ProcessIdentity, is_alive
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +36,16 @@ def claim_handles(
     if entry is not None:
         handles += [h for h in handles_from_state(entry.state) if h not in handles]
     return [h for h in handles if is_shared_daemon(h.daemon_id) == shared]
+
+
+def dead_daemons(entry: CheckpointEntry, *, shared: bool) -> list[str]:
+    """The daemons of one kind ``entry`` records whose process is gone, one phrase each; raises
+    `MpsError` when the record is unusable."""
+    return [
+        f"MPS control daemon {h.daemon_id} (pid {h.pid}) is not running"
+        for h in claim_handles(entry, {}, shared=shared)
+        if not is_alive(ProcessIdentity(h.pid, h.pid_start_time))
+    ]
 
 
 def adopt_daemons(mps: MpsControl | None, entry: CheckpointEntry, *, shared: bool) -> None:

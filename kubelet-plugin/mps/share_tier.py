@@ -24,10 +24,12 @@ from gpu_dra.kubelet_plugin.mps.edits import workload_edits
 from gpu_dra.kubelet_plugin.mps.recorded_daemons import (
     adopt_daemons,
     claim_handles,
+    dead_daemons,
     remove_unrecorded,
 )
 from gpu_dra.kubelet_plugin.mps.shared_daemons import SHARES_STATE_KEY, PlannedShare, SharedDaemons
 from gpu_dra.kubelet_plugin.node_devices import NodeInventory
+from gpu_dra.kubelet_plugin.node_locks import NodeLocks
 from gpu_dra.kubelet_plugin.tier import (
     AllocatedResult,
     ClaimRequest,
@@ -49,6 +51,12 @@ class SharePlan(TierPlan):
     @property
     def devices(self) -> frozenset[str]:
         return frozenset(share.device_name for share in self.shares)
+
+    def intents(self) -> Mapping[str, JsonValue]:
+        """The shares, so that a `PrepareStarted` record does not hold their GPUs whole."""
+        if not self.shares:
+            return {}
+        return {SHARES_STATE_KEY: {s.device_name: s.to_state() for s in self.shares}}
 
     def apply(self, run: PrepareRun) -> None:
         """Join each share's GPU daemon; its handle is recorded before others could stop it."""
@@ -73,14 +81,16 @@ class MpsShareTier(Tier):
         *,
         node_name: str,
         max_percent: int,
+        locks: NodeLocks | None = None,
     ) -> None:
+        """``locks``: the node's locks, when other plugin instances may share the daemons."""
         self._mps = mps
         self._inventory = inventory
         self._node = node_name
         self._max_percent = max_percent
         self._shared = None
         if mps is not None:
-            self._shared = SharedDaemons(mps, records, max_percent=max_percent)
+            self._shared = SharedDaemons(mps, records, max_percent=max_percent, locks=locks)
 
     def plan(self, request: ClaimRequest, planned: Planned) -> SharePlan:
         try:
@@ -113,6 +123,9 @@ class MpsShareTier(Tier):
         for handle in handles:
             assert self._shared is not None
             self._shared.release(claim_uid, handle)
+
+    def missing(self, entry: CheckpointEntry) -> list[str]:
+        return dead_daemons(entry, shared=True)
 
     def adopt(self, entry: CheckpointEntry) -> None:
         adopt_daemons(self._mps, entry, shared=True)

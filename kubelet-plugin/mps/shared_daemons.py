@@ -4,16 +4,18 @@ The shares of a GPU join ONE control daemon, id `shared_daemon_id(UUID)`, starte
 share with the largest share allowed (``--mps-share-max-percent``) as its defaults. Each claim
 records the daemon's handle (state ``mpsDaemons``) and its share (`SHARES_STATE_KEY`); the
 daemon's reference count is the set of claims recording it (`claims_using`), so it cannot drift
-from the claims across crashes. `SharedDaemons.join` and `release` run under the daemon's lock,
-and join records the claim before letting it go, so a release never stops a daemon a join is
+from the claims across crashes. `SharedDaemons.join` and `release` run under the daemon's lock
+(node-wide with `NodeLocks`: two plugin instances share the daemons during a rolling update), and
+join records the claim before letting it go, so a release never stops a daemon a join is
 handing out. See docs/mps.md, "MPS shares".
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Final
 
@@ -32,6 +34,7 @@ from gpu_dra.kubelet_plugin.mps.daemon_model import (
 )
 from gpu_dra.kubelet_plugin.mps.edits import ClientCaps
 from gpu_dra.kubelet_plugin.mps.ids import shared_daemon_id
+from gpu_dra.kubelet_plugin.node_locks import NodeLocks
 
 log = logging.getLogger(__name__)
 
@@ -94,16 +97,33 @@ class SharedDaemons:
     """Starts, reuses and stops the per-GPU daemons of MPS shares, reference-counted through
     the checkpoint (see the module doc). Blocking: call it from a worker thread."""
 
-    def __init__(self, mps: MpsControl, records: ClaimRecords, *, max_percent: int) -> None:
+    def __init__(
+        self,
+        mps: MpsControl,
+        records: ClaimRecords,
+        *,
+        max_percent: int,
+        locks: NodeLocks | None = None,
+    ) -> None:
+        """``locks``: the node's locks, taken beside the in-process ones (``mps-<daemon id>``)
+        when other plugin instances may join and release the same daemons."""
         self._mps = mps
         self._records = records
         self._max_percent = max_percent
+        self._node_locks = locks
         self._locks: dict[str, threading.Lock] = {}  # one per shared daemon (offered GPU)
         self._locks_lock = threading.Lock()
 
-    def _lock(self, daemon_id: str) -> threading.Lock:
+    @contextlib.contextmanager
+    def _lock(self, daemon_id: str) -> Iterator[None]:
         with self._locks_lock:
-            return self._locks.setdefault(daemon_id, threading.Lock())
+            lock = self._locks.setdefault(daemon_id, threading.Lock())
+        with lock:
+            if self._node_locks is None:
+                yield
+                return
+            with self._node_locks.blocking(f"mps-{daemon_id}"):
+                yield
 
     def settings(self, gpu: Gpu) -> MpsSettings:
         """The daemon defaults: the largest share allowed, so a client that drops its caps from

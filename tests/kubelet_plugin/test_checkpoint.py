@@ -102,7 +102,7 @@ def test_entries_survive_a_plugin_restart(tmp_path: Path) -> None:
 def test_file_records_version_boot_id_phase_devices_and_opaque_state(tmp_path: Path) -> None:
     opened(tmp_path).put(entry(UID_A))
     document = on_disk(tmp_path)
-    assert document["version"] == SCHEMA_VERSION
+    assert document["version"] == 1  # the oldest version that holds it (see test_schema.py)
     assert document["nodeBootID"] == "boot-1"
     assert document["claims"][UID_A] == {
         "namespace": "default",
@@ -168,6 +168,28 @@ def test_failed_update_leaves_the_previous_checkpoint_intact(tmp_path: Path) -> 
         checkpoint.put(entry(UID_B, state={"handle": object()}))
     assert (tmp_path / "gpu-dra-checkpoint.json").read_bytes() == before
     assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_load_removes_temporary_files_of_checkpoint_writes_that_died_before_their_rename(
+    tmp_path: Path,
+) -> None:
+    opened(tmp_path).put(entry(UID_A))
+    left = [".gpu-dra-checkpoint.json.k2j4x9_a.tmp"]
+    # Other files' temporaries may be another plugin instance's writes under way (the
+    # preparer's recovery removes them under the node lock); other shapes are no temporaries.
+    kept = [".simulated-nvml.json.0a1b2c3d.tmp", ".time-slicing.json.x1y2.tmp"]
+    kept += [".hidden", "notes.tmp", ".tmp", "..tmp", "gpu-dra-checkpoint.json.abc.tmp"]
+    for name in left + kept:
+        (tmp_path / name).write_text("half a file")
+    (tmp_path / ".a-directory.x1.tmp").mkdir()
+
+    restarted = Checkpoint(tmp_path, boot_id=Boot())
+    restarted.load()
+
+    names = {p.name for p in tmp_path.iterdir()}
+    assert not names & set(left)
+    assert set(kept) | {".a-directory.x1.tmp"} <= names
+    assert set(restarted.all()) == {UID_A}
 
 
 # --- boot ID --------------------------------------------------------------------------
@@ -318,6 +340,11 @@ def test_checkpoint_of_a_newer_schema_version_is_refused(tmp_path: Path) -> None
             "devices is not a list",
         ),
         ('{"version": 1, "claims": {"u": {"name": "c", "phase": "PrepareStarted"}}}', "namespace"),
+        (
+            '{"version": 1, "claims": {"u": {"namespace": "n", "name": "c", '
+            '"phase": "PrepareStarted", "owner": 7}}}',
+            "owner must be a string",
+        ),
     ],
 )
 def test_corrupt_checkpoint_raises_a_clear_error_and_is_left_alone(

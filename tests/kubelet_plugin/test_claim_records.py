@@ -3,6 +3,7 @@ mutations only."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from gpu_dra.kubelet_plugin.checkpoint import Checkpoint, CheckpointEntry, ClaimPhase
@@ -47,3 +48,22 @@ def test_others_are_every_entry_but_the_claims_own(tmp_path: Path) -> None:
     assert set(claims.others(CLAIM_A.uid)) == {CLAIM_B.uid}
     assert set(claims.others(CLAIM_B.uid)) == {CLAIM_A.uid}
     assert set(claims.all()) == {CLAIM_A.uid, CLAIM_B.uid}
+
+
+def test_every_entry_written_names_the_instance_that_wrote_it(tmp_path: Path) -> None:
+    checkpoint = Checkpoint(tmp_path, boot_id=lambda: "boot-1")
+    checkpoint.load()
+    first = ClaimRecords(checkpoint, owner="pod-a-1234")
+    second = ClaimRecords(checkpoint, owner="pod-b-5678")
+
+    first.update(CLAIM_A.uid, started(CLAIM_A, {}))
+    assert records(tmp_path).get(CLAIM_A.uid).owner == "pod-a-1234"  # type: ignore[union-attr]
+    second.update(CLAIM_A.uid, completed(CLAIM_A, [DEVICE], {}))
+    assert records(tmp_path).get(CLAIM_A.uid).owner == "pod-b-5678"  # type: ignore[union-attr]
+    # A record without an owner (no instance token) leaves the field out.
+    records(tmp_path).update(CLAIM_B.uid, started(CLAIM_B, {}))
+    assert records(tmp_path).get(CLAIM_B.uid).owner is None  # type: ignore[union-attr]
+    raw = json.loads((tmp_path / "gpu-dra-checkpoint.json").read_text())
+    assert raw["claims"][CLAIM_A.uid]["owner"] == "pod-b-5678"
+    assert "owner" not in raw["claims"][CLAIM_B.uid]
+    assert second.update(CLAIM_A.uid, removed) is None

@@ -32,6 +32,8 @@ from gpu_dra.kubelet_plugin.guard import (
     foreign_slices,
     guard,
 )
+from gpu_dra.kubelet_plugin.instances import InstanceRegistry
+from gpu_dra.kubelet_plugin.server import socket_paths
 from gpu_dra.kubelet_plugin.settings import KubeletPluginSettings
 from gpu_dra.kubelet_plugin.slices.kubeapi import ResourceSlice
 
@@ -267,6 +269,37 @@ def test_a_clean_node_and_our_own_slices_pass(sock_root: Path) -> None:
     assert api.events == []
 
 
+def test_the_sockets_of_a_running_gpu_dra_instance_are_a_rolling_update_not_a_conflict(
+    sock_root: Path, listeners: ExitStack
+) -> None:
+    settings = KubeletPluginSettings(
+        node_name=NODE,
+        kubelet_plugins_dir=sock_root / "plugins",
+        kubelet_registry_dir=sock_root / "plugins_registry",
+        data_dir=sock_root / "data",
+    )
+    old_pod = "4f1c2b9e-0000-4000-8000-00000000000a"
+    sockets = socket_paths(
+        DRIVER, settings.kubelet_plugins_dir, settings.kubelet_registry_dir, old_pod
+    )
+    old = InstanceRegistry(settings.state_dir).register(old_pod, sockets)
+    for path in sockets:
+        listen(listeners, path)
+    api = FakeGuardApi(node(), slices=[slice_of("ours")])
+
+    guard_node(settings, api)  # the old pod of a rolling update: accepted
+
+    # NVIDIA's DRA driver (or a gpu-dra that is not registered in this data dir) is not.
+    listen(listeners, sock_root / "plugins" / DRIVER / "dra-nvidia.sock")
+    with pytest.raises(StartupError, match=r"dra-nvidia\.sock: a DRA driver of that name"):
+        guard_node(settings, api)
+    # Nor are the old instance's sockets once it is gone and something else serves them.
+    old.close()
+    with pytest.raises(StartupError, match=f"dra-{old_pod}"):
+        guard_node(settings, api)
+    assert [e["reason"] for _, e in api.events] == [DRA_DRIVER_REASON, DRA_DRIVER_REASON]
+
+
 def test_an_event_that_cannot_be_recorded_still_refuses(
     sock_root: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -376,5 +409,6 @@ def test_the_plugin_exits_1_on_a_device_plugin_node(
     ((path, event),) = StubApiserver.events
     assert path == "/api/v1/namespaces/gpu-dra/events"
     assert event["involvedObject"]["uid"] == NODE_UID
-    # Refused before the checkpoint was read or written.
+    # Refused before the checkpoint was read or written, or the instance registered.
     assert not (sock_root / "data" / "gpu-dra-checkpoint.json").exists()
+    assert not (sock_root / "data" / "instances").exists()

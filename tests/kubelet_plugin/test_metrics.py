@@ -6,7 +6,8 @@ import asyncio
 
 from prometheus_client import CollectorRegistry
 
-from gpu_dra.kubelet_plugin.metrics import PluginMetrics
+from gpu_dra.kubelet_plugin.checkpoint import CheckpointEntry, ClaimPhase, JsonValue
+from gpu_dra.kubelet_plugin.metrics import ClaimStateCollector, PluginMetrics
 from gpu_dra.kubelet_plugin.prepare_protocol import ClaimRef
 from gpu_dra.kubelet_plugin.service import ClaimCallHandler
 from tests.fakes.claim_preparer import InMemoryClaimPreparer
@@ -67,3 +68,26 @@ def test_an_empty_call_is_not_counted() -> None:
         sample(registry, "gpu_dra_kubelet_plugin_call_duration_seconds_count", operation="prepare")
         == 0
     )
+
+
+def test_claims_whose_mig_or_mps_state_cannot_be_read_are_exported_one_series_each() -> None:
+    def entry(claim: ClaimRef, state: dict[str, JsonValue]) -> CheckpointEntry:
+        return CheckpointEntry(claim=claim, phase=ClaimPhase.PREPARE_COMPLETED, state=state)
+
+    entries = {
+        OK.uid: entry(OK, {"dynamicMig": [], "mpsDaemons": []}),
+        BAD.uid: entry(BAD, {"dynamicMig": [{"device": 3}], "mpsDaemons": "x"}),
+    }
+    registry = CollectorRegistry()
+    registry.register(ClaimStateCollector("node-a", lambda: entries))
+
+    series = [
+        s.labels for m in registry.collect() for s in m.samples if s.name.endswith("unreadable")
+    ]
+
+    assert sorted(s["state"] for s in series) == ["dynamicMig", "mpsDaemons"]
+    assert {(s["claim"], s["claim_uid"], s["node"]) for s in series} == {
+        ("ns/bad", BAD.uid, "node-a")
+    }
+    entries.pop(BAD.uid)  # unprepared: its series go
+    assert not [s for m in registry.collect() for s in m.samples]

@@ -65,3 +65,46 @@ def test_an_unreadable_file_is_an_error_naming_it_and_the_way_out(
     with pytest.raises(SimulatedStateError, match="delete it") as raised:
         SimulatedMigStateFile(path, "hgx-h100").load()
     assert str(path) in str(raised.value)
+
+
+def attached_host(path: Path) -> tuple[SimulatedHost, SimulatedMigStateFile]:
+    state = SimulatedMigStateFile(path, "hgx-h100")
+    host = host_with(state)
+    state.attach(host.nvml)
+    return host, state
+
+
+def gpu_instances(path: Path, uuid: str) -> list[int]:
+    saved = json.loads(path.read_text())
+    return [gi["start"] for gi in saved["gpus"][uuid]["gpuInstances"]]
+
+
+def test_two_attached_processes_keep_each_others_changes_and_refresh_takes_them_in(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "simulated-nvml.json"
+    old, old_state = attached_host(path)
+    new, new_state = attached_host(path)  # both started before either changed anything
+    placement = pynvml.c_nvmlGpuInstancePlacement_t(0, 4)
+
+    def make(host: SimulatedHost, index: int) -> str:
+        handle = host.nvml.device_get_handle_by_index(index)
+        host.nvml.device_set_mig_mode(handle, pynvml.NVML_DEVICE_MIG_ENABLE)
+        host.nvml.device_create_gpu_instance_with_placement(handle, 9, placement)
+        return host.nvml.device_get_uuid(handle)
+
+    on_old = make(old, 2)
+    on_new = make(new, 3)  # its save does not turn back the old one's GPU 2
+
+    assert gpu_instances(path, on_old) == [0]
+    assert gpu_instances(path, on_new) == [0]
+    # The new process does not see GPU 2's instance until it refreshes that GPU.
+    handle = new.nvml.device_get_handle_by_index(2)
+    assert new.nvml.device_get_mig_mode(handle)[0] == pynvml.NVML_DEVICE_MIG_DISABLE
+    new_state.refresh(on_old)
+    (gi,) = new.nvml.device_get_gpu_instances(handle, 9)
+    new.nvml.gpu_instance_destroy(gi)  # and its change is saved for that GPU alone
+    assert gpu_instances(path, on_old) == []
+    assert gpu_instances(path, on_new) == [0]
+    old_state.refresh(on_old)
+    assert old.nvml.device_get_gpu_instances(old.nvml.device_get_handle_by_index(2), 9) == []

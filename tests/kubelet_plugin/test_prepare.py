@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import shutil
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -21,6 +22,7 @@ from gpu_dra.kubelet_plugin.cdi import CdiDevice, ContainerEdits
 from gpu_dra.kubelet_plugin.checkpoint import CheckpointEntry, ClaimPhase
 from gpu_dra.kubelet_plugin.node_devices import NodeInventory
 from gpu_dra.kubelet_plugin.prepare_protocol import ClaimRef, PreparedDevice, PrepareResult
+from gpu_dra.kubelet_plugin.service import ClaimCallHandler
 from tests.fakes.claim_reader import (
     allocation_result,
     gpu_config,
@@ -186,6 +188,50 @@ def test_prepare_after_a_plugin_restart_returns_the_recorded_devices(node: Node)
     assert node.cdi.path_for(UID_A).exists()
 
 
+@pytest.mark.parametrize(
+    ("lose", "lost"),
+    [
+        pytest.param(
+            lambda node: node.cdi.path_for(UID_A).unlink(), "its CDI spec is gone", id="cdi-spec"
+        ),
+        pytest.param(
+            lambda node: shutil.rmtree(node.claims_dir / UID_A),
+            "its claim files are gone",
+            id="claim-files",
+        ),
+    ],
+)
+def test_a_prepared_claim_that_lost_its_files_is_prepared_again(
+    node: Node, lose: Callable[[Node], None], lost: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    claim = node.add_gpus(UID_A, "claim-a", "gpu-0", "gpu-1")
+    first = ok(node.prepare(claim)[UID_A])
+    spec = node.spec(UID_A)
+    lose(node)
+
+    assert ok(node.prepare(claim)[UID_A]) == first
+
+    assert node.cdi.writes == [UID_A, UID_A]
+    assert node.spec(UID_A) == spec
+    assert (node.claims_dir / UID_A / "gpu-0.json").exists()
+    assert f"prepared claim lost {lost}; unpreparing and preparing it again" in caplog.text
+
+
+def test_a_prepared_claim_that_cannot_be_prepared_again_fails_naming_what_it_lost(
+    node: Node,
+) -> None:
+    claim = node.add_gpus(UID_A, "claim-a", "gpu-0")
+    ok(node.prepare(claim)[UID_A])
+    node.cdi.path_for(UID_A).unlink()
+    node.api.delete("default", "claim-a")
+
+    error = failed(node.prepare(claim)[UID_A])
+
+    assert "ResourceClaim default/claim-a not found" in error
+    assert error.endswith("[while preparing it again because its CDI spec is gone]")
+    node.assert_nothing_left(UID_A)
+
+
 # ---- one GPU, one claim ----------------------------------------------------------------------
 
 
@@ -284,6 +330,101 @@ def test_bad_claim_gets_its_own_error_and_does_not_fail_the_batch(
     assert expected in error
     assert [d.device_name for d in ok(results[UID_A])] == ["gpu-0"]
     node.assert_nothing_left(UID_B)
+
+
+def _result(**fields: Any) -> Callable[[dict[str, Any]], None]:
+    def change(claim: dict[str, Any]) -> None:
+        claim["status"]["allocation"]["devices"]["results"][0].update(fields)
+        for key in [k for k, v in fields.items() if v is None]:
+            del claim["status"]["allocation"]["devices"]["results"][0][key]
+
+    return change
+
+
+def _devices(value: Any) -> Callable[[dict[str, Any]], None]:
+    def change(claim: dict[str, Any]) -> None:
+        claim["status"]["allocation"]["devices"] = value
+
+    return change
+
+
+@pytest.mark.parametrize(
+    ("malform", "expected"),
+    [
+        pytest.param(_result(device=None), "device is None", id="no-device"),
+        pytest.param(_result(device=7), "device is 7", id="device-number"),
+        pytest.param(_result(request=None), "request is None", id="no-request"),
+        pytest.param(_result(request=["gpu"]), "request is ['gpu']", id="request-list"),
+        pytest.param(_result(shareID=5), "shareID is 5", id="share-id-number"),
+        pytest.param(_result(adminAccess="yes"), "adminAccess is 'yes'", id="admin-string"),
+        pytest.param(
+            _result(consumedCapacity={"memory": 5}), "consumedCapacity is", id="capacity-number"
+        ),
+        pytest.param(_devices({"results": {}}), "devices.results is not a list", id="results"),
+        pytest.param(_devices(["x"]), "devices is not an object", id="devices-list"),
+        pytest.param(
+            _devices({"results": [], "config": "x"}), "devices.config is not a list", id="config"
+        ),
+    ],
+)
+def test_malformed_allocation_fails_only_its_claim(
+    node: Node, malform: Callable[[dict[str, Any]], None], expected: str
+) -> None:
+    good = node.add_gpus(UID_A, "claim-a", "gpu-0")
+    claim = resource_claim(UID_B, "claim-b", results=[allocation_result("gpu-1")])
+    malform(claim)
+    bad = node.add(claim)
+
+    results = node.prepare(bad, good)
+
+    error = failed(results[UID_B])
+    assert error.startswith(f"claim default/claim-b ({UID_B}): ")
+    assert expected in error
+    assert [d.device_name for d in ok(results[UID_A])] == ["gpu-0"]
+    node.assert_nothing_left(UID_B)
+
+
+def test_an_unexpected_error_fails_only_its_claim(
+    node: Node, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    good = node.add_gpus(UID_A, "claim-a", "gpu-0")
+    bad = node.add_gpus(UID_B, "claim-b", "gpu-1")
+    real_get = node.api.get_claim
+
+    def get_claim(namespace: str, name: str) -> Any:
+        if name == "claim-b":
+            raise KeyError("metadata")  # a bug in a reader, say
+        return real_get(namespace, name)
+
+    monkeypatch.setattr(node.api, "get_claim", get_claim)
+
+    results = node.prepare(bad, good)
+
+    assert "unexpected KeyError: 'metadata' (will retry)" in failed(results[UID_B])
+    assert [d.device_name for d in ok(results[UID_A])] == ["gpu-0"]
+    node.assert_nothing_left(UID_B)
+
+
+def test_an_unexpected_unprepare_error_fails_only_its_claim(
+    node: Node, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    claims = [node.add_gpus(UID_A, "claim-a", "gpu-0"), node.add_gpus(UID_B, "claim-b", "gpu-1")]
+    node.prepare(*claims)
+    real_remove = node.cdi.remove
+
+    def remove(claim_uid: str) -> bool:
+        if claim_uid == UID_B:
+            raise RuntimeError("a bug")
+        return real_remove(claim_uid)
+
+    monkeypatch.setattr(node.cdi, "remove", remove)
+
+    results = node.unprepare(*claims)
+
+    assert results[UID_A] is None
+    assert results[UID_B] == f"claim default/claim-b ({UID_B}): unexpected RuntimeError: a bug"
+    node.assert_nothing_left(UID_A)
+    assert node.checkpoint.get(UID_B) is not None  # kept for the kubelet's retry
 
 
 def test_claim_uid_that_is_not_a_uuid_never_reaches_the_filesystem(node: Node) -> None:
@@ -474,6 +615,38 @@ def test_recover_removes_cdi_specs_and_claim_files_nobody_owns(node: Node) -> No
     assert node.claim_dirs() == []
 
 
+def test_recover_removes_temporary_files_of_interrupted_spec_writes_of_this_driver(
+    node: Node,
+) -> None:
+    claim = node.add_gpus(UID_A, "claim-a", "gpu-0")
+    ok(node.prepare(claim)[UID_A])
+    ours = f".k8s.gpu.nvidia.com-claim_{UID_B}.yaml.q8w2e4r6.tmp"
+    theirs = ".k8s.nic.example.com-claim_x.yaml.q8w2e4r6.tmp"
+    for name in (ours, theirs):
+        (node.cdi_root / name).write_text("cdiVersion: 0.5.0\n")
+
+    node.restart()
+    node.recover()
+
+    assert node.spec_files() == [theirs, f"k8s.gpu.nvidia.com-claim_{UID_A}.yaml"]
+
+
+def test_recover_removes_temporary_files_of_interrupted_writes_in_the_data_dir(
+    node: Node,
+) -> None:
+    left = [".simulated-nvml.json.0a1b2c3d.tmp", ".time-slicing.json.x1y2.tmp"]
+    kept = ["simulated-nvml.json", ".hidden", "notes.tmp"]
+    for name in left + kept:
+        (node.data_dir / name).write_text("half a file")
+
+    node.restart()
+    node.recover()
+
+    names = {p.name for p in node.data_dir.iterdir()}
+    assert not names & set(left)
+    assert set(kept) <= names
+
+
 def test_recover_keeps_completed_claims(node: Node) -> None:
     claim = node.add_gpus(UID_A, "claim-a", "gpu-0")
     devices = ok(node.prepare(claim)[UID_A])
@@ -499,6 +672,77 @@ def test_prepare_rolls_back_an_interrupted_prepare_of_the_same_claim_first(node:
     assert [d.device_name for d in devices] == ["gpu-3"]
     assert [d["name"] for d in node.spec(UID_A)["devices"]] == [f"{UID_A}-gpu-3"]
     assert sorted(p.name for p in (node.claims_dir / UID_A).iterdir()) == ["gpu-3.json"]
+
+
+def test_prepare_started_records_the_devices_it_prepares(
+    node: Node, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    claim = node.add(
+        resource_claim(
+            UID_A,
+            results=[allocation_result("gpu-0"), allocation_result("gpu-1", admin_access=True)],
+        )
+    )
+    seen: list[CheckpointEntry | None] = []
+    real_write = node.cdi.write
+
+    def write(claim_uid: str, devices: Sequence[CdiDevice], **kwargs: Any) -> Path:
+        seen.append(node.checkpoint.get(claim_uid))
+        return real_write(claim_uid, devices, **kwargs)
+
+    monkeypatch.setattr(node.cdi, "write", write)
+
+    devices = ok(node.prepare(claim)[UID_A])
+
+    (started,) = seen
+    assert started is not None
+    assert (started.phase, started.devices) == (ClaimPhase.PREPARE_STARTED, devices)
+    # The adminAccess device is marked as such already: the record holds gpu-0 alone.
+    assert started.state == {"adminAccessDevices": ["gpu-1"]}
+
+
+def test_rollback_of_an_interrupted_prepare_holds_the_locks_of_its_devices(node: Node) -> None:
+    # A died preparing gpu-0 and is now allocated gpu-3. While its next prepare rolls the old
+    # one back, B's prepare of gpu-0 waits instead of running beside the rollback.
+    a = node.add_gpus(UID_A, "claim-a", "gpu-3")
+    node.checkpoint.put(
+        CheckpointEntry(
+            claim=a,
+            phase=ClaimPhase.PREPARE_STARTED,
+            devices=(
+                PreparedDevice(
+                    ("gpu",), NODE, "gpu-0", (f"k8s.gpu.nvidia.com/claim={UID_A}-gpu-0",)
+                ),
+            ),
+        )
+    )
+    b = node.add_gpus(UID_B, "claim-b", "gpu-0")
+    node.restart()
+    removing = threading.Event()
+    go_on = threading.Event()
+    real_remove = node.cdi.remove
+
+    def remove(claim_uid: str) -> bool:
+        if claim_uid == UID_A:
+            removing.set()
+            assert go_on.wait(10)
+        return real_remove(claim_uid)
+
+    node.cdi.remove = remove  # type: ignore[method-assign]
+
+    async def both() -> tuple[bool, Mapping[str, PrepareResult], Mapping[str, PrepareResult]]:
+        rolling_back = asyncio.create_task(node.preparer.prepare([a]))
+        assert await asyncio.to_thread(removing.wait, 5)
+        other = asyncio.create_task(node.preparer.prepare([b]))
+        done, _ = await asyncio.wait({other}, timeout=0.5)
+        go_on.set()
+        return bool(done), await rolling_back, await other
+
+    b_done_during_rollback, first, second = asyncio.run(both())
+
+    assert not b_done_during_rollback
+    assert [d.device_name for d in ok(first[UID_A])] == ["gpu-3"]
+    assert [d.device_name for d in ok(second[UID_B])] == ["gpu-0"]
 
 
 def test_checkpoint_of_an_earlier_boot_is_discarded_and_its_files_cleaned_up(node: Node) -> None:
@@ -587,6 +831,35 @@ def test_cancelled_prepare_finishes_before_an_unprepare_of_the_claim_runs(node: 
     ok(node.prepare(other)[UID_B])
 
 
+def test_the_reply_is_sent_by_the_deadline_and_the_work_behind_it_is_done_once(
+    node: Node,
+) -> None:
+    # The CDI write hangs (a slow disk, say) for 2 s; the call's budget is 0.3 s. The kubelet
+    # gets its answer by then, not when the worker thread is done.
+    claim = node.add_gpus(UID_A, "claim-a", "gpu-0")
+    node.cdi.gate = threading.Event()
+    threading.Timer(2.0, node.cdi.gate.set).start()
+
+    async def call_then_retry() -> tuple[float, dict[str, PrepareResult], dict[str, PrepareResult]]:
+        handler = ClaimCallHandler(node.preparer, call_timeout_s=0.3)
+        started = time.monotonic()
+        first = await handler.prepare([claim])
+        answered_after = time.monotonic() - started
+        # The kubelet's retry waits for the work left behind, then finds the claim prepared.
+        retry = ClaimCallHandler(node.preparer, call_timeout_s=10)
+        return answered_after, first, await retry.prepare([claim])
+
+    answered_after, first, second = asyncio.run(call_then_retry())
+
+    assert answered_after < 1.0
+    assert "prepare did not finish within 0.3s" in failed(first[UID_A])
+    assert [d.device_name for d in ok(second[UID_A])] == ["gpu-0"]
+    assert node.cdi.writes == [UID_A]  # prepared once
+    entry = node.checkpoint.get(UID_A)
+    assert entry is not None
+    assert entry.phase is ClaimPhase.PREPARE_COMPLETED
+
+
 def test_claims_of_one_call_share_checkpoint_writes_each_durable_in_protocol_order(
     node: Node, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -636,8 +909,18 @@ def test_claims_of_one_call_share_checkpoint_writes_each_durable_in_protocol_ord
     assert len(writes) < 2 * len(claims)  # one write per change would be 16
 
     writes[:-1] = []
+    seen_by_cdi_remove: dict[str, str | None] = {}
+    real_cdi_remove = node.cdi.remove
+
+    def cdi_remove(claim_uid: str) -> bool:
+        seen_by_cdi_remove[claim_uid] = on_disk_phase(claim_uid)
+        return real_cdi_remove(claim_uid)
+
+    monkeypatch.setattr(node.cdi, "remove", cdi_remove)
     assert node.unprepare(*claims) == {c.uid: None for c in claims}
     for claim in claims:
         node.assert_nothing_left(claim.uid)
+    # UnprepareStarted was on disk before each claim's CDI spec went; the entry went last.
+    assert seen_by_cdi_remove == {c.uid: "UnprepareStarted" for c in claims}
     assert writes[-1] == {}
-    assert len(writes) - 1 < len(claims)
+    assert len(writes) - 1 < 2 * len(claims)  # one write per change would be 16

@@ -5,16 +5,25 @@ prepare of the claim; start-up removes instances no prepared claim owns."""
 
 from __future__ import annotations
 
+import asyncio
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pynvml
 import pytest
+from prometheus_client import CollectorRegistry
 
-from gpu_dra.kubelet_plugin.checkpoint import ClaimPhase
+from gpu_dra.kubelet_plugin.cdi import CdiDevice
+from gpu_dra.kubelet_plugin.checkpoint import CheckpointEntry, ClaimPhase
+from gpu_dra.kubelet_plugin.metrics import ClaimStateCollector
 from gpu_dra.kubelet_plugin.mig import (
     CRASH_AFTER_GPU_INSTANCE,
     DYNAMIC_MIG_STATE_KEY,
 )
+from gpu_dra.kubelet_plugin.prepare_protocol import PrepareResult
 from tests.fakes.claim_reader import (
     opaque_config,
 )
@@ -216,6 +225,115 @@ def test_a_whole_gpu_with_another_claims_mig_device_is_refused_and_vice_versa(
     assert node.all_instances() == {}
 
 
+def test_a_whole_gpu_and_a_mig_device_of_it_prepared_at_once_get_one_of_them(
+    node: DynamicMigNode, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The whole GPU's prepare is under way (PrepareStarted on disk, CDI spec not written yet)
+    # when the MIG device's prepare checks the records: it must see the whole GPU's.
+    whole = node.add(UID_A, "gpu-2", name="whole")
+    mig = node.add(UID_B, "gpu-2-mig-1g10gb-19-0", name="slices")
+    writing, go_on = threading.Event(), threading.Event()
+    real_write = node.cdi.write
+
+    def write(claim_uid: str, devices: Sequence[CdiDevice], **kwargs: Any) -> Path:
+        if claim_uid == UID_A:
+            writing.set()
+            assert go_on.wait(10)
+        return real_write(claim_uid, devices, **kwargs)
+
+    monkeypatch.setattr(node.cdi, "write", write)
+
+    async def both() -> tuple[Mapping[str, PrepareResult], Mapping[str, PrepareResult]]:
+        first = asyncio.create_task(node.preparer.prepare([whole]))
+        assert await asyncio.to_thread(writing.wait, 5)
+        second = asyncio.create_task(node.preparer.prepare([mig]))
+        await asyncio.wait({second}, timeout=0.5)
+        go_on.set()
+        return await first, await second
+
+    first, second = asyncio.run(both())
+
+    ok(first[UID_A])
+    assert "is prepared whole for claim default/whole" in failed(second[UID_B])
+    assert node.all_instances() == {}
+
+
+def test_a_prepared_claim_whose_mig_device_is_gone_gets_it_made_again(
+    node: DynamicMigNode,
+) -> None:
+    claim = node.add(UID_A, "gpu-2-mig-2g20gb-14-2")
+    devices = ok(node.prepare(claim))
+    node.lifecycle.destroy(node.gpu(2), 14, 2)  # by hand, behind the plugin's back
+    assert node.layout(2) == []
+
+    assert ok(node.prepare(claim)) == devices
+
+    assert node.layout(2) == [(14, 2, (0,))]
+    entry = node.checkpoint.get(UID_A)
+    assert entry is not None
+    [recorded] = entry.state[DYNAMIC_MIG_STATE_KEY]  # type: ignore[misc]
+    [made] = [
+        ci["uuid"] for gi in node.all_instances()[node.gpu(2).uuid] for ci in gi["computeInstances"]
+    ]
+    assert recorded["uuid"] == made  # type: ignore[index]
+    uuid_var = device_var("gpu-2-mig-2g20gb-14-2", "UUID")
+    assert env_of(node.spec(UID_A))[f"{UID_A}-gpu-2-mig-2g20gb-14-2"][uuid_var] == made
+    assert node.unprepare(claim) is None
+    node.assert_nothing_left(UID_A)
+
+
+def test_a_prepared_claim_whose_mig_device_cannot_be_made_again_fails_clearly(
+    node: DynamicMigNode,
+) -> None:
+    claim = node.add(UID_A, "gpu-2-mig-2g20gb-14-2")
+    ok(node.prepare(claim))
+    node.lifecycle.destroy(node.gpu(2), 14, 2)
+    node.lifecycle.create(node.gpu(2), 19, 2)  # someone took the placement
+
+    error = failed(node.prepare(claim))
+
+    assert "NVML_ERROR_INSUFFICIENT_RESOURCES" in error
+    assert error.endswith(
+        "[while preparing it again because MIG device gpu-2-mig-2g20gb-14-2 on gpu-2 "
+        f"({node.gpu(2).uuid}, NVIDIA H100 80GB HBM3) is gone]"
+    )
+    assert node.checkpoint.get(UID_A) is None
+
+
+def test_a_prepared_claim_is_not_touched_when_its_mig_devices_cannot_be_listed(
+    node: DynamicMigNode,
+) -> None:
+    claim = node.add(UID_A, "gpu-2-mig-2g20gb-14-2")
+    devices = ok(node.prepare(claim))
+    gpu = node.gpu(2)
+    node.host.nvml.set_fault(PROFILE_INFO, pynvml.NVML_ERROR_NOT_SUPPORTED, gpu=gpu.index)
+
+    error = failed(node.prepare(claim))
+
+    assert "NVML_ERROR_NOT_SUPPORTED" in error
+    node.host.nvml.set_fault(PROFILE_INFO, None, gpu=gpu.index)
+    assert node.layout(2) == [(14, 2, (0,))]
+    assert node.cdi.path_for(UID_A).exists()
+    assert ok(node.prepare(claim)) == devices
+
+
+def test_a_whole_gpu_and_a_mig_device_of_it_prepared_at_once_do_not_both_succeed(
+    node: DynamicMigNode,
+) -> None:
+    # The scheduler's counters prevent it; a stale allocation must still not get both: the GPU's
+    # lock orders the two checks.
+    for round_ in range(5):
+        mig = node.add(UID_A, "gpu-0-mig-1g10gb-19-3", name="slices")
+        whole = node.add(UID_B, "gpu-0", name="whole")
+
+        results = asyncio.run(node.preparer.prepare([mig, whole]))
+
+        assert sum(r.ok for r in results.values()) == 1, (round_, results)
+        for claim in (mig, whole):
+            assert node.unprepare(claim) is None
+        assert node.all_instances() == {}
+
+
 def test_mig_device_config_time_slicing_is_a_no_op_and_gpu_config_a_mismatch(
     node: DynamicMigNode,
 ) -> None:
@@ -290,6 +408,10 @@ def test_rolling_back_an_intent_without_ids_spares_a_placement_another_claim_rec
     # the bare GPU instance of A goes first, by hand, so B can make its own there.
     node.lifecycle.destroy(node.gpu(0), 9, 4)
     b = node.add(UID_B, "gpu-0-mig-3g40gb-9-4", name="later")
+    # A's PrepareStarted entry names the device: B waits for A's rollback ...
+    assert "is already prepared for claim default/crashed" in failed(node.prepare(b))
+    # ... unless A's entry was written by a plugin of schema 1, whose entries name no devices.
+    node.checkpoint.update(UID_A, lambda e: None if e is None else replace(e, devices=()))
     ok(node.prepare(b))
     made = node.layout(0)
 
@@ -352,3 +474,73 @@ def test_the_start_up_sweep_destroys_nothing_and_keeps_mig_on_when_it_cannot_rea
     assert len(errors) == 2
     assert all("leftover MIG instances of gpu-" in e for e in errors)
     assert all("NVML_ERROR_NOT_SUPPORTED" in e for e in errors)
+
+
+# ---- the start-up sweep fails closed (issue 12) --------------------------------------------------
+
+
+def corrupt_mig_state(node: DynamicMigNode, uid: str) -> None:
+    """The claim's recorded MIG devices become unreadable (a hand edit, a bug of a writer)."""
+
+    def mutate(entry: CheckpointEntry | None) -> CheckpointEntry | None:
+        assert entry is not None
+        return replace(entry, state={**entry.state, DYNAMIC_MIG_STATE_KEY: [{"device": 3}]})
+
+    node.checkpoint.update(uid, mutate)
+
+
+def test_the_sweep_keeps_the_gpus_of_a_claim_whose_mig_state_cannot_be_read(
+    node: DynamicMigNode, caplog: pytest.LogCaptureFixture
+) -> None:
+    claim = node.add(UID_A, "gpu-4-mig-3g40gb-9-0")
+    ok(node.prepare(claim))
+    corrupt_mig_state(node, UID_A)
+    node.lifecycle.create(node.gpu(4), 19, 6)  # may be the claim's: kept
+    node.lifecycle.create(node.gpu(5), 19, 0)  # a leftover on a GPU the claim does not name
+
+    node.restart()
+    node.recover()
+
+    assert node.layout(4) == [(9, 0, (0,)), (19, 6, (0,))]
+    assert node.layout(5) == []
+    errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert any(
+        "MIG instances of gpu-4 (" in e
+        and f"kept at start-up: they may be claim_uid={UID_A}'s" in e
+        for e in errors
+    ), errors
+    registry = CollectorRegistry()
+    registry.register(ClaimStateCollector("node-a", node.checkpoint.all))
+    assert (
+        registry.get_sample_value(
+            "gpu_dra_claim_state_unreadable",
+            {
+                "node": "node-a",
+                "claim": "default/claim-a",
+                "claim_uid": UID_A,
+                "state": "dynamicMig",
+            },
+        )
+        == 1
+    )
+
+
+def test_the_sweep_keeps_every_gpu_when_the_unreadable_claim_names_no_mig_device(
+    node: DynamicMigNode,
+) -> None:
+    claim = node.add(UID_A, "gpu-4-mig-3g40gb-9-0")
+    ok(node.prepare(claim))
+
+    def whole_gpu_names(entry: CheckpointEntry | None) -> CheckpointEntry | None:
+        assert entry is not None
+        devices = tuple(replace(d, device_name="gpu-3") for d in entry.devices)
+        return replace(entry, devices=devices, state={DYNAMIC_MIG_STATE_KEY: "garbage"})
+
+    node.checkpoint.update(UID_A, whole_gpu_names)
+    node.lifecycle.create(node.gpu(5), 19, 0)
+
+    node.restart()
+    node.recover()
+
+    assert node.layout(4) == [(9, 0, (0,))]
+    assert node.layout(5) == [(19, 0, (0,))]

@@ -393,6 +393,27 @@ def test_unprepare_of_a_claim_whose_daemon_died_cleans_up(node: MpsNode) -> None
     assert node.running() == []
 
 
+def test_a_prepared_claim_whose_daemon_died_gets_a_new_one_at_its_next_prepare(
+    node: MpsNode,
+) -> None:
+    claim = node.add_mps(UID_A, "gpu-0", mps_config={"defaultActiveThreadPercentage": 40})
+    devices = ok(node.prepare(claim)[UID_A])
+    [old] = node.handles(UID_A)
+    os.kill(old.pid, signal.SIGKILL)
+    assert wait_dead(old.pid)
+
+    assert ok(node.prepare(claim)[UID_A]) == devices
+
+    [new] = node.handles(UID_A)
+    assert (new.daemon_id, new.settings) == (old.daemon_id, old.settings)
+    assert node.running() == [new.pid]
+    assert node.mps.status(new).state is DaemonState.READY
+    assert ok(node.prepare(claim)[UID_A]) == devices  # alive now: returned as recorded
+    assert node.handles(UID_A) == [new]
+    node.unprepare(claim)
+    assert node.running() == []
+
+
 # ---- plugin restarts ---------------------------------------------------------------------------
 
 

@@ -369,6 +369,31 @@ def test_a_dead_shared_daemon_is_replaced_for_the_next_share_and_all_is_removed_
     assert node.daemon_dirs() == []
 
 
+def test_shares_whose_daemon_died_join_one_new_daemon_at_their_next_prepare(
+    node: SharesNode,
+) -> None:
+    a = node.add_share(UID_A, "10Gi", "10", name="a")
+    b = node.add_share(UID_B, "20Gi", "20", name="b")
+    ok(node.prepare(a)[UID_A])
+    ok(node.prepare(b)[UID_B])
+    old = only(node.shared_handles().values())
+    os.kill(old.pid, signal.SIGKILL)
+    assert wait_dead(old.pid)
+
+    ok(node.prepare(a)[UID_A])  # a new daemon for the GPU ...
+    new = node.shared_handles()[UID_A]
+    ok(node.prepare(b)[UID_B])  # ... which the other share joins, not stops
+
+    assert new.pid != old.pid
+    assert only(node.shared_handles().values()) == new
+    assert node.running() == [new.pid]
+    assert caps(node, UID_B)["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "20"
+    node.unprepare(a)
+    assert node.running() == [new.pid]
+    node.unprepare(b)
+    assert node.running() == []
+
+
 def test_unprepare_of_an_unknown_share_claim_succeeds(node: SharesNode) -> None:
     claim = ClaimRef("default", UID_D, "gone")
     assert node.unprepare(claim) == {UID_D: None}

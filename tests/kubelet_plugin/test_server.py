@@ -27,7 +27,12 @@ from gpu_dra.kubelet_plugin._generated.dra.v1beta1 import api_pb2_grpc as v1beta
 from gpu_dra.kubelet_plugin._generated.pluginregistration import api_pb2 as reg
 from gpu_dra.kubelet_plugin._generated.pluginregistration import api_pb2_grpc as reg_grpc
 from gpu_dra.kubelet_plugin.prepare_protocol import PreparedDevice
-from gpu_dra.kubelet_plugin.server import PluginServer
+from gpu_dra.kubelet_plugin.server import (
+    PluginServer,
+    registration_socket_name,
+    remove_stale_sockets,
+    socket_paths,
+)
 from tests.fakes.claim_preparer import InMemoryClaimPreparer
 
 DRIVER = "gpu.nvidia.com"
@@ -636,6 +641,60 @@ def test_instance_id_gives_each_instance_its_own_sockets(sock_root: Path) -> Non
                 assert info.endpoint == str(second.dra_socket)
 
     run(scenario())
+
+
+def test_registration_socket_names_fit_a_unix_socket_as_the_reference_library_names_them(
+    sock_root: Path,
+) -> None:
+    uid = "4f1c2b9e-0000-4000-8000-00000000000a"
+    short = sock_root / "r"
+    assert registration_socket_name(short, DRIVER, uid) == f"{DRIVER}-{uid}-reg.sock"
+    # k8s.io/dynamic-resource-allocation's RollingUpdateRegistrarSocketFile: the UID's hash, then
+    # a hash of driver and UID, when the full name does not fit.
+    # (Expected names computed with Go's crypto/sha256 and base64.RawURLEncoding.) The hashed
+    # names are 35 bytes: a directory of 70 - len(root) characters leaves exactly 107 for it.
+    medium = sock_root / ("m" * (70 - len(str(sock_root))))
+    assert registration_socket_name(medium, DRIVER, uid) == f"{DRIVER}-pUqlSSjrsxw-reg.sock"
+    deep = sock_root / ("d" * (71 - len(str(sock_root))))
+    assert registration_socket_name(deep, DRIVER, uid) == "dra-wQxNw5rDz__BmKpWJGwPYw-reg.sock"
+    # A long driver name does not fit even with the UID's hash; the third name does.
+    long_driver = "a" * 40 + ".example.com"
+    third = registration_socket_name(medium, long_driver, uid)
+    assert third.startswith("dra-")
+    assert third != registration_socket_name(medium, DRIVER, uid)
+    assert len(os.fsencode(medium / third)) <= 107
+    for directory in (short, medium):
+        dra, registration = socket_paths(DRIVER, sock_root, directory, uid)
+        assert dra == sock_root / DRIVER / f"dra-{uid}.sock"
+        assert len(os.fsencode(registration)) <= 107
+    assert socket_paths(DRIVER, sock_root, short, None) == (
+        sock_root / DRIVER / "dra.sock",
+        short / f"{DRIVER}-reg.sock",
+    )
+
+
+def test_only_sockets_nobody_serves_are_removed_as_stale(sock_root: Path) -> None:
+    dead = sock_root / "dead.sock"
+    kept = sock_root / "kept.sock"
+    live = sock_root / "live.sock"
+    plain = sock_root / "plain.sock"
+    for path in (dead, kept):
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as leftover:
+            leftover.bind(str(path))
+    plain.write_text("not a socket")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as listener:
+        listener.bind(str(live))
+        listener.listen()
+
+        removed = remove_stale_sockets(
+            [dead, kept, live, plain, sock_root / "missing.sock"], keep={kept}
+        )
+
+        assert removed == [dead]
+        assert live.exists()
+    assert not dead.exists()
+    assert kept.exists()
+    assert plain.read_text() == "not a socket"
 
 
 def test_stop_is_idempotent(sock_root: Path) -> None:

@@ -25,6 +25,7 @@ ALL_FLAGS = [
     "--kubelet-registry-dir=/k/registry",
     "--cdi-root=/etc/cdi",
     "--data-dir=/k/data",
+    "--instance-id=4f1c2b9e-0000-4000-8000-00000000000a",
     "--kubeconfig=/root/.kube/config",
     "--call-timeout=12.5",
     "--metrics-port=9400",
@@ -65,6 +66,7 @@ EXPECTED = KubeletPluginSettings(
     kubelet_registry_dir=Path("/k/registry"),
     cdi_root=Path("/etc/cdi"),
     data_dir=Path("/k/data"),
+    instance_id="4f1c2b9e-0000-4000-8000-00000000000a",
     kubeconfig=Path("/root/.kube/config"),
     call_timeout_s=12.5,
     metrics_port=9400,
@@ -204,6 +206,19 @@ def test_data_dir_replaces_the_default_state_dir() -> None:
 
     assert default.state_dir == Path("/p/gpu.example.com")
     assert explicit.state_dir == Path("/d")
+
+
+def test_the_instance_id_is_the_pod_uid_from_the_downward_api_unless_set(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    pod = {"POD_UID": "4f1c2b9e-0000-4000-8000-00000000000a"}
+    assert KubeletPluginSettings.parse(["--node-name=n"], {}).instance_id == ""
+    assert KubeletPluginSettings.parse(["--node-name=n"], pod).instance_id == pod["POD_UID"]
+    explicit = KubeletPluginSettings.parse(["--node-name=n"], {**pod, "GPU_DRA_INSTANCE_ID": "x1"})
+    assert explicit.instance_id == "x1"
+
+    error = usage_error(capsys, ["--node-name=n", "--instance-id=../a"], {})
+    assert "--instance-id: instance id '../a' may only hold" in error
 
 
 @pytest.mark.parametrize("variable", ["GPU_DRA_SIMULATE", "GPU_DRA_DATA_DIR", "GPU_DRA_KUBECONFIG"])

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from pathlib import Path
 
 import pytest
@@ -256,3 +257,25 @@ def test_a_driver_root_without_nvml_is_an_error_naming_the_root(tmp_path: Path) 
 
     with pytest.raises(FileNotFoundError, match=f"driver root {root}, which has no libnvidia-ml"):
         driver_tool_env(smi, root, {})
+
+
+def test_two_plugin_instances_recording_at_once_keep_every_interval(tmp_path: Path) -> None:
+    path = tmp_path / "time-slicing.json"
+    instances = [RecordedTimeSlicer(path), RecordedTimeSlicer(path)]
+    gpus = [f"GPU-{i:08x}-0000-0000-0000-000000000000" for i in range(16)]
+
+    def record(slicer: RecordedTimeSlicer, mine: list[str]) -> None:
+        for uuid in mine:
+            slicer.set_interval(uuid, 2)
+
+    threads = [
+        threading.Thread(target=record, args=(slicer, gpus[i::2]))
+        for i, slicer in enumerate(instances)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+    assert instances[0].intervals() == dict.fromkeys(gpus, 2)
+    assert len(instances[1].read()["calls"]) == len(gpus)
