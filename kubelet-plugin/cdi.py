@@ -336,3 +336,14 @@ class ClaimSpecStore:
             except InvalidNameError:
                 continue  # another vendor's spec, a temporary file, ...
         return sorted(uids)
+
+
+def merged_edits(first: ContainerEdits, second: ContainerEdits) -> ContainerEdits:
+    """``first`` then ``second``: environments combined (``second`` wins a name), the rest
+    concatenated."""
+    return ContainerEdits(
+        env={**first.env, **second.env},
+        device_nodes=first.device_nodes + second.device_nodes,
+        mounts=first.mounts + second.mounts,
+        hooks=first.hooks + second.hooks,
+    )

@@ -6,7 +6,7 @@ first. Otherwise the claim is read, its opaque configs resolved, and each `Tier`
 under the locks of the claim's GPUs the plans are checked against the other claims' records,
 `PrepareStarted` is recorded with the devices and the tiers' intents, the tiers apply, the CDI
 spec is written and `PrepareCompleted` recorded. A failure rolls back at once, a crash at the
-next prepare or in `recover()`. Unprepare works from the record alone and records
+next prepare or in `recover()` (`recovery.py`). Unprepare works from the record alone and records
 `UnprepareStarted` before it tears anything down. Records change only through
 `ClaimRecords.update`. With a `PluginInstance` the claim and GPU locks are node-wide (two
 instances during a rolling update) and `recover()` runs while no instance prepares, leaving live
@@ -23,7 +23,7 @@ import shutil
 import weakref
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from gpu_dra.driver.config import AllocatedDevice, ConfigError, DeviceType, resolve_configs
 from gpu_dra.driver.config.errors import DomainError
@@ -35,20 +35,26 @@ from gpu_dra.driver.naming import (
     parse_device_name,
     validate_claim_uid,
 )
-from gpu_dra.kubelet_plugin.atomic_file import remove_temporaries
+from gpu_dra.kubelet_plugin.blocking import in_thread_to_completion
 from gpu_dra.kubelet_plugin.cdi import (
     CdiDevice,
     ClaimSpecStore,
     ContainerEdits,
+    merged_edits,
     qualified_device_id,
 )
 from gpu_dra.kubelet_plugin.checkpoint import (
-    CHECKPOINT_FILE,
     Checkpoint,
     CheckpointEntry,
     CheckpointError,
     ClaimPhase,
     JsonValue,
+)
+from gpu_dra.kubelet_plugin.claim_allocation import (
+    allocated_devices,
+    allocated_result,
+    get_claim,
+    spec_configs,
 )
 from gpu_dra.kubelet_plugin.claim_records import (
     ClaimRecords,
@@ -57,19 +63,15 @@ from gpu_dra.kubelet_plugin.claim_records import (
     unprepare_started,
 )
 from gpu_dra.kubelet_plugin.instances import PluginInstance
-from gpu_dra.kubelet_plugin.kubeapi import (
-    ClaimNotFoundError,
-    ClaimReader,
-    ClaimReadError,
-    ResourceClaim,
-)
-from gpu_dra.kubelet_plugin.mig import DynamicMig, MigError
+from gpu_dra.kubelet_plugin.kubeapi import ClaimReader, ClaimReadError, ResourceClaim
+from gpu_dra.kubelet_plugin.mig import DynamicMig
 from gpu_dra.kubelet_plugin.mig.tier import DynamicMigTier
-from gpu_dra.kubelet_plugin.mps import MpsControl, MpsError
+from gpu_dra.kubelet_plugin.mps import MpsControl
 from gpu_dra.kubelet_plugin.mps.claim_tier import ClaimMpsTier
 from gpu_dra.kubelet_plugin.mps.share_tier import MpsShareTier
 from gpu_dra.kubelet_plugin.node_devices import NodeInventory
 from gpu_dra.kubelet_plugin.prepare_protocol import ClaimRef, PreparedDevice, PrepareResult
+from gpu_dra.kubelet_plugin.recovery import TIER_ERRORS, UNDOING, missing_parts, recover_claims
 from gpu_dra.kubelet_plugin.tier import (
     AllocatedResult,
     ClaimRequest,
@@ -79,25 +81,11 @@ from gpu_dra.kubelet_plugin.tier import (
     Tier,
     TierPlan,
 )
-from gpu_dra.kubelet_plugin.timeslicing import TimeSlicer, TimeSlicingError
+from gpu_dra.kubelet_plugin.timeslicing import TimeSlicer
 from gpu_dra.kubelet_plugin.timeslicing_tier import TimeSlicingTier
 from gpu_dra.kubelet_plugin.whole_gpu_tier import WholeGpuTier
 
 log = logging.getLogger(__name__)
-
-_T = TypeVar("_T")
-
-_TIER_ERRORS = (MpsError, TimeSlicingError, MigError)
-"""What the tiers' executors raise; each error says whether a retry can succeed."""
-
-_UNDOING = {
-    ClaimPhase.PREPARE_STARTED: "rolling back an interrupted prepare",
-    ClaimPhase.UNPREPARE_STARTED: "finishing an interrupted unprepare",
-}
-_UNFINISHED = {
-    ClaimPhase.PREPARE_STARTED: "unfinished prepare",
-    ClaimPhase.UNPREPARE_STARTED: "unfinished unprepare",
-}
 
 
 class NodeClaimPreparer:
@@ -192,62 +180,19 @@ class NodeClaimPreparer:
         exclusive); their `PrepareStarted` and `UnprepareStarted` records, and what those name,
         are left to them while they run."""
         async with self._exclusive():
-            await self._recover()
-
-    async def _recover(self) -> None:
-        entries = await asyncio.to_thread(self._records.all)
-        for uid, entry in entries.items():
-            if entry.phase is not ClaimPhase.PREPARE_COMPLETED:
-                if self._owner_alive(entry.owner):
-                    # Another instance runs: it finishes this at the claim's next call (which
-                    # any instance may get), not recovery behind its back.
-                    log.info(
-                        "%s left to its running instance claim_uid=%s owner=%s",
-                        _UNFINISHED[entry.phase],
-                        uid,
-                        entry.owner,
-                    )
-                    continue
-                log.info("%s claim_uid=%s", _UNDOING[entry.phase], uid)
-                try:
-                    await _in_thread_to_completion(self._undo, uid)
-                except (*_TIER_ERRORS, OSError) as error:
-                    # Kept in the checkpoint: the next prepare or unprepare retries.
-                    log.error("undo of claim_uid=%s incomplete: %s", uid, error)
-            else:
-                await _in_thread_to_completion(self._adopt, entry)
-        remaining = await asyncio.to_thread(self._records.all)  # what the rollbacks left
-        await _in_thread_to_completion(self._sweep, remaining)
-        await asyncio.to_thread(self._cdi.remove_temporaries)
-        # The data dir's other files (simulated MIG state, time slices) are written by any
-        # instance: their temporaries are removed only here, while no instance works.
-        await asyncio.to_thread(remove_temporaries, self._data_dir, _not_the_checkpoint)
-        owned = {
-            uid
-            for uid, e in remaining.items()
-            if e.phase is ClaimPhase.PREPARE_COMPLETED or self._owner_alive(e.owner)
-        }
-        for uid in await asyncio.to_thread(self._cdi.claim_uids):
-            if uid not in owned:
-                log.info("removing orphaned CDI spec claim_uid=%s", uid)
-                await asyncio.to_thread(self._cdi.remove, uid)
-        if self._claims_dir.exists():
-            for directory in self._claims_dir.iterdir():
-                if directory.name not in owned:
-                    log.info("removing orphaned claim files claim_uid=%s", directory.name)
-                    await asyncio.to_thread(shutil.rmtree, directory, True)
+            await recover_claims(
+                records=self._records,
+                tiers=self._tiers,
+                cdi=self._cdi,
+                data_dir=self._data_dir,
+                claims_dir=self._claims_dir,
+                owner_alive=self._owner_alive,
+                undo=self._undo,
+            )
 
     def _owner_alive(self, owner: str | None) -> bool:
         """Whether the instance that wrote a record still runs (never, without an instance)."""
         return self._instance is not None and self._instance.owner_alive(owner)
-
-    def _adopt(self, entry: CheckpointEntry) -> None:
-        for tier in self._tiers:
-            tier.adopt(entry)
-
-    def _sweep(self, entries: Mapping[str, CheckpointEntry]) -> None:
-        for tier in self._tiers:
-            tier.sweep(entries)
 
     # ---- prepare ---------------------------------------------------------------------------------
     async def _prepare_one(self, claim: ClaimRef) -> PrepareResult:
@@ -264,7 +209,7 @@ class NodeClaimPreparer:
         except (DomainError, OSError, ClaimReadError) as error:
             log.exception("prepare failed claim_uid=%s", claim.uid)
             return _failure(f"{where}: {error} (will retry)", error)
-        except _TIER_ERRORS as error:
+        except TIER_ERRORS as error:
             log.exception("prepare failed claim_uid=%s", claim.uid)
             retry = " (will retry)" if error.retryable else ""
             return _failure(f"{where}: {error}{retry}", error)
@@ -286,7 +231,9 @@ class NodeClaimPreparer:
         if existing is not None:
             lost: list[str] = []
             if existing.phase is ClaimPhase.PREPARE_COMPLETED:
-                lost = await asyncio.to_thread(self._missing, existing)
+                lost = await asyncio.to_thread(
+                    missing_parts, existing, self._cdi, self._claims_dir, self._tiers
+                )
                 if not lost:
                     return existing.devices
                 log.warning(
@@ -295,10 +242,10 @@ class NodeClaimPreparer:
                     claim.uid,
                 )
             else:
-                log.info("%s claim_uid=%s", _UNDOING[existing.phase], claim.uid)
+                log.info("%s claim_uid=%s", UNDOING[existing.phase], claim.uid)
             try:
                 async with self._locked_devices(self._lock_names(existing)):
-                    await _in_thread_to_completion(self._undo, claim.uid)
+                    await in_thread_to_completion(self._undo, claim.uid)
                 resource_claim = await asyncio.to_thread(self._read_claim, claim)
                 return await self._prepare_new(claim, resource_claim)
             except Exception as error:
@@ -314,12 +261,12 @@ class NodeClaimPreparer:
         request = self._request(claim, resource_claim)
         plans = self._plan(request)
         async with self._locked_devices([r.device for r in request.results]):
-            return await _in_thread_to_completion(self._check_and_commit, request, plans)
+            return await in_thread_to_completion(self._check_and_commit, request, plans)
 
     def _request(self, claim: ClaimRef, resource_claim: ResourceClaim) -> ClaimRequest:
         """This driver's results on this node and their opaque configs (class < claim, later
         wins); config errors name the claim, the config entry and the field."""
-        allocation = _allocated_devices(resource_claim)
+        allocation = allocated_devices(resource_claim)
         results = self._our_results(allocation["results"])
         if not results:
             raise PrepareError(
@@ -335,7 +282,7 @@ class NodeClaimPreparer:
             ],
             driver=self._driver,
             claim=f"{claim.namespace}/{claim.name}",
-            spec_configs=_spec_configs(resource_claim),
+            spec_configs=spec_configs(resource_claim),
         )
         return ClaimRequest(claim, tuple(results), tuple(configs.groups))
 
@@ -413,18 +360,6 @@ class NodeClaimPreparer:
             cdi_devices.append(CdiDevice(name, edits))
         self._cdi.write(request.claim.uid, cdi_devices, common_edits=common)
 
-    def _missing(self, entry: CheckpointEntry) -> list[str]:
-        """What of the prepared claim ``entry`` is gone: its CDI spec, its claim files, what
-        the tiers made (daemons, MIG devices). Raises when a tier cannot tell."""
-        missing = []
-        if not self._cdi.path_for(entry.uid).exists():
-            missing.append("its CDI spec is gone")
-        if not (self._claims_dir / entry.uid).is_dir():
-            missing.append("its claim files are gone")
-        for tier in self._tiers:
-            missing += tier.missing(entry)
-        return missing
-
     # ---- unprepare -------------------------------------------------------------------------------
     async def _unprepare_one(self, claim: ClaimRef) -> str | None:
         try:
@@ -434,8 +369,8 @@ class NodeClaimPreparer:
                 if entry is None:
                     return None
                 async with self._locked_devices(self._lock_names(entry)):
-                    await _in_thread_to_completion(self._undo, claim.uid)
-        except (InvalidNameError, OSError, DomainError, CheckpointError, *_TIER_ERRORS) as error:
+                    await in_thread_to_completion(self._undo, claim.uid)
+        except (InvalidNameError, OSError, DomainError, CheckpointError, *TIER_ERRORS) as error:
             log.exception("unprepare failed claim_uid=%s", claim.uid)
             return f"claim {claim.namespace}/{claim.name} ({claim.uid}): {error}"
         except Exception as error:
@@ -476,7 +411,7 @@ class NodeClaimPreparer:
         return None, self._read_claim(claim)
 
     def _read_claim(self, claim: ClaimRef) -> ResourceClaim:
-        resource_claim = _get_claim(self._claims, claim)
+        resource_claim = get_claim(self._claims, claim)
         uid = resource_claim.get("metadata", {}).get("uid")
         if uid != claim.uid and self._uncached_claims is not None:
             log.info(
@@ -484,7 +419,7 @@ class NodeClaimPreparer:
                 uid,
                 claim.uid,
             )
-            resource_claim = _get_claim(self._uncached_claims, claim)
+            resource_claim = get_claim(self._uncached_claims, claim)
             uid = resource_claim.get("metadata", {}).get("uid")
         if uid != claim.uid:
             raise PrepareError(
@@ -508,7 +443,7 @@ class NodeClaimPreparer:
         for index, item in enumerate(raw):
             if item.get("driver") != self._driver or item.get("pool") != self._pool:
                 continue
-            result = _allocated_result(index, item)
+            result = allocated_result(index, item)
             if self._inventory.by_name(result.device) is None:
                 raise PrepareError(
                     f"allocated device {result.device} does not exist on node {self._pool}; "
@@ -573,12 +508,6 @@ class NodeClaimPreparer:
             yield
 
 
-def _not_the_checkpoint(target: str) -> bool:
-    """Whether temporary files of writes of ``target`` are recovery's to remove (the
-    checkpoint's own are `Checkpoint.load`'s, under the checkpoint lock)."""
-    return target != CHECKPOINT_FILE
-
-
 def _failure(message: str, error: BaseException) -> PrepareResult:
     """The failed result with ``message``, and the context notes ``error`` carries."""
     notes = getattr(error, "__notes__", [])
@@ -592,92 +521,3 @@ def _gpu_of(device: str) -> str:
     except InvalidNameError:
         return device
     return gpu_device_name(name.parent_minor) if isinstance(name, MigDeviceName) else device
-
-
-def merged_edits(first: ContainerEdits, second: ContainerEdits) -> ContainerEdits:
-    """``first`` then ``second``: environments combined (``second`` wins a name), the rest
-    concatenated."""
-    return ContainerEdits(
-        env={**first.env, **second.env},
-        device_nodes=first.device_nodes + second.device_nodes,
-        mounts=first.mounts + second.mounts,
-        hooks=first.hooks + second.hooks,
-    )
-
-
-def _allocated_devices(resource_claim: ResourceClaim) -> dict[str, list[Mapping[str, Any]]]:
-    """``status.allocation.devices``: its ``results`` and ``config`` (lists of objects, empty
-    when absent); `PrepareError` naming what is malformed."""
-    allocation = resource_claim["status"]["allocation"]
-    devices = allocation.get("devices") if isinstance(allocation, Mapping) else None
-    where = "status.allocation.devices"
-    if not isinstance(devices, Mapping):
-        raise PrepareError(f"the claim's {where} is not an object: {devices!r:.100}")
-    found: dict[str, list[Mapping[str, Any]]] = {}
-    for key in ("results", "config"):
-        items = devices.get(key)
-        items = [] if items is None else items
-        if not isinstance(items, list) or not all(isinstance(i, Mapping) for i in items):
-            raise PrepareError(f"the claim's {where}.{key} is not a list of objects")
-        found[key] = items
-    return found
-
-
-def _spec_configs(resource_claim: ResourceClaim) -> list[Mapping[str, Any]] | None:
-    """``spec.devices.config`` (used only to name claim configs in messages), if well-formed."""
-    spec = resource_claim.get("spec")
-    devices = spec.get("devices") if isinstance(spec, Mapping) else None
-    configs = devices.get("config") if isinstance(devices, Mapping) else None
-    if isinstance(configs, list) and all(isinstance(c, Mapping) for c in configs):
-        return configs
-    return None
-
-
-def _allocated_result(index: int, item: Mapping[str, Any]) -> AllocatedResult:
-    """One of this driver's allocation results; `PrepareError` naming a malformed field."""
-
-    def field(key: str, kind: type | tuple[type, ...], *, required: bool = False) -> Any:
-        value = item.get(key)
-        if (value is None and required) or (value is not None and not isinstance(value, kind)):
-            raise PrepareError(
-                f"allocation result {index} of the claim is malformed: {key} is {value!r:.100}"
-            )
-        return value
-
-    consumed = field("consumedCapacity", Mapping)
-    if consumed is not None and not all(isinstance(v, str) for v in consumed.values()):
-        raise PrepareError(
-            f"allocation result {index} of the claim is malformed: consumedCapacity is "
-            f"{consumed!r:.100}"
-        )
-    return AllocatedResult(
-        request=field("request", str, required=True),
-        device=field("device", str, required=True),
-        admin_access=bool(field("adminAccess", bool)),
-        share_id=field("shareID", str),
-        consumed=consumed,
-    )
-
-
-def _get_claim(reader: ClaimReader, claim: ClaimRef) -> ResourceClaim:
-    try:
-        return reader.get_claim(claim.namespace, claim.name)
-    except ClaimNotFoundError as error:
-        raise PrepareError(f"{error}; it was deleted before the pod started") from error
-
-
-async def _in_thread_to_completion(func: Callable[..., _T], /, *args: object) -> _T:
-    """`asyncio.to_thread`, except that cancellation waits for the thread to finish.
-
-    The thread cannot be stopped: returning early would release the caller's claim and device
-    locks while it still writes, letting an unprepare (or another claim's prepare) of the same
-    devices run beside a half-done prepare and leak its CDI spec and checkpoint entry.
-    """
-    task = asyncio.ensure_future(asyncio.to_thread(func, *args))
-    try:
-        return await asyncio.shield(task)
-    except asyncio.CancelledError:
-        await asyncio.wait({task})
-        if not task.cancelled():
-            task.exception()  # the caller is gone; the work rolled itself back if it failed
-        raise
