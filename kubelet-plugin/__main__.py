@@ -1,413 +1,55 @@
 """Composition root of `gpu-dra-kubelet-plugin`: settings -> adapters -> serve until SIGTERM.
 
-Order matters: discover the GPUs (`discover`: a node-wide NVML failure, or GPUs of which none can
-be read, stop the plugin with exit status 1; a GPU that cannot be read is left out, logged at ERROR
-with its NVML return code and exported as ``gpu_dra_gpu_discovery_errors``; see
-docs/real-nodes.md, "NVML errors"), refuse a node whose GPUs NVIDIA's device plugin or another DRA
-driver already serves (`guard_node`, kubelet-plugin/guard.py), register this instance in the data
-dir (`register_instance`: sockets of dead instances removed), recover from the checkpoint (roll
-back half-done prepares and finish half-done unprepares of dead instances, remove orphaned CDI
-specs), start publishing the node's
-ResourceSlices (while this is the newest ready instance) and caching the ResourceClaims, then
-serve the DRA socket, and only then the registration socket (PluginServer does both in that
-order). The MPS daemon manager exists before
-recovery, which adopts the daemons of prepared claims and stops those of interrupted prepares; the
-time slicer (nvidia-smi on real GPUs, a recorded fake on simulated nodes) exists before recovery
-too, which resets the time-slice intervals of interrupted prepares. With dynamic MIG, recovery also
-destroys the MIG instances of partitionable GPUs that no prepared claim owns. Every successful
-registration republishes the slices: the kubelet wipes them when it starts. Prepares GET their
-claims until the cache has listed them. The gRPC health service (`--healthcheck-port`,
-kubelet-plugin/health.py) listens from the start and reports SERVING once recovery is done and both
-sockets answer. The device health monitor (`device_health.runtime`, on by default with real NVML)
-starts after the publisher and stops after the sockets: every change of device health
-republishes the slices with the devices' taints, and its DRAResourceHealth service is served on
-the DRA socket.
+Order matters: discover the GPUs, refuse a node whose GPUs something else hands out, register
+this instance, load the checkpoint and recover (MPS manager, time slicer and MIG lifecycle exist
+before recovery, which uses them), mark the instance ready, publish the ResourceSlices (while the
+newest ready instance) and start the device health monitor, then serve the DRA socket and only
+then the registration socket. The gRPC health service listens from the start and reports SERVING
+once recovery is done and both sockets answer. A `StartupError` is exit status 1. The parts are
+built in `startup.py`. See docs/architecture.md, "Start-up of the kubelet plugin".
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import functools
 import logging
-import os
 import signal
 import sys
-from collections.abc import Callable, Sequence
-from pathlib import Path
+from collections.abc import Sequence
 
 from kubernetes.client import ApiClient
 from prometheus_client import CollectorRegistry, start_http_server
 
-from gpu_dra.driver import slices
-from gpu_dra.driver.discovery import DiscoveryError, discover_devices
 from gpu_dra.driver.model import NodeDevices
-from gpu_dra.driver.nvml.interface import (
-    NVML_INIT_FLAG_NO_GPUS,
-    NVMLError,
-    NvmlLibrary,
-    PciTopology,
-    return_code,
-    return_code_name,
-)
-from gpu_dra.driver.nvml.real import RealNvml
-from gpu_dra.driver.nvml.simulated import SimulatedHost
-from gpu_dra.driver.nvml.sysfs import SysfsPciTopology
+from gpu_dra.driver.nvml.interface import NvmlLibrary
 from gpu_dra.driver.shares import ShareSelectionError
-from gpu_dra.kube.client import new_api_client, read_server_version
-from gpu_dra.kube.errors import ApiError
+from gpu_dra.kubelet_plugin import startup
 from gpu_dra.kubelet_plugin.cdi import ClaimSpecStore
 from gpu_dra.kubelet_plugin.checkpoint import Checkpoint
 from gpu_dra.kubelet_plugin.claimcache import CachedClaimReader
 from gpu_dra.kubelet_plugin.device_health.runtime import (
+    HealthRuntime,
     close_health,
     health_services,
     start_health,
 )
-from gpu_dra.kubelet_plugin.driver_root import DriverRoot, DriverUserspaceError
-from gpu_dra.kubelet_plugin.driver_userspace import CommonEdits
-from gpu_dra.kubelet_plugin.guard import (
-    GuardApi,
-    KubernetesGuardApi,
-    NodeCheck,
-    NodeConflictError,
-    guard,
-)
 from gpu_dra.kubelet_plugin.health import HealthServer, PluginHealth
-from gpu_dra.kubelet_plugin.instances import InstanceRegistry, PluginInstance
-from gpu_dra.kubelet_plugin.kubeapi import KubernetesClaimReader, KubernetesPodApi
+from gpu_dra.kubelet_plugin.instances import PluginInstance
+from gpu_dra.kubelet_plugin.kubeapi import KubernetesClaimReader
 from gpu_dra.kubelet_plugin.metrics import (
     DiscoveryMetrics,
     PluginMetrics,
     register_checkpoint_collectors,
 )
-from gpu_dra.kubelet_plugin.mig import (
-    SIMULATED_STATE_FILE,
-    DynamicMig,
-    MigLifecycle,
-    SimulatedMigStateFile,
-    crash_point_from_env,
-)
-from gpu_dra.kubelet_plugin.mps import (
-    DaemonRunner,
-    MpsDaemonManager,
-    NvmlComputeMode,
-    PlainDirectoryShm,
-    PodRunner,
-    ProcessRunner,
-    ShmMounter,
-    TmpfsShmMounter,
-)
+from gpu_dra.kubelet_plugin.mig import SimulatedMigStateFile
 from gpu_dra.kubelet_plugin.node_devices import NodeInventory
-from gpu_dra.kubelet_plugin.node_locks import NodeLocks
 from gpu_dra.kubelet_plugin.prepare import NodeClaimPreparer
 from gpu_dra.kubelet_plugin.publishing import PublisherTurn
-from gpu_dra.kubelet_plugin.server import (
-    MAX_SOCKET_PATH_BYTES,
-    PluginServer,
-    remove_stale_sockets,
-    socket_paths,
-)
+from gpu_dra.kubelet_plugin.server import PluginServer
 from gpu_dra.kubelet_plugin.settings import KubeletPluginSettings
-from gpu_dra.kubelet_plugin.slices.kubeapi import KubernetesSliceApi
-from gpu_dra.kubelet_plugin.slices.metrics import SliceMetrics
-from gpu_dra.kubelet_plugin.slices.publisher import SlicePublisher
-from gpu_dra.kubelet_plugin.timeslicing import (
-    RECORD_FILE,
-    NvidiaSmiTimeSlicer,
-    RecordedTimeSlicer,
-    TimeSlicer,
-    driver_tool_env,
-)
+from gpu_dra.kubelet_plugin.startup import StartupError
 
 log = logging.getLogger("gpu_dra.kubelet_plugin")
-
-
-class StartupError(Exception):
-    """The plugin cannot start; the message says why (logged, exit status 1)."""
-
-
-def _nvml(settings: KubeletPluginSettings) -> tuple[NvmlLibrary, PciTopology]:
-    """Real NVML, or the simulated profile (`_nvml_and_state`)."""
-    nvml, pci, _ = _nvml_and_state(settings)
-    return nvml, pci
-
-
-def _nvml_and_state(
-    settings: KubeletPluginSettings,
-) -> tuple[NvmlLibrary, PciTopology, SimulatedMigStateFile | None]:
-    """Real NVML, or the simulated profile, whose MIG state lives in
-    ``<data-dir>/simulated-nvml.json`` (loaded now, rewritten on every change, shared with
-    another instance on the node) so that simulated MIG instances outlive the process as real
-    ones do; that file is returned too."""
-    if settings.simulate:
-        settings.state_dir.mkdir(parents=True, exist_ok=True, mode=0o750)
-        state = SimulatedMigStateFile(settings.state_dir / SIMULATED_STATE_FILE, settings.simulate)
-        host = SimulatedHost.load(
-            settings.simulate, settings.node_name, saved_mig=state.load(), on_mig_change=state.save
-        )
-        state.attach(host.nvml)
-        return host.nvml, host.pci, state
-    return RealNvml(settings.driver_root), SysfsPciTopology(), None
-
-
-def discover(
-    settings: KubeletPluginSettings,
-    nvml: NvmlLibrary,
-    pci: PciTopology,
-    metrics: DiscoveryMetrics | None = None,
-) -> NodeDevices:
-    """The node's GPUs. Raises `StartupError` when NVML cannot be initialised or asked for its
-    GPUs, and when it reports GPUs of which none can be read (publishing nothing for them would
-    hide them). Each GPU left out is logged at ERROR with the NVML call and return code, and set
-    in `metrics`."""
-    try:
-        devices = discover_devices(nvml, pci, mig_profiles=settings.dynamic_mig_enabled)
-    except DiscoveryError as error:
-        raise StartupError(f"GPU discovery failed: {error}") from error
-    for problem in devices.problems:
-        log.error(
-            "GPU left out, not published: %s (gpu=%d uuid=%s reason=%s)",
-            problem.message,
-            problem.index,
-            problem.uuid or "-",
-            problem.reason,
-        )
-    if metrics is not None:
-        metrics.set_problems(devices.problems)
-    if devices.problems and not devices.gpus:
-        reasons = sorted({problem.reason for problem in devices.problems})
-        raise StartupError(
-            f"none of the {len(devices.problems)} GPU(s) NVML reports can be read "
-            f"({', '.join(reasons)}; each is logged above); refusing to publish an empty "
-            "ResourceSlice for them"
-        )
-    return devices
-
-
-def _dynamic_mig(
-    settings: KubeletPluginSettings,
-    nvml: NvmlLibrary,
-    inventory: NodeInventory,
-    locks: NodeLocks | None = None,
-    simulated: SimulatedMigStateFile | None = None,
-) -> DynamicMig | None:
-    """The MIG lifecycle of the partitionable GPUs (dynamic MIG only) under the node-wide GPU
-    locks, with the test-only crash point of ``GPU_DRA_TEST_CRASH_AT`` on simulated nodes (whose
-    GPU state is refreshed from the shared file before each use)."""
-    if not settings.dynamic_mig_enabled:
-        return None
-    crash_point = crash_point_from_env(os.environ, simulated=settings.simulate is not None)
-    lifecycle = MigLifecycle(
-        nvml,
-        crash_point=crash_point,
-        locks=locks,
-        refresh=None if simulated is None else simulated.refresh,
-    )
-    return DynamicMig(lifecycle, inventory.partitionable_gpus())
-
-
-def nvml_driver_version(nvml: NvmlLibrary) -> str:
-    """``nvmlSystemGetDriverVersion`` between an init and a shutdown of its own; an NVML error
-    is raised with its return code name."""
-    try:
-        nvml.init_with_flags(NVML_INIT_FLAG_NO_GPUS)
-        try:
-            return nvml.system_get_driver_version()
-        finally:
-            nvml.shutdown()
-    except NVMLError as error:
-        code = return_code(error)
-        name = return_code_name(code) if code is not None else type(error).__name__
-        raise DriverUserspaceError(f"nvmlSystemGetDriverVersion failed: {name}") from error
-
-
-def driver_root(settings: KubeletPluginSettings) -> DriverRoot:
-    """The driver root as the plugin sees it (`--driver-root`) and as the host does
-    (`--nvidia-driver-root`)."""
-    return DriverRoot(settings.driver_root, settings.host_driver_root)
-
-
-async def _common_edits(settings: KubeletPluginSettings, nvml: NvmlLibrary) -> CommonEdits | None:
-    """The driver userspace every real GPU container gets (None on simulated nodes), found now
-    so that a wrong driver root is logged at start; prepares recompute it when the driver
-    changes and fail with the message while it cannot be found."""
-    if settings.simulate:
-        return None
-    common = CommonEdits(
-        driver_root(settings),
-        functools.partial(nvml_driver_version, nvml),
-        hook_path=settings.nvidia_cdi_hook_path,
-        disabled_hooks=settings.disable_cdi_hooks,
-    )
-    try:
-        await asyncio.to_thread(common.current)
-    except DriverUserspaceError as error:
-        log.error("driver userspace not found, GPU claims will fail until it is: %s", error)
-    return common
-
-
-POD_START_TIMEOUT_S = 25.0
-"""Start-up deadline of a daemon pod (pod sandbox, container, socket), below --call-timeout."""
-
-
-def _mps(
-    settings: KubeletPluginSettings, api_client: ApiClient, nvml: NvmlLibrary
-) -> MpsDaemonManager | None:
-    """The MPS daemon manager, or None (claims asking for MPS then fail with a message).
-
-    The workloads' shm is a tmpfs per daemon on real GPUs when the plugin runs as root (it needs
-    CAP_SYS_ADMIN, and the data dir must be mounted with Bidirectional propagation for
-    containers to see it); simulated nodes, and a plugin that is not root, use a plain
-    directory, so that e2e runs need no mount privileges. Daemons run as host processes or as
-    pods of this node (``--mps-daemon-runner``); the compute mode of their full GPUs is set only
-    with ``--mps-exclusive-compute-mode``.
-    """
-    binary = settings.resolved_mps_control_binary()
-    if binary is None:
-        log.warning(
-            "MPS control program %r not found on PATH nor under %s/usr/bin: "
-            "claims with sharing strategy MPS will fail on this node",
-            settings.mps_control_binary,
-            settings.driver_root,
-        )
-        return None
-    shm: ShmMounter
-    if settings.simulate is None and os.geteuid() == 0:
-        shm = TmpfsShmMounter()
-    else:
-        shm = PlainDirectoryShm()
-        if settings.simulate is None:
-            log.warning("not root: MPS shm directories are plain directories, not tmpfs mounts")
-    pods = PodRunner(
-        KubernetesPodApi(api_client),
-        namespace=settings.mps_daemon_namespace,
-        node_name=settings.node_name,
-        image=settings.mps_daemon_image,
-        driver_root=Path(settings.host_driver_root),
-        priority_class=settings.mps_daemon_priority_class,
-        image_pull_secrets=settings.mps_daemon_image_pull_secrets,
-    )
-    # The other runner still checks and stops the daemons it started before a switch.
-    runner: DaemonRunner = ProcessRunner()
-    other: DaemonRunner = pods
-    start_timeout_s = 10.0
-    if settings.mps_daemon_runner == "pod":
-        runner, other = pods, runner
-        start_timeout_s = POD_START_TIMEOUT_S
-    try:
-        manager = MpsDaemonManager(
-            settings.state_dir,
-            binary=binary,
-            shm=shm,
-            runner=runner,
-            start_timeout_s=start_timeout_s,
-            compute_mode=NvmlComputeMode(nvml) if settings.mps_exclusive_compute_mode else None,
-            other_runners=[other],
-        )
-    except ValueError as error:
-        log.error("MPS is unavailable: %s", error)
-        return None
-    log.info(
-        "mps control program=%s shm=%s runner=%s image=%s namespace=%s exclusive_compute_mode=%s",
-        binary,
-        type(shm).__name__,
-        runner.name,
-        settings.mps_daemon_image or "-",
-        settings.mps_daemon_namespace,
-        settings.mps_exclusive_compute_mode,
-    )
-    return manager
-
-
-PASCAL_ARCHITECTURE = 4
-"""``NVML_DEVICE_ARCH_PASCAL``: simulated GPUs of this architecture or older answer "Not
-Supported" to time-slice commands, as the Tesla P4 does (NVIDIA issues #41, #81, #363)."""
-
-
-def _time_slicer(settings: KubeletPluginSettings, devices: NodeDevices) -> TimeSlicer | None:
-    """nvidia-smi on real GPUs (None when it is not found: TimeSlicing claims then fail with a
-    message); on simulated nodes the recorded fake, writing `<data-dir>/time-slicing.json`."""
-    if settings.simulate:
-        unsupported = {g.uuid for g in devices.gpus if g.architecture <= PASCAL_ARCHITECTURE}
-        path = settings.state_dir / RECORD_FILE
-        log.info("time-slicing simulated: recorded in %s", path)
-        return RecordedTimeSlicer(path, not_supported=unsupported)
-    binary = settings.resolved_nvidia_smi()
-    if binary is None:
-        log.warning(
-            "nvidia-smi %r not found on PATH nor under %s/usr/bin: claims with sharing strategy "
-            "TimeSlicing on full GPUs will fail on this node",
-            settings.nvidia_smi,
-            settings.driver_root,
-        )
-        return None
-    try:
-        env = driver_tool_env(binary, settings.driver_root)
-    except FileNotFoundError as error:
-        log.warning("%s: claims with sharing strategy TimeSlicing will fail on this node", error)
-        return None
-    preloaded = f" (LD_PRELOAD={env['LD_PRELOAD']})" if "LD_PRELOAD" in env else ""
-    log.info("time-slicing with %s%s", binary, preloaded)
-    return NvidiaSmiTimeSlicer(binary, base_env=env)
-
-
-def slice_layout(
-    settings: KubeletPluginSettings, server_version: Callable[[], tuple[str, str]]
-) -> slices.SliceLayout:
-    """`--slice-layout`, or the layout the apiserver's version accepts (1.34 combined, 1.35+
-    split; `server_version` gives ``/version``'s major and minor); split when the version cannot
-    be read (logged, naming the flag)."""
-    if settings.slice_layout is not None:
-        return settings.slice_layout
-    try:
-        major, minor = server_version()
-        layout = slices.layout_for_kubernetes(major, minor)
-    except (ApiError, ValueError) as error:
-        log.warning("%s; publishing the split layout (set --slice-layout to choose)", error)
-        return slices.SliceLayout.SPLIT
-    log.info("apiserver version %s.%s: %s slice layout", major, minor, layout.value)
-    return layout
-
-
-def node_inventory(settings: KubeletPluginSettings, devices: NodeDevices) -> NodeInventory:
-    """The inventory of what `discover` found, logged; a warning when it publishes nothing."""
-    dynamic_mig = settings.dynamic_mig_enabled
-    inventory = NodeInventory.from_discovery(
-        devices,
-        simulated=settings.simulate is not None,
-        driver=driver_root(settings),
-        mps_shares=settings.mps_shares,
-        dynamic_mig=dynamic_mig,
-        cdi_hook_path=settings.nvidia_cdi_hook_path,
-        disabled_cdi_hooks=settings.disable_cdi_hooks,
-    )
-    log.info(
-        "discovered %d GPU(s) (%d left out) and %d MIG device(s) node=%s simulated=%s "
-        "dynamic_mig=%s partitionable GPUs=%d",
-        len(devices.gpus),
-        len(devices.problems),
-        len(devices.mig_devices),
-        settings.node_name,
-        settings.simulate,
-        dynamic_mig,
-        len(inventory.counter_sets()),
-    )
-    if not inventory.published_devices():
-        log.warning(
-            "no device to publish: %s",
-            "NVML reports no GPU"
-            if not devices.gpus
-            else "every usable GPU is in MIG mode without MIG devices (make MIG devices, or "
-            "run with --dynamic-mig)",
-        )
-    if inventory.mps_shares:
-        log.info(
-            "offering GPU(s) %s as MPS shares (max share %d%%)",
-            ",".join(str(gpu.index) for gpu in inventory.mps_shares),
-            settings.mps_share_max_percent,
-        )
-    return inventory
 
 
 async def run(settings: KubeletPluginSettings) -> None:
@@ -426,83 +68,16 @@ async def run(settings: KubeletPluginSettings) -> None:
             await health_server.stop()
 
 
-def guard_node(settings: KubeletPluginSettings, api: GuardApi) -> None:
-    """Refuse (`StartupError`, after an Event on the Node) a node whose GPUs NVIDIA's device
-    plugin or another DRA driver of this name already serves (another running gpu-dra instance
-    of this data dir is a rolling update, not a conflict); a check that cannot be made refuses
-    too."""
-    live = InstanceRegistry(settings.state_dir).live()
-    check = NodeCheck(
-        node_name=settings.node_name,
-        driver_name=settings.driver_name,
-        plugins_dir=settings.kubelet_plugins_dir,
-        registry_dir=settings.kubelet_registry_dir,
-        device_plugins_dir=settings.device_plugins_dir,
-        gpu_dra_sockets=frozenset(Path(path) for info in live for path in info.sockets),
-    )
-    try:
-        guard(
-            api,
-            check,
-            event_namespace=settings.event_namespace,
-            allow_device_plugin=settings.allow_nvidia_device_plugin,
-        )
-    except NodeConflictError as error:
-        raise StartupError(f"this node's GPUs are already handed out: {error}") from error
-    except ApiError as error:
-        raise StartupError(
-            f"cannot check whether something else hands out this node's GPUs: {error}"
-        ) from error
-
-
-async def _guarded_api_client(settings: KubeletPluginSettings) -> ApiClient:
-    """The API client, once `guard_node` let the plugin start on this node."""
-    api_client = new_api_client(settings.kubeconfig)
-    await asyncio.to_thread(guard_node, settings, KubernetesGuardApi(api_client))
-    return api_client
-
-
-def register_instance(settings: KubeletPluginSettings) -> PluginInstance:
-    """This process as a plugin instance of the data dir, after forgetting dead instances and
-    removing their sockets (and any other socket of this driver nobody serves)."""
-    registry = InstanceRegistry(settings.state_dir)
-    dead = registry.remove_dead()
-    instance_id = settings.instance_id or None
-    sockets = socket_paths(
-        settings.driver_name,
-        settings.kubelet_plugins_dir,
-        settings.kubelet_registry_dir,
-        instance_id,
-    )
-    for path in sockets:
-        if len(os.fsencode(path)) > MAX_SOCKET_PATH_BYTES:
-            raise StartupError(
-                f"socket path {path} is longer than {MAX_SOCKET_PATH_BYTES} bytes: use a "
-                "shorter --kubelet-plugins-dir (or --instance-id)"
-            )
-    instance = registry.register(settings.instance_id, sockets)
-    live = {Path(path) for info in registry.live() for path in info.sockets}
-    candidates = {Path(path) for info in dead for path in info.sockets}
-    socket_dir = settings.kubelet_plugins_dir.absolute() / settings.driver_name
-    registry_dir = settings.kubelet_registry_dir.absolute()
-    with contextlib.suppress(OSError):
-        candidates.update(socket_dir.glob("dra*.sock"))
-    with contextlib.suppress(OSError):
-        candidates.update(registry_dir.glob(f"{settings.driver_name}-*reg.sock"))
-    remove_stale_sockets(candidates, keep=live)
-    return instance
-
-
 async def serve(settings: KubeletPluginSettings, health: PluginHealth) -> None:
-    nvml, pci, simulated_mig = _nvml_and_state(settings)
+    nvml, pci, simulated_mig = startup.node_nvml_and_state(settings)
     registry = CollectorRegistry()
     discovery_metrics = DiscoveryMetrics(registry, settings.node_name)
-    devices = await asyncio.to_thread(discover, settings, nvml, pci, discovery_metrics)
-    inventory = node_inventory(settings, devices)
+    devices = await asyncio.to_thread(startup.discover, settings, nvml, pci, discovery_metrics)
+    inventory = startup.node_inventory(settings, devices)
     # Discovery only reads; nothing is written (checkpoint, CDI specs, MIG) before the guard.
-    api_client = await _guarded_api_client(settings)
+    api_client = await startup.guarded_api_client(settings)
     settings.state_dir.mkdir(parents=True, exist_ok=True, mode=0o750)
-    instance = await asyncio.to_thread(register_instance, settings)
+    instance = await asyncio.to_thread(startup.register_instance, settings)
     try:
         await _serve_instance(
             settings, health=health, instance=instance, api_client=api_client, nvml=nvml,
@@ -512,34 +87,17 @@ async def serve(settings: KubeletPluginSettings, health: PluginHealth) -> None:
         instance.close()
 
 
-async def _publisher_turn(
-    settings: KubeletPluginSettings,
-    api_client: ApiClient,
-    inventory: NodeInventory,
-    registry: CollectorRegistry,
-    instance: PluginInstance,
-) -> tuple[PublisherTurn, slices.SliceLayout]:
-    """Publishing of the node's pool (in the layout the apiserver takes, read only when there
-    are counter sets), while this instance is the newest ready one; the layout."""
-    slice_metrics = SliceMetrics(registry)
-    layout = slices.SliceLayout.SPLIT
-    if inventory.counter_sets():
-        layout = await asyncio.to_thread(
-            slice_layout, settings, functools.partial(read_server_version, api_client)
+async def _load_checkpoint(settings: KubeletPluginSettings) -> Checkpoint:
+    """The checkpoint of the data dir, loaded (one of another boot discarded, and logged)."""
+    checkpoint = Checkpoint(settings.state_dir)
+    loaded = await asyncio.to_thread(checkpoint.load)
+    if loaded.discarded_boot_id:
+        log.info(
+            "node rebooted: discarded checkpoint of boot %s with %d claim(s)",
+            loaded.discarded_boot_id,
+            len(loaded.discarded_claims),
         )
-    pool = inventory.desired_pool(settings.driver_name, settings.node_name, layout)
-
-    def new_publisher() -> SlicePublisher:
-        return SlicePublisher(
-            KubernetesSliceApi(api_client),
-            driver=settings.driver_name,
-            node_name=settings.node_name,
-            metrics=slice_metrics,
-        )
-
-    turn = PublisherTurn(new_publisher, instance.newest_ready)
-    turn.set_desired(pool)
-    return turn, layout
+    return checkpoint
 
 
 async def _serve_instance(
@@ -554,18 +112,11 @@ async def _serve_instance(
     registry: CollectorRegistry,
     simulated_mig: SimulatedMigStateFile | None,
 ) -> None:
-    checkpoint = Checkpoint(settings.state_dir)
-    loaded = await asyncio.to_thread(checkpoint.load)
-    if loaded.discarded_boot_id:
-        log.info(
-            "node rebooted: discarded checkpoint of boot %s with %d claim(s)",
-            loaded.discarded_boot_id,
-            len(loaded.discarded_claims),
-        )
-    common_edits = await _common_edits(settings, nvml)
+    checkpoint = await _load_checkpoint(settings)
+    common_edits = await startup.common_edits(settings, nvml)
     claim_api = KubernetesClaimReader(api_client)
     claims = CachedClaimReader(claim_api)
-    mps = _mps(settings, api_client, nvml)
+    mps = startup.mps_manager(settings, api_client, nvml)
     preparer = NodeClaimPreparer(
         driver_name=settings.driver_name,
         node_name=settings.node_name,
@@ -576,9 +127,9 @@ async def _serve_instance(
         cdi=ClaimSpecStore(settings.cdi_root, driver_name=settings.driver_name),
         claims_dir=settings.state_dir / "claims",
         mps=mps,
-        time_slicer=_time_slicer(settings, devices),
+        time_slicer=startup.time_slicer(settings, devices),
         mps_share_max_percent=settings.mps_share_max_percent,
-        dynamic_mig=_dynamic_mig(settings, nvml, inventory, instance.locks, simulated_mig),
+        dynamic_mig=startup.dynamic_mig(settings, nvml, inventory, instance.locks, simulated_mig),
         common_edits=None if common_edits is None else common_edits.current,
         instance=instance,
     )
@@ -594,7 +145,9 @@ async def _serve_instance(
         start_http_server(settings.metrics_port, registry=registry)
         log.info("metrics on :%d/metrics", settings.metrics_port)
     # The newest ready instance publishes: two versions never write the pool in turn.
-    publisher, layout = await _publisher_turn(settings, api_client, inventory, registry, instance)
+    publisher, layout = await startup.publisher_turn(
+        settings, api_client, inventory, registry, instance
+    )
     publishing = asyncio.create_task(publisher.run(), name="publisher-turn")
     device_health = start_health(
         settings,
@@ -606,6 +159,27 @@ async def _serve_instance(
             inventory.desired_pool(settings.driver_name, settings.node_name, layout, taints)
         ),
     )
+    await _serve_sockets(
+        settings, health=health, preparer=preparer, registry=registry, claims=claims,
+        publisher=publisher, publishing=publishing, device_health=device_health,
+        api_client=api_client,
+    )  # fmt: skip
+
+
+async def _serve_sockets(
+    settings: KubeletPluginSettings,
+    *,
+    health: PluginHealth,
+    preparer: NodeClaimPreparer,
+    registry: CollectorRegistry,
+    claims: CachedClaimReader,
+    publisher: PublisherTurn,
+    publishing: asyncio.Task[None],
+    device_health: HealthRuntime | None,
+    api_client: ApiClient,
+) -> None:
+    """Serve the DRA and registration sockets until SIGTERM or SIGINT (or a publisher bug),
+    then stop in order: sockets, health monitor, publisher, claim cache, API client."""
 
     async def registered() -> None:
         publisher.republish()

@@ -3,7 +3,7 @@
 ``python -m tests.e2e_tools.plugin_cdi_probe <driver root> <work dir> <nvidia-cdi-hook path>``,
 with the NVML mock library's ``GPU_DRA_NVML_MOCK_*`` variables in the environment (pynvml keeps
 one loaded library per process, hence the subprocess). It composes the plugin as its
-``__main__`` does in real mode (`discover`, `node_inventory`, `_common_edits` over `RealNvml` of
+``__main__`` does in real mode (`discover`, `node_inventory`, `common_edits` over `RealNvml` of
 the driver root), builds the real `NodeClaimPreparer` over it (claims from an in-memory API
 server, the MPS test double, the recorded time slicer) and prepares one claim at a time: each
 published device alone, then MPS and TimeSlicing claims on a whole GPU and on a MIG device. It
@@ -25,10 +25,10 @@ from typing import Any
 from gpu_dra.driver.model import Gpu, MigDevice
 from gpu_dra.driver.nvml.real import RealNvml
 from gpu_dra.driver.nvml.sysfs import SysfsPciTopology
-from gpu_dra.kubelet_plugin.__main__ import _common_edits, discover, node_inventory
 from gpu_dra.kubelet_plugin.cdi import ContainerEdits
 from gpu_dra.kubelet_plugin.node_devices import NodeInventory
 from gpu_dra.kubelet_plugin.settings import KubeletPluginSettings
+from gpu_dra.kubelet_plugin.startup import common_edits, discover, node_inventory
 from gpu_dra.kubelet_plugin.timeslicing import RecordedTimeSlicer
 from tests.doubles.mps_helpers import kill_processes_under, scratch_root
 from tests.fakes.claim_reader import allocation_result, gpu_config, opaque_config, resource_claim
@@ -79,7 +79,7 @@ def main(argv: list[str]) -> int:
     nvml = RealNvml(settings.driver_root)
     devices = discover(settings, nvml, SysfsPciTopology())
     inventory = node_inventory(settings, devices)
-    common = asyncio.run(_common_edits(settings, nvml))
+    common = asyncio.run(common_edits(settings, nvml))
     assert common is not None, "real mode has common edits"
 
     def current() -> ContainerEdits:

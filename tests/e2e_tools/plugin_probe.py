@@ -8,7 +8,7 @@ Commands (``--sysfs DIR`` reads PCIe roots and NUMA nodes from a sysfs tree ther
 ``/sys``):
 
 - ``publish [--dynamic-mig] [--sysfs DIR]``: the plugin's start-up in real mode (its flags
-  parsed with ``--driver-root``, `_nvml`, `discover`, `node_inventory`): the published devices,
+  parsed with ``--driver-root``, `node_nvml`, `discover`, `node_inventory`): the published devices,
   the counter sets, the static MIG devices found and the GPUs left out.
 - ``mig-mode <0|1>``: sets the MIG mode of every GPU (as an administrator's ``nvidia-smi -mig``).
 - ``lifecycle <scenario>``: `MigLifecycle` (the plugin's dynamic MIG) on GPUs found by that
@@ -33,10 +33,10 @@ from gpu_dra.driver.nvml.interface import (
 )
 from gpu_dra.driver.nvml.real import RealNvml
 from gpu_dra.driver.nvml.sysfs import SysfsPciTopology
-from gpu_dra.kubelet_plugin.__main__ import _nvml, discover, node_inventory
 from gpu_dra.kubelet_plugin.mig import MigError, MigLifecycle
 from gpu_dra.kubelet_plugin.node_devices import NodeInventory
 from gpu_dra.kubelet_plugin.settings import KubeletPluginSettings
+from gpu_dra.kubelet_plugin.startup import discover, node_inventory, node_nvml
 
 
 def main(argv: list[str]) -> int:
@@ -67,7 +67,7 @@ def start(
     settings = KubeletPluginSettings.parse(
         [*flags, *(["--dynamic-mig"] if dynamic_mig else [])], {}
     )
-    nvml, pci = _nvml(settings)
+    nvml, pci = node_nvml(settings)
     assert isinstance(nvml, RealNvml), "real mode"
     if sysfs is not None:
         pci = SysfsPciTopology(sysfs)

@@ -28,8 +28,8 @@ import yaml
 
 from e2e import nvmlmock
 from gpu_dra.driver.nvml.simulated_profiles import builtin_models, load_profile
-from gpu_dra.kubelet_plugin.__main__ import _nvml, discover, node_inventory
 from gpu_dra.kubelet_plugin.settings import KubeletPluginSettings
+from gpu_dra.kubelet_plugin.startup import discover, node_inventory, node_nvml
 from tests.e2e_tools.plugin_probe import publication
 from tests.e2e_tools.published_diff import DEVICE, Difference, differences
 from tests.e2e_tools.support import gpu_nodes, library_env, mock_server, plugin_probe
@@ -230,7 +230,7 @@ def simulated(case: Case, spec: str, tmp_path: Path) -> dict[str, Any]:
     settings = KubeletPluginSettings.parse(
         [*flags, *(["--dynamic-mig"] if case.dynamic_mig else [])], {}
     )
-    nvml, pci = _nvml(settings)
+    nvml, pci = node_nvml(settings)
     devices = discover(settings, nvml, pci)
     return publication(devices, node_inventory(settings, devices))
 

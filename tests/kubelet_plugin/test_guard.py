@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 from gpu_dra.kube import errors
-from gpu_dra.kubelet_plugin.__main__ import StartupError, guard_node, main
+from gpu_dra.kubelet_plugin.__main__ import main
 from gpu_dra.kubelet_plugin.guard import (
     DEVICE_PLUGIN_REASON,
     DRA_DRIVER_REASON,
@@ -36,6 +36,7 @@ from gpu_dra.kubelet_plugin.instances import InstanceRegistry
 from gpu_dra.kubelet_plugin.server import socket_paths
 from gpu_dra.kubelet_plugin.settings import KubeletPluginSettings
 from gpu_dra.kubelet_plugin.slices.kubeapi import ResourceSlice
+from gpu_dra.kubelet_plugin.startup import StartupError, guard_node
 
 NODE = "gpu-node-1"
 DRIVER = "gpu.nvidia.com"

@@ -11,9 +11,10 @@ import pytest
 import yaml
 from prometheus_client import CollectorRegistry
 
-from gpu_dra.kubelet_plugin.__main__ import StartupError, _nvml, discover, main, node_inventory
+from gpu_dra.kubelet_plugin.__main__ import main
 from gpu_dra.kubelet_plugin.metrics import DiscoveryMetrics
 from gpu_dra.kubelet_plugin.settings import KubeletPluginSettings
+from gpu_dra.kubelet_plugin.startup import StartupError, discover, node_inventory, node_nvml
 
 ISSUE_10_PROFILE = Path(__file__).resolve().parents[1] / "fakes" / "profiles"
 ISSUE_10_PROFILE /= "hgx-h100-mig-unreadable.yaml"
@@ -50,7 +51,7 @@ def test_a_gpu_that_cannot_be_read_is_logged_with_its_return_code_and_exported(
         ],
     )
     plugin = settings(tmp_path, node)
-    nvml, pci = _nvml(plugin)
+    nvml, pci = node_nvml(plugin)
     registry = CollectorRegistry()
 
     with caplog.at_level(logging.INFO):
@@ -78,7 +79,7 @@ def test_a_gpu_that_cannot_be_read_is_logged_with_its_return_code_and_exported(
 
 def test_no_discovery_error_series_when_every_gpu_is_read(tmp_path: Path) -> None:
     plugin = settings(tmp_path, "l4x4")
-    nvml, pci = _nvml(plugin)
+    nvml, pci = node_nvml(plugin)
     registry = CollectorRegistry()
     discover(plugin, nvml, pci, DiscoveryMetrics(registry, "node-a"))
     assert not [
@@ -132,7 +133,7 @@ def test_the_plugin_refuses_to_start_when_nvml_init_or_the_count_fails(
 
 def test_discover_raises_startup_error_rather_than_returning_no_gpus(tmp_path: Path) -> None:
     plugin = settings(tmp_path, str(ISSUE_10_PROFILE), "--dynamic-mig")
-    nvml, pci = _nvml(plugin)
+    nvml, pci = node_nvml(plugin)
     with pytest.raises(StartupError, match="none of the 8 GPU"):
         discover(plugin, nvml, pci)
 
@@ -144,7 +145,7 @@ def test_a_node_with_nothing_to_publish_warns(
         tmp_path, [{"model": "H100-SXM5-80GB", "busId": "00000000:1B:00.0", "migMode": [1, 1]}]
     )
     plugin = settings(tmp_path, node)
-    nvml, pci = _nvml(plugin)
+    nvml, pci = node_nvml(plugin)
     with caplog.at_level(logging.INFO):
         inventory = node_inventory(plugin, discover(plugin, nvml, pci))
     assert inventory.published_devices() == []

@@ -11,10 +11,10 @@ import pytest
 
 from gpu_dra.driver.discovery import discover_devices
 from gpu_dra.driver.nvml.interface import NvmlLibrary
-from gpu_dra.kubelet_plugin.__main__ import _dynamic_mig, _nvml
 from gpu_dra.kubelet_plugin.mig import SIMULATED_STATE_FILE, TEST_CRASH_ENV, MigLifecycle
 from gpu_dra.kubelet_plugin.node_devices import NodeInventory
 from gpu_dra.kubelet_plugin.settings import KubeletPluginSettings
+from gpu_dra.kubelet_plugin.startup import dynamic_mig, node_nvml
 
 
 def settings(data_dir: Path, *flags: str) -> KubeletPluginSettings:
@@ -24,7 +24,7 @@ def settings(data_dir: Path, *flags: str) -> KubeletPluginSettings:
 
 
 def inventory_of(plugin: KubeletPluginSettings) -> tuple[NvmlLibrary, NodeInventory]:
-    nvml, pci = _nvml(plugin)
+    nvml, pci = node_nvml(plugin)
     found = discover_devices(nvml, pci, mig_profiles=plugin.dynamic_mig_enabled)
     inventory = NodeInventory.from_discovery(
         found, simulated=True, dynamic_mig=plugin.dynamic_mig_enabled
@@ -35,7 +35,7 @@ def inventory_of(plugin: KubeletPluginSettings) -> tuple[NvmlLibrary, NodeInvent
 def test_simulated_mig_made_by_one_plugin_process_is_there_for_the_next(tmp_path: Path) -> None:
     plugin = settings(tmp_path / "data", "--dynamic-mig")
     nvml, inventory = inventory_of(plugin)
-    dynamic = _dynamic_mig(plugin, nvml, inventory)
+    dynamic = dynamic_mig(plugin, nvml, inventory)
     assert dynamic is not None
     gpu = dynamic.gpus[0]
     made = MigLifecycle(nvml).create(gpu, 9, 0)
@@ -51,11 +51,11 @@ def test_simulated_mig_made_by_one_plugin_process_is_there_for_the_next(tmp_path
 def test_dynamic_mig_covers_the_partitionable_gpus_and_only_with_the_flag(tmp_path: Path) -> None:
     plain = settings(tmp_path / "plain")
     nvml, inventory = inventory_of(plain)
-    assert _dynamic_mig(plain, nvml, inventory) is None
+    assert dynamic_mig(plain, nvml, inventory) is None
 
     dynamic = settings(tmp_path / "dynamic", "--dynamic-mig")
     nvml, inventory = inventory_of(dynamic)
-    made = _dynamic_mig(dynamic, nvml, inventory)
+    made = dynamic_mig(dynamic, nvml, inventory)
     assert made is not None
     assert made.gpus == inventory.partitionable_gpus()
     assert len(made.gpus) == 8
@@ -69,4 +69,4 @@ def test_an_unknown_crash_point_stops_the_plugin_at_start(
     monkeypatch.setenv(TEST_CRASH_ENV, "nowhere")
 
     with pytest.raises(ValueError, match="names no fault injection point"):
-        _dynamic_mig(plugin, nvml, inventory)
+        dynamic_mig(plugin, nvml, inventory)

@@ -12,9 +12,9 @@ import pytest
 from kubernetes.client import ApiClient
 
 from gpu_dra.driver.nvml.simulated import SimulatedHost
-from gpu_dra.kubelet_plugin.__main__ import _mps
 from gpu_dra.kubelet_plugin.mps import NvmlComputeMode, PodRunner, ProcessRunner
 from gpu_dra.kubelet_plugin.settings import KubeletPluginSettings
+from gpu_dra.kubelet_plugin.startup import mps_manager
 from tests.doubles.mps_helpers import DOUBLE_BINARY, scratch_root
 
 
@@ -42,7 +42,7 @@ def test_the_default_runs_daemons_as_host_processes_and_leaves_compute_modes(
     data_dir: Path,
 ) -> None:
     host = SimulatedHost.load("hgx-h100", "node-a")
-    manager = _mps(settings(data_dir), ApiClient(), host.nvml)
+    manager = mps_manager(settings(data_dir), ApiClient(), host.nvml)
 
     assert manager is not None
     assert isinstance(manager.runner, ProcessRunner)
@@ -61,7 +61,7 @@ def test_the_pod_runner_gets_its_namespace_node_and_image(data_dir: Path) -> Non
         "--driver-root=/driver-root",
         "--nvidia-driver-root=/run/nvidia/driver",
     )
-    manager = _mps(settings(data_dir, *flags), ApiClient(), host.nvml)
+    manager = mps_manager(settings(data_dir, *flags), ApiClient(), host.nvml)
 
     assert manager is not None
     runner = manager.runner

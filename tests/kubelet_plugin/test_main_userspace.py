@@ -12,9 +12,9 @@ import pytest
 
 from gpu_dra.driver.nvml.interface import nvml_error
 from gpu_dra.driver.nvml.simulated import SimulatedHost
-from gpu_dra.kubelet_plugin.__main__ import _common_edits, driver_root, nvml_driver_version
 from gpu_dra.kubelet_plugin.driver_root import DriverUserspaceError
 from gpu_dra.kubelet_plugin.settings import KubeletPluginSettings
+from gpu_dra.kubelet_plugin.startup import common_edits, driver_root, nvml_driver_version
 from tests.kubelet_plugin.fake_driver_root import VERSION, build_driver_root
 
 
@@ -62,7 +62,7 @@ def test_an_nvml_error_is_reported_with_its_return_code() -> None:
 def test_simulated_nodes_have_no_common_edits() -> None:
     settings = KubeletPluginSettings.parse(["--node-name=n", "--simulate=hgx-h100"], {})
 
-    assert asyncio.run(_common_edits(settings, NoDriver())) is None
+    assert asyncio.run(common_edits(settings, NoDriver())) is None
 
 
 def test_real_nodes_find_the_userspace_at_start_under_both_roots(tmp_path: Path) -> None:
@@ -72,7 +72,7 @@ def test_real_nodes_find_the_userspace_at_start_under_both_roots(tmp_path: Path)
         {},
     )
 
-    common = asyncio.run(_common_edits(settings, Versioned(VERSION)))
+    common = asyncio.run(common_edits(settings, Versioned(VERSION)))
 
     assert common is not None
     assert common.userspace is not None
@@ -89,7 +89,7 @@ def test_a_wrong_driver_root_is_logged_at_start_and_fails_prepares_later(
     settings = KubeletPluginSettings.parse(["--node-name=n", f"--driver-root={tmp_path}"], {})
 
     with caplog.at_level(logging.ERROR):
-        common = asyncio.run(_common_edits(settings, Versioned(VERSION)))
+        common = asyncio.run(common_edits(settings, Versioned(VERSION)))
 
     assert common is not None
     assert "driver userspace not found, GPU claims will fail until it is" in caplog.text
