@@ -211,7 +211,7 @@ def test_plugin_crash_between_gpu_and_compute_instance_leaves_nothing_behind(
         driver.start_plugin()  # without the crash setting
 
     log = (cluster.paths.logs / f"{PLUGIN}.log").read_text()
-    assert f"rolling back interrupted prepare claim_uid={uid}" in log
+    assert f"rolling back an interrupted prepare claim_uid={uid}" in log
     # The kubelet retries the prepare, which now succeeds: the claim's one MIG device exists,
     # nothing else does.
     wait_running(kube, "pod", namespace, timeout=300)
