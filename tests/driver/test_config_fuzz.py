@@ -156,8 +156,8 @@ config_lists = st.one_of(
 devices = st.lists(
     st.builds(
         AllocatedDevice,
-        request=REQUESTS,
-        device=st.sampled_from(["gpu-0", "gpu-1", "gpu-2-mig-1g10gb-19-0"]),
+        request=REQUESTS | texts,
+        device=st.sampled_from(["gpu-0", "gpu-1", "gpu-2-mig-1g10gb-19-0"]) | texts,
         type=st.sampled_from(["gpu", "mig"]),
     ),
     max_size=4,

@@ -77,6 +77,13 @@ KNOWN_DEFECTS: dict[str, tuple[type[BaseException], str]] = {
 }
 
 
+# Messages of prepare.py that show allocation data as is (newlines, any length): text in them.
+KNOWN_MESSAGE_DEFECTS: dict[str, str] = {
+    "a device name shown as is": "does not exist on node",
+}
+MAX_MESSAGE_CHARS = 4000  # ConfigError: 10 problems of at most 300 characters, and the claim
+
+
 def known_defect(error: BaseException) -> str | None:
     functions = {frame.name for frame in traceback.extract_tb(error.__traceback__)}
     for name, (kind, function) in KNOWN_DEFECTS.items():
@@ -106,7 +113,10 @@ def test_any_claim_is_prepared_or_refused_naming_the_claim(
     result = prepare(node)
     if result is not None and result.error is not None:
         assert result.error.startswith(f"claim default/claim-a ({UID_A}): ")
-        assert "\n" not in result.error
+        if "\n" in result.error or len(result.error) > MAX_MESSAGE_CHARS:
+            name = next((n for n, t in KNOWN_MESSAGE_DEFECTS.items() if t in result.error), None)
+            assert name is not None, result.error[:500]
+            event(f"known defect: {name}")
     elif result is not None:
         assert all(device.pool_name == NODE for device in result.devices)
     assert node.unprepare(REF) == {UID_A: None}
@@ -145,6 +155,15 @@ def test_a_malformed_result_fails_only_its_claim_with_a_message(
     result = fresh.prepare(REF)[UID_A]
     assert result.error is not None
     assert result.error.startswith(f"claim default/claim-a ({UID_A}): ")
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason="prepare.py shows the name as is")
+def test_the_message_about_an_unknown_device_stays_one_line(fresh: Node) -> None:
+    fresh.add(allocated([allocation_result("gpu-0\n" + "x" * 10_000)]))
+    error = fresh.prepare(REF)[UID_A].error
+    assert error is not None
+    assert "\n" not in error
+    assert len(error) < MAX_MESSAGE_CHARS
 
 
 @pytest.mark.xfail(strict=True, raises=(AttributeError, TypeError), reason="prepare.py")
