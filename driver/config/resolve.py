@@ -207,8 +207,8 @@ def _select(
             if fits:
                 return candidate
             reason = (
-                f'cannot apply {candidate.config.KIND} to device "{_shown(device.device)}" of '
-                f'type "{device.type}" (request: {_shown(device.request)}): use kind '
+                f'cannot apply {candidate.config.KIND} to device "{shown_name(device.device)}" of '
+                f'type "{device.type}" (request: {shown_name(device.request)}): use kind '
                 f"{_KIND_FOR_TYPE[device.type]} for {device.type} devices"
             )
             return ConfigProblem(config=candidate.origin.label, reason=reason)
@@ -218,9 +218,9 @@ def _select(
     raise AssertionError(f"no config for device type {device.type!r}")
 
 
-def _shown(name: str) -> str:
-    """A device or request name for a message: as is when plain, else quoted and shortened (it
-    comes from the allocation: the message stays one short line)."""
+def shown_name(name: str) -> str:
+    """A device, request or driver name for a message: as is when plain, else quoted and
+    shortened (it comes from the claim: the message stays one short line)."""
     return name if _PLAIN_NAME.fullmatch(name) else repr(short_key(name))
 
 

@@ -18,6 +18,7 @@ from gpu_dra.driver.config import (
 )
 from gpu_dra.driver.config.decode import MAX_PARAMETERS_BYTES, MAX_PARAMETERS_DEPTH
 from gpu_dra.driver.config.limits import pinned_memory_limits
+from gpu_dra.driver.config.objects import check_config_list
 
 ENTRY = "spec.devices.config[0]"
 DRIVER = "gpu.nvidia.com"
@@ -214,3 +215,32 @@ def test_a_request_name_with_odd_characters_is_quoted_in_the_kind_mismatch_messa
         "resource claim ns/c: config[0] (FromClaim): cannot apply MigDeviceConfig to device "
         '"gpu-0" of type "gpu" (request: \'gpu\\nx\'): use kind GpuConfig for gpu devices'
     )
+
+
+# ---- the admission webhook's judgement of an object's config list ------------------------------
+@pytest.mark.parametrize(
+    ("driver", "shown"),
+    [
+        (10**5000, "an integer with more than 64 digits"),  # was ValueError in the f-string
+        ("x\n" * 100, repr("x\n" * 18 + "x...")),  # was the text as is: a message of 101 lines
+        ({"a": 1}, "an object"),
+    ],
+    ids=["huge-int", "newlines", "object"],
+)
+def test_an_entry_of_another_driver_is_skipped_with_a_short_one_line_message(
+    driver: object, shown: str
+) -> None:
+    claim = {"spec": {"devices": {"config": [{"opaque": {"driver": driver, "parameters": {}}}]}}}
+    (check,) = check_config_list("ResourceClaim", claim, driver=DRIVER)
+    assert (check.verdict, check.message) == ("SKIP", f"driver {shown} is not {DRIVER}")
+
+
+def test_the_webhook_message_lists_ten_problems_then_counts_the_rest() -> None:
+    parameters = gpu(**{f"unknown{i}": 1 for i in range(12)})
+    claim = {
+        "spec": {"devices": {"config": [{"opaque": {"driver": DRIVER, "parameters": parameters}}]}}
+    }
+    (check,) = check_config_list("ResourceClaim", claim, driver=DRIVER)
+    assert check.verdict == "ERROR"
+    assert check.message.count("unknown field") == 10
+    assert check.message.endswith("; (2 more problems)")

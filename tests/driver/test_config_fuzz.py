@@ -29,6 +29,7 @@ from gpu_dra.driver.config import (
     resolve_configs,
 )
 from gpu_dra.driver.config.errors import MAX_PROBLEM_CHARS
+from gpu_dra.driver.config.objects import CONFIG_LISTS, check_config_list
 from gpu_dra.driver.config.resolve import CONFIG_FIELD
 from gpu_dra.driver.config.validate import PER_DEVICE_LIMITS, config_problems
 from gpu_dra.driver.jsonbounds import path_key
@@ -195,6 +196,40 @@ def test_config_lists_resolve_or_fail_naming_entry_and_field(
         for device in group.devices:
             assert device.type == group.config.DEVICE_TYPE
         assert group.config.normalized() == group.config
+
+
+# ---- the admission webhook's check of an object's config list --------------------------------
+def with_config(kind: str, entries: object) -> dict[str, Any]:
+    """A `kind` object holding ``entries`` at its config path."""
+    keys, _ = CONFIG_LISTS[kind]
+    obj: Any = entries
+    for key in reversed(keys):
+        obj = {key: obj}
+    return dict(obj)
+
+
+@cases(ci=100, full=5_000)
+@given(
+    st.sampled_from(sorted(CONFIG_LISTS)).flatmap(
+        lambda kind: st.tuples(
+            st.just(kind),
+            st.builds(with_config, st.just(kind), config_lists)
+            | mutated(st.builds(with_config, st.just(kind), st.lists(valid_entries, max_size=3)))
+            .map(lambda change: change[0])
+            .filter(lambda obj: isinstance(obj, dict)),
+        )
+    )
+)
+def test_objects_config_lists_are_judged_entry_by_entry_on_one_line(
+    kind_and_object: tuple[str, dict[str, Any]],
+) -> None:
+    kind, obj = kind_and_object
+    path = ".".join(CONFIG_LISTS[kind][0])
+    for check in check_config_list(kind, obj, driver=DRIVER):
+        assert check.verdict in ("OK", "ERROR", "SKIP")
+        assert "\n" not in str(check)
+        assert len(str(check)) < 4000
+        assert path.startswith(check.path) or check.path.startswith(f"{path}[")
 
 
 # ---- pinned_memory_limits ---------------------------------------------------------------------

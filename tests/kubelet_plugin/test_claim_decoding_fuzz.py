@@ -1,13 +1,13 @@
 """Fuzzing how the kubelet plugin decodes ResourceClaims from the API server (Hypothesis; profiles
 in tests/fuzzing.py, docs/development.md): one watch line becomes an event or an `ApiError`.
 
-Tests only: the decoding is `json.loads` in controller/kubeapi.py (watch lines) and in the
-kubernetes client (lists, GETs), both unbounded. A claim nested ~1000 levels deep raises
-RecursionError and one with an integer of more than 4300 digits ValueError, for every node,
-because every node lists and watches all claims: the claim cache relists forever and never
-serves again (issue 12). `KNOWN_DEFECTS` lets the fuzz test count those as events; the
-strict-xfail reproducers below fail once the decoding is bounded (`gpu_dra.driver.jsonbounds.loads`
-is the bounded decoder to use), then drop their markers.
+Tests only: the decoding is `json.loads` in kube/watch.py (watch lines) and in the kubernetes
+client (lists through kube/client.py, GETs through kubelet-plugin/kubeapi.py), all unbounded. A
+claim nested ~1000 levels deep raises RecursionError and one with an integer of more than 4300
+digits ValueError, for every node, because every node lists and watches all claims: the claim
+cache relists forever and never serves again (issue 12). `KNOWN_DEFECTS` lets the fuzz test
+count those as events; the strict-xfail reproducers below fail once the decoding is bounded
+(`gpu_dra.driver.jsonbounds.loads` is the bounded decoder to use), then drop their markers.
 """
 
 from __future__ import annotations
@@ -24,9 +24,11 @@ from hypothesis import event, given
 from hypothesis import strategies as st
 from kubernetes import client as k8s
 
-from gpu_dra.controller import errors
-from gpu_dra.kubelet_plugin.claimcache import CachedClaimReader, ClaimCacheSettings
-from gpu_dra.kubelet_plugin.kubeapi import ClaimEvent, KubernetesClaimReader, parse_claim_event
+from gpu_dra.kube import errors
+from gpu_dra.kube.reflector import ReflectorSettings
+from gpu_dra.kube.watch import parse_raw_watch_event
+from gpu_dra.kubelet_plugin.claimcache import CachedClaimReader
+from gpu_dra.kubelet_plugin.kubeapi import ClaimEvent, KubernetesClaimReader, claim_event
 from tests.fakes.claim_reader import allocation_result, resource_claim
 from tests.fuzzing import cases, deep_text, huge_integer_text, json_values, mutated
 
@@ -43,6 +45,11 @@ def claim_text(value: str, uid: str = UID_A, name: str = "claim-a") -> str:
     config = {"opaque": {"driver": "gpu.nvidia.com", "parameters": "PARAMETERS"}}
     whole = resource_claim(uid, name, results=[allocation_result("gpu-0")], claim_configs=[config])
     return json.dumps(whole).replace('"PARAMETERS"', value)
+
+
+def parse_claim_event(line: str) -> ClaimEvent:
+    """One ResourceClaim watch line, decoded as the claim cache's watch decodes it."""
+    return claim_event(*parse_raw_watch_event(line, "ResourceClaims"))
 
 
 def encoded(value: Any) -> str | None:
@@ -77,8 +84,7 @@ lines = st.one_of(
 )
 
 # Defects of the claim decoding (json.loads, unbounded) found by this fuzz test: (exception type,
-# text in its message). Not fixed here: controller/kubeapi.py and claimcache.py are another
-# change's.
+# text in its message). Not fixed here: kube/ and claimcache.py are another change's.
 KNOWN_DEFECTS: dict[str, tuple[type[BaseException], str]] = {
     "deep nesting: RecursionError from json.loads": (RecursionError, "recursion"),
     "integer over 4300 digits: ValueError from json.loads": (ValueError, "Exceeds the limit"),
@@ -115,7 +121,7 @@ def test_a_watch_line_of_valid_json_is_an_event_or_an_api_error(line: str) -> No
 
 # ---- the known defects, reproduced (strict xfail: once the decoding is bounded these pass; then
 # drop the markers and the KNOWN_DEFECTS entries) ----------------------------------------------
-DEFECT = "unbounded json.loads in parse_raw_watch_event (controller/kubeapi.py)"
+DEFECT = "unbounded json.loads in parse_raw_watch_event (kube/watch.py)"
 
 
 @pytest.mark.xfail(strict=True, raises=RecursionError, reason=DEFECT)
@@ -135,7 +141,7 @@ def test_a_watch_event_of_a_claim_with_a_huge_integer_is_decoded() -> None:
 @pytest.mark.xfail(
     strict=True,
     raises=AttributeError,
-    reason="parse_raw_watch_event (controller/kubeapi.py) calls .get() on any JSON value",
+    reason="parse_raw_watch_event (kube/watch.py) calls .get() on any JSON value",
 )
 @pytest.mark.parametrize(
     "line", ['{"type": "ERROR", "object": ["Status"]}', '["ADDED"]'], ids=["error-list", "list"]
@@ -193,7 +199,7 @@ def api_client() -> Iterator[k8s.ApiClient]:
 def test_one_deeply_nested_claim_does_not_stop_the_cache_from_serving_the_others(
     api_client: k8s.ApiClient,
 ) -> None:
-    settings = ClaimCacheSettings(backoff_initial_s=0.01, backoff_max_s=0.05, close_timeout_s=5.0)
+    settings = ReflectorSettings(backoff_initial_s=0.01, backoff_max_s=0.05, close_timeout_s=5.0)
     cache = CachedClaimReader(KubernetesClaimReader(api_client), settings)
     cache.start()
     try:

@@ -23,8 +23,8 @@ import pytest
 from hypothesis import event, given
 from hypothesis import strategies as st
 
-from gpu_dra.kubelet_plugin.inventory import NodeInventory
-from gpu_dra.kubelet_plugin.preparer import ClaimRef, PrepareResult
+from gpu_dra.kubelet_plugin.node_devices import NodeInventory
+from gpu_dra.kubelet_plugin.prepare_protocol import ClaimRef, PrepareResult
 from tests.fakes.claim_reader import allocation_result, opaque_config, resource_claim
 from tests.fuzzing import cases, mutated, valid_parameters
 from tests.kubelet_plugin.nodes import NODE, UID_A, Node
