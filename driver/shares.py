@@ -32,6 +32,7 @@ from typing import Final
 
 from gpu_dra.driver.attributes import binary_si_quantity
 from gpu_dra.driver.config.quantity import QuantityError, parse_quantity
+from gpu_dra.driver.jsonbounds import describe, short_key
 from gpu_dra.driver.model import Gpu
 from gpu_dra.driver.naming import gpu_device_name
 from gpu_dra.driver.resourceapi import Device, DeviceCapacity
@@ -198,30 +199,44 @@ class ShareSelection:
         return tuple(sorted(chosen, key=lambda g: g.index))
 
 
-def consumed_share(consumed: Mapping[str, str] | None, gpu: Gpu) -> ShareSize:
+def consumed_share(consumed: object, gpu: Gpu) -> ShareSize:
     """What one allocation result of an offered GPU consumed (``consumedCapacity``).
 
     The scheduler lists every capacity of the device there; a capacity it does not list (an
-    allocator without consumable capacity) counts as the whole of it."""
+    allocator without consumable capacity) counts as the whole of it. ``consumed`` is read as
+    untrusted JSON (an object of quantity strings, or null): any other shape is a `ShareError`
+    naming the field."""
     whole = whole_gpu(gpu)
-    # Keys are the device's capacity names; a fully qualified one names the same capacity.
-    given = {key.rsplit("/", 1)[-1]: value for key, value in (consumed or {}).items()}
+    where = f"consumedCapacity of {gpu_device_name(gpu.minor)}"
+    if consumed is None:
+        consumed = {}
+    if not isinstance(consumed, Mapping):
+        raise ShareError(f"{where}: expected an object of quantities, got {describe(consumed)}")
+    given: dict[str, str] = {}
+    for key, value in consumed.items():
+        if not isinstance(key, str):
+            raise ShareError(f"{where}: capacity names must be strings, got {describe(key)}")
+        if not isinstance(value, str):
+            raise ShareError(
+                f"{where}: {short_key(key)}: expected a quantity string, got {describe(value)}"
+            )
+        # Keys are the device's capacity names; a fully qualified one names the same capacity.
+        given[key.rsplit("/", 1)[-1]] = value
     try:
         memory = given.get(MEMORY)
         compute = given.get(COMPUTE)
         memory_bytes = whole.memory_bytes if memory is None else parse_quantity(memory)
         percent = whole.compute_percent if compute is None else parse_quantity(compute)
     except QuantityError as error:
-        raise ShareError(f"consumedCapacity of {gpu_device_name(gpu.minor)}: {error}") from error
+        raise ShareError(f"{where}: {error}") from error
     if memory_bytes <= 0 or memory_bytes > whole.memory_bytes or memory_bytes % MIB:
         raise ShareError(
-            f"consumedCapacity of {gpu_device_name(gpu.minor)}: {MEMORY} {memory} is not a whole "
+            f"{where}: {MEMORY} {memory} is not a whole "
             f"number of MiB between 1Mi and {binary_si_quantity(whole.memory_bytes)}"
         )
     if percent.denominator != 1 or not 0 < percent <= FULL_COMPUTE:
         raise ShareError(
-            f"consumedCapacity of {gpu_device_name(gpu.minor)}: {COMPUTE} {compute} is not a whole "
-            f"percentage between 1 and {FULL_COMPUTE}"
+            f"{where}: {COMPUTE} {compute} is not a whole percentage between 1 and {FULL_COMPUTE}"
         )
     return ShareSize(int(memory_bytes), int(percent))
 

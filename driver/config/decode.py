@@ -2,7 +2,9 @@
 
 Decoding mirrors the Kubernetes strict JSON decoder NVIDIA's driver uses: unknown fields, wrong
 JSON types and unknown enum values are errors. Every problem is reported with its JSON path
-(``parameters.sharing.mpsConfig.defaultActiveThreadPercentage``) in plain words.
+(``parameters.sharing.mpsConfig.defaultActiveThreadPercentage``) in plain words. Before anything
+else the value is checked against `PARAMETERS_LIMITS` (depth, size, JSON types only), so no input
+makes decoding raise anything but `ConfigError` (``docs/config.md``, Limits).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from gpu_dra.driver.config.gpuconfig import GpuConfig
 from gpu_dra.driver.config.migconfig import MigDeviceConfig
 from gpu_dra.driver.config.sharing import INTERVALS, STRATEGIES
 from gpu_dra.driver.config.validate import config_problems
+from gpu_dra.driver.jsonbounds import JsonLimits, describe, json_problem, path_key, render_path
 
 DeviceConfig = GpuConfig | MigDeviceConfig
 """A decoded config of any supported kind."""
@@ -31,6 +34,15 @@ KINDS: Final[dict[str, type[GpuConfig] | type[MigDeviceConfig]]] = {
 }
 
 ROOT: Final = "parameters"
+
+MAX_PARAMETERS_DEPTH: Final = 32
+"""Objects and arrays nested in ``parameters`` (itself level 1); a valid config uses 4."""
+MAX_PARAMETERS_BYTES: Final = 64 * 1024
+"""Compact JSON size of ``parameters``; a valid config of 64 per-device limits is below 5 KiB,
+and the API server refuses parameters above 10 KiB."""
+PARAMETERS_LIMITS: Final = JsonLimits(
+    max_depth=MAX_PARAMETERS_DEPTH, max_bytes=MAX_PARAMETERS_BYTES
+)
 
 # Enum fields: what the value means and which values are allowed.
 _ENUMS: Final[dict[str, tuple[str, tuple[str, ...]]]] = {
@@ -54,8 +66,12 @@ def decode_parameters(parameters: object, *, config: str = "", claim: str = "") 
     """The normalized config in ``parameters`` (the JSON object of ``opaque.parameters``).
 
     ``config`` names the config entry and ``claim`` the claim (``namespace/name``) in messages.
-    Raises `ConfigError` listing every problem found.
+    Raises `ConfigError` listing every problem found; never anything else.
     """
+    bounds = json_problem(parameters, PARAMETERS_LIMITS)
+    if bounds is not None:
+        problem = ConfigProblem(field=render_path(ROOT, bounds.path), reason=bounds.reason)
+        raise ConfigError([problem.located(config)], claim=claim)
     kind, problems = _kind(parameters)
     if kind is None or problems:
         raise ConfigError([p.located(config) for p in problems], claim=claim)
@@ -81,7 +97,7 @@ def _kind(
     """The config class that ``apiVersion`` and ``kind`` select, or the problems with them."""
     supported_kinds = ", ".join(KINDS)
     if not isinstance(parameters, Mapping):
-        reason = f"expected a JSON object with apiVersion and kind, got {_describe(parameters)}"
+        reason = f"expected a JSON object with apiVersion and kind, got {describe(parameters)}"
         return None, [ConfigProblem(field=ROOT, reason=reason)]
     problems: list[ConfigProblem] = []
     version = parameters.get("apiVersion")
@@ -89,7 +105,7 @@ def _kind(
         reason = f"apiVersion is missing: set it to {API_VERSION}"
         problems.append(ConfigProblem(field=f"{ROOT}.apiVersion", reason=reason))
     elif version != API_VERSION:
-        reason = f"unsupported apiVersion {_describe(version)}: the supported one is {API_VERSION}"
+        reason = f"unsupported apiVersion {describe(version)}: the supported one is {API_VERSION}"
         problems.append(ConfigProblem(field=f"{ROOT}.apiVersion", reason=reason))
     name = parameters.get("kind")
     kind = KINDS.get(name) if isinstance(name, str) else None
@@ -98,7 +114,7 @@ def _kind(
         problems.append(ConfigProblem(field=f"{ROOT}.kind", reason=reason))
     elif kind is None:
         reason = (
-            f"unsupported kind {_describe(name)} of apiVersion {API_VERSION}: "
+            f"unsupported kind {describe(name)} of apiVersion {API_VERSION}: "
             f"supported kinds are {supported_kinds}"
         )
         problems.append(ConfigProblem(field=f"{ROOT}.kind", reason=reason))
@@ -125,9 +141,9 @@ def _explain_one(detail: ErrorDetails, model: type[BaseModel]) -> ConfigProblem:
             reason += f": set it to one of {', '.join(_ENUMS[name][1])}"
     elif kind == "literal_error" and name in _ENUMS:
         what, allowed_values = _ENUMS[name]
-        reason = f"unknown {what} {_describe(given)}: supported are {', '.join(allowed_values)}"
+        reason = f"unknown {what} {describe(given)}: supported are {', '.join(allowed_values)}"
     elif kind in _EXPECTED:
-        shown = f"a string ({_describe(given)})" if isinstance(given, str) else _describe(given)
+        shown = f"a string ({describe(given)})" if isinstance(given, str) else describe(given)
         reason = f"expected {_EXPECTED[kind]}, got {shown}"
     else:
         message = detail["msg"]
@@ -141,10 +157,10 @@ def _path(model: type[BaseModel], loc: Sequence[int | str]) -> str:
     current: object = model
     for part in loc:
         if isinstance(current, type) and issubclass(current, BaseModel):
-            path += f".{part}"
+            path += path_key(str(part), brackets=False)
             current = _field_type(current, str(part))
         else:
-            path += f"[{part}]"
+            path += path_key(str(part), brackets=True)
             current = None
     return path
 
@@ -183,20 +199,3 @@ def _aliases(model: type[BaseModel] | None) -> list[str]:
     if model is None:
         return []
     return [info.alias or name for name, info in model.model_fields.items()]
-
-
-def _describe(value: object) -> str:
-    """A JSON value for a message: strings and numbers shown (shortened), others by JSON type."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, str):
-        return repr(value if len(value) <= 40 else value[:37] + "...")
-    if isinstance(value, int | float):
-        return f"number {value}"
-    if isinstance(value, Mapping):
-        return "an object"
-    if isinstance(value, list | tuple):
-        return "an array"
-    return type(value).__name__

@@ -12,6 +12,8 @@ from typing import ClassVar
 
 # A problem's text is cut here so that one bad value cannot flood an event.
 MAX_PROBLEM_CHARS = 300
+# A message lists this many problems, then says how many more there are.
+MAX_PROBLEMS_SHOWN = 10
 
 
 class DomainError(Exception):
@@ -51,7 +53,8 @@ class ConfigError(DomainError):
     """The opaque configuration of a claim cannot be used; the user has to fix the claim or class.
 
     ``claim`` is the claim's ``namespace/name`` (empty when unknown), ``problems`` every problem
-    found, in order. The message is one line: ``resource claim <ns/name>: <problem>; <problem>``.
+    found, in order. The message is one line: ``resource claim <ns/name>: <problem>; <problem>``,
+    with at most `MAX_PROBLEMS_SHOWN` problems and then ``(N more problems)``.
     """
 
     retryable: ClassVar[bool] = False
@@ -64,6 +67,9 @@ class ConfigError(DomainError):
         super().__init__(self._message())
 
     def _message(self) -> str:
-        details = "; ".join(str(problem) for problem in self.problems)
+        details = "; ".join(str(problem) for problem in self.problems[:MAX_PROBLEMS_SHOWN])
+        hidden = len(self.problems) - MAX_PROBLEMS_SHOWN
+        if hidden > 0:
+            details += f"; ({hidden} more problem{'s' if hidden > 1 else ''})"
         prefix = f"resource claim {self.claim}: " if self.claim else ""
         return f"{prefix}{details}"

@@ -16,9 +16,13 @@ from gpu_dra.driver.config.quantity import quantity_value
 from gpu_dra.driver.config.resolve import ConfigGroup
 from gpu_dra.driver.config.sharing import MpsConfig
 from gpu_dra.driver.config.validate import INDEX_KEY, MIB, PER_DEVICE_LIMITS
+from gpu_dra.driver.jsonbounds import path_key, short_key
 
 # How many UUIDs a message lists before "...".
 _UUIDS_SHOWN = 2
+# Index keys are read as numbers only up to this many digits (leading zeros aside): a longer one
+# is out of range for any group, and Python refuses int() of more than 4300 digits.
+_INDEX_DIGITS = 18
 
 
 def render_pinned_limit(quantity: str) -> str:
@@ -53,7 +57,7 @@ def pinned_memory_limits(group: ConfigGroup, uuids: Sequence[str], *, claim: str
     problems: list[ConfigProblem] = []
     named_by: dict[str, str] = {}
     for key, quantity in (mps.default_per_device_pinned_memory_limit or {}).items():
-        field = f"{PER_DEVICE_LIMITS}[{key}]"
+        field = PER_DEVICE_LIMITS + path_key(key, brackets=True)
         uuid = _device(key, ordered)
         if uuid is None:
             problems.append(ConfigProblem(field=field, reason=_unknown_key(key, ordered)))
@@ -62,8 +66,8 @@ def pinned_memory_limits(group: ConfigGroup, uuids: Sequence[str], *, claim: str
         other = named_by.get(uuid)
         if other is not None and limits[uuid] != limit:
             reason = (
-                f"keys {other!r} and {key!r} both name device {uuid} with different limits: "
-                "keep one"
+                f"keys {short_key(other)!r} and {short_key(key)!r} both name device {uuid} "
+                "with different limits: keep one"
             )
             problems.append(ConfigProblem(field=field, reason=reason))
         named_by[uuid] = key
@@ -78,21 +82,31 @@ def _device(key: str, ordered: Sequence[str]) -> str | None:
     """The UUID that ``key`` names among ``ordered``, if any."""
     if key in ordered:
         return key
-    if INDEX_KEY.fullmatch(key) and int(key) < len(ordered):
-        return ordered[int(key)]
+    index = _index(key)
+    if index is not None and index < len(ordered):
+        return ordered[index]
     return None
+
+
+def _index(key: str) -> int | None:
+    """The index an all-digits ``key`` names (a huge one: above any group), else None."""
+    if not INDEX_KEY.fullmatch(key):
+        return None
+    digits = key.lstrip("0") or "0"
+    return int(digits) if len(digits) <= _INDEX_DIGITS else 10**_INDEX_DIGITS
 
 
 def _unknown_key(key: str, ordered: Sequence[str]) -> str:
     count = len(ordered)
     indexes = f"0..{count - 1}" if count else "none"
     if INDEX_KEY.fullmatch(key):
+        digits = key.lstrip("0") or "0"
         return (
-            f"device index {int(key)} is out of range: this config group has {count} "
+            f"device index {short_key(digits)} is out of range: this config group has {count} "
             f"device(s), indexes {indexes} in sorted UUID order"
         )
     shown = ", ".join(ordered[:_UUIDS_SHOWN]) + (", ..." if count > _UUIDS_SHOWN else "")
     return (
-        f"key {key[:60]!r} is neither the UUID of a device in this config group "
+        f"key {short_key(key)!r} is neither the UUID of a device in this config group "
         f"({shown or 'no devices'}) nor an index ({indexes})"
     )

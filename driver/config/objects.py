@@ -15,8 +15,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final, Literal
 
-from gpu_dra.driver.config.errors import ConfigError, ConfigProblem
-from gpu_dra.driver.config.resolve import NOT_OPAQUE, ConfigSource, resolve_configs
+from gpu_dra.driver.config.errors import MAX_PROBLEMS_SHOWN, ConfigError, ConfigProblem
+from gpu_dra.driver.config.resolve import NOT_OPAQUE, ConfigSource, resolve_configs, shown_name
+from gpu_dra.driver.jsonbounds import describe
 
 Verdict = Literal["OK", "ERROR", "SKIP"]
 
@@ -90,10 +91,17 @@ def check_entry(entry: object, *, source: ConfigSource, driver: str) -> tuple[Ve
         return "ERROR", NOT_OPAQUE
     entry_driver = opaque.get("driver")
     if entry_driver != driver:
-        return "SKIP", f"driver {entry_driver} is not {driver}"
+        shown = (
+            shown_name(entry_driver) if isinstance(entry_driver, str) else describe(entry_driver)
+        )
+        return "SKIP", f"driver {shown} is not {driver}"
     try:
         resolve_configs([{**entry, "source": source}], [], driver=driver, claim="")
     except ConfigError as error:
-        problems = (ConfigProblem(p.reason, field=p.field) for p in error.problems)
-        return "ERROR", "; ".join(str(problem) for problem in problems)
+        problems = [ConfigProblem(p.reason, field=p.field) for p in error.problems]
+        message = "; ".join(str(problem) for problem in problems[:MAX_PROBLEMS_SHOWN])
+        hidden = len(problems) - MAX_PROBLEMS_SHOWN
+        if hidden > 0:
+            message += f"; ({hidden} more problem{'s' if hidden > 1 else ''})"
+        return "ERROR", message
     return "OK", ""

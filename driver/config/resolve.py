@@ -12,20 +12,28 @@ driver (``shared/reference/nvidia-compat.md`` §4.3):
 * a ``requests`` entry ``r`` names the request ``r`` and every subrequest ``r/<sub>`` of it.
 
 Devices resolved to the same entry form a `ConfigGroup`; each group later gets its own sharing
-setup (one MPS control daemon per group).
+setup (one MPS control daemon per group). The config list is read as untrusted JSON: any shape
+becomes a `ConfigError` naming the entry and field, never another exception.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final, Literal
 
 from gpu_dra.driver.config.api import DeviceType
-from gpu_dra.driver.config.decode import DeviceConfig, decode_parameters
+from gpu_dra.driver.config.decode import (
+    MAX_PARAMETERS_BYTES,
+    MAX_PARAMETERS_DEPTH,
+    DeviceConfig,
+    decode_parameters,
+)
 from gpu_dra.driver.config.errors import ConfigError, ConfigProblem
 from gpu_dra.driver.config.gpuconfig import GpuConfig
 from gpu_dra.driver.config.migconfig import MigDeviceConfig
+from gpu_dra.driver.jsonbounds import JsonLimits, describe, json_problem, short_key
 
 ConfigSource = Literal["default", "FromClass", "FromClaim"]
 
@@ -34,6 +42,16 @@ NOT_OPAQUE: Final = "only opaque parameters are supported by this driver"
 _SOURCES: Final[dict[object, ConfigSource]] = {"FromClass": "FromClass", "FromClaim": "FromClaim"}
 
 _KIND_FOR_TYPE: Final[dict[str, str]] = {"gpu": GpuConfig.KIND, "mig": MigDeviceConfig.KIND}
+
+CONFIG_FIELD: Final = "status.allocation.devices.config"
+
+# Device and request names shown unquoted in messages (DNS labels, `<request>/<subrequest>`).
+_PLAIN_NAME: Final = re.compile(r"[A-Za-z0-9._/-]{1,80}")
+
+# An `opaque` object whose parameters are within the decoder's limits: safe to compare.
+_OPAQUE_LIMITS: Final = JsonLimits(
+    max_depth=MAX_PARAMETERS_DEPTH + 1, max_bytes=MAX_PARAMETERS_BYTES + 1024
+)
 
 
 @dataclass(frozen=True)
@@ -95,24 +113,29 @@ class _Candidate:
 
 
 def resolve_configs(
-    configs: Sequence[Mapping[str, object]],
+    configs: object,
     devices: Sequence[AllocatedDevice],
     *,
     driver: str,
     claim: str,
-    spec_configs: Sequence[Mapping[str, object]] | None = None,
+    spec_configs: object = None,
 ) -> ResolvedConfigs:
     """Resolve the effective config of each of ``devices`` and group the devices.
 
-    ``configs`` are the claim's ``status.allocation.devices.config`` entries as JSON objects
-    (``{source, requests?, opaque: {driver, parameters}}``); ``devices`` the allocation results
-    of ``driver`` on this node. Entries for other drivers are skipped; every entry for
+    ``configs`` is the claim's ``status.allocation.devices.config`` as JSON: a list (or null)
+    of objects ``{source, requests?, opaque: {driver, parameters}}``; ``devices`` the allocation
+    results of ``driver`` on this node. Entries for other drivers are skipped; every entry for
     ``driver`` is decoded and validated, used or not. ``claim`` (``namespace/name``) and
     ``spec_configs`` (the claim's ``spec.devices.config``, to name claim entries by their
-    position there) are used in messages only.
+    position there; ignored where it is no list of objects) are used in messages only.
 
-    Raises `ConfigError` with every problem found.
+    Raises `ConfigError` with every problem found, whatever ``configs`` holds.
     """
+    if configs is None:
+        configs = []
+    if not isinstance(configs, list | tuple):
+        reason = f"expected a list of config entries, got {describe(configs)}"
+        raise ConfigError([ConfigProblem(field=CONFIG_FIELD, reason=reason)], claim=claim)
     candidates, problems = _decode_entries(configs, driver, spec_configs)
     if problems:
         raise ConfigError(problems, claim=claim)
@@ -130,9 +153,7 @@ def resolve_configs(
 
 
 def _decode_entries(
-    configs: Sequence[Mapping[str, object]],
-    driver: str,
-    spec_configs: Sequence[Mapping[str, object]] | None,
+    configs: Sequence[object], driver: str, spec_configs: object
 ) -> tuple[list[_Candidate], list[ConfigProblem]]:
     """Defaults, then class entries, then claim entries for ``driver``, decoded, in precedence
     order (lowest first); or the problems with them."""
@@ -141,10 +162,14 @@ def _decode_entries(
     by_source: dict[ConfigSource, list[_Candidate]] = {"FromClass": [], "FromClaim": []}
     for index, entry in enumerate(configs):
         label = labels[index]
-        source = _SOURCES.get(entry.get("source"))
+        if not isinstance(entry, Mapping):
+            reason = f"expected a config entry (an object), got {describe(entry)}"
+            problems.append(ConfigProblem(config=label, reason=reason))
+            continue
+        given = entry.get("source")
+        source = _SOURCES.get(given) if isinstance(given, str) else None
         if source is None:
-            shown = str(entry.get("source"))[:40]
-            reason = f"unknown config source {shown!r}: expected FromClass or FromClaim"
+            reason = f"unknown config source {describe(given)}: expected FromClass or FromClaim"
             problems.append(ConfigProblem(config=label, field="source", reason=reason))
             continue
         opaque = entry.get("opaque")
@@ -182,8 +207,8 @@ def _select(
             if fits:
                 return candidate
             reason = (
-                f'cannot apply {candidate.config.KIND} to device "{device.device}" of type '
-                f'"{device.type}" (request: {device.request}): use kind '
+                f'cannot apply {candidate.config.KIND} to device "{shown_name(device.device)}" of '
+                f'type "{device.type}" (request: {shown_name(device.request)}): use kind '
                 f"{_KIND_FOR_TYPE[device.type]} for {device.type} devices"
             )
             return ConfigProblem(config=candidate.origin.label, reason=reason)
@@ -191,6 +216,12 @@ def _select(
             return candidate
     # Unreachable: the defaults (no requests, one per device type) always match.
     raise AssertionError(f"no config for device type {device.type!r}")
+
+
+def shown_name(name: str) -> str:
+    """A device, request or driver name for a message: as is when plain, else quoted and
+    shortened (it comes from the claim: the message stays one short line)."""
+    return name if _PLAIN_NAME.fullmatch(name) else repr(short_key(name))
 
 
 def _names(config_request: str, result_request: str) -> bool:
@@ -218,7 +249,7 @@ def _group(
     )
 
 
-def _requests(entry: Mapping[str, object]) -> tuple[str, ...] | None:
+def _requests(entry: Mapping[object, object]) -> tuple[str, ...] | None:
     requests = entry.get("requests")
     if requests is None:
         return ()
@@ -227,9 +258,7 @@ def _requests(entry: Mapping[str, object]) -> tuple[str, ...] | None:
     return None
 
 
-def _labels(
-    configs: Sequence[Mapping[str, object]], spec_configs: Sequence[Mapping[str, object]] | None
-) -> list[str]:
+def _labels(configs: Sequence[object], spec_configs: object) -> list[str]:
     """How messages name each entry of ``configs``.
 
     Class entries are ``config[i] (FromClass)`` (the allocation does not say which class).
@@ -237,14 +266,17 @@ def _labels(
     copies them in order, dropping those for unallocated subrequests and repeating some, so
     the search moves forward only. Otherwise ``config[i] (FromClaim)``.
     """
+    spec = list(spec_configs) if isinstance(spec_configs, list | tuple) else []
+    comparable = [_comparable(entry) for entry in spec]
     labels: list[str] = []
     next_spec = 0
     for index, entry in enumerate(configs):
-        source = entry.get("source")
-        label = f"config[{index}] ({source})"
-        if source == "FromClaim" and spec_configs is not None:
-            for position in range(next_spec, len(spec_configs)):
-                if _same_entry(entry, spec_configs[position]):
+        source = entry.get("source") if isinstance(entry, Mapping) else None
+        shown = isinstance(source, str) and source.isidentifier() and len(source) <= 40
+        label = f"config[{index}]" + (f" ({source})" if shown else "")
+        if source == "FromClaim" and isinstance(entry, Mapping) and _comparable(entry):
+            for position in range(next_spec, len(spec)):
+                if comparable[position] and _same_entry(entry, spec[position]):
                     label = f"spec.devices.config[{position}]"
                     next_spec = position
                     break
@@ -252,5 +284,12 @@ def _labels(
     return labels
 
 
-def _same_entry(allocated: Mapping[str, object], spec: Mapping[str, object]) -> bool:
+def _comparable(entry: object) -> bool:
+    """Whether ``entry`` is an object whose ``opaque`` can be compared without deep recursion."""
+    return isinstance(entry, Mapping) and json_problem(entry.get("opaque"), _OPAQUE_LIMITS) is None
+
+
+def _same_entry(allocated: Mapping[object, object], spec: object) -> bool:
+    if not isinstance(spec, Mapping):
+        return False
     return allocated.get("opaque") == spec.get("opaque") and _requests(allocated) == _requests(spec)

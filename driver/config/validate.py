@@ -15,6 +15,7 @@ from gpu_dra.driver.config.gpuconfig import GpuConfig
 from gpu_dra.driver.config.migconfig import MigDeviceConfig
 from gpu_dra.driver.config.quantity import quantity_value
 from gpu_dra.driver.config.sharing import GpuSharing, MpsConfig
+from gpu_dra.driver.jsonbounds import path_key
 
 MIB: Final = 1024 * 1024
 
@@ -68,7 +69,7 @@ def mps_problems(mps: MpsConfig) -> list[ConfigProblem]:
                 ConfigProblem(field=f"{MPS_CONFIG}.defaultPinnedDeviceMemoryLimit", reason=problem)
             )
     for key, limit in (mps.default_per_device_pinned_memory_limit or {}).items():
-        field = f"{PER_DEVICE_LIMITS}[{key}]"
+        field = PER_DEVICE_LIMITS + path_key(key, brackets=True)
         if not (key.startswith(UUID_PREFIXES) or INDEX_KEY.fullmatch(key)):
             problems.append(ConfigProblem(field=field, reason=key_syntax_reason(key)))
         problem = _limit_problem(limit)

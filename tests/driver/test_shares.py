@@ -186,3 +186,25 @@ def test_ceiling_is_a_percentage_of_memory_and_sms():
     assert half.memory_bytes == Fraction(81559 * MIB, 2) // MIB * MIB
     with pytest.raises(ValueError, match=r"1\.\.100"):
         ceiling(H100, 0)
+
+
+@pytest.mark.parametrize(
+    ("consumed", "message"),
+    [
+        # Each was AttributeError or TypeError before: consumedCapacity is untrusted JSON.
+        (["memory"], "consumedCapacity of gpu-4: expected an object of quantities, got an array"),
+        ({5: "1Gi"}, "consumedCapacity of gpu-4: capacity names must be strings, got number 5"),
+        (
+            {"memory": 1073741824},
+            "consumedCapacity of gpu-4: memory: expected a quantity string, got number 1073741824",
+        ),
+        (
+            {"compute": None},
+            "consumedCapacity of gpu-4: compute: expected a quantity string, got null",
+        ),
+    ],
+)
+def test_consumed_capacity_of_another_shape_is_a_share_error(consumed, message):
+    with pytest.raises(ShareError) as caught:
+        consumed_share(consumed, H100)
+    assert str(caught.value) == message
