@@ -1,34 +1,12 @@
 """Discovery: NVML and PCI topology in, `Gpu` and `MigDevice` values out.
 
-Pure apart from the calls on the injected `NvmlLibrary` and `PciTopology`. Optional facts that
-NVML does not support on a GPU (memory size, MIG mode, addressing mode) are left out; MIG mode
-NOT_SUPPORTED means MIG off. An NVML error is never taken for an empty answer (the table of
-which return codes mean "absent": docs/real-nodes.md, "NVML errors"):
-
-- a node-wide failure (``nvmlInit``, the driver version, ``nvmlDeviceGetCount``) raises
-  `DiscoveryError`;
-- any other failure on one GPU (its identity, its MIG state, its MIG devices or profiles) leaves
-  that GPU out: `discover_devices` returns it in `NodeDevices.problems` (`GpuProblem`: the GPU,
-  the NVML call and its return code name) and goes on with the next GPU; `discover_gpus`, for
-  callers that cannot report problems, raises the first as `DiscoveryError`.
-
-Static MIG (`discover_devices`): for each GPU whose *current* MIG mode is on, the GPU-instance
-profiles are read (at least one must answer, see below), then the existing MIG
-devices are walked as NVIDIA's driver walks them (go-nvlib ``VisitMigDevices``): every index up
-to ``nvmlDeviceGetMaxMigDeviceCount`` (NOT_FOUND = empty), then each MIG device's GPU instance
-(``GetGpuInstanceById`` -> info: profile ID, placement) and compute instance
-(``GetComputeInstanceById`` -> info: CI profile), and the GI profile found by scanning the
-``NVML_GPU_INSTANCE_PROFILE_*`` indexes for that profile ID. A GPU instance without a compute
-instance has no MIG device and is not published.
-
-Dynamic MIG (`discover_devices(..., mig_profiles=True)`): for each MIG-capable GPU (MIG mode on or
-off), the GPU-instance profiles it offers, as NVIDIA's driver reads them: every
-``NVML_GPU_INSTANCE_PROFILE_*`` index (NOT_SUPPORTED / INVALID_ARGUMENT = not offered), and each
-profile's possible placements (``nvmlDeviceGetGpuInstancePossiblePlacements``, which answers
-whether MIG is on or not). When *every* index answers NOT_SUPPORTED / INVALID_ARGUMENT, the GPU's
-MIG profiles cannot be read: a GPU with MIG on is a `GpuProblem` (it could be published neither
-whole nor in slices), one with MIG off is published whole, not partitionable (the simulated
-B200, whose sizes are unknown, is left out of `NodeDevices.mig_profiles` that way).
+Pure apart from the calls on the injected `NvmlLibrary` and `PciTopology`. An NVML error is never
+taken for an empty answer: a node-wide failure raises `DiscoveryError`; a failure on one GPU
+leaves that GPU out as a `GpuProblem` in `NodeDevices.problems` (`discover_gpus` raises the first
+as `DiscoveryError`). Static MIG devices are walked as NVIDIA's driver walks them; with
+``mig_profiles=True`` the GPU-instance profiles and placements of MIG-capable GPUs are read too.
+See docs/real-nodes.md#nvml-errors (which return codes mean "absent"), docs/mig.md#static-mig
+and docs/mig.md#dynamic-mig-publication.
 """
 
 from __future__ import annotations

@@ -1,41 +1,10 @@
 """Simulated NVML and PCI topology of a machine profile: a real backend chosen by a setting.
 
-Behaves like NVML where the driver can tell: calls before ``init`` raise
-``NVMLError_Uninitialized``, a bad index or a foreign handle ``NVMLError_InvalidArgument``, an
-unknown UUID ``NVMLError_NotFound``, MIG and NUMA calls ``NVMLError_NotSupported`` where real
-hardware does. Fault injection: the profile's ``faults`` (``{call: NVML error name}``, per GPU or
-per node) make a chosen call fail with any NVML return code from the start, and
-`SimulatedNvml.set_fault` does the same while it runs (tests turning an error on and off again).
-Return values have pynvml's types (structs included), except the GPU/compute-instance info
-structs, whose handle fields cannot point at Python objects: those are frozen dataclasses with
-the same field names.
-
-MIG follows the model's profile table and the rules in `gpu_dra.driver.nvml.simulated_mig`. MIG
-mode: Hopper and later switch at once (no reset); Ampere only records the pending mode until
-`SimulatedNvml.reset_gpu` (what ``nvidia-smi -r`` or a reboot does on a real A100). MIG device
-handles answer ``device_get_uuid``, ``device_get_memory_info`` (the profile's memory) and the
-MIG-handle calls; other device calls on them raise InvalidArgument (not modelled), except the
-compute-mode calls, which raise NotSupported there (compute modes are a full-GPU setting; MPS on
-MIG runs without EXCLUSIVE_PROCESS). Compute modes start at DEFAULT; EXCLUSIVE_PROCESS on a GPU
-with MIG on is NotSupported, EXCLUSIVE_THREAD (removed from NVML) and unknown modes are
-InvalidArgument.
-
-Events: every simulated GPU reports XID critical errors and single- and double-bit ECC errors
-(``device_get_supported_event_types``). Tests and the plugin's control path make them happen:
-`SimulatedNvml.inject_event` (an XID, optionally on one MIG device's GPU and compute instance),
-`SimulatedNvml.lose_gpu` (the GPU falls off the bus: every call on it raises
-``NVMLError_GpuIsLost``, and so does the next ``event_set_wait`` of each event set it is
-registered in) and `SimulatedNvml.recover_gpu` (calls work again and the event sets get an
-``EVENT_TYPE_SIMULATED_RECOVERY`` event, which real NVML never reports). Events reach the
-event sets the GPU was registered in for that type, in order.
-
-Persistence: `SimulatedNvml.mig_snapshot` is the MIG mode and instances of every GPU as JSON
-values; a `SimulatedNvml` built with ``saved_mig`` (a snapshot) starts from it instead of the
-profile's static MIG devices, and ``on_mig_change`` receives a new snapshot after every change
-(mode, GI or CI created or destroyed, reset), in order. The caller stores it (the kubelet plugin
-writes ``<data-dir>/simulated-nvml.json``), so MIG instances outlive the process as they outlive
-the plugin on a real GPU; `SimulatedNvml.restore_gpu` takes in one GPU's state as another process
-(a second plugin instance) left it.
+`SimulatedNvml` behaves like NVML where the driver can tell (errors, return types, MIG mode and
+instances per `gpu_dra.driver.nvml.simulated_mig`, compute modes, XID/ECC events, lost GPUs),
+injects any NVML return code into any call (profile ``faults``, `SimulatedNvml.set_fault`), and
+hands its MIG state to the caller as JSON snapshots so MIG instances outlive the process.
+See docs/config.md#what-the-simulator-models and docs/real-nodes.md#trying-it-without-a-gpu.
 """
 
 from __future__ import annotations
