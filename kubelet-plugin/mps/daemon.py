@@ -1,30 +1,11 @@
 """`MpsDaemonManager`: the real `MpsControl`, running the control binary it is given.
 
-Start, in the order ``mps.md`` §3.1 requires:
-
-1. remove a leftover of the same id (a start that died with the plugin): its processes (found
-   by ``CUDA_MPS_PIPE_DIRECTORY`` in their environment), its shm mount, its directories;
-2. create ``<data_dir>/mps/<id>/{pipe,log,shm}`` (mode 0755, shm 1777) and mount the shm;
-3. launch ``<binary> -d`` (``-M`` for multi-user) with ``CUDA_VISIBLE_DEVICES`` = the UUIDs and
-   the pipe and log directories in its environment (`DaemonRunner`);
-4. wait until the daemon answers ``get_default_active_thread_percentage`` on its socket;
-5. issue ``set_default_active_thread_percentage`` and one ``set_default_device_pinned_mem_limit
-   <UUID> <N>M`` per device - before any server can spawn: servers spawn for clients, and no
-   workload sees the pipe directory before prepare returns its CDI devices;
-6. read every value back; a daemon that reports other values is not used.
-
-Any failure removes whatever was started or created, then raises `MpsStartError`.
-
-With a `ComputeModeControl` (``--mps-exclusive-compute-mode``), the full GPUs of the daemon
-(never MIG devices) are set to ``EXCLUSIVE_PROCESS`` between steps 2 and 3; the UUIDs are written
-to ``<root>/compute-mode`` first, so whoever removes the directory - stop, a failed start, a
-leftover removal after a crash - sets them back to ``DEFAULT``.
-
-Stop: ``quit``, wait, remove what the runner made (the daemon pod, waited for), SIGTERM/SIGKILL
-what still runs, kill leftover servers, reset the compute mode, unmount shm, remove the
-directories. Status: the runner's object (the pod), the process (PID + start time),
-``get_server_list`` and ``get_server_status`` (``FAULT``). The manager's calls block; run them
-in a worker thread.
+Start removes a leftover of the same id, creates and mounts the daemon's directories, optionally
+sets the full GPUs to ``EXCLUSIVE_PROCESS`` (`ComputeModeControl`), launches the daemon through
+its `DaemonRunner`, waits until it answers, applies the settings before any server can spawn and
+reads them back; any failure removes whatever was made and raises `MpsStartError`. Stop and
+status undo and check all of it. The manager's calls block; run them in a worker thread.
+See docs/mps.md#the-daemon, docs/mps.md#compute-mode and docs/mps.md#lifecycle.
 """
 
 from __future__ import annotations

@@ -1,37 +1,12 @@
 """The control daemon as a pod on this node: `PodRunner`, the production `DaemonRunner`.
 
-One bare Pod per daemon, ``<namespace>/mps-control-daemon-<id>`` (NVIDIA's name prefix; the id
-is at most 44 characters, so the name fits in 63), created through the Kubernetes API with
-``spec.nodeName`` set (no scheduler involved) and ``restartPolicy: Never``: the plugin applies
-the daemon's settings after start-up, so a daemon restarted behind its back would run without
-them - a daemon that died stays dead (`missing` reports it) until the claim is unprepared.
-
-The container runs ``<binary> -f [-M]`` (foreground: the container lives as long as the
-daemon) from the image (``--mps-daemon-image``) with:
-
-* ``hostPID: true``: the daemon writes its host PID to its PID file, so the manager's process
-  checks (PID + start time, ``CUDA_MPS_PIPE_DIRECTORY`` in ``/proc/<pid>/environ``) work as for a
-  host process; the plugin needs ``hostPID`` too (the DaemonSet sets it);
-* ``privileged: true``: every GPU device node of the host, as NVIDIA's daemon Deployment has
-  (``mps.md`` §12.2); no CDI, since the daemon serves whichever GPUs ``CUDA_VISIBLE_DEVICES``
-  names;
-* the daemon's directory ``<data-dir>/mps/<id>`` mounted at the same path (pipe and log
-  directories keep their host paths, which workloads and the control client use) and its ``shm``
-  at ``/dev/shm``; no ``hostIPC`` (MPS shares memory through ``/dev/shm``, which is that mount);
-* the driver root (``--driver-root``) read-only at ``/driver-root``, its ``usr/bin`` at the end
-  of ``PATH`` and its library directories in ``LD_LIBRARY_PATH``, for the driver's libraries;
-* the Secrets of ``--mps-daemon-image-pull-secrets`` as ``imagePullSecrets`` (none by default);
-* a priority class (``--mps-daemon-priority-class``, default ``system-node-critical``: when the
-  daemon goes, every workload using it loses MPS) and small resource requests without limits
-  (`RESOURCE_REQUESTS`), so node-pressure eviction takes it last;
-* labels ``app.kubernetes.io/managed-by=gpu-dra-kubelet-plugin``,
-  ``app.kubernetes.io/component=mps-control-daemon`` and ``mps.gpu-dra.io/daemon-id=<id>``: a
-  restarted plugin finds the pods of its node by them (`daemon_ids`) and by ``spec.nodeName``.
-
-No ownerReference: the daemon must outlive the plugin's pod (upgrades, crashes); pods bound to a
-deleted node are removed by the pod garbage collector. The handle keeps the pod's UID
-(`LaunchedDaemon.ref`), and deletes carry it as a precondition, so a stale handle never deletes a
-newer pod of the same name.
+One bare Pod per daemon (``mps-control-daemon-<id>``), bound to the node through the API with
+``restartPolicy: Never`` (a daemon that died stays dead until the claim is unprepared), running
+``<binary> -f [-M]`` with ``hostPID`` and ``privileged``, the daemon's directory and shm mounted,
+and labelled so a restarted plugin finds its node's daemons (`daemon_ids`). No ownerReference:
+the daemon outlives the plugin's pod. Deletes carry the pod's UID (`LaunchedDaemon.ref`) as a
+precondition, so a stale handle never deletes a newer pod of the same name.
+See docs/mps.md#the-daemon-as-a-pod.
 """
 
 from __future__ import annotations
