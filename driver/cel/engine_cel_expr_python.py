@@ -1,30 +1,10 @@
 """The CEL engine: ``cel-expr-python`` (Google's binding of cel-cpp). The only module that
 imports it; everything it needs from the rest of the package goes through `Program` and
-`compile_program`. Why this engine and its limits: docs/cel.md.
-
-How the Kubernetes additions map onto the engine:
-
-- ``device`` is declared ``dyn`` and passed as nested maps; `Quantity` and `Semver` travel as
-  protobuf messages ``kubernetes.Quantity{num: "n/d"}`` and ``kubernetes.Semver{major, minor,
-  patch, pre}`` (cel-cpp accepts no other custom values). Both are stored canonically, so the
-  engine's field-by-field equality is equality by value (``quantity("1Gi") == quantity("1024Mi")``).
-- cel-cpp keys runtime overloads by argument kind (every message is "struct"): members shared by
-  both types (``compareTo``, ``isGreaterThan``, ``isLessThan``) are declared for each type but
-  implemented once, dispatching on the message class.
-- Every call into Python leaks memory in cel-expr-python 0.1.3 (about 0.6 KB per message argument;
-  docs/cel.md). ``quantity('40Gi')`` / ``semver('8.0.0')`` with a literal argument are therefore
-  compiled to message literals (``kubernetes.Quantity{num: "42949672960/1", ...}``), and a
-  comparison of a plain path with one (``C.memory.compareTo(quantity('40Gi'))``) to native CEL
-  over the message fields (`_native_comparison`): no callback. Quantities carry, besides the exact
-  ``num``, ``whole``/``nano`` (the value rounded up to nano units, as Kubernetes stores it) for
-  that.
-- A quantity or semver compared with ``==`` / ``!=`` to a literal of another type is a runtime
-  error in Kubernetes (its types' ``Equal``), false in cel-cpp: ``<path> == <literal>`` is
-  compiled to a type test that fails such a comparison with ``no such overload``.
-- Unknown domains read as empty maps through `source.default_unknown_domains`; the original text
-  is compiled first so compile errors point at what the user wrote.
-- The converted device (the activation data, not an ``Activation``: see `_Environment.data`) is
-  cached on the `DraDevice`, so evaluating many selectors against one device converts it once.
+`compile_program`. It carries the Kubernetes additions (``quantity``, ``semver``, unknown
+domains) on cel-cpp with Kubernetes' results, and keeps common selectors off Python callbacks,
+which leak memory in cel-expr-python 0.1.3. See
+docs/cel.md#how-the-kubernetes-additions-map-onto-cel-cpp and
+docs/cel.md#the-memory-leak-and-what-it-means-here.
 """
 
 from __future__ import annotations
