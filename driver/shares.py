@@ -1,26 +1,11 @@
 """MPS shares of whole GPUs through consumable capacity: what is published, what a share is.
 
-A GPU offered as MPS shares (``--mps-shares``) is published with
-``allowMultipleAllocations: true`` and two consumable capacities, each with a request policy
-(``shared/reference/resource-api.md`` §5.1):
-
-============ =============================== ============ =====================================
-capacity     value                           step         default (a request naming no amount)
-============ =============================== ============ =====================================
-``memory``   frame buffer, rounded down to   ``1Mi``      the whole value
-             a multiple of 1 MiB
-``compute``  ``100`` (percent of the SMs)    ``1``        ``100``
-============ =============================== ============ =====================================
-
-Both ranges go from one step to the whole value. The defaults are the whole GPU, so a claim that
-names no amount (a plain ``gpu.nvidia.com`` claim landing on the device) consumes all of it:
-exclusive and shared use never meet on one GPU, and a claim naming only ``memory`` still takes
-all of ``compute``. A share's consumed ``compute`` becomes its clients'
-``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE``, its consumed ``memory`` their
-``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`` (``docs/mps.md``).
-
-Pure: values in, values out. The kubelet plugin decides which GPUs are offered
+A GPU offered as MPS shares (``--mps-shares``) is published with ``allowMultipleAllocations:
+true`` and two consumable capacities, ``memory`` and ``compute``, whose defaults are the whole
+GPU, so a claim that names no amount is exclusive. A share's consumed amounts become its clients'
+MPS caps. Pure: values in, values out. The kubelet plugin decides which GPUs are offered
 (`ShareSelection`) and reads allocation results back with `consumed_share`.
+See docs/mps.md#offering-gpus-as-shares.
 """
 
 from __future__ import annotations

@@ -1,26 +1,9 @@
 """MIG of one simulated GPU: the profile table of its model and NVML's instance bookkeeping.
 
 Pure values and rules, no pynvml: failures raise the pynvml error NVML returns (through
-`nvml_error`). The rules follow ``shared/reference/gpu-hardware.md`` section 3:
-
-- A GPU instance (GI) occupies memory slices ``start .. start+size-1`` of one of its profile's
-  possible placements. A start outside that list is INVALID_ARGUMENT; an overlap, a profile at its
-  ``instanceCount``, or a second media-extension (``+me``) GI when the GPU's single JPEG/OFA
-  engine is taken is INSUFFICIENT_RESOURCES.
-- Without a placement NVML picks one itself, from the highest free start down. That reproduces the
-  MIG guide's quirk: 1g, 1g, 2g, 3g (IDs 19, 19, 14, 9) fails at the 3g; 3g first works.
-- GI ids are driver-assigned and not a function of the placement. Observed ids follow the memory
-  slice tree (8-slice parts: 7g 0, 3g/4g 1-2, 2g and 1g.REV2 3-6, 1g 7-14); the simulator takes
-  the lowest free id of the placement size's level. CI ids are per GI, from 0.
-- Only the full compute instance of a GI (the one the DRA driver creates) is simulated; a GI
-  without a CI has no MIG device. MIG devices are indexed in (GI id, CI id) order.
-- MIG UUIDs are version-5 style (``MIG-xxxxxxxx-xxxx-5xxx-[89ab]xxx-...``). Real NVML mints a new
-  one each time a compute instance is created; the simulator derives it from the parent UUID, the
-  slice and a per-GPU creation counter, so runs are reproducible and a re-created slice gets a
-  new UUID. Static MIG devices of a profile file are created first, so theirs are stable.
-- `MigState.snapshot` / `MigState.restore` turn a GPU's mode and instances into JSON values and
-  back (the creation counter included), so a simulated node can keep them across a restart of
-  the process, as real GPUs keep their MIG instances when the plugin restarts.
+`nvml_error`). Placements, GI/CI ids, MIG device order and MIG UUIDs follow real NVML as far as
+the driver can tell; `MigState.snapshot` / `MigState.restore` carry a GPU's MIG state across a
+restart of the process. See docs/config.md#what-the-simulator-models.
 """
 
 from __future__ import annotations
