@@ -1,26 +1,10 @@
 """The seam between the kubelet-facing gRPC service and the prepare/unprepare logic.
 
 The servicer (``service.py``) translates protobuf messages into these values and calls a
-:class:`ClaimPreparer`. The business logic (reading claims from the API server, applying
-opaque config, MIG/MPS, CDI specs, checkpointing) implements that Protocol and never sees
-protobuf or gRPC.
-
-Contract for implementations:
-
-* Return an entry for every claim UID passed in. A missing UID is reported to the kubelet
-  as a per-claim error; extra UIDs are dropped.
-* Report per-claim failures as values (``PrepareResult.failure`` / an error string), not by
-  raising. An exception fails every claim of the batch.
-* Be idempotent: the kubelet calls prepare again for claims that are already prepared (for
-  example after a kubelet restart) and unprepare for claims that are unknown or already gone
-  (those must succeed).
-* Be cancellation-safe: the servicer cancels the call when its deadline (below the kubelet's
-  45 s) expires, without waiting for it, and reports a per-claim error; the kubelet retries
-  later. Work that cannot stop at once must keep its claim serialized until it is done.
-* Expect concurrent calls: the kubelet sends one batch per pod being synced, so two calls
-  may overlap (even for the same claim). Serialize per claim / device where it matters.
-* Keep the event loop free: run blocking work (NVML, file I/O with fsync, the checkpoint
-  and CDI store methods) through ``asyncio.to_thread``.
+:class:`ClaimPreparer`, which never sees protobuf or gRPC. Implementations return an entry per
+claim UID, report per-claim failures as values (an exception fails the batch), are idempotent
+and cancellation-safe, expect concurrent calls (serialize per claim / device), and run blocking
+work through ``asyncio.to_thread``. See docs/architecture.md#the-claimpreparer-contract.
 """
 
 from __future__ import annotations
