@@ -1,22 +1,12 @@
 """One selector over many published devices, with the result of each device the same as
 converting it (`to_cel_device`) and calling `Selector.matches`.
 
-A selector reads only some parts of ``device`` (`source.device_footprint`: the driver, some
-attribute or capacity entries, whole domain maps). Devices that agree on those parts get the same
-result, so `select` groups the devices of a `DeviceTable` by the **published** values there (the
-``{"string": "mig"}`` / ``{"value": "80Gi"}`` entries of the device dicts, read by qualified name),
-converts one representative per group into a CEL value and evaluates it once. Nothing else is
-converted: a 1000-node inventory has a few dozen distinct (type, compute capability, memory...)
-combinations among hundreds of thousands of devices.
-
-A device is grouped only when it is *plain*: every attribute is a one-key ``bool`` / ``int`` /
-``string`` / ``version`` entry of that JSON type, every capacity entry has a ``value`` text, and
-every version and quantity text parses, so its conversion cannot fail and the published entry
-determines the converted value. Any other device (a conversion error, whose message names the
-device; a value of another type; a name published both bare and qualified), and every device
-when the footprint cannot be told from the text (``device.attributes.exists(...)``, ``device``
-rebound), is converted and evaluated on its own. Runtime errors are per device, as the scheduler
-sees them.
+`select` groups the *plain* devices of a `DeviceTable` by the published values of the parts of
+``device`` the selector reads (`source.device_footprint`), and converts and evaluates one
+representative per group: a 1000-node inventory has a few dozen distinct combinations among
+hundreds of thousands of devices. Any other device, and every device when the footprint cannot be
+told, is converted and evaluated on its own. Runtime errors are per device, as the scheduler
+sees them. See docs/cel.md#api (`select`).
 """
 
 from __future__ import annotations

@@ -1,23 +1,12 @@
 """Lexical checks and rewrites of selector source text (pure; no engine involved).
 
-Three rewrites and checks; the first two are Kubernetes rules that a CEL engine with ``device``
-declared as a plain map does not know:
-
-1. ``device`` has exactly the fields ``driver``, ``attributes``, ``capacity`` and
-   ``allowMultipleAllocations``; any other (``device.vendor``) is a compile error
-   ``undefined field 'vendor'`` (`undefined_device_fields`).
-2. An unknown domain reads as an empty map: ``device.attributes["other.com"].size() == 0`` is
-   true, ``has(device.attributes["other.com"].x)`` false (`default_unknown_domains` rewrites
-   ``device.attributes[K]`` to ``device.attributes[?K].orValue(dyn({}))``; same for capacity).
-
-3. Calls with a literal argument, ``quantity('40Gi')`` and ``semver('8.0.0'[, true])``, can be
-   replaced by a constant the engine builds without calling back into Python
-   (`fold_literal_calls`); a literal that does not parse is left alone (a runtime error stays one).
-   Comparisons of a plain path with such a literal, ``device.capacity[d].memory.compareTo(
-   quantity('40Gi'))``, can be replaced by native comparisons (`native_comparisons`).
-
-The scan works on tokens, so string literals and comments are never touched. Aliases are not
-followed: in ``cel.bind(a, device.attributes, a["other.com"])`` an unknown domain stays an error.
+Kubernetes rules a CEL engine with ``device`` declared as a plain map does not know: the fields
+``device`` has (`undefined_device_fields`) and unknown domains reading as empty maps
+(`default_unknown_domains`); and rewrites that keep selectors off Python callbacks
+(`fold_literal_calls`, `native_comparisons`), plus the part of ``device`` a selector reads
+(`device_footprint`). The scan works on tokens, so string literals and comments are never
+touched; aliases are not followed. See docs/cel.md#semantics-implemented and
+docs/cel.md#differences-from-kubernetes-known-deliberate-or-engine-limits.
 """
 
 from __future__ import annotations

@@ -1,25 +1,11 @@
 """The simulated node's MIG state on disk: ``<data-dir>/simulated-nvml.json``.
 
-A real GPU keeps its MIG mode and instances when the plugin process dies; a simulated one lives
-in the process. So that restarts and crashes mean the same on a simulated node, the plugin hands
-`SimulatedNvml` the saved state at start and writes every change back (atomically: a reader
-sees the state before or after a change, never half of one). Tests read the file to see what
-the "hardware" holds.
-
-Format (JSON)::
-
-    {"version": 1, "profile": "<--simulate value>",
-     "gpus": {"<GPU UUID>": {"current": 1, "pending": 1, "computeInstancesCreated": 3,
-                             "gpuInstances": [{"id": 7, "profileId": 19, "start": 0,
-                                               "computeInstances": [{"id": 0, "profileId": 0,
-                                                                     "uuid": "MIG-..."}]}]}}}
-
-A file saved for another profile is ignored (logged): the GPUs it names are other GPUs.
-
-Two plugin instances on one node (a rolling update) share the file: once `attach`ed to its
-simulator, an instance writes only the GPUs it changed into what the file holds (under
-``<file>.lock``), and `refresh` takes in a GPU's state from the file before the instance works on
-that GPU (under the node-wide MIG lock of the GPU), as real GPUs are one state for both.
+So that plugin restarts and crashes mean on a simulated node what they mean on real GPUs, the
+plugin hands `SimulatedNvml` the saved state at start and writes every change back atomically; a
+file saved for another profile is ignored. Two instances on one node share the file: once
+`attach`ed, an instance writes only the GPUs it changed (under ``<file>.lock``), and `refresh`
+takes in a GPU's state before the instance works on it. See docs/mig.md#dynamic-mig-lifecycle
+("Simulated nodes") and docs/architecture.md#two-instances-on-one-node.
 """
 
 from __future__ import annotations

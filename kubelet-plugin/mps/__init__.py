@@ -1,23 +1,8 @@
 """MPS control daemons for prepared claims: start, stop, status, adopt, and workload CDI edits.
 
-The prepare path's MPS tiers use it (``docs/mps.md``). Layout:
-
-* :mod:`.daemon_model` - what a daemon is: `MpsSettings` (rendered as ``set_default_*``
-  commands), `DaemonHandle` (and its checkpoint form), `DaemonStatus`, the `MpsControl` Protocol
-  and the error vocabulary;
-* :mod:`.ids` - NVIDIA-compatible per-claim daemon ids and per-device shared-daemon ids;
-* :mod:`.control` - runs control commands through the control binary (stdin, one per call);
-* :mod:`.process` - the `DaemonRunner` seam and the host-process runner, process checks;
-* :mod:`.pod` - `PodRunner`: the daemon as a pod bound to this node (production);
-* :mod:`.computemode` - the `ComputeModeControl` seam: EXCLUSIVE_PROCESS on full GPUs via NVML;
-* :mod:`.shm` - the `ShmMounter` seam: tmpfs in production, a plain directory in tests;
-* :mod:`.daemon` - `MpsDaemonManager`, the real `MpsControl`;
-* :mod:`.edits` - the CDI container edits of a daemon's workloads;
-* :mod:`.shared_daemons` - the per-GPU shared daemon of MPS shares and its checkpoint-derived
-  reference count;
-* :mod:`.claim_tier`, :mod:`.share_tier` - the per-claim MPS and MPS share tiers of prepare
-  (`gpu_dra.kubelet_plugin.tier`), and :mod:`.recorded_daemons`, the daemons their records
-  name (undo, adoption and the sweep at start-up).
+The prepare path's MPS tiers (per-claim MPS and MPS shares) use it; the daemons outlive the
+plugin process and are adopted again from the checkpoint. Module by module: docs/mps.md (the
+table under its introduction); behaviour: docs/mps.md#the-daemon and docs/mps.md#lifecycle.
 """
 
 from gpu_dra.kubelet_plugin.mps.computemode import (
