@@ -1,21 +1,11 @@
 """Dynamic MIG publication: MIG-capable GPUs as partitionable devices (nvidia-compat.md §3.3).
 
-Pure: values in, values out. For each partitionable GPU (`is_partitionable`):
-
-- one counter set ``gpu-<minor>-counter-set`` holding the GPU's MIG resources: the capacities in
-  DNS form (``multiprocessors``, ``copy-engines``, ``decoders``, ``encoders``, ``jpeg-engines``,
-  ``ofa-engines``, ``memory``), each at its maximum across the GPU's profiles, plus
-  ``memory-slice-<i>: 1`` for every memory slice;
-- the full GPU (``gpu-<minor>``, when `offers_whole`), consuming every counter at its full value;
-- one device per (GPU-instance profile, possible placement), named like the static MIG device it
-  becomes (``gpu-<minor>-mig-<profile slug>-<GI profile ID>-<start>``), with the attributes and
-  capacities of a static MIG device of that profile (no ``uuid``, no ``memorySlice<i>``
-  capacities), consuming its profile's capacities and ``memory-slice-<start>`` ..
-  ``memory-slice-<start+size-1>``.
-
-The scheduler allocates a device only while every counter it consumes has enough left, so two
-overlapping placements never both fit (they share a memory slice) and the full GPU never fits
-next to any slice of it (both need the same memory slices).
+Pure: values in, values out. For each partitionable GPU (`is_partitionable`): one counter set
+holding the GPU's MIG resources and one counter per memory slice; the full GPU (when
+`offers_whole`) consuming every counter; and one device per (GPU-instance profile, possible
+placement), named like the static MIG device it becomes, consuming its profile's sizes and its
+memory slices. So the scheduler never allocates overlapping placements, nor the full GPU next to
+a slice of it. See docs/mig.md#dynamic-mig-publication.
 """
 
 from __future__ import annotations

@@ -1,20 +1,10 @@
 """A reader of glibc's ``ld.so.cache``: which libraries the dynamic linker of a root knows.
 
 Pure parsing, no ``ldconfig -p``: the cache of a driver root (``<root>/etc/ld.so.cache``) is read
-from the plugin's side, whatever libc the plugin's image has. Three layouts exist (glibc
-``elf/cache.c``, written by ``ldconfig -c new|old|compat``):
-
-* new (glibc 2.32+ default): header ``glibc-ld.so.cache1.1`` (48 bytes: number of entries, size of
-  the string table, an endianness byte), then 24-byte entries (flags, key, value, OS version,
-  hwcap); string offsets count from the header;
-* old (libc5 era): header ``ld.so-1.7.0\\0`` and entry count, then 12-byte entries (flags, key,
-  value); offsets count from the end of the entries;
-* compat: an old part followed, 8-byte aligned, by a new part whose entries are used (the old
-  entries point into the new part's strings).
-
-An entry's key is the soname (``libcuda.so.1``), its value the path (``/usr/lib/.../libcuda.so.1``,
-as the root sees it). A malformed file raises `LdCacheError` naming the file and the fault.
-Used by `driver_userspace` (docs/real-nodes.md, "What a container gets").
+from the plugin's side, whatever libc the plugin's image has, in all three layouts (new, old,
+compat). Entries map a soname to its path as the root sees it; a malformed file raises
+`LdCacheError` naming the file and the fault. Used by `driver_userspace`.
+See docs/real-nodes.md#host-driver-root-and-the-plugins-view-of-it.
 """
 
 from __future__ import annotations

@@ -1,20 +1,12 @@
 """Time-slice intervals of whole GPUs: the `TimeSlicer` seam, ``nvidia-smi`` and a recorded fake.
 
-NVIDIA-compatible (``nvidia-compat.md`` §8): a claim whose `GpuConfig` says
-``sharing.strategy: TimeSlicing`` gets ``nvidia-smi -i <uuid> -c DEFAULT`` and then
-``nvidia-smi compute-policy -i <uuid> --set-timeslice <0-3>`` on each of its full GPUs
-(``Default``=0, ``Short``=1, ``Medium``=2, ``Long``=3; there is no NVML API for it), and the
-interval goes back to ``Default`` when the claim is unprepared. Some GPUs (Tesla P4, NVIDIA
-issues #41, #81, #363) answer "Not Supported" with exit status 3: that is
-`TimeSlicingNotSupportedError`, never retried. Other failures are `TimeSlicingError`, retryable.
-
-* `NvidiaSmiTimeSlicer` runs the ``nvidia-smi`` program (real GPUs);
-* `RecordedTimeSlicer` changes nothing and records every call and the resulting interval per
-  GPU in a JSON file (``<data-dir>/time-slicing.json`` on simulated nodes), so tests and e2e runs
-  can prove what was applied; GPUs it is told about answer "Not Supported".
-
-The preparer records the intervals it applies in the claim's checkpoint ``state`` under
-`TIME_SLICE_STATE_KEY` (``{uuid: value}``), before running the commands.
+NVIDIA-compatible (``nvidia-compat.md`` §8): `NvidiaSmiTimeSlicer` runs ``nvidia-smi`` on real
+GPUs (there is no NVML API for it); `RecordedTimeSlicer` changes nothing and records every call
+in a JSON file (``<data-dir>/time-slicing.json`` on simulated nodes). "Not Supported" (exit
+status 3) is `TimeSlicingNotSupportedError`, never retried; other failures are
+`TimeSlicingError`, retryable. The preparer records the applied intervals in the claim's
+checkpoint ``state`` under `TIME_SLICE_STATE_KEY` before running the commands.
+See docs/config.md#time-slicing.
 """
 
 from __future__ import annotations

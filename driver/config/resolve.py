@@ -1,19 +1,11 @@
 """Which config applies to each allocated device of a claim, and which devices share one.
 
-Input is the claim's ``status.allocation.devices.config`` (class configs and claim configs, as the
-scheduler copied them) and the devices this driver was allocated. Precedence follows NVIDIA's
-driver (``shared/reference/nvidia-compat.md`` §4.3):
-
-* built-in defaults < DeviceClass configs (``FromClass``) < claim configs (``FromClaim``); within
-  each source, later entries win;
-* walking from the highest precedence down, the first entry whose ``requests`` names the
-  device's request is used, and it is an error if its kind does not fit the device's type; an
-  entry without ``requests`` is used only if its kind fits the device's type;
-* a ``requests`` entry ``r`` names the request ``r`` and every subrequest ``r/<sub>`` of it.
-
-Devices resolved to the same entry form a `ConfigGroup`; each group later gets its own sharing
-setup (one MPS control daemon per group). The config list is read as untrusted JSON: any shape
-becomes a `ConfigError` naming the entry and field, never another exception.
+Input is the claim's ``status.allocation.devices.config`` and the devices this driver was
+allocated. Precedence follows NVIDIA's driver (``shared/reference/nvidia-compat.md`` §4.3):
+defaults < class configs < claim configs, later entries winning; an entry naming the device's
+request must fit its type (else an error), one without ``requests`` applies only where it fits.
+Devices resolved to the same entry form a `ConfigGroup`. The config list is untrusted JSON: any
+shape becomes a `ConfigError` naming the entry and field. See docs/config.md#precedence.
 """
 
 from __future__ import annotations
