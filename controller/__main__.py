@@ -1,17 +1,11 @@
 """`gpu-dra-controller`: the composition root (settings, then adapters, then the run loop).
 
-The controller's cluster-level duty for now: keep the DeviceClass catalog applied. It applies every
-class at start, then again every resync interval (reloading the directory, so a mounted ConfigMap
-can change), sooner when a class failed. With `--once` it applies once and exits.
-
-Beside it, every `--inventory-interval` seconds (0: never, nor with `--once`), it reads the
-cluster's ResourceSlices, DeviceClasses and ResourceClaims with the list helpers of `gpu-dra
-inventory` (in a worker thread) and exports the inventory as gauges (`InventoryMetrics`); a failed
-read keeps the last snapshot and counts an error.
-
-With `--leader-election-enabled` (controller/leader.py) only the replica holding the Lease applies
-the catalog; losing the Lease cancels that duty and the replica becomes a candidate again. Every
-replica serves `/metrics`, `/healthz` and `/readyz` (controller/health.py) and reads the inventory.
+Keeps the DeviceClass catalog applied: at start, then every resync interval (reloading the
+directory), sooner when a class failed; with `--once` once, then exit. Every
+`--inventory-interval` it exports the cluster's inventory as gauges (`InventoryMetrics`; a failed
+read keeps the last snapshot). With `--leader-election-enabled` only the Lease holder applies the
+catalog; every replica serves `/metrics`, `/healthz`, `/readyz` and reads the inventory.
+See docs/deployment.md#controller-deployment and docs/config.md#gpu-dra-controller.
 """
 
 from __future__ import annotations

@@ -1,19 +1,12 @@
 """This node's devices: what gets published, and what a container receives for each.
 
-Devices are whole GPUs (MIG mode off) and static MIG devices (made before the plugin started; a
-GPU in MIG mode is not offered whole). With dynamic MIG (`dynamic_mig`), partitionable GPUs are
-published in partitionable form instead (`gpu_dra.driver.partitions`): a counter set per GPU,
-the whole GPU and every placement of every MIG profile as a `MigPartition`, which the prepare
-step makes into a MIG device. A real GPU gets its device nodes (`/dev/nvidia<minor>` and its
-DRM nodes, `driver_userspace.gpu_device_edits`); a real MIG device gets its parent's
-`/dev/nvidia<minor>` plus the MIG capability nodes of its GPU and compute instance
-(`/dev/nvidia-caps/nvidia-cap<N>`, written as character devices with major and minor), which is
-what lets a process open that one slice. The driver's libraries, binaries, control nodes and
-hooks are common to every device: `driver_userspace.CommonEdits` (the spec's common edits).
-Simulated devices have no device nodes, so they get what a container can prove instead:
-per-device environment variables and a read-only file with the device's facts, mounted from the
-plugin's data dir. Both kinds also carry the per-device environment, so workloads and tests can
-see which GPU or slice they got. See docs/real-nodes.md, "What a container gets".
+Devices are whole GPUs (MIG mode off) and static MIG devices, or with dynamic MIG
+(`dynamic_mig`) partitionable GPUs in partitionable form (`gpu_dra.driver.partitions`), whose
+`MigPartition`s prepare makes into MIG devices. A real GPU or MIG device gets the device nodes
+that let a process open it (common edits: `driver_userspace.CommonEdits`); a simulated one gets
+per-device environment variables and a read-only fact file instead. Both carry the per-device
+environment, so workloads and tests see which GPU or slice they got.
+See docs/architecture.md#what-a-container-gets and docs/real-nodes.md#what-a-container-gets.
 """
 
 from __future__ import annotations

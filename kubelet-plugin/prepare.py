@@ -1,17 +1,12 @@
 """Prepare and unprepare claims on this node: read, resolve, plan, check, commit, undo.
 
-Per claim (the claims of one call run concurrently): a claim recorded `PrepareCompleted` returns
-its devices, one left `PrepareStarted` is rolled back and one left `UnprepareStarted` unprepared
-first. Otherwise the claim is read, its opaque configs resolved, and each `Tier` plans its part;
-under the locks of the claim's GPUs the plans are checked against the other claims' records,
-`PrepareStarted` is recorded with the devices and the tiers' intents, the tiers apply, the CDI
-spec is written and `PrepareCompleted` recorded. A failure rolls back at once, a crash at the
-next prepare or in `recover()` (`recovery.py`). Unprepare works from the record alone and records
-`UnprepareStarted` before it tears anything down. Records change only through
-`ClaimRecords.update`. With a `PluginInstance` the claim and GPU locks are node-wide (two
-instances during a rolling update) and `recover()` runs while no instance prepares, leaving live
-instances' unfinished records alone. See docs/architecture.md, "Prepare and unprepare" and "Two
-instances on one node".
+Per claim (concurrently): a recorded claim is returned, rolled back or unprepared first by its
+state; otherwise it is read, its configs resolved, each `Tier` plans, the plans are checked under
+the claim's GPU locks, `PrepareStarted` is recorded, the tiers apply, the CDI spec is written and
+`PrepareCompleted` recorded. A failure rolls back at once, a crash at the next call or in
+`recover()`. Unprepare works from the record alone. Records change only through
+`ClaimRecords.update`. See
+docs/architecture.md#prepare-and-unprepare and docs/architecture.md#two-instances-on-one-node.
 """
 
 from __future__ import annotations

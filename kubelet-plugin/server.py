@@ -1,18 +1,12 @@
 """The kubelet plugin's two Unix sockets and their start/stop order.
 
-Start: serve the DRAPlugin services (v1 and v1beta1) on ``<plugins_dir>/<driver>/dra.sock``,
-check that the socket accepts connections, and only then create the registration socket
-``<registry_dir>/<driver>-reg.sock``; the kubelet connects to the DRA socket as soon as it
-sees the registration socket. Stop: remove the registration socket first (the kubelet
-deregisters the plugin on its removal), then stop the DRA service and remove its socket. With an
-instance id (the pod UID) the names are the instance's own (`socket_paths`), so that a new
-instance registers before the old one stops; `remove_stale_sockets` removes sockets nobody serves.
-
-Optional services on the DRA socket (the device health service) are passed as
-``extra_services``: each is registered on the DRA server and its names are advertised in the
-registration's supported versions, after the DRAPlugin versions.
-
-Signal handling is the caller's job: call :meth:`PluginServer.stop` on SIGTERM.
+Start: serve the DRAPlugin services (v1 and v1beta1) on the DRA socket, check that it accepts
+connections, and only then create the registration socket. Stop: remove the registration socket
+first, then stop the DRA service and remove its socket. With an instance id the names are the
+instance's own (`socket_paths`); `remove_stale_sockets` removes sockets nobody serves. Optional
+services on the DRA socket (``extra_services``, e.g. device health) are advertised at
+registration after the DRAPlugin versions. Signal handling is the caller's job: call
+:meth:`PluginServer.stop` on SIGTERM. See docs/architecture.md#processes.
 """
 
 from __future__ import annotations

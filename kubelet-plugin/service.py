@@ -1,19 +1,10 @@
 """DRAPlugin gRPC servicers (v1 and v1beta1): protobuf <-> domain translation.
 
-Both services are backed by one :class:`ClaimCallHandler`, which owns the rules the kubelet
-depends on:
-
-* every requested claim UID gets an entry in the response (a UID the preparer forgot is
-  filled with an error), and no UID that was not requested;
-* per-claim failures, preparer exceptions and deadline overruns become per-claim errors;
-  the RPC itself never fails for them (a gRPC error makes the kubelet discard everything);
-* each call gets a deadline below the kubelet's 45 s, and the reply is sent by then: work
-  still running (a worker thread cannot be stopped) is cancelled where it waits and otherwise
-  finishes behind the reply, holding its claim's locks, so the kubelet's retry finds it done
-  or rolled back, never done twice; its claims get a per-claim error;
-* an empty request returns an empty map without calling the preparer (liveness probes).
-
-v1beta1 responses are the v1 responses without ``Device.share_id``.
+Both services are backed by one :class:`ClaimCallHandler`: every requested claim UID gets an
+entry and no other; failures, preparer exceptions and deadline overruns become per-claim errors,
+never an RPC error; each call replies by its deadline (below the kubelet's 45 s) while work that
+cannot stop finishes behind the reply holding its claim's locks. v1beta1 responses are the v1
+responses without ``Device.share_id``. See docs/architecture.md#the-claimpreparer-contract.
 """
 
 from __future__ import annotations
