@@ -121,13 +121,15 @@ def installed(
 
 
 def wait_plugin_ready(kube: Kube, cluster: Cluster) -> None:
-    """Wait for the plugin pod; on time-out, fail with its container's last log lines."""
+    """Wait until the node has exactly one plugin pod and it is ready (a rolling update with
+    maxSurge 1 runs two for a while); on time-out, fail with the containers' last log lines."""
+
+    def settled() -> bool:
+        current = pods(kube, PLUGIN_SELECTOR)
+        return len(current) == 1 and ready(current[0])
+
     try:
-        wait_for(
-            "the kubelet plugin pod to be ready",
-            lambda: any(map(ready, pods(kube, PLUGIN_SELECTOR))),
-            180,
-        )
+        wait_for("the kubelet plugin pod to be ready, alone", settled, 180)
     except TimeoutError as error:
         logs = "".join(
             cluster.kubectl("logs", "-n", NAMESPACE, p["metadata"]["name"], "-c", "gpus",
