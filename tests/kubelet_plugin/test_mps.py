@@ -150,7 +150,12 @@ def alive(pid: int) -> bool:
 def server_identity(pid: int) -> ProcessIdentity:
     """The double's server `pid` by PID and start time, once it runs the server code (its
     command line ends in ``--server``)."""
+    # Read until it shows: while the process execs, /proc/<pid>/cmdline is briefly empty.
+    deadline = time.monotonic() + 5.0
     cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    while double.SERVER_FLAG.encode() not in cmdline and time.monotonic() < deadline:
+        time.sleep(0.02)
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
     assert double.SERVER_FLAG.encode() in cmdline, cmdline
     started = start_time(pid)
     assert started is not None
