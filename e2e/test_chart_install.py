@@ -125,8 +125,16 @@ def wait_plugin_ready(kube: Kube, cluster: Cluster) -> None:
     maxSurge 1 runs two for a while); on time-out, fail with the containers' last log lines."""
 
     def settled() -> bool:
+        (daemonset,) = kube.list("apps/v1", "DaemonSet", namespace=NAMESPACE,
+                                 label_selector=PLUGIN_SELECTOR)  # fmt: skip
+        status = daemonset.get("status") or {}
+        rolled_out = (
+            status.get("observedGeneration") == daemonset["metadata"]["generation"]
+            and status.get("updatedNumberScheduled") == status.get("desiredNumberScheduled") == 1
+            and status.get("numberAvailable") == 1
+        )
         current = pods(kube, PLUGIN_SELECTOR)
-        return len(current) == 1 and ready(current[0])
+        return rolled_out and len(current) == 1 and ready(current[0])
 
     try:
         wait_for("the kubelet plugin pod to be ready, alone", settled, 180)
