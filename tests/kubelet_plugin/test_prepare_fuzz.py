@@ -3,10 +3,9 @@ tests/fuzzing.py, docs/development.md), on the simulated hgx-h100 node with the 
 and CDI store: every claim gets its own result, success or an error that names the claim, and
 unprepare leaves nothing behind.
 
-Tests only: prepare.py reads ``status.allocation.devices.results`` without checking its shape,
-so a malformed result raises out of `WholeGpuPreparer.prepare` and fails every claim of the
-kubelet's call (`KNOWN_DEFECTS`, a strict-xfail reproducer each). The fuzz test counts those as
-events instead of failing, until prepare.py is fixed and the reproducers pass. Claims are nested
+A malformed allocation result fails only its own claim, with a message that names the
+field (`NodeClaimPreparer.prepare`); defects still open are listed in `KNOWN_DEFECTS`, each with
+a strict-xfail reproducer, and counted as events by the fuzz test until fixed. Claims are nested
 at most 200 levels here: deeper ones never get this far (the API client's JSON decoding fails;
 see test_jsonbounds.py for the bounded decoder).
 """
