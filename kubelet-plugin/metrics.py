@@ -19,6 +19,7 @@ from prometheus_client.registry import Collector
 from gpu_dra.driver.model import GpuProblem
 from gpu_dra.driver.shares import FULL_COMPUTE
 from gpu_dra.kubelet_plugin.checkpoint import CheckpointEntry, CheckpointError
+from gpu_dra.kubelet_plugin.mps.daemon import current_handle
 from gpu_dra.kubelet_plugin.mps.daemon_model import DaemonHandle, MpsError, handles_from_state
 from gpu_dra.kubelet_plugin.mps.ids import is_shared_daemon
 from gpu_dra.kubelet_plugin.mps.process import ProcessIdentity, is_alive
@@ -185,4 +186,7 @@ def _share_uuid(entry: CheckpointEntry, device_name: str) -> str:
 
 
 def _process_runs(handle: DaemonHandle) -> bool:
-    return is_alive(ProcessIdentity(handle.pid, handle.pid_start_time))
+    """Whether the daemon's current instance runs (after a restart in place the claims may
+    still record the instance they joined, `mps.daemon.current_handle`)."""
+    current = current_handle(handle)
+    return is_alive(ProcessIdentity(current.pid, current.pid_start_time))

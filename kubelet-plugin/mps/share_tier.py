@@ -5,7 +5,8 @@ A result on a GPU offered as shares (``--mps-shares``) is a **share** when it co
 the whole GPU in ``memory`` or ``compute``; one that consumed all of both holds the GPU and is
 prepared as any whole GPU. A share needs a config with ``sharing.strategy: MPS`` and no
 ``mpsConfig`` fields, at most the largest share allowed, one per GPU and claim. Its CDI devices
-get the daemon's pipe and shm and the share's caps as client environment; its record keeps the
+get the daemon's pipe (read-only: the daemon serves other tenants) and shm and the share's caps
+as client environment; its record keeps the
 daemon's handle and the share (`SHARES_STATE_KEY`). See docs/mps.md, "MPS shares".
 """
 
@@ -57,7 +58,9 @@ class SharePlan(TierPlan):
             handle = self.shared.join(
                 run.claim.uid, share, lambda joined: run.append(MPS_STATE_KEY, joined.to_state())
             )
-            run.edits[share.device_name] = workload_edits(handle.paths, share.caps())
+            run.edits[share.device_name] = workload_edits(
+                handle.paths, share.caps(), pipe_read_only=True
+            )
         if self.shares:
             run.completed[SHARES_STATE_KEY] = {s.device_name: s.to_state() for s in self.shares}
 
