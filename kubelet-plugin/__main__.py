@@ -8,7 +8,8 @@ driver already serves (`guard_node`, kubelet-plugin/guard.py), recover from the
 checkpoint (roll back half-done prepares, remove orphaned CDI specs), start publishing the node's
 ResourceSlices and caching the ResourceClaims, then serve the DRA socket, and only then the
 registration socket (PluginServer does both in that order). The MPS daemon manager exists before
-recovery, which adopts the daemons of prepared claims and stops those of interrupted prepares; the
+recovery, which adopts the daemons of prepared claims and stops those of interrupted prepares
+(after recovery, `DaemonSupervisor` checks them every ``--mps-daemon-check-interval``); the
 time slicer (nvidia-smi on real GPUs, a recorded fake on simulated nodes) exists before recovery
 too, which resets the time-slice intervals of interrupted prepares. With dynamic MIG, recovery also
 destroys the MIG instances of partitionable GPUs that no prepared claim owns. Every successful
@@ -81,6 +82,8 @@ from gpu_dra.kubelet_plugin.mps import (
     ShmMounter,
     TmpfsShmMounter,
 )
+from gpu_dra.kubelet_plugin.mps.events import KubernetesEventApi, MpsEvents
+from gpu_dra.kubelet_plugin.mps.supervisor import DaemonSupervisor
 from gpu_dra.kubelet_plugin.node_devices import NodeInventory
 from gpu_dra.kubelet_plugin.prepare import NodeClaimPreparer
 from gpu_dra.kubelet_plugin.server import PluginServer
@@ -207,7 +210,10 @@ POD_START_TIMEOUT_S = 25.0
 
 
 def _mps(
-    settings: KubeletPluginSettings, api_client: ApiClient, nvml: NvmlLibrary
+    settings: KubeletPluginSettings,
+    api_client: ApiClient,
+    nvml: NvmlLibrary,
+    events: MpsEvents | None = None,
 ) -> MpsDaemonManager | None:
     """The MPS daemon manager, or None (claims asking for MPS then fail with a message).
 
@@ -216,7 +222,7 @@ def _mps(
     containers to see it); simulated nodes, and a plugin that is not root, use a plain
     directory, so that e2e runs need no mount privileges. Daemons run as host processes or as
     pods of this node (``--mps-daemon-runner``); the compute mode of their full GPUs is set only
-    with ``--mps-exclusive-compute-mode``.
+    with ``--mps-exclusive-compute-mode``. ``events`` is told what daemon supervision repaired.
     """
     binary = settings.resolved_mps_control_binary()
     if binary is None:
@@ -259,6 +265,7 @@ def _mps(
             start_timeout_s=start_timeout_s,
             compute_mode=NvmlComputeMode(nvml) if settings.mps_exclusive_compute_mode else None,
             other_runners=[other],
+            observer=events,
         )
     except ValueError as error:
         log.error("MPS is unavailable: %s", error)
@@ -414,6 +421,39 @@ async def _guarded_api_client(settings: KubeletPluginSettings) -> ApiClient:
     return api_client
 
 
+def _serve_metrics(
+    settings: KubeletPluginSettings, registry: CollectorRegistry, checkpoint: Checkpoint
+) -> None:
+    """Add the MPS gauges (read from the checkpoint) and serve ``/metrics`` on
+    ``--metrics-port`` (0: not served)."""
+    registry.register(MpsCollector(settings.node_name, checkpoint.all))
+    if settings.metrics_port:
+        start_http_server(settings.metrics_port, registry=registry)
+        log.info("metrics on :%d/metrics", settings.metrics_port)
+
+
+def _stop_on_signals() -> asyncio.Event:
+    """An event set by SIGTERM or SIGINT."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    return stop
+
+
+def _supervise(
+    settings: KubeletPluginSettings, mps: MpsDaemonManager | None, checkpoint: Checkpoint
+) -> list[asyncio.Task[None]]:
+    """The MPS daemon supervision task (`DaemonSupervisor`), or none without MPS or with
+    ``--mps-daemon-check-interval=0``."""
+    if mps is None or settings.mps_daemon_check_interval_s <= 0:
+        return []
+    supervisor = DaemonSupervisor(
+        mps, checkpoint.all, interval_s=settings.mps_daemon_check_interval_s
+    )
+    return [asyncio.create_task(supervisor.run(), name="mps-supervisor")]
+
+
 async def serve(settings: KubeletPluginSettings, health: PluginHealth) -> None:
     nvml, pci = _nvml(settings)
     registry = CollectorRegistry()
@@ -434,6 +474,10 @@ async def serve(settings: KubeletPluginSettings, health: PluginHealth) -> None:
     common_edits = await _common_edits(settings, nvml)
     claim_api = KubernetesClaimReader(api_client)
     claims = CachedClaimReader(claim_api)
+    mps_events = MpsEvents(
+        KubernetesEventApi(api_client), claim_api, checkpoint.all, node_name=settings.node_name
+    )
+    mps = _mps(settings, api_client, nvml, mps_events)
     preparer = NodeClaimPreparer(
         driver_name=settings.driver_name,
         node_name=settings.node_name,
@@ -443,7 +487,7 @@ async def serve(settings: KubeletPluginSettings, health: PluginHealth) -> None:
         checkpoint=checkpoint,
         cdi=ClaimSpecStore(settings.cdi_root, driver_name=settings.driver_name),
         claims_dir=settings.state_dir / "claims",
-        mps=_mps(settings, api_client, nvml),
+        mps=mps,
         time_slicer=_time_slicer(settings, devices),
         mps_share_max_percent=settings.mps_share_max_percent,
         dynamic_mig=_dynamic_mig(settings, nvml, inventory),
@@ -452,10 +496,7 @@ async def serve(settings: KubeletPluginSettings, health: PluginHealth) -> None:
     await preparer.recover()
     health.mark_recovered()
 
-    registry.register(MpsCollector(settings.node_name, checkpoint.all))
-    if settings.metrics_port:
-        start_http_server(settings.metrics_port, registry=registry)
-        log.info("metrics on :%d/metrics", settings.metrics_port)
+    _serve_metrics(settings, registry, checkpoint)
     publisher = SlicePublisher(
         KubernetesSliceApi(api_client),
         driver=settings.driver_name,
@@ -469,6 +510,7 @@ async def serve(settings: KubeletPluginSettings, health: PluginHealth) -> None:
         )
     publisher.set_desired(inventory.desired_pool(settings.driver_name, settings.node_name, layout))
     publishing = asyncio.create_task(publisher.run(), name="publisher")
+    supervising = _supervise(settings, mps, checkpoint)
 
     async def registered() -> None:
         publisher.republish()
@@ -482,10 +524,7 @@ async def serve(settings: KubeletPluginSettings, health: PluginHealth) -> None:
         call_timeout_s=settings.call_timeout_s,
         on_registered=registered,
     )
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+    stop = _stop_on_signals()
     claims.start()
     try:
         await server.start()
@@ -501,7 +540,9 @@ async def serve(settings: KubeletPluginSettings, health: PluginHealth) -> None:
         await health.stopping()
         await server.stop()
         publisher.stop()
-        await asyncio.gather(publishing, return_exceptions=True)
+        for task in supervising:
+            task.cancel()
+        await asyncio.gather(publishing, *supervising, return_exceptions=True)
         await asyncio.to_thread(claims.close)
         api_client.close()  # type: ignore[no-untyped-call]
 

@@ -161,6 +161,9 @@ class KubeletPluginSettings:
     mps_exclusive_compute_mode: bool = False
     """Set the compute mode EXCLUSIVE_PROCESS on the full GPUs of an MPS daemon while it runs
     (DEFAULT again when it stops), as NVIDIA's driver does; never on MIG devices."""
+    mps_daemon_check_interval_s: float = 10.0
+    """Seconds between checks of the MPS daemons of prepared claims (a dead one is restarted in
+    place, changed settings are set back); 0 turns the checks off."""
     dynamic_mig: bool = False
     """Publish MIG-capable GPUs as partitionable devices (MIG slices made on demand)."""
     feature_gates: tuple[str, ...] = ()
@@ -455,12 +458,23 @@ def _mps_daemon_settings(
             if name.strip()
         ),
         "mps_exclusive_compute_mode": exclusive in ("true", "1", "yes"),
+        "mps_daemon_check_interval_s": _check_interval(parser, args.mps_daemon_check_interval),
     }
+
+
+def _check_interval(parser: argparse.ArgumentParser, text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value >= 0 or value == float("inf"):
+        parser.error(f"--mps-daemon-check-interval must be seconds >= 0 (0 = off), got {text!r}")
+    return value
 
 
 def _add_mps_daemon_options(option: Callable[..., None], environ: Mapping[str, str]) -> None:
     """`--mps-daemon-runner`, `-image`, `-namespace`, `-priority-class`,
-    `-image-pull-secrets` and `--mps-exclusive-compute-mode`."""
+    `-image-pull-secrets`, `-check-interval` and `--mps-exclusive-compute-mode`."""
     option(
         "--mps-daemon-runner",
         "how MPS control daemons run: process (host process; local/dev) or pod (a pod bound "
@@ -484,6 +498,12 @@ def _add_mps_daemon_options(option: Callable[..., None], environ: Mapping[str, s
         "comma-separated Secret names for the MPS control daemon pods' imagePullSecrets "
         "(runner pod)",
         None,
+    )
+    option(
+        "--mps-daemon-check-interval",
+        "seconds between checks of the MPS daemons of prepared claims: a dead daemon is "
+        "restarted in place, settings a client changed are set back (0 = off)",
+        "10",
     )
     option(
         "--mps-exclusive-compute-mode",

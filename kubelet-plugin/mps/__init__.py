@@ -11,7 +11,10 @@ The prepare path's MPS tiers use it (``docs/mps.md``). Layout:
 * :mod:`.pod` - `PodRunner`: the daemon as a pod bound to this node (production);
 * :mod:`.computemode` - the `ComputeModeControl` seam: EXCLUSIVE_PROCESS on full GPUs via NVML;
 * :mod:`.shm` - the `ShmMounter` seam: tmpfs in production, a plain directory in tests;
-* :mod:`.daemon` - `MpsDaemonManager`, the real `MpsControl`;
+* :mod:`.daemon` - `MpsDaemonManager`, the real `MpsControl` (restart in place, `ensure`);
+* :mod:`.supervisor` - `DaemonSupervisor`: `ensure` for the daemons of prepared claims, every
+  ``--mps-daemon-check-interval``;
+* :mod:`.events` - `MpsEvents`: Kubernetes Events on the claims and pods a repair concerns;
 * :mod:`.edits` - the CDI container edits of a daemon's workloads;
 * :mod:`.shared_daemons` - the per-GPU shared daemon of MPS shares and its checkpoint-derived
   reference count;

@@ -1,9 +1,10 @@
 """The plugin's composition root builds the MPS daemon manager the settings ask for: the runner
-(host process or pod, with the pod's namespace, node and image) and the compute-mode control
-(only with --mps-exclusive-compute-mode)."""
+(host process or pod, with the pod's namespace, node and image), the compute-mode control
+(only with --mps-exclusive-compute-mode), its Events, and the daemon supervision task."""
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,10 +13,14 @@ import pytest
 from kubernetes.client import ApiClient
 
 from gpu_dra.driver.nvml.simulated import SimulatedHost
-from gpu_dra.kubelet_plugin.__main__ import _mps
-from gpu_dra.kubelet_plugin.mps import NvmlComputeMode, PodRunner, ProcessRunner
+from gpu_dra.kubelet_plugin.__main__ import _mps, _supervise
+from gpu_dra.kubelet_plugin.checkpoint import Checkpoint
+from gpu_dra.kubelet_plugin.mps import MpsDaemonManager, NvmlComputeMode, PodRunner, ProcessRunner
+from gpu_dra.kubelet_plugin.mps.events import MpsEvents
 from gpu_dra.kubelet_plugin.settings import KubeletPluginSettings
 from tests.doubles.mps_helpers import DOUBLE_BINARY, scratch_root
+from tests.fakes.claim_reader import InMemoryClaimReader
+from tests.fakes.event_api import RecordingEventApi
 
 
 @pytest.fixture
@@ -74,3 +79,25 @@ def test_the_pod_runner_gets_its_namespace_node_and_image(data_dir: Path) -> Non
     assert runner.driver_root == Path("/run/nvidia/driver")  # the pod mounts the host's path
     assert isinstance(manager.compute_mode, NvmlComputeMode)
     assert manager.start_timeout_s > 10.0  # a pod needs longer than a host process
+
+
+def test_the_manager_reports_to_the_events_and_supervision_follows_the_interval(
+    data_dir: Path,
+) -> None:
+    host = SimulatedHost.load("hgx-h100", "node-a")
+    checkpoint = Checkpoint(data_dir)
+    events = MpsEvents(RecordingEventApi(), InMemoryClaimReader(), dict, node_name="node-a")
+    manager = _mps(settings(data_dir), ApiClient(), host.nvml, events)
+    assert manager is not None
+    assert manager.observer is events
+
+    async def tasks(*flags: str, mps: MpsDaemonManager | None = manager) -> list[str]:
+        started = _supervise(settings(data_dir, *flags), mps, checkpoint)
+        for task in started:
+            task.cancel()
+        await asyncio.gather(*started, return_exceptions=True)
+        return [task.get_name() for task in started]
+
+    assert asyncio.run(tasks()) == ["mps-supervisor"]
+    assert asyncio.run(tasks("--mps-daemon-check-interval=0")) == []
+    assert asyncio.run(tasks(mps=None)) == []

@@ -42,6 +42,7 @@ ALL_FLAGS = [
     "--mps-daemon-priority-class=gpu-dra-mps",
     "--mps-daemon-image-pull-secrets=registry-a, registry-b",
     "--mps-exclusive-compute-mode=true",
+    "--mps-daemon-check-interval=2.5",
     "--dynamic-mig=true",
     "--feature-gates=DynamicMIG=true,MPSSupport=false,TimeSlicingSettings=true",
     "--slice-layout=combined",
@@ -77,6 +78,7 @@ EXPECTED = KubeletPluginSettings(
     mps_daemon_priority_class="gpu-dra-mps",
     mps_daemon_image_pull_secrets=("registry-a", "registry-b"),
     mps_exclusive_compute_mode=True,
+    mps_daemon_check_interval_s=2.5,
     dynamic_mig=True,
     feature_gates=("DynamicMIG", "TimeSlicingSettings"),
     slice_layout=SliceLayout.COMBINED,
@@ -423,6 +425,21 @@ def test_an_unknown_daemon_runner_is_a_usage_error(
 
     assert "deployment" in error
     assert "process" in error
+
+
+@pytest.mark.parametrize("value", ["-1", "soon", "nan", "inf"])
+def test_the_daemon_check_interval_must_be_seconds_or_zero(
+    capsys: pytest.CaptureFixture[str], value: str
+) -> None:
+    error = usage_error(capsys, ["--node-name=n", f"--mps-daemon-check-interval={value}"], {})
+
+    assert f"--mps-daemon-check-interval must be seconds >= 0 (0 = off), got '{value}'" in error
+
+
+def test_a_zero_check_interval_turns_supervision_off() -> None:
+    settings = KubeletPluginSettings.parse(["--node-name=n", "--mps-daemon-check-interval=0"], {})
+
+    assert settings.mps_daemon_check_interval_s == 0.0
 
 
 def test_exclusive_compute_mode_must_be_a_boolean(capsys: pytest.CaptureFixture[str]) -> None:
