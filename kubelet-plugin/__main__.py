@@ -83,6 +83,7 @@ from gpu_dra.kubelet_plugin.mps import (
     TmpfsShmMounter,
 )
 from gpu_dra.kubelet_plugin.mps.events import KubernetesEventApi, MpsEvents
+from gpu_dra.kubelet_plugin.mps.ids import is_shared_daemon
 from gpu_dra.kubelet_plugin.mps.supervisor import DaemonSupervisor
 from gpu_dra.kubelet_plugin.node_devices import NodeInventory
 from gpu_dra.kubelet_plugin.prepare import NodeClaimPreparer
@@ -205,6 +206,17 @@ async def _common_edits(settings: KubeletPluginSettings, nvml: NvmlLibrary) -> C
     return common
 
 
+def exclusive_daemons(mode: str) -> Callable[[str], bool]:
+    """Which daemon ids get EXCLUSIVE_PROCESS on their full GPUs for
+    ``--mps-exclusive-compute-mode`` ``mode``: the shared daemons of MPS shares (``shares``),
+    every daemon (``all``) or none."""
+    if mode == "all":
+        return lambda _daemon_id: True
+    if mode == "shares":
+        return is_shared_daemon
+    return lambda _daemon_id: False
+
+
 POD_START_TIMEOUT_S = 25.0
 """Start-up deadline of a daemon pod (pod sandbox, container, socket), below --call-timeout."""
 
@@ -221,8 +233,9 @@ def _mps(
     CAP_SYS_ADMIN, and the data dir must be mounted with Bidirectional propagation for
     containers to see it); simulated nodes, and a plugin that is not root, use a plain
     directory, so that e2e runs need no mount privileges. Daemons run as host processes or as
-    pods of this node (``--mps-daemon-runner``); the compute mode of their full GPUs is set only
-    with ``--mps-exclusive-compute-mode``. ``events`` is told what daemon supervision repaired.
+    pods of this node (``--mps-daemon-runner``); the compute mode of their full GPUs is set as
+    ``--mps-exclusive-compute-mode`` says (`exclusive_daemons`). ``events`` is told what daemon
+    supervision repaired.
     """
     binary = settings.resolved_mps_control_binary()
     if binary is None:
@@ -263,7 +276,9 @@ def _mps(
             shm=shm,
             runner=runner,
             start_timeout_s=start_timeout_s,
-            compute_mode=NvmlComputeMode(nvml) if settings.mps_exclusive_compute_mode else None,
+            # Always there: it also resets what an earlier setting made exclusive.
+            compute_mode=NvmlComputeMode(nvml),
+            exclusive=exclusive_daemons(settings.mps_exclusive_compute_mode),
             other_runners=[other],
             observer=events,
         )

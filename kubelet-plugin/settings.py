@@ -19,6 +19,9 @@ from gpu_dra.kubelet_plugin.driver_userspace import ALL_HOOKS, DEFAULT_CDI_HOOK_
 DEFAULT_MPS_CONTROL_BINARY = "nvidia-cuda-mps-control"
 DEFAULT_NVIDIA_SMI = "nvidia-smi"
 MPS_DAEMON_RUNNERS = ("process", "pod")
+EXCLUSIVE_COMPUTE_MODES = ("shares", "all", "none")
+"""`--mps-exclusive-compute-mode`: the GPUs of shared daemons (MPS shares), of every daemon, or
+none; `true`/`false` (and yes/no, 1/0) are read as `all`/`none`."""
 DEFAULT_MPS_DAEMON_NAMESPACE = "gpu-dra"
 DEFAULT_MPS_DAEMON_PRIORITY_CLASS = "system-node-critical"
 """When an MPS daemon goes, every workload using it loses MPS: under node pressure its pod must
@@ -158,9 +161,10 @@ class KubeletPluginSettings:
     """Priority class of the daemon pods (runner `pod`); empty = none."""
     mps_daemon_image_pull_secrets: tuple[str, ...] = ()
     """Names of the Secrets in the daemon pods' `imagePullSecrets` (runner `pod`)."""
-    mps_exclusive_compute_mode: bool = False
-    """Set the compute mode EXCLUSIVE_PROCESS on the full GPUs of an MPS daemon while it runs
-    (DEFAULT again when it stops), as NVIDIA's driver does; never on MIG devices."""
+    mps_exclusive_compute_mode: str = "shares"
+    """Which MPS daemons' full GPUs get the compute mode EXCLUSIVE_PROCESS while they run
+    (DEFAULT again when they stop), as NVIDIA's driver does: `shares` (the GPUs offered as MPS
+    shares), `all` (per-claim daemons too) or `none`; never MIG devices."""
     mps_daemon_check_interval_s: float = 10.0
     """Seconds between checks of the MPS daemons of prepared claims (a dead one is restarted in
     place, changed settings are set back); 0 turns the checks off."""
@@ -431,11 +435,13 @@ def _mps_daemon_settings(
     parser: argparse.ArgumentParser, args: argparse.Namespace
 ) -> dict[str, Any]:
     """The MPS daemon fields of the settings from parsed ``args``; usage errors exit."""
-    exclusive = str(args.mps_exclusive_compute_mode).strip().lower()
-    if exclusive not in ("true", "false", "1", "0", "yes", "no"):
+    text = str(args.mps_exclusive_compute_mode).strip().lower()
+    exclusive = {"true": "all", "1": "all", "yes": "all"}.get(text, text)
+    exclusive = {"false": "none", "0": "none", "no": "none"}.get(exclusive, exclusive)
+    if exclusive not in EXCLUSIVE_COMPUTE_MODES:
         parser.error(
-            "--mps-exclusive-compute-mode must be true or false, got "
-            f"{args.mps_exclusive_compute_mode!r}"
+            f"--mps-exclusive-compute-mode must be one of {', '.join(EXCLUSIVE_COMPUTE_MODES)} "
+            f"(or true = all, false = none), got {args.mps_exclusive_compute_mode!r}"
         )
     if args.mps_daemon_runner not in MPS_DAEMON_RUNNERS:
         parser.error(
@@ -457,7 +463,7 @@ def _mps_daemon_settings(
             for name in (args.mps_daemon_image_pull_secrets or "").split(",")
             if name.strip()
         ),
-        "mps_exclusive_compute_mode": exclusive in ("true", "1", "yes"),
+        "mps_exclusive_compute_mode": exclusive,
         "mps_daemon_check_interval_s": _check_interval(parser, args.mps_daemon_check_interval),
     }
 
@@ -507,9 +513,10 @@ def _add_mps_daemon_options(option: Callable[..., None], environ: Mapping[str, s
     )
     option(
         "--mps-exclusive-compute-mode",
-        "true: set compute mode EXCLUSIVE_PROCESS on the full GPUs of each MPS daemon while "
-        "it runs (never on MIG devices)",
-        "false",
+        "compute mode EXCLUSIVE_PROCESS on the full GPUs of MPS daemons while they run (needs "
+        "root; never on MIG devices): shares (the GPUs offered as MPS shares), all (per-claim "
+        "daemons too; also true) or none (also false)",
+        "shares",
     )
 
 

@@ -15,10 +15,11 @@ Start, in the order ``mps.md`` §3.1 requires:
 
 Any failure removes whatever was started or created, then raises `MpsStartError`.
 
-With a `ComputeModeControl` (``--mps-exclusive-compute-mode``), the full GPUs of the daemon
-(never MIG devices) are set to ``EXCLUSIVE_PROCESS`` between steps 2 and 3; the UUIDs are written
-to ``<root>/compute-mode`` first, so whoever removes the directory - stop, a failed start, a
-leftover removal after a crash - sets them back to ``DEFAULT``.
+With a `ComputeModeControl` (``--mps-exclusive-compute-mode``), the full GPUs of the daemons it
+is asked for (``exclusive``; never MIG devices) are set to ``EXCLUSIVE_PROCESS`` between steps 2
+and 3; the UUIDs are written to ``<root>/compute-mode`` first, so whoever removes the directory -
+stop, a failed start, a leftover removal after a crash - sets them back to ``DEFAULT``, and
+`ensure` sets a recorded GPU that lost the mode (not persistent) back to ``EXCLUSIVE_PROCESS``.
 
 The daemon's current instance (PID, start time, pod) is kept in ``<root>/daemon.json``, which
 only the plugin writes (workloads see ``pipe`` and ``shm``, never the root): `ensure` restarts a
@@ -59,6 +60,7 @@ from gpu_dra.kubelet_plugin.mps.computemode import (
     ComputeModeControl,
     ComputeModeError,
     is_full_gpu,
+    mode_name,
 )
 from gpu_dra.kubelet_plugin.mps.control import ControlClient
 from gpu_dra.kubelet_plugin.mps.daemon_model import (
@@ -342,6 +344,7 @@ class MpsDaemonManager:
                 raise MpsError(
                     f"MPS control daemon {current.daemon_id} does not answer: {error}"
                 ) from error
+            wrong += self._restore_exclusive(current.paths)
         return DaemonRepair(current, restarted, tuple(wrong))
 
     def leftovers(self) -> list[str]:
@@ -525,6 +528,25 @@ class MpsDaemonManager:
             done.append(uuid)
         log.info("mps compute mode EXCLUSIVE_PROCESS set daemon_id=%s gpus=%s",
                  paths.root.name, ",".join(gpus))  # fmt: skip
+
+    def _restore_exclusive(self, paths: DaemonPaths) -> list[str]:
+        """EXCLUSIVE_PROCESS again on the GPUs ``<root>/compute-mode`` records that lost it (a
+        GPU reset, an administrator, a process allowed to change it); what was found."""
+        if self.compute_mode is None:
+            return []
+        try:
+            recorded = (paths.root / COMPUTE_MODE_RECORD).read_text().split()
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+        changed = []
+        for uuid in recorded:
+            mode = self.compute_mode.get_mode(uuid)
+            if mode != EXCLUSIVE_PROCESS:
+                log.warning("mps compute mode of %s is %s, setting EXCLUSIVE_PROCESS again",
+                            uuid, mode_name(mode))  # fmt: skip
+                self.compute_mode.set_mode(uuid, EXCLUSIVE_PROCESS)
+                changed.append(f"compute mode of {uuid} {mode_name(mode)}, not EXCLUSIVE_PROCESS")
+        return changed
 
     def _reset_compute_mode(self, paths: DaemonPaths) -> None:
         """DEFAULT on the GPUs ``<root>/compute-mode`` records (every one is tried)."""

@@ -160,8 +160,9 @@ class MpsEvents:
         if repair.restored:
             message = (
                 f"the MPS control daemon {handle.daemon_id} of {gpus} on node {self._node} "
-                f"reported {'; '.join(repair.restored)}: a client changed the daemon's "
-                "defaults through its control socket; they were set back"
+                f"reported {'; '.join(repair.restored)}: changed behind the plugin's back (by a "
+                "client through the daemon's control socket, or the GPU's compute mode); set "
+                "back"
             )
             self._submit(lambda: self._to_claims(handle, REASON_RESTORED, message, warning=True))
 

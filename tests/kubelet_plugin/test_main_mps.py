@@ -15,12 +15,22 @@ from kubernetes.client import ApiClient
 from gpu_dra.driver.nvml.simulated import SimulatedHost
 from gpu_dra.kubelet_plugin.__main__ import _mps, _supervise
 from gpu_dra.kubelet_plugin.checkpoint import Checkpoint
-from gpu_dra.kubelet_plugin.mps import MpsDaemonManager, NvmlComputeMode, PodRunner, ProcessRunner
+from gpu_dra.kubelet_plugin.mps import (
+    MpsDaemonManager,
+    NvmlComputeMode,
+    PodRunner,
+    ProcessRunner,
+    claim_daemon_id,
+    shared_daemon_id,
+)
 from gpu_dra.kubelet_plugin.mps.events import MpsEvents
 from gpu_dra.kubelet_plugin.settings import KubeletPluginSettings
 from tests.doubles.mps_helpers import DOUBLE_BINARY, scratch_root
 from tests.fakes.claim_reader import InMemoryClaimReader
 from tests.fakes.event_api import RecordingEventApi
+
+CLAIM = "0f6c2c6e-8a3c-4d0e-9a63-8e2b5e0c1d11"
+GPU = "GPU-11111111-2222-3333-4444-555555555555"
 
 
 @pytest.fixture
@@ -43,7 +53,7 @@ def settings(data_dir: Path, *flags: str) -> KubeletPluginSettings:
     )
 
 
-def test_the_default_runs_daemons_as_host_processes_and_leaves_compute_modes(
+def test_the_default_runs_daemons_as_host_processes_exclusive_on_share_gpus_only(
     data_dir: Path,
 ) -> None:
     host = SimulatedHost.load("hgx-h100", "node-a")
@@ -51,7 +61,9 @@ def test_the_default_runs_daemons_as_host_processes_and_leaves_compute_modes(
 
     assert manager is not None
     assert isinstance(manager.runner, ProcessRunner)
-    assert manager.compute_mode is None
+    assert isinstance(manager.compute_mode, NvmlComputeMode)
+    assert manager.exclusive(shared_daemon_id(GPU))
+    assert not manager.exclusive(claim_daemon_id(CLAIM, [GPU]))
     # Daemon pods of an earlier --mps-daemon-runner=pod are still found and stopped.
     assert isinstance(manager.runners["pod"], PodRunner)
 
@@ -78,7 +90,17 @@ def test_the_pod_runner_gets_its_namespace_node_and_image(data_dir: Path) -> Non
     )
     assert runner.driver_root == Path("/run/nvidia/driver")  # the pod mounts the host's path
     assert isinstance(manager.compute_mode, NvmlComputeMode)
+    assert manager.exclusive(claim_daemon_id(CLAIM, [GPU]))  # true: every daemon
     assert manager.start_timeout_s > 10.0  # a pod needs longer than a host process
+
+
+def test_exclusive_compute_mode_none_sets_no_gpu_but_still_resets(data_dir: Path) -> None:
+    host = SimulatedHost.load("hgx-h100", "node-a")
+    manager = _mps(settings(data_dir, "--mps-exclusive-compute-mode=none"), ApiClient(), host.nvml)
+
+    assert manager is not None
+    assert isinstance(manager.compute_mode, NvmlComputeMode)  # resets earlier records
+    assert not manager.exclusive(shared_daemon_id(GPU))
 
 
 def test_the_manager_reports_to_the_events_and_supervision_follows_the_interval(

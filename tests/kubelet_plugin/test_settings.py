@@ -41,7 +41,7 @@ ALL_FLAGS = [
     "--mps-daemon-namespace=gpu-system",
     "--mps-daemon-priority-class=gpu-dra-mps",
     "--mps-daemon-image-pull-secrets=registry-a, registry-b",
-    "--mps-exclusive-compute-mode=true",
+    "--mps-exclusive-compute-mode=all",
     "--mps-daemon-check-interval=2.5",
     "--dynamic-mig=true",
     "--feature-gates=DynamicMIG=true,MPSSupport=false,TimeSlicingSettings=true",
@@ -77,7 +77,7 @@ EXPECTED = KubeletPluginSettings(
     mps_daemon_namespace="gpu-system",
     mps_daemon_priority_class="gpu-dra-mps",
     mps_daemon_image_pull_secrets=("registry-a", "registry-b"),
-    mps_exclusive_compute_mode=True,
+    mps_exclusive_compute_mode="all",
     mps_daemon_check_interval_s=2.5,
     dynamic_mig=True,
     feature_gates=("DynamicMIG", "TimeSlicingSettings"),
@@ -389,11 +389,11 @@ def test_bad_mps_share_settings_are_usage_errors(
     assert message in usage_error(capsys, ["--node-name=n", flag], {})
 
 
-def test_mps_daemons_run_as_host_processes_without_compute_mode_changes_by_default() -> None:
+def test_mps_daemons_run_as_host_processes_exclusive_on_share_gpus_by_default() -> None:
     settings = KubeletPluginSettings.parse(["--node-name=n"], {})
 
     assert settings.mps_daemon_runner == "process"
-    assert settings.mps_exclusive_compute_mode is False
+    assert settings.mps_exclusive_compute_mode == "shares"
     assert settings.mps_daemon_namespace == "gpu-dra"
 
 
@@ -442,10 +442,33 @@ def test_a_zero_check_interval_turns_supervision_off() -> None:
     assert settings.mps_daemon_check_interval_s == 0.0
 
 
-def test_exclusive_compute_mode_must_be_a_boolean(capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(
+    ("value", "mode"),
+    [
+        ("shares", "shares"),
+        ("ALL", "all"),
+        ("none", "none"),
+        ("true", "all"),
+        ("yes", "all"),
+        ("false", "none"),
+        ("0", "none"),
+    ],
+)
+def test_exclusive_compute_mode_takes_shares_all_none_and_booleans(value: str, mode: str) -> None:
+    argv = ["--node-name=n", f"--mps-exclusive-compute-mode={value}"]
+
+    assert KubeletPluginSettings.parse(argv, {}).mps_exclusive_compute_mode == mode
+
+
+def test_an_unknown_exclusive_compute_mode_is_a_usage_error(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     error = usage_error(capsys, ["--node-name=n", "--mps-exclusive-compute-mode=sometimes"], {})
 
-    assert "--mps-exclusive-compute-mode must be true or false, got 'sometimes'" in error
+    assert (
+        "--mps-exclusive-compute-mode must be one of shares, all, none (or true = all, "
+        "false = none), got 'sometimes'"
+    ) in error
 
 
 def test_dynamic_mig_is_off_by_default_and_a_bare_flag_turns_it_on() -> None:
