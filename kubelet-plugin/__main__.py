@@ -84,6 +84,8 @@ from gpu_dra.kubelet_plugin.mps import (
 )
 from gpu_dra.kubelet_plugin.mps.events import KubernetesEventApi, MpsEvents
 from gpu_dra.kubelet_plugin.mps.ids import is_shared_daemon
+from gpu_dra.kubelet_plugin.mps.memory_limits import ShareMemory
+from gpu_dra.kubelet_plugin.mps.memory_limits import detect as detect_memory_limits
 from gpu_dra.kubelet_plugin.mps.supervisor import DaemonSupervisor
 from gpu_dra.kubelet_plugin.node_devices import NodeInventory
 from gpu_dra.kubelet_plugin.prepare import NodeClaimPreparer
@@ -204,6 +206,33 @@ async def _common_edits(settings: KubeletPluginSettings, nvml: NvmlLibrary) -> C
     except DriverUserspaceError as error:
         log.error("driver userspace not found, GPU claims will fail until it is: %s", error)
     return common
+
+
+def _share_memory(
+    settings: KubeletPluginSettings,
+    nvml: NvmlLibrary,
+    inventory: NodeInventory,
+    events: MpsEvents | None,
+) -> ShareMemory:
+    """Which GPUs offered as MPS shares the driver caps per container (`memory_limits.detect`:
+    ``--mps-share-memory-limits``, driver, cgroup v2, the hook's version, NVML), logged; each
+    share's enforcement is reported as an Event on its claim."""
+    hook = settings.nvidia_cdi_hook_path
+    uuids = [gpu.uuid for gpu in inventory.mps_shares]
+    support = detect_memory_limits(
+        nvml,
+        uuids,
+        mode=settings.mps_share_memory_limits,
+        simulated=settings.simulate is not None,
+        hook_path=hook,
+        driver_root=str(settings.host_driver_root),
+        hook_candidates=list(dict.fromkeys([Path(hook), settings.driver_root / hook.lstrip("/")])),
+        disabled_hooks=settings.disable_cdi_hooks,
+    )
+    for uuid in uuids:
+        log.info("mps share memory of %s: %s (%s)", uuid, support.enforcement(uuid).value,
+                 support.why(uuid))  # fmt: skip
+    return ShareMemory(support, None if events is None else events.share_prepared)
 
 
 def exclusive_daemons(mode: str) -> Callable[[str], bool]:
@@ -507,6 +536,7 @@ async def serve(settings: KubeletPluginSettings, health: PluginHealth) -> None:
         mps_share_max_percent=settings.mps_share_max_percent,
         dynamic_mig=_dynamic_mig(settings, nvml, inventory),
         common_edits=None if common_edits is None else common_edits.current,
+        mps_share_memory=_share_memory(settings, nvml, inventory, mps_events),
     )
     await preparer.recover()
     health.mark_recovered()

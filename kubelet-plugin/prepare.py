@@ -43,6 +43,7 @@ from gpu_dra.kubelet_plugin.mig import DynamicMig, MigError
 from gpu_dra.kubelet_plugin.mig.tier import DynamicMigTier
 from gpu_dra.kubelet_plugin.mps import MpsControl, MpsError
 from gpu_dra.kubelet_plugin.mps.claim_tier import ClaimMpsTier
+from gpu_dra.kubelet_plugin.mps.memory_limits import ShareMemory
 from gpu_dra.kubelet_plugin.mps.share_tier import MpsShareTier
 from gpu_dra.kubelet_plugin.node_devices import NodeInventory
 from gpu_dra.kubelet_plugin.prepare_protocol import ClaimRef, PreparedDevice, PrepareResult
@@ -87,6 +88,7 @@ class NodeClaimPreparer:
         dynamic_mig: DynamicMig | None = None,
         mps_share_max_percent: int = 100,
         common_edits: Callable[[], ContainerEdits] | None = None,
+        mps_share_memory: ShareMemory | None = None,
     ) -> None:
         """`uncached_claims` reads the API server directly; give it when `claims` is a cache, which
         may not have seen a claim replaced under the same name yet: a claim whose UID does not
@@ -98,7 +100,8 @@ class NodeClaimPreparer:
         claims with partition devices fail. `mps_share_max_percent` is the largest MPS share
         (`mps.share_tier`). `common_edits` gives the edits every container of a claim gets (the
         driver's userspace on real nodes, `driver_userspace.CommonEdits.current`; None on
-        simulated ones), asked once per prepare before anything changes."""
+        simulated ones), asked once per prepare before anything changes. `mps_share_memory`
+        says which GPUs' MPS shares the driver caps per container (`mps.memory_limits`)."""
         self._driver = driver_name
         self._pool = node_name
         self._inventory = inventory
@@ -110,7 +113,12 @@ class NodeClaimPreparer:
         self._common_edits = common_edits
         records, node = self._records, node_name
         shares = MpsShareTier(
-            mps, records, inventory, node_name=node, max_percent=mps_share_max_percent
+            mps,
+            records,
+            inventory,
+            node_name=node,
+            max_percent=mps_share_max_percent,
+            memory=mps_share_memory,
         )
         claim_mps = ClaimMpsTier(mps, inventory, node_name=node)
         time_slicing = TimeSlicingTier(time_slicer, records, inventory, node_name=node)

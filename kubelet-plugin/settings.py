@@ -150,6 +150,10 @@ class KubeletPluginSettings:
     """The largest MPS share, in percent of a GPU's SMs and memory: the shared daemon's default
     caps, which bind a client that drops its `CUDA_MPS_*` environment; larger shares are
     refused at prepare."""
+    mps_share_memory_limits: str = "auto"
+    """`auto`: MPS shares on GPUs whose driver can limit a cgroup's GPU memory (checked at start)
+    get `NVIDIA_GPU_MEMORY_LIMIT`/`_REQUEST` and the `apply-cuda-memory-limits` hook; `off`:
+    none do."""
     mps_daemon_runner: str = "process"
     """How MPS control daemons run: `process` (a host process started by the plugin; local and
     dev setups) or `pod` (a pod bound to this node; the DaemonSet's setting)."""
@@ -317,6 +321,13 @@ class KubeletPluginSettings:
             "daemon's default caps; larger shares are refused at prepare",
             "100",
         )
+        option(
+            "--mps-share-memory-limits",
+            "auto: cap each container of an MPS share at its memory through the driver "
+            "(NVIDIA_GPU_MEMORY_LIMIT and nvidia-cdi-hook apply-cuda-memory-limits) on GPUs "
+            "where that was found to work at start; off: never",
+            "auto",
+        )
         _add_mps_daemon_options(option, environ)
         _add_dynamic_mig_options(option, environ)
         _add_guard_options(option, environ)
@@ -339,6 +350,12 @@ class KubeletPluginSettings:
             )
         if not 1 <= max_share <= 100:
             parser.error(f"--mps-share-max-percent must be between 1 and 100, got {max_share}")
+        memory_limits = str(args.mps_share_memory_limits).strip().lower()
+        if memory_limits not in ("auto", "off"):
+            parser.error(
+                "--mps-share-memory-limits must be auto or off, got "
+                f"{args.mps_share_memory_limits!r}"
+            )
         return cls(
             node_name=args.node_name,
             driver_name=args.driver_name,
@@ -358,6 +375,7 @@ class KubeletPluginSettings:
             nvidia_smi=args.nvidia_smi or DEFAULT_NVIDIA_SMI,
             mps_shares=mps_shares,
             mps_share_max_percent=max_share,
+            mps_share_memory_limits=memory_limits,
             **_mps_daemon_settings(parser, args),
             **_dynamic_mig_settings(parser, args),
             **_guard_settings(parser, args),

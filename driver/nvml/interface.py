@@ -11,6 +11,7 @@ these classes and constants; it loads libnvidia-ml on ``nvmlInit``, never on imp
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Final, Protocol
 
 import pynvml
@@ -105,6 +106,15 @@ class MemoryInfo(Protocol):
 
     total: int
     free: int
+    used: int
+
+
+@dataclass(frozen=True)
+class MemoryLimits:
+    """``nvmlGetMemoryLimits_v1_t``: a cgroup's GPU memory limits on one device, in bytes."""
+
+    soft: int
+    hard: int
     used: int
 
 
@@ -355,6 +365,13 @@ class NvmlLibrary(Protocol):
         """Set a full GPU's compute mode (root only; lost on reboot). NotSupported on MIG
         devices and, for EXCLUSIVE_PROCESS, on GPUs with MIG on; InvalidArgument for
         EXCLUSIVE_THREAD or an unknown mode."""
+        ...
+
+    def device_get_memory_limits(self, handle: DeviceHandle, cgroup: str) -> MemoryLimits:
+        """``nvmlDeviceGetMemoryLimits_v1``: the GPU memory limits of cgroup ``cgroup`` (full
+        sysfs path) on a full GPU (drivers 615+). NotFound when none are set, NotSupported
+        where the GPU or driver cannot limit memory per cgroup (MIG handles too),
+        FunctionNotFound when the library has no such function (older drivers)."""
         ...
 
 

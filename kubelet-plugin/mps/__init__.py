@@ -16,6 +16,8 @@ The prepare path's MPS tiers use it (``docs/mps.md``). Layout:
   ``--mps-daemon-check-interval``;
 * :mod:`.events` - `MpsEvents`: Kubernetes Events on the claims and pods a repair concerns;
 * :mod:`.edits` - the CDI container edits of a daemon's workloads;
+* :mod:`.memory_limits` - per-container GPU memory caps of MPS shares by the driver (the
+  ``apply-cuda-memory-limits`` hook), detected at start;
 * :mod:`.shared_daemons` - the per-GPU shared daemon of MPS shares and its checkpoint-derived
   reference count;
 * :mod:`.claim_tier`, :mod:`.share_tier` - the per-claim MPS and MPS share tiers of prepare

@@ -13,7 +13,13 @@ import pytest
 from kubernetes.client import ApiClient
 
 from gpu_dra.driver.nvml.simulated import SimulatedHost
-from gpu_dra.kubelet_plugin.__main__ import _mps, _supervise
+from gpu_dra.kubelet_plugin.__main__ import (
+    _mps,
+    _share_memory,
+    _supervise,
+    discover,
+    node_inventory,
+)
 from gpu_dra.kubelet_plugin.checkpoint import Checkpoint
 from gpu_dra.kubelet_plugin.mps import (
     MpsDaemonManager,
@@ -123,3 +129,17 @@ def test_the_manager_reports_to_the_events_and_supervision_follows_the_interval(
     assert asyncio.run(tasks()) == ["mps-supervisor"]
     assert asyncio.run(tasks("--mps-daemon-check-interval=0")) == []
     assert asyncio.run(tasks(mps=None)) == []
+
+
+def test_share_memory_caps_are_detected_at_start_and_reported_as_events(data_dir: Path) -> None:
+    host = SimulatedHost.load("hgx-h100", "node-a")
+    plugin = settings(data_dir, "--mps-shares=0")
+    inventory = node_inventory(plugin, discover(plugin, host.nvml, host.pci, None))
+    events = MpsEvents(RecordingEventApi(), InMemoryClaimReader(), dict, node_name="node-a")
+
+    memory = _share_memory(plugin, host.nvml, inventory, events)
+
+    [gpu] = inventory.mps_shares
+    assert memory.support.enforcement(gpu.uuid).value == "mps-client"
+    assert memory.support.why(gpu.uuid) == "simulated GPUs: no driver to apply a cgroup limit"
+    assert memory.report == events.share_prepared

@@ -36,6 +36,7 @@ ALL_FLAGS = [
     "--nvidia-smi=/opt/nvidia/bin/nvidia-smi",
     "--mps-shares=0,GPU-a75cda02-62ce-2c30-9150-555ef08935e2",
     "--mps-share-max-percent=50",
+    "--mps-share-memory-limits=off",
     "--mps-daemon-runner=pod",
     "--mps-daemon-image=registry.example/gpu-dra:1",
     "--mps-daemon-namespace=gpu-system",
@@ -72,6 +73,7 @@ EXPECTED = KubeletPluginSettings(
     nvidia_smi="/opt/nvidia/bin/nvidia-smi",
     mps_shares=ShareSelection(names=("0", "GPU-a75cda02-62ce-2c30-9150-555ef08935e2")),
     mps_share_max_percent=50,
+    mps_share_memory_limits="off",
     mps_daemon_runner="pod",
     mps_daemon_image="registry.example/gpu-dra:1",
     mps_daemon_namespace="gpu-system",
@@ -434,6 +436,13 @@ def test_the_daemon_check_interval_must_be_seconds_or_zero(
     error = usage_error(capsys, ["--node-name=n", f"--mps-daemon-check-interval={value}"], {})
 
     assert f"--mps-daemon-check-interval must be seconds >= 0 (0 = off), got '{value}'" in error
+
+
+def test_share_memory_limits_are_auto_or_off(capsys: pytest.CaptureFixture[str]) -> None:
+    assert KubeletPluginSettings.parse(["--node-name=n"], {}).mps_share_memory_limits == "auto"
+    error = usage_error(capsys, ["--node-name=n", "--mps-share-memory-limits=on"], {})
+
+    assert "--mps-share-memory-limits must be auto or off, got 'on'" in error
 
 
 def test_a_zero_check_interval_turns_supervision_off() -> None:
