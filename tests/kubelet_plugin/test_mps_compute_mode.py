@@ -30,6 +30,7 @@ from tests.doubles.mps_helpers import (
     DOUBLE_BINARY,
     double_env,
 )
+from tests.kubelet_plugin.nodes import wait_dead
 
 CLAIM = "0f6c2c6e-8a3c-4d0e-9a63-8e2b5e0c1d11"
 EXCLUSIVE = pynvml.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS
@@ -204,6 +205,7 @@ def test_a_restart_in_place_sets_exclusive_process_again(root: Path) -> None:
     manager = manager_on(root, nvml)
     handle = manager.start(shared_daemon_id(gpu), [gpu], MpsSettings())
     os.kill(handle.pid, signal.SIGKILL)
+    assert wait_dead(handle.pid)
     NvmlComputeMode(nvml).set_mode(gpu, DEFAULT)
 
     repair = manager.ensure(handle)
