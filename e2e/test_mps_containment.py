@@ -15,6 +15,10 @@ directory their CDI spec mounted:
   daemon and waits for the restarted one;
 * tenant B prints what it sees through its mount whenever it changes: the pid file, the files,
   the defaults the daemon answers.
+
+With the health monitor on, a daemon whose pod is deleted is restarted in place by the
+supervision and reported to the health monitor while it is down: the share device is tainted
+(``mps-daemon``) until the restart is done, then not.
 """
 
 from __future__ import annotations
@@ -28,7 +32,8 @@ from typing import Any
 import pytest
 
 from e2e import manifests as m
-from e2e.driver import Driver
+from e2e.driver import PLUGIN, Driver
+from e2e.health import HEALTH_ARGS, MPS_DAEMON_KEY, taint_keys, wait_resource_health
 from e2e.kube import Kube, wait_for
 from e2e.mps import daemon_pid, daemons
 from e2e.workloads import delete_pods, wait_running
@@ -39,7 +44,12 @@ from tests.doubles.nvidia_cuda_mps_control import PID_FILE, SOCKET, read_state
 pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("no_mps_daemon_left")]
 
 SIMULATED_PROFILE = "hgx-h100"
-PLUGIN_ARGS = ("--mps-shares=0", "--mps-share-max-percent=50", "--mps-daemon-check-interval=1")
+PLUGIN_ARGS = (
+    "--mps-shares=0",
+    "--mps-share-max-percent=50",
+    "--mps-daemon-check-interval=1",
+    *HEALTH_ARGS,
+)
 MPS_CLASS = "mps.gpu.nvidia.com"
 DEFAULTS_MIB = 81559 // 2  # 50 % of the simulated H100 80GB's 81559Mi
 
@@ -252,3 +262,49 @@ def test_a_tenants_tampering_changes_neither_another_tenants_caps_nor_its_mounts
     wait_for("the daemon to stop", lambda: not daemons(driver), 30)
     assert driver.mps_daemon_pods() == {}
     assert not root.exists()
+
+
+def test_a_dead_share_daemon_is_restarted_in_place_and_its_taint_goes_with_it(
+    driver: Driver, kube: Kube, namespace: str
+) -> None:
+    uuid = driver.uuid_of("gpu-0")
+    daemon_id = shared_daemon_id(uuid)
+    kube.create(share_claim("share", namespace, "10Gi", 10))
+    kube.create(m.gpu_pod("share", namespace, claim="share", command=m.SHOW_MPS))
+    wait_running(kube, "share", namespace)
+    [first] = driver.mps_daemon_pods().values()
+    log = driver.cluster.paths.logs / f"{PLUGIN}.log"
+    offset = log.stat().st_size
+
+    kube.delete("v1", "Pod", first["metadata"]["name"], first["metadata"]["namespace"])
+
+    def restarted() -> bool:
+        pods = list(driver.mps_daemon_pods().values())
+        return len(pods) == 1 and pods[0]["metadata"]["uid"] != first["metadata"]["uid"]
+
+    wait_for("the daemon pod to be started again", restarted, 60)
+    wait_for(
+        f"{REASON_RESTARTED} on {namespace}/share",
+        lambda: bool(event_messages(kube, namespace, "share", REASON_RESTARTED)),
+        30,
+    )
+
+    def plugin_log() -> str:
+        with log.open("rb") as text:
+            text.seek(offset)
+            return text.read().decode(errors="replace")
+
+    # The health monitor was told while the daemon was down, and again once it ran.
+    down = f"health: MPS daemon of GPU {uuid} not running: {daemon_id}"
+    back = f"health: MPS daemon of GPU {uuid} is no longer judged dead"
+    wait_for("the health monitor to see the daemon back", lambda: back in plugin_log(), 30)
+    text = plugin_log()
+    assert down in text
+    assert text.index(down) < text.index(back)
+    wait_for("the share device to be untainted", lambda: not taint_keys(driver, "gpu-0"), 30)
+    assert MPS_DAEMON_KEY not in taint_keys(driver, "gpu-0")
+    wait_resource_health(kube, "share", namespace, "Healthy")
+    uid = kube.get("resource.k8s.io/v1", "ResourceClaim", "share", namespace)["metadata"]["uid"]
+    assert driver.checkpoint_entry(uid)["phase"] == "PrepareCompleted"
+    delete_pods(kube, namespace, ["share"])
+    wait_for("the share to be unprepared", lambda: not driver.checkpoint_claims(), 60)
