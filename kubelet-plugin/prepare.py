@@ -146,6 +146,7 @@ class NodeClaimPreparer:
             max_percent=mps_share_max_percent,
             locks=locks,
             memory=mps_share_memory,
+            cdi=cdi,
         )
         claim_mps = ClaimMpsTier(mps, inventory, node_name=node, locks=locks)
         time_slicing = TimeSlicingTier(time_slicer, records, inventory, node_name=node)

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from gpu_dra.driver.config import ConfigGroup, mps_config
 from gpu_dra.driver.model import Gpu
 from gpu_dra.driver.shares import ShareError, ceiling, consumed_share, is_partial
-from gpu_dra.kubelet_plugin.cdi import ContainerEdits
+from gpu_dra.kubelet_plugin.cdi import ClaimSpecStore, ContainerEdits
 from gpu_dra.kubelet_plugin.checkpoint import CheckpointEntry, JsonValue
 from gpu_dra.kubelet_plugin.claim_records import ClaimRecords
 from gpu_dra.kubelet_plugin.mps.daemon_model import MPS_STATE_KEY, MpsControl, MpsError
@@ -121,10 +121,13 @@ class MpsShareTier(Tier):
         max_percent: int,
         locks: NodeLocks | None = None,
         memory: ShareMemory | None = None,
+        cdi: ClaimSpecStore | None = None,
     ) -> None:
         """``locks``: the node's locks, when other plugin instances may share the daemons.
         ``memory``: which GPUs' shares the driver caps per container (the hook), and where
-        each share's enforcement is reported; None: no GPU."""
+        each share's enforcement is reported; None: no GPU. ``cdi``: the claims' specs, whose
+        pipe mounts an older plugin wrote read-write are made read-only (`adopt`, `missing`)."""
+        self._cdi = cdi
         self._mps = mps
         self._memory = memory
         self._inventory = inventory
@@ -168,7 +171,9 @@ class MpsShareTier(Tier):
 
     def missing(self, entry: CheckpointEntry) -> list[str]:
         """A dead shared daemon is restarted in place (`SharedDaemons.ensure`: the other
-        shares have its directories mounted); missing only when that fails."""
+        shares have its directories mounted); missing only when that fails. A pipe mount an
+        older plugin wrote read-write is made read-only first (`read_only_pipes`)."""
+        self.read_only_pipes(entry)
         lost = []
         for handle, why in dead_daemons(self._mps, entry, shared=True):
             assert self._shared is not None  # dead_daemons judged it with the manager
@@ -179,7 +184,31 @@ class MpsShareTier(Tier):
         return lost
 
     def adopt(self, entry: CheckpointEntry) -> None:
+        self.read_only_pipes(entry)
         adopt_daemons(self._mps, entry, shared=True)
+
+    def read_only_pipes(self, entry: CheckpointEntry) -> list[str]:
+        """Make the shared daemons' pipe directories read-only in the claim's CDI spec (a
+        plugin before containment mounted them read-write): the containers created from now
+        on cannot remove, replace or create files in them. What was changed."""
+        if self._cdi is None:
+            return []
+        try:
+            pipes = {str(h.paths.pipe) for h in claim_handles(entry, {}, shared=True)}
+        except MpsError as error:
+            log.error("mps state of claim_uid=%s unusable: %s", entry.uid, error)
+            return []
+        if not pipes:
+            return []
+        changed = self._cdi.make_mounts_read_only(entry.uid, pipes)
+        if changed:
+            log.warning(
+                "mps share pipe mounted read-write by an older plugin, now read-only for new "
+                "containers claim_uid=%s: %s",
+                entry.uid,
+                ", ".join(changed),
+            )
+        return changed
 
     def sweep(self, entries: Mapping[str, CheckpointEntry]) -> None:
         if self._mps is not None:

@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
+import yaml
 
 from gpu_dra.kubelet_plugin.checkpoint import CheckpointEntry, ClaimPhase
 from gpu_dra.kubelet_plugin.mps import (
@@ -463,5 +464,45 @@ def test_a_share_waits_while_the_shared_daemon_does_not_answer(node: SharesNode)
     assert node.running() == [handle.pid]  # not replaced: its clients keep running
     ok(node.prepare(b)[UID_B])  # the kubelet's retry, once it answers again
     assert node.shared_handles()[UID_B] == handle
+    node.unprepare(a, b)
+    assert node.running() == []
+
+
+def as_an_older_plugin_wrote_it(node: SharesNode, uid: str) -> None:
+    """The claim's spec with the pipe mounted read-write, as plugins before containment did."""
+    path = node.cdi.path_for(uid)
+    spec = yaml.safe_load(path.read_text())
+    for mount in spec["devices"][0]["containerEdits"]["mounts"]:
+        if mount["containerPath"] == "/tmp/nvidia-mps":
+            mount["options"][0] = "rw"
+    path.write_text(yaml.safe_dump(spec))
+    [device] = node.spec(uid)["devices"]
+    assert mounts(device)["/tmp/nvidia-mps"][1][0] == "rw"
+
+
+def test_a_share_an_older_plugin_mounted_read_write_gets_the_pipe_read_only(
+    node: SharesNode,
+) -> None:
+    a = node.add_share(UID_A, "10Gi", "10", name="a")
+    b = node.add_share(UID_B, "10Gi", "10", name="b")
+    ok(node.prepare(a)[UID_A])
+    ok(node.prepare(b)[UID_B])
+    handle = only(node.shared_handles().values())
+    as_an_older_plugin_wrote_it(node, UID_A)
+    as_an_older_plugin_wrote_it(node, UID_B)
+
+    ok(node.prepare(a)[UID_A])  # prepare of a prepared claim: the spec is put right ...
+    [device] = node.spec(UID_A)["devices"]
+    assert mounts(device)["/tmp/nvidia-mps"] == (
+        str(handle.paths.pipe),
+        ["ro", "nosuid", "nodev", "bind"],
+    )
+    assert mounts(device)["/dev/shm"][1][0] == "rw"  # the shm stays writable
+    assert node.running() == [handle.pid]  # ... without touching the daemon
+    node.restart()
+    node.recover()  # ... and so is every prepared share's at start-up
+    [device] = node.spec(UID_B)["devices"]
+    assert mounts(device)["/tmp/nvidia-mps"][1][0] == "ro"
+    assert node.running() == [handle.pid]
     node.unprepare(a, b)
     assert node.running() == []
