@@ -158,7 +158,9 @@ async def _serve_instance(
     # One checker of the MPS daemons: it repairs them while this instance publishes, and the
     # health monitor takes its verdicts (docs/mps.md, "Daemon supervision").
     supervisor = startup.mps_supervisor(settings, mps, checkpoint, instance, inventory)
-    supervising = [] if supervisor is None else [asyncio.create_task(supervisor.run())]
+    supervising = (
+        [] if supervisor is None else [asyncio.create_task(supervisor.run(), name="mps-supervisor")]
+    )
     device_health = start_health(
         settings,
         nvml,
