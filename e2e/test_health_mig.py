@@ -37,7 +37,10 @@ pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("no_mps_daemon_left")]
 
 SIMULATED_PROFILE = "hgx-h100-mig"
 SHARED = "gpu-7"
-PLUGIN_ARGS = (*HEALTH_ARGS, "--mps-shares=7")
+# Supervision off: the daemons are only watched (as by an instance that does not publish), so a
+# dead share daemon stays dead and tainted until no claim needs it. The repairing instance's
+# taint while it restarts a daemon: e2e/test_mps_containment.py.
+PLUGIN_ARGS = (*HEALTH_ARGS, "--mps-shares=7", "--mps-daemon-check-interval=0")
 MPS_CLASS = "mps.gpu.nvidia.com"
 
 

@@ -3,10 +3,11 @@
 Order matters: discover the GPUs, refuse a node whose GPUs something else hands out, register
 this instance, load the checkpoint and recover (MPS manager, time slicer and MIG lifecycle exist
 before recovery, which uses them), mark the instance ready, publish the ResourceSlices (while the
-newest ready instance) and start the device health monitor, then serve the DRA socket and only
-then the registration socket. The gRPC health service listens from the start and reports SERVING
-once recovery is done and both sockets answer. A `StartupError` is exit status 1. The parts are
-built in `startup.py`. See docs/architecture.md, "Start-up of the kubelet plugin".
+newest ready instance), start the MPS daemon supervision and the device health monitor, then
+serve the DRA socket and only then the registration socket. The gRPC health service listens from
+the start and reports SERVING once recovery is done and both sockets answer. A `StartupError` is
+exit status 1. The parts are built in `startup.py`. See docs/architecture.md, "Start-up of the
+kubelet plugin".
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from gpu_dra.kubelet_plugin.metrics import (
     register_checkpoint_collectors,
 )
 from gpu_dra.kubelet_plugin.mig import SimulatedMigStateFile
+from gpu_dra.kubelet_plugin.mps.events import KubernetesEventApi, MpsEvents
 from gpu_dra.kubelet_plugin.node_devices import NodeInventory
 from gpu_dra.kubelet_plugin.prepare import NodeClaimPreparer
 from gpu_dra.kubelet_plugin.publishing import PublisherTurn
@@ -116,7 +118,10 @@ async def _serve_instance(
     common_edits = await startup.common_edits(settings, nvml)
     claim_api = KubernetesClaimReader(api_client)
     claims = CachedClaimReader(claim_api)
-    mps = startup.mps_manager(settings, api_client, nvml)
+    mps_events = MpsEvents(
+        KubernetesEventApi(api_client), claim_api, checkpoint.all, node_name=settings.node_name
+    )
+    mps = startup.mps_manager(settings, api_client, nvml, mps_events)
     preparer = NodeClaimPreparer(
         driver_name=settings.driver_name,
         node_name=settings.node_name,
@@ -132,6 +137,7 @@ async def _serve_instance(
         dynamic_mig=startup.dynamic_mig(settings, nvml, inventory, instance.locks, simulated_mig),
         common_edits=None if common_edits is None else common_edits.current,
         instance=instance,
+        mps_share_memory=startup.share_memory(settings, nvml, inventory, mps_events),
     )
     try:
         await preparer.recover()
@@ -149,12 +155,17 @@ async def _serve_instance(
         settings, api_client, inventory, registry, instance
     )
     publishing = asyncio.create_task(publisher.run(), name="publisher-turn")
+    # One checker of the MPS daemons: it repairs them while this instance publishes, and the
+    # health monitor takes its verdicts (docs/mps.md, "Daemon supervision").
+    supervisor = startup.mps_supervisor(settings, mps, checkpoint, instance, inventory)
+    supervising = (
+        [] if supervisor is None else [asyncio.create_task(supervisor.run(), name="mps-supervisor")]
+    )
     device_health = start_health(
         settings,
         nvml,
         inventory,
-        checkpoint=checkpoint,
-        mps=mps,
+        supervisor=supervisor,
         republish=lambda taints: publisher.set_desired(
             inventory.desired_pool(settings.driver_name, settings.node_name, layout, taints)
         ),
@@ -162,7 +173,7 @@ async def _serve_instance(
     await _serve_sockets(
         settings, health=health, preparer=preparer, registry=registry, claims=claims,
         publisher=publisher, publishing=publishing, device_health=device_health,
-        api_client=api_client,
+        api_client=api_client, supervising=supervising,
     )  # fmt: skip
 
 
@@ -177,9 +188,11 @@ async def _serve_sockets(
     publishing: asyncio.Task[None],
     device_health: HealthRuntime | None,
     api_client: ApiClient,
+    supervising: Sequence[asyncio.Task[None]] = (),
 ) -> None:
     """Serve the DRA and registration sockets until SIGTERM or SIGINT (or a publisher bug),
-    then stop in order: sockets, health monitor, publisher, claim cache, API client."""
+    then stop in order: sockets, health monitor, publisher and MPS supervision, claim cache,
+    API client."""
 
     async def registered() -> None:
         publisher.republish()
@@ -215,7 +228,9 @@ async def _serve_sockets(
         await server.stop()
         await close_health(device_health)
         publisher.stop()
-        await asyncio.gather(publishing, return_exceptions=True)
+        for task in supervising:
+            task.cancel()
+        await asyncio.gather(publishing, *supervising, return_exceptions=True)
         await asyncio.to_thread(claims.close)
         api_client.close()  # type: ignore[no-untyped-call]
 

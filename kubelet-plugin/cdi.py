@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import re
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any, Final
@@ -302,6 +302,38 @@ class ClaimSpecStore:
         write_atomically(path, data.encode(), mode=SPEC_FILE_MODE)
         log.info("cdi spec written claim_uid=%s path=%s devices=%d", claim_uid, path, len(devices))
         return path
+
+    def make_mounts_read_only(self, claim_uid: str, host_paths: Collection[str]) -> list[str]:
+        """Mount the ``host_paths`` read-only in the claim's spec: each mount of them (per device
+        or common) with option ``rw`` gets ``ro`` instead, and the spec is rewritten atomically
+        when one changed. The container paths changed, by device (``<device>: <path>``); none
+        when there is no spec or nothing to change. Containers created from then on get the
+        new mounts; running ones keep theirs."""
+        path = self.path_for(claim_uid)
+        try:
+            spec = yaml.safe_load(path.read_text())
+        except FileNotFoundError:
+            return []
+        changed: list[str] = []
+        edits = [("common", spec.get("containerEdits"))] if isinstance(spec, dict) else []
+        devices = spec.get("devices") if isinstance(spec, dict) else None
+        for device in devices if isinstance(devices, list) else []:
+            if isinstance(device, dict):
+                edits.append((str(device.get("name")), device.get("containerEdits")))
+        for where, container_edits in edits:
+            mounts = container_edits.get("mounts") if isinstance(container_edits, dict) else None
+            for mount in mounts if isinstance(mounts, list) else []:
+                if not isinstance(mount, dict) or mount.get("hostPath") not in host_paths:
+                    continue
+                options = mount.get("options")
+                if isinstance(options, list) and "rw" in options:
+                    mount["options"] = ["ro" if o == "rw" else o for o in options]
+                    changed.append(f"{where}: {mount.get('containerPath')}")
+        if changed:
+            data = yaml.dump(spec, Dumper=_SPEC_DUMPER, sort_keys=False, default_flow_style=False)
+            write_atomically(path, data.encode(), mode=SPEC_FILE_MODE)
+            log.info("cdi spec mounts made read-only claim_uid=%s %s", claim_uid, changed)
+        return changed
 
     def remove(self, claim_uid: str) -> bool:
         """Delete the claim's spec file; ``False`` if there was none (idempotent)."""

@@ -21,6 +21,7 @@ from gpu_dra.driver.shares import FULL_COMPUTE
 from gpu_dra.kubelet_plugin.checkpoint import CheckpointEntry, CheckpointError, JsonValue
 from gpu_dra.kubelet_plugin.mig.claims import DYNAMIC_MIG_STATE_KEY, intents_from_state
 from gpu_dra.kubelet_plugin.mig.instances import MigError
+from gpu_dra.kubelet_plugin.mps.daemon import current_handle
 from gpu_dra.kubelet_plugin.mps.daemon_model import (
     MPS_STATE_KEY,
     DaemonHandle,
@@ -29,6 +30,7 @@ from gpu_dra.kubelet_plugin.mps.daemon_model import (
 )
 from gpu_dra.kubelet_plugin.mps.ids import is_shared_daemon
 from gpu_dra.kubelet_plugin.mps.process import ProcessIdentity, is_alive
+from gpu_dra.kubelet_plugin.mps.share_tier import MEMORY_ENFORCEMENT_KEY
 from gpu_dra.kubelet_plugin.mps.shared_daemons import SHARES_STATE_KEY, shares_from_state
 
 log = logging.getLogger(__name__)
@@ -143,6 +145,13 @@ class MpsCollector(Collector):
             "allocated compute, or a claim daemon's default).",
             labels=["node", "daemon", "claim", "claim_uid"],
         )
+        enforcement = GaugeMetricFamily(
+            "gpu_dra_mps_share_memory_enforcement",
+            "1 per MPS share, labelled with what caps its memory: driver (a cgroup limit per "
+            "container, NVIDIA_GPU_MEMORY_LIMIT and the apply-cuda-memory-limits hook, plus "
+            "MPS's pinned limit) or mps-client (MPS's pinned limit per process only).",
+            labels=["node", "claim", "claim_uid", "gpu", "enforcement"],
+        )
         try:
             entries = self._entries()
         except (OSError, CheckpointError) as error:
@@ -159,6 +168,10 @@ class MpsCollector(Collector):
             claim = f"{entry.claim.namespace}/{entry.claim.name}"
             shares = shares_from_state(entry.state)
             share_uuids = {_share_uuid(entry, name): size for name, size in shares.items()}
+            for name in shares:
+                enforced = _share_field(entry, name, MEMORY_ENFORCEMENT_KEY) or "mps-client"
+                gpu = _share_uuid(entry, name)
+                enforcement.add_metric([self._node, claim, uid, gpu, enforced], 1)
             for handle in recorded:
                 users[handle.daemon_id].add(uid)
                 handles.setdefault(handle.daemon_id, handle)
@@ -181,7 +194,7 @@ class MpsCollector(Collector):
                 running["shared" if is_shared_daemon(daemon_id) else "claim"] += 1
         for kind, count in running.items():
             daemons.add_metric([self._node, kind], count)
-        yield from (daemons, clients, memory, threads)
+        yield from (daemons, clients, memory, threads, enforcement)
 
 
 class ClaimStateCollector(Collector):
@@ -232,11 +245,19 @@ _READERS: Mapping[str, Callable[[Mapping[str, JsonValue]], object]] = {
 
 
 def _share_uuid(entry: CheckpointEntry, device_name: str) -> str:
+    return _share_field(entry, device_name, "uuid")
+
+
+def _share_field(entry: CheckpointEntry, device_name: str, key: str) -> str:
+    """A string field of a share's record; "" when absent (records of older plugins)."""
     share = entry.state.get(SHARES_STATE_KEY, {})
     value = share.get(device_name) if isinstance(share, dict) else None
-    uuid = value.get("uuid") if isinstance(value, dict) else None
-    return uuid if isinstance(uuid, str) else ""
+    field = value.get(key) if isinstance(value, dict) else None
+    return field if isinstance(field, str) else ""
 
 
 def _process_runs(handle: DaemonHandle) -> bool:
-    return is_alive(ProcessIdentity(handle.pid, handle.pid_start_time))
+    """Whether the daemon's current instance runs (after a restart in place the claims may
+    still record the instance they joined, `mps.daemon.current_handle`)."""
+    current = current_handle(handle)
+    return is_alive(ProcessIdentity(current.pid, current.pid_start_time))

@@ -63,6 +63,7 @@ from gpu_dra.kubelet_plugin.mig import DynamicMig
 from gpu_dra.kubelet_plugin.mig.tier import DynamicMigTier
 from gpu_dra.kubelet_plugin.mps import MpsControl
 from gpu_dra.kubelet_plugin.mps.claim_tier import ClaimMpsTier
+from gpu_dra.kubelet_plugin.mps.memory_limits import ShareMemory
 from gpu_dra.kubelet_plugin.mps.share_tier import MpsShareTier
 from gpu_dra.kubelet_plugin.node_devices import NodeInventory
 from gpu_dra.kubelet_plugin.prepare_protocol import ClaimRef, PreparedDevice, PrepareResult
@@ -105,6 +106,7 @@ class NodeClaimPreparer:
         common_edits: Callable[[], ContainerEdits] | None = None,
         instance: PluginInstance | None = None,
         recovery_wait_s: float = 300.0,
+        mps_share_memory: ShareMemory | None = None,
     ) -> None:
         """`uncached_claims` reads the API server directly; give it when `claims` is a cache, which
         may not have seen a claim replaced under the same name yet: a claim whose UID does not
@@ -119,7 +121,9 @@ class NodeClaimPreparer:
         simulated ones), asked once per prepare before anything changes. `instance` is this
         plugin instance on the node: its token goes into the records, its node-wide locks are
         taken beside the in-process ones, and `recover` waits up to `recovery_wait_s` for the
-        other instances' calls under way; without it, every record is this process's."""
+        other instances' calls under way; without it, every record is this process's.
+        `mps_share_memory` says which GPUs' MPS shares the driver caps per container
+        (`mps.memory_limits`)."""
         self._driver = driver_name
         self._pool = node_name
         self._inventory = inventory
@@ -135,9 +139,16 @@ class NodeClaimPreparer:
         records, node = self._records, node_name
         locks = None if instance is None else instance.locks
         shares = MpsShareTier(
-            mps, records, inventory, node_name=node, max_percent=mps_share_max_percent, locks=locks
+            mps,
+            records,
+            inventory,
+            node_name=node,
+            max_percent=mps_share_max_percent,
+            locks=locks,
+            memory=mps_share_memory,
+            cdi=cdi,
         )
-        claim_mps = ClaimMpsTier(mps, inventory, node_name=node)
+        claim_mps = ClaimMpsTier(mps, inventory, node_name=node, locks=locks)
         time_slicing = TimeSlicingTier(time_slicer, records, inventory, node_name=node)
         mig = DynamicMigTier(dynamic_mig, records, inventory, owner_alive=self._owner_alive)
         whole = WholeGpuTier()

@@ -27,6 +27,9 @@ from gpu_dra.kubelet_plugin.instances import check_instance_id
 DEFAULT_MPS_CONTROL_BINARY = "nvidia-cuda-mps-control"
 DEFAULT_NVIDIA_SMI = "nvidia-smi"
 MPS_DAEMON_RUNNERS = ("process", "pod")
+EXCLUSIVE_COMPUTE_MODES = ("shares", "all", "none")
+"""`--mps-exclusive-compute-mode`: the GPUs of shared daemons (MPS shares), of every daemon, or
+none; `true`/`false` (and yes/no, 1/0) are read as `all`/`none`."""
 DEFAULT_MPS_DAEMON_NAMESPACE = "gpu-dra"
 DEFAULT_MPS_DAEMON_PRIORITY_CLASS = "system-node-critical"
 """When an MPS daemon goes, every workload using it loses MPS: under node pressure its pod must
@@ -161,6 +164,10 @@ class KubeletPluginSettings:
     """The largest MPS share, in percent of a GPU's SMs and memory: the shared daemon's default
     caps, which bind a client that drops its `CUDA_MPS_*` environment; larger shares are
     refused at prepare."""
+    mps_share_memory_limits: str = "auto"
+    """`auto`: MPS shares on GPUs whose driver can limit a cgroup's GPU memory (checked at start)
+    get `NVIDIA_GPU_MEMORY_LIMIT`/`_REQUEST` and the `apply-cuda-memory-limits` hook; `off`:
+    none do."""
     mps_daemon_runner: str = "process"
     """How MPS control daemons run: `process` (a host process started by the plugin; local and
     dev setups) or `pod` (a pod bound to this node; the DaemonSet's setting)."""
@@ -172,9 +179,13 @@ class KubeletPluginSettings:
     """Priority class of the daemon pods (runner `pod`); empty = none."""
     mps_daemon_image_pull_secrets: tuple[str, ...] = ()
     """Names of the Secrets in the daemon pods' `imagePullSecrets` (runner `pod`)."""
-    mps_exclusive_compute_mode: bool = False
-    """Set the compute mode EXCLUSIVE_PROCESS on the full GPUs of an MPS daemon while it runs
-    (DEFAULT again when it stops), as NVIDIA's driver does; never on MIG devices."""
+    mps_exclusive_compute_mode: str = "shares"
+    """Which MPS daemons' full GPUs get the compute mode EXCLUSIVE_PROCESS while they run
+    (DEFAULT again when they stop), as NVIDIA's driver does: `shares` (the GPUs offered as MPS
+    shares), `all` (per-claim daemons too) or `none`; never MIG devices."""
+    mps_daemon_check_interval_s: float = 10.0
+    """Seconds between checks of the MPS daemons of prepared claims (a dead one is restarted in
+    place, changed settings are set back); 0 turns the checks off."""
     dynamic_mig: bool = False
     """Publish MIG-capable GPUs as partitionable devices (MIG slices made on demand)."""
     feature_gates: tuple[str, ...] = ()
@@ -359,6 +370,13 @@ class KubeletPluginSettings:
             "daemon's default caps; larger shares are refused at prepare",
             "100",
         )
+        option(
+            "--mps-share-memory-limits",
+            "auto: cap each container of an MPS share at its memory through the driver "
+            "(NVIDIA_GPU_MEMORY_LIMIT and nvidia-cdi-hook apply-cuda-memory-limits) on GPUs "
+            "where that was found to work at start; off: never",
+            "auto",
+        )
         _add_mps_daemon_options(option, environ)
         _add_dynamic_mig_options(option, environ)
         _add_guard_options(option, environ)
@@ -382,6 +400,12 @@ class KubeletPluginSettings:
             )
         if not 1 <= max_share <= 100:
             parser.error(f"--mps-share-max-percent must be between 1 and 100, got {max_share}")
+        memory_limits = str(args.mps_share_memory_limits).strip().lower()
+        if memory_limits not in ("auto", "off"):
+            parser.error(
+                "--mps-share-memory-limits must be auto or off, got "
+                f"{args.mps_share_memory_limits!r}"
+            )
         return cls(
             node_name=args.node_name,
             driver_name=args.driver_name,
@@ -402,6 +426,7 @@ class KubeletPluginSettings:
             nvidia_smi=args.nvidia_smi or DEFAULT_NVIDIA_SMI,
             mps_shares=mps_shares,
             mps_share_max_percent=max_share,
+            mps_share_memory_limits=memory_limits,
             **_mps_daemon_settings(parser, args),
             **_dynamic_mig_settings(parser, args),
             **_guard_settings(parser, args),
@@ -490,11 +515,13 @@ def _mps_daemon_settings(
     parser: argparse.ArgumentParser, args: argparse.Namespace
 ) -> dict[str, Any]:
     """The MPS daemon fields of the settings from parsed ``args``; usage errors exit."""
-    exclusive = str(args.mps_exclusive_compute_mode).strip().lower()
-    if exclusive not in ("true", "false", "1", "0", "yes", "no"):
+    text = str(args.mps_exclusive_compute_mode).strip().lower()
+    exclusive = {"true": "all", "1": "all", "yes": "all"}.get(text, text)
+    exclusive = {"false": "none", "0": "none", "no": "none"}.get(exclusive, exclusive)
+    if exclusive not in EXCLUSIVE_COMPUTE_MODES:
         parser.error(
-            "--mps-exclusive-compute-mode must be true or false, got "
-            f"{args.mps_exclusive_compute_mode!r}"
+            f"--mps-exclusive-compute-mode must be one of {', '.join(EXCLUSIVE_COMPUTE_MODES)} "
+            f"(or true = all, false = none), got {args.mps_exclusive_compute_mode!r}"
         )
     if args.mps_daemon_runner not in MPS_DAEMON_RUNNERS:
         parser.error(
@@ -516,13 +543,24 @@ def _mps_daemon_settings(
             for name in (args.mps_daemon_image_pull_secrets or "").split(",")
             if name.strip()
         ),
-        "mps_exclusive_compute_mode": exclusive in ("true", "1", "yes"),
+        "mps_exclusive_compute_mode": exclusive,
+        "mps_daemon_check_interval_s": _check_interval(parser, args.mps_daemon_check_interval),
     }
+
+
+def _check_interval(parser: argparse.ArgumentParser, text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value >= 0 or value == float("inf"):
+        parser.error(f"--mps-daemon-check-interval must be seconds >= 0 (0 = off), got {text!r}")
+    return value
 
 
 def _add_mps_daemon_options(option: Callable[..., None], environ: Mapping[str, str]) -> None:
     """`--mps-daemon-runner`, `-image`, `-namespace`, `-priority-class`,
-    `-image-pull-secrets` and `--mps-exclusive-compute-mode`."""
+    `-image-pull-secrets`, `-check-interval` and `--mps-exclusive-compute-mode`."""
     option(
         "--mps-daemon-runner",
         "how MPS control daemons run: process (host process; local/dev) or pod (a pod bound "
@@ -548,10 +586,17 @@ def _add_mps_daemon_options(option: Callable[..., None], environ: Mapping[str, s
         None,
     )
     option(
+        "--mps-daemon-check-interval",
+        "seconds between checks of the MPS daemons of prepared claims: a dead daemon is "
+        "restarted in place, settings a client changed are set back (0 = off)",
+        "10",
+    )
+    option(
         "--mps-exclusive-compute-mode",
-        "true: set compute mode EXCLUSIVE_PROCESS on the full GPUs of each MPS daemon while "
-        "it runs (never on MIG devices)",
-        "false",
+        "compute mode EXCLUSIVE_PROCESS on the full GPUs of MPS daemons while they run (needs "
+        "root; never on MIG devices): shares (the GPUs offered as MPS shares), all (per-claim "
+        "daemons too; also true) or none (also false)",
+        "shares",
     )
 
 

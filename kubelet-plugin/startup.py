@@ -37,6 +37,7 @@ from gpu_dra.driver.nvml.simulated import SimulatedHost
 from gpu_dra.driver.nvml.sysfs import SysfsPciTopology
 from gpu_dra.kube.client import new_api_client, read_server_version
 from gpu_dra.kube.errors import ApiError
+from gpu_dra.kubelet_plugin.checkpoint import Checkpoint
 from gpu_dra.kubelet_plugin.driver_root import DriverRoot, DriverUserspaceError
 from gpu_dra.kubelet_plugin.driver_userspace import CommonEdits
 from gpu_dra.kubelet_plugin.guard import (
@@ -66,6 +67,11 @@ from gpu_dra.kubelet_plugin.mps import (
     ShmMounter,
     TmpfsShmMounter,
 )
+from gpu_dra.kubelet_plugin.mps.events import MpsEvents
+from gpu_dra.kubelet_plugin.mps.ids import is_shared_daemon
+from gpu_dra.kubelet_plugin.mps.memory_limits import ShareMemory
+from gpu_dra.kubelet_plugin.mps.memory_limits import detect as detect_memory_limits
+from gpu_dra.kubelet_plugin.mps.supervisor import DaemonSupervisor
 from gpu_dra.kubelet_plugin.node_devices import NodeInventory
 from gpu_dra.kubelet_plugin.node_locks import NodeLocks
 from gpu_dra.kubelet_plugin.publishing import PublisherTurn
@@ -213,8 +219,49 @@ POD_START_TIMEOUT_S = 25.0
 """Start-up deadline of a daemon pod (pod sandbox, container, socket), below --call-timeout."""
 
 
+def share_memory(
+    settings: KubeletPluginSettings,
+    nvml: NvmlLibrary,
+    inventory: NodeInventory,
+    events: MpsEvents | None,
+) -> ShareMemory:
+    """Which GPUs offered as MPS shares the driver caps per container (`memory_limits.detect`:
+    ``--mps-share-memory-limits``, driver, cgroup v2, the hook's version, NVML), logged; each
+    share's enforcement is reported as an Event on its claim."""
+    hook = settings.nvidia_cdi_hook_path
+    uuids = [gpu.uuid for gpu in inventory.mps_shares]
+    support = detect_memory_limits(
+        nvml,
+        uuids,
+        mode=settings.mps_share_memory_limits,
+        simulated=settings.simulate is not None,
+        hook_path=hook,
+        driver_root=str(settings.host_driver_root),
+        hook_candidates=list(dict.fromkeys([Path(hook), settings.driver_root / hook.lstrip("/")])),
+        disabled_hooks=settings.disable_cdi_hooks,
+    )
+    for uuid in uuids:
+        log.info("mps share memory of %s: %s (%s)", uuid, support.enforcement(uuid).value,
+                 support.why(uuid))  # fmt: skip
+    return ShareMemory(support, None if events is None else events.share_prepared)
+
+
+def exclusive_daemons(mode: str) -> Callable[[str], bool]:
+    """Which daemon ids get EXCLUSIVE_PROCESS on their full GPUs for
+    ``--mps-exclusive-compute-mode`` ``mode``: the shared daemons of MPS shares (``shares``),
+    every daemon (``all``) or none."""
+    if mode == "all":
+        return lambda _daemon_id: True
+    if mode == "shares":
+        return is_shared_daemon
+    return lambda _daemon_id: False
+
+
 def mps_manager(
-    settings: KubeletPluginSettings, api_client: ApiClient, nvml: NvmlLibrary
+    settings: KubeletPluginSettings,
+    api_client: ApiClient,
+    nvml: NvmlLibrary,
+    events: MpsEvents | None = None,
 ) -> MpsDaemonManager | None:
     """The MPS daemon manager, or None (claims asking for MPS then fail with a message).
 
@@ -222,8 +269,9 @@ def mps_manager(
     CAP_SYS_ADMIN, and the data dir must be mounted with Bidirectional propagation for
     containers to see it); simulated nodes, and a plugin that is not root, use a plain
     directory, so that e2e runs need no mount privileges. Daemons run as host processes or as
-    pods of this node (``--mps-daemon-runner``); the compute mode of their full GPUs is set only
-    with ``--mps-exclusive-compute-mode``.
+    pods of this node (``--mps-daemon-runner``); the compute mode of their full GPUs is set as
+    ``--mps-exclusive-compute-mode`` says (`exclusive_daemons`). ``events`` is told what daemon
+    supervision repaired.
     """
     binary = settings.resolved_mps_control_binary()
     if binary is None:
@@ -264,8 +312,11 @@ def mps_manager(
             shm=shm,
             runner=runner,
             start_timeout_s=start_timeout_s,
-            compute_mode=NvmlComputeMode(nvml) if settings.mps_exclusive_compute_mode else None,
+            # Always there: it also resets what an earlier setting made exclusive.
+            compute_mode=NvmlComputeMode(nvml),
+            exclusive=exclusive_daemons(settings.mps_exclusive_compute_mode),
             other_runners=[other],
+            observer=events,
         )
     except ValueError as error:
         log.error("MPS is unavailable: %s", error)
@@ -437,6 +488,42 @@ def register_instance(settings: KubeletPluginSettings) -> PluginInstance:
         candidates.update(registry_dir.glob(f"{settings.driver_name}-*reg.sock"))
     remove_stale_sockets(candidates, keep=live)
     return instance
+
+
+HEALTH_MPS_INTERVAL_S = 10.0
+"""Between two read-only checks of the MPS share daemons for the health monitor when
+supervision is off (``--mps-daemon-check-interval=0``)."""
+
+
+def mps_supervisor(
+    settings: KubeletPluginSettings,
+    mps: MpsDaemonManager | None,
+    checkpoint: Checkpoint,
+    instance: PluginInstance,
+    inventory: NodeInventory,
+) -> DaemonSupervisor | None:
+    """The one checker of the MPS daemons of prepared claims (`DaemonSupervisor`), or None
+    without MPS, or with supervision off and no health monitor watching MPS shares. It repairs
+    (restart in place, settings restored) only with ``--mps-daemon-check-interval`` > 0 and
+    while this instance is the newest ready one (the one that publishes), each repair under
+    the daemon's node-wide ``mps-<id>`` lock; otherwise it only reads, for the health monitor
+    (docs/mps.md, "Daemon supervision")."""
+    interval = settings.mps_daemon_check_interval_s
+    watched = settings.health_monitor_enabled and bool(inventory.mps_shares)
+    if mps is None or (interval <= 0 and not watched):
+        return None
+    locks = instance.locks
+
+    def repair() -> bool:
+        return interval > 0 and instance.newest_ready()
+
+    return DaemonSupervisor(
+        mps,
+        checkpoint.all,
+        interval_s=interval if interval > 0 else HEALTH_MPS_INTERVAL_S,
+        repair=repair,
+        lock=lambda daemon_id: locks.blocking(f"mps-{daemon_id}"),
+    )
 
 
 async def publisher_turn(

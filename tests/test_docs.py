@@ -44,7 +44,8 @@ _LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)[^)]*\)")
 _FENCE = re.compile(r"^\s*(```|~~~)")
 _FLAG_IN_CELL = re.compile(r"`(--?[a-z0-9][a-z0-9-]*)`")
 _CONTRACT_MOUNT = re.compile(
-    r"^\| mount \| `<data-dir>/mps/<id>/(\w+)` → `([^`]+)` \(`([^`]+)`\) \|$", re.MULTILINE
+    r"^\| mount( \(MPS shares\))? \| `<data-dir>/mps/<id>/(\w+)` → `([^`]+)` \(`([^`]+)`\) \|$",
+    re.MULTILINE,
 )
 
 
@@ -126,12 +127,13 @@ def device_classes() -> list[dict[str, Any]]:
     return classes
 
 
-def workload_mounts() -> set[tuple[str, str, str]]:
-    """`(daemon directory, container path, options)` of the MPS mounts of a share's container."""
+def workload_mounts(*, share: bool) -> set[tuple[str, str, str]]:
+    """`(daemon directory, container path, options)` of the MPS mounts of a share's container
+    (``share``) or of a per-claim daemon's."""
     paths = DaemonPaths.of(Path("/data"), "daemon-0")
     return {
         (Path(mount.host_path).name, mount.container_path, ",".join(mount.options))
-        for mount in workload_edits(paths).mounts
+        for mount in workload_edits(paths, pipe_read_only=share).mounts
     }
 
 
@@ -260,17 +262,29 @@ def undocumented_classes(doc: str, classes: list[dict[str, Any]]) -> list[str]:
     return problems
 
 
-def misstated_workload_mounts(doc: str, mounts: set[tuple[str, str, str]]) -> list[str]:
-    """Where docs/mps.md states the MPS mounts otherwise than ``mounts``: the `| mount |` rows of
-    the container contract, and the paragraph that opens the hostile-tenant table."""
-    documented = set(_CONTRACT_MOUNT.findall(doc))
-    problems = [f"container contract lacks {mount}" for mount in sorted(mounts - documented)]
-    problems += [f"container contract states {mount}" for mount in sorted(documented - mounts)]
+def misstated_workload_mounts(
+    doc: str, claim_mounts: set[tuple[str, str, str]], share_mounts: set[tuple[str, str, str]]
+) -> list[str]:
+    """Where docs/mps.md states the MPS mounts otherwise than ``claim_mounts`` (per-claim
+    daemons) and ``share_mounts`` (MPS shares): the `| mount |` rows of the container contract
+    (`| mount (MPS shares) |` rows replace those of the same directory for shares), and the
+    paragraph that opens the hostile-tenant table (about shares)."""
+    plain: dict[str, tuple[str, str, str]] = {}
+    shares: dict[str, tuple[str, str, str]] = {}
+    for kind, directory, path, mount_options in _CONTRACT_MOUNT.findall(doc):
+        (shares if kind else plain)[directory] = (directory, path, mount_options)
+    problems: list[str] = []
+    for what, mounts, documented in (
+        ("", claim_mounts, set(plain.values())),
+        (" (MPS shares)", share_mounts, set({**plain, **shares}.values())),
+    ):
+        problems += [f"container contract{what} lacks {m}" for m in sorted(mounts - documented)]
+        problems += [f"container contract{what} states {m}" for m in sorted(documented - mounts)]
     _, found, after = doc.partition(HOSTILE_TENANT_HEADING)
     if not found:
         return [*problems, f"no section {HOSTILE_TENANT_HEADING!r}"]
     opening = " ".join(after.split("\n|", 1)[0].split())
-    for _, container_path, mount_options in sorted(mounts):
+    for _, container_path, mount_options in sorted(share_mounts):
         if f"`{container_path}`" not in opening:
             problems.append(f"hostile-tenant section does not name {container_path}")
         if f"`{mount_options}`" not in opening:
@@ -357,13 +371,15 @@ def test_deviceclasses_doc_covers_every_class_file() -> None:
 
 
 def test_mps_doc_states_the_mounts_a_share_container_gets() -> None:
-    mounts = workload_mounts()
+    claims, shares = workload_mounts(share=False), workload_mounts(share=True)
 
-    assert {(directory, path) for directory, path, _ in mounts} == {
+    assert {(directory, path) for directory, path, _ in shares} == {
         ("pipe", "/tmp/nvidia-mps"),
         ("shm", "/dev/shm"),
     }
-    assert misstated_workload_mounts(MPS_DOC.read_text(), mounts) == []
+    assert ("pipe", "/tmp/nvidia-mps", "ro,nosuid,nodev,bind") in shares
+    assert ("pipe", "/tmp/nvidia-mps", "rw,nosuid,nodev,bind") in claims
+    assert misstated_workload_mounts(MPS_DOC.read_text(), claims, shares) == []
 
 
 # ---- the checks can fail ---------------------------------------------------------------------
@@ -427,21 +443,24 @@ def test_a_link_to_a_missing_file_or_heading_is_reported() -> None:
 
 
 def test_a_changed_mps_mount_option_is_reported() -> None:
-    read_only = {
-        (directory, path, "ro,nosuid,nodev,bind" if directory == "pipe" else mount_options)
-        for directory, path, mount_options in workload_mounts()
+    changed = "ro,nosuid,nodev,noexec,bind"
+    shares = {
+        (directory, path, changed if directory == "pipe" else mount_options)
+        for directory, path, mount_options in workload_mounts(share=True)
     }
 
-    problems = misstated_workload_mounts(MPS_DOC.read_text(), read_only)
+    problems = misstated_workload_mounts(MPS_DOC.read_text(), workload_mounts(share=False), shares)
 
-    pipe_read_only = ("pipe", "/tmp/nvidia-mps", "ro,nosuid,nodev,bind")
-    assert f"container contract lacks {pipe_read_only}" in problems
-    assert "hostile-tenant section does not state ro,nosuid,nodev,bind" in problems
+    assert f"container contract (MPS shares) lacks {('pipe', '/tmp/nvidia-mps', changed)}" in (
+        problems
+    )
+    assert f"hostile-tenant section does not state {changed}" in problems
+    assert not any(p.startswith("container contract lacks") for p in problems)
 
 
 def test_a_missing_hostile_tenant_section_is_reported() -> None:
     doc = MPS_DOC.read_text().replace(HOSTILE_TENANT_HEADING, "## Tenants")
 
-    assert misstated_workload_mounts(doc, workload_mounts()) == [
-        f"no section {HOSTILE_TENANT_HEADING!r}"
-    ]
+    assert misstated_workload_mounts(
+        doc, workload_mounts(share=False), workload_mounts(share=True)
+    ) == [f"no section {HOSTILE_TENANT_HEADING!r}"]

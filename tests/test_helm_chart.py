@@ -377,8 +377,10 @@ def test_the_start_up_guard_sees_the_device_plugin_sockets_and_records_events(
         assert settings.allow_nvidia_device_plugin is False
 
     assert host_driver.may(PLUGIN_SA, "create", "events", "default")
-    assert not host_driver.may(PLUGIN_SA, "create", "events", NAMESPACE)
+    # MPS daemon Events go to the claims' and pods' namespaces (docs/mps.md).
+    assert host_driver.may(PLUGIN_SA, "create", "events", "team-a")
     assert not host_driver.may(PLUGIN_SA, "delete", "events", NAMESPACE)
+    assert not host_driver.may(PLUGIN_SA, "update", "events", "team-a")
 
 
 def test_a_negative_healthcheck_port_turns_health_and_probes_off(tmp_path: Path) -> None:

@@ -13,6 +13,7 @@ these classes and constants; it loads libnvidia-ml on ``nvmlInit``, never on imp
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Final, Protocol
 
 import pynvml
@@ -41,6 +42,7 @@ NVMLError_GpuIsLost: Final[type[Exception]] = pynvml.NVMLError_GpuIsLost
 NVML_ERROR_UNINITIALIZED: Final[int] = pynvml.NVML_ERROR_UNINITIALIZED
 NVML_ERROR_INVALID_ARGUMENT: Final[int] = pynvml.NVML_ERROR_INVALID_ARGUMENT
 NVML_ERROR_NOT_SUPPORTED: Final[int] = pynvml.NVML_ERROR_NOT_SUPPORTED
+NVML_ERROR_NO_PERMISSION: Final[int] = pynvml.NVML_ERROR_NO_PERMISSION
 NVML_ERROR_NOT_FOUND: Final[int] = pynvml.NVML_ERROR_NOT_FOUND
 NVML_ERROR_FUNCTION_NOT_FOUND: Final[int] = pynvml.NVML_ERROR_FUNCTION_NOT_FOUND
 NVML_ERROR_IN_USE: Final[int] = pynvml.NVML_ERROR_IN_USE
@@ -123,6 +125,15 @@ class MemoryInfo(Protocol):
 
     total: int
     free: int
+    used: int
+
+
+@dataclass(frozen=True)
+class MemoryLimits:
+    """``nvmlGetMemoryLimits_v1_t``: a cgroup's GPU memory limits on one device, in bytes."""
+
+    soft: int
+    hard: int
     used: int
 
 
@@ -420,6 +431,15 @@ class NvmlLibrary(Protocol):
         """``nvmlEventSetWait_v2``: the next event, waiting up to `timeout_ms`; raises
         ``NVMLError_Timeout`` when none came, ``NVMLError_GpuIsLost`` when a registered GPU
         fell off the bus."""
+        ...
+
+    # Per-cgroup memory limits (MPS shares).
+
+    def device_get_memory_limits(self, handle: DeviceHandle, cgroup: str) -> MemoryLimits:
+        """``nvmlDeviceGetMemoryLimits_v1``: the GPU memory limits of cgroup ``cgroup`` (full
+        sysfs path) on a full GPU (drivers 615+). NotFound when none are set, NotSupported
+        where the GPU or driver cannot limit memory per cgroup (MIG handles too),
+        FunctionNotFound when the library has no such function (older drivers)."""
         ...
 
 

@@ -26,6 +26,7 @@ from gpu_dra.driver.nvml.interface import (
     GpuInstancePlacement,
     GpuInstanceProfileInfo,
     MemoryInfo,
+    MemoryLimits,
     NvmlLibrary,
     PciInfo,
     nvml_error,
@@ -154,6 +155,14 @@ class RealNvml:
 
     def device_get_memory_info(self, handle: DeviceHandle) -> MemoryInfo:
         return cast(MemoryInfo, pynvml.nvmlDeviceGetMemoryInfo(handle))
+
+    def device_get_memory_limits(self, handle: DeviceHandle, cgroup: str) -> MemoryLimits:
+        limits = pynvml.c_nvmlGetMemoryLimits_v1_t()
+        limits.nameSpace = os.fsencode(cgroup)
+        pynvml.nvmlDeviceGetMemoryLimits_v1(handle, limits)
+        return MemoryLimits(
+            soft=int(limits.softLimit), hard=int(limits.hardLimit), used=int(limits.currentUsed)
+        )
 
     def device_get_numa_node_id(self, handle: DeviceHandle) -> int:
         return int(pynvml.nvmlDeviceGetNumaNodeId(handle))

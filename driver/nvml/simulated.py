@@ -50,6 +50,7 @@ from gpu_dra.driver.nvml.interface import (
     GpuInstancePlacement,
     GpuInstanceProfileInfo,
     MemoryInfo,
+    MemoryLimits,
     NvmlLibrary,
     PciInfo,
     PciTopology,
@@ -573,6 +574,19 @@ class SimulatedNvml:
             raise nvml_error(NVML_ERROR_NOT_SUPPORTED)
         self._compute_modes[gpu.index] = mode
 
+    def device_get_memory_limits(self, handle: DeviceHandle, cgroup: str) -> MemoryLimits:
+        """No limits are ever set (NotFound) on a driver of the 615 branch or newer; older
+        drivers' libraries lack the function; MIG devices are NotSupported (nvml.h)."""
+        if isinstance(handle, SimulatedMigDeviceHandle):
+            self._mig_device(handle, "device_get_memory_limits")
+            raise nvml_error(NVML_ERROR_NOT_SUPPORTED)
+        self._gpu(handle, "device_get_memory_limits")
+        if not cgroup.startswith("/"):
+            raise nvml_error(NVML_ERROR_INVALID_ARGUMENT)
+        if _driver_branch(self.profile.driver_version) < MEMORY_LIMITS_DRIVER_BRANCH:
+            raise nvml_error(NVML_ERROR_FUNCTION_NOT_FOUND)
+        raise nvml_error(NVML_ERROR_NOT_FOUND)
+
     def reset_gpu(self, handle: DeviceHandle) -> None:
         """Simulator only: a GPU reset (``nvidia-smi -r``, reboot); the pending MIG mode applies
         and every GPU and compute instance is gone, as on real hardware."""
@@ -901,6 +915,16 @@ class SimulatedNvml:
         if fault is not None:
             raise nvml_error(fault)
         return gpu
+
+
+MEMORY_LIMITS_DRIVER_BRANCH: Final = 615
+"""The first driver branch with per-cgroup GPU memory limits (``nvmlDeviceGetMemoryLimits_v1``)."""
+
+
+def _driver_branch(version: str) -> int:
+    """``615`` of ``"615.71.09"``; 0 when unreadable."""
+    head = version.split(".", 1)[0]
+    return int(head) if head.isdigit() else 0
 
 
 def _memory(total_mib: int) -> MemoryInfo:

@@ -6,10 +6,11 @@ worker thread (``wait_timeout_ms`` at a time). Each event is classified by
 `gpu_dra.driver.health.classify_event`; a wait or lookup answering GPU_IS_LOST probes the GPUs
 and marks the ones that answer so as lost. A GPU that cannot be registered is "unmonitored"
 (health Unknown, no taint); repeated wait failures make every GPU so until a wait works again.
-With MPS shares, every ``mps_interval_s`` the `MpsLiveness` check marks the share device of a
-GPU whose shared daemon is dead. Listeners (`add_listener`) get every new per-device snapshot:
-`__main__` republishes the slices with taints, the DRA health service streams it. The state
-lives in memory: a restarted plugin starts healthy. See docs/architecture.md, "Health monitor".
+With MPS shares, every ``mps_interval_s`` and at once on `mps_changed`, the `MpsLiveness`
+verdicts (the MPS daemon supervisor's) mark the share device of a GPU whose shared daemon is
+down. Listeners (`add_listener`) get every new per-device snapshot: `__main__` republishes the
+slices with taints, the DRA health service streams it. The state lives in memory: a restarted
+plugin starts healthy. See docs/architecture.md, "Health monitor".
 """
 
 from __future__ import annotations
@@ -68,7 +69,8 @@ Listener = Callable[[Snapshot], None]
 
 class MpsLiveness(Protocol):
     """Which GPUs offered as MPS shares have a shared daemon that prepared claims record but
-    that is not running. Blocking (called in a worker thread)."""
+    that is not running (`mps.supervisor.DaemonSupervisor`, which probes the daemons; this only
+    reads its verdicts). Blocking (called in a worker thread)."""
 
     def dead_shared_daemons(self) -> dict[str, str]:
         """GPU UUID -> why its shared daemon is judged dead."""
@@ -128,6 +130,8 @@ class HealthMonitor:
         self._stopping = asyncio.Event()
         self._started = asyncio.Event()
         self._mps_dead: set[str] = set()
+        self._mps_poke = asyncio.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._registration_problems: set[str] = set()
         self._wait_failures = 0
         self._beats: dict[str, float] = {}
@@ -178,8 +182,16 @@ class HealthMonitor:
         """Make `run` return (within one wait timeout). Call in the event loop."""
         self._stopping.set()
 
+    def mps_changed(self) -> None:
+        """Read the MPS liveness now, not at the next interval (a daemon went down or came
+        back). Any thread; before `run` it does nothing."""
+        loop = self._loop
+        if loop is not None:
+            loop.call_soon_threadsafe(self._mps_poke.set)
+
     async def run(self) -> None:
         """Watch until `stop`; NVML is initialised for the monitor's lifetime."""
+        self._loop = asyncio.get_running_loop()
         event_set, problems = await asyncio.to_thread(self._start_nvml)
         state = self._state
         for target, problem in problems:
@@ -395,7 +407,22 @@ class HealthMonitor:
                 self._mps_dead = set(dead)
                 state = self._state.with_mps_daemons(self._shared_gpus, dead, self._clock())
                 self._set_state(state)
-            await self._pause(self._timing.mps_interval_s)
+            await self._pause_mps()
+
+    async def _pause_mps(self) -> None:
+        """Until the MPS interval passed, `mps_changed` was called or the monitor stops."""
+        waits = [
+            asyncio.ensure_future(self._stopping.wait()),
+            asyncio.ensure_future(self._mps_poke.wait()),
+        ]
+        try:
+            await asyncio.wait(
+                waits, timeout=self._timing.mps_interval_s, return_when=asyncio.FIRST_COMPLETED
+            )
+        finally:
+            for wait in waits:
+                wait.cancel()
+        self._mps_poke.clear()
 
     # ---- state --------------------------------------------------------------------------------
     def _beat(self, worker: str) -> None:

@@ -21,12 +21,10 @@ from gpu_dra.driver.health import device_taints
 from gpu_dra.driver.nvml.interface import NvmlLibrary
 from gpu_dra.driver.nvml.simulated import SimulatedNvml
 from gpu_dra.driver.resourceapi import DeviceTaint
-from gpu_dra.kubelet_plugin.checkpoint import Checkpoint
 from gpu_dra.kubelet_plugin.device_health.inbox import SIMULATED_EVENTS_DIR, SimulatedEventInbox
 from gpu_dra.kubelet_plugin.device_health.monitor import HealthMonitor, MpsLiveness, Snapshot
-from gpu_dra.kubelet_plugin.device_health.mps import SharedDaemonLiveness
 from gpu_dra.kubelet_plugin.device_health.service import DeviceHealthService
-from gpu_dra.kubelet_plugin.mps import MpsDaemonManager
+from gpu_dra.kubelet_plugin.mps.supervisor import DaemonSupervisor
 from gpu_dra.kubelet_plugin.node_devices import NodeInventory
 from gpu_dra.kubelet_plugin.settings import KubeletPluginSettings
 
@@ -87,14 +85,11 @@ def start_health(
     nvml: NvmlLibrary,
     inventory: NodeInventory,
     *,
-    checkpoint: Checkpoint,
-    mps: MpsDaemonManager | None,
+    supervisor: DaemonSupervisor | None,
     republish: Republish,
 ) -> HealthRuntime | None:
     """`health_runtime`, started in the running event loop; None when the monitor is off."""
-    runtime = health_runtime(
-        settings, nvml, inventory, checkpoint=checkpoint, mps=mps, republish=republish
-    )
+    runtime = health_runtime(settings, nvml, inventory, supervisor=supervisor, republish=republish)
     if runtime is not None:
         runtime.start()
     return runtime
@@ -116,19 +111,19 @@ def health_runtime(
     nvml: NvmlLibrary,
     inventory: NodeInventory,
     *,
-    checkpoint: Checkpoint,
-    mps: MpsDaemonManager | None,
+    supervisor: DaemonSupervisor | None,
     republish: Republish,
 ) -> HealthRuntime | None:
-    """The monitor of this node's published devices, or None when it is off."""
+    """The monitor of this node's published devices, or None when it is off. The MPS share
+    daemons' liveness is ``supervisor``'s verdict (it alone probes them), pushed on change."""
     if not settings.health_monitor_enabled:
         log.info("health monitor off (--health-monitor)")
         return None
     policy = settings.health_policy
     shared = [gpu.uuid for gpu in inventory.mps_shares]
     liveness: MpsLiveness | None = None
-    if mps is not None and shared:
-        liveness = SharedDaemonLiveness(checkpoint.all, mps.status)
+    if supervisor is not None and shared:
+        liveness = supervisor
     monitor = HealthMonitor(
         nvml,
         inventory.gpus,
@@ -142,6 +137,8 @@ def health_runtime(
         republish(device_taints(snapshot, policy, settings.driver_name))
 
     monitor.add_listener(changed)
+    if liveness is not None and supervisor is not None:
+        supervisor.add_listener(monitor.mps_changed)
     inbox = None
     if isinstance(nvml, SimulatedNvml):
         inbox = SimulatedEventInbox(settings.state_dir / SIMULATED_EVENTS_DIR, nvml)

@@ -11,6 +11,7 @@ names. MPS shares are left to `share_tier`. See docs/mps.md.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -24,10 +25,12 @@ from gpu_dra.kubelet_plugin.mps.recorded_daemons import (
     adopt_daemons,
     claim_handles,
     dead_daemons,
+    dead_phrase,
     remove_unrecorded,
 )
 from gpu_dra.kubelet_plugin.mps.share_tier import SharePlan
 from gpu_dra.kubelet_plugin.node_devices import NodeInventory
+from gpu_dra.kubelet_plugin.node_locks import NodeLocks
 from gpu_dra.kubelet_plugin.tier import (
     ClaimRequest,
     Planned,
@@ -83,7 +86,17 @@ class ClaimMpsTier(Tier):
     """`Tier` of per-claim MPS; plan it after the share tier (its devices are left out).
     Without an MPS control daemon manager, claims asking for MPS fail."""
 
-    def __init__(self, mps: MpsControl | None, inventory: NodeInventory, *, node_name: str) -> None:
+    def __init__(
+        self,
+        mps: MpsControl | None,
+        inventory: NodeInventory,
+        *,
+        node_name: str,
+        locks: NodeLocks | None = None,
+    ) -> None:
+        """``locks``: the node's locks; a daemon is started and stopped under its
+        ``mps-<daemon id>`` lock, which supervision's repairs take too."""
+        self._locks = locks
         self._mps = mps
         self._inventory = inventory
         self._node = node_name
@@ -149,7 +162,8 @@ class ClaimMpsTier(Tier):
         """Start one daemon, record its handle at once (a crash from here on stops it), and give
         the group's devices its workload edits."""
         assert self._mps is not None  # checked in plan
-        handle = self._mps.start(daemon.daemon_id, daemon.uuids, daemon.settings)
+        with self._daemon_lock(daemon.daemon_id):
+            handle = self._mps.start(daemon.daemon_id, daemon.uuids, daemon.settings)
         run.append(MPS_STATE_KEY, handle.to_state())
         run.edits.update(dict.fromkeys(daemon.device_names, workload_edits(handle.paths)))
 
@@ -166,10 +180,11 @@ class ClaimMpsTier(Tier):
             )
         for handle in handles:
             assert self._mps is not None
-            self._mps.stop(handle)
+            with self._daemon_lock(handle.daemon_id):
+                self._mps.stop(handle)
 
     def missing(self, entry: CheckpointEntry) -> list[str]:
-        return dead_daemons(entry, shared=False)
+        return [dead_phrase(h, why) for h, why in dead_daemons(self._mps, entry, shared=False)]
 
     def adopt(self, entry: CheckpointEntry) -> None:
         adopt_daemons(self._mps, entry, shared=False)
@@ -177,6 +192,11 @@ class ClaimMpsTier(Tier):
     def sweep(self, entries: Mapping[str, CheckpointEntry]) -> None:
         if self._mps is not None:
             remove_unrecorded(self._mps, entries, shared=False)
+
+    def _daemon_lock(self, daemon_id: str) -> contextlib.AbstractContextManager[None]:
+        if self._locks is None:
+            return contextlib.nullcontext()
+        return self._locks.blocking(f"mps-{daemon_id}")
 
     def _uuid(self, device_name: str) -> str:
         device = self._inventory.by_name(device_name)

@@ -3,36 +3,46 @@
 Start removes a leftover of the same id, creates and mounts the daemon's directories, optionally
 sets the full GPUs to ``EXCLUSIVE_PROCESS`` (`ComputeModeControl`), launches the daemon through
 its `DaemonRunner`, waits until it answers, applies the settings before any server can spawn and
-reads them back; any failure removes whatever was made and raises `MpsStartError`. Stop and
-status undo and check all of it. The manager's calls block; run them in a worker thread.
-See docs/mps.md#the-daemon, docs/mps.md#compute-mode and docs/mps.md#lifecycle.
+reads them back; any failure removes whatever was made and raises `MpsStartError`. `ensure`
+restarts a dead daemon **in place** (same id, directories, shm and settings) and records the new
+instance in ``<root>/daemon.json`` (`current_handle`); liveness is the runner's object and the
+process (PID + start time, its environment), never the pid file workloads see. Stop and status
+undo and check all of it. The manager's calls block; run them in a worker thread. See
+docs/mps.md#the-daemon, docs/mps.md#compute-mode and docs/mps.md#lifecycle.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import json
 import logging
 import os
 import shutil
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Final
 
 from gpu_dra.driver.naming import InvalidNameError
+from gpu_dra.kubelet_plugin.atomic_file import write_atomically
 from gpu_dra.kubelet_plugin.mps.computemode import (
     DEFAULT,
     EXCLUSIVE_PROCESS,
     ComputeModeControl,
     ComputeModeError,
     is_full_gpu,
+    mode_name,
 )
 from gpu_dra.kubelet_plugin.mps.control import ControlClient
 from gpu_dra.kubelet_plugin.mps.daemon_model import (
     DaemonHandle,
+    DaemonObserver,
     DaemonPaths,
+    DaemonRepair,
     DaemonState,
     DaemonStatus,
     MpsCommandError,
@@ -45,16 +55,17 @@ from gpu_dra.kubelet_plugin.mps.daemon_model import (
 )
 from gpu_dra.kubelet_plugin.mps.ids import checked_daemon_id, checked_device_uuid
 from gpu_dra.kubelet_plugin.mps.process import (
+    PID_FILE,
     DaemonRunner,
     ProcessIdentity,
     ProcessRunner,
     is_alive,
     kill,
     processes_using_pipe,
-    read_pid_file,
+    serves_pipe,
     wait_gone,
 )
-from gpu_dra.kubelet_plugin.mps.shm import ShmMounter, TmpfsShmMounter
+from gpu_dra.kubelet_plugin.mps.shm import ShmMounter, TmpfsShmMounter, is_mount_point
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +80,24 @@ DIR_MODE: Final = 0o755
 SHM_MODE: Final = 0o1777
 COMPUTE_MODE_RECORD: Final = "compute-mode"
 """``<root>/compute-mode``: the full GPUs set to EXCLUSIVE_PROCESS for this daemon, one a line."""
+INSTANCE_RECORD: Final = "daemon.json"
+"""``<root>/daemon.json``: the handle of the daemon's current instance (`current_handle`)."""
+
+
+def current_handle(handle: DaemonHandle) -> DaemonHandle:
+    """The current instance of ``handle``'s daemon: the handle ``<root>/daemon.json`` holds
+    when it names the same id and root (a restart in place wrote it), else ``handle``."""
+    try:
+        data = json.loads((handle.root / INSTANCE_RECORD).read_text())
+        current = DaemonHandle.from_state(data)
+    except (FileNotFoundError, NotADirectoryError):
+        return handle
+    except (OSError, ValueError, MpsStateError) as error:
+        log.warning("mps instance record of %s unusable: %s", handle.daemon_id, error)
+        return handle
+    if current.daemon_id != handle.daemon_id or current.root != handle.root:
+        return handle
+    return current
 
 
 class MpsDaemonManager:
@@ -88,16 +117,20 @@ class MpsDaemonManager:
         status_timeout_s: float = 2.0,
         remove_timeout_s: float = 30.0,
         compute_mode: ComputeModeControl | None = None,
+        exclusive: Callable[[str], bool] | None = None,
         other_runners: Sequence[DaemonRunner] = (),
+        observer: DaemonObserver | None = None,
     ) -> None:
         """``base_env``: the daemon's and the control client's environment besides the MPS
         variables (``PATH``, ``LD_LIBRARY_PATH`` for the driver's libraries); default this
         process's. ``shm`` defaults to a tmpfs per daemon (needs CAP_SYS_ADMIN).
         ``remove_timeout_s`` bounds the wait for the runner's object (pod) to go.
-        ``compute_mode``: set EXCLUSIVE_PROCESS on the full GPUs while their daemon runs;
-        None leaves compute modes alone. ``runner`` starts new daemons; ``other_runners`` only
-        check, adopt and remove the daemons they started (a plugin whose
-        ``--mps-daemon-runner`` changed still stops the daemons of claims prepared before)."""
+        ``compute_mode``: set EXCLUSIVE_PROCESS on the full GPUs while their daemon runs, for
+        the daemon ids ``exclusive`` accepts (None: every daemon), and reset them; None leaves
+        compute modes alone. ``runner`` starts new daemons; ``other_runners`` only check, adopt
+        and remove the daemons they started (a plugin whose ``--mps-daemon-runner`` changed
+        still stops the daemons of claims prepared before). ``observer`` is told what `ensure`
+        repaired (restarts, restored settings) or could not repair."""
         self.data_dir = data_dir
         socket_path = DaemonPaths.of(data_dir, _LONGEST_ID).pipe / SOCKET
         if len(os.fsencode(socket_path)) > MAX_SOCKET_PATH:
@@ -116,6 +149,8 @@ class MpsDaemonManager:
         self.status_timeout_s = status_timeout_s
         self.remove_timeout_s = remove_timeout_s
         self.compute_mode = compute_mode
+        self.exclusive: Callable[[str], bool] = exclusive or (lambda _daemon_id: True)
+        self.observer = observer
         # Striped: calls for one daemon id serialize, memory stays bounded.
         self._locks = tuple(threading.Lock() for _ in range(_LOCK_STRIPES))
 
@@ -163,6 +198,18 @@ class MpsDaemonManager:
                 self._wait_ready(paths, identity, deadline)
                 self.client.run_all(paths.pipe, settings.commands())
                 self._verify(paths, settings)
+                handle = DaemonHandle(
+                    daemon_id=daemon_id,
+                    devices=uuids,
+                    root=paths.root,
+                    pid=identity.pid,
+                    pid_start_time=identity.start_time,
+                    settings=settings,
+                    runner=self.runner.name,
+                    shm_mounted=mounted,
+                    runner_ref=ref or "",
+                )
+                self._record_instance(handle)
             except BaseException as error:
                 self._remove_quietly(paths, identity, mounted, ref)
                 if isinstance(error, MpsError | OSError):
@@ -170,17 +217,6 @@ class MpsDaemonManager:
                         f"MPS control daemon {daemon_id} for {', '.join(uuids)}: {error}"
                     ) from error
                 raise
-        handle = DaemonHandle(
-            daemon_id=daemon_id,
-            devices=uuids,
-            root=paths.root,
-            pid=identity.pid,
-            pid_start_time=identity.start_time,
-            settings=settings,
-            runner=self.runner.name,
-            shm_mounted=mounted,
-            runner_ref=ref or "",
-        )
         log.info(
             "mps daemon started daemon_id=%s pid=%d devices=%s settings=%s",
             daemon_id, identity.pid, ",".join(uuids), settings.commands(),
@@ -188,20 +224,10 @@ class MpsDaemonManager:
         return handle
 
     def stop(self, handle: DaemonHandle) -> None:
-        runner = self._runner_of(handle)
-        identity = ProcessIdentity(handle.pid, handle.pid_start_time)
         with self._lock(handle.daemon_id):
-            recorded = read_pid_file(handle.paths.pipe)
-            if (
-                not is_alive(identity)
-                and recorded not in (None, handle.pid)
-                and any(p.pid == recorded for p in processes_using_pipe(handle.paths.pipe))
-            ):
-                # A newer daemon of the same id replaced this one (a restarted start): its
-                # processes and directories are not this handle's to remove.
-                log.warning("mps stop of a replaced daemon skipped daemon_id=%s pid=%d",
-                            handle.daemon_id, handle.pid)  # fmt: skip
-                return
+            handle = current_handle(handle)  # the id's instance now, after restarts in place
+            runner = self._runner_of(handle)
+            identity = ProcessIdentity(handle.pid, handle.pid_start_time)
             if is_alive(identity):
                 try:
                     self.client.run(handle.paths.pipe, "quit", timeout_s=self.stop_timeout_s)
@@ -220,13 +246,11 @@ class MpsDaemonManager:
         log.info("mps daemon stopped daemon_id=%s", handle.daemon_id)
 
     def status(self, handle: DaemonHandle) -> DaemonStatus:
-        runner = self._runner_of(handle)
+        handle = current_handle(handle)
+        dead = self._dead(handle)
+        if dead is not None:
+            return DaemonStatus(DaemonState.DEAD, dead)
         identity = ProcessIdentity(handle.pid, handle.pid_start_time)
-        missing = runner.missing(handle.daemon_id, handle.runner_ref)
-        if missing is not None:
-            return DaemonStatus(DaemonState.DEAD, missing)
-        if not is_alive(identity):
-            return DaemonStatus(DaemonState.DEAD, f"control daemon pid {handle.pid} is gone")
         pipe = handle.paths.pipe
         try:
             servers = self.client.server_pids(pipe, timeout_s=self.status_timeout_s)
@@ -248,22 +272,10 @@ class MpsDaemonManager:
         return DaemonStatus(DaemonState.READY, f"{len(servers)} server(s)")
 
     def adopt(self, handle: DaemonHandle) -> DaemonHandle:
-        runner = self._runner_of(handle)
-        identity = ProcessIdentity(handle.pid, handle.pid_start_time)
-        pipe = handle.paths.pipe
-        missing = runner.missing(handle.daemon_id, handle.runner_ref)
-        if missing is not None:
-            raise MpsDaemonGoneError(f"MPS control daemon {handle.daemon_id}: {missing}")
-        if not is_alive(identity):
-            raise MpsDaemonGoneError(
-                f"MPS control daemon {handle.daemon_id} (pid {handle.pid}) is not running"
-            )
-        recorded = read_pid_file(pipe)
-        if recorded != handle.pid:
-            raise MpsDaemonGoneError(
-                f"MPS control daemon {handle.daemon_id}: {pipe} names pid {recorded}, "
-                f"not {handle.pid}"
-            )
+        handle = current_handle(handle)
+        dead = self._dead(handle)
+        if dead is not None:
+            raise MpsDaemonGoneError(f"MPS control daemon {handle.daemon_id}: {dead}")
         try:
             self._verify(handle.paths, handle.settings)
         except MpsCommandError as error:
@@ -272,6 +284,52 @@ class MpsDaemonManager:
             ) from error
         log.info("mps daemon adopted daemon_id=%s pid=%d", handle.daemon_id, handle.pid)
         return handle
+
+    def dead(self, handle: DaemonHandle) -> str | None:
+        return self._dead(current_handle(handle))
+
+    def ensure(
+        self, handle: DaemonHandle, *, on_dead: Callable[[DaemonHandle, str], None] | None = None
+    ) -> DaemonRepair:
+        try:
+            repair = self._ensure(handle, on_dead)
+        except MpsDaemonGoneError:
+            raise
+        except MpsError as error:
+            if self.observer is not None:
+                self.observer.daemon_unrepaired(handle, str(error))
+            raise
+        if repair.changed and self.observer is not None:
+            self.observer.daemon_repaired(repair)
+        return repair
+
+    def _ensure(
+        self, handle: DaemonHandle, on_dead: Callable[[DaemonHandle, str], None] | None
+    ) -> DaemonRepair:
+        with self._lock(handle.daemon_id):
+            if not handle.paths.pipe.is_dir():
+                raise MpsDaemonGoneError(
+                    f"MPS control daemon {handle.daemon_id}: {handle.paths.pipe} is gone (stopped)"
+                )
+            current = current_handle(handle)
+            restarted = self._dead(current)
+            if restarted is not None:
+                if on_dead is not None:
+                    on_dead(current, restarted)  # reported while it is down
+                current = self._restart_in_place(current, restarted)
+            try:
+                wrong = self._differences(current.paths, current.settings)
+                if wrong:
+                    log.warning("mps daemon settings changed, restoring daemon_id=%s: %s",
+                                current.daemon_id, "; ".join(wrong))  # fmt: skip
+                    self.client.run_all(current.paths.pipe, current.settings.commands())
+                    self._verify(current.paths, current.settings)
+            except MpsCommandError as error:
+                raise MpsError(
+                    f"MPS control daemon {current.daemon_id} does not answer: {error}"
+                ) from error
+            wrong += self._restore_exclusive(current.paths)
+        return DaemonRepair(current, restarted, tuple(wrong))
 
     def leftovers(self) -> list[str]:
         try:
@@ -330,8 +388,101 @@ class MpsDaemonManager:
             time.sleep(delay)
             delay = min(delay * 2, 0.1)
 
+    def _dead(self, handle: DaemonHandle) -> str | None:
+        """Why the daemon of ``handle`` is not running, or None while it runs: the runner's
+        object (the pod, by UID), the process (PID + start time) and its environment naming the
+        pipe directory. The pid file in the pipe directory is not consulted (workloads see it)."""
+        missing = self._runner_of(handle).missing(handle.daemon_id, handle.runner_ref)
+        if missing is not None:
+            return missing
+        if not is_alive(ProcessIdentity(handle.pid, handle.pid_start_time)):
+            return f"control daemon pid {handle.pid} is gone"
+        if serves_pipe(handle.pid, handle.paths.pipe) is False:
+            return f"pid {handle.pid} does not serve {handle.paths.pipe}"
+        return None
+
+    def _restart_in_place(self, old: DaemonHandle, why: str) -> DaemonHandle:
+        """Start the dead daemon of ``old`` again in its own directories, with its settings,
+        and record the new instance. Nothing workloads have mounted is removed or re-created:
+        only the old runner object, leftover processes, the stale socket and pid file go; a
+        directory that is missing is made, the shm is mounted again only if it is not. A failed
+        restart removes what it launched and keeps the directories (`MpsStartError`)."""
+        paths = old.paths
+        log.warning("mps daemon restarting in place daemon_id=%s: %s", old.daemon_id, why)
+        where = f"MPS control daemon {old.daemon_id} (restart in place after: {why})"
+        identity: ProcessIdentity | None = None
+        ref: str | None = None
+        try:
+            for runner in {self._runner_of(old), self.runner}:
+                runner.remove(old.daemon_id, None, self.remove_timeout_s)
+            survivors = list(processes_using_pipe(paths.pipe))
+            stuck = [p.pid for p in survivors if not kill(p, grace_s=min(1.0, self.stop_timeout_s))]
+            if stuck:
+                raise MpsStartError(f"processes {stuck} of the dead daemon do not exit")
+            for name in (PID_FILE, SOCKET):
+                with contextlib.suppress(FileNotFoundError):
+                    (paths.pipe / name).unlink()
+            for directory in (paths.root, paths.pipe, paths.log, paths.shm):
+                directory.mkdir(mode=DIR_MODE, exist_ok=True)
+            mounted = old.shm_mounted
+            if mounted and not is_mount_point(paths.shm):
+                mounted = self.shm.mount(paths.shm)
+            paths.shm.chmod(SHM_MODE)
+            self._set_exclusive(paths, old.devices)
+            deadline = time.monotonic() + self.start_timeout_s
+            launched = self.runner.launch(
+                self._command(old.settings), self._daemon_env(paths, old.devices), paths,
+                self.start_timeout_s,
+            )  # fmt: skip
+            identity, ref = launched.identity, launched.ref
+            self._wait_ready(paths, identity, deadline)
+            self.client.run_all(paths.pipe, old.settings.commands())
+            self._verify(paths, old.settings)
+            new = replace(
+                old,
+                pid=identity.pid,
+                pid_start_time=identity.start_time,
+                runner=self.runner.name,
+                runner_ref=ref or "",
+                shm_mounted=mounted,
+            )
+            self._record_instance(new)
+        except (MpsError, OSError) as error:
+            self._kill_launched(old.daemon_id, paths, identity, ref)
+            raise MpsStartError(f"{where}: {error}") from error
+        log.warning("mps daemon restarted in place daemon_id=%s pid=%d (was %d)",
+                    new.daemon_id, new.pid, old.pid)  # fmt: skip
+        return new
+
+    def _kill_launched(
+        self, daemon_id: str, paths: DaemonPaths, identity: ProcessIdentity | None, ref: str | None
+    ) -> None:
+        """After a failed restart in place: remove the runner's object and kill the processes,
+        leaving the directories (running workloads have them mounted)."""
+        try:
+            if ref is not None:
+                self.runner.remove(daemon_id, ref, self.remove_timeout_s)
+            survivors = [identity] if identity is not None and is_alive(identity) else []
+            for process in [*survivors, *processes_using_pipe(paths.pipe)]:
+                kill(process, grace_s=min(1.0, self.stop_timeout_s))
+        except MpsError as error:
+            log.error("mps cleanup after failed restart incomplete daemon_id=%s: %s",
+                      daemon_id, error)  # fmt: skip
+
+    def _record_instance(self, handle: DaemonHandle) -> None:
+        """``<root>/daemon.json`` := ``handle`` (`current_handle`), atomically."""
+        data = json.dumps(handle.to_state(), sort_keys=True).encode()
+        write_atomically(handle.root / INSTANCE_RECORD, data, mode=0o644)
+
     def _verify(self, paths: DaemonPaths, settings: MpsSettings) -> None:
         """Read the defaults back: `MpsError` when the daemon holds other values."""
+        wrong = self._differences(paths, settings)
+        if wrong:
+            raise MpsError(f"the daemon reports {'; '.join(wrong)}")
+
+    def _differences(self, paths: DaemonPaths, settings: MpsSettings) -> list[str]:
+        """The defaults the daemon reports other than ``settings``, each ``"<what> <found>,
+        not <wanted>"``; `MpsCommandError` when it does not answer."""
         wrong: list[str] = []
         percentage = self.client.active_thread_percentage(paths.pipe)
         wanted = settings.active_thread_percentage
@@ -341,14 +492,13 @@ class MpsDaemonManager:
             mib = self.client.pinned_limit_mib(paths.pipe, uuid)
             if mib != int(limit.removesuffix("M")):
                 wrong.append(f"pinned memory limit of {uuid} {mib}M, not {limit}")
-        if wrong:
-            raise MpsError(f"the daemon reports {'; '.join(wrong)}")
+        return wrong
 
     def _set_exclusive(self, paths: DaemonPaths, uuids: Sequence[str]) -> None:
         """EXCLUSIVE_PROCESS on the full GPUs of ``uuids``, each recorded before it is set (a
         GPU NVML refuses is unchanged and dropped from the record again)."""
         gpus = [uuid for uuid in uuids if is_full_gpu(uuid)]
-        if self.compute_mode is None or not gpus:
+        if self.compute_mode is None or not gpus or not self.exclusive(paths.root.name):
             return
         record = paths.root / COMPUTE_MODE_RECORD
         done: list[str] = []
@@ -362,6 +512,25 @@ class MpsDaemonManager:
             done.append(uuid)
         log.info("mps compute mode EXCLUSIVE_PROCESS set daemon_id=%s gpus=%s",
                  paths.root.name, ",".join(gpus))  # fmt: skip
+
+    def _restore_exclusive(self, paths: DaemonPaths) -> list[str]:
+        """EXCLUSIVE_PROCESS again on the GPUs ``<root>/compute-mode`` records that lost it (a
+        GPU reset, an administrator, a process allowed to change it); what was found."""
+        if self.compute_mode is None:
+            return []
+        try:
+            recorded = (paths.root / COMPUTE_MODE_RECORD).read_text().split()
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+        changed = []
+        for uuid in recorded:
+            mode = self.compute_mode.get_mode(uuid)
+            if mode != EXCLUSIVE_PROCESS:
+                log.warning("mps compute mode of %s is %s, setting EXCLUSIVE_PROCESS again",
+                            uuid, mode_name(mode))  # fmt: skip
+                self.compute_mode.set_mode(uuid, EXCLUSIVE_PROCESS)
+                changed.append(f"compute mode of {uuid} {mode_name(mode)}, not EXCLUSIVE_PROCESS")
+        return changed
 
     def _reset_compute_mode(self, paths: DaemonPaths) -> None:
         """DEFAULT on the GPUs ``<root>/compute-mode`` records (every one is tried)."""

@@ -9,7 +9,7 @@ restarted plugin: it goes into the checkpoint's per-claim ``state`` under `MPS_S
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -248,6 +248,33 @@ def claims_using(states: Mapping[str, Mapping[str, JsonValue]], daemon_id: str) 
     )
 
 
+@dataclass(frozen=True)
+class DaemonRepair:
+    """What `MpsControl.ensure` found and did to one daemon."""
+
+    handle: DaemonHandle
+    """The daemon's current instance (a new PID, start time and pod after a restart)."""
+    restarted: str | None = None
+    """Why the daemon was restarted in place (it was dead: quit, killed, its pod gone); None
+    when it was running."""
+    restored: tuple[str, ...] = ()
+    """The settings the daemon reported other than recorded, each ``"<what> <found>, not
+    <recorded>"``, set back with ``set_default_*``; empty when they held."""
+
+    @property
+    def changed(self) -> bool:
+        return self.restarted is not None or bool(self.restored)
+
+
+class DaemonObserver(Protocol):
+    """Told what `MpsControl.ensure` repaired or could not repair (the Kubernetes Events of
+    `mps.events`). Called in the manager's worker thread: return quickly."""
+
+    def daemon_repaired(self, repair: DaemonRepair) -> None: ...
+
+    def daemon_unrepaired(self, handle: DaemonHandle, reason: str) -> None: ...
+
+
 class DaemonState(StrEnum):
     READY = "Ready"
     """Running and answering; no server in FAULT."""
@@ -285,7 +312,9 @@ class MpsControl(Protocol):
     def stop(self, handle: DaemonHandle) -> None:
         """``quit`` the daemon (kill it if it does not go), unmount shm, remove its directories.
 
-        Idempotent: a handle of a daemon that is already gone only cleans up."""
+        Stops the current instance of the handle's id (after restarts in place the handle may
+        name an older one). Idempotent: a handle of a daemon that is already gone only cleans
+        up."""
         ...
 
     def status(self, handle: DaemonHandle) -> DaemonStatus:
@@ -293,9 +322,33 @@ class MpsControl(Protocol):
         ...
 
     def adopt(self, handle: DaemonHandle) -> DaemonHandle:
-        """Re-attach to a daemon started by an earlier plugin process.
+        """Re-attach to a daemon started by an earlier plugin process: its current instance
+        (see `ensure`), checked, settings read back; only queries reach the daemon.
 
         Raises `MpsDaemonGoneError` when it is not running; `stop` then cleans up."""
+        ...
+
+    def dead(self, handle: DaemonHandle) -> str | None:
+        """Why the current instance of ``handle``'s daemon is not running, or None while it
+        runs: its runner's object (pod UID), its process (PID + start time) and its environment
+        naming the pipe directory, never the pid file. The one judgement of death: supervision,
+        the health monitor and prepare's check of a prepared claim all use it. Only reads."""
+        ...
+
+    def ensure(
+        self, handle: DaemonHandle, *, on_dead: Callable[[DaemonHandle, str], None] | None = None
+    ) -> DaemonRepair:
+        """Keep the daemon of ``handle``'s id serving with its recorded settings: a dead one is
+        restarted **in place** (same id, directories, shm and settings; the directories that
+        running workloads have mounted are never removed or re-created), settings that differ
+        are set again. ``handle`` may be an older instance of the id: the current one is used.
+        ``on_dead(current, why)`` is called before a restart (the daemon is down until it
+        returns). Callers serialize it with start and stop of the id across plugin instances
+        (the node-wide ``mps-<daemon id>`` lock).
+
+        `MpsDaemonGoneError` when the daemon's directory is gone (it was stopped);
+        `MpsStartError` when a restart failed (the directories stay for the next try);
+        `MpsError` when it runs but does not answer or keeps other settings."""
         ...
 
     def leftovers(self) -> list[str]:

@@ -2,7 +2,10 @@
 
 NVIDIA's contract (``nvidia-compat.md`` §7), appended to every device of the daemon's group:
 ``CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps`` and bind mounts ``shm -> /dev/shm`` and
-``pipe -> /tmp/nvidia-mps`` (``rw,nosuid,nodev,bind``).
+``pipe -> /tmp/nvidia-mps`` (``rw,nosuid,nodev,bind``). MPS shares, whose daemon serves many
+tenants, get the pipe directory read-only (``pipe_read_only``): a tenant cannot remove, rename
+or create files in it (``EROFS``), while ``connect()`` to the daemon's socket still works
+(docs/mps.md, "The pipe directory, read-only mounts and /dev/shm").
 
 Optional per-client caps (`ClientCaps`, for MPS shares of a device) add
 ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=<UUID>=<N>M[,...]`` and ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE``.
@@ -24,6 +27,7 @@ from gpu_dra.kubelet_plugin.mps.ids import checked_device_uuid
 CONTAINER_PIPE_DIRECTORY: Final = "/tmp/nvidia-mps"
 CONTAINER_SHM: Final = "/dev/shm"
 MOUNT_OPTIONS: Final = ("rw", "nosuid", "nodev", "bind")
+READ_ONLY_MOUNT_OPTIONS: Final = ("ro", "nosuid", "nodev", "bind")
 
 
 @dataclass(frozen=True)
@@ -51,13 +55,20 @@ class ClientCaps:
         return result
 
 
-def workload_edits(paths: DaemonPaths, caps: ClientCaps | None = None) -> ContainerEdits:
-    """The edits for each CDI device served by the daemon at ``paths``."""
+def workload_edits(
+    paths: DaemonPaths, caps: ClientCaps | None = None, *, pipe_read_only: bool = False
+) -> ContainerEdits:
+    """The edits for each CDI device served by the daemon at ``paths``; ``pipe_read_only``
+    mounts the pipe directory read-only (MPS shares)."""
     env = {"CUDA_MPS_PIPE_DIRECTORY": CONTAINER_PIPE_DIRECTORY}
     if caps is not None:
         env.update(caps.env())
     mounts = (
         Mount(str(paths.shm), CONTAINER_SHM, MOUNT_OPTIONS),
-        Mount(str(paths.pipe), CONTAINER_PIPE_DIRECTORY, MOUNT_OPTIONS),
+        Mount(
+            str(paths.pipe),
+            CONTAINER_PIPE_DIRECTORY,
+            READ_ONLY_MOUNT_OPTIONS if pipe_read_only else MOUNT_OPTIONS,
+        ),
     )
     return ContainerEdits(env=env, mounts=mounts)

@@ -3,8 +3,10 @@
 `ProcessRunner` runs ``<binary> -d`` on the host. ``-d`` daemonizes: the program forks a daemon
 that leaves the caller's session and returns, so the daemon does not die with the plugin (nor
 with the plugin's process group or session); it writes its PID to
-``<pipe>/nvidia-cuda-mps-control.pid``. The plugin finds it again by that PID plus the
-process's start time, so a PID reused after the daemon's death is never mistaken for it.
+``<pipe>/nvidia-cuda-mps-control.pid``. The plugin reads that file once, at start, and takes
+the PID only if that process's environment names the pipe directory (`serves_pipe`); from then
+on it knows the daemon by PID plus start time (a PID reused after the daemon's death is never
+mistaken for it) and never trusts the pid file again: workloads see the pipe directory.
 
 In production the daemon runs as a pod on the node instead (:mod:`.pod`, ``PodRunner``): it
 then outlives plugin upgrades and is visible to operators. The pod shares the host's PID
@@ -56,6 +58,19 @@ def start_time(pid: int) -> int | None:
 
 def is_alive(identity: ProcessIdentity) -> bool:
     return start_time(identity.pid) == identity.start_time
+
+
+def serves_pipe(pid: int, pipe_dir: Path) -> bool | None:
+    """Whether process ``pid`` has ``CUDA_MPS_PIPE_DIRECTORY=<pipe_dir>`` in its environment
+    (the daemon and its servers do); None when its environment cannot be read."""
+    needle = f"CUDA_MPS_PIPE_DIRECTORY={pipe_dir}".encode()
+    try:
+        environ = (PROC / str(pid) / "environ").read_bytes()
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    except OSError:
+        return None
+    return needle in environ.split(b"\0")
 
 
 def read_pid_file(pipe_dir: Path) -> int | None:
@@ -116,23 +131,33 @@ def wait_for_daemon_pid(
     timeout_s: float,
     failed: Callable[[], str | None] = lambda: None,
 ) -> ProcessIdentity:
-    """The daemon's identity once its PID file names a live process; `MpsStartError` when the
-    named process is gone, when ``failed()`` says why the start failed, or at the deadline."""
+    """The daemon's identity once its PID file names a live process that serves the pipe
+    directory (`serves_pipe`; a PID file naming any other process is not believed);
+    `MpsStartError` when the named process is gone, when ``failed()`` says why the start
+    failed, or at the deadline."""
     delay = 0.005
+    foreign: int | None = None
     while True:
         pid = read_pid_file(paths.pipe)
         started = start_time(pid) if pid is not None else None
         if pid is not None and started is not None:
-            return ProcessIdentity(pid, started)
-        if pid is not None:
+            if serves_pipe(pid, paths.pipe) is not False:
+                return ProcessIdentity(pid, started)
+            foreign = pid
+        elif pid is not None:
             raise MpsStartError(f"the MPS control daemon (pid {pid}) exited right after start")
         why = failed()
         if why is not None:
             raise MpsStartError(why)
         if time.monotonic() >= deadline:
+            other = (
+                f" (it names pid {foreign}, which does not serve {paths.pipe})"
+                if foreign is not None
+                else ""
+            )
             raise MpsStartError(
                 f"the MPS control daemon wrote no live PID to {paths.pipe / PID_FILE} "
-                f"within {timeout_s}s"
+                f"within {timeout_s}s{other}"
             )
         time.sleep(delay)
         delay = min(delay * 2, 0.1)

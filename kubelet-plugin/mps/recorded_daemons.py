@@ -38,14 +38,28 @@ def claim_handles(
     return [h for h in handles if is_shared_daemon(h.daemon_id) == shared]
 
 
-def dead_daemons(entry: CheckpointEntry, *, shared: bool) -> list[str]:
-    """The daemons of one kind ``entry`` records whose process is gone, one phrase each; raises
-    `MpsError` when the record is unusable."""
-    return [
-        f"MPS control daemon {h.daemon_id} (pid {h.pid}) is not running"
-        for h in claim_handles(entry, {}, shared=shared)
-        if not is_alive(ProcessIdentity(h.pid, h.pid_start_time))
-    ]
+def dead_daemons(
+    mps: MpsControl | None, entry: CheckpointEntry, *, shared: bool
+) -> list[tuple[DaemonHandle, str]]:
+    """The daemons of one kind ``entry`` records that are not running, with why: the current
+    instance of each (a restart in place leaves the claim's record naming the instance it
+    joined) as `MpsControl.dead` judges it; without a manager, by the recorded process alone.
+    Raises `MpsError` when the record is unusable."""
+    dead: list[tuple[DaemonHandle, str]] = []
+    for handle in claim_handles(entry, {}, shared=shared):
+        if mps is not None:
+            why = mps.dead(handle)
+        elif not is_alive(ProcessIdentity(handle.pid, handle.pid_start_time)):
+            why = f"pid {handle.pid} is gone"
+        else:
+            why = None
+        if why is not None:
+            dead.append((handle, why))
+    return dead
+
+
+def dead_phrase(handle: DaemonHandle, why: str) -> str:
+    return f"MPS control daemon {handle.daemon_id} is not running ({why})"
 
 
 def adopt_daemons(mps: MpsControl | None, entry: CheckpointEntry, *, shared: bool) -> None:

@@ -5,26 +5,33 @@ A result on a GPU offered as shares (``--mps-shares``) is a **share** when it co
 the whole GPU in ``memory`` or ``compute``; one that consumed all of both holds the GPU and is
 prepared as any whole GPU. A share needs a config with ``sharing.strategy: MPS`` and no
 ``mpsConfig`` fields, at most the largest share allowed, one per GPU and claim. Its CDI devices
-get the daemon's pipe and shm and the share's caps as client environment; its record keeps the
+get the daemon's pipe (read-only: the daemon serves other tenants) and shm and the share's caps
+as client environment, plus - where the driver enforces it (`memory_limits`) - its memory as
+``NVIDIA_GPU_MEMORY_LIMIT``/``_REQUEST`` and the ``apply-cuda-memory-limits`` hook, which caps
+each container's cgroup; its record keeps the
 daemon's handle and the share (`SHARES_STATE_KEY`). See docs/mps.md, "MPS shares".
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from gpu_dra.driver.config import ConfigGroup, mps_config
 from gpu_dra.driver.model import Gpu
 from gpu_dra.driver.shares import ShareError, ceiling, consumed_share, is_partial
+from gpu_dra.kubelet_plugin.cdi import ClaimSpecStore, ContainerEdits
 from gpu_dra.kubelet_plugin.checkpoint import CheckpointEntry, JsonValue
 from gpu_dra.kubelet_plugin.claim_records import ClaimRecords
 from gpu_dra.kubelet_plugin.mps.daemon_model import MPS_STATE_KEY, MpsControl, MpsError
 from gpu_dra.kubelet_plugin.mps.edits import workload_edits
+from gpu_dra.kubelet_plugin.mps.memory_limits import Enforcement, MemoryLimitSupport, ShareMemory
 from gpu_dra.kubelet_plugin.mps.recorded_daemons import (
     adopt_daemons,
     claim_handles,
     dead_daemons,
+    dead_phrase,
     remove_unrecorded,
 )
 from gpu_dra.kubelet_plugin.mps.shared_daemons import SHARES_STATE_KEY, PlannedShare, SharedDaemons
@@ -40,6 +47,11 @@ from gpu_dra.kubelet_plugin.tier import (
     TierPlan,
 )
 
+log = logging.getLogger(__name__)
+
+MEMORY_ENFORCEMENT_KEY = "memoryEnforcement"
+"""Key of a share's record (`SHARES_STATE_KEY`) naming its `memory_limits.Enforcement`."""
+
 
 @dataclass(frozen=True)
 class SharePlan(TierPlan):
@@ -47,6 +59,7 @@ class SharePlan(TierPlan):
 
     shares: tuple[PlannedShare, ...]
     shared: SharedDaemons | None
+    memory: ShareMemory | None = None
 
     @property
     def devices(self) -> frozenset[str]:
@@ -60,14 +73,39 @@ class SharePlan(TierPlan):
 
     def apply(self, run: PrepareRun) -> None:
         """Join each share's GPU daemon; its handle is recorded before others could stop it."""
+        support = self.memory.support if self.memory is not None else MemoryLimitSupport()
+        states: dict[str, JsonValue] = {}
         for share in self.shares:
             assert self.shared is not None  # checked in plan
             handle = self.shared.join(
                 run.claim.uid, share, lambda joined: run.append(MPS_STATE_KEY, joined.to_state())
             )
-            run.edits[share.device_name] = workload_edits(handle.paths, share.caps())
+            mps = workload_edits(handle.paths, share.caps(), pipe_read_only=True)
+            uuid, mib = share.gpu.uuid, share.size.memory_mib
+            limit = support.edits(uuid, mib)
+            run.edits[share.device_name] = ContainerEdits(
+                env={**mps.env, **limit.env}, mounts=mps.mounts, hooks=limit.hooks
+            )
+            enforcement = support.enforcement(uuid)
+            states[share.device_name] = {
+                **share.to_state(),
+                MEMORY_ENFORCEMENT_KEY: enforcement.value,
+            }
+            message = (
+                f"MPS share of {uuid} ({mib} MiB, {share.size.compute_percent} % compute): "
+                f"memory capped per container by the driver ({support.why(uuid)}), and per "
+                "CUDA process by MPS"
+                if enforcement is Enforcement.DRIVER
+                else f"MPS share of {uuid} ({mib} MiB, {share.size.compute_percent} % "
+                f"compute): memory capped per CUDA process by MPS only, which a process can "
+                f"escape; not by the driver: {support.why(uuid)}"
+            )
+            log.info("mps share claim_uid=%s device=%s memory_enforcement=%s: %s",
+                     run.claim.uid, share.device_name, enforcement.value, message)  # fmt: skip
+            if self.memory is not None and self.memory.report is not None:
+                self.memory.report(run.claim, message)
         if self.shares:
-            run.completed[SHARES_STATE_KEY] = {s.device_name: s.to_state() for s in self.shares}
+            run.completed[SHARES_STATE_KEY] = states
 
 
 class MpsShareTier(Tier):
@@ -82,9 +120,16 @@ class MpsShareTier(Tier):
         node_name: str,
         max_percent: int,
         locks: NodeLocks | None = None,
+        memory: ShareMemory | None = None,
+        cdi: ClaimSpecStore | None = None,
     ) -> None:
-        """``locks``: the node's locks, when other plugin instances may share the daemons."""
+        """``locks``: the node's locks, when other plugin instances may share the daemons.
+        ``memory``: which GPUs' shares the driver caps per container (the hook), and where
+        each share's enforcement is reported; None: no GPU. ``cdi``: the claims' specs, whose
+        pipe mounts an older plugin wrote read-write are made read-only (`adopt`, `missing`)."""
+        self._cdi = cdi
         self._mps = mps
+        self._memory = memory
         self._inventory = inventory
         self._node = node_name
         self._max_percent = max_percent
@@ -108,7 +153,7 @@ class MpsShareTier(Tier):
                 f"node {self._node}: the plugin has no MPS control daemon manager (see its "
                 "start-up log)"
             )
-        return SharePlan(tuple(shares), self._shared)
+        return SharePlan(tuple(shares), self._shared, self._memory)
 
     def undo(
         self, claim_uid: str, entry: CheckpointEntry | None, pending: Mapping[str, JsonValue]
@@ -125,10 +170,45 @@ class MpsShareTier(Tier):
             self._shared.release(claim_uid, handle)
 
     def missing(self, entry: CheckpointEntry) -> list[str]:
-        return dead_daemons(entry, shared=True)
+        """A dead shared daemon is restarted in place (`SharedDaemons.ensure`: the other
+        shares have its directories mounted); missing only when that fails. A pipe mount an
+        older plugin wrote read-write is made read-only first (`read_only_pipes`)."""
+        self.read_only_pipes(entry)
+        lost = []
+        for handle, why in dead_daemons(self._mps, entry, shared=True):
+            assert self._shared is not None  # dead_daemons judged it with the manager
+            try:
+                self._shared.ensure(handle)
+            except MpsError as error:
+                lost.append(f"{dead_phrase(handle, why)} and was not restarted: {error}")
+        return lost
 
     def adopt(self, entry: CheckpointEntry) -> None:
+        self.read_only_pipes(entry)
         adopt_daemons(self._mps, entry, shared=True)
+
+    def read_only_pipes(self, entry: CheckpointEntry) -> list[str]:
+        """Make the shared daemons' pipe directories read-only in the claim's CDI spec (a
+        plugin before containment mounted them read-write): the containers created from now
+        on cannot remove, replace or create files in them. What was changed."""
+        if self._cdi is None:
+            return []
+        try:
+            pipes = {str(h.paths.pipe) for h in claim_handles(entry, {}, shared=True)}
+        except MpsError as error:
+            log.error("mps state of claim_uid=%s unusable: %s", entry.uid, error)
+            return []
+        if not pipes:
+            return []
+        changed = self._cdi.make_mounts_read_only(entry.uid, pipes)
+        if changed:
+            log.warning(
+                "mps share pipe mounted read-write by an older plugin, now read-only for new "
+                "containers claim_uid=%s: %s",
+                entry.uid,
+                ", ".join(changed),
+            )
+        return changed
 
     def sweep(self, entries: Mapping[str, CheckpointEntry]) -> None:
         if self._mps is not None:

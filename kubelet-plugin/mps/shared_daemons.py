@@ -4,10 +4,11 @@ The shares of a GPU join ONE control daemon, id `shared_daemon_id(UUID)`, starte
 share with the largest share allowed (``--mps-share-max-percent``) as its defaults. Each claim
 records the daemon's handle (state ``mpsDaemons``) and its share (`SHARES_STATE_KEY`); the
 daemon's reference count is the set of claims recording it (`claims_using`), so it cannot drift
-from the claims across crashes. `SharedDaemons.join` and `release` run under the daemon's lock
-(node-wide with `NodeLocks`: two plugin instances share the daemons during a rolling update), and
-join records the claim before letting it go, so a release never stops a daemon a join is
-handing out. See docs/mps.md, "MPS shares".
+from the claims across crashes. A join finds a dead daemon restarted in place and changed
+settings restored (`MpsControl.ensure`). `SharedDaemons.join` and `release` run under the
+daemon's lock (node-wide with `NodeLocks`: two plugin instances share the daemons during a
+rolling update), and join records the claim before letting it go, so a release never stops a
+daemon a join is handing out. See docs/mps.md, "MPS shares".
 """
 
 from __future__ import annotations
@@ -25,10 +26,12 @@ from gpu_dra.kubelet_plugin.checkpoint import JsonObject, JsonValue
 from gpu_dra.kubelet_plugin.claim_records import ClaimRecords
 from gpu_dra.kubelet_plugin.mps.daemon_model import (
     DaemonHandle,
+    DaemonRepair,
     MpsControl,
     MpsDaemonGoneError,
     MpsError,
     MpsSettings,
+    MpsStartError,
     claims_using,
     handles_from_state,
 )
@@ -155,6 +158,12 @@ class SharedDaemons:
             record(handle)
             return handle
 
+    def ensure(self, handle: DaemonHandle) -> DaemonRepair:
+        """`MpsControl.ensure` of ``handle``'s daemon under its lock (node-wide too): a dead one
+        is restarted in place, changed settings are set back."""
+        with self._lock(handle.daemon_id):
+            return self._mps.ensure(handle)
+
     def release(self, claim_uid: str, handle: DaemonHandle) -> None:
         """Stop the shared daemon of ``handle`` unless a claim other than ``claim_uid`` still
         records it; idempotent."""
@@ -176,21 +185,30 @@ class SharedDaemons:
         return claims_using(states, daemon_id)
 
     def _running(self, claim_uid: str, daemon_id: str) -> DaemonHandle | None:
-        """A live handle of ``daemon_id`` that another claim records, or None (then a new
-        daemon is to be started; a dead one's leftovers go with that start)."""
-        for uid, entry in self._records.all().items():
-            if uid == claim_uid:
-                continue
-            for handle in handles_from_state(entry.state):
-                if handle.daemon_id != daemon_id:
-                    continue
-                try:
-                    return self._mps.adopt(handle)
-                except MpsDaemonGoneError:
-                    continue
-                except MpsError as error:
-                    raise MpsError(
-                        f"the MPS daemon {daemon_id} that serves this GPU's shares does not "
-                        f"answer ({error}); new shares wait until it does"
-                    ) from error
-        return None
+        """The running daemon of ``daemon_id`` when another claim records it - restarted in
+        place if it died, its settings restored if a client changed them (`MpsControl.ensure`:
+        the directories the other claims' containers have mounted stay) - or None when no
+        other claim records it (then a new daemon is started)."""
+        recorded = [
+            handle
+            for uid, entry in self._records.all().items()
+            if uid != claim_uid
+            for handle in handles_from_state(entry.state)
+            if handle.daemon_id == daemon_id
+        ]
+        if not recorded:
+            return None
+        try:
+            return self._mps.ensure(recorded[-1]).handle  # any handle: its current instance
+        except MpsDaemonGoneError:
+            return None  # its directory is gone: nothing of it is mounted any more
+        except MpsStartError as error:
+            raise MpsError(
+                f"the MPS daemon {daemon_id} that serves this GPU's shares died and could not "
+                f"be restarted ({error}); new shares wait until it is"
+            ) from error
+        except MpsError as error:
+            raise MpsError(
+                f"the MPS daemon {daemon_id} that serves this GPU's shares does not answer "
+                f"({error}); new shares wait until it does"
+            ) from error

@@ -294,3 +294,33 @@ def test_compute_mode_calls_need_init():
         nvml.device_set_compute_mode(handle, pynvml.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS)
     with pytest.raises(pynvml.NVMLError_Uninitialized):
         nvml.device_get_compute_mode(handle)
+
+
+def test_memory_limits_per_cgroup_are_a_function_of_the_615_branch():
+    old = _nvml()  # driver 580.95.05: the library has no nvmlDeviceGetMemoryLimits_v1
+    with pytest.raises(pynvml.NVMLError_FunctionNotFound):
+        old.device_get_memory_limits(old.device_get_handle_by_index(0), "/sys/fs/cgroup/x")
+    new = SimulatedNvml(
+        parse_profile(
+            {
+                "driverVersion": "615.71.09",
+                "cudaDriverVersion": 13040,
+                "gpus": [{"model": "H100-SXM5-80GB", "busId": "00000000:1B:00.0"}],
+            },
+            name="r615",
+            node_name="node-a",
+        )
+    )
+    new.init()
+    handle = new.device_get_handle_by_index(0)
+    with pytest.raises(pynvml.NVMLError_NotFound):  # no limit set for that cgroup
+        new.device_get_memory_limits(handle, "/sys/fs/cgroup/kubepods.slice")
+    with pytest.raises(pynvml.NVMLError_InvalidArgument):
+        new.device_get_memory_limits(handle, "kubepods.slice")
+
+
+def test_memory_limits_of_a_mig_device_are_not_supported():
+    nvml = _nvml("hgx-h100-mig")
+    mig = nvml.device_get_mig_device_handle_by_index(nvml.device_get_handle_by_index(0), 0)
+    with pytest.raises(pynvml.NVMLError_NotSupported):
+        nvml.device_get_memory_limits(mig, "/sys/fs/cgroup/x")

@@ -241,6 +241,25 @@ def test_failed_write_leaves_the_previous_spec_in_place(tmp_path: Path) -> None:
     assert [p.name for p in tmp_path.iterdir()] == [path.name]
 
 
+def test_mounts_of_given_host_paths_are_made_read_only_and_nothing_else(tmp_path: Path) -> None:
+    store = ClaimSpecStore(tmp_path)
+    shared = ContainerEdits(mounts=(Mount("/run/mps/claim", "/common", options=("rw",)),))
+    store.write(UID, [GPU0, MIG], common_edits=shared)
+    assert store.make_mounts_read_only(OTHER_UID, ["/run/mps/claim"]) == []  # no spec
+
+    changed = store.make_mounts_read_only(UID, ["/run/mps/claim"])
+
+    assert changed == ["common: /common", f"{UID}-gpu-0: /mps"]
+    spec = yaml.safe_load(store.path_for(UID).read_text())
+    assert spec["containerEdits"]["mounts"][0]["options"] == ["ro"]
+    assert spec["devices"][0]["containerEdits"]["mounts"][0]["options"] == ["ro", "bind"]
+    assert spec["devices"][1] == build_claim_spec(UID, [GPU0, MIG])["devices"][1]
+    before = store.path_for(UID).read_bytes()
+    assert store.make_mounts_read_only(UID, ["/run/mps/claim"]) == []  # nothing left to do
+    assert store.make_mounts_read_only(UID, ["/elsewhere"]) == []
+    assert store.path_for(UID).read_bytes() == before
+
+
 def test_remove_is_idempotent(tmp_path: Path) -> None:
     store = ClaimSpecStore(tmp_path)
     store.write(UID, [GPU0])

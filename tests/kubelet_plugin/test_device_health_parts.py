@@ -1,12 +1,14 @@
-"""The health monitor's edges: MPS share daemon liveness from the checkpoint, the simulated
-node's event inbox, the settings, and the runtime the plugin starts (inbox file -> taints)."""
+"""The health monitor's edges: MPS share daemon liveness (the supervisor's verdicts), the
+simulated node's event inbox, the settings, and the runtime the plugin starts (inbox file ->
+taints; a share daemon down while it is restarted -> a taint, cleared when it is back)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import pytest
@@ -21,23 +23,27 @@ from gpu_dra.driver.nvml.interface import (
 from gpu_dra.driver.nvml.simulated import SimulatedHost
 from gpu_dra.driver.resourceapi import DeviceTaint
 from gpu_dra.driver.shares import ShareSelection
-from gpu_dra.kubelet_plugin.checkpoint import Checkpoint, CheckpointEntry, ClaimPhase
+from gpu_dra.kubelet_plugin.checkpoint import (
+    Checkpoint,
+    CheckpointEntry,
+    CheckpointError,
+    ClaimPhase,
+)
 from gpu_dra.kubelet_plugin.device_health.inbox import (
     SIMULATED_EVENTS_DIR,
     SimulatedEventInbox,
     write_event,
 )
-from gpu_dra.kubelet_plugin.device_health.mps import SharedDaemonLiveness
 from gpu_dra.kubelet_plugin.device_health.runtime import health_runtime, health_services
 from gpu_dra.kubelet_plugin.mps import (
     DaemonHandle,
-    DaemonState,
-    DaemonStatus,
+    DaemonRepair,
     MpsSettings,
     claim_daemon_id,
     shared_daemon_id,
 )
 from gpu_dra.kubelet_plugin.mps.daemon_model import handles_to_state
+from gpu_dra.kubelet_plugin.mps.supervisor import DaemonSupervisor
 from gpu_dra.kubelet_plugin.node_devices import NodeInventory
 from gpu_dra.kubelet_plugin.prepare_protocol import ClaimRef
 from gpu_dra.kubelet_plugin.settings import KubeletPluginSettings
@@ -72,20 +78,34 @@ def entry(uid: str, handles: Sequence[DaemonHandle], phase: ClaimPhase) -> Check
 
 
 class Daemons:
-    """Entries and statuses the test sets."""
+    """Entries and verdicts the test sets: the `MpsControl` calls a read-only supervisor makes."""
 
     def __init__(self) -> None:
         self.entries: dict[str, CheckpointEntry] = {}
-        self.states: dict[str, DaemonState] = {}
+        self.dead_ids: set[str] = set()
+        self.asked: list[str] = []
 
     def all(self) -> Mapping[str, CheckpointEntry]:
         return dict(self.entries)
 
-    def status(self, daemon: DaemonHandle) -> DaemonStatus:
-        state = self.states.get(daemon.daemon_id, DaemonState.READY)
-        return DaemonStatus(
-            state, f"pod of {daemon.daemon_id} is gone" if state is DaemonState.DEAD else ""
-        )
+    def dead(self, daemon: DaemonHandle) -> str | None:
+        self.asked.append(daemon.daemon_id)
+        if daemon.daemon_id in self.dead_ids:
+            return f"pod of {daemon.daemon_id} (pid {daemon.pid}) is gone"
+        return None
+
+    def ensure(self, daemon: DaemonHandle, **_: object) -> DaemonRepair:
+        raise AssertionError("a read-only supervisor repairs nothing")
+
+
+def watching(daemons: Daemons) -> DaemonSupervisor:
+    """A supervisor that only reads (supervision off, or another instance publishes)."""
+    return DaemonSupervisor(
+        daemons,  # type: ignore[arg-type]
+        daemons.all,
+        interval_s=10,
+        repair=lambda: False,
+    )
 
 
 def test_a_share_daemon_dead_in_two_checks_in_a_row_is_reported() -> None:
@@ -95,17 +115,22 @@ def test_a_share_daemon_dead_in_two_checks_in_a_row_is_reported() -> None:
         UID_A: entry(UID_A, [shared], ClaimPhase.PREPARE_COMPLETED),
         UID_B: entry(UID_B, [shared], ClaimPhase.PREPARE_COMPLETED),
     }
-    liveness = SharedDaemonLiveness(daemons.all, daemons.status)
+    liveness = watching(daemons)
+    liveness.check()
     assert liveness.dead_shared_daemons() == {}
-    daemons.states[shared.daemon_id] = DaemonState.DEAD
+    daemons.dead_ids.add(shared.daemon_id)
+    liveness.check()
     assert liveness.dead_shared_daemons() == {}  # once may be an unprepare under way
+    liveness.check()
     reported = liveness.dead_shared_daemons()
-    assert reported == {GPU0: f"{shared.daemon_id}: pod of {shared.daemon_id} is gone"}
-    daemons.states[shared.daemon_id] = DaemonState.READY
+    assert reported == {GPU0: f"{shared.daemon_id}: pod of {shared.daemon_id} (pid 42) is gone"}
+    assert daemons.asked == [shared.daemon_id] * 3  # one probe per daemon and pass
+    daemons.dead_ids.clear()
+    liveness.check()
     assert liveness.dead_shared_daemons() == {}
 
 
-def test_per_claim_daemons_unfinished_prepares_and_answering_daemons_are_not_reported() -> None:
+def test_per_claim_daemons_and_unfinished_prepares_are_not_reported_to_health() -> None:
     daemons = Daemons()
     own = handle(claim_daemon_id(UID_A, [GPU0]), 7)
     starting = handle(shared_daemon_id(GPU0), 8)
@@ -113,24 +138,24 @@ def test_per_claim_daemons_unfinished_prepares_and_answering_daemons_are_not_rep
         UID_A: entry(UID_A, [own], ClaimPhase.PREPARE_COMPLETED),
         UID_B: entry(UID_B, [starting], ClaimPhase.PREPARE_STARTED),
     }
-    daemons.states = {own.daemon_id: DaemonState.DEAD, starting.daemon_id: DaemonState.DEAD}
-    liveness = SharedDaemonLiveness(daemons.all, daemons.status)
+    daemons.dead_ids = {own.daemon_id, starting.daemon_id}
+    liveness = watching(daemons)
+    for _ in range(3):
+        liveness.check()
     assert liveness.dead_shared_daemons() == {}
-    assert liveness.dead_shared_daemons() == {}
-    daemons.states = {starting.daemon_id: DaemonState.UNRESPONSIVE}
-    daemons.entries[UID_B] = entry(UID_B, [starting], ClaimPhase.PREPARE_COMPLETED)
-    assert liveness.dead_shared_daemons() == {}
-    assert liveness.dead_shared_daemons() == {}
+    assert set(liveness.down()) == {own.daemon_id}  # supervised, but not a share device's
+    assert starting.daemon_id not in daemons.asked  # a prepare under way owns its daemon
 
 
-def test_a_restarted_daemon_is_a_new_daemon() -> None:
+def test_a_different_verdict_is_a_new_death() -> None:
     daemons = Daemons()
     daemon_id = shared_daemon_id(GPU0)
     daemons.entries = {UID_A: entry(UID_A, [handle(daemon_id, 42)], ClaimPhase.PREPARE_COMPLETED)}
-    daemons.states[daemon_id] = DaemonState.DEAD
-    liveness = SharedDaemonLiveness(daemons.all, daemons.status)
-    liveness.dead_shared_daemons()
+    daemons.dead_ids.add(daemon_id)
+    liveness = watching(daemons)
+    liveness.check()
     daemons.entries = {UID_A: entry(UID_A, [handle(daemon_id, 43)], ClaimPhase.PREPARE_COMPLETED)}
+    liveness.check()
     assert liveness.dead_shared_daemons() == {}  # pid 43 was seen dead once only
 
 
@@ -138,7 +163,15 @@ def test_an_unreadable_checkpoint_is_an_error_not_all_alive(tmp_path: Path) -> N
     checkpoint = Checkpoint(tmp_path)
     checkpoint.load()
     (tmp_path / "gpu-dra-checkpoint.json").write_text("{not json")
-    liveness = SharedDaemonLiveness(checkpoint.all, Daemons().status)
+    daemons = Daemons()
+    liveness = DaemonSupervisor(
+        daemons,  # type: ignore[arg-type]
+        checkpoint.all,
+        interval_s=10,
+        repair=lambda: False,
+    )
+    with pytest.raises(CheckpointError):
+        liveness.check()
     with pytest.raises(RuntimeError, match="cannot read the checkpoint"):
         liveness.dead_shared_daemons()
 
@@ -299,9 +332,7 @@ def inventory_of(profile: str, shares: str = "none") -> tuple[SimulatedHost, Nod
 def test_no_runtime_when_the_monitor_is_off(tmp_path: Path) -> None:
     host, inventory = inventory_of("t4")
     settings = parse("--simulate=t4", f"--data-dir={tmp_path}")
-    runtime = health_runtime(
-        settings, host.nvml, inventory, checkpoint=Checkpoint(tmp_path), mps=None, republish=print
-    )
+    runtime = health_runtime(settings, host.nvml, inventory, supervisor=None, republish=print)
     assert runtime is None
     assert health_services(runtime) == ()
 
@@ -316,8 +347,7 @@ def test_an_inbox_file_reaches_the_republished_taints_and_recovery_clears_them(
         settings,
         host.nvml,
         inventory,
-        checkpoint=Checkpoint(tmp_path),
-        mps=None,
+        supervisor=None,
         republish=published.append,
     )
     assert runtime is not None
@@ -345,3 +375,73 @@ def test_an_inbox_file_reaches_the_republished_taints_and_recovery_clears_them(
 
     asyncio.run(scenario())
     assert json.dumps([dict(p) for p in published])  # plain JSON values, ready for the API
+
+
+class RestartingDaemons(Daemons):
+    """A repairing supervisor's `MpsControl`: each daemon in `dead_ids` is found dead and
+    restarted, the restart held until `restarted` is set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.restarted = threading.Event()
+
+    def ensure(
+        self, daemon: DaemonHandle, *, on_dead: Callable[[DaemonHandle, str], None] | None = None
+    ) -> DaemonRepair:
+        if daemon.daemon_id not in self.dead_ids:
+            return DaemonRepair(daemon)
+        why = f"pod of {daemon.daemon_id} is gone"
+        if on_dead is not None:
+            on_dead(daemon, why)
+        assert self.restarted.wait(10)
+        self.dead_ids.discard(daemon.daemon_id)
+        return DaemonRepair(daemon, restarted=why)
+
+
+def test_a_share_daemon_is_tainted_while_it_is_restarted_and_untainted_once_it_runs(
+    tmp_path: Path,
+) -> None:
+    host, inventory = inventory_of("hgx-h100", "7")
+    settings = parse("--simulate=hgx-h100", f"--data-dir={tmp_path}", "--health-monitor")
+    [gpu] = inventory.mps_shares
+    shared = handle(shared_daemon_id(gpu.uuid), 42, devices=(gpu.uuid,))
+    daemons = RestartingDaemons()
+    daemons.entries = {UID_A: entry(UID_A, [shared], ClaimPhase.PREPARE_COMPLETED)}
+    supervisor = DaemonSupervisor(
+        daemons,  # type: ignore[arg-type]
+        daemons.all,
+        interval_s=10,
+        repair=lambda: True,
+    )
+    published: list[Mapping[str, Sequence[DeviceTaint]]] = []
+    runtime = health_runtime(
+        settings, host.nvml, inventory, supervisor=supervisor, republish=published.append
+    )
+    assert runtime is not None
+    [share_device] = [
+        scope.name for scope in inventory.health_scopes() if scope.gpu_uuid == gpu.uuid
+    ]
+
+    async def until(condition: Callable[[], bool], what: str) -> None:
+        deadline = time.monotonic() + 5  # well below the monitor's 10 s MPS interval
+        while not condition():
+            assert time.monotonic() < deadline, what
+            await asyncio.sleep(0.02)
+
+    def keys() -> list[str]:
+        return [t["key"] for t in published[-1].get(share_device, ())] if published else []
+
+    async def scenario() -> None:
+        runtime.start()
+        await runtime.monitor.started()
+        supervisor.check()  # every daemon runs
+        daemons.dead_ids.add(shared.daemon_id)
+        passing = asyncio.create_task(asyncio.to_thread(supervisor.check))
+        await until(lambda: keys() == ["gpu.nvidia.com/mps-daemon"], "tainted while down")
+        daemons.restarted.set()
+        [repair] = await passing
+        assert repair.restarted == f"pod of {shared.daemon_id} is gone"
+        await until(lambda: keys() == [], "untainted once restarted")
+        await runtime.close()
+
+    asyncio.run(scenario())

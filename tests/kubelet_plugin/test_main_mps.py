@@ -1,6 +1,7 @@
 """The plugin's composition root builds the MPS daemon manager the settings ask for: the runner
-(host process or pod, with the pod's namespace, node and image) and the compute-mode control
-(only with --mps-exclusive-compute-mode)."""
+(host process or pod, with the pod's namespace, node and image), the compute-mode control
+(--mps-exclusive-compute-mode), its Events, and the daemon supervision: who repairs, who only
+watches for the health monitor."""
 
 from __future__ import annotations
 
@@ -12,10 +13,32 @@ import pytest
 from kubernetes.client import ApiClient
 
 from gpu_dra.driver.nvml.simulated import SimulatedHost
-from gpu_dra.kubelet_plugin.mps import NvmlComputeMode, PodRunner, ProcessRunner
+from gpu_dra.kubelet_plugin.checkpoint import Checkpoint
+from gpu_dra.kubelet_plugin.instances import InstanceRegistry
+from gpu_dra.kubelet_plugin.mps import (
+    NvmlComputeMode,
+    PodRunner,
+    ProcessRunner,
+    claim_daemon_id,
+    shared_daemon_id,
+)
+from gpu_dra.kubelet_plugin.mps.events import MpsEvents
+from gpu_dra.kubelet_plugin.mps.supervisor import DaemonSupervisor
 from gpu_dra.kubelet_plugin.settings import KubeletPluginSettings
-from gpu_dra.kubelet_plugin.startup import mps_manager
+from gpu_dra.kubelet_plugin.startup import (
+    HEALTH_MPS_INTERVAL_S,
+    discover,
+    mps_manager,
+    mps_supervisor,
+    node_inventory,
+    share_memory,
+)
 from tests.doubles.mps_helpers import DOUBLE_BINARY, scratch_root
+from tests.fakes.claim_reader import InMemoryClaimReader
+from tests.fakes.event_api import RecordingEventApi
+
+CLAIM = "0f6c2c6e-8a3c-4d0e-9a63-8e2b5e0c1d11"
+GPU = "GPU-11111111-2222-3333-4444-555555555555"
 
 
 @pytest.fixture
@@ -38,7 +61,7 @@ def settings(data_dir: Path, *flags: str) -> KubeletPluginSettings:
     )
 
 
-def test_the_default_runs_daemons_as_host_processes_and_leaves_compute_modes(
+def test_the_default_runs_daemons_as_host_processes_exclusive_on_share_gpus_only(
     data_dir: Path,
 ) -> None:
     host = SimulatedHost.load("hgx-h100", "node-a")
@@ -46,7 +69,9 @@ def test_the_default_runs_daemons_as_host_processes_and_leaves_compute_modes(
 
     assert manager is not None
     assert isinstance(manager.runner, ProcessRunner)
-    assert manager.compute_mode is None
+    assert isinstance(manager.compute_mode, NvmlComputeMode)
+    assert manager.exclusive(shared_daemon_id(GPU))
+    assert not manager.exclusive(claim_daemon_id(CLAIM, [GPU]))
     # Daemon pods of an earlier --mps-daemon-runner=pod are still found and stopped.
     assert isinstance(manager.runners["pod"], PodRunner)
 
@@ -73,4 +98,96 @@ def test_the_pod_runner_gets_its_namespace_node_and_image(data_dir: Path) -> Non
     )
     assert runner.driver_root == Path("/run/nvidia/driver")  # the pod mounts the host's path
     assert isinstance(manager.compute_mode, NvmlComputeMode)
+    assert manager.exclusive(claim_daemon_id(CLAIM, [GPU]))  # true: every daemon
     assert manager.start_timeout_s > 10.0  # a pod needs longer than a host process
+
+
+def test_exclusive_compute_mode_none_sets_no_gpu_but_still_resets(data_dir: Path) -> None:
+    host = SimulatedHost.load("hgx-h100", "node-a")
+    flags = ("--mps-exclusive-compute-mode=none",)
+    manager = mps_manager(settings(data_dir, *flags), ApiClient(), host.nvml)
+
+    assert manager is not None
+    assert isinstance(manager.compute_mode, NvmlComputeMode)  # resets earlier records
+    assert not manager.exclusive(shared_daemon_id(GPU))
+
+
+def test_the_manager_reports_to_the_events(data_dir: Path) -> None:
+    host = SimulatedHost.load("hgx-h100", "node-a")
+    events = MpsEvents(RecordingEventApi(), InMemoryClaimReader(), dict, node_name="node-a")
+    manager = mps_manager(settings(data_dir), ApiClient(), host.nvml, events)
+    assert manager is not None
+    assert manager.observer is events
+
+
+def test_supervision_repairs_only_while_this_instance_is_the_newest_ready_one(
+    data_dir: Path,
+) -> None:
+    host = SimulatedHost.load("hgx-h100", "node-a")
+    plugin = settings(data_dir, "--mps-shares=0")
+    inventory = node_inventory(plugin, discover(plugin, host.nvml, host.pci, None))
+    manager = mps_manager(plugin, ApiClient(), host.nvml)
+    assert manager is not None
+    registry = InstanceRegistry(data_dir)
+    old = registry.register("old")
+    new = registry.register("new")
+    try:
+        old.mark_ready()
+        on_old = mps_supervisor(plugin, manager, Checkpoint(data_dir), old, inventory)
+        on_new = mps_supervisor(plugin, manager, Checkpoint(data_dir), new, inventory)
+        assert on_old is not None
+        assert on_new is not None
+        assert on_old.interval_s == on_new.interval_s == 10.0
+        # During a rolling update the new instance takes over once its recovery is done.
+        assert (on_old.repairs(), on_new.repairs()) == (True, False)
+        new.mark_ready()
+        assert (on_old.repairs(), on_new.repairs()) == (False, True)
+        new.close()
+        assert on_old.repairs()  # the new one went away: the old one repairs again
+    finally:
+        new.close()
+        old.close()
+
+
+def test_without_supervision_the_daemons_are_only_watched_for_the_health_monitor(
+    data_dir: Path,
+) -> None:
+    host = SimulatedHost.load("hgx-h100", "node-a")
+    registry = InstanceRegistry(data_dir)
+    instance = registry.register("only")
+    instance.mark_ready()
+    try:
+
+        def supervisor(*flags: str) -> DaemonSupervisor | None:
+            plugin = settings(data_dir, *flags)
+            inventory = node_inventory(plugin, discover(plugin, host.nvml, host.pci, None))
+            manager = mps_manager(plugin, ApiClient(), host.nvml)
+            return mps_supervisor(plugin, manager, Checkpoint(data_dir), instance, inventory)
+
+        off = "--mps-daemon-check-interval=0"
+        assert supervisor(off) is None
+        assert supervisor(off, "--mps-shares=0") is None  # no health monitor on simulated GPUs
+        watching = supervisor(off, "--mps-shares=0", "--health-monitor=true")
+        assert watching is not None
+        assert watching.interval_s == HEALTH_MPS_INTERVAL_S
+        assert not watching.repairs()
+        supervising = supervisor("--mps-daemon-check-interval=3")
+        assert supervising is not None
+        assert supervising.interval_s == 3
+        assert supervising.repairs()
+    finally:
+        instance.close()
+
+
+def test_share_memory_caps_are_detected_at_start_and_reported_as_events(data_dir: Path) -> None:
+    host = SimulatedHost.load("hgx-h100", "node-a")
+    plugin = settings(data_dir, "--mps-shares=0")
+    inventory = node_inventory(plugin, discover(plugin, host.nvml, host.pci, None))
+    events = MpsEvents(RecordingEventApi(), InMemoryClaimReader(), dict, node_name="node-a")
+
+    memory = share_memory(plugin, host.nvml, inventory, events)
+
+    [gpu] = inventory.mps_shares
+    assert memory.support.enforcement(gpu.uuid).value == "mps-client"
+    assert memory.support.why(gpu.uuid) == "simulated GPUs: no driver to apply a cgroup limit"
+    assert memory.report == events.share_prepared

@@ -114,6 +114,25 @@ def test_a_dead_daemon_is_not_counted_as_running(node: SharesNode) -> None:
     node.unprepare(claim)
 
 
+def test_a_daemon_restarted_in_place_counts_as_running_for_the_claims_that_joined_before(
+    node: SharesNode,
+) -> None:
+    registry = registry_for(node)
+    claim = node.add_share(UID_A, "10Gi", "10")
+    ok(node.prepare(claim)[UID_A])
+    [handle] = node.handles(UID_A)
+    os.kill(handle.pid, signal.SIGKILL)
+    assert wait_dead(handle.pid)
+
+    restarted = node.mps.ensure(handle).handle
+
+    assert node.handles(UID_A) == [handle]  # the record keeps the instance it joined
+    assert samples(registry, "gpu_dra_mps_daemons")[("shared", "node-a")] == 1
+    node.unprepare(claim)
+    assert wait_dead(restarted.pid)
+    assert samples(registry, "gpu_dra_mps_daemons")[("shared", "node-a")] == 0
+
+
 def test_an_unreadable_checkpoint_exports_no_daemons() -> None:
     def locked() -> dict[str, CheckpointEntry]:
         raise CheckpointLockTimeoutError("checkpoint lock held for 10 s")

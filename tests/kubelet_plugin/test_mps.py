@@ -36,6 +36,7 @@ from gpu_dra.kubelet_plugin.mps import (
     claim_daemon_id,
 )
 from gpu_dra.kubelet_plugin.mps.control import ControlClient
+from gpu_dra.kubelet_plugin.mps.daemon import INSTANCE_RECORD
 from gpu_dra.kubelet_plugin.mps.process import ProcessIdentity, is_alive, start_time, wait_gone
 from gpu_dra.kubelet_plugin.mps.shm import is_mount_point
 from tests.doubles import nvidia_cuda_mps_control as double
@@ -248,10 +249,13 @@ def test_start_replaces_a_leftover_daemon_of_the_same_id(make_manager: ManagerFa
     assert not alive(crashed.pid)
     assert not alive(server)
     assert handle.pid != crashed.pid
-    make_manager().stop(crashed)  # the stale handle does not touch its replacement
     assert alive(handle.pid)
-    assert handle.root.exists()
     assert double.read_state(handle.paths.pipe)["defaults"]["activeThreadPercentage"] == 20.0
+    # Every handle of an id names its current instance: stopping the stale one stops it.
+    assert make_manager().adopt(crashed) == handle
+    make_manager().stop(crashed)
+    assert not alive(handle.pid)
+    assert not handle.root.exists()
 
 
 # -- start failures leave nothing behind ---------------------------------------------------------
@@ -508,6 +512,9 @@ def test_status_does_not_mistake_a_reused_pid_for_the_daemon(manager: MpsDaemonM
     handle = manager.start("reuse", [GPU_A], MpsSettings())
     impostor = replace(handle, pid=os.getpid(), pid_start_time=start_time(os.getpid()) or 0)
     impostor = replace(impostor, pid_start_time=impostor.pid_start_time + 1)
+    # The plugin's instance record names the daemon: any handle of the id resolves to it.
+    assert manager.status(impostor).state is DaemonState.READY
+    (handle.root / INSTANCE_RECORD).unlink()
     assert manager.status(impostor).state is DaemonState.DEAD
 
 
@@ -573,7 +580,7 @@ def test_adopt_of_a_dead_daemon_raises_gone_and_stop_cleans_up(
     while alive(handle.pid) and time.monotonic() < deadline:
         time.sleep(0.01)
 
-    with pytest.raises(MpsDaemonGoneError, match="is not running"):
+    with pytest.raises(MpsDaemonGoneError, match=r"control daemon pid \d+ is gone"):
         manager.adopt(handle)
     manager.stop(handle)
     assert not handle.root.exists()

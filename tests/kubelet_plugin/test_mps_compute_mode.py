@@ -1,10 +1,13 @@
-"""EXCLUSIVE_PROCESS while an MPS daemon runs (``--mps-exclusive-compute-mode``): the real
-manager and the nvidia-cuda-mps-control test double, compute modes through `NvmlComputeMode` on
-the simulated NVML (same calls and errors as the real one). Full GPUs only, never MIG devices;
-reset on stop, on a failed start and when a leftover is removed after a crash."""
+"""EXCLUSIVE_PROCESS while an MPS daemon runs (``--mps-exclusive-compute-mode``, by default for
+the shared daemons of MPS shares): the real manager and the nvidia-cuda-mps-control test double,
+compute modes through `NvmlComputeMode` on the simulated NVML (same calls and errors as the real
+one). Full GPUs only, never MIG devices; reset on stop, on a failed start and when a leftover is
+removed after a crash; set again by `ensure` when a GPU lost it."""
 
 from __future__ import annotations
 
+import os
+import signal
 from pathlib import Path
 
 import pynvml
@@ -20,11 +23,14 @@ from gpu_dra.kubelet_plugin.mps import (
     NvmlComputeMode,
     PlainDirectoryShm,
     claim_daemon_id,
+    shared_daemon_id,
 )
+from gpu_dra.kubelet_plugin.mps.ids import is_shared_daemon
 from tests.doubles.mps_helpers import (
     DOUBLE_BINARY,
     double_env,
 )
+from tests.kubelet_plugin.nodes import wait_dead
 
 CLAIM = "0f6c2c6e-8a3c-4d0e-9a63-8e2b5e0c1d11"
 EXCLUSIVE = pynvml.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS
@@ -160,3 +166,76 @@ def test_nvml_compute_mode_refuses_mig_uuids_without_calling_nvml() -> None:
         NvmlComputeMode(nvml).set_mode("MIG-99999999-8888-7777-6666-555555555555", EXCLUSIVE)
     assert error.value.not_supported
     assert not nvml.initialized
+
+
+def test_by_default_only_the_gpus_of_shared_daemons_are_made_exclusive(root: Path) -> None:
+    nvml = SimulatedNvml(load_profile("hgx-h100", "node-a"))
+    shared_gpu, claim_gpu, *_ = uuids(nvml)
+    manager = manager_on(root, nvml)
+    manager.exclusive = is_shared_daemon  # --mps-exclusive-compute-mode=shares
+
+    shared = manager.start(shared_daemon_id(shared_gpu), [shared_gpu], MpsSettings())
+    claim = manager.start(claim_daemon_id(CLAIM, [claim_gpu]), [claim_gpu], MpsSettings())
+
+    assert {u: m for u, m in modes(nvml).items() if m != DEFAULT} == {shared_gpu: EXCLUSIVE}
+    manager.stop(claim)
+    manager.stop(shared)
+    assert set(modes(nvml).values()) == {DEFAULT}
+
+
+def test_a_gpu_that_lost_exclusive_process_gets_it_back_from_ensure(root: Path) -> None:
+    nvml = SimulatedNvml(load_profile("hgx-h100", "node-a"))
+    gpu = uuids(nvml)[0]
+    manager = manager_on(root, nvml)
+    handle = manager.start(shared_daemon_id(gpu), [gpu], MpsSettings())
+    NvmlComputeMode(nvml).set_mode(gpu, DEFAULT)  # a GPU reset, or someone with root
+
+    repair = manager.ensure(handle)
+
+    assert repair.restored == (f"compute mode of {gpu} DEFAULT, not EXCLUSIVE_PROCESS",)
+    assert modes(nvml)[gpu] == EXCLUSIVE
+    assert manager.ensure(handle).restored == ()
+    manager.stop(handle)
+    assert modes(nvml)[gpu] == DEFAULT
+
+
+def test_a_restart_in_place_sets_exclusive_process_again(root: Path) -> None:
+    nvml = SimulatedNvml(load_profile("hgx-h100", "node-a"))
+    gpu = uuids(nvml)[0]
+    manager = manager_on(root, nvml)
+    handle = manager.start(shared_daemon_id(gpu), [gpu], MpsSettings())
+    os.kill(handle.pid, signal.SIGKILL)
+    assert wait_dead(handle.pid)
+    NvmlComputeMode(nvml).set_mode(gpu, DEFAULT)
+
+    repair = manager.ensure(handle)
+
+    assert repair.restarted is not None
+    assert repair.restored == ()  # set by the restart itself
+    assert modes(nvml)[gpu] == EXCLUSIVE
+    manager.stop(handle)
+    assert modes(nvml)[gpu] == DEFAULT
+
+
+def test_a_plugin_that_is_not_root_is_told_how_to_turn_the_mode_off(root: Path) -> None:
+    profile = parse_profile(
+        {
+            "driverVersion": "580.95.05",
+            "cudaDriverVersion": 13000,
+            "gpus": [
+                {
+                    "model": "H100-SXM5-80GB",
+                    "busId": "00000000:1B:00.0",
+                    "faults": {"device_set_compute_mode": "NO_PERMISSION"},
+                },
+            ],
+        },
+        name="not-root",
+        node_name="node-a",
+    )
+    nvml = SimulatedNvml(profile)
+    [gpu] = uuids(nvml)
+
+    with pytest.raises(ComputeModeError, match=r"needs root.*--mps-exclusive-compute-mode=none"):
+        NvmlComputeMode(nvml).set_mode(gpu, EXCLUSIVE)
+    assert NvmlComputeMode(nvml).get_mode(gpu) == DEFAULT

@@ -291,7 +291,7 @@ def test_leftover_daemon_pods_of_this_node_are_listed_and_removed(
         subprocess.run(["rm", "-rf", str(elsewhere_root)], check=False)
 
 
-def test_a_stale_handle_never_deletes_a_newer_pod_of_the_same_daemon_id(
+def test_a_stale_handle_names_the_newer_pod_and_never_deletes_it_by_its_old_uid(
     manager: MpsDaemonManager, api: InMemoryPodApi
 ) -> None:
     daemon_id = claim_daemon_id(CLAIM, [GPU])
@@ -300,10 +300,15 @@ def test_a_stale_handle_never_deletes_a_newer_pod_of_the_same_daemon_id(
     assert new.runner_ref != old.runner_ref
     assert pods(api) == {pod_name(daemon_id): "Running"}
 
+    # The runner deletes by UID: the old pod's UID never deletes the newer pod.
+    manager.runner.remove(daemon_id, old.runner_ref, 5.0)
+    assert pods(api) == {pod_name(daemon_id): "Running"}
+    # The manager resolves any handle of the id to its current instance (docs/mps.md).
+    assert manager.status(old).state is DaemonState.READY
+    assert manager.adopt(old) == new
     manager.stop(old)
-    assert manager.status(new).state is DaemonState.READY
-    manager.stop(new)
     assert pods(api) == {}
+    assert not new.root.exists()
 
 
 def test_a_pod_that_does_not_go_fails_stop_and_stop_can_be_retried(

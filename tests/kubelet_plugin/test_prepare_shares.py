@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
+import yaml
 
 from gpu_dra.kubelet_plugin.checkpoint import CheckpointEntry, ClaimPhase
 from gpu_dra.kubelet_plugin.mps import (
@@ -94,7 +95,15 @@ def test_three_shares_from_two_namespaces_join_one_daemon_with_their_own_caps(
             "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": percent,
         }
         [device] = node.spec(uid)["devices"]
-        assert mounts(device)["/tmp/nvidia-mps"][0] == str(handle.paths.pipe)
+        # The pipe directory read-only: no tenant can remove, replace or create files in it.
+        assert mounts(device)["/tmp/nvidia-mps"] == (
+            str(handle.paths.pipe),
+            ["ro", "nosuid", "nodev", "bind"],
+        )
+        assert mounts(device)["/dev/shm"] == (
+            str(handle.paths.shm),
+            ["rw", "nosuid", "nodev", "bind"],
+        )
         entry = node.checkpoint.get(uid)
         assert entry is not None
         assert entry.state[SHARES_STATE_KEY]["gpu-0"]["uuid"] == uuid  # type: ignore[index]
@@ -345,12 +354,14 @@ def test_an_interrupted_share_prepare_is_rolled_back_at_restart_without_stopping
     assert node.running() == []
 
 
-def test_a_dead_shared_daemon_is_replaced_for_the_next_share_and_all_is_removed_at_the_end(
+def test_a_dead_shared_daemon_is_restarted_in_place_for_the_next_share(
     node: SharesNode,
 ) -> None:
     a = node.add_share(UID_A, "10Gi", "10", name="a")
     ok(node.prepare(a)[UID_A])
     old = only(node.shared_handles().values())
+    pipe, shm = old.paths.pipe.stat().st_ino, old.paths.shm.stat().st_ino
+    (old.paths.shm / "a-buffer").write_text("share a's shared memory")
     os.kill(old.pid, signal.SIGKILL)
     assert wait_dead(old.pid)
 
@@ -361,6 +372,11 @@ def test_a_dead_shared_daemon_is_replaced_for_the_next_share_and_all_is_removed_
     assert new.daemon_id == old.daemon_id
     assert new.pid != old.pid
     assert node.running() == [new.pid]
+    # In place: the directories share a's container has mounted are the same ones.
+    assert (new.paths.pipe.stat().st_ino, new.paths.shm.stat().st_ino) == (pipe, shm)
+    assert (new.paths.shm / "a-buffer").read_text() == "share a's shared memory"
+    [a_device] = node.spec(UID_A)["devices"]
+    assert mounts(a_device)["/tmp/nvidia-mps"][0] == str(new.paths.pipe)
     # The last claim to go may hold the dead daemon's handle: the new one still goes.
     node.unprepare(b)
     assert node.running() == [new.pid]
@@ -369,7 +385,7 @@ def test_a_dead_shared_daemon_is_replaced_for_the_next_share_and_all_is_removed_
     assert node.daemon_dirs() == []
 
 
-def test_shares_whose_daemon_died_join_one_new_daemon_at_their_next_prepare(
+def test_shares_whose_daemon_died_are_restarted_in_place_at_their_next_prepare(
     node: SharesNode,
 ) -> None:
     a = node.add_share(UID_A, "10Gi", "10", name="a")
@@ -377,20 +393,51 @@ def test_shares_whose_daemon_died_join_one_new_daemon_at_their_next_prepare(
     ok(node.prepare(a)[UID_A])
     ok(node.prepare(b)[UID_B])
     old = only(node.shared_handles().values())
+    pipe = old.paths.pipe.stat().st_ino
+    spec_a = node.spec(UID_A)
     os.kill(old.pid, signal.SIGKILL)
     assert wait_dead(old.pid)
 
-    ok(node.prepare(a)[UID_A])  # a new daemon for the GPU ...
-    new = node.shared_handles()[UID_A]
-    ok(node.prepare(b)[UID_B])  # ... which the other share joins, not stops
-
-    assert new.pid != old.pid
-    assert only(node.shared_handles().values()) == new
-    assert node.running() == [new.pid]
+    # Prepare checks what a prepared claim holds: the dead daemon is restarted in place (the
+    # other share has its directories mounted), not the claim prepared again.
+    ok(node.prepare(a)[UID_A])
+    (new_pid,) = node.running()
+    assert new_pid != old.pid
+    assert node.spec(UID_A) == spec_a
+    assert old.paths.pipe.stat().st_ino == pipe
+    ok(node.prepare(b)[UID_B])  # the other share finds it running
+    assert node.running() == [new_pid]
     assert caps(node, UID_B)["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "20"
     node.unprepare(a)
-    assert node.running() == [new.pid]
+    assert node.running() == [new_pid]
     node.unprepare(b)
+    assert node.running() == []
+
+
+def test_settings_a_tenant_changed_are_restored_when_the_next_share_joins(
+    tmp_path: Path, mps_root: Path
+) -> None:
+    class HalfNode(SharesNode):
+        max_percent = 50
+
+    node = HalfNode(tmp_path, mps_root)
+    uuid = node.uuid_of("gpu-0")
+    a = node.add_share(UID_A, "10Gi", "10", name="a")
+    ok(node.prepare(a)[UID_A])
+    handle = only(node.shared_handles().values())
+    # A tenant raises the daemon's defaults to the whole GPU through the socket it can reach.
+    node.mps.client.run(handle.paths.pipe, "set_default_active_thread_percentage 100")
+    node.mps.client.run(handle.paths.pipe, f"set_default_device_pinned_mem_limit {uuid} 81559M")
+
+    b = node.add_share(UID_B, "10Gi", "10", name="b")
+    ok(node.prepare(b)[UID_B])
+
+    assert node.shared_handles()[UID_B] == handle  # the same daemon, not restarted
+    assert double.read_state(handle.paths.pipe)["defaults"] == {
+        "activeThreadPercentage": 50.0,
+        "pinnedMemLimits": {uuid: f"{81559 // 2}M"},
+    }
+    node.unprepare(a, b)
     assert node.running() == []
 
 
@@ -417,5 +464,45 @@ def test_a_share_waits_while_the_shared_daemon_does_not_answer(node: SharesNode)
     assert node.running() == [handle.pid]  # not replaced: its clients keep running
     ok(node.prepare(b)[UID_B])  # the kubelet's retry, once it answers again
     assert node.shared_handles()[UID_B] == handle
+    node.unprepare(a, b)
+    assert node.running() == []
+
+
+def as_an_older_plugin_wrote_it(node: SharesNode, uid: str) -> None:
+    """The claim's spec with the pipe mounted read-write, as plugins before containment did."""
+    path = node.cdi.path_for(uid)
+    spec = yaml.safe_load(path.read_text())
+    for mount in spec["devices"][0]["containerEdits"]["mounts"]:
+        if mount["containerPath"] == "/tmp/nvidia-mps":
+            mount["options"][0] = "rw"
+    path.write_text(yaml.safe_dump(spec))
+    [device] = node.spec(uid)["devices"]
+    assert mounts(device)["/tmp/nvidia-mps"][1][0] == "rw"
+
+
+def test_a_share_an_older_plugin_mounted_read_write_gets_the_pipe_read_only(
+    node: SharesNode,
+) -> None:
+    a = node.add_share(UID_A, "10Gi", "10", name="a")
+    b = node.add_share(UID_B, "10Gi", "10", name="b")
+    ok(node.prepare(a)[UID_A])
+    ok(node.prepare(b)[UID_B])
+    handle = only(node.shared_handles().values())
+    as_an_older_plugin_wrote_it(node, UID_A)
+    as_an_older_plugin_wrote_it(node, UID_B)
+
+    ok(node.prepare(a)[UID_A])  # prepare of a prepared claim: the spec is put right ...
+    [device] = node.spec(UID_A)["devices"]
+    assert mounts(device)["/tmp/nvidia-mps"] == (
+        str(handle.paths.pipe),
+        ["ro", "nosuid", "nodev", "bind"],
+    )
+    assert mounts(device)["/dev/shm"][1][0] == "rw"  # the shm stays writable
+    assert node.running() == [handle.pid]  # ... without touching the daemon
+    node.restart()
+    node.recover()  # ... and so is every prepared share's at start-up
+    [device] = node.spec(UID_B)["devices"]
+    assert mounts(device)["/tmp/nvidia-mps"][1][0] == "ro"
+    assert node.running() == [handle.pid]
     node.unprepare(a, b)
     assert node.running() == []

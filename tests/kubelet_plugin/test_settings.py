@@ -38,12 +38,14 @@ ALL_FLAGS = [
     "--nvidia-smi=/opt/nvidia/bin/nvidia-smi",
     "--mps-shares=0,GPU-a75cda02-62ce-2c30-9150-555ef08935e2",
     "--mps-share-max-percent=50",
+    "--mps-share-memory-limits=off",
     "--mps-daemon-runner=pod",
     "--mps-daemon-image=registry.example/gpu-dra:1",
     "--mps-daemon-namespace=gpu-system",
     "--mps-daemon-priority-class=gpu-dra-mps",
     "--mps-daemon-image-pull-secrets=registry-a, registry-b",
-    "--mps-exclusive-compute-mode=true",
+    "--mps-exclusive-compute-mode=all",
+    "--mps-daemon-check-interval=2.5",
     "--dynamic-mig=true",
     "--feature-gates=DynamicMIG=true,MPSSupport=false,TimeSlicingSettings=true",
     "--slice-layout=combined",
@@ -79,12 +81,14 @@ EXPECTED = KubeletPluginSettings(
     nvidia_smi="/opt/nvidia/bin/nvidia-smi",
     mps_shares=ShareSelection(names=("0", "GPU-a75cda02-62ce-2c30-9150-555ef08935e2")),
     mps_share_max_percent=50,
+    mps_share_memory_limits="off",
     mps_daemon_runner="pod",
     mps_daemon_image="registry.example/gpu-dra:1",
     mps_daemon_namespace="gpu-system",
     mps_daemon_priority_class="gpu-dra-mps",
     mps_daemon_image_pull_secrets=("registry-a", "registry-b"),
-    mps_exclusive_compute_mode=True,
+    mps_exclusive_compute_mode="all",
+    mps_daemon_check_interval_s=2.5,
     dynamic_mig=True,
     feature_gates=("DynamicMIG", "TimeSlicingSettings"),
     slice_layout=SliceLayout.COMBINED,
@@ -413,11 +417,11 @@ def test_bad_mps_share_settings_are_usage_errors(
     assert message in usage_error(capsys, ["--node-name=n", flag], {})
 
 
-def test_mps_daemons_run_as_host_processes_without_compute_mode_changes_by_default() -> None:
+def test_mps_daemons_run_as_host_processes_exclusive_on_share_gpus_by_default() -> None:
     settings = KubeletPluginSettings.parse(["--node-name=n"], {})
 
     assert settings.mps_daemon_runner == "process"
-    assert settings.mps_exclusive_compute_mode is False
+    assert settings.mps_exclusive_compute_mode == "shares"
     assert settings.mps_daemon_namespace == "gpu-dra"
 
 
@@ -459,10 +463,55 @@ def test_an_unknown_daemon_runner_is_a_usage_error(
     assert "process" in error
 
 
-def test_exclusive_compute_mode_must_be_a_boolean(capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize("value", ["-1", "soon", "nan", "inf"])
+def test_the_daemon_check_interval_must_be_seconds_or_zero(
+    capsys: pytest.CaptureFixture[str], value: str
+) -> None:
+    error = usage_error(capsys, ["--node-name=n", f"--mps-daemon-check-interval={value}"], {})
+
+    assert f"--mps-daemon-check-interval must be seconds >= 0 (0 = off), got '{value}'" in error
+
+
+def test_share_memory_limits_are_auto_or_off(capsys: pytest.CaptureFixture[str]) -> None:
+    assert KubeletPluginSettings.parse(["--node-name=n"], {}).mps_share_memory_limits == "auto"
+    error = usage_error(capsys, ["--node-name=n", "--mps-share-memory-limits=on"], {})
+
+    assert "--mps-share-memory-limits must be auto or off, got 'on'" in error
+
+
+def test_a_zero_check_interval_turns_supervision_off() -> None:
+    settings = KubeletPluginSettings.parse(["--node-name=n", "--mps-daemon-check-interval=0"], {})
+
+    assert settings.mps_daemon_check_interval_s == 0.0
+
+
+@pytest.mark.parametrize(
+    ("value", "mode"),
+    [
+        ("shares", "shares"),
+        ("ALL", "all"),
+        ("none", "none"),
+        ("true", "all"),
+        ("yes", "all"),
+        ("false", "none"),
+        ("0", "none"),
+    ],
+)
+def test_exclusive_compute_mode_takes_shares_all_none_and_booleans(value: str, mode: str) -> None:
+    argv = ["--node-name=n", f"--mps-exclusive-compute-mode={value}"]
+
+    assert KubeletPluginSettings.parse(argv, {}).mps_exclusive_compute_mode == mode
+
+
+def test_an_unknown_exclusive_compute_mode_is_a_usage_error(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     error = usage_error(capsys, ["--node-name=n", "--mps-exclusive-compute-mode=sometimes"], {})
 
-    assert "--mps-exclusive-compute-mode must be true or false, got 'sometimes'" in error
+    assert (
+        "--mps-exclusive-compute-mode must be one of shares, all, none (or true = all, "
+        "false = none), got 'sometimes'"
+    ) in error
 
 
 def test_dynamic_mig_is_off_by_default_and_a_bare_flag_turns_it_on() -> None:
