@@ -322,6 +322,16 @@ def try_create(nvml: NvmlLibrary, handle: object, partition: MigPartition) -> ob
         return None
 
 
+@pytest.mark.parametrize("model", sorted(MODELS))
+def test_every_placement_of_an_offered_profile_is_needed(model: str) -> None:
+    """A profile's placements never overlap one another, so the layout of as many instances of
+    it as fit uses every one of them: no published placement can be dropped (docs/mig.md)."""
+    for profile in mig_gpu(model).profiles:
+        starts = profile.placement_starts
+        for a, b in itertools.combinations(starts, 2):
+            assert abs(a - b) >= profile.placement_size, (profile.name, starts)
+
+
 def test_the_default_policy_publishes_the_balanced_shapes_and_the_full_slice() -> None:
     offered = {
         model: sorted({p.profile_name for p in offered_partitions(mig_gpu(model), DEFAULT)})
