@@ -33,6 +33,8 @@ from gpu_dra.driver.attributes import (
     published_devices,
 )
 from gpu_dra.driver.discovery import DiscoveryError, discover_devices
+from gpu_dra.driver.mig_policy import DEFAULT as DEFAULT_MIG_POLICY
+from gpu_dra.driver.mig_policy import DEFAULT_POLICY_TEXT, MigPolicy, MigPolicyError, parse_policy
 from gpu_dra.driver.model import NodeDevices
 from gpu_dra.driver.nvml.interface import NvmlLibrary, PciTopology
 from gpu_dra.driver.nvml.real import RealNvml
@@ -61,7 +63,18 @@ def add_arguments(parser: argparse.ArgumentParser, environ: Mapping[str, str]) -
         "--dynamic-mig",
         action="store_true",
         help="show the devices as the kubelet plugin publishes them with --dynamic-mig: "
-        "MIG-capable GPUs as the whole GPU and every placement of every MIG profile",
+        "MIG-capable GPUs as the whole GPU and every placement of each MIG profile "
+        "--dynamic-mig-profiles offers",
+    )
+    add_env_argument(
+        parser,
+        environ,
+        "--dynamic-mig-profiles",
+        env=("GPU_DRA_DYNAMIC_MIG_PROFILES",),
+        metavar="POLICY",
+        help="with --dynamic-mig: the MIG profiles published, as the kubelet plugin's flag "
+        "(names, shapes such as 1g, or all; [<model>=]... entries separated by ';')",
+        default=DEFAULT_POLICY_TEXT,
     )
     add_env_argument(
         parser,
@@ -89,12 +102,16 @@ def add_arguments(parser: argparse.ArgumentParser, environ: Mapping[str, str]) -
 def run(args: argparse.Namespace, streams: Streams) -> int:
     """Print the usable devices; every GPU that could not be read is an error line on stderr
     (with its NVML return code) and exit status 1, as is a node with nothing to publish."""
+    try:
+        policy = parse_policy(args.dynamic_mig_profiles)
+    except MigPolicyError as error:
+        raise CliError(f"--dynamic-mig-profiles: {error}", EXIT_USAGE) from error
     nvml, pci = _node(args)
     try:
         found = _discover(nvml, pci, dynamic_mig=args.dynamic_mig)
     except OSError as error:  # libnvidia-ml.so.1 exists but cannot be loaded
         raise CliError(f"cannot load the NVML library under {args.driver_root}: {error}") from error
-    devices = _publish(found, dynamic_mig=args.dynamic_mig)
+    devices = _publish(found, dynamic_mig=args.dynamic_mig, mig_policy=policy)
     if args.output != "table":
         write_data(streams, devices, args.output)
     elif devices:
@@ -126,17 +143,22 @@ def _nothing_published(found: NodeDevices) -> str:
 
 
 def plugin_devices(
-    nvml: NvmlLibrary, pci: PciTopology, *, mps_shares: bool = False, dynamic_mig: bool = False
+    nvml: NvmlLibrary,
+    pci: PciTopology,
+    *,
+    mps_shares: bool = False,
+    dynamic_mig: bool = False,
+    mig_policy: MigPolicy = DEFAULT_MIG_POLICY,
 ) -> list[Device]:
     """The devices the kubelet plugin publishes for the node, in its order: whole GPUs with MIG
     off and static MIG devices, by PCI bus id then placement; with ``mps_shares``, every whole
     GPU offered as MPS shares (``--mps-shares=all``); with ``dynamic_mig``, partitionable GPUs in
-    partitionable form (``--dynamic-mig``). `CliError` when discovery or publishing fails, or a
-    GPU cannot be read. `gpu-dra lint` evaluates on these."""
+    partitionable form (``--dynamic-mig``, the profiles of `mig_policy`). `CliError` when
+    discovery or publishing fails, or a GPU cannot be read. `gpu-dra lint` evaluates on these."""
     found = _discover(nvml, pci, dynamic_mig=dynamic_mig)
     if found.problems:
         raise CliError("; ".join(problem.message for problem in found.problems))
-    return _publish(found, mps_shares=mps_shares, dynamic_mig=dynamic_mig)
+    return _publish(found, mps_shares=mps_shares, dynamic_mig=dynamic_mig, mig_policy=mig_policy)
 
 
 def _discover(nvml: NvmlLibrary, pci: PciTopology, *, dynamic_mig: bool) -> NodeDevices:
@@ -148,12 +170,16 @@ def _discover(nvml: NvmlLibrary, pci: PciTopology, *, dynamic_mig: bool) -> Node
 
 
 def _publish(
-    found: NodeDevices, *, mps_shares: bool = False, dynamic_mig: bool = False
+    found: NodeDevices,
+    *,
+    mps_shares: bool = False,
+    dynamic_mig: bool = False,
+    mig_policy: MigPolicy = DEFAULT_MIG_POLICY,
 ) -> list[Device]:
     """The devices of the usable GPUs of `found`, as `plugin_devices` describes them."""
     try:
         if dynamic_mig:
-            node = partitioned_node(found.gpus, found.mig_devices, found.mig_profiles)
+            node = partitioned_node(found.gpus, found.mig_devices, found.mig_profiles, mig_policy)
             return list(node.devices)
         published = published_devices(found.gpus, found.mig_devices)
         if mps_shares:

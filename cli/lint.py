@@ -46,6 +46,14 @@ from gpu_dra.driver.cel import (
     to_cel_device,
 )
 from gpu_dra.driver.cel.source import LexError, Token, tokens
+from gpu_dra.driver.mig_policy import DEFAULT as DEFAULT_MIG_POLICY
+from gpu_dra.driver.mig_policy import (
+    DEFAULT_POLICY_TEXT,
+    EVERYTHING,
+    MigPolicy,
+    MigPolicyError,
+    parse_policy,
+)
 from gpu_dra.driver.model import MigDevice
 from gpu_dra.driver.naming import DEFAULT_DRIVER_NAME
 from gpu_dra.driver.nvml.simulated import SimulatedHost
@@ -568,14 +576,19 @@ def lint(
     *,
     driver: str = DEFAULT_DRIVER_NAME,
     published: PublishedNames | None = None,
+    unpublished: Sequence[SimulatedDevice] = (),
+    mig_policy: str = "",
 ) -> LintReport:
     """Lint the DeviceClasses, ResourceClaims and ResourceClaimTemplates of `sources`.
 
     `devices` are what classes and requests are evaluated against; `published` (default: what
     `gpu_device` can publish) plus the names of `devices` are the names selectors may read.
+    `unpublished` are the dynamic MIG partitions the profile policy `mig_policy` leaves out: a
+    class that selects some of them but no partition of `devices` gets a warning.
     Raises `CelRuntimeError` if a device cannot be converted to a CEL value (a bad profile).
     """
     linter = _Linter(devices, driver=driver, published=published or publishable_names(driver))
+    left_out = [(device, to_cel_device(driver, device.device)) for device in unpublished]
     objects = linter.objects(sources)
     classes: dict[str, tuple[_Object, ClassResult]] = {}
     results: list[ClassResult] = []
@@ -613,6 +626,8 @@ def lint(
                 obj,
                 f"selects no device of the simulated profiles ({profiles or 'none'})",
             )
+        if left_out and not any(_is_partition(linter.devices[index]) for index in indexes):
+            _warn_outside_policy(linter, obj, [s for _, s in compiled], left_out, mig_policy)
     _compare_classes(linter, [(obj, result) for obj, result in classes.values()])
     for obj in objects:
         if obj.kind != DEVICE_CLASS:
@@ -624,6 +639,46 @@ def lint(
         objects=Counter(obj.kind for obj in objects),
         profiles=list(dict.fromkeys(device.profile for device in devices)),
         devices=len(devices),
+    )
+
+
+def _is_partition(device: SimulatedDevice) -> bool:
+    """A dynamic MIG partition (a MIG device consuming counters)."""
+    return "-mig-" in device.device["name"] and bool(device.device.get("consumesCounters"))
+
+
+def _warn_outside_policy(
+    linter: _Linter,
+    obj: _Object,
+    selectors: Sequence[Selector],
+    left_out: Sequence[tuple[SimulatedDevice, DraDevice]],
+    mig_policy: str,
+) -> None:
+    """WARNING when the class selects dynamic MIG partitions only among those the policy does
+    not publish: its claims would stay pending on nodes with dynamic MIG."""
+
+    def matches(device: DraDevice) -> bool:
+        try:
+            return all(selector.matches(device) for selector in selectors)
+        except CelRuntimeError:  # reported by the evaluation on the published devices
+            return False
+
+    hits = [device for device, converted in left_out if matches(converted)]
+    if not hits:
+        return
+    profiles = sorted(
+        {
+            str(device.device["attributes"]["profile"].get("string"))
+            for device in hits
+            if "profile" in device.device.get("attributes", {})
+        }
+    )
+    linter.add(
+        "WARNING",
+        obj,
+        f"selects no dynamic MIG partition published with --dynamic-mig-profiles={mig_policy}, "
+        f"only {len(hits)} it leaves out ({', '.join(profiles)}): its claims stay pending on "
+        "nodes with --dynamic-mig unless the policy offers those profiles",
     )
 
 
@@ -837,7 +892,8 @@ they are published when offered as MPS shares (``--mps-shares=all``)."""
 
 DYNAMIC_MIG_VARIANT: Final = "+dynamic-mig"
 """Suffix of the profile name under which `gpu-dra lint` evaluates a machine's partitionable
-GPUs as they are published with ``--dynamic-mig`` (the whole GPU and every MIG placement)."""
+GPUs as they are published with ``--dynamic-mig`` (the whole GPU and every MIG placement of the
+profiles ``--dynamic-mig-profiles`` offers)."""
 
 _LINT_NODE: Final = "lint-node"  # seeds the simulated UUIDs, which no selector should read
 
@@ -863,6 +919,16 @@ def add_arguments(parser: argparse.ArgumentParser, environ: Mapping[str, str]) -
     add_env_argument(
         parser,
         environ,
+        "--dynamic-mig-profiles",
+        env=("GPU_DRA_DYNAMIC_MIG_PROFILES",),
+        metavar="POLICY",
+        help="the kubelet plugin's MIG profile policy: the +dynamic-mig variants publish only "
+        "its profiles, and a class selecting only partitions outside it is a warning",
+        default=DEFAULT_POLICY_TEXT,
+    )
+    add_env_argument(
+        parser,
+        environ,
         "--driver-name",
         env=("GPU_DRA_DRIVER_NAME",),
         metavar="NAME",
@@ -879,8 +945,24 @@ def add_arguments(parser: argparse.ArgumentParser, environ: Mapping[str, str]) -
 
 
 def run(args: argparse.Namespace, streams: Streams) -> int:
-    every_builtin = _lint_devices(builtin_profile_names(), variants=True)
-    devices = _lint_devices(args.profile) if args.profile else every_builtin
+    try:
+        policy = parse_policy(args.dynamic_mig_profiles)
+    except MigPolicyError as error:
+        raise CliError(f"--dynamic-mig-profiles: {error}", EXIT_USAGE) from error
+    every_builtin = _lint_devices(builtin_profile_names(), variants=True, policy=EVERYTHING)
+    devices = (
+        _lint_devices(args.profile)
+        if args.profile
+        else _lint_devices(builtin_profile_names(), variants=True, policy=policy)
+    )
+    published_keys = {device.key for device in devices}
+    unpublished = [
+        device
+        for device in every_builtin
+        if device.profile.endswith(DYNAMIC_MIG_VARIANT)
+        and _is_partition(device)
+        and device.key not in published_keys
+    ]
     sources: list[Source] = []
     unreadable: list[str] = []
     for path in args.paths:
@@ -904,6 +986,8 @@ def run(args: argparse.Namespace, streams: Streams) -> int:
             devices,
             driver=args.driver_name,
             published=_published(every_builtin, args.driver_name),
+            unpublished=[] if args.profile else unpublished,
+            mig_policy=str(policy),
         )
     except CelRuntimeError as error:
         raise CliError(f"a simulated device cannot be evaluated: {error}", EXIT_USAGE) from error
@@ -927,11 +1011,13 @@ def _lint_files(path: str) -> list[str]:
     return files
 
 
-def _lint_devices(profiles: Sequence[str], *, variants: bool = False) -> list[SimulatedDevice]:
+def _lint_devices(
+    profiles: Sequence[str], *, variants: bool = False, policy: MigPolicy = DEFAULT_MIG_POLICY
+) -> list[SimulatedDevice]:
     """The published devices of each profile; with ``variants`` also, as profile
     ``<name>+mps-shares``, its whole GPUs as published with ``--mps-shares=all``, and as
     ``<name>+dynamic-mig``, its partitionable GPUs' devices as published with ``--dynamic-mig``
-    (profiles without such GPUs add nothing)."""
+    and `policy` (profiles without such GPUs add nothing)."""
     devices: list[SimulatedDevice] = []
     for spec in profiles:
         try:
@@ -951,7 +1037,7 @@ def _lint_devices(profiles: Sequence[str], *, variants: bool = False) -> list[Si
             for device in shared
             if device.get("allowMultipleAllocations")
         )
-        partitioned = plugin_devices(host.nvml, host.pci, dynamic_mig=True)
+        partitioned = plugin_devices(host.nvml, host.pci, dynamic_mig=True, mig_policy=policy)
         devices.extend(
             SimulatedDevice(f"{host.profile.name}{DYNAMIC_MIG_VARIANT}", device)
             for device in partitioned

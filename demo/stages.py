@@ -136,6 +136,10 @@ def published_devices(stage: Stage) -> list[Device]:
     dynamic_mig = settings.dynamic_mig_enabled
     found = discover_devices(host.nvml, host.pci, mig_profiles=dynamic_mig)
     inventory = NodeInventory.from_discovery(
-        found, simulated=True, dynamic_mig=dynamic_mig, mps_shares=settings.mps_shares
+        found,
+        simulated=True,
+        dynamic_mig=dynamic_mig,
+        mig_policy=settings.dynamic_mig_profiles,
+        mps_shares=settings.mps_shares,
     )
     return inventory.published_devices()

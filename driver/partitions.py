@@ -2,10 +2,12 @@
 
 Pure: values in, values out. For each partitionable GPU (`is_partitionable`): one counter set
 holding the GPU's MIG resources and one counter per memory slice; the full GPU (when
-`offers_whole`) consuming every counter; and one device per (GPU-instance profile, possible
-placement), named like the static MIG device it becomes, consuming its profile's sizes and its
-memory slices. So the scheduler never allocates overlapping placements, nor the full GPU next to
-a slice of it. See docs/mig.md#dynamic-mig-publication.
+`offers_whole`) consuming every counter; and one device per (GPU-instance profile the
+`MigPolicy` offers, possible placement), named like the static MIG device it becomes, consuming
+its profile's sizes and its memory slices. So the scheduler never allocates overlapping
+placements, nor the full GPU next to a slice of it. Counters that can never run out for the
+offered partitions (`binding_counters`) are left out, as are zero amounts.
+See docs/mig.md#dynamic-mig-publication.
 """
 
 from __future__ import annotations
@@ -15,9 +17,10 @@ from dataclasses import dataclass
 from typing import Final
 
 from gpu_dra.driver import attributes
+from gpu_dra.driver.mig_policy import DEFAULT, MigPolicy
 from gpu_dra.driver.model import Gpu, MigCapableGpu, MigDevice, MigPartition
 from gpu_dra.driver.naming import gpu_device_name, mig_device_name
-from gpu_dra.driver.resourceapi import Counter, CounterSet, Device
+from gpu_dra.driver.resourceapi import Counter, CounterSet, Device, DeviceCounterConsumption
 
 COUNTER_NAMES: Final = {
     "multiprocessors": "multiprocessors",
@@ -49,14 +52,22 @@ def toggles_mig_without_reset(gpu: Gpu) -> bool:
     return gpu.architecture >= HOPPER_ARCHITECTURE
 
 
-def is_partitionable(mig_gpu: MigCapableGpu) -> bool:
+def offered_partitions(mig_gpu: MigCapableGpu, policy: MigPolicy = DEFAULT) -> list[MigPartition]:
+    """The partitions dynamic MIG publishes for the GPU: every possible placement of every
+    profile `policy` offers on it, by profile order, then placement start."""
+    offered = {profile.name for profile in policy.offered(mig_gpu.gpu, mig_gpu.profiles)}
+    return [p for p in mig_gpu.partitions() if p.profile_name in offered]
+
+
+def is_partitionable(mig_gpu: MigCapableGpu, policy: MigPolicy = DEFAULT) -> bool:
     """Whether dynamic MIG offers the GPU's partitions.
 
     Hopper and later always (the MIG mode is switched when the first slice is made). Ampere only
     when its MIG mode is already on: turning it on needs a GPU reset, so an A100 or A30 with MIG
-    off stays a plain whole GPU. A GPU without profiles has nothing to partition.
+    off stays a plain whole GPU. A GPU without profiles, or whose profiles `policy` offers none
+    of, has nothing to partition.
     """
-    if not mig_gpu.profiles:
+    if not offered_partitions(mig_gpu, policy):
         return False
     return toggles_mig_without_reset(mig_gpu.gpu) or mig_gpu.gpu.mig_enabled
 
@@ -71,7 +82,8 @@ def offers_whole(mig_gpu: MigCapableGpu) -> bool:
 
 
 def gpu_counters(mig_gpu: MigCapableGpu) -> dict[str, int]:
-    """Counter name -> value of the GPU's counter set (see the module docstring)."""
+    """Counter name -> the GPU's amount: each MIG resource at its maximum across all the GPU's
+    profiles (the full 7g), and one per memory slice."""
     counters = dict.fromkeys(COUNTER_NAMES.values(), 0)
     for profile in mig_gpu.profiles:
         for capacity, amount in attributes.mig_sizes(profile).items():
@@ -81,12 +93,42 @@ def gpu_counters(mig_gpu: MigCapableGpu) -> dict[str, int]:
     return counters
 
 
-def counter_set(mig_gpu: MigCapableGpu) -> CounterSet:
-    """The GPU's ``gpu-<minor>-counter-set``."""
-    return {
-        "name": counter_set_name(mig_gpu.gpu.minor),
-        "counters": _counters(gpu_counters(mig_gpu)),
-    }
+def binding_counters(mig_gpu: MigCapableGpu, offered: Iterable[MigPartition]) -> frozenset[str]:
+    """The counters that can stop the scheduler from allocating some set of `offered`.
+
+    A memory slice counter binds when an offered partition uses that slice. Any set the memory
+    slice counters let through is a set of non-overlapping placements; a resource counter (SMs,
+    engines, memory) binds only if some such set needs more of it than the GPU has (an exact
+    weighted interval packing over the memory slices). Leaving the others out changes nothing the
+    scheduler can allocate, only the bytes it reads for every device.
+    """
+    partitions = list(offered)
+    amounts = gpu_counters(mig_gpu)
+    binding = {memory_slice_counter(i) for p in partitions for i in p.memory_slices}
+    for capacity, counter in COUNTER_NAMES.items():
+        need = {id(p): attributes.mig_sizes(p.profile)[capacity] for p in partitions}
+        if _max_packing(partitions, need, mig_gpu.memory_slices) > amounts[counter]:
+            binding.add(counter)
+    return frozenset(binding)
+
+
+def _max_packing(partitions: list[MigPartition], need: dict[int, int], slices: int) -> int:
+    """The largest total `need` of partitions whose placements do not overlap."""
+    best = [0] * (slices + 2)
+    for start in range(slices - 1, -1, -1):
+        best[start] = best[start + 1]
+        for p in partitions:
+            end = p.placement_start + p.placement_size
+            if p.placement_start == start and end <= slices:
+                best[start] = max(best[start], need[id(p)] + best[end])
+    return best[0]
+
+
+def counter_set(mig_gpu: MigCapableGpu, policy: MigPolicy = DEFAULT) -> CounterSet:
+    """The GPU's ``gpu-<minor>-counter-set``: the `binding_counters` of what `policy` offers."""
+    binding = binding_counters(mig_gpu, offered_partitions(mig_gpu, policy))
+    counters = {name: n for name, n in gpu_counters(mig_gpu).items() if name in binding}
+    return {"name": counter_set_name(mig_gpu.gpu.minor), "counters": _counters(counters)}
 
 
 def partition_counters(partition: MigPartition) -> dict[str, int]:
@@ -99,11 +141,20 @@ def partition_counters(partition: MigPartition) -> dict[str, int]:
     return counters
 
 
-def full_gpu_device(mig_gpu: MigCapableGpu) -> Device:
+def _consumption(
+    minor: int, counters: dict[str, int], binding: frozenset[str]
+) -> DeviceCounterConsumption:
+    kept = {name: n for name, n in counters.items() if name in binding and n > 0}
+    return {"counterSet": counter_set_name(minor), "counters": _counters(kept)}
+
+
+def full_gpu_device(mig_gpu: MigCapableGpu, policy: MigPolicy = DEFAULT) -> Device:
     """The whole GPU in partitionable form: its usual attributes, the MIG capacities at their
-    maximum across profiles (``memory`` stays the GPU's total), consuming every counter."""
+    maximum across profiles (``memory`` stays the GPU's total), consuming every counter of its
+    counter set."""
     gpu = mig_gpu.gpu
     counters = gpu_counters(mig_gpu)
+    binding = binding_counters(mig_gpu, offered_partitions(mig_gpu, policy))
     capacity = {name: counters[counter] for name, counter in COUNTER_NAMES.items()}
     if gpu.memory_bytes is not None:
         capacity["memory"] = gpu.memory_bytes
@@ -111,9 +162,7 @@ def full_gpu_device(mig_gpu: MigCapableGpu) -> Device:
         "name": gpu_device_name(gpu.minor),
         "attributes": attributes.gpu_attributes(gpu),
         "capacity": attributes.quantities(capacity),
-        "consumesCounters": [
-            {"counterSet": counter_set_name(gpu.minor), "counters": _counters(counters)}
-        ],
+        "consumesCounters": [_consumption(gpu.minor, counters, binding)],
     }
     attributes.check_limits(device)
     return device
@@ -129,29 +178,34 @@ def partition_device_name(partition: MigPartition) -> str:
     )
 
 
-def partition_device(partition: MigPartition) -> Device:
-    """One placement of one profile as a partitionable device (see the module docstring)."""
+def partition_device(partition: MigPartition, binding: frozenset[str] | None = None) -> Device:
+    """One placement of one profile as a partitionable device (see the module docstring);
+    `binding` (default: every counter) are the counters of its GPU's counter set."""
+    counters = partition_counters(partition)
     device: Device = {
         "name": partition_device_name(partition),
         "attributes": attributes.mig_partition_attributes(partition),
         "capacity": attributes.quantities(attributes.mig_sizes(partition.profile)),
         "consumesCounters": [
-            {
-                "counterSet": counter_set_name(partition.parent.minor),
-                "counters": _counters(partition_counters(partition)),
-            }
+            _consumption(
+                partition.parent.minor,
+                counters,
+                frozenset(counters) if binding is None else binding,
+            )
         ],
     }
     attributes.check_limits(device)
     return device
 
 
-def gpu_partition_devices(mig_gpu: MigCapableGpu) -> list[Device]:
-    """The devices of one partitionable GPU, sorted by name (the full GPU first), as NVIDIA's
-    driver sorts them."""
-    devices = [partition_device(partition) for partition in mig_gpu.partitions()]
+def gpu_partition_devices(mig_gpu: MigCapableGpu, policy: MigPolicy = DEFAULT) -> list[Device]:
+    """The devices of one partitionable GPU under `policy`, sorted by name (the full GPU
+    first), as NVIDIA's driver sorts them."""
+    offered = offered_partitions(mig_gpu, policy)
+    binding = binding_counters(mig_gpu, offered)
+    devices = [partition_device(partition, binding) for partition in offered]
     if offers_whole(mig_gpu):
-        devices.append(full_gpu_device(mig_gpu))
+        devices.append(full_gpu_device(mig_gpu, policy))
     return sorted(devices, key=lambda device: device["name"])
 
 
@@ -172,14 +226,16 @@ def partitioned_node(
     gpus: Iterable[Gpu],
     mig_devices: Iterable[MigDevice],
     mig_capable: Iterable[MigCapableGpu],
+    policy: MigPolicy = DEFAULT,
 ) -> PartitionedNode:
-    """The node's devices as NVIDIA's driver publishes them with ``DynamicMIG``.
+    """The node's devices as NVIDIA's driver publishes them with ``DynamicMIG``, the partitions
+    limited to the profiles `policy` offers.
 
     Partitionable GPUs are published in partitionable form (existing MIG devices on them are not
     published: dynamic MIG owns those GPUs); every other GPU as without dynamic MIG.
     """
     partitionable = sorted(
-        (mig_gpu for mig_gpu in mig_capable if is_partitionable(mig_gpu)),
+        (mig_gpu for mig_gpu in mig_capable if is_partitionable(mig_gpu, policy)),
         key=lambda mig_gpu: mig_gpu.gpu.pci_bus_id,
     )
     owned = {mig_gpu.gpu.uuid for mig_gpu in partitionable}
@@ -187,16 +243,16 @@ def partitioned_node(
         (gpu for gpu in gpus if gpu.uuid not in owned),
         (mig for mig in mig_devices if mig.parent.uuid not in owned),
     )
-    devices = plain + [device for g in partitionable for device in gpu_partition_devices(g)]
+    devices = plain + [device for g in partitionable for device in gpu_partition_devices(g, policy)]
     devices.sort(key=lambda device: device["attributes"][attributes.PCI_BUS_ID].get("string", ""))
     by_name = {
         partition_device_name(partition): partition
         for mig_gpu in partitionable
-        for partition in mig_gpu.partitions()
+        for partition in offered_partitions(mig_gpu, policy)
     }
     return PartitionedNode(
         devices=tuple(devices),
-        counter_sets=tuple(counter_set(mig_gpu) for mig_gpu in partitionable),
+        counter_sets=tuple(counter_set(mig_gpu, policy) for mig_gpu in partitionable),
         partitions=tuple(by_name[d["name"]] for d in devices if d["name"] in by_name),
     )
 

@@ -26,6 +26,8 @@ from e2e.cluster.paths import REPO_ROOT
 from e2e.kube import Kube, wait_for
 from e2e.realnode import RealNode
 from gpu_dra.driver.discovery import discover_devices
+from gpu_dra.driver.mig_policy import DEFAULT as DEFAULT_MIG_POLICY
+from gpu_dra.driver.mig_policy import MigPolicy, parse_policy
 from gpu_dra.driver.nvml.simulated import SimulatedHost
 from gpu_dra.kubelet_plugin.mig import SIMULATED_STATE_FILE
 from gpu_dra.kubelet_plugin.node_devices import NodeInventory
@@ -212,9 +214,15 @@ class Driver:
         host = SimulatedHost.load(self.profile, versions.NODE_NAME)
         found = discover_devices(host.nvml, host.pci, mig_profiles=self.dynamic_mig)
         inventory = NodeInventory.from_discovery(
-            found, simulated=True, dynamic_mig=self.dynamic_mig
+            found, simulated=True, dynamic_mig=self.dynamic_mig, mig_policy=self.mig_policy()
         )
         return {device["name"] for device in inventory.published_devices()}
+
+    def mig_policy(self) -> MigPolicy:
+        """The ``--dynamic-mig-profiles`` of `plugin_args` (the last one), else the default."""
+        prefix = "--dynamic-mig-profiles="
+        given = [arg.removeprefix(prefix) for arg in self.plugin_args if arg.startswith(prefix)]
+        return parse_policy(given[-1]) if given else DEFAULT_MIG_POLICY
 
     def stop_plugin(self) -> None:
         self.cluster.stop_component(PLUGIN)

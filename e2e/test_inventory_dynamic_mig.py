@@ -53,7 +53,7 @@ def test_five_slices_of_one_h100_block_it_whole_in_the_inventory(
 
     data = inventory_json(cluster)
     rows = {row["device"]: row for row in data["devices"]}
-    assert len(rows) == 8 * 26
+    assert len(rows) == 8 * 14  # default policy: 1g x7, 2g x3, 3g x2, 7g and the whole GPU
     assert rows[parent]["state"] == "blocked"
     assert rows[parent]["reason"] == f"counters of {parent}-counter-set used by {namespace}/five"
     assert {rows[name]["state"] for name in held} == {"allocated"}
@@ -68,12 +68,12 @@ def test_five_slices_of_one_h100_block_it_whole_in_the_inventory(
     node = data["nodes"][versions.NODE_NAME]
     free_on_parent = sum(r["state"] == "free" for r in placements)
     assert (node["allocated"], node["blocked"]) == (5, 1 + len(blocked))
-    assert node["free"] == 7 * 26 + free_on_parent
+    assert node["free"] == 7 * 14 + free_on_parent
     classes = {c["name"]: (c["total"], c["free"], c["blocked"]) for c in data["classes"]}
     assert classes["gpu.nvidia.com"] == (8, 7, 1)
     assert classes["hopper.gpu.nvidia.com"] == (8, 7, 1)
     assert classes["mig-7g.gpu.nvidia.com"] == (8, 7, 1)
-    assert classes["mig.nvidia.com"] == (200, 175 + free_on_parent, len(blocked))
+    assert classes["mig.nvidia.com"] == (104, 91 + free_on_parent, len(blocked))
 
     delete_pods(kube, namespace, ["pod-five"])
     kube.delete("resource.k8s.io/v1", "ResourceClaim", "five", namespace)

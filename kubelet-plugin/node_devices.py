@@ -20,6 +20,8 @@ from typing import Final
 
 from gpu_dra.driver import attributes, partitions, shares, slices
 from gpu_dra.driver.health import DeviceScope
+from gpu_dra.driver.mig_policy import DEFAULT as DEFAULT_MIG_POLICY
+from gpu_dra.driver.mig_policy import MigPolicy
 from gpu_dra.driver.model import Gpu, MigCapableGpu, MigDevice, MigPartition, NodeDevices
 from gpu_dra.driver.naming import gpu_device_name, mig_device_name
 from gpu_dra.driver.resourceapi import CounterSet, Device, DeviceTaint
@@ -138,9 +140,9 @@ class NodeInventory:
     `cdi_hook_path` / `disabled_cdi_hooks` shape the hook that makes DRM by-path links.
     `mig_capabilities` finds the capability nodes of real MIG devices (default: the driver's
     procfs under the driver root, then ``/proc``). With `dynamic_mig`, the GPUs of
-    `mig_profiles` that
-    `partitions.is_partitionable` accepts are published in partitionable form (their static MIG
-    devices are not published); without it `mig_profiles` is ignored.
+    `mig_profiles` that `partitions.is_partitionable` accepts under `mig_policy` are published
+    in partitionable form (their static MIG devices are not published), their partitions limited
+    to the profiles `mig_policy` offers; without it `mig_profiles` is ignored.
     """
 
     gpus: tuple[Gpu, ...]
@@ -150,6 +152,7 @@ class NodeInventory:
     mig_capabilities: MigCapabilityLookup | None = None
     dynamic_mig: bool = False
     mig_profiles: tuple[MigCapableGpu, ...] = ()
+    mig_policy: MigPolicy = DEFAULT_MIG_POLICY
     mps_shares: tuple[Gpu, ...] = ()
     """Whole GPUs offered as MPS shares (`shares.ShareSelection.select`); with dynamic MIG only
     GPUs it does not partition."""
@@ -169,7 +172,7 @@ class NodeInventory:
         uuids = {gpu.uuid for gpu in self.gpus}
         if self.dynamic_mig:
             partitioned = partitions.partitioned_node(
-                self.gpus, self.mig_devices, self.mig_profiles
+                self.gpus, self.mig_devices, self.mig_profiles, self.mig_policy
             )
             object.__setattr__(self, "_partitioned", partitioned)
         by_name = self._by_name
@@ -193,6 +196,7 @@ class NodeInventory:
         driver: DriverRoot = HOST_INSTALLED_DRIVER,
         mig_capabilities: MigCapabilityLookup | None = None,
         dynamic_mig: bool = False,
+        mig_policy: MigPolicy = DEFAULT_MIG_POLICY,
         mps_shares: shares.ShareSelection | None = None,
         cdi_hook_path: str = DEFAULT_CDI_HOOK_PATH,
         disabled_cdi_hooks: frozenset[str] = frozenset(),
@@ -205,7 +209,7 @@ class NodeInventory:
             {
                 mig_gpu.gpu.uuid
                 for mig_gpu in devices.mig_profiles
-                if partitions.is_partitionable(mig_gpu)
+                if partitions.is_partitionable(mig_gpu, mig_policy)
             }
             if dynamic_mig
             else set()
@@ -218,6 +222,7 @@ class NodeInventory:
             mig_capabilities=mig_capabilities,
             dynamic_mig=dynamic_mig,
             mig_profiles=devices.mig_profiles,
+            mig_policy=mig_policy,
             mps_shares=selection.select(devices.gpus, partitioned=partitioned),
             cdi_hook_path=cdi_hook_path,
             disabled_cdi_hooks=disabled_cdi_hooks,

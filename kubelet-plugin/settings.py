@@ -17,6 +17,13 @@ from gpu_dra.driver.health import (
     parse_taint_effect,
     parse_xids,
 )
+from gpu_dra.driver.mig_policy import DEFAULT as DEFAULT_MIG_POLICY
+from gpu_dra.driver.mig_policy import (
+    DEFAULT_POLICY_TEXT,
+    MigPolicy,
+    MigPolicyError,
+    parse_policy,
+)
 from gpu_dra.driver.naming import DEFAULT_DRIVER_NAME
 from gpu_dra.driver.shares import ShareSelection, ShareSelectionError
 from gpu_dra.driver.slices import SliceLayout
@@ -188,6 +195,8 @@ class KubeletPluginSettings:
     place, changed settings are set back); 0 turns the checks off."""
     dynamic_mig: bool = False
     """Publish MIG-capable GPUs as partitionable devices (MIG slices made on demand)."""
+    dynamic_mig_profiles: MigPolicy = DEFAULT_MIG_POLICY
+    """Which MIG profiles dynamic MIG publishes (`gpu_dra.driver.mig_policy`)."""
     feature_gates: tuple[str, ...] = ()
     """NVIDIA feature gates turned on (``DynamicMIG`` implies `dynamic_mig`)."""
     slice_layout: SliceLayout | None = None
@@ -601,14 +610,22 @@ def _add_mps_daemon_options(option: Callable[..., None], environ: Mapping[str, s
 
 
 def _add_dynamic_mig_options(option: Callable[..., None], environ: Mapping[str, str]) -> None:
-    """`--dynamic-mig`, `--feature-gates` and `--slice-layout`."""
+    """`--dynamic-mig`, `--dynamic-mig-profiles`, `--feature-gates` and `--slice-layout`."""
     option(
         "--dynamic-mig",
         "publish MIG-capable GPUs as partitionable devices: every placement of every MIG "
-        "profile, MIG slices made on demand (true/false; a bare flag means true)",
+        "profile --dynamic-mig-profiles offers, MIG slices made on demand (true/false; a bare "
+        "flag means true)",
         "false",
         nargs="?",
         const="true",
+    )
+    option(
+        "--dynamic-mig-profiles",
+        "MIG profiles dynamic MIG publishes: [<model>=]<profile>,... entries separated by ';'; "
+        "a profile is a name (1g.10gb, 1g.10gb+me), a shape (1g, 3g, 1g+me: the shape's "
+        "smallest profile) or all",
+        DEFAULT_POLICY_TEXT,
     )
     option(
         "--feature-gates",
@@ -627,18 +644,24 @@ def _add_dynamic_mig_options(option: Callable[..., None], environ: Mapping[str, 
 def _dynamic_mig_settings(
     parser: argparse.ArgumentParser, args: argparse.Namespace
 ) -> dict[str, Any]:
-    """`--dynamic-mig`, `--feature-gates` and `--slice-layout` (None = auto), or a usage error."""
+    """`--dynamic-mig`, `--dynamic-mig-profiles`, `--feature-gates` and `--slice-layout` (None =
+    auto), or a usage error."""
     try:
         dynamic_mig = parse_bool(args.dynamic_mig or "", "--dynamic-mig")
         feature_gates = parse_feature_gates(args.feature_gates or "")
     except ValueError as error:
         parser.error(str(error))
+    try:
+        mig_policy = parse_policy(args.dynamic_mig_profiles or DEFAULT_POLICY_TEXT)
+    except MigPolicyError as error:
+        parser.error(f"--dynamic-mig-profiles: {error}")
     layout_name = (args.slice_layout or "auto").strip().lower()
     layouts = {layout.value: layout for layout in SliceLayout}
     if layout_name != "auto" and layout_name not in layouts:
         parser.error(f"--slice-layout must be auto, split or combined, got {args.slice_layout!r}")
     return {
         "dynamic_mig": dynamic_mig,
+        "dynamic_mig_profiles": mig_policy,
         "feature_gates": feature_gates,
         "slice_layout": layouts.get(layout_name),
     }

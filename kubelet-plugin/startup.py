@@ -383,6 +383,34 @@ def slice_layout(
     return layout
 
 
+def _log_mig_policy(
+    settings: KubeletPluginSettings, devices: NodeDevices, inventory: NodeInventory
+) -> None:
+    """What `--dynamic-mig-profiles` publishes per MIG-capable GPU (a GPU it offers nothing on
+    stays a plain GPU: a warning, as that is rarely meant)."""
+    policy = settings.dynamic_mig_profiles
+    published = inventory.published_devices()
+    for mig_gpu in devices.mig_profiles:
+        offered = policy.offered(mig_gpu.gpu, mig_gpu.profiles)
+        if not offered and mig_gpu.profiles:
+            log.warning(
+                "--dynamic-mig-profiles=%s offers none of the MIG profiles of GPU %d (%s: %s); "
+                "it is not partitioned",
+                policy,
+                mig_gpu.gpu.index,
+                mig_gpu.gpu.product_name,
+                ",".join(profile.name for profile in mig_gpu.profiles),
+            )
+            continue
+        log.info(
+            "dynamic MIG profiles of GPU %d (%s): %s",
+            mig_gpu.gpu.index,
+            mig_gpu.gpu.product_name,
+            ",".join(profile.name for profile in offered),
+        )
+    log.info("publishing %d devices (--dynamic-mig-profiles=%s)", len(published), policy)
+
+
 def node_inventory(settings: KubeletPluginSettings, devices: NodeDevices) -> NodeInventory:
     """The inventory of what `discover` found, logged; a warning when it publishes nothing."""
     dynamic_mig = settings.dynamic_mig_enabled
@@ -392,6 +420,7 @@ def node_inventory(settings: KubeletPluginSettings, devices: NodeDevices) -> Nod
         driver=driver_root(settings),
         mps_shares=settings.mps_shares,
         dynamic_mig=dynamic_mig,
+        mig_policy=settings.dynamic_mig_profiles,
         cdi_hook_path=settings.nvidia_cdi_hook_path,
         disabled_cdi_hooks=settings.disable_cdi_hooks,
     )
@@ -406,6 +435,8 @@ def node_inventory(settings: KubeletPluginSettings, devices: NodeDevices) -> Nod
         dynamic_mig,
         len(inventory.counter_sets()),
     )
+    if dynamic_mig:
+        _log_mig_policy(settings, devices, inventory)
     if not inventory.published_devices():
         log.warning(
             "no device to publish: %s",

@@ -29,6 +29,8 @@ from gpu_dra.controller.catalog import load_catalog
 from gpu_dra.controller.settings import ControllerSettings
 from gpu_dra.controller.webhook import PATH as WEBHOOK_PATH
 from gpu_dra.controller.webhook import ReloadingCertificate, WebhookServer
+from gpu_dra.driver.mig_policy import DEFAULT as DEFAULT_MIG_POLICY
+from gpu_dra.driver.mig_policy import parse_policy
 from gpu_dra.kubelet_plugin.settings import KubeletPluginSettings
 from tests.helmchart import (
     CHART,
@@ -67,6 +69,7 @@ GPU_OPERATOR: dict[str, Any] = {
         "kubeletPluginsDirectoryPath": "/var/lib/k/plugins",
         "kubeletRegistrarDirectoryPath": "/var/lib/k/plugins_registry",
         "priorityClassName": "gpu-critical",
+        "dynamicMigProfiles": "H100=1g,1g+me,7g;all",
         "containers": {"gpus": {"resources": {"requests": {"cpu": "100m"}}}},
     },
     "metrics": {"kubeletPluginPort": 9401, "controllerPort": 9400},
@@ -124,6 +127,7 @@ def test_defaults_render_only_once_the_device_plugin_is_acknowledged_off() -> No
         ("webhook.failurePolicy=Sometimes", "'/webhook/failurePolicy'"),
         ("webhook.tls.mode=vault", "'/webhook/tls/mode'"),
         ("webhook.containerPort=443", "'/webhook/containerPort'"),
+        ("kubeletPlugin.dynamicMigProfiles=1g/7g", "'/kubeletPlugin/dynamicMigProfiles'"),
         # The kubelet's grpc probe needs a fixed port.
         (
             "kubeletPlugin.containers.gpus.healthcheckPort=0",
@@ -150,6 +154,8 @@ def test_the_daemonset_env_parses_into_the_plugin_settings_it_means(
 
     assert settings.node_name == NODE
     assert settings.simulate is None
+    # dynamic MIG publishes the documented default profiles unless told otherwise
+    assert settings.dynamic_mig_profiles == DEFAULT_MIG_POLICY
     # The kubelet dials the socket path the plugin registers: host paths, mounted as they are.
     for path in (settings.kubelet_plugins_dir, settings.kubelet_registry_dir, settings.cdi_root):
         volume = host_driver.volume("DaemonSet", mounted[str(path)]["name"])
@@ -195,6 +201,8 @@ def test_gpu_operator_values_reach_the_plugin(gpu_operator: Rendered) -> None:
 
     assert settings.dynamic_mig_enabled
     assert env["FEATURE_GATES"] == "DynamicMIG=true,MPSSupport=true,"
+    assert env["GPU_DRA_DYNAMIC_MIG_PROFILES"] == "H100=1g,1g+me,7g;all"
+    assert settings.dynamic_mig_profiles == parse_policy("H100=1g,1g+me,7g;all")
     assert env["NVIDIA_CDI_HOOK_PATH"] == "/usr/local/nvidia/toolkit/nvidia-cdi-hook"
     assert settings.kubelet_plugins_dir == Path("/var/lib/k/plugins")
     assert settings.kubelet_registry_dir == Path("/var/lib/k/plugins_registry")

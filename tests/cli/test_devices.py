@@ -68,10 +68,23 @@ def test_devices_dynamic_mig_shows_the_partitionable_form_the_plugin_publishes(c
 
     assert code == EXIT_OK
     assert json.loads(out) == plugin.published_devices()
-    assert len(json.loads(out)) == 8 * 26
+    assert len(json.loads(out)) == 8 * 14  # the default policy: 1g x7, 2g x3, 3g x2, 7g, whole
     code, out, _ = run(capsys, "devices", "--simulate", "hgx-h100", "--node", "n", "--dynamic-mig")
     names = [row[0] for row in table(out)[1:]]
     assert names[:3] == ["gpu-0", "gpu-0-mig-1g10gb-19-0", "gpu-0-mig-1g10gb-19-1"]
+
+
+def test_devices_dynamic_mig_profiles_choose_the_published_profiles(capsys):
+    args = ["devices", "--simulate", "hgx-h100", "--node", "n", "--dynamic-mig", "-o", "json"]
+    code, out, _ = run(capsys, *args, "--dynamic-mig-profiles", "all")
+    assert code == EXIT_OK
+    assert len(json.loads(out)) == 8 * 26
+    code, out, _ = run(capsys, *args, "--dynamic-mig-profiles", "1g+me,7g.80gb")
+    profiles = {d["attributes"].get("profile", {}).get("string") for d in json.loads(out)}
+    assert profiles == {None, "1g.10gb+me", "7g.80gb"}  # None: the whole GPUs
+    code, _, err = run(capsys, *args, "--dynamic-mig-profiles", "7g.80")
+    assert code == EXIT_USAGE
+    assert "--dynamic-mig-profiles: dynamic MIG profiles entry '7g.80': '7g.80' is not" in err
 
 
 def test_devices_yaml_holds_the_same_device_objects_as_json(capsys):

@@ -21,6 +21,7 @@ from gpu_dra.driver.cel import Quantity
 from gpu_dra.driver.cluster.availability import quantity_text
 from gpu_dra.driver.cluster.usage import Inventory, inventory
 from gpu_dra.driver.discovery import discover_devices
+from gpu_dra.driver.mig_policy import EVERYTHING
 from gpu_dra.driver.model import MigPartition
 from gpu_dra.driver.nvml.simulated import SimulatedHost
 from gpu_dra.driver.shares import ShareSelection
@@ -48,9 +49,12 @@ def published_slices(node: NodeInventory, layout: slices.SliceLayout) -> list[Ob
 
 
 def dynamic_mig_node() -> NodeInventory:
+    """Every profile (``--dynamic-mig-profiles=all``): the +me and 1g.20gb placements too."""
     host = SimulatedHost.load("hgx-h100", NODE)
     found = discover_devices(host.nvml, host.pci, mig_profiles=True)
-    return NodeInventory.from_discovery(found, simulated=True, dynamic_mig=True)
+    return NodeInventory.from_discovery(
+        found, simulated=True, dynamic_mig=True, mig_policy=EVERYTHING
+    )
 
 
 def share_node(selection: str = "0") -> NodeInventory:

@@ -104,15 +104,13 @@ def test_shipped_catalog_selects_what_docs_say(capsys):
     mig_profiles = {"hgx-h100-mig", "hgx-h100+dynamic-mig", "hgx-h100-mig+dynamic-mig"}
     assert set(selects["mig.nvidia.com"]) == mig_profiles
     assert all("-mig-" in name for name in selects["mig.nvidia.com"]["hgx-h100-mig"])
-    assert len(selects["mig.nvidia.com"]["hgx-h100+dynamic-mig"]) == 8 * 25
+    # the default --dynamic-mig-profiles (1g, 2g, 3g, 7g): 13 placements per H100, no 4g
+    assert len(selects["mig.nvidia.com"]["hgx-h100+dynamic-mig"]) == 8 * 13
     for family in ("1g", "2g", "3g", "4g", "7g"):
         by_profile = selects[f"mig-{family}.gpu.nvidia.com"]
-        assert set(by_profile) == mig_profiles
+        assert set(by_profile) == (mig_profiles if family != "4g" else {"hgx-h100-mig"})
         names = [name for names in by_profile.values() for name in names]
         assert all(f"-mig-{family}" in name for name in names), family
-    assert sorted(selects["mig-4g.gpu.nvidia.com"]["hgx-h100+dynamic-mig"]) == [
-        f"gpu-{minor}-mig-4g40gb-5-0" for minor in range(8)
-    ]
     assert "gpu-0" in selects["gpu.nvidia.com"]["hgx-h100+dynamic-mig"]
     for whole in ("gpu.nvidia.com", "hopper.gpu.nvidia.com", "training.gpu.nvidia.com"):
         assert not any("-mig-" in name for names in selects[whole].values() for name in names)
@@ -124,6 +122,54 @@ def test_shipped_catalog_selects_what_docs_say(capsys):
     assert "hgx-h100" in selects["hopper.gpu.nvidia.com"]
     assert "dgx-a100" not in selects["hopper.gpu.nvidia.com"]
     assert "l4x4" not in selects["large-memory.gpu.nvidia.com"]
+
+
+# ---- the dynamic MIG profile policy ------------------------------------------------------------
+
+POLICY_WARNING = "selects no dynamic MIG partition published with --dynamic-mig-profiles="
+
+
+def test_a_class_for_a_profile_the_default_policy_leaves_out_is_a_warning(capsys):
+    code, out, _ = run(capsys, str(REPO / "deviceclasses"))
+
+    assert code == EXIT_OK
+    file = REPO / "deviceclasses" / "mig-4g.gpu.nvidia.com.yaml"
+    assert [w for w in lines(out, "WARNING") if POLICY_WARNING in w] == [
+        f"WARNING {file} DeviceClass/mig-4g.gpu.nvidia.com: {POLICY_WARNING}1g,2g,3g,7g, "
+        "only 16 it leaves out (4g.40gb): its claims stay pending on nodes with --dynamic-mig "
+        "unless the policy offers those profiles"
+    ]
+
+
+@pytest.mark.parametrize("policy", ["all", "1g,2g,3g,4g,7g", "h100 80gb=1g,2g,3g,4g,7g;1g"])
+def test_a_policy_offering_the_profile_silences_the_warning_and_publishes_it(capsys, policy):
+    code, out, _ = run(
+        capsys, "--dynamic-mig-profiles", policy, "-o", "json", str(REPO / "deviceclasses")
+    )
+
+    assert code == EXIT_OK
+    report = json.loads(out)
+    assert [f for f in report["findings"] if POLICY_WARNING in f["message"]] == []
+    selects = {c["name"]: c["selects"] for c in report["classes"]}
+    assert sorted(selects["mig-4g.gpu.nvidia.com"]["hgx-h100+dynamic-mig"]) == [
+        f"gpu-{minor}-mig-4g40gb-5-0" for minor in range(8)
+    ]
+
+
+def test_a_class_for_media_extension_slices_needs_them_named(capsys, tmp_path):
+    media = device_class("media", f"{G}.type == 'mig' && {G}.profile.endsWith('+me')")
+    file = write(tmp_path / "media.yaml", media)
+
+    code, out, _ = run(capsys, file)
+    assert [w.split(": ", 1)[1] for w in lines(out, "WARNING") if POLICY_WARNING in w] == [
+        f"{POLICY_WARNING}1g,2g,3g,7g, only 112 it leaves out (1g.10gb+me): its claims stay "
+        "pending on nodes with --dynamic-mig unless the policy offers those profiles"
+    ]
+    code, out, _ = run(capsys, "--dynamic-mig-profiles", "1g,1g+me,7g", file)
+    assert [w for w in lines(out, "WARNING") if POLICY_WARNING in w] == []
+    code, _, err = run(capsys, "--dynamic-mig-profiles", "1g;;3g", file)
+    assert code == EXIT_USAGE
+    assert "--dynamic-mig-profiles: dynamic MIG profiles: two entries without a model" in err
 
 
 # ---- compile errors, runtime errors, names ----------------------------------------------------

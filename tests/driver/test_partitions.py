@@ -10,15 +10,19 @@ the hardware accepts.
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 from functools import cache
 from pathlib import Path
 
 import pytest
 import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gpu_dra.driver import attributes
 from gpu_dra.driver.cel import Selector, compile_selector, to_cel_device
 from gpu_dra.driver.discovery import discover_devices
+from gpu_dra.driver.mig_policy import DEFAULT, EVERYTHING, MigPolicy, parse_policy
 from gpu_dra.driver.model import MigCapableGpu, MigPartition, NodeDevices
 from gpu_dra.driver.nvml.interface import NVMLError, NvmlLibrary
 from gpu_dra.driver.nvml.simulated import SimulatedHost
@@ -27,6 +31,7 @@ from gpu_dra.driver.partitions import (
     counter_set,
     gpu_partition_devices,
     is_partitionable,
+    offered_partitions,
     offers_whole,
     partitioned_node,
 )
@@ -80,8 +85,8 @@ def mig_gpu(model: str) -> MigCapableGpu:
     return found
 
 
-def devices_by_name(model: str) -> dict[str, Device]:
-    return {device["name"]: device for device in gpu_partition_devices(mig_gpu(model))}
+def devices_by_name(model: str, policy: MigPolicy = EVERYTHING) -> dict[str, Device]:
+    return {device["name"]: device for device in gpu_partition_devices(mig_gpu(model), policy)}
 
 
 def fits(devices: list[Device], shared: CounterSet) -> bool:
@@ -132,44 +137,60 @@ def test_names_spell_profile_id_and_placement_start() -> None:
 
 
 @pytest.mark.parametrize("model", sorted(MODELS))
-def test_counter_set_holds_max_resources_and_one_counter_per_memory_slice(model: str) -> None:
+def test_counter_set_holds_the_gpus_amounts_of_the_counters_that_can_run_out(model: str) -> None:
     gpu = mig_gpu(model)
-    shared = counter_set(gpu)
+    shared = counter_set(gpu, EVERYTHING)
     slices = 4 if model == "A30" else 8
     full = max(gpu.profiles, key=lambda profile: profile.placement_size)
 
     assert shared["name"] == "gpu-0-counter-set"
     counters = {name: quantity(c["value"]) for name, c in shared["counters"].items()}
     assert [counters.pop(f"memory-slice-{i}") for i in range(slices)] == [1] * slices
-    assert counters["memory"] == full.memory_bytes  # the largest profile spans the GPU
-    assert counters["multiprocessors"] == max(p.multiprocessors for p in gpu.profiles)
-    assert counters["copy-engines"] == max(p.copy_engines for p in gpu.profiles)
-    assert set(counters) == {
-        "multiprocessors",
-        "copy-engines",
-        "decoders",
-        "encoders",
-        "jpeg-engines",
-        "ofa-engines",
-        "memory",
+    # with every profile, only media engines that the +me slices take can run out before the
+    # memory slices do (the single OFA engine everywhere); SMs, copy engines, memory never can
+    assert "ofa-engines" in counters
+    assert set(counters) <= {"ofa-engines", "decoders", "jpeg-engines", "encoders"}
+    maxima = {
+        "ofa-engines": full.ofa_engines,
+        "decoders": full.decoders,
+        "jpeg-engines": full.jpeg_engines,
+        "encoders": full.encoders,
     }
+    assert counters == {name: maxima[name] for name in counters}
+    # without the +me profiles no engine counter is left: memory slices say everything
+    plain = counter_set(gpu, parse_policy("1g,2g,3g,4g,7g"))
+    assert sorted(plain["counters"]) == [f"memory-slice-{i}" for i in range(slices)]
 
 
-def test_partition_consumes_its_profile_and_memory_slices() -> None:
+def test_a_counter_stays_when_the_offered_partitions_can_exceed_it() -> None:
+    """A GPU whose 1g slices have more SMs than the GPU has, once packed: the SM counter binds."""
+    gpu = mig_gpu("H100-SXM5-80GB")
+    small = next(p for p in gpu.profiles if p.name == "1g.10gb")
+    greedy = replace(gpu, profiles=(replace(small, multiprocessors=20), *gpu.profiles[1:]))
+    shared = counter_set(greedy, parse_policy("1g.10gb"))
+
+    assert quantity(shared["counters"]["multiprocessors"]["value"]) == 132  # 7 x 20 > 132
+    assert set(shared["counters"]) == {"multiprocessors"} | {
+        f"memory-slice-{i}" for i in range(7)
+    }  # a 1g never sits on slice 7: no counter for it
+
+
+def test_partition_consumes_the_binding_counters_of_its_profile_and_memory_slices() -> None:
     device = devices_by_name("H100-SXM5-80GB")["gpu-0-mig-3g40gb-9-4"]
     (entry,) = device["consumesCounters"]
 
     assert entry["counterSet"] == "gpu-0-counter-set"
-    assert entry["counters"] == {
-        "multiprocessors": {"value": "60"},
-        "copy-engines": {"value": "3"},
-        "decoders": {"value": "3"},
-        "encoders": {"value": "0"},
-        "jpeg-engines": {"value": "3"},
-        "ofa-engines": {"value": "0"},
-        "memory": {"value": "40448Mi"},
-        **{f"memory-slice-{i}": {"value": "1"} for i in (4, 5, 6, 7)},
+    assert entry["counters"] == {f"memory-slice-{i}": {"value": "1"} for i in (4, 5, 6, 7)}
+    media = devices_by_name("H100-SXM5-80GB")["gpu-0-mig-1g10gb-me-20-3"]
+    assert media["consumesCounters"][0]["counters"] == {
+        "ofa-engines": {"value": "1"},
+        "memory-slice-3": {"value": "1"},
     }
+    whole = devices_by_name("H100-SXM5-80GB")["gpu-0"]
+    assert (
+        whole["consumesCounters"][0]["counters"]
+        == counter_set(mig_gpu("H100-SXM5-80GB"), EVERYTHING)["counters"]
+    )
 
 
 @pytest.mark.parametrize("model", sorted(MODELS))
@@ -177,7 +198,7 @@ def test_two_partitions_fit_exactly_when_the_hardware_holds_both(model: str) -> 
     """Every pair of placements: counters allow it iff the simulated NVML creates both."""
     gpu = mig_gpu(model)
     devices = devices_by_name(model)
-    shared = counter_set(gpu)
+    shared = counter_set(gpu, EVERYTHING)
     partitions = {name: p for name, p in zip_partitions(gpu)}
     _, host = one_gpu(model)
     nvml = host.nvml
@@ -198,7 +219,7 @@ def test_two_partitions_fit_exactly_when_the_hardware_holds_both(model: str) -> 
 
 
 def zip_partitions(gpu: MigCapableGpu) -> list[tuple[str, MigPartition]]:
-    by_name = {d["name"] for d in gpu_partition_devices(gpu)}
+    by_name = {d["name"] for d in gpu_partition_devices(gpu, EVERYTHING)}
     pairs = [
         (f"gpu-0-mig-{slug(p)}-{p.gi_profile_id}-{p.placement_start}", p) for p in gpu.partitions()
     ]
@@ -228,6 +249,120 @@ def hardware_holds(nvml: NvmlLibrary, handle: object, a: MigPartition, b: MigPar
             nvml.gpu_instance_destroy(gi)
 
 
+@st.composite
+def policies_and_picks(draw: st.DrawFn) -> tuple[str, str, list[int]]:
+    """A model, a policy of a non-empty subset of its profile names, and a pick order."""
+    model = draw(st.sampled_from(sorted(MODELS)))
+    names = [profile.name for profile in mig_gpu(model).profiles]
+    chosen = draw(st.lists(st.sampled_from(names), min_size=1, max_size=len(names), unique=True))
+    picks = draw(st.lists(st.integers(min_value=0, max_value=40), min_size=1, max_size=12))
+    return model, ",".join(chosen), picks
+
+
+@settings(deadline=None)
+@given(policies_and_picks())
+def test_for_every_profile_subset_the_counters_allow_exactly_what_nvml_makes(
+    case: tuple[str, str, list[int]],
+) -> None:
+    """Issue 15: whatever subset of profiles a policy offers, devices picked one after the other
+    fit by counters exactly when the simulated NVML makes their GPU instances next to those
+    made before (and the whole GPU only alone); every published device is a partition of the
+    policy or the whole GPU, and each partition alone can be made."""
+    model, text, picks = case
+    policy = parse_policy(text)
+    gpu = mig_gpu(model)
+    devices = devices_by_name(model, policy)
+    shared = counter_set(gpu, policy)
+    partitions = {
+        name: p for name, p in zip_partitions(gpu) if p.profile_name in set(text.split(","))
+    }
+    assert set(devices) - {"gpu-0"} == set(partitions)
+    assert [p.profile_name for p in offered_partitions(gpu, policy)] == [
+        p.profile_name for p in partitions.values()
+    ]
+    names = sorted(devices)
+    _, host = one_gpu(model)
+    nvml = host.nvml
+    nvml.init()
+    handle = nvml.device_get_handle_by_index(0)
+    if not gpu.gpu.mig_enabled:
+        nvml.device_set_mig_mode(handle, 1)
+    made: list[object] = []
+    chosen: list[str] = []
+    try:
+        for pick in picks:
+            name = names[pick % len(names)]
+            if name in chosen:
+                continue  # the scheduler never offers an allocated device again
+            fits_now = fits([devices[n] for n in [*chosen, name]], shared)
+            if name == "gpu-0":
+                assert fits_now == (not chosen), (text, chosen, name)
+            else:
+                made_now = None if "gpu-0" in chosen else try_create(nvml, handle, partitions[name])
+                assert fits_now == (made_now is not None), (text, chosen, name)
+                if made_now is not None:
+                    made.append(made_now)
+            if fits_now:
+                chosen.append(name)
+    finally:
+        for gi in made:
+            nvml.gpu_instance_destroy(gi)
+        if not gpu.gpu.mig_enabled:
+            nvml.device_set_mig_mode(handle, 0)
+        nvml.shutdown()
+
+
+def try_create(nvml: NvmlLibrary, handle: object, partition: MigPartition) -> object | None:
+    placement = _Placement(partition.placement_start, partition.placement_size)
+    try:
+        return nvml.device_create_gpu_instance_with_placement(
+            handle, partition.gi_profile_id, placement
+        )
+    except NVMLError:
+        return None
+
+
+@pytest.mark.parametrize("model", sorted(MODELS))
+def test_every_placement_of_an_offered_profile_is_needed(model: str) -> None:
+    """A profile's placements never overlap one another, so the layout of as many instances of
+    it as fit uses every one of them: no published placement can be dropped (docs/mig.md)."""
+    for profile in mig_gpu(model).profiles:
+        starts = profile.placement_starts
+        for a, b in itertools.combinations(starts, 2):
+            assert abs(a - b) >= profile.placement_size, (profile.name, starts)
+
+
+def test_the_default_policy_publishes_the_balanced_shapes_and_the_full_slice() -> None:
+    offered = {
+        model: sorted({p.profile_name for p in offered_partitions(mig_gpu(model), DEFAULT)})
+        for model in MODELS
+    }
+    assert offered == {
+        "A100-SXM4-40GB": ["1g.5gb", "2g.10gb", "3g.20gb", "7g.40gb"],
+        "A100-SXM4-80GB": ["1g.10gb", "2g.20gb", "3g.40gb", "7g.80gb"],
+        "A30": ["1g.6gb", "2g.12gb"],
+        "H100-SXM5-80GB": ["1g.10gb", "2g.20gb", "3g.40gb", "7g.80gb"],
+        "H200-141GB": ["1g.18gb", "2g.35gb", "3g.71gb", "7g.141gb"],
+    }
+
+
+def test_a_gpu_the_policy_offers_nothing_on_stays_a_plain_gpu() -> None:
+    host = host_of(
+        [
+            {"model": "H100-SXM5-80GB", "busId": "0000:1b:00.0"},
+            {"model": "A100-SXM4-80GB", "busId": "0000:2b:00.0", "migMode": [1, 1]},
+        ]
+    )
+    found = discover_devices(host.nvml, host.pci, mig_profiles=True)
+    node = partitioned_node(
+        found.gpus, found.mig_devices, found.mig_profiles, parse_policy("A100=1g,7g")
+    )
+
+    assert [c["name"] for c in node.counter_sets] == ["gpu-1-counter-set"]
+    assert "consumesCounters" not in next(d for d in node.devices if d["name"] == "gpu-0")
+    assert {p.profile_name for p in node.partitions} == {"1g.10gb", "7g.80gb"}
+
+
 class _Placement:
     def __init__(self, start: int, size: int) -> None:
         self.start = start
@@ -249,7 +384,7 @@ class _Placement:
 )
 def test_full_layouts_fit_and_nothing_more(model: str, layout: list[str]) -> None:
     devices = devices_by_name(model)
-    shared = counter_set(mig_gpu(model))
+    shared = counter_set(mig_gpu(model), EVERYTHING)
     chosen = [devices[f"gpu-0-mig-{name}"] for name in layout]
 
     assert fits(chosen, shared)
@@ -260,7 +395,7 @@ def test_full_layouts_fit_and_nothing_more(model: str, layout: list[str]) -> Non
 @pytest.mark.parametrize("model", sorted(HOPPER))
 def test_the_whole_gpu_excludes_every_partition(model: str) -> None:
     devices = devices_by_name(model)
-    shared = counter_set(mig_gpu(model))
+    shared = counter_set(mig_gpu(model), EVERYTHING)
     whole = devices.pop("gpu-0")
 
     assert fits([whole], shared)
@@ -276,7 +411,7 @@ def test_partition_attributes_are_a_static_mig_devices_without_uuid() -> None:
         for mig in found.mig_devices
         if attributes.mig_device(mig)["name"] == "gpu-1-mig-3g40gb-9-4"
     ]
-    node = partitioned_node(found.gpus, found.mig_devices, found.mig_profiles)
+    node = partitioned_node(found.gpus, found.mig_devices, found.mig_profiles, EVERYTHING)
     (dynamic,) = [d for d in node.devices if d["name"] == "gpu-1-mig-3g40gb-9-4"]
 
     static_attributes = dict(static["attributes"])
@@ -287,6 +422,15 @@ def test_partition_attributes_are_a_static_mig_devices_without_uuid() -> None:
     # dynamic MIG owns every H100 there: no static device is published next to the partitions
     assert len(node.devices) == 8 * 26
     assert next(p for p in node.partitions if p.parent.minor == 1).parent == found.gpus[1]
+    # the default policy (1g, 2g, 3g, 7g): 7 + 3 + 2 + 1 partitions and the whole GPU each
+    default = partitioned_node(found.gpus, found.mig_devices, found.mig_profiles)
+    assert len(default.devices) == 8 * 14
+    assert {p.profile_name for p in default.partitions} == {
+        "1g.10gb",
+        "2g.20gb",
+        "3g.40gb",
+        "7g.80gb",
+    }
 
 
 def test_ampere_with_mig_off_stays_a_plain_whole_gpu() -> None:
@@ -388,7 +532,7 @@ def test_other_profile_query_errors_are_problems_with_mig_on_or_off() -> None:
 
 def test_partition_devices_stay_within_the_attribute_limit() -> None:
     for model in MODELS:
-        for device in gpu_partition_devices(mig_gpu(model)):
+        for device in gpu_partition_devices(mig_gpu(model), EVERYTHING):
             attributes.check_limits(device)
             count = len(device.get("attributes", {})) + len(device.get("capacity", {}))
             assert count <= attributes.MAX_ATTRIBUTES_AND_CAPACITIES
@@ -409,7 +553,7 @@ def class_selectors(name: str) -> list[Selector]:
 
 @pytest.mark.parametrize("model", sorted(MODELS))
 def test_family_classes_select_their_compute_slice_count_on_every_model(model: str) -> None:
-    devices = gpu_partition_devices(mig_gpu(model))
+    devices = gpu_partition_devices(mig_gpu(model), EVERYTHING)
     cel_devices = [(d["name"], to_cel_device("gpu.nvidia.com", d)) for d in devices]
     chosen = {}
     for family in ("1g", "2g", "3g", "4g", "7g"):

@@ -152,3 +152,34 @@ def test_a_node_with_nothing_to_publish_warns(
     (record,) = [r for r in caplog.records if r.levelno >= logging.WARNING]
     assert record.levelno == logging.WARNING
     assert "no device to publish: every usable GPU is in MIG mode" in record.message
+
+
+def test_the_dynamic_mig_policy_is_applied_and_logged_per_gpu(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    node = profile_file(
+        tmp_path,
+        [
+            {"model": "H100-SXM5-80GB", "busId": "00000000:1B:00.0"},
+            {"model": "A100-SXM4-80GB", "busId": "00000000:2B:00.0", "migMode": [1, 1]},
+        ],
+    )
+    plugin = settings(tmp_path, node, "--dynamic-mig", "--dynamic-mig-profiles=H100=3g,7g")
+    nvml, pci = node_nvml(plugin)
+    with caplog.at_level(logging.INFO):
+        inventory = node_inventory(plugin, discover(plugin, nvml, pci))
+
+    names = sorted(d["name"] for d in inventory.published_devices())
+    assert names == [
+        "gpu-0",
+        "gpu-0-mig-3g40gb-9-0",
+        "gpu-0-mig-3g40gb-9-4",
+        "gpu-0-mig-7g80gb-0-0",
+    ]
+    assert "dynamic MIG profiles of GPU 0 (NVIDIA H100 80GB HBM3): 3g.40gb,7g.80gb" in caplog.text
+    (warning,) = [r.message for r in caplog.records if r.levelno >= logging.WARNING]
+    assert warning.startswith(
+        "--dynamic-mig-profiles=H100=3g,7g offers none of the MIG profiles of GPU 1 "
+        "(NVIDIA A100-SXM4-80GB: 1g.10gb,"
+    )
+    assert "publishing 4 devices (--dynamic-mig-profiles=H100=3g,7g)" in caplog.text

@@ -9,6 +9,7 @@ from pathlib import Path, PurePosixPath
 import pytest
 
 from gpu_dra.driver.health import TaintEffect
+from gpu_dra.driver.mig_policy import DEFAULT, EVERYTHING, parse_policy
 from gpu_dra.driver.shares import ShareSelection
 from gpu_dra.driver.slices import SliceLayout
 from gpu_dra.kubelet_plugin.settings import KubeletPluginSettings
@@ -49,6 +50,7 @@ ALL_FLAGS = [
     "--dynamic-mig=true",
     "--feature-gates=DynamicMIG=true,MPSSupport=false,TimeSlicingSettings=true",
     "--slice-layout=combined",
+    "--dynamic-mig-profiles=H100=1g.10gb,1g+me;all",
     "--health-monitor=false",
     "--health-ignored-xids=13,31",
     "--additional-xids-to-ignore=48",
@@ -92,6 +94,7 @@ EXPECTED = KubeletPluginSettings(
     dynamic_mig=True,
     feature_gates=("DynamicMIG", "TimeSlicingSettings"),
     slice_layout=SliceLayout.COMBINED,
+    dynamic_mig_profiles=parse_policy("H100=1g+me,1g.10gb;all"),
     health_monitor=False,
     health_ignored_xids=frozenset({13, 31}),
     additional_xids_to_ignore=frozenset({48}),
@@ -539,12 +542,25 @@ def test_nvidia_dynamic_mig_gate_turns_dynamic_mig_on_from_flag_or_feature_gates
         (["--feature-gates=DynamicMIG"], "must be written Name=true|false"),
         (["--feature-gates=PassthroughSupport=true"], "PassthroughSupport is not implemented"),
         (["--slice-layout=flat"], "--slice-layout must be auto, split or combined"),
+        (
+            ["--dynamic-mig-profiles=1g,3g.40"],
+            "--dynamic-mig-profiles: dynamic MIG profiles entry '1g,3g.40': '3g.40' is not a "
+            "MIG profile",
+        ),
+        (["--dynamic-mig-profiles=;"], "--dynamic-mig-profiles: dynamic MIG profiles ';': no"),
+        (["--dynamic-mig-profiles=1g;3g"], "two entries without a model"),
     ],
 )
 def test_bad_dynamic_mig_settings_are_usage_errors(
     capsys: pytest.CaptureFixture[str], argv: list[str], message: str
 ) -> None:
     assert message in usage_error(capsys, ["--node-name=a", *argv], {})
+
+
+def test_dynamic_mig_profiles_default_to_the_balanced_shapes_and_read_the_environment() -> None:
+    assert KubeletPluginSettings.parse(["--node-name=a"], {}).dynamic_mig_profiles == DEFAULT
+    env = {"GPU_DRA_DYNAMIC_MIG_PROFILES": "all"}
+    assert KubeletPluginSettings.parse(["--node-name=a"], env).dynamic_mig_profiles == EVERYTHING
 
 
 def test_slice_layout_auto_leaves_the_choice_to_the_apiserver_version() -> None:
