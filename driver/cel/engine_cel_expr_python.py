@@ -80,7 +80,13 @@ class Program:
 def compile_program(expression: str) -> Program:
     """Parse and type-check `expression`; raises `CelCompileError` with the engine's message."""
     environment = _environment()
-    checked = environment.compile(expression)
+    typed_text = typed_device_fields(expression)
+    try:
+        checked = environment.compile(expression)
+    except CelCompileError:
+        if typed_text is not None:  # the typed check words it as the apiserver does
+            environment.type_check(expression, typed_text)
+        raise
     for offset in root_identifier_offsets(expression, "kubernetes"):
         # The message types are the wrapper's representation, not part of the language.
         line, column = line_column(expression, offset)
@@ -93,7 +99,6 @@ def compile_program(expression: str) -> Program:
             line, column = line_column(expression, offset)
             raise CelCompileError(f"ERROR: <input>:{line}:{column}: invalid matches argument")
     result_type = str(checked.return_type().name()).lower()
-    typed_text = typed_device_fields(expression)
     if typed_text is not None:
         result_type = environment.type_check(expression, typed_text)
     rewritten = literal_equalities(expression, _typed_equality)

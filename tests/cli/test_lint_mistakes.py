@@ -1,0 +1,153 @@
+"""`gpu-dra lint` on the table of common mistakes in docs/cel.md: each row's selector, as a
+DeviceClass on every built-in profile, gets the error the table says (compile error with the
+apiserver's words, or runtime error) and the table's suggestion, which compiles and selects
+what the table says."""
+
+from __future__ import annotations
+
+from functools import cache
+
+import pytest
+
+from gpu_dra.cli.lint import (
+    LintReport,
+    SimulatedDevice,
+    Source,
+    _lint_devices,
+    _published,
+    lint,
+)
+from gpu_dra.cli.lint_fixes import Names, suggest_fix
+from gpu_dra.driver.cel import compile_selector
+from gpu_dra.driver.nvml.simulated_profiles import builtin_profile_names
+from tests.cel_mistakes import Mistake, mistakes
+
+ROWS = mistakes()
+
+
+@cache
+def _devices() -> list[SimulatedDevice]:
+    return _lint_devices(builtin_profile_names(), variants=True)
+
+
+def _lint_class(expression: str) -> LintReport:
+    devices = _devices()
+    document = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "DeviceClass",
+        "metadata": {"name": "tutorial"},
+        "spec": {"selectors": [{"cel": {"expression": expression}}]},
+    }
+    return lint(
+        [Source("class.yaml", [document])], devices, published=_published(devices, "gpu.nvidia.com")
+    )
+
+
+def test_the_table_has_every_kind_of_mistake_the_issue_names():
+    assert len(ROWS) >= 10
+    assert {row.outcome for row in ROWS} == {"compile error", "runtime error"}
+    words = " ".join(row.mistake for row in ROWS)
+    for mistake in (
+        "attribute name used as a domain",
+        "capacity read as an attribute",
+        "unqualified name where the published one is qualified",
+        "int compared with a quantity",
+        "string compared with a version",
+    ):
+        assert mistake in words
+    assert ROWS[0].selector == "device.attributes['memory'] >= 40000"  # the tutorial's class
+
+
+@pytest.mark.parametrize("row", ROWS, ids=[row.selector for row in ROWS])
+def test_lint_reports_the_mistake_and_teaches_the_fix(row: Mistake):
+    report = _lint_class(row.selector)
+    errors = [finding for finding in report.findings if finding.level == "ERROR"]
+    if row.outcome == "compile error":
+        assert errors[0].message.startswith("compile error: ERROR: <input>:1:")
+        assert row.message in errors[0].message
+        assert len(errors) == 1
+    else:
+        assert not any(e.message.startswith("compile error") for e in errors)
+        runtime = [e for e in errors if e.message.startswith("CEL runtime error on")]
+        assert len(runtime) == 1
+        assert row.message in runtime[0].message
+    taught = [finding for finding in errors if finding.suggestion is not None]
+    assert taught == errors[:1]  # the first error of the selector teaches, once
+    suggestion = taught[0].suggestion
+    assert suggestion is not None
+    assert suggestion.expression == row.suggestion
+    assert suggestion.verdict == f"compiles and selects {row.selects}"
+    assert suggestion.reasons
+    text = str(taught[0])
+    assert f"\n  write instead: {row.suggestion}\n  which compiles and selects" in text
+
+
+@pytest.mark.parametrize("row", ROWS, ids=[row.selector for row in ROWS])
+def test_each_suggestion_lints_clean(row: Mistake):
+    compile_selector(row.suggestion)
+    report = _lint_class(row.suggestion)
+    assert report.count("ERROR") == 0, [str(f) for f in report.findings]
+    assert any(
+        f.level == "INFO" and f.message.startswith(f"selects {row.selects.split(':')[0]}")
+        for f in report.findings
+    )
+
+
+NAMES = Names(
+    "gpu.nvidia.com",
+    {
+        ("gpu.nvidia.com", "productName"): "string",
+        ("gpu.nvidia.com", "driverVersion"): "version",
+        ("resource.kubernetes.io", "pciBusID"): "string",
+    },
+    frozenset({("gpu.nvidia.com", "memory"), ("gpu.nvidia.com", "multiprocessors")}),
+)
+
+
+@pytest.mark.parametrize(
+    ("expression", "expected"),
+    [
+        # correct selectors: nothing to teach
+        ("device.capacity['gpu.nvidia.com'].memory.compareTo(quantity('1Gi')) > 0", None),
+        ("device.attributes['gpu.nvidia.com'].productName == 'x'", None),
+        ("device.capacity['gpu.nvidia.com'].memory == quantity('1Gi')", None),
+        ("device.attributes['other.example.com'].size() == 0", None),
+        ("device.attributes['nothing'].x == 1", None),  # not a name anyone publishes
+        ("'device.attributes[\"memory\"] >= 1' == ''", None),  # inside a string
+        # the literal first: the operator turns round
+        (
+            "40 < device.capacity['gpu.nvidia.com'].multiprocessors",
+            "device.capacity['gpu.nvidia.com'].multiprocessors.compareTo(quantity('40')) > 0",
+        ),
+        # a byte count stays bytes
+        (
+            "device.capacity['gpu.nvidia.com'].memory >= 42949672960",
+            "device.capacity['gpu.nvidia.com'].memory.compareTo(quantity('42949672960')) >= 0",
+        ),
+        (
+            "device.capacity['gpu.nvidia.com'].memory != '40Gi' && true",
+            "device.capacity['gpu.nvidia.com'].memory != quantity('40Gi') && true",
+        ),
+        (
+            "device.attributes['gpu.nvidia.com'].driverVersion < 'v550.1'",
+            "device.attributes['gpu.nvidia.com'].driverVersion.compareTo(semver('550.1.0')) < 0",
+        ),
+        (
+            "device.attributes['gpu.nvidia.com']['resource.kubernetes.io/pciBusID'] == 'x'",
+            "device.attributes['resource.kubernetes.io'].pciBusID == 'x'",
+        ),
+        (
+            "has(device.attributes['pciBusID'])",
+            "has(device.attributes['resource.kubernetes.io'].pciBusID)",
+        ),
+        # two mistakes in one selector, both fixed
+        (
+            "device.attributes['productName'] == 'x' && device.attributes['memory'] > 1",
+            "device.attributes['gpu.nvidia.com'].productName == 'x' && "
+            "device.capacity['gpu.nvidia.com'].memory.compareTo(quantity('1Mi')) > 0",
+        ),
+    ],
+)
+def test_suggest_fix_rewrites_paths_and_comparisons(expression, expected):
+    fix = suggest_fix(expression, NAMES)
+    assert (fix.expression if fix else None) == expected
