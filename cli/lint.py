@@ -99,7 +99,8 @@ class Suggestion:
 
     @property
     def verdict(self) -> str:
-        text = f"compiles and selects {self.selected} of {self.candidates} devices{self.scope}"
+        of = f"the {self.candidates}" if self.scope else str(self.candidates)
+        text = f"compiles and selects {self.selected} of {of} devices{self.scope}"
         if self.products:
             text += f": {self.products}"
         if self.errors:

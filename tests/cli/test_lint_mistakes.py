@@ -151,3 +151,45 @@ NAMES = Names(
 def test_suggest_fix_rewrites_paths_and_comparisons(expression, expected):
     fix = suggest_fix(expression, NAMES)
     assert (fix.expression if fix else None) == expected
+
+
+def test_a_claim_request_is_taught_on_the_devices_of_its_class():
+    devices = _lint_devices(["l4x4", "hgx-h100"])
+    documents = [
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "DeviceClass",
+            "metadata": {"name": "gpu"},
+            "spec": {"selectors": [{"cel": {"expression": "device.driver == 'gpu.nvidia.com'"}}]},
+        },
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {"name": "big"},
+            "spec": {
+                "devices": {
+                    "requests": [
+                        {
+                            "name": "gpu",
+                            "exactly": {
+                                "deviceClassName": "gpu",
+                                "selectors": [
+                                    {"cel": {"expression": "device.attributes['memory'] > 40000"}}
+                                ],
+                            },
+                        }
+                    ]
+                }
+            },
+        },
+    ]
+    report = lint(
+        [Source("claim.yaml", documents)], devices, published=_published(devices, "gpu.nvidia.com")
+    )
+    [error] = [f for f in report.findings if f.level == "ERROR"]
+    assert error.object == "ResourceClaim/big"
+    assert error.path == "spec.devices.requests[0].exactly.selectors[0].cel.expression"
+    assert error.suggestion is not None
+    assert error.suggestion.verdict == (
+        "compiles and selects 8 of the 12 devices DeviceClass gpu selects: 8x NVIDIA H100 80GB HBM3"
+    )
