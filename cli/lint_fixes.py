@@ -124,23 +124,28 @@ def _path_at(found: Sequence[Token], i: int) -> _Path | None:
     if text(i + 1) != "." or text(i + 2) not in ("attributes", "capacity"):
         return None
     kind: Kind = "attributes" if text(i + 2) == "attributes" else "capacity"
-    if text(i + 3) != "[" or text(i + 5) != "]" or i + 4 >= len(found):
+    if text(i + 3) == "[" and text(i + 5) == "]" and i + 4 < len(found):
+        domain, end = _plain(found[i + 4]), i + 5
+    elif text(i + 3) == "." and i + 4 < len(found) and found[i + 4].kind == "ident":
+        domain, end = found[i + 4].text, i + 4  # device.attributes.memory: a domain without dots
+        if text(i + 5) == "(":
+            return None  # a method of the map: device.attributes.exists(...)
+    else:
         return None
-    domain = _plain(found[i + 4])
     if domain is None:
         return None
     if (
-        text(i + 6) == "."
-        and i + 7 < len(found)
-        and found[i + 7].kind == "ident"
-        and text(i + 8) != "("
+        text(end + 1) == "."
+        and end + 2 < len(found)
+        and found[end + 2].kind == "ident"
+        and text(end + 3) != "("
     ):
-        return _Path(i, i + 7, kind, domain, found[i + 7].text)
-    if text(i + 6) == "[" and text(i + 8) == "]" and i + 7 < len(found):
-        name = _plain(found[i + 7])
+        return _Path(i, end + 2, kind, domain, found[end + 2].text)
+    if text(end + 1) == "[" and text(end + 3) == "]" and end + 2 < len(found):
+        name = _plain(found[end + 2])
         if name is not None:
-            return _Path(i, i + 8, kind, domain, name)
-    return _Path(i, i + 5, kind, domain, None)
+            return _Path(i, end + 3, kind, domain, name)
+    return _Path(i, end, kind, domain, None)
 
 
 def _resolved(path: _Path, names: Names) -> tuple[Kind, str, str | None, list[str]]:

@@ -5,10 +5,13 @@ what the table says."""
 
 from __future__ import annotations
 
+import json
 from functools import cache
 
 import pytest
 
+from gpu_dra.cli.__main__ import main
+from gpu_dra.cli.command import EXIT_FAILED
 from gpu_dra.cli.lint import (
     LintReport,
     SimulatedDevice,
@@ -140,6 +143,12 @@ NAMES = Names(
             "has(device.attributes['pciBusID'])",
             "has(device.attributes['resource.kubernetes.io'].pciBusID)",
         ),
+        # the field form of a name used as a domain
+        (
+            "device.attributes.productName == 'x'",
+            "device.attributes['gpu.nvidia.com'].productName == 'x'",
+        ),
+        ("device.attributes.exists(d, d == 'x')", None),
         # two mistakes in one selector, both fixed
         (
             "device.attributes['productName'] == 'x' && device.attributes['memory'] > 1",
@@ -193,3 +202,32 @@ def test_a_claim_request_is_taught_on_the_devices_of_its_class():
     assert error.suggestion.verdict == (
         "compiles and selects 8 of the 12 devices DeviceClass gpu selects: 8x NVIDIA H100 80GB HBM3"
     )
+
+
+def test_the_command_prints_the_fix_and_gives_it_in_json(tmp_path, capsys):
+    manifest = tmp_path / "tutorial.yaml"
+    manifest.write_text(
+        "apiVersion: resource.k8s.io/v1\nkind: DeviceClass\nmetadata:\n  name: big\nspec:\n"
+        "  selectors:\n  - cel:\n      expression: \"device.attributes['memory'] >= 40000\"\n"
+    )
+    profile = ["--profile", "hgx-h100", "--profile", "l4x4"]
+    assert main(["lint", *profile, str(manifest)], environ={}) == EXIT_FAILED
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].endswith(
+        "compile error: ERROR: <input>:1:29: found no matching overload for '_>=_' applied to "
+        "'(map(string, any), int)'"
+    )
+    assert out[1].startswith("  why: 'memory' is not a domain")
+    fix = "device.capacity['gpu.nvidia.com'].memory.compareTo(quantity('40000Mi')) >= 0"
+    assert out[3] == f"  write instead: {fix}"
+    assert out[4] == "  which compiles and selects 8 of 12 devices: 8x NVIDIA H100 80GB HBM3"
+    assert main(["lint", "-o", "json", *profile, str(manifest)], environ={}) == EXIT_FAILED
+    [finding] = json.loads(capsys.readouterr().out)["findings"]
+    assert finding["suggestion"] == {
+        "expression": fix,
+        "reasons": [out[1].removeprefix("  why: "), out[2].removeprefix("  why: ")],
+        "selects": 8,
+        "of": 12,
+        "products": "8x NVIDIA H100 80GB HBM3",
+        "runtimeErrors": 0,
+    }
