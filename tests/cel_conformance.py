@@ -234,7 +234,8 @@ CASES: Final[tuple[Case, ...]] = (
         "device.capacity['memory'].compareTo(quantity('40Gi')) >= 0",
         "h100",
         COMPILE,
-        "found no matching overload for 'compareTo'",
+        "found no matching overload for 'compareTo' applied to "
+        "'map(string, kubernetes.Quantity).(kubernetes.Quantity)'",
     ),
     Case(f"{C}.productName == 'NVIDIA H100 80GB HBM3'", "h100", COMPILE, "no matching overload"),
     Case("device.driver == 5", "h100", COMPILE, "found no matching overload for '_==_'"),

@@ -146,7 +146,7 @@ class _Environment:
         try:
             return self._env.compile(expression)
         except RuntimeError as error:
-            raise CelCompileError(_compile_message(str(error))) from error
+            raise CelCompileError(_compile_message(str(error), expression)) from error
 
     def type_check(self, expression: str, typed_text: str) -> str:
         """Type-check `expression` (given as `typed_text`, see `source.typed_device_fields`)
@@ -165,7 +165,7 @@ class _Environment:
             excerpt = dict(zip(typed_text.splitlines(), expression.splitlines(), strict=False))
             lines = [
                 f" | {excerpt[line[3:]]}" if line[:3] == " | " and line[3:] in excerpt else line
-                for line in _compile_message(message).splitlines()
+                for line in _compile_message(message, expression).splitlines()
             ]
             raise CelCompileError("\n".join(lines)) from error
         name = _cel_go_type_name(str(checked.return_type().name()))
@@ -487,9 +487,38 @@ def _cel_go_type_name(name: str) -> str:
     return _TYPE_WORD.sub(lambda m: m[0] if "." in m[0] else m[0].lower(), name)
 
 
-def _compile_message(text: str) -> str:
-    """``INVALID_ARGUMENT: ERROR: <input>:1:4: ... [INVALID_ARGUMENT]`` -> ``ERROR: <input>:...``"""
-    return _STATUS_SUFFIX.sub("", _STATUS_PREFIX.sub("", text.strip()))
+_NO_MATCHING_OVERLOAD: Final = re.compile(
+    r"^(ERROR: <input>:(\d+):(\d+): found no matching overload for '([^']+)' applied to )"
+    r"'\((.*)\)'$"
+)
+
+
+def _compile_message(text: str, expression: str) -> str:
+    """``INVALID_ARGUMENT: ERROR: <input>:1:4: ... [INVALID_ARGUMENT]`` -> ``ERROR: <input>:...``,
+    a member call's signature written as cel-go writes it: ``'target.(argument, ...)'``."""
+    lines = _STATUS_SUFFIX.sub("", _STATUS_PREFIX.sub("", text.strip())).split("\n")
+    match = _NO_MATCHING_OVERLOAD.match(lines[0])
+    if match:
+        line, column, name = int(match[2]), int(match[3]), match[4]
+        source = expression.split("\n")[line - 1] if line <= expression.count("\n") + 1 else ""
+        before = source[: column - 1].rstrip()
+        arguments = _top_level_split(match[5])
+        if before.endswith(f".{name}") and len(arguments) >= 1:
+            signature = f"{arguments[0]}.({', '.join(arguments[1:])})"
+            lines[0] = f"{match[1]}'{signature}'"
+    return "\n".join(lines)
+
+
+def _top_level_split(text: str) -> list[str]:
+    """``map(string, int), int`` -> ``['map(string, int)', 'int']``."""
+    parts, depth, start = [], 0, 0
+    for index, char in enumerate(text):
+        depth += {"(": 1, ")": -1}.get(char, 0)
+        if char == "," and depth == 0:
+            parts.append(text[start:index].strip())
+            start = index + 1
+    parts.append(text[start:].strip())
+    return [part for part in parts if part]
 
 
 def _runtime_message(text: str) -> str:

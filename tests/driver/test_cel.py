@@ -355,6 +355,16 @@ def test_mps_class_selects_exactly_the_gpus_offered_as_shares():
             "ERROR: <input>:1:39: found no matching overload for '_+_' applied to "
             "'(any, kubernetes.Quantity)'",
         ),
+        (  # a member call, in cel-go's words: target.(arguments)
+            "device.capacity['memory'].compareTo(quantity('40Gi')) >= 0",
+            "ERROR: <input>:1:36: found no matching overload for 'compareTo' applied to "
+            "'map(string, kubernetes.Quantity).(kubernetes.Quantity)'",
+        ),
+        (
+            "quantity('1').compareTo(semver('1.0.0')) == 0",
+            "ERROR: <input>:1:24: found no matching overload for 'compareTo' applied to "
+            "'kubernetes.Quantity.(kubernetes.Semver)'",
+        ),
         ("device.driver + '-x'", "must evaluate to bool or the unknown type, not string"),
         (
             "device.attributes",
