@@ -1,7 +1,8 @@
 """`gpu-dra lint`: check DeviceClass and claim selectors before they reach a cluster.
 
 The checks (`lint`, pure): every CEL selector compiles; names gpu-dra never publishes are errors
-(with a suggestion), names only NVIDIA's driver publishes warnings; each DeviceClass, and each claim
+(with a suggestion), names only NVIDIA's driver publishes warnings; common mistakes get a
+linted rewrite (`lint_fixes`); each DeviceClass, and each claim
 request on its class's devices, is evaluated on the devices of simulated machines as the scheduler
 evaluates it (runtime errors, classes selecting nothing or the same devices). Names are read from
 the selector text with the tokenizer of `gpu_dra.driver.cel.source`. The command reads the files
@@ -35,6 +36,7 @@ from gpu_dra.cli.command import (
     write_data,
 )
 from gpu_dra.cli.devices import plugin_devices
+from gpu_dra.cli.lint_fixes import Names, ValueType, suggest_fix
 from gpu_dra.cli.manifests import load_documents
 from gpu_dra.driver.attributes import gpu_device, mig_device
 from gpu_dra.driver.cel import (
@@ -54,6 +56,7 @@ from gpu_dra.driver.mig_policy import (
     MigPolicyError,
     parse_policy,
 )
+from gpu_dra.driver.cel.values import Semver
 from gpu_dra.driver.model import MigDevice
 from gpu_dra.driver.naming import DEFAULT_DRIVER_NAME
 from gpu_dra.driver.nvml.simulated import SimulatedHost
@@ -88,8 +91,44 @@ _KIND_WORD: Final[dict[Kind, str]] = {"attributes": "attribute", "capacity": "ca
 
 
 @dataclass(frozen=True)
+class Suggestion:
+    """What to write instead of a selector, linted: it compiles, reads only published names,
+    and selects `selected` of the `candidates` devices (`scope` says which)."""
+
+    expression: str
+    reasons: tuple[str, ...]
+    selected: int
+    candidates: int
+    products: str
+    errors: int
+    """Devices on which the suggestion raises a runtime error (a missing attribute)."""
+    scope: str = ""
+    """`` DeviceClass x selects`` for a claim's request; empty: every simulated device."""
+
+    @property
+    def verdict(self) -> str:
+        of = f"the {self.candidates}" if self.scope else str(self.candidates)
+        text = f"compiles and selects {self.selected} of {of} devices{self.scope}"
+        if self.products:
+            text += f": {self.products}"
+        if self.errors:
+            text += f"; CEL runtime error on {self.errors}"
+        return text
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "expression": self.expression,
+            "reasons": list(self.reasons),
+            "selects": self.selected,
+            "of": self.candidates,
+            "products": self.products,
+            "runtimeErrors": self.errors,
+        }
+
+
+@dataclass(frozen=True)
 class Finding:
-    """One line of the lint report."""
+    """One line of the lint report (and, with a suggestion, the lines that teach the fix)."""
 
     level: Level
     file: str
@@ -98,19 +137,29 @@ class Finding:
     message: str
     path: str = ""
     """Where in the object, ``spec.selectors[0].cel.expression``; empty for the whole object."""
+    suggestion: Suggestion | None = None
 
     def __str__(self) -> str:
         where = f"{self.path}: " if self.path else ""
-        return f"{self.level} {self.file} {self.object}: {where}{self.message}"
+        line = f"{self.level} {self.file} {self.object}: {where}{self.message}"
+        if self.suggestion is None:
+            return line
+        lines = [line, *(f"  why: {reason}" for reason in self.suggestion.reasons)]
+        lines.append(f"  write instead: {self.suggestion.expression}")
+        lines.append(f"  which {self.suggestion.verdict}")
+        return "\n".join(lines)
 
-    def to_json(self) -> dict[str, str]:
-        return {
+    def to_json(self) -> dict[str, Any]:
+        data: dict[str, Any] = {
             "level": self.level,
             "file": self.file,
             "object": self.object,
             "path": self.path,
             "message": self.message,
         }
+        if self.suggestion is not None:
+            data["suggestion"] = self.suggestion.to_json()
+        return data
 
 
 @dataclass(frozen=True)
@@ -334,9 +383,53 @@ class _Linter:
         self.published = published | PublishedNames.of(self.cel_devices)
         self.findings: list[Finding] = []
         self._compiled: dict[str, Selector | CelCompileError] = {}
+        self.names = _names(driver, self.published, self.cel_devices)
+        self._taught: set[tuple[str, str, str]] = set()  # (file, object, path) given a fix
 
-    def add(self, level: Level, obj: _Object, message: str, path: str = "") -> None:
-        self.findings.append(Finding(level, obj.file, obj.label, message, path))
+    def add(
+        self,
+        level: Level,
+        obj: _Object,
+        message: str,
+        path: str = "",
+        suggestion: Suggestion | None = None,
+    ) -> None:
+        self.findings.append(Finding(level, obj.file, obj.label, message, path, suggestion))
+
+    def teach(
+        self, obj: _Object, site: _SelectorSite, candidates: Sequence[int], scope: str
+    ) -> Suggestion | None:
+        """The fix of `site`'s common mistakes, linted, once per site; None when there is no
+        fix or it does not lint clean (compiles, reads only published names)."""
+        key = (obj.file, obj.label, site.path)
+        if key in self._taught:
+            return None
+        fix = suggest_fix(site.expression, self.names)
+        if fix is None:
+            return None
+        try:
+            selector = compile_selector(fix.expression)
+        except CelCompileError:
+            return None
+        if any(level == "ERROR" for level, _ in self.check_names(fix.expression)):
+            return None
+        selected, errors = [], 0
+        for index in candidates:
+            try:
+                if selector.matches(self.cel_devices[index]):
+                    selected.append(index)
+            except CelRuntimeError:
+                errors += 1
+        self._taught.add(key)
+        return Suggestion(
+            fix.expression,
+            fix.reasons,
+            len(selected),
+            len(candidates),
+            self.products(selected),
+            errors,
+            scope,
+        )
 
     # -- reading the manifests
 
@@ -456,7 +549,15 @@ class _Linter:
 
     # -- compiling and names
 
-    def compile(self, obj: _Object, site: _SelectorSite) -> Selector | None:
+    def compile(
+        self,
+        obj: _Object,
+        site: _SelectorSite,
+        candidates: Sequence[int],
+        scope: str = "",
+    ) -> Selector | None:
+        """`site` compiled, or None after reporting the compile error; name problems are
+        reported too. The first error of the site carries the fix, judged on `candidates`."""
         if site.expression not in self._compiled:
             try:
                 self._compiled[site.expression] = compile_selector(site.expression)
@@ -464,10 +565,13 @@ class _Linter:
                 self._compiled[site.expression] = error
         compiled = self._compiled[site.expression]
         if isinstance(compiled, CelCompileError):
-            self.add("ERROR", obj, f"compile error: {compiled.first_line}", site.path)
+            suggestion = self.teach(obj, site, candidates, scope)
+            message = f"compile error: {compiled.first_line}"
+            self.add("ERROR", obj, message, site.path, suggestion)
             return None
         for level, message in self.check_names(site.expression):
-            self.add(level, obj, message, site.path)
+            suggestion = self.teach(obj, site, candidates, scope) if level == "ERROR" else None
+            self.add(level, obj, message, site.path, suggestion)
         return compiled
 
     def check_names(self, expression: str) -> list[tuple[Level, str]]:
@@ -562,6 +666,7 @@ class _Linter:
                 f"CEL runtime error on {count} of {len(candidates)} devices{what}, e.g. "
                 f"{example}: {message}",
                 sites[number][0].path,
+                self.teach(obj, sites[number][0], candidates, what),
             )
         return selected, bool(errors)
 
@@ -606,7 +711,7 @@ def lint(
                 f"{obj.label} is defined again (first in {first.file}); the last one applied wins",
             )
         classes[obj.name] = (obj, result)
-        sites = [(site, linter.compile(obj, site)) for site in obj.selectors]
+        sites = [(site, linter.compile(obj, site, everything)) for site in obj.selectors]
         compiled = [(site, selector) for site, selector in sites if selector is not None]
         if len(compiled) < len(sites) or not obj.complete:
             continue
@@ -716,11 +821,16 @@ def _lint_claim(
     linter: _Linter, obj: _Object, classes: Mapping[str, tuple[_Object, ClassResult]]
 ) -> None:
     for request in obj.requests:
-        sites = [(site, linter.compile(obj, site)) for site in request.selectors]
+        entry = classes.get(request.class_name or "")
+        scope, candidates = "", list(range(len(linter.devices)))
+        if entry is not None and entry[1].evaluated:
+            keys = entry[1].keys
+            scope = f" DeviceClass {request.class_name} selects"
+            candidates = [i for i, device in enumerate(linter.devices) if device.key in keys]
+        sites = [(site, linter.compile(obj, site, candidates, scope)) for site in request.selectors]
         compiled = [(site, selector) for site, selector in sites if selector is not None]
         if len(compiled) < len(sites) or not request.complete or request.class_name is None:
             continue
-        entry = classes.get(request.class_name)
         if entry is None:
             linter.add(
                 "INFO",
@@ -730,11 +840,8 @@ def _lint_claim(
                 request.path,
             )
             continue
-        result = entry[1]
-        if not result.evaluated:
+        if not entry[1].evaluated:
             continue
-        keys = result.keys
-        candidates = [i for i, device in enumerate(linter.devices) if device.key in keys]
         if not candidates:
             linter.add(
                 "WARNING",
@@ -760,6 +867,24 @@ def _lint_claim(
 
 
 # ---- names read by a selector ------------------------------------------------------------------
+
+
+def _names(driver: str, published: PublishedNames, devices: Sequence[DraDevice]) -> Names:
+    """`published` with the value type of each attribute some device of `devices` has."""
+    types: dict[tuple[str, str], ValueType | None] = dict.fromkeys(published.attributes)
+    for device in devices:
+        for domain, values in device.attributes.items():
+            for name, value in values.items():
+                types[(domain, name)] = _value_type(value)
+    return Names(driver, types, published.capacity)
+
+
+def _value_type(value: object) -> ValueType:
+    if isinstance(value, Semver):
+        return "version"
+    if isinstance(value, bool):
+        return "bool"
+    return "int" if isinstance(value, int) else "string"
 
 
 def selector_references(expression: str) -> list[Reference]:
@@ -1080,6 +1205,8 @@ COMMAND: Final = Subcommand(
     "  LEVEL <file> <kind>/<name>: [<path>: ]<message>\n"
     "ERROR: a compile error, a runtime error on some device (e.g. a missing attribute read\n"
     "without has()), an attribute or capacity gpu-dra never publishes (with a suggestion).\n"
+    "For common mistakes (a name used as a domain, a quantity or version compared with a\n"
+    "number or string) the first error says why and what to write instead, linted too.\n"
     "WARNING: a class selecting no device, two classes selecting the same devices, a name\n"
     "only NVIDIA's driver publishes (MIG). INFO: what each class selects, overlaps.\n"
     "Exit status: 0 no errors (warnings allowed unless --strict), 1 errors (or warnings\n"

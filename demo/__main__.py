@@ -10,7 +10,6 @@ the cluster, so you can look around; `.venv/bin/python -m e2e.cluster down` remo
 
 from __future__ import annotations
 
-import re
 import subprocess
 import sys
 from collections import defaultdict
@@ -56,21 +55,6 @@ def gpu_dra(driver: Driver, *args: str) -> str:
         check=True,
     )
     return done.stdout
-
-
-def without_free_partitions(inventory: str) -> str:
-    """`gpu-dra inventory`'s table without the rows of free MIG partitions (dozens per H100
-    with dynamic MIG), counted in a note after the device table instead."""
-    kept, hidden = [], 0
-    for line in inventory.splitlines():
-        cells = re.split(r"\s{2,}", line.strip())
-        if len(cells) == 7 and cells[3] == "mig" and cells[5] == "free":
-            hidden += 1
-            continue
-        if line == "device classes:" and hidden:
-            kept.append(f"({hidden} free MIG partitions not shown)")
-        kept.append(line)
-    return "\n".join(kept)
 
 
 def gpu_minor(device_name: str) -> int:
@@ -263,7 +247,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             clean_up(driver, stage)
 
     say("\n==> gpu-dra inventory")
-    say(without_free_partitions(gpu_dra(driver, "inventory")))
+    say(gpu_dra(driver, "inventory"))  # the node and class summary
     say("==> kubectl get resourceclaims -A")
     say(cluster.kubectl("get", "resourceclaims", "-A"))
     say(

@@ -1,7 +1,8 @@
 """The CEL conformance table (tests/cel_conformance.py) against the real apiserver and scheduler.
 
 - Compile errors: a DeviceClass with the case's selector is rejected by the apiserver (dry run);
-  every other case's selector is accepted.
+  every other case's selector is accepted. The same for docs/cel.md's table of common mistakes
+  (tests/cel_mistakes.py), whose suggestions must all be accepted.
 - The rest: the table's devices are published as ResourceSlices on the e2e node under the test
   drivers of the table (gpu-dra's plugin is not involved: allocation is all that is observed),
   one device per case, marked with ``e2e.gpu-dra.test/case``. Each case gets a claim whose first
@@ -34,6 +35,7 @@ from e2e.cluster import versions
 from e2e.kube import Kube, wait_for
 from gpu_dra.driver.resourceapi import Device
 from tests.cel_conformance import CASES, COMPILE, MATCH, NO_MATCH, RUNTIME, Case, devices
+from tests.cel_mistakes import mistakes
 
 pytestmark = pytest.mark.e2e
 
@@ -80,6 +82,35 @@ def test_apiserver_rejects_exactly_the_selectors_that_do_not_compile(kube: Kube)
             continue
         if case.expected == COMPILE:
             disagreements.append(f"#{index:02d} accepted: {case.expression[:100]!r}")
+    assert not disagreements, "\n".join(disagreements)
+
+
+def test_apiserver_agrees_with_the_table_of_common_mistakes(kube: Kube) -> None:
+    """docs/cel.md's table of what `gpu-dra lint` teaches: a compile-error row is rejected with
+    the table's words, a runtime-error row is accepted, and every suggestion is accepted."""
+    resource = kube.client.resources.get(api_version=RESOURCE, kind="DeviceClass")
+    disagreements = []
+    for index, row in enumerate(mistakes()):
+        for what, expression, rejected_with in (
+            ("selector", row.selector, row.message if row.outcome == COMPILE else None),
+            ("suggestion", row.suggestion, None),
+        ):
+            body = device_class(f"cel-mistake-{index:02d}", expression)
+            try:
+                resource.create(body=body, dry_run="All")
+            except ApiException as error:
+                if error.status != 422:
+                    raise
+                message = _status_message(error)
+                if rejected_with is None:
+                    disagreements.append(f"row {index} {what} rejected: {message[:400]}")
+                elif rejected_with not in message:
+                    disagreements.append(
+                        f"row {index} {what}: message lacks {rejected_with!r}: {message[:400]}"
+                    )
+                continue
+            if rejected_with is not None:
+                disagreements.append(f"row {index} {what} accepted: {expression!r}")
     assert not disagreements, "\n".join(disagreements)
 
 

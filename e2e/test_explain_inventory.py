@@ -135,7 +135,12 @@ def test_explain_and_inventory_name_the_claims_holding_the_l4s(
         "training.gpu.nvidia.com": (2, 2, 0),
     }
     assert {name: classes.get(name) for name in catalog} == catalog
-    table = gpu_dra(cluster, "inventory")
+    summary = gpu_dra(cluster, "inventory")  # the default: nodes and classes, no device rows
+    assert summary.returncode == 0, summary.stderr
+    assert "gpu: 2/4 free" in summary.stdout
+    assert f"{namespace}/l4-a (gpu)" not in summary.stdout
+    assert "gpu-dra inventory --devices" in summary.stdout
+    table = gpu_dra(cluster, "inventory", "--devices")
     assert table.returncode == 0, table.stderr
     assert f"{namespace}/l4-a (gpu)" in table.stdout
     assert "gpu: 2/4 free" in table.stdout

@@ -1,7 +1,8 @@
 """`gpu-dra inventory` on a simulated hgx-h100 node with --dynamic-mig: once a pod holds five
 1g.10gb slices of one H100, the scheduler cannot allocate that GPU whole (its shared counters are
 used up), and inventory says so: the GPU is ``blocked`` with the claim using its counters, and
-the classes count only what can still be allocated."""
+the classes count only what can still be allocated; ``--devices`` puts each GPU's 13 placements
+(the default MIG policy) on one line."""
 
 from __future__ import annotations
 
@@ -25,16 +26,20 @@ DYNAMIC_MIG = True
 SLICES = [f"slice-{n}" for n in range(5)]
 
 
-def inventory_json(cluster: Cluster) -> Any:
+def inventory(cluster: Cluster, *args: str) -> str:
     done = subprocess.run(
-        [str(BIN / "gpu-dra"), "inventory", "-o", "json", f"--kubeconfig={cluster.kubeconfig}"],
+        [str(BIN / "gpu-dra"), "inventory", *args, f"--kubeconfig={cluster.kubeconfig}"],
         capture_output=True,
         text=True,
         timeout=60,
         check=False,
     )
     assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout)
+    return done.stdout
+
+
+def inventory_json(cluster: Cluster) -> Any:
+    return json.loads(inventory(cluster, "-o", "json"))
 
 
 def test_five_slices_of_one_h100_block_it_whole_in_the_inventory(
@@ -74,6 +79,15 @@ def test_five_slices_of_one_h100_block_it_whole_in_the_inventory(
     assert classes["hopper.gpu.nvidia.com"] == (8, 7, 1)
     assert classes["mig-7g.gpu.nvidia.com"] == (8, 7, 1)
     assert classes["mig.nvidia.com"] == (104, 91 + free_on_parent, len(blocked))
+
+    # The table: a GPU's 13 placements on one line each, the holder counted once per device.
+    table = inventory(cluster, "--devices").splitlines()
+    group = next(line for line in table if f" {parent}-mig-* (13) " in line)
+    assert f"{free_on_parent} free, 5 allocated, {len(blocked)} blocked (" in group
+    assert f"{namespace}/five x5" in group  # one claim, five requests, five devices
+    assert sum("-mig-* (13) " in line for line in table) == 8
+    assert sum(" 13 free " in line for line in table) == 7
+    assert not any(f" {parent}-mig-1g" in line for line in table)
 
     delete_pods(kube, namespace, ["pod-five"])
     kube.delete("resource.k8s.io/v1", "ResourceClaim", "five", namespace)

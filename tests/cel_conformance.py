@@ -215,6 +215,36 @@ CASES: Final[tuple[Case, ...]] = (
     Case(f"{C}.memory >= 1.5", "t4", COMPILE, "found no matching overload for '_>=_'"),
     Case(f"{C}.memory > quantity('1Gi')", "h100", COMPILE, "no matching overload"),
     Case(f"{C}.memory.compareTo(quantity(40)) >= 0", "h100", COMPILE, "no matching overload"),
+    Case(f"{C}.memory + 1 > 2", "h100", COMPILE, "found no matching overload for '_+_'"),
+    # ---- device is typed: attributes map(string, map(string, any)) keyed by domain, capacity
+    # map(string, map(string, Quantity)), driver string: the mistakes `gpu-dra lint` teaches
+    Case(
+        "device.attributes['memory'] >= 40000",
+        "h100",
+        COMPILE,
+        "found no matching overload for '_>=_' applied to '(map(string, any), int)'",
+    ),
+    Case(
+        "device.attributes['productName'] == 'NVIDIA H100 80GB HBM3'",
+        "h100",
+        COMPILE,
+        "found no matching overload for '_==_' applied to '(map(string, any), string)'",
+    ),
+    Case(
+        "device.capacity['memory'].compareTo(quantity('40Gi')) >= 0",
+        "h100",
+        COMPILE,
+        "found no matching overload for 'compareTo' applied to "
+        "'map(string, kubernetes.Quantity).(kubernetes.Quantity)'",
+    ),
+    Case(f"{C}.productName == 'NVIDIA H100 80GB HBM3'", "h100", COMPILE, "no matching overload"),
+    Case("device.driver == 5", "h100", COMPILE, "found no matching overload for '_==_'"),
+    Case(f"{G}.memory >= 40000", "h100", RUNTIME, "no such key: memory"),
+    Case(f"{G}.pciBusID == '0000:1b:00.0'", "h100", RUNTIME, "no such key: pciBusID"),
+    Case(f"{G}.driverVersion >= '550.0.0'", "h100", RUNTIME, "no such overload"),
+    Case(f"{G}.cudaComputeCapability >= 8.0", "a100", RUNTIME, "no such overload"),
+    Case(f"{G}.cudaComputeCapability.compareTo(semver('8.0.0')) >= 0", "l4", MATCH),
+    Case(f"{C}.memory.compareTo(quantity('40000Mi')) >= 0", "t4", NO_MATCH),
     # ---- logical operators: errors are absorbed by the deciding side (commutative && / ||) ------
     Case("false && (1 / 0 == 1)", "h100", NO_MATCH),
     Case(f"{G}.nope == 1 && false", "h100", NO_MATCH),

@@ -34,6 +34,7 @@ from gpu_dra.driver.cel.source import (
     native_comparisons,
     regex_literals,
     root_identifier_offsets,
+    typed_device_fields,
 )
 from gpu_dra.driver.cel.values import (
     INT64_MAX,
@@ -79,7 +80,13 @@ class Program:
 def compile_program(expression: str) -> Program:
     """Parse and type-check `expression`; raises `CelCompileError` with the engine's message."""
     environment = _environment()
-    checked = environment.compile(expression)
+    typed_text = typed_device_fields(expression)
+    try:
+        checked = environment.compile(expression)
+    except CelCompileError:
+        if typed_text is not None:  # the typed check words it as the apiserver does
+            environment.type_check(expression, typed_text)
+        raise
     for offset in root_identifier_offsets(expression, "kubernetes"):
         # The message types are the wrapper's representation, not part of the language.
         line, column = line_column(expression, offset)
@@ -92,6 +99,8 @@ def compile_program(expression: str) -> Program:
             line, column = line_column(expression, offset)
             raise CelCompileError(f"ERROR: <input>:{line}:{column}: invalid matches argument")
     result_type = str(checked.return_type().name()).lower()
+    if typed_text is not None:
+        result_type = environment.type_check(expression, typed_text)
     rewritten = literal_equalities(expression, _typed_equality)
     rewritten = native_comparisons(rewritten, _native_comparison)
     rewritten = default_unknown_domains(fold_literal_calls(rewritten, _literal))
@@ -113,9 +122,18 @@ class _Environment:
         )
         # The extensions of the Kubernetes DRA environment that cel-cpp has: ext.Strings,
         # ext.Bindings (cel.bind), optional types. Not ext.Math: Kubernetes does not load it.
-        self._env = cel.NewEnv(
+        self._env = self._new_env(pool, {"device": cel.Type.DYN})
+        # For the type check of `type_check`: device's fields as variables of Kubernetes' types
+        # (an attribute is `any` there: dyn here; the `any` variant only words the messages).
+        self._typed = {
+            name: self._new_env(pool, _typed_device_variables(value))
+            for name, value in (("dyn", cel.Type.DYN), ("any", cel.Type("google.protobuf.Any")))
+        }
+
+    def _new_env(self, pool: Any, variables: dict[str, Any]) -> Any:
+        return cel.NewEnv(
             pool,
-            variables={"device": cel.Type.DYN},
+            variables=variables,
             functions=self._functions(),
             extensions=[
                 ext_strings.ExtStrings(),
@@ -128,7 +146,30 @@ class _Environment:
         try:
             return self._env.compile(expression)
         except RuntimeError as error:
-            raise CelCompileError(_compile_message(str(error))) from error
+            raise CelCompileError(_compile_message(str(error), expression)) from error
+
+    def type_check(self, expression: str, typed_text: str) -> str:
+        """Type-check `expression` (given as `typed_text`, see `source.typed_device_fields`)
+        with ``device``'s fields typed as the apiserver types them: ``driver`` string,
+        ``attributes`` map(string, map(string, any)), ``capacity`` map(string, map(string,
+        kubernetes.Quantity)). Returns the result type in cel-go's words; raises
+        `CelCompileError` with the apiserver's wording and `expression` in the excerpt."""
+        try:
+            checked = self._typed["dyn"].compile(typed_text)
+        except RuntimeError as error:
+            message = str(error).replace("map(string, dyn)", "map(string, any)")
+            try:
+                self._typed["any"].compile(typed_text)
+            except RuntimeError as worded:
+                message = str(worded)
+            excerpt = dict(zip(typed_text.splitlines(), expression.splitlines(), strict=False))
+            lines = [
+                f" | {excerpt[line[3:]]}" if line[:3] == " | " and line[3:] in excerpt else line
+                for line in _compile_message(message, expression).splitlines()
+            ]
+            raise CelCompileError("\n".join(lines)) from error
+        name = _cel_go_type_name(str(checked.return_type().name()))
+        return name.replace("map(string, dyn)", "map(string, any)")
 
     def data(self, device: DraDevice) -> dict[str, object]:
         """The activation data for `device`, converted once. (Not an ``Activation``: a reused
@@ -426,9 +467,58 @@ def _type_descriptors() -> descriptor_pb2.FileDescriptorProto:
     return file
 
 
-def _compile_message(text: str) -> str:
-    """``INVALID_ARGUMENT: ERROR: <input>:1:4: ... [INVALID_ARGUMENT]`` -> ``ERROR: <input>:...``"""
-    return _STATUS_SUFFIX.sub("", _STATUS_PREFIX.sub("", text.strip()))
+def _typed_device_variables(attribute: Any) -> dict[str, Any]:
+    string, mapping = cel.Type.STRING, cel.Type.Map
+    return {
+        "device": cel.Type.DYN,  # where `device` is not renamed: has(device.driver)
+        "device_driver": string,
+        "device_attributes": mapping(string, mapping(string, attribute)),
+        "device_capacity": mapping(string, mapping(string, cel.Type("kubernetes.Quantity"))),
+        "device_allowMultipleAllocations": cel.Type.BOOL,
+    }
+
+
+_TYPE_WORD: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*")
+
+
+def _cel_go_type_name(name: str) -> str:
+    """cel-cpp's ``MAP<STRING, DYN>`` as cel-go writes it: ``map(string, dyn)``."""
+    name = name.replace("<", "(").replace(">", ")")
+    return _TYPE_WORD.sub(lambda m: m[0] if "." in m[0] else m[0].lower(), name)
+
+
+_NO_MATCHING_OVERLOAD: Final = re.compile(
+    r"^(ERROR: <input>:(\d+):(\d+): found no matching overload for '([^']+)' applied to )"
+    r"'\((.*)\)'$"
+)
+
+
+def _compile_message(text: str, expression: str) -> str:
+    """``INVALID_ARGUMENT: ERROR: <input>:1:4: ... [INVALID_ARGUMENT]`` -> ``ERROR: <input>:...``,
+    a member call's signature written as cel-go writes it: ``'target.(argument, ...)'``."""
+    lines = _STATUS_SUFFIX.sub("", _STATUS_PREFIX.sub("", text.strip())).split("\n")
+    match = _NO_MATCHING_OVERLOAD.match(lines[0])
+    if match:
+        line, column, name = int(match[2]), int(match[3]), match[4]
+        source = expression.split("\n")[line - 1] if line <= expression.count("\n") + 1 else ""
+        before = source[: column - 1].rstrip()
+        arguments = _top_level_split(match[5])
+        if before.endswith(f".{name}") and len(arguments) >= 1:
+            signature = f"{arguments[0]}.({', '.join(arguments[1:])})"
+            lines[0] = f"{match[1]}'{signature}'"
+    return "\n".join(lines)
+
+
+def _top_level_split(text: str) -> list[str]:
+    """``map(string, int), int`` -> ``['map(string, int)', 'int']``."""
+    parts, depth, start = [], 0, 0
+    for index, char in enumerate(text):
+        depth += {"(": 1, ")": -1}.get(char, 0)
+        if char == "," and depth == 0:
+            parts.append(text[start:index].strip())
+            start = index + 1
+    parts.append(text[start:].strip())
+    return [part for part in parts if part]
 
 
 def _runtime_message(text: str) -> str:

@@ -65,9 +65,10 @@ def compile_selector(expression: str) -> Selector:
     """Compile a ``DeviceClass`` / ``ResourceClaim`` selector expression.
 
     Raises `CelCompileError` with the message the apiserver would give, as far as the engine
-    can tell: too long, a syntax or type error, an undefined ``device`` field, a result type that
-    is neither bool nor dyn, a capacity compared with a literal that is not a quantity, an
-    invalid regular expression literal in ``matches``.
+    can tell: too long, a syntax or type error (``device``'s fields typed as the apiserver types
+    them: ``device.attributes['memory'] >= 40000`` compares a domain map with an int), an
+    undefined ``device`` field, a result type that is neither bool nor dyn, an invalid regular
+    expression literal in ``matches``.
     """
     size = len(expression.encode())
     if size > MAX_EXPRESSION_LENGTH:

@@ -480,3 +480,38 @@ def _closing_paren(found: list[Token]) -> int | None:
             if depth == 0:
                 return j
     return None
+
+
+_MACROS_BINDING: Final = frozenset({"all", "exists", "exists_one", "map", "filter", "bind"})
+
+
+def typed_device_fields(expression: str) -> str | None:
+    """`expression` with each ``device.<field>`` written ``device_<field>`` (same length, so
+    positions in messages stay right), for a type check in which those are variables of the
+    types Kubernetes declares; ``has(device.<field>)`` is left alone. None when nothing is
+    renamed, the text does not tokenize or ``device`` is bound by a macro (``x.all(device, ...)``,
+    ``cel.bind(device, ...)``): then the renamed text would not mean the same."""
+    try:
+        found = tokens(expression)
+    except LexError:
+        return None
+    for i, token in enumerate(found):
+        if (
+            token.kind == "ident"
+            and token.text == "device"
+            and i >= 2
+            and found[i - 1].text == "("
+            and found[i - 2].text in _MACROS_BINDING
+            and i + 1 < len(found)
+            and found[i + 1].text == ","
+        ):
+            return None
+    edits = [
+        (found[i + 1].start, found[i + 1].end, "_")
+        for i in _device_field_indexes(found)
+        if found[i + 2].text in DEVICE_FIELDS
+        and found[i + 1].end == found[i + 2].start
+        and found[i].end == found[i + 1].start
+        and not (i >= 2 and found[i - 1].text == "(" and found[i - 2].text == "has")
+    ]
+    return _apply(expression, edits) if edits else None

@@ -354,6 +354,11 @@ def test_inventory_command_tables_and_json(
     cluster["resourceclaims"] = [claim("ns", "a", allocated=[("gpu", "gpu-2")])]
     assert main(["inventory"], environ={}) == EXIT_OK
     out = capsys.readouterr().out
+    assert "gpu: 3/4 free" in out
+    assert "ns/a (gpu)" not in out  # the summary: no device rows by default
+    assert "gpu-dra inventory --devices" in out
+    assert main(["inventory", "--devices"], environ={}) == EXIT_OK
+    out = capsys.readouterr().out
     assert "ns/a (gpu)" in out
     assert "gpu: 3/4 free" in out
     assert main(["inventory", "-o", "json"], environ={}) == EXIT_OK

@@ -6,6 +6,7 @@ controller's gauges follow. One counter implementation: explain's counters step 
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -91,7 +92,7 @@ def share(name: str, memory: str, compute: str, device: str = "gpu-0") -> Obj:
 
 def rendered_rows(report: Inventory, title: str) -> list[list[str]]:
     """The rows of the table printed after the section `title`."""
-    out = render_inventory(report)
+    out = render_inventory(report, devices=True)
     table = out[out.index(title) + 1]
     assert isinstance(table, tuple)
     return table[1]
@@ -292,3 +293,45 @@ def test_gauges_follow_the_device_and_class_states() -> None:
     assert devices("gpu", "shared") == 0
     assert (classes("gpu.nvidia.com", "free"), classes("gpu.nvidia.com", "blocked")) == (7, 1)
     assert classes("hopper.gpu.nvidia.com", "total") == 8
+
+
+def test_the_device_table_puts_a_gpus_mig_devices_on_one_line() -> None:
+    node = dynamic_mig_node()
+    claims = [
+        *mig_claims(FIVE_SLICES[:3]),
+        claim("team-b", "pair", allocated=[("mig", FIVE_SLICES[3]), ("mig", FIVE_SLICES[4])]),
+    ]
+    report = inventory(published_slices(node, slices.SliceLayout.SPLIT), catalog(), claims)
+    rows = rendered_rows(report, "devices:")
+    # per GPU: its own line, then one line for its 25 placements
+    assert [row[2] for row in rows] == [
+        name for minor in range(8) for name in (f"gpu-{minor}", f"gpu-{minor}-mig-* (25)")
+    ]
+    group = rows[1]
+    assert group[3:5] == ["mig", "NVIDIA H100 80GB HBM3"]
+    assert group[5].startswith("5 free, 5 allocated, 15 blocked (counters of gpu-0-counter-set")
+    assert group[6] == (
+        "team-a/slice-0 (mig), team-a/slice-1 (mig), team-a/slice-2 (mig), team-b/pair x2"
+    )
+    assert rows[3][5:] == ["25 free", "-", "-"]
+    # the summary (the default) has no device table and says how to get it
+    summary = render_inventory(report)
+    assert "devices:" not in summary
+    assert summary[-1] == "(the devices and their holders: gpu-dra inventory --devices)"
+    assert "nodes (gpu.nvidia.com):" in summary
+    assert "device classes:" in summary
+
+
+def test_a_lone_mig_device_keeps_its_own_line() -> None:
+    host = SimulatedHost.load("hgx-h100-mig", NODE)
+    node = NodeInventory.from_discovery(discover_devices(host.nvml, host.pci), simulated=True)
+    report = inventory(published_slices(node, slices.SliceLayout.SPLIT), catalog(), [])
+    names = [row[2] for row in rendered_rows(report, "devices:")]
+    mig = [device.device for device in report.devices if device.type == "mig"]
+    parents = Counter(name.split("-mig-")[0] for name in mig)
+    for parent, count in parents.items():
+        if count == 1:
+            assert next(name for name in mig if name.startswith(f"{parent}-mig-")) in names
+        else:
+            assert f"{parent}-mig-* ({count})" in names
+    assert len(names) == len(report.devices) - sum(c - 1 for c in parents.values() if c > 1)

@@ -335,3 +335,62 @@ def test_mps_class_selects_exactly_the_gpus_offered_as_shares():
         if all(selector.matches(to_cel_device(DRIVER, device)) for selector in selectors)
     ]
     assert selected == [gpu_device(gpu)["name"] for gpu in gpus[1:3]]
+
+
+@pytest.mark.parametrize(
+    ("expression", "message"),
+    [
+        (
+            "device.attributes['memory'] >= 40000",
+            "ERROR: <input>:1:29: found no matching overload for '_>=_' applied to "
+            "'(map(string, any), int)'",
+        ),
+        (
+            "device.capacity['gpu.nvidia.com'].memory + 1 > 2",
+            "ERROR: <input>:1:42: found no matching overload for '_+_' applied to "
+            "'(kubernetes.Quantity, int)'",
+        ),
+        (
+            "device.attributes['gpu.nvidia.com'].x + device.capacity['gpu.nvidia.com'].m > 1",
+            "ERROR: <input>:1:39: found no matching overload for '_+_' applied to "
+            "'(any, kubernetes.Quantity)'",
+        ),
+        (  # a member call, in cel-go's words: target.(arguments)
+            "device.capacity['memory'].compareTo(quantity('40Gi')) >= 0",
+            "ERROR: <input>:1:36: found no matching overload for 'compareTo' applied to "
+            "'map(string, kubernetes.Quantity).(kubernetes.Quantity)'",
+        ),
+        (
+            "quantity('1').compareTo(semver('1.0.0')) == 0",
+            "ERROR: <input>:1:24: found no matching overload for 'compareTo' applied to "
+            "'kubernetes.Quantity.(kubernetes.Semver)'",
+        ),
+        ("device.driver + '-x'", "must evaluate to bool or the unknown type, not string"),
+        (
+            "device.attributes",
+            "must evaluate to bool or the unknown type, not map(string, map(string, any))",
+        ),
+    ],
+)
+def test_device_fields_are_typed_as_the_apiserver_types_them(expression, message):
+    with pytest.raises(CelCompileError) as raised:
+        compile_selector(expression)
+    lines = str(raised.value).splitlines()
+    assert lines[0] == message
+    if len(lines) > 1:  # the excerpt shows what the user wrote, not the renamed text
+        assert lines[1] == f" | {expression}"
+
+
+@pytest.mark.parametrize(
+    "expression",
+    [
+        "has(device.driver) && device.attributes['gpu.nvidia.com'].productName != ''",
+        "device.attributes['gpu.nvidia.com'].?mig.orValue(false) == false",
+        "cel.bind(g, device.attributes['gpu.nvidia.com'], g.index >= 0)",
+        "device.attributes.exists(d, device.attributes[d].size() > 0)",
+        "device.capacity['gpu.nvidia.com'].memory == quantity('80Gi')",
+        "[1].all(device, device == 1)",
+    ],
+)
+def test_well_typed_selectors_still_compile(expression):
+    compile_selector(expression)

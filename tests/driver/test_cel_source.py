@@ -12,6 +12,7 @@ from gpu_dra.driver.cel.source import (
     native_comparisons,
     regex_literals,
     tokens,
+    typed_device_fields,
     undefined_device_fields,
 )
 
@@ -129,3 +130,29 @@ def test_regex_literals_are_the_string_arguments_of_matches():
 )
 def test_bare_device_path_type(expression, kind):
     assert bare_device_path_type(expression) == kind
+
+
+@pytest.mark.parametrize(
+    ("expression", "expected"),
+    [
+        ("device.attributes['m'] >= 1", "device_attributes['m'] >= 1"),
+        (
+            "device.driver == 'a' && device.capacity['d'].m == quantity('1')",
+            "device_driver == 'a' && device_capacity['d'].m == quantity('1')",
+        ),
+        ("device.allowMultipleAllocations", "device_allowMultipleAllocations"),
+        # has() needs a field selection; strings, spaced dots and unknown fields stay
+        ("has(device.driver) && 'device.driver' == x", None),
+        ("device . driver == 'a'", None),
+        ("device.vendor == 'a'", None),
+        # a rebound device: renaming would change what the name means
+        ("[1].all(device, device.driver == 1)", None),
+        ("cel.bind(device, 1, device.driver)", None),
+        ("'unterminated", None),
+    ],
+)
+def test_typed_device_fields_renames_fields_in_place(expression, expected):
+    renamed = typed_device_fields(expression)
+    assert renamed == expected
+    if renamed is not None:
+        assert len(renamed) == len(expression)
