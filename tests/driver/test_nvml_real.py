@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import time
 from pathlib import Path
 
 import pynvml
@@ -110,5 +111,30 @@ def test_real_gpus_take_xid_registrations_and_a_quiet_wait_times_out():
                 nvml.event_set_wait(event_set, 100)
         finally:
             nvml.event_set_free(event_set)
+    finally:
+        nvml.shutdown()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _has_gpu(), reason="needs an NVIDIA GPU and libnvidia-ml")
+def test_real_gpus_answer_the_utilization_calls_the_sampler_makes():
+    nvml = RealNvml(Path("/"))
+    nvml.init()
+    try:
+        handle = nvml.device_get_handle_by_index(0)
+        if nvml.device_get_mig_mode(handle)[0] == pynvml.NVML_DEVICE_MIG_ENABLE:
+            with pytest.raises(pynvml.NVMLError_NotSupported):
+                nvml.device_get_utilization_rates(handle)
+        else:
+            rates = nvml.device_get_utilization_rates(handle)
+            assert 0 <= rates.gpu <= 100
+            assert 0 <= rates.memory <= 100
+        memory = nvml.device_get_memory_info(handle)
+        assert 0 <= memory.used <= memory.total
+        for process in nvml.device_get_compute_running_processes(handle):
+            assert process.pid > 0
+        # No sample newer than now: NVML's NotFound reads as no samples.
+        future_us = (time.time_ns() // 1000) + 10**9
+        assert nvml.device_get_process_utilization(handle, future_us) == []
     finally:
         nvml.shutdown()
