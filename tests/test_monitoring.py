@@ -160,3 +160,15 @@ def test_the_dashboard_configmap_is_the_dashboard_file_and_rules_are_off_by_defa
     assert json.loads(config["data"]["gpu-dra.json"]) == json.loads(DASHBOARD.read_text())
     assert rendered.all("PrometheusRule") == []
     assert [c for c in rendered.all("ConfigMap") if c["metadata"]["name"] == "gpu-dra-rules"] == []
+
+
+def test_the_utilization_values_reach_the_plugin(tmp_path: Path) -> None:
+    values = {
+        "gpuResourcesEnabledOverride": True,
+        "metrics": {"utilization": {"interval": 2.5, "idleThreshold": 12}},
+    }
+    container = Rendered.of(values, tmp_path).container("DaemonSet", "gpus")
+    env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
+    settings = KubeletPluginSettings.parse(["--node-name=n"], env)
+    assert settings.utilization_interval_s == 2.5
+    assert settings.utilization_idle_threshold == 12
