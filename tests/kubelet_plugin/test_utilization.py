@@ -12,8 +12,10 @@ import pynvml
 import pytest
 from prometheus_client import CollectorRegistry
 
+from gpu_dra.driver.discovery import discover_devices
 from gpu_dra.driver.nvml.simulated import SimulatedHost, SimulatedNvml
 from gpu_dra.driver.nvml.simulated_utilization import DeviceActivity, SimulatedProcess
+from gpu_dra.kubelet_plugin.node_devices import NodeInventory, device_name
 from gpu_dra.kubelet_plugin.settings import KubeletPluginSettings
 from gpu_dra.kubelet_plugin.utilization.cgroups import pod_uid_from_cgroup, pod_uid_of
 from gpu_dra.kubelet_plugin.utilization.claims import (
@@ -58,8 +60,14 @@ class Clock:
 class Sampling:
     """The plugin's utilization parts over `node`'s checkpoint and a simulated NVML."""
 
-    def __init__(self, node: Node, proc_root: Path, pods: dict[str, tuple[PodRef, ...]]) -> None:
-        self.nvml: SimulatedNvml = SimulatedHost.load("hgx-h100", NODE).nvml
+    def __init__(
+        self,
+        node: Node,
+        proc_root: Path,
+        pods: dict[str, tuple[PodRef, ...]],
+        profile: str = "hgx-h100",
+    ) -> None:
+        self.nvml: SimulatedNvml = SimulatedHost.load(profile, NODE).nvml
         self.clock = Clock()
         self.registry = CollectorRegistry()
 
@@ -277,6 +285,36 @@ def test_nvml_that_cannot_be_initialised_is_one_error_per_sample(
     sampling.nvml.set_fault("init", None)  # the next sample tries again
     assert sampling.monitor.sample_once().errors == ()
     assert sampling.values("gpu_dra_claim_gpu_utilization_percent") == {("a", "gpu-0"): 0}
+
+
+def test_mig_devices_report_memory_and_processes_and_no_utilization(tmp_path: Path) -> None:
+    host = SimulatedHost.load("hgx-h100-mig", NODE)
+    found = discover_devices(host.nvml, host.pci)
+    node = Node(tmp_path / "node", NodeInventory.from_discovery(found, simulated=True))
+    mig = found.mig_devices[0]
+    name = device_name(mig)
+    ok(node.prepare(node.add_gpus(UID_A, "slice", name))[UID_A])
+    sampling = Sampling(node, tmp_path / "proc", {}, profile="hgx-h100-mig")
+    sampling.nvml.set_activity(
+        mig.uuid, DeviceActivity(gpu_percent=99, processes=(SimulatedProcess(77, 2 * GIB),))
+    )
+    sample = sampling.monitor.sample_once()
+
+    assert sample.errors == ()  # what NVML does not offer on MIG is not asked
+    assert sampling.values("gpu_dra_claim_gpu_utilization_percent") == {}
+    assert sampling.values("gpu_dra_claim_memory_used_bytes") == {("slice", name): 2 * GIB}
+    limit = sampling.values("gpu_dra_claim_memory_limit_bytes")[("slice", name)]
+    assert limit == mig.memory_bytes
+    assert sampling.values("gpu_dra_claim_processes") == {("slice", name): 1}
+    assert [labels["tier"] for labels, _ in sampling.samples("gpu_dra_claim_devices")] == ["mig"]
+    # a process runs: active; none: idle from then on
+    sampling.clock.now = 1500.0
+    sampling.nvml.set_activity(mig.uuid, DeviceActivity())
+    sampling.monitor.sample_once()
+    sampling.clock.now = 1900.0
+    sampling.monitor.sample_once()
+    active = sampling.values("gpu_dra_claim_last_active_timestamp_seconds")
+    assert active == {("slice", name): 1000.0}
 
 
 @pytest.mark.parametrize(
