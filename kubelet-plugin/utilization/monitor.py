@@ -4,8 +4,9 @@ kept for the metrics (`utilization.metrics`).
 
 Cost is bounded: one sample at a time, never two overlapping; a sample that takes longer than
 the interval delays the next. A claim device is active in a sample when its GPU utilization is
-at least the idle threshold (``--utilization-idle-threshold``) or, where NVML reports no
-utilization (MIG devices), when a compute process runs on it. Errors are logged when they
+at least the idle threshold (``--utilization-idle-threshold``) or, where no utilization is
+known (MIG devices, a failed call), when a compute process runs on it; a device of which
+neither could be read counts as active (unknown is not idle). Errors are logged when they
 start (and when they change), counted in every sample. See docs/metrics.md.
 """
 
@@ -99,9 +100,10 @@ class ActivityTracker:
             self._active.pop(gone, None)
 
     def is_active(self, reading: ClaimReading) -> bool:
+        """Active, or not known (neither utilization nor processes read): unknown is not idle."""
         if reading.gpu_percent is not None:
             return reading.gpu_percent >= self.threshold
-        return bool(reading.processes)
+        return reading.processes is None or reading.processes > 0
 
     def last_active(self, key: tuple[str, str]) -> float | None:
         """The last sample the device was active in, else its first sample; None: unsampled."""

@@ -202,6 +202,14 @@ def test_an_nvml_error_is_counted_and_its_values_left_out_not_zero(
     }
     assert len(sampling.samples("gpu_dra_claim_devices")) == 3
     assert sampling.samples("gpu_dra_utilization_sample_duration_seconds_count")[0][1] == 2
+    # b (rates failed, no process read) turns idle; c (nothing read) is unknown, not idle
+    sampling.clock.now = 2000.0
+    sampling.monitor.sample_once()
+    assert sampling.values("gpu_dra_claim_last_active_timestamp_seconds") == {
+        ("a", "gpu-0"): 2000.0,
+        ("b", "gpu-1"): 1000.0,
+        ("c", "gpu-2"): 2000.0,
+    }
 
 
 def test_mps_shares_get_their_pods_processes(tmp_path: Path, mps_root: Path) -> None:
