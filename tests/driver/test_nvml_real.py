@@ -138,3 +138,27 @@ def test_real_gpus_answer_the_utilization_calls_the_sampler_makes():
         assert nvml.device_get_process_utilization(handle, future_us) == []
     finally:
         nvml.shutdown()
+
+
+@pytest.mark.parametrize(
+    ("code", "empty"),
+    [
+        (pynvml.NVML_ERROR_NOT_FOUND, True),  # no sample newer than the timestamp
+        (pynvml.NVML_SUCCESS, True),  # pynvml's error for a size query that found no process
+        (pynvml.NVML_ERROR_NOT_SUPPORTED, False),
+        (pynvml.NVML_ERROR_GPU_IS_LOST, False),
+    ],
+)
+def test_process_utilization_reads_no_samples_as_empty_and_raises_the_rest(
+    monkeypatch: pytest.MonkeyPatch, code: int, empty: bool
+) -> None:
+    def fails(handle: object, timestamp: int) -> None:
+        raise pynvml.NVMLError(code)
+
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetProcessUtilization", fails)
+    if empty:
+        assert RealNvml().device_get_process_utilization(object(), 0) == []
+    else:
+        with pytest.raises(pynvml.NVMLError) as raised:
+            RealNvml().device_get_process_utilization(object(), 0)
+        assert raised.value.value == code
