@@ -1,19 +1,26 @@
 """`gpu-dra inventory`: per node the driver's device counts by state and type, and each
 DeviceClass's total and free devices, from a live cluster (the model:
 `gpu_dra.driver.cluster.usage`); with ``--devices`` also the devices with their holders, a GPU's
-MIG devices on one line. See docs/cel.md, "gpu-dra explain and gpu-dra inventory".
+MIG devices on one line. With ``--utilization`` also each claim's utilization, with ``--idle``
+only the idle claims, both read from the kubelet plugins' metrics (`gpu_dra.cli.utilization`,
+docs/metrics.md). See docs/cel.md, "gpu-dra explain and gpu-dra inventory".
 """
 
 from __future__ import annotations
 
 import argparse
+import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from typing import Final
+from datetime import datetime
+from typing import Any, Final
 
+from gpu_dra.cli import utilization
 from gpu_dra.cli.cluster import add_cluster_arguments, api_client, cluster_errors, read_objects
 from gpu_dra.cli.command import (
     EXIT_OK,
+    EXIT_USAGE,
+    CliError,
     Streams,
     Subcommand,
     add_env_argument,
@@ -49,18 +56,202 @@ def add_arguments(parser: argparse.ArgumentParser, environ: Mapping[str, str]) -
         "line (-o json|yaml always has them)",
     )
     add_cluster_arguments(parser, environ)
+    group = parser.add_argument_group(
+        "utilization (read from the kubelet plugins' /metrics, docs/metrics.md)"
+    )
+    group.add_argument(
+        "--utilization",
+        action="store_true",
+        help="also list each claim's devices with their utilization, memory and idle time",
+    )
+    group.add_argument(
+        "--idle",
+        action="store_true",
+        help="list only the claims whose devices all stayed idle (under the plugins' "
+        "--utilization-idle-threshold) for --idle-for, with their age and what they hold",
+    )
+    group.add_argument(
+        "--idle-for",
+        metavar="DURATION",
+        default="30m",
+        help="how long a claim's devices must have been idle for --idle (30m, 2h, 1h30m; "
+        "default: %(default)s)",
+    )
+    group.add_argument(
+        "--plugin-metrics",
+        metavar="URL",
+        action="append",
+        default=[],
+        help="a kubelet plugin's metrics URL (repeatable, e.g. http://node-a:8081/metrics); "
+        "default: every pod --plugin-selector matches, through the apiserver's pod proxy",
+    )
+    group.add_argument(
+        "--plugin-selector",
+        metavar="SELECTOR",
+        default=utilization.DEFAULT_PLUGIN_SELECTOR,
+        help="label selector of the kubelet plugin pods (default: %(default)s)",
+    )
+    group.add_argument(
+        "--plugin-namespace",
+        metavar="NAMESPACE",
+        help="namespace of the kubelet plugin pods (default: all namespaces)",
+    )
 
 
 def run(args: argparse.Namespace, streams: Streams) -> int:
+    try:
+        window_s = utilization.parse_duration(args.idle_for)
+    except ValueError as error:
+        raise CliError(f"--idle-for: {error}", EXIT_USAGE) from error
+    uses: list[utilization.DeviceUse] | None = None
+    warnings: list[str] = []
     with cluster_errors():
         client = api_client(args.kubeconfig)
         classes, slices, claims = read_objects(client)
+        if args.utilization or args.idle:
+            uses, warnings = _read_utilization(client, args)
+    if args.idle:
+        assert uses is not None
+        idle = utilization.idle_claims(uses, window_s)
+        ages = _claim_ages(claims, time.time())
+        if args.output != "table":
+            write_data(streams, _idle_json(idle, ages, warnings, window_s), args.output)
+        else:
+            write_blocks(streams, [*_warnings(warnings), *render_idle(idle, ages, window_s)])
+        return EXIT_OK
     report = inventory(slices, classes, claims, driver=args.driver_name)
     if args.output != "table":
-        write_data(streams, report.to_json(), args.output)
+        data = report.to_json()
+        if uses is not None:
+            data["claimUtilization"] = [use.to_json() for use in uses]
+            data["warnings"] = warnings
+        write_data(streams, data, args.output)
     else:
-        write_blocks(streams, render_inventory(report, devices=args.devices))
+        blocks = render_inventory(report, devices=args.devices)
+        if uses is not None:
+            blocks += [*_warnings(warnings), *render_utilization(uses)]
+        write_blocks(streams, blocks)
     return EXIT_OK
+
+
+def _read_utilization(
+    client: Any, args: argparse.Namespace
+) -> tuple[list[utilization.DeviceUse], list[str]]:
+    if args.plugin_metrics:
+        scrapes = utilization.read_urls(args.plugin_metrics)
+    else:
+        scrapes = utilization.read_plugin_pods(client, args.plugin_selector, args.plugin_namespace)
+    uses, warnings = utilization.collect(scrapes)
+    if not scrapes:
+        warnings.append(
+            f"no kubelet plugin pod matches {args.plugin_selector!r}: give the plugins' "
+            "metrics URLs with --plugin-metrics"
+        )
+    return uses, warnings
+
+
+def _warnings(warnings: Sequence[str]) -> list[str]:
+    return [f"warning: {warning}" for warning in warnings]
+
+
+def _claim_ages(claims: Sequence[Mapping[str, Any]], now: float) -> dict[tuple[str, str], float]:
+    ages = {}
+    for claim in claims:
+        metadata = claim.get("metadata") or {}
+        created = metadata.get("creationTimestamp")
+        if isinstance(created, datetime):
+            created = created.isoformat()
+        if not isinstance(created, str):
+            continue
+        try:
+            stamp = datetime.fromisoformat(created.replace("Z", "+00:00")).timestamp()
+        except ValueError:
+            continue
+        ages[(str(metadata.get("namespace")), str(metadata.get("name")))] = max(now - stamp, 0)
+    return ages
+
+
+def _percent(value: float | None) -> str:
+    return "-" if value is None else f"{value:g}%"
+
+
+def _memory(used: float | None, limit: float | None) -> str:
+    def gib(value: float | None) -> str:
+        return "?" if value is None else f"{value / 2**30:.1f}"
+
+    if used is None and limit is None:
+        return "-"
+    return f"{gib(used)}/{gib(limit)} GiB"
+
+
+def _idle_text(seconds: float | None) -> str:
+    return "-" if seconds is None else utilization.duration_text(seconds)
+
+
+def render_utilization(
+    uses: Sequence[utilization.DeviceUse],
+) -> list[tuple[list[str], list[list[str]]] | str]:
+    """The claims table of ``--utilization``."""
+    rows = [
+        [
+            f"{u.namespace}/{u.claim}",
+            u.pod or "-",
+            u.node,
+            u.device,
+            u.tier,
+            _percent(u.gpu_percent),
+            _memory(u.memory_used_bytes, u.memory_limit_bytes),
+            "-" if u.processes is None else f"{u.processes:g}",
+            _idle_text(u.idle_for_s),
+        ]
+        for u in uses
+    ]
+    headers = ["CLAIM", "PODS", "NODE", "DEVICE", "TIER", "GPU", "MEMORY", "PROCS", "IDLE FOR"]
+    return ["claims (utilization in the plugins' newest sample):", (headers, rows)]
+
+
+def render_idle(
+    idle: Sequence[utilization.IdleClaim], ages: Mapping[tuple[str, str], float], window_s: float
+) -> list[tuple[list[str], list[list[str]]] | str]:
+    """The ``--idle`` view."""
+    rows = []
+    for claim in idle:
+        age = ages.get((claim.namespace, claim.claim))
+        devices = claim.devices
+        rows.append(
+            [
+                f"{claim.namespace}/{claim.claim}",
+                "-" if age is None else utilization.duration_text(age),
+                ", ".join(f"{d.node}/{d.device} ({d.tier})" for d in devices),
+                ", ".join(sorted({d.pod for d in devices if d.pod})) or "-",
+                utilization.duration_text(claim.idle_for_s),
+                ", ".join(_memory(d.memory_used_bytes, d.memory_limit_bytes) for d in devices),
+            ]
+        )
+    title = f"idle claims (every device idle for at least {utilization.duration_text(window_s)}):"
+    return [title, (["CLAIM", "AGE", "HOLDS", "PODS", "IDLE FOR", "MEMORY"], rows)]
+
+
+def _idle_json(
+    idle: Sequence[utilization.IdleClaim],
+    ages: Mapping[tuple[str, str], float],
+    warnings: list[str],
+    window_s: float,
+) -> dict[str, Any]:
+    return {
+        "idleForSeconds": window_s,
+        "idleClaims": [
+            {
+                "namespace": claim.namespace,
+                "name": claim.claim,
+                "ageSeconds": ages.get((claim.namespace, claim.claim)),
+                "idleSeconds": claim.idle_for_s,
+                "devices": [device.to_json() for device in claim.devices],
+            }
+            for claim in idle
+        ],
+        "warnings": warnings,
+    }
 
 
 def _capacity_text(capacity: Mapping[str, CapacityLeft]) -> str:
@@ -219,11 +410,16 @@ COMMAND: Final = Subcommand(
     "allocated, shared or blocked (and free per type gpu / mig / ...), and per DeviceClass\n"
     "the devices its selectors match and how many are free. --devices adds the devices\n"
     "with their state and the claims holding them, a GPU's MIG devices on one line.\n"
+    "--utilization adds each claim's utilization and --idle lists only the idle claims,\n"
+    "both from the kubelet plugins' /metrics (docs/metrics.md).\n"
     "Exit status: 0 success, 1 the cluster cannot be read, 2 usage error.",
     examples=(
         "gpu-dra inventory",
         "gpu-dra inventory --devices",
         "gpu-dra inventory -o json | jq .classes",
+        "gpu-dra inventory --utilization",
+        "gpu-dra inventory --idle --idle-for 2h",
+        "gpu-dra inventory --idle --plugin-metrics http://127.0.0.1:8081/metrics",
     ),
     add_arguments=add_arguments,
     run=run,

@@ -50,6 +50,7 @@ from gpu_dra.kubelet_plugin.publishing import PublisherTurn
 from gpu_dra.kubelet_plugin.server import PluginServer
 from gpu_dra.kubelet_plugin.settings import KubeletPluginSettings
 from gpu_dra.kubelet_plugin.startup import StartupError
+from gpu_dra.kubelet_plugin.utilization.runtime import start_utilization
 
 log = logging.getLogger("gpu_dra.kubelet_plugin")
 
@@ -147,6 +148,9 @@ async def _serve_instance(
     health.mark_recovered()
 
     register_checkpoint_collectors(registry, settings.node_name, checkpoint.all)
+    utilization = start_utilization(
+        settings, nvml, inventory, entries=checkpoint.all, claims=claims.cached, registry=registry
+    )
     if settings.metrics_port:
         start_http_server(settings.metrics_port, registry=registry)
         log.info("metrics on :%d/metrics", settings.metrics_port)
@@ -170,11 +174,15 @@ async def _serve_instance(
             inventory.desired_pool(settings.driver_name, settings.node_name, layout, taints)
         ),
     )
-    await _serve_sockets(
-        settings, health=health, preparer=preparer, registry=registry, claims=claims,
-        publisher=publisher, publishing=publishing, device_health=device_health,
-        api_client=api_client, supervising=supervising,
-    )  # fmt: skip
+    try:
+        await _serve_sockets(
+            settings, health=health, preparer=preparer, registry=registry, claims=claims,
+            publisher=publisher, publishing=publishing, device_health=device_health,
+            api_client=api_client, supervising=supervising,
+        )  # fmt: skip
+    finally:
+        if utilization is not None:
+            await asyncio.to_thread(utilization.close)
 
 
 async def _serve_sockets(

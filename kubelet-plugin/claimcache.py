@@ -52,6 +52,12 @@ class CachedClaimReader:
             return copy.deepcopy(cached)  # stored claims are replaced, never changed in place
         return self._api.get_claim(namespace, name)
 
+    def cached(self, namespace: str, name: str) -> ResourceClaim | None:
+        """The cached claim (read-only: shared with the cache), never a GET; None when it is
+        not cached or no watch is open (the utilization metrics' pod lookup)."""
+        with self._lock:
+            return self._claims.get((namespace, name)) if self._serving else None
+
     # ---- life cycle ------------------------------------------------------------------------------
     def start(self) -> None:
         """Start listing and watching in a thread of its own. Once."""

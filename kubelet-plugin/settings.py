@@ -153,6 +153,10 @@ class KubeletPluginSettings:
     """Deadline of one prepare/unprepare call, below the kubelet's 45 s."""
     metrics_port: int = 8081
     """Port of the Prometheus `/metrics` endpoint; 0 turns it off."""
+    utilization_interval_s: float = 10.0
+    """Seconds between utilization samples of the claims' devices (docs/metrics.md); 0 off."""
+    utilization_idle_threshold: float = 5.0
+    """GPU utilization below which a claim's device counts as idle in a sample."""
     healthcheck_port: int = -1
     """TCP port of the gRPC health service (`grpc.health.v1`): 0 any free port, negative off
     (NVIDIA's `--healthcheck-port`)."""
@@ -390,6 +394,7 @@ class KubeletPluginSettings:
         _add_dynamic_mig_options(option, environ)
         _add_guard_options(option, environ)
         _add_health_options(option, environ)
+        _add_utilization_options(option)
         args = parser.parse_args(argv)
         if not args.node_name:
             parser.error("--node-name (or GPU_DRA_NODE_NAME / NODE_NAME) is required")
@@ -440,6 +445,7 @@ class KubeletPluginSettings:
             **_dynamic_mig_settings(parser, args),
             **_guard_settings(parser, args),
             **_health_settings(parser, args),
+            **_utilization_settings(parser, args),
         )
 
 
@@ -764,4 +770,41 @@ def _health_settings(parser: argparse.ArgumentParser, args: argparse.Namespace) 
         "additional_xids_to_ignore": additional,
         "health_taint_effect_degraded": degraded,
         "health_taint_effect_lost": lost,
+    }
+
+
+def _add_utilization_options(option: Callable[..., None]) -> None:
+    """`--utilization-interval` and `--utilization-idle-threshold` (docs/metrics.md)."""
+    option(
+        "--utilization-interval",
+        "seconds between utilization samples of the devices prepared claims hold (NVML; "
+        "exported as gpu_dra_claim_* metrics); 0 turns sampling off",
+        "10",
+    )
+    option(
+        "--utilization-idle-threshold",
+        "GPU utilization in percent below which a claim's device counts as idle in a sample",
+        "5",
+    )
+
+
+def _utilization_settings(
+    parser: argparse.ArgumentParser, args: argparse.Namespace
+) -> dict[str, Any]:
+    """The utilization sampler's settings from parsed `args`; usage errors exit."""
+    values = {}
+    for flag, text, low, high in (
+        ("--utilization-interval", args.utilization_interval, 0.0, 86400.0),
+        ("--utilization-idle-threshold", args.utilization_idle_threshold, 0.0, 100.0),
+    ):
+        try:
+            value = float(text)
+        except (TypeError, ValueError):
+            parser.error(f"{flag} must be a number, got {text!r}")
+        if not low <= value <= high:
+            parser.error(f"{flag} must be between {low:g} and {high:g}, got {text!r}")
+        values[flag] = value
+    return {
+        "utilization_interval_s": values["--utilization-interval"],
+        "utilization_idle_threshold": values["--utilization-idle-threshold"],
     }

@@ -428,7 +428,8 @@ def test_the_deployment_env_parses_into_the_controller_settings(
     assert settings.log_level == "INFO"  # NVIDIA's default verbosity 4
     mount = catalog_mount[str(settings.deviceclasses_dir)]
     volume = host_driver.volume("Deployment", mount["name"])
-    assert volume["configMap"]["name"] == host_driver.one("ConfigMap")["metadata"]["name"]
+    catalog = host_driver.one("ConfigMap", volume["configMap"]["name"])
+    assert catalog["metadata"]["name"] == "gpu-dra-deviceclasses"
     assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
     # With the webhook (the default), readiness is the webhook answering over TLS.
     assert container["readinessProbe"]["httpGet"] == {
@@ -524,7 +525,7 @@ def test_the_controller_runs_without_privileges(host_driver: Rendered) -> None:
 def test_the_catalog_configmap_is_the_repository_catalog(
     host_driver: Rendered, tmp_path: Path
 ) -> None:
-    data = host_driver.one("ConfigMap")["data"]
+    data = host_driver.one("ConfigMap", "gpu-dra-deviceclasses")["data"]
     files = sorted((REPO / "deviceclasses").glob("*.yaml"))
 
     # One source of truth: the chart links the repository's catalog.
@@ -548,10 +549,10 @@ def test_catalog_files_can_be_left_out_by_name_and_a_typo_is_refused(tmp_path: P
     disabled = Rendered.of({**HOST_DRIVER, "deviceClasses": {"enabled": False}}, tmp_path)
     typo = template(None, "gpuResourcesEnabledOverride=true", "deviceClasses.exclude={gpu.yaml}")
 
-    data = rendered.one("ConfigMap")["data"]
+    data = rendered.one("ConfigMap", "gpu-dra-deviceclasses")["data"]
     assert "gpu.nvidia.com.yaml" not in data
     assert "mig.nvidia.com.yaml" in data
-    assert disabled.one("ConfigMap")["data"] == {}
+    assert disabled.one("ConfigMap", "gpu-dra-deviceclasses")["data"] == {}
     assert typo.returncode != 0
     assert "deviceClasses.exclude: gpu.yaml is not a file of the catalog" in typo.stderr
 

@@ -4,7 +4,9 @@ Method names are the pynvml function names without the ``nvml`` prefix, in snake
 (``nvmlDeviceGetUUID`` -> ``device_get_uuid``); arguments, return types and raised exceptions are
 pynvml's. New calls (MIG create/destroy, events) are added the same way. Events (health
 monitoring): `NvmlLibrary.event_set_create`, ``device_register_events`` and ``event_set_wait``
-(``nvmlEventSetWait_v2``, raising ``NVMLError_Timeout`` when no event came in time).
+(``nvmlEventSetWait_v2``, raising ``NVMLError_Timeout`` when no event came in time). Utilization
+(docs/metrics.md): ``device_get_utilization_rates`` (NotSupported on MIG), compute processes
+and per-process utilization samples.
 
 Errors are pynvml's own classes: ``pynvml.NVMLError(code)`` instantiates the subclass for the code
 (``NVMLError_NotSupported`` for 3) and keeps the code in ``.value``. pynvml is imported only for
@@ -135,6 +137,36 @@ class MemoryLimits:
     soft: int
     hard: int
     used: int
+
+
+class Utilization(Protocol):
+    """``nvmlUtilization_t``: percent of the last sample period (1/6 s to 1 s) in which a
+    kernel ran (`gpu`) and device memory was read or written (`memory`)."""
+
+    gpu: int
+    memory: int
+
+
+class ProcessInfo(Protocol):
+    """``nvmlProcessInfo_t`` (v3): a process with a context on the device. `usedGpuMemory` is
+    None where NVML cannot tell (``NVML_VALUE_NOT_AVAILABLE``: Windows WDDM, some MIG cases)."""
+
+    pid: int
+    usedGpuMemory: int | None  # noqa: N815
+    gpuInstanceId: int  # noqa: N815
+    computeInstanceId: int  # noqa: N815
+
+
+class ProcessUtilizationSample(Protocol):
+    """``nvmlProcessUtilizationSample_t``: one process's share of a sample period, percent of
+    the GPU's SMs (`smUtil`) and memory bandwidth (`memUtil`); `timeStamp` in microseconds."""
+
+    pid: int
+    timeStamp: int  # noqa: N815
+    smUtil: int  # noqa: N815
+    memUtil: int  # noqa: N815
+    encUtil: int  # noqa: N815
+    decUtil: int  # noqa: N815
 
 
 class GpuInstancePlacement(Protocol):
@@ -404,6 +436,26 @@ class NvmlLibrary(Protocol):
         """Set a full GPU's compute mode (root only; lost on reboot). NotSupported on MIG
         devices and, for EXCLUSIVE_PROCESS, on GPUs with MIG on; InvalidArgument for
         EXCLUSIVE_THREAD or an unknown mode."""
+        ...
+
+    # Utilization (docs/metrics.md).
+
+    def device_get_utilization_rates(self, handle: DeviceHandle) -> Utilization:
+        """``nvmlDeviceGetUtilizationRates`` of a full GPU; NotSupported on MIG device handles
+        and on GPUs with MIG on (NVML: "not currently supported" on MIG-enabled GPUs)."""
+        ...
+
+    def device_get_compute_running_processes(self, handle: DeviceHandle) -> list[ProcessInfo]:
+        """``nvmlDeviceGetComputeRunningProcesses_v3``: the processes with a compute context on
+        the GPU or MIG device (an MPS server's clients are listed, the server too)."""
+        ...
+
+    def device_get_process_utilization(
+        self, handle: DeviceHandle, last_seen_us: int
+    ) -> list[ProcessUtilizationSample]:
+        """``nvmlDeviceGetProcessUtilization``: samples newer than `last_seen_us` (0: all the
+        driver keeps); an empty list when there are none (NVML's NotFound). NotSupported on MIG
+        device handles and on GPUs without per-process accounting."""
         ...
 
     # Events (health monitoring).

@@ -29,7 +29,11 @@ from gpu_dra.driver.nvml.interface import (
     MemoryLimits,
     NvmlLibrary,
     PciInfo,
+    ProcessInfo,
+    ProcessUtilizationSample,
+    Utilization,
     nvml_error,
+    return_code,
 )
 
 NVML_LIBRARY_NAME: Final = "libnvidia-ml.so.1"
@@ -299,6 +303,25 @@ class RealNvml:
 
     def device_get_compute_instance_id(self, handle: DeviceHandle) -> int:
         return int(pynvml.nvmlDeviceGetComputeInstanceId(handle))
+
+    def device_get_utilization_rates(self, handle: DeviceHandle) -> Utilization:
+        return cast(Utilization, pynvml.nvmlDeviceGetUtilizationRates(handle))
+
+    def device_get_compute_running_processes(self, handle: DeviceHandle) -> list[ProcessInfo]:
+        return [cast(ProcessInfo, p) for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle)]
+
+    def device_get_process_utilization(
+        self, handle: DeviceHandle, last_seen_us: int
+    ) -> list[ProcessUtilizationSample]:
+        try:
+            samples = pynvml.nvmlDeviceGetProcessUtilization(handle, last_seen_us)
+        except pynvml.NVMLError as error:
+            # NotFound: no sample newer than last_seen_us. pynvml raises its error for SUCCESS
+            # when the size query already succeeded: no process ran.
+            if return_code(error) in (pynvml.NVML_ERROR_NOT_FOUND, pynvml.NVML_SUCCESS):
+                return []
+            raise
+        return [cast(ProcessUtilizationSample, sample) for sample in samples]
 
     def event_set_create(self) -> EventSetHandle:
         return cast(EventSetHandle, pynvml.nvmlEventSetCreate())

@@ -1,7 +1,8 @@
 """Simulated NVML and PCI topology of a machine profile: a real backend chosen by a setting.
 
 `SimulatedNvml` behaves like NVML where the driver can tell (errors, return types, MIG mode and
-instances per `gpu_dra.driver.nvml.simulated_mig`, compute modes, XID/ECC events, lost GPUs),
+instances per `gpu_dra.driver.nvml.simulated_mig`, compute modes, XID/ECC events, lost GPUs,
+utilization and processes per `gpu_dra.driver.nvml.simulated_utilization`),
 injects any NVML return code into any call (profile ``faults``, `SimulatedNvml.set_fault`), and
 hands its MIG state to the caller as JSON snapshots so MIG instances outlive the process.
 See docs/config.md#what-the-simulator-models and docs/real-nodes.md#trying-it-without-a-gpu.
@@ -10,6 +11,7 @@ See docs/config.md#what-the-simulator-models and docs/real-nodes.md#trying-it-wi
 from __future__ import annotations
 
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -54,6 +56,9 @@ from gpu_dra.driver.nvml.interface import (
     NvmlLibrary,
     PciInfo,
     PciTopology,
+    ProcessInfo,
+    ProcessUtilizationSample,
+    Utilization,
     nvml_error,
     short_pci_bus_id,
 )
@@ -72,6 +77,7 @@ from gpu_dra.driver.nvml.simulated_profiles import (
     SimulatedGpu,
     load_profile,
 )
+from gpu_dra.driver.nvml.simulated_utilization import DeviceActivity, UtilizationModel
 
 _MIB: Final = 1024 * 1024
 SUPPORTED_EVENT_TYPES: Final = (
@@ -240,6 +246,8 @@ class SimulatedNvml:
         self._events = threading.Condition()  # guards event sets and lost GPUs
         self._event_sets: list[SimulatedEventSet] = []
         self._lost: set[int] = set()
+        self.utilization = UtilizationModel()
+        """What the devices do (utilization, processes, memory used), by UUID."""
 
     def _restore(self, saved: Mapping[str, object]) -> None:
         gpus = saved.get("gpus")
@@ -364,6 +372,67 @@ class SimulatedNvml:
                 event_set.queue.append(event)
             self._events.notify_all()
         return len(reached)
+
+    def set_activity(self, device: int | str, activity: DeviceActivity) -> str:
+        """Let device `device` (a GPU's index or UUID, or a ``MIG-`` UUID, which need not exist
+        yet: dynamic MIG devices come and go) do `activity`; returns the UUID it is kept by."""
+        uuid = device if isinstance(device, str) and device.startswith("MIG-") else None
+        if uuid is None:
+            uuid = self.profile.gpus[self.gpu_index(device)].uuid
+        self.utilization.set(uuid, activity)
+        return uuid
+
+    def device_get_utilization_rates(self, handle: DeviceHandle) -> Utilization:
+        if isinstance(handle, SimulatedMigDeviceHandle):
+            self._mig_device(handle, "device_get_utilization_rates")
+            raise nvml_error(NVML_ERROR_NOT_SUPPORTED)
+        gpu = self._gpu(handle, "device_get_utilization_rates")
+        if self._mig[gpu.index].enabled:
+            raise nvml_error(NVML_ERROR_NOT_SUPPORTED)
+        activity = self.utilization.get(gpu.uuid)
+        rates: Utilization = pynvml.c_nvmlUtilization_t()
+        rates.gpu = activity.gpu_percent
+        rates.memory = activity.memory_percent
+        return rates
+
+    def device_get_compute_running_processes(self, handle: DeviceHandle) -> list[ProcessInfo]:
+        gi_id = ci_id = NVML_NO_INSTANCE_ID
+        if isinstance(handle, SimulatedMigDeviceHandle):
+            ci = self._mig_device(handle, "device_get_compute_running_processes")
+            uuid, gi_id, ci_id = ci.uuid, ci.gpu_instance.id, ci.id
+        else:
+            uuid = self._gpu(handle, "device_get_compute_running_processes").uuid
+        processes: list[ProcessInfo] = []
+        for process in self.utilization.get(uuid).processes:
+            info: ProcessInfo = pynvml.c_nvmlProcessInfo_t()
+            info.pid = process.pid
+            info.usedGpuMemory = process.used_memory_bytes
+            info.gpuInstanceId = gi_id
+            info.computeInstanceId = ci_id
+            processes.append(info)
+        return processes
+
+    def device_get_process_utilization(
+        self, handle: DeviceHandle, last_seen_us: int
+    ) -> list[ProcessUtilizationSample]:
+        if isinstance(handle, SimulatedMigDeviceHandle):
+            self._mig_device(handle, "device_get_process_utilization")
+            raise nvml_error(NVML_ERROR_NOT_SUPPORTED)
+        gpu = self._gpu(handle, "device_get_process_utilization")
+        now_us = time.time_ns() // 1000
+        if now_us <= last_seen_us:
+            return []
+        samples: list[ProcessUtilizationSample] = []
+        for process in self.utilization.get(gpu.uuid).processes:
+            sample: ProcessUtilizationSample = pynvml.c_nvmlProcessUtilizationSample_t()
+            sample.pid = process.pid
+            sample.timeStamp = now_us
+            sample.smUtil = process.sm_percent
+            sample.memUtil = process.memory_percent
+            sample.encUtil = 0
+            sample.decUtil = 0
+            samples.append(sample)
+        return samples
 
     def event_set_create(self) -> EventSetHandle:
         self._system("event_set_create")
@@ -523,11 +592,11 @@ class SimulatedNvml:
     def device_get_memory_info(self, handle: DeviceHandle) -> MemoryInfo:
         if isinstance(handle, SimulatedMigDeviceHandle):
             ci = self._mig_device(handle, "device_get_memory_info")
-            return _memory(ci.gpu_instance.profile.memory_mib)
+            return _memory(ci.gpu_instance.profile.memory_mib, self.utilization.get(ci.uuid))
         gpu = self._gpu(handle, "device_get_memory_info")
         if gpu.model.memory_total_mib is None:
             raise nvml_error(NVML_ERROR_NOT_SUPPORTED)
-        return _memory(gpu.model.memory_total_mib)
+        return _memory(gpu.model.memory_total_mib, self.utilization.get(gpu.uuid))
 
     def device_get_numa_node_id(self, handle: DeviceHandle) -> int:
         gpu = self._gpu(handle, "device_get_numa_node_id")
@@ -927,11 +996,11 @@ def _driver_branch(version: str) -> int:
     return int(head) if head.isdigit() else 0
 
 
-def _memory(total_mib: int) -> MemoryInfo:
+def _memory(total_mib: int, activity: DeviceActivity) -> MemoryInfo:
     memory: MemoryInfo = pynvml.c_nvmlMemory_t()
     memory.total = total_mib * _MIB
-    memory.used = 0
-    memory.free = memory.total
+    memory.used = activity.used_bytes(memory.total)
+    memory.free = memory.total - memory.used
     return memory
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import time
 from pathlib import Path
 
 import pynvml
@@ -112,3 +113,52 @@ def test_real_gpus_take_xid_registrations_and_a_quiet_wait_times_out():
             nvml.event_set_free(event_set)
     finally:
         nvml.shutdown()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _has_gpu(), reason="needs an NVIDIA GPU and libnvidia-ml")
+def test_real_gpus_answer_the_utilization_calls_the_sampler_makes():
+    nvml = RealNvml(Path("/"))
+    nvml.init()
+    try:
+        handle = nvml.device_get_handle_by_index(0)
+        if nvml.device_get_mig_mode(handle)[0] == pynvml.NVML_DEVICE_MIG_ENABLE:
+            with pytest.raises(pynvml.NVMLError_NotSupported):
+                nvml.device_get_utilization_rates(handle)
+        else:
+            rates = nvml.device_get_utilization_rates(handle)
+            assert 0 <= rates.gpu <= 100
+            assert 0 <= rates.memory <= 100
+        memory = nvml.device_get_memory_info(handle)
+        assert 0 <= memory.used <= memory.total
+        for process in nvml.device_get_compute_running_processes(handle):
+            assert process.pid > 0
+        # No sample newer than now: NVML's NotFound reads as no samples.
+        future_us = (time.time_ns() // 1000) + 10**9
+        assert nvml.device_get_process_utilization(handle, future_us) == []
+    finally:
+        nvml.shutdown()
+
+
+@pytest.mark.parametrize(
+    ("code", "empty"),
+    [
+        (pynvml.NVML_ERROR_NOT_FOUND, True),  # no sample newer than the timestamp
+        (pynvml.NVML_SUCCESS, True),  # pynvml's error for a size query that found no process
+        (pynvml.NVML_ERROR_NOT_SUPPORTED, False),
+        (pynvml.NVML_ERROR_GPU_IS_LOST, False),
+    ],
+)
+def test_process_utilization_reads_no_samples_as_empty_and_raises_the_rest(
+    monkeypatch: pytest.MonkeyPatch, code: int, empty: bool
+) -> None:
+    def fails(handle: object, timestamp: int) -> None:
+        raise pynvml.NVMLError(code)
+
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetProcessUtilization", fails)
+    if empty:
+        assert RealNvml().device_get_process_utilization(object(), 0) == []
+    else:
+        with pytest.raises(pynvml.NVMLError) as raised:
+            RealNvml().device_get_process_utilization(object(), 0)
+        assert raised.value.value == code

@@ -183,6 +183,21 @@ def test_claims_are_read_from_the_api_server_before_start_and_after_close(
     assert api.reads == [CLAIM_A, CLAIM_A]  # the one in between came from the cache
 
 
+def test_cached_lookup_never_reads_the_api_server(
+    api: InMemoryClaimApi, cache: CachedClaimReader
+) -> None:
+    api.add(gpu_claim(UID_A))
+    assert cache.cached(*CLAIM_A) is None  # not listed yet: nothing, and no GET
+    start(cache, api)
+    found = cache.cached(*CLAIM_A)
+    assert found is not None
+    assert found["metadata"]["uid"] == UID_A
+    assert cache.cached("default", "missing") is None
+    cache.close()
+    assert cache.cached(*CLAIM_A) is None  # no watch: not trusted
+    assert api.reads == []
+
+
 def test_cached_claims_are_not_served_while_the_watch_is_down(
     api: InMemoryClaimApi, cache: CachedClaimReader
 ) -> None:

@@ -1,0 +1,138 @@
+"""Utilization per claim end to end (issue 14): a simulated hgx-h100 node whose plugin samples
+every second; the test sets what the GPUs do through ``<data-dir>/simulated-utilization.json``
+and reads the plugin's metrics and ``gpu-dra inventory --idle``.
+
+Whole GPUs: a busy and an idle claim side by side. MPS shares of gpu-0 (``--mps-shares=0``):
+the processes the file names are the share pods' own container processes (found by their
+cgroups, as the plugin finds them), so each claim gets the usage of its own pods."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from e2e import manifests as m
+from e2e.driver import METRICS_PORT, Driver
+from e2e.kube import Kube, wait_for
+from e2e.workloads import allocated_devices, delete_pods, wait_running
+from gpu_dra.cli.__main__ import main as gpu_dra
+from gpu_dra.kubelet_plugin.utilization.cgroups import pod_uid_from_cgroup
+from gpu_dra.kubelet_plugin.utilization.simulated_file import (
+    SIMULATED_UTILIZATION_FILE,
+    write_utilization,
+)
+
+pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("no_mps_daemon_left")]
+
+SIMULATED_PROFILE = "hgx-h100"
+PLUGIN_ARGS = ("--mps-shares=0", "--utilization-interval=1")
+METRICS_URL = f"http://127.0.0.1:{METRICS_PORT}/metrics"
+GIB = 2**30
+
+
+def pids_of_pod(pod_uid: str) -> list[int]:
+    """The node's processes in the pod's cgroup."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            text = (entry / "cgroup").read_text()
+        except OSError:
+            continue
+        if pod_uid_from_cgroup(text) == pod_uid:
+            pids.append(int(entry.name))
+    return sorted(pids)
+
+
+def metric_or_none(driver: Driver, name: str, **labels: str) -> float | None:
+    try:
+        return driver.metric(name, **labels)
+    except (KeyError, OSError):
+        return None
+
+
+def test_busy_and_idle_whole_gpus_side_by_side(
+    driver: Driver, kube: Kube, namespace: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for name in ("busy", "idle"):
+        kube.create(m.claim(name, namespace, m.claim_spec([m.request()])))
+        kube.create(m.gpu_pod(name, namespace, claim=name))
+    for name in ("busy", "idle"):
+        wait_running(kube, name, namespace)
+    (busy_device,) = allocated_devices(kube, "busy", namespace)
+    (idle_device,) = allocated_devices(kube, "idle", namespace)
+    write_utilization(
+        driver.state_dir / SIMULATED_UTILIZATION_FILE,
+        {busy_device: {"gpu": 90, "memory": 40, "memoryUsedBytes": 20 * GIB}},
+    )
+    wait_for(
+        "the busy claim's utilization in the plugin's metrics",
+        lambda: (
+            metric_or_none(
+                driver, "gpu_dra_claim_gpu_utilization_percent", claim="busy", pod="busy"
+            )
+            == 90
+        ),
+        30,
+    )
+    labels = {"namespace": namespace, "device": idle_device, "tier": "gpu", "pod": "idle"}
+    assert driver.metric("gpu_dra_claim_gpu_utilization_percent", claim="idle", **labels) == 0
+    assert driver.metric("gpu_dra_claim_memory_used_bytes", claim="busy") == 20 * GIB
+    assert driver.metric("gpu_dra_claim_devices", claim="busy", device=busy_device) == 1
+
+    def idle_claims() -> list[str]:
+        args = ["inventory", "--idle", "--idle-for", "3s", "--plugin-metrics", METRICS_URL]
+        assert (
+            gpu_dra([*args, "-o", "json"], environ={"KUBECONFIG": str(driver.cluster.kubeconfig)})
+            == 0
+        )
+        data = json.loads(capsys.readouterr().out)
+        assert data["warnings"] == []
+        return [c["name"] for c in data["idleClaims"] if c["namespace"] == namespace]
+
+    wait_for("the idle claim to be listed idle", lambda: idle_claims() == ["idle"], 30)
+    delete_pods(kube, namespace, ["busy", "idle"])
+    (driver.state_dir / SIMULATED_UTILIZATION_FILE).unlink()
+
+
+def share_claim(name: str, namespace: str, memory: str, compute: int) -> dict[str, object]:
+    request = m.request("share", device_class="mps.gpu.nvidia.com")
+    request["exactly"]["capacity"] = {"requests": {"memory": memory, "compute": str(compute)}}
+    return m.claim(name, namespace, m.claim_spec([request]))
+
+
+def test_mps_shares_get_their_own_pods_usage(driver: Driver, kube: Kube, namespace: str) -> None:
+    for name, memory, compute in (("share-a", "10Gi", 30), ("share-b", "20Gi", 50)):
+        kube.create(share_claim(name, namespace, memory, compute))
+        kube.create(m.gpu_pod(name, namespace, claim=name))
+    pids = {}
+    for name in ("share-a", "share-b"):
+        wait_running(kube, name, namespace)
+        uid = kube.get("v1", "Pod", name, namespace)["metadata"]["uid"]
+        pids[name] = pids_of_pod(uid)
+        assert pids[name], f"no process of pod {name} ({uid}) on the node"
+    processes = [{"pid": pids["share-a"][0], "sm": 25, "usedMemoryBytes": 3 * GIB}]
+    processes += [{"pid": pids["share-b"][0], "sm": 2, "usedMemoryBytes": GIB}]
+    write_utilization(
+        driver.state_dir / SIMULATED_UTILIZATION_FILE,
+        {"gpu-0": {"gpu": 30, "processes": processes}},
+    )
+    wait_for(
+        "share-a's usage in the plugin's metrics",
+        lambda: (
+            metric_or_none(driver, "gpu_dra_claim_gpu_utilization_percent", claim="share-a") == 25
+        ),
+        30,
+    )
+    share = {"tier": "mps-share", "device": "gpu-0"}
+    assert driver.metric("gpu_dra_claim_gpu_utilization_percent", claim="share-b", **share) == 2
+    assert driver.metric("gpu_dra_claim_memory_used_bytes", claim="share-a") == 3 * GIB
+    assert driver.metric("gpu_dra_claim_memory_limit_bytes", claim="share-a") == 10 * GIB
+    assert driver.metric("gpu_dra_claim_compute_limit_percent", claim="share-b") == 50
+    assert driver.metric("gpu_dra_claim_processes", claim="share-b") == 1
+    delete_pods(kube, namespace, ["share-a", "share-b"])
+    wait_for("the shares to be unprepared", lambda: not driver.checkpoint_claims(), 60)
+    (driver.state_dir / SIMULATED_UTILIZATION_FILE).unlink()

@@ -1,0 +1,137 @@
+"""Prometheus metrics of utilization per claim (docs/metrics.md): the claims' devices (read at
+every scrape) and the newest sample's values (only those NVML reported: a failed or unsupported
+value has no series, never 0), each claim device's last activity, the sampler's errors and cost.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from gpu_dra.kubelet_plugin.utilization.claims import ClaimDevice
+from gpu_dra.kubelet_plugin.utilization.monitor import UtilizationMonitor, claim_reading
+from gpu_dra.kubelet_plugin.utilization.sampler import Sample
+
+LABELS = ["node", "namespace", "pod", "claim", "device", "tier"]
+_SAMPLE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
+
+
+class SampleMetrics:
+    """Counters fed by every sample: errors by device, call and reason; the sample's cost."""
+
+    def __init__(self, registry: CollectorRegistry, node: str) -> None:
+        self._node = node
+        self.errors = Counter(
+            "gpu_dra_utilization_errors",
+            "NVML calls (and cgroup reads) of utilization samples that failed, by device UUID, "
+            "call and reason (the NVML return code name); the value they would give is absent.",
+            ["node", "device", "call", "reason"],
+            registry=registry,
+        )
+        self.duration = Histogram(
+            "gpu_dra_utilization_sample_duration_seconds",
+            "Time one utilization sample of every claimed device takes.",
+            ["node"],
+            buckets=_SAMPLE_BUCKETS,
+            registry=registry,
+        )
+        self.duration.labels(node=node)
+
+    def observe(self, sample: Sample) -> None:
+        self.duration.labels(node=self._node).observe(sample.duration_s)
+        for error in sample.errors:
+            self.errors.labels(
+                node=self._node, device=error.device, call=error.call, reason=error.reason
+            ).inc()
+
+
+class ClaimUtilizationCollector(Collector):
+    """Per claim device gauges, from `devices()` at scrape and the monitor's newest sample."""
+
+    def __init__(
+        self,
+        node: str,
+        devices: Callable[[], list[ClaimDevice]],
+        monitor: UtilizationMonitor | None,
+    ) -> None:
+        self._node = node
+        self._devices = devices
+        self._monitor = monitor
+
+    def collect(self) -> Iterator[Metric]:
+        def family(name: str, text: str) -> GaugeMetricFamily:
+            return GaugeMetricFamily(name, text, labels=LABELS)
+
+        held = family(
+            "gpu_dra_claim_devices",
+            "Devices prepared claims hold (1 each), by namespace, pod, claim, device and tier.",
+        )
+        gpu = family(
+            "gpu_dra_claim_gpu_utilization_percent",
+            "GPU utilization of a claim's device in the newest sample (whole GPU, time-sliced "
+            "or per-claim MPS GPU: the GPU's; MPS share: the sum of its processes' SM shares).",
+        )
+        memory_util = family(
+            "gpu_dra_claim_memory_utilization_percent",
+            "Memory bandwidth utilization of a claim's full GPU in the newest sample.",
+        )
+        used = family(
+            "gpu_dra_claim_memory_used_bytes",
+            "Device memory used on a claim's device (MPS share: by its pods' processes).",
+        )
+        total = family(
+            "gpu_dra_claim_memory_limit_bytes",
+            "Device memory a claim's device has (MPS share: the share's memory).",
+        )
+        compute = family(
+            "gpu_dra_claim_compute_limit_percent",
+            "An MPS share's compute (percent of the GPU's SMs).",
+        )
+        processes = family(
+            "gpu_dra_claim_processes",
+            "Compute processes on a claim's device (MPS share: in its pods).",
+        )
+        active = family(
+            "gpu_dra_claim_last_active_timestamp_seconds",
+            "Last sample in which a claim's device was active (utilization at least the idle "
+            "threshold; MIG: a compute process ran), else its first sample.",
+        )
+        sampled = GaugeMetricFamily(
+            "gpu_dra_utilization_last_sample_timestamp_seconds",
+            "When the newest utilization sample was taken.",
+            labels=["node"],
+        )
+        for device in self._devices():
+            held.add_metric(self._labels(device), 1)
+        sample = None if self._monitor is None else self._monitor.latest
+        if sample is not None and self._monitor is not None:
+            sampled.add_metric([self._node], sample.at)
+            for device in sample.devices:
+                labels = self._labels(device)
+                reading = claim_reading(device, sample.readings.get(device.uuid or ""))
+                for target, value in (
+                    (gpu, reading.gpu_percent),
+                    (memory_util, reading.memory_percent),
+                    (used, reading.memory_used_bytes),
+                    (total, reading.memory_total_bytes),
+                    (processes, reading.processes),
+                    (compute, device.share_compute_percent),
+                    (active, self._monitor.last_active(device.key)),
+                ):
+                    if value is not None:
+                        target.add_metric(labels, value)
+        yield from (held, gpu, memory_util, used, total, compute, processes, active, sampled)
+
+    def _labels(self, device: ClaimDevice) -> list[str]:
+        claim = device.claim
+        return [
+            self._node,
+            claim.namespace,
+            device.pod_label,
+            claim.name,
+            device.device,
+            device.tier,
+        ]
