@@ -48,6 +48,7 @@ from gpu_dra.driver.cel import (
     to_cel_device,
 )
 from gpu_dra.driver.cel.source import LexError, Token, tokens
+from gpu_dra.driver.cel.values import Semver
 from gpu_dra.driver.mig_policy import DEFAULT as DEFAULT_MIG_POLICY
 from gpu_dra.driver.mig_policy import (
     DEFAULT_POLICY_TEXT,
@@ -56,7 +57,6 @@ from gpu_dra.driver.mig_policy import (
     MigPolicyError,
     parse_policy,
 )
-from gpu_dra.driver.cel.values import Semver
 from gpu_dra.driver.model import MigDevice
 from gpu_dra.driver.naming import DEFAULT_DRIVER_NAME
 from gpu_dra.driver.nvml.simulated import SimulatedHost
