@@ -83,15 +83,39 @@ def glibc_image(driver: Driver) -> str:
     return driver.ensure_glibc_image()
 
 
+@pytest.fixture(scope="session")
+def deleted_namespaces(kube: Kube) -> Iterator[list[str]]:
+    """The namespaces the tests deleted; at the end of the session, waited for until gone."""
+    deleted: list[str] = []
+    yield deleted
+    for name in deleted:
+        kube.wait_gone("v1", "Namespace", name, None, timeout=180)
+
+
 @pytest.fixture
-def namespace(kube: Kube, request: pytest.FixtureRequest) -> Iterator[str]:
-    """A fresh namespace per test, deleted (and waited for) afterwards."""
+def namespace(
+    kube: Kube, deleted_namespaces: list[str], request: pytest.FixtureRequest
+) -> Iterator[str]:
+    """A fresh namespace per test, deleted afterwards: the test ends once its pods and
+    ResourceClaims are gone (a pod leaves the API only after the kubelet unprepared its claims;
+    a claim once deallocated). The namespace object itself takes the namespace controller ~5 s
+    more (passes over every resource type) that no later test depends on: the session waits for
+    every deleted namespace at its end."""
     name = f"e2e-{request.node.name[:40].lower().replace('_', '-')}-{uuid.uuid4().hex[:5]}"
     name = name.replace("[", "-").replace("]", "")
     kube.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
     yield name
     kube.delete("v1", "Namespace", name)
-    kube.wait_gone("v1", "Namespace", name, None, timeout=180)
+    deleted_namespaces.append(name)
+    kinds = (("v1", "Pod"), ("resource.k8s.io/v1", "ResourceClaim"))
+    for api_version, kind in kinds:
+        for item in kube.list(api_version, kind, namespace=name):
+            kube.delete(api_version, kind, item["metadata"]["name"], name)
+
+    def emptied() -> bool:
+        return not any(kube.list(api_version, kind, namespace=name) for api_version, kind in kinds)
+
+    wait_for(f"the pods and ResourceClaims of namespace {name} to be gone", emptied, 180)
 
 
 @pytest.fixture
