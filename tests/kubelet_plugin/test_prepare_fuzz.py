@@ -6,8 +6,8 @@ unprepare leaves nothing behind.
 A malformed allocation result fails only its own claim, with a message that names the
 field (`NodeClaimPreparer.prepare`); defects still open are listed in `KNOWN_DEFECTS`, each with
 a strict-xfail reproducer, and counted as events by the fuzz test until fixed. Claims are nested
-at most 200 levels here: deeper ones never get this far (the API client's JSON decoding fails;
-see test_jsonbounds.py for the bounded decoder).
+at most 200 levels here; deeper ones reach prepare with a marker string where the decoding
+stopped (test_claim_decoding_fuzz.py).
 """
 
 from __future__ import annotations
