@@ -12,13 +12,15 @@ docs/deployment.md#admission-webhook.
 
 from __future__ import annotations
 
-import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any, Final
 
+from gpu_dra.driver import jsonbounds
 from gpu_dra.driver.config.objects import check_config_list, config_list
+from gpu_dra.driver.jsonbounds import describe
 
 REVIEW_API_VERSION: Final = "admission.k8s.io/v1"
 REVIEW_KIND: Final = "AdmissionReview"
@@ -33,6 +35,8 @@ KINDS: Final[dict[str, str]] = {
 """Resource (plural) -> kind, of the resources validated."""
 
 VALIDATED_OPERATIONS: Final = ("CREATE", "UPDATE")
+
+_PLAIN: Final = re.compile(r"[a-z0-9.-]{0,63}")
 
 
 class BadReviewError(ValueError):
@@ -59,8 +63,8 @@ ALLOWED: Final = Verdict(allowed=True)
 def parse_review(body: bytes) -> Mapping[str, Any]:
     """The AdmissionReview in `body`; `BadReviewError` if it is not one of v1 with a request."""
     try:
-        review = json.loads(body)
-    except (UnicodeDecodeError, ValueError) as error:
+        review = jsonbounds.loads(body)  # any depth or integer size: the config check refuses it
+    except ValueError as error:  # json.JSONDecodeError, UnicodeDecodeError
         raise BadReviewError(f"the body is not valid JSON: {error}") from error
     if not isinstance(review, Mapping):
         raise BadReviewError("the body is not a JSON object")
@@ -77,21 +81,21 @@ def parse_review(body: bytes) -> Mapping[str, Any]:
 
 
 def decide(request: Mapping[str, Any], *, driver: str) -> Verdict:
-    """The verdict on one admission request (``AdmissionReview.request``)."""
+    """The verdict on one admission request (``AdmissionReview.request``). Any JSON in it gets a
+    verdict, never an exception: a ``resource`` that is no object of strings is denied as a
+    resource this webhook does not validate."""
     resource = request.get("resource")
-    group, version, plural = (
-        (resource.get("group"), resource.get("version"), resource.get("resource"))
-        if isinstance(resource, Mapping)
-        else (None, None, None)
-    )
-    if group != GROUP or version not in VERSIONS or plural not in KINDS:
-        return Verdict(
-            allowed=False,
-            code=HTTPStatus.BAD_REQUEST,
-            reason="BadRequest",
-            message=f"the {driver} webhook does not validate {group}/{version} {plural}: it "
-            f"validates {', '.join(KINDS)} of {GROUP} {', '.join(VERSIONS)}",
-        )
+    if not isinstance(resource, Mapping):
+        return _not_validated(driver, f"a resource that is {describe(resource)}")
+    group, version, plural = (resource.get(key) for key in ("group", "version", "resource"))
+    if (
+        group != GROUP
+        or not isinstance(version, str)
+        or version not in VERSIONS
+        or not isinstance(plural, str)
+        or plural not in KINDS
+    ):
+        return _not_validated(driver, f"{_shown(group)}/{_shown(version)} {_shown(plural)}")
     if request.get("subResource") or request.get("operation") not in VALIDATED_OPERATIONS:
         return ALLOWED
     kind = KINDS[plural]
@@ -120,6 +124,24 @@ def decide(request: Mapping[str, Any], *, driver: str) -> Verdict:
         reason="Invalid",
         message="; ".join(str(check) for check in errors),
     )
+
+
+def _not_validated(driver: str, what: str) -> Verdict:
+    return Verdict(
+        allowed=False,
+        code=HTTPStatus.BAD_REQUEST,
+        reason="BadRequest",
+        message=f"the {driver} webhook does not validate {what}: it validates "
+        f"{', '.join(KINDS)} of {GROUP} {', '.join(VERSIONS)}",
+    )
+
+
+def _shown(value: object) -> str:
+    """A resource's group, version or plural for a message: as is when a short plain name
+    (the empty core group too), else quoted and shortened, or its JSON type."""
+    if isinstance(value, str) and _PLAIN.fullmatch(value):
+        return value
+    return describe(value)
 
 
 def response(review: Mapping[str, Any], verdict: Verdict) -> dict[str, Any]:

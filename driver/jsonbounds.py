@@ -6,7 +6,8 @@ raises: a value nested thousands of levels deep, a cycle, a float NaN, a lone su
 non-JSON object each become a `JsonProblem` with the path where it was found. A value it accepts
 can be encoded (``json.dumps``), compared and copied without hitting Python's recursion limit.
 `loads` parses JSON text of any nesting and any integer size without RecursionError: what lies
-deeper than its limit, and integers Python cannot read, become marker strings in the result.
+deeper than its limit, and integers Python cannot read, become marker strings in the result
+(with ``strict=True`` they, and NaN/Infinity, are a `JsonBoundsError` that says which).
 Limits of the opaque config: ``docs/config.md`` (Limits).
 """
 
@@ -46,6 +47,11 @@ _TOKENS: Final = re.compile(_STRING + r"|([\[{])|([\]}])", re.DOTALL)
 _KEY_CHARS: Final = 40
 _PATH_PARTS: Final = 8
 _PLAIN_KEY: Final = re.compile(r"[A-Za-z0-9_-]+")
+
+
+class JsonBoundsError(ValueError):
+    """`loads` with ``strict=True``: valid JSON text beyond the bounds (nested too deeply, an
+    integer Python does not read, NaN or Infinity); the message says which."""
 
 
 @dataclass(frozen=True)
@@ -104,17 +110,29 @@ def json_problem(value: object, limits: JsonLimits) -> JsonProblem | None:
     return None
 
 
-def loads(text: str | bytes, *, max_depth: int = MAX_DOCUMENT_DEPTH) -> object:
+def loads(
+    text: str | bytes, *, max_depth: int = MAX_DOCUMENT_DEPTH, strict: bool = False
+) -> object:
     """``json.loads(text)``, bounded: nesting below ``max_depth`` levels becomes `TOO_DEEP` and
     integers Python refuses to convert become `TOO_LONG`, so a valid document always parses
-    and the result can be copied and compared safely. Invalid JSON raises ``ValueError``
-    (``json.JSONDecodeError``, ``UnicodeDecodeError``), as ``json.loads`` does; never
-    RecursionError while ``max_depth`` stays well below Python's recursion limit (1000). A large
-    shallow document costs up to three plain ``json.loads``."""
+    and the result can be copied and compared safely. With ``strict``, those are a
+    `JsonBoundsError` instead, and so are NaN and Infinity (which ``json.loads`` reads but no JSON
+    encoder writes): for a document that must be read whole or not at all. Invalid JSON raises
+    ``ValueError`` (``json.JSONDecodeError``, ``UnicodeDecodeError``), as ``json.loads`` does;
+    never RecursionError while ``max_depth`` stays well below Python's recursion limit (1000).
+    A large shallow document costs up to three plain ``json.loads``."""
     if isinstance(text, bytes | bytearray):
         text = bytes(text).decode("utf-8")
     if _deeper_than(text, max_depth):
-        text = _clipped(text, max_depth)
+        clipped = _clipped(text, max_depth)
+        if strict:
+            json.loads(clipped, parse_int=_read_int, parse_constant=_refuse_constant)  # invalid?
+            raise JsonBoundsError(
+                f"nested too deeply: more than {max_depth} levels of objects and arrays"
+            )
+        text = clipped
+    if strict:
+        return json.loads(text, parse_int=_strict_int, parse_constant=_refuse_constant)
     try:
         return json.loads(text)
     except json.JSONDecodeError:
@@ -167,6 +185,18 @@ def _read_int(digits: str) -> int | str:
     if limit and len(digits.lstrip("-")) > limit:
         return TOO_LONG
     return int(digits)
+
+
+def _strict_int(digits: str) -> int:
+    value = _read_int(digits)
+    if isinstance(value, str):
+        limit = sys.get_int_max_str_digits()
+        raise JsonBoundsError(f"an integer with more than {limit} digits")
+    return value
+
+
+def _refuse_constant(name: str) -> float:
+    raise JsonBoundsError(f"{name} is not a JSON number")
 
 
 def render_path(root: str, path: tuple[PathPart, ...]) -> str:

@@ -2,8 +2,10 @@
 
 `new_api_client` (kubeconfig or in-cluster), `translated_errors` (client exceptions become
 `errors.ApiError` subclasses that say what failed), `list_objects` (a paged list of raw
-``resource.k8s.io/v1`` objects, one consistent snapshot) and `read_server_version`. Every call
-blocks. See docs/architecture.md#layers.
+``resource.k8s.io/v1`` objects, one consistent snapshot) and `read_server_version`. Objects
+are decoded bounded (`decoded_object`): one object of any depth or integer size reads, with
+marker strings in it, and never fails the list. Every call blocks. See
+docs/architecture.md#layers.
 """
 
 from __future__ import annotations
@@ -13,13 +15,15 @@ import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import urllib3
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
 
+from gpu_dra.driver import jsonbounds
+from gpu_dra.driver.jsonbounds import describe
 from gpu_dra.driver.resourceapi import API_GROUP, API_VERSION
 from gpu_dra.kube import errors
 
@@ -91,21 +95,28 @@ def list_objects(
     token: str | None = None
     while True:
         with translated_errors(action):
-            page = cast(
-                "dict[str, Any]",
-                objects.list_cluster_custom_object(
-                    API_GROUP,
-                    RESOURCE_VERSION,
-                    plural,
-                    field_selector=field_selector,
-                    limit=page_size,
-                    _continue=token,
-                    _request_timeout=request_timeout_s,
-                ),
+            response: Any = objects.list_cluster_custom_object(
+                API_GROUP,
+                RESOURCE_VERSION,
+                plural,
+                field_selector=field_selector,
+                limit=page_size,
+                _continue=token,
+                _request_timeout=request_timeout_s,
+                _preload_content=False,
             )
-        items.extend(cast("list[RawObject]", page.get("items") or []))
+            body: bytes = response.data
+        page = decoded_object(body, action)
+        page_items = page.get("items") or []
+        if not isinstance(page_items, list) or not all(isinstance(i, dict) for i in page_items):
+            raise errors.ApiError(f"{action}: items is not a list of objects")
+        items.extend(page_items)
         metadata = page.get("metadata") or {}
+        if not isinstance(metadata, dict):
+            raise errors.ApiError(f"{action}: metadata is {describe(metadata)}, not an object")
         token = metadata.get("continue") or None
+        if token is not None and not isinstance(token, str):
+            raise errors.ApiError(f"{action}: metadata.continue is {describe(token)}")
         if token is None:
             version = str(metadata.get("resourceVersion") or "")
             return ObjectList(items=tuple(items), resource_version=version)
@@ -128,16 +139,32 @@ def read_resource_claim(
 ) -> RawObject:
     """The raw ResourceClaim `namespace`/`name` (`errors.NotFoundError` when there is none)."""
     objects = k8s.CustomObjectsApi(api_client)
-    with translated_errors(f"read ResourceClaim {namespace}/{name}"):
-        claim = objects.get_namespaced_custom_object(
+    action = f"read ResourceClaim {namespace}/{name}"
+    with translated_errors(action):
+        response: Any = objects.get_namespaced_custom_object(
             API_GROUP,
             RESOURCE_VERSION,
             namespace,
             "resourceclaims",
             name,
             _request_timeout=request_timeout_s,
+            _preload_content=False,
         )
-    return cast("RawObject", claim)
+        body: bytes = response.data
+    return decoded_object(body, action)
+
+
+def decoded_object(body: bytes, action: str) -> RawObject:
+    """The JSON object in a response body, decoded bounded (`jsonbounds.loads`: parts nested
+    deeper than 100 levels and integers of more than 4300 digits become marker strings, never
+    RecursionError or ValueError); `errors.ApiError` naming `action` when it is no JSON object."""
+    try:
+        value = jsonbounds.loads(body)
+    except ValueError as error:  # json.JSONDecodeError, UnicodeDecodeError
+        raise errors.ApiError(f"{action}: the response is not JSON: {error}") from error
+    if not isinstance(value, dict):
+        raise errors.ApiError(f"{action}: expected a JSON object, got {describe(value)}")
+    return value
 
 
 @contextlib.contextmanager

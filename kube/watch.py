@@ -4,19 +4,22 @@
 resourceVersion, with bookmarks and a server-side timeout, and returns a `RawWatchStream`: one
 JSON event per line, ERROR events as `errors.ApiError` subclasses (410 Gone:
 `ResourceExpiredError`). `close` may be called from another thread to unblock `next_event`.
+Lines are decoded bounded (`jsonbounds.loads`): one object of any depth or integer size is an
+event with marker strings in it, never an error of the stream.
 See docs/architecture.md#list-and-watch.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 from collections.abc import Callable, Iterator
 from typing import Any, Generic, Literal, TypeVar, cast
 
 import urllib3
 from kubernetes import client as k8s
 
+from gpu_dra.driver import jsonbounds
+from gpu_dra.driver.jsonbounds import describe
 from gpu_dra.driver.resourceapi import API_GROUP
 from gpu_dra.kube import errors
 from gpu_dra.kube.client import RESOURCE_VERSION, translated_errors
@@ -109,17 +112,29 @@ class RawWatchStream(Generic[EventT]):
 
 def parse_raw_watch_event(line: str, what: str) -> tuple[WatchEventType, dict[str, Any]]:
     """Decode one watch line into (type, object); ERROR events become `ApiError`s (410 Gone:
-    `ResourceExpiredError`). `what` names the watched resource in messages."""
-    event = json.loads(line)
+    `ResourceExpiredError`), and so does a line that is no event object. `what` names the
+    watched resource in messages. Decoding is bounded (`jsonbounds.loads`): parts of the object
+    nested deeper than 100 levels and integers of more than 4300 digits become marker strings,
+    for whoever reads that part to refuse. Invalid JSON raises ``ValueError``."""
+    event = jsonbounds.loads(line)
+    if not isinstance(event, dict):
+        raise errors.ApiError(f"watch {what}: expected an event object, got {describe(event)}")
     kind = event.get("type")
     obj = event.get("object") or {}
     if kind == "ERROR":
+        if not isinstance(obj, dict):
+            raise errors.ApiError(
+                f"watch {what}: ERROR event without a Status object: {describe(obj)}"
+            )
         code = obj.get("code")
-        message = f"watch {what}: {obj.get('reason', '')}: {obj.get('message', '')}"
-        error_type = errors.ResourceExpiredError if code == 410 else errors.ApiError
-        raise error_type(message, status=code, reason=obj.get("reason", ""))
-    if kind not in _WATCH_EVENT_TYPES or not isinstance(obj, dict):
-        raise errors.ApiError(f"watch {what}: unexpected event type {kind!r}")
+        status = code if isinstance(code, int) and not isinstance(code, bool) else None
+        reason = obj.get("reason")
+        reason = reason if isinstance(reason, str) else ""
+        message = f"watch {what}: {reason}: {obj.get('message', '')}"
+        error_type = errors.ResourceExpiredError if status == 410 else errors.ApiError
+        raise error_type(message, status=status, reason=reason)
+    if not isinstance(kind, str) or kind not in _WATCH_EVENT_TYPES or not isinstance(obj, dict):
+        raise errors.ApiError(f"watch {what}: unexpected event type {describe(kind)}")
     return cast("WatchEventType", kind), obj
 
 

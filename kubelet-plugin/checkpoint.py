@@ -16,7 +16,6 @@ import contextlib
 import copy
 import errno
 import fcntl
-import json
 import logging
 import os
 import threading
@@ -27,6 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final, NoReturn, TypeAlias
 
+from gpu_dra.driver import jsonbounds
+from gpu_dra.driver.jsonbounds import JsonBoundsError
 from gpu_dra.kubelet_plugin.atomic_file import remove_temporaries, write_atomically
 from gpu_dra.kubelet_plugin.checkpoint_format import (
     SCHEMA_VERSION,
@@ -367,8 +368,10 @@ class Checkpoint:
 
     def _parse(self, raw: bytes) -> Document:
         try:
-            parsed = json.loads(raw)
-        except (UnicodeDecodeError, json.JSONDecodeError) as err:
+            parsed = jsonbounds.loads(raw, strict=True)
+        except JsonBoundsError as err:  # valid JSON, but not what this plugin writes
+            raise self._corrupt(f"JSON beyond the bounds of a checkpoint ({err})") from err
+        except ValueError as err:  # json.JSONDecodeError, UnicodeDecodeError
             raise self._corrupt(f"not valid JSON ({err})") from err
         try:
             return parse_document(parsed)

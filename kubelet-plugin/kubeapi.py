@@ -21,7 +21,7 @@ from kubernetes.client.exceptions import ApiException
 from gpu_dra.driver.resourceapi import API_GROUP
 from gpu_dra.kube import errors
 from gpu_dra.kube.client import RESOURCE_VERSION as _VERSION
-from gpu_dra.kube.client import list_objects, translated_errors
+from gpu_dra.kube.client import decoded_object, list_objects, translated_errors
 from gpu_dra.kube.watch import WatchEventType, open_watch
 
 ResourceClaim = dict[str, Any]
@@ -100,15 +100,19 @@ class KubernetesClaimReader:
         self._page_size = page_size
 
     def get_claim(self, namespace: str, name: str) -> ResourceClaim:
+        """The claim, decoded bounded (`kube.client.decoded_object`): a part nested too deeply
+        or an integer too long is a marker string, refused where prepare reads that part."""
         try:
-            claim = self._objects.get_namespaced_custom_object(
+            response: Any = self._objects.get_namespaced_custom_object(
                 API_GROUP,
                 _VERSION,
                 namespace,
                 RESOURCE_CLAIMS,
                 name,
                 _request_timeout=self._timeout,
+                _preload_content=False,
             )
+            body: bytes = response.data
         except ApiException as error:
             if error.status == 404:
                 raise ClaimNotFoundError(f"ResourceClaim {namespace}/{name} not found") from error
@@ -120,7 +124,10 @@ class KubernetesClaimReader:
             raise ClaimReadError(
                 f"cannot read ResourceClaim {namespace}/{name}: {error}"
             ) from error
-        return cast("ResourceClaim", claim)
+        try:
+            return decoded_object(body, f"cannot read ResourceClaim {namespace}/{name}")
+        except errors.ApiError as error:
+            raise ClaimReadError(str(error)) from error
 
     def list_claims(self) -> ClaimList:
         listing = list_objects(

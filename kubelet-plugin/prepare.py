@@ -20,7 +20,13 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from gpu_dra.driver.config import AllocatedDevice, ConfigError, DeviceType, resolve_configs
+from gpu_dra.driver.config import (
+    AllocatedDevice,
+    ConfigError,
+    DeviceType,
+    resolve_configs,
+    shown_name,
+)
 from gpu_dra.driver.config.errors import DomainError
 from gpu_dra.driver.model import MigDevice, MigPartition
 from gpu_dra.driver.naming import (
@@ -452,7 +458,8 @@ class NodeClaimPreparer:
             result = allocated_result(index, item)
             if self._inventory.by_name(result.device) is None:
                 raise PrepareError(
-                    f"allocated device {result.device} does not exist on node {self._pool}; "
+                    f"allocated device {shown_name(result.device)} does not exist on node "
+                    f"{self._pool}; "
                     "the ResourceSlice it came from is stale"
                 )
             results.append(result)

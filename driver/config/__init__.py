@@ -18,6 +18,7 @@ from gpu_dra.driver.config.resolve import (
     ConfigOrigin,
     ResolvedConfigs,
     resolve_configs,
+    shown_name,
 )
 from gpu_dra.driver.config.sharing import (
     GpuSharing,
@@ -53,4 +54,5 @@ __all__ = [
     "quantity_value",
     "render_pinned_limit",
     "resolve_configs",
+    "shown_name",
 ]

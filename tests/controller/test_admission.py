@@ -333,6 +333,50 @@ def test_a_resource_it_does_not_validate_is_denied_as_a_bad_request(resource: Ob
     assert resource["resource"] in verdict.message
 
 
+LONG_GROUP = "resource.k8s.io\n" * 100
+
+
+@pytest.mark.parametrize(
+    ("resource", "shown"),
+    [
+        (["resourceclaims"], "a resource that is an array"),
+        ("resourceclaims", "a resource that is 'resourceclaims'"),
+        (None, "a resource that is null"),
+        (
+            {"group": "resource.k8s.io", "version": "v1", "resource": ["resourceclaims"]},
+            "resource.k8s.io/v1 an array",
+        ),
+        (
+            {"group": "resource.k8s.io", "version": {"v": 1}, "resource": "resourceclaims"},
+            "resource.k8s.io/an object resourceclaims",
+        ),
+        (
+            {"group": ["resource.k8s.io"], "version": 1, "resource": {}},
+            "an array/number 1 an object",
+        ),
+        (
+            {"group": LONG_GROUP, "version": "v1", "resource": "resourceclaims"},
+            repr(LONG_GROUP[:37] + "...") + "/v1 resourceclaims",  # one line, shortened
+        ),
+    ],
+    ids=["list", "string", "null", "plural-list", "version-object", "all-odd", "long-group"],
+)
+def test_a_resource_that_is_no_object_of_names_is_denied_as_a_bad_request(
+    resource: object, shown: str
+) -> None:
+    req = request(claim(entry(gpu_config())))
+    req["resource"] = resource
+
+    verdict = decide(req, driver=DRIVER)
+
+    assert not verdict.allowed
+    assert (verdict.code, verdict.reason) == (400, "BadRequest")
+    assert verdict.message == (
+        f"the {DRIVER} webhook does not validate {shown}: it validates resourceclaims, "
+        "resourceclaimtemplates, deviceclasses of resource.k8s.io v1, v1beta2, v1beta1"
+    )
+
+
 def test_a_create_without_an_object_is_denied() -> None:
     verdict = decide(request(None), driver=DRIVER)
 
@@ -397,6 +441,43 @@ def test_a_body_that_is_not_an_admission_review_v1_is_a_bad_review(
         parse_review(raw)
 
     assert str(error.value).startswith(complaint)
+
+
+@pytest.mark.parametrize(
+    ("parameters", "complaint"),
+    [
+        (
+            '{"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig", "sharing": '
+            + '{"a": ' * 5000
+            + "{}"
+            + "}" * 5000
+            + "}",
+            "spec.devices.config[0]: parameters.sharing.a.a.a.a.a.a...(+25 more): nested too "
+            "deeply: at most 32 levels of objects and arrays are allowed",
+        ),
+        (
+            '{"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig", "sharing": '
+            '{"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": ' + "9" * 5000 + "}}}",
+            "spec.devices.config[0]: parameters.sharing.timeSlicingConfig.interval: ",
+        ),
+    ],
+    ids=["deep", "huge-integer"],
+)
+def test_a_review_beyond_json_bounds_is_read_and_its_config_denied_naming_the_field(
+    parameters: str, complaint: str
+) -> None:
+    """These raised RecursionError (a 500) or were a bad review (400) before: the bounded
+    decoder reads them, and the config check names the field."""
+    req = request(claim(entry({"placeholder": True})))
+    body = envelope(req).replace(b'{"placeholder": true}', parameters.encode())
+
+    answer, verdict = review(body, driver=DRIVER)
+
+    assert not verdict.allowed
+    assert (verdict.code, verdict.reason) == (422, "Invalid")
+    assert verdict.message.startswith(complaint)
+    assert "\n" not in verdict.message
+    assert answer["response"]["uid"] == req["uid"]
 
 
 def test_response_keeps_the_uid_of_the_review_it_answers() -> None:

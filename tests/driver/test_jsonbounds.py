@@ -1,5 +1,5 @@
 """Bounds on untrusted JSON: `json_problem` finds depth, size and type problems without recursion;
-`loads` parses any valid JSON text without RecursionError."""
+`loads` parses any valid JSON text without RecursionError (``strict``: or says why it will not)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import pytest
 from gpu_dra.driver.jsonbounds import (
     TOO_DEEP,
     TOO_LONG,
+    JsonBoundsError,
     JsonLimits,
     JsonProblem,
     describe,
@@ -156,3 +157,36 @@ def test_loads_refuses_invalid_json_with_value_error(text: str) -> None:
 def test_loads_refuses_invalid_utf8_with_value_error() -> None:
     with pytest.raises(UnicodeDecodeError):
         loads(b'{"a": "\xff"}')
+
+
+# ---- loads(strict=True) -----------------------------------------------------------------------
+def test_strict_loads_reads_what_json_loads_reads_within_the_bounds() -> None:
+    text = '{"a": [1, 2.5, true, null, "x[{NaN"], "b": {"c": "\\"]}"}}'
+    assert loads(text, strict=True) == json.loads(text)
+    assert loads(json.dumps(nested(100)), strict=True) == nested(100)
+
+
+@pytest.mark.parametrize(
+    ("text", "reason"),
+    [
+        (json.dumps(nested(101)), "nested too deeply: more than 100 levels of objects and arrays"),
+        ("[" * 200_000 + "]" * 200_000, "nested too deeply: more than 100 levels"),
+        ('{"n": ' + "9" * 5000 + "}", "an integer with more than 4300 digits"),
+        ('{"n": -' + "9" * 5000 + "}", "an integer with more than 4300 digits"),
+        ('{"x": NaN}', "NaN is not a JSON number"),
+        ("[-Infinity]", "-Infinity is not a JSON number"),
+    ],
+    ids=["depth-101", "depth-200000", "huge-integer", "huge-negative", "nan", "infinity"],
+)
+def test_strict_loads_refuses_valid_json_beyond_the_bounds_saying_why(
+    text: str, reason: str
+) -> None:
+    with pytest.raises(JsonBoundsError) as error:
+        loads(text, strict=True)
+    assert str(error.value).startswith(reason)
+
+
+@pytest.mark.parametrize("text", ["[" * 5000, "[" * 200 + "]" * 199 + "}", '{"a": 1,}'])
+def test_strict_loads_calls_invalid_json_invalid_however_deep(text: str) -> None:
+    with pytest.raises(json.JSONDecodeError):
+        loads(text, strict=True)

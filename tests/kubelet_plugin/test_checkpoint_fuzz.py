@@ -1,9 +1,8 @@
 """Fuzzing the checkpoint loader (Hypothesis; profiles in tests/fuzzing.py, docs/development.md).
 
 Read-only: whatever ``gpu-dra-checkpoint.json`` holds, `Checkpoint.load` returns the claims or
-raises a `CheckpointError` that names the file, never another exception. Three defects of the
-loader are known (`KNOWN_DEFECTS`, with a strict-xfail reproducer each): the fuzz test counts
-them as events instead of failing, until checkpoint.py is fixed and the reproducers pass.
+raises a `CheckpointError` that names the file, never another exception: a file nested too
+deeply, with an integer Python does not read or with NaN is corrupt, and the message says why.
 """
 
 from __future__ import annotations
@@ -15,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import event, given
+from hypothesis import given
 from hypothesis import strategies as st
 
 from gpu_dra.kubelet_plugin.checkpoint import (
@@ -107,33 +106,10 @@ def data_dir() -> Iterator[Path]:
         yield Path(directory)
 
 
-# Defects of checkpoint.py found by this fuzz test (not fixed here: another change owns the
-# file). Each is (exception type, text in its message); see the xfail reproducers below.
-KNOWN_DEFECTS: dict[str, tuple[type[BaseException], str]] = {
-    "deep nesting: RecursionError from json.loads": (RecursionError, ""),
-    "integer over 4300 digits: ValueError from json.loads": (ValueError, "Exceeds the limit"),
-    "NaN/Infinity: ValueError when load() rewrites the file": (ValueError, "is not JSON"),
-}
-
-
-def known_defect(error: BaseException) -> str | None:
-    for name, (kind, text) in KNOWN_DEFECTS.items():
-        if type(error) is kind and text in str(error):
-            return name
-    return None
-
-
-def load(data_dir: Path, content: bytes) -> LoadResult | CheckpointError | None:
-    """The load's result or error; None (and an event) for a known defect."""
+def load(data_dir: Path, content: bytes) -> LoadResult | CheckpointError:
+    """The load's result or error."""
     (data_dir / CHECKPOINT_FILE).write_bytes(content)
-    try:
-        return attempt(Checkpoint(data_dir, boot_id=lambda: BOOT).load, CheckpointError)
-    except (RecursionError, ValueError) as error:
-        name = known_defect(error)
-        if name is None:
-            raise
-        event(f"known defect: {name}")
-        return None
+    return attempt(Checkpoint(data_dir, boot_id=lambda: BOOT).load, CheckpointError)
 
 
 @cases(ci=60, full=5_000)
@@ -142,8 +118,6 @@ def test_any_checkpoint_file_loads_or_fails_with_a_checkpoint_error(
     data_dir: Path, content: bytes
 ) -> None:
     loaded = load(data_dir, content)
-    if loaded is None:
-        return
     if isinstance(loaded, CheckpointError):
         assert str(data_dir / CHECKPOINT_FILE) in str(loaded)
         return
@@ -153,34 +127,38 @@ def test_any_checkpoint_file_loads_or_fails_with_a_checkpoint_error(
         assert all(isinstance(d.device_name, str) for d in entry.devices)
 
 
-# ---- the known defects, reproduced (strict xfail: a fix makes them pass, then drop the marker
-# and the KNOWN_DEFECTS entry) --------------------------------------------------------------
-DEFECT = "checkpoint.py _parse catches only UnicodeDecodeError and JSONDecodeError (fix there)"
-
-
+# ---- JSON beyond the bounds: corrupt, saying why (these raised RecursionError or ValueError) ----
 def write(tmp_path: Path, text: str) -> Checkpoint:
     (tmp_path / CHECKPOINT_FILE).write_text(text)
     return Checkpoint(tmp_path, boot_id=lambda: BOOT)
 
 
-@pytest.mark.xfail(strict=True, raises=RecursionError, reason=DEFECT)
-def test_a_deeply_nested_file_is_reported_corrupt(tmp_path: Path) -> None:
-    checkpoint = write(tmp_path, '{"version": 1, "x": ' + "[" * 100_000 + "]" * 100_000 + "}")
-    with pytest.raises(CheckpointCorruptError):
-        checkpoint.load()
-
-
-@pytest.mark.xfail(strict=True, raises=ValueError, reason=DEFECT)
-def test_a_file_with_a_huge_integer_is_reported_corrupt(tmp_path: Path) -> None:
-    checkpoint = write(tmp_path, '{"version": 1, "x": ' + "9" * 5000 + "}")
-    with pytest.raises(CheckpointCorruptError):
-        checkpoint.load()
-
-
-@pytest.mark.xfail(
-    strict=True, raises=ValueError, reason="Python's json reads NaN; the rewrite refuses it"
+@pytest.mark.parametrize(
+    ("text", "cause"),
+    [
+        (
+            '{"version": 1, "x": ' + "[" * 100_000 + "]" * 100_000 + "}",
+            "nested too deeply: more than 100 levels of objects and arrays",
+        ),
+        ('{"version": 1, "x": ' + "9" * 5000 + "}", "an integer with more than 4300 digits"),
+        # no boot ID: load() rewrites the file, and json.dumps refused the NaN it had read
+        ('{"version": 1, "claims": {}, "x": NaN}', "NaN is not a JSON number"),
+    ],
+    ids=["deep", "huge-integer", "nan"],
 )
-def test_a_file_with_nan_is_reported_corrupt(tmp_path: Path) -> None:
-    checkpoint = write(tmp_path, '{"version": 1, "claims": {}, "x": NaN}')  # no boot ID: rewritten
-    with pytest.raises(CheckpointCorruptError):
+def test_json_beyond_the_bounds_is_reported_corrupt_naming_the_cause(
+    tmp_path: Path, text: str, cause: str
+) -> None:
+    checkpoint = write(tmp_path, text)
+    with pytest.raises(CheckpointCorruptError) as error:
+        checkpoint.load()
+    message = str(error.value)
+    assert message.startswith(f"checkpoint {tmp_path / CHECKPOINT_FILE} is corrupt: ")
+    assert f"JSON beyond the bounds of a checkpoint ({cause})" in message
+    assert (tmp_path / CHECKPOINT_FILE).read_text() == text  # never replaced
+
+
+def test_a_torn_deeply_nested_file_is_reported_as_invalid_json(tmp_path: Path) -> None:
+    checkpoint = write(tmp_path, '{"version": 1, "x": ' + "[" * 5000)
+    with pytest.raises(CheckpointCorruptError, match="is corrupt: not valid JSON"):
         checkpoint.load()

@@ -1,13 +1,12 @@
 """Fuzzing how the kubelet plugin decodes ResourceClaims from the API server (Hypothesis; profiles
 in tests/fuzzing.py, docs/development.md): one watch line becomes an event or an `ApiError`.
 
-Tests only: the decoding is `json.loads` in kube/watch.py (watch lines) and in the kubernetes
-client (lists through kube/client.py, GETs through kubelet-plugin/kubeapi.py), all unbounded. A
-claim nested ~1000 levels deep raises RecursionError and one with an integer of more than 4300
-digits ValueError, for every node, because every node lists and watches all claims: the claim
-cache relists forever and never serves again (issue 12). `KNOWN_DEFECTS` lets the fuzz test
-count those as events; the strict-xfail reproducers below fail once the decoding is bounded
-(`gpu_dra.driver.jsonbounds.loads` is the bounded decoder to use), then drop their markers.
+Every node lists and watches all claims, so one tenant's claim must not stop the others: watch
+lines (kube/watch.py), lists (kube/client.py) and GETs (kubelet-plugin/kubeapi.py) are decoded
+by `gpu_dra.driver.jsonbounds.loads`. A claim nested ~2000 levels deep, or with an integer of
+more than 4300 digits, is decoded with marker strings in it (it raised RecursionError or
+ValueError, and the claim cache relisted forever: issue 12); prepare of that claim then fails
+with a config error that names it, and the others are served.
 """
 
 from __future__ import annotations
@@ -16,24 +15,31 @@ import json
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any, ClassVar
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
-from hypothesis import event, given
+from hypothesis import given
 from hypothesis import strategies as st
 from kubernetes import client as k8s
 
+from gpu_dra.driver.jsonbounds import TOO_DEEP, TOO_LONG
 from gpu_dra.kube import errors
 from gpu_dra.kube.reflector import ReflectorSettings
 from gpu_dra.kube.watch import parse_raw_watch_event
 from gpu_dra.kubelet_plugin.claimcache import CachedClaimReader
 from gpu_dra.kubelet_plugin.kubeapi import ClaimEvent, KubernetesClaimReader, claim_event
+from gpu_dra.kubelet_plugin.node_devices import NodeInventory
+from gpu_dra.kubelet_plugin.prepare_protocol import ClaimRef
 from tests.fakes.claim_reader import allocation_result, resource_claim
 from tests.fuzzing import cases, deep_text, huge_integer_text, json_values, mutated
+from tests.kubelet_plugin.nodes import Node
 
 UID_A = "0b6a1e3c-8f43-4a55-9a0e-2f7d1c9b8a01"
 UID_B = "5d2c9f71-3e8a-4b6d-8c1f-6a4e2b0d9c02"
+REF_A = ClaimRef("default", UID_A, "claim-a")
+REF_B = ClaimRef("default", UID_B, "claim-b")
 
 
 def claim(uid: str = UID_A, name: str = "claim-a") -> dict[str, Any]:
@@ -83,21 +89,6 @@ lines = st.one_of(
     ),
 )
 
-# Defects of the claim decoding (json.loads, unbounded) found by this fuzz test: (exception type,
-# text in its message). Not fixed here: kube/ and claimcache.py are another change's.
-KNOWN_DEFECTS: dict[str, tuple[type[BaseException], str]] = {
-    "deep nesting: RecursionError from json.loads": (RecursionError, "recursion"),
-    "integer over 4300 digits: ValueError from json.loads": (ValueError, "Exceeds the limit"),
-    "an event or its ERROR object not an object: AttributeError": (AttributeError, "'get'"),
-}
-
-
-def known_defect(error: BaseException) -> str | None:
-    for name, (kind, text) in KNOWN_DEFECTS.items():
-        if type(error) is kind and text in str(error):
-            return name
-    return None
-
 
 @cases(ci=100, full=5_000)
 @given(lines)
@@ -106,12 +97,6 @@ def test_a_watch_line_of_valid_json_is_an_event_or_an_api_error(line: str) -> No
         parsed: ClaimEvent | errors.ApiError = parse_claim_event(line)
     except errors.ApiError as error:
         parsed = error
-    except (AttributeError, RecursionError, ValueError) as error:
-        name = known_defect(error)
-        if name is None:
-            raise
-        event(f"known defect: {name}")
-        return
     if isinstance(parsed, ClaimEvent):
         assert parsed.type in ("ADDED", "MODIFIED", "DELETED", "BOOKMARK")
         assert isinstance(parsed.claim, dict)
@@ -119,42 +104,49 @@ def test_a_watch_line_of_valid_json_is_an_event_or_an_api_error(line: str) -> No
         assert str(parsed).startswith("watch ResourceClaims: ")
 
 
-# ---- the known defects, reproduced (strict xfail: once the decoding is bounded these pass; then
-# drop the markers and the KNOWN_DEFECTS entries) ----------------------------------------------
-DEFECT = "unbounded json.loads in parse_raw_watch_event (kube/watch.py)"
-
-
-@pytest.mark.xfail(strict=True, raises=RecursionError, reason=DEFECT)
+# ---- hostile claims decode, bounded (these raised RecursionError, ValueError, AttributeError) ---
 def test_a_watch_event_of_a_deeply_nested_claim_is_decoded() -> None:
     line = '{"type": "ADDED", "object": ' + claim_text(deep_text(2000, "{}", True)) + "}"
     parsed = parse_claim_event(line)
     assert parsed.claim["metadata"]["uid"] == UID_A
+    assert TOO_DEEP in json.dumps(parsed.claim)
 
 
-@pytest.mark.xfail(strict=True, raises=ValueError, reason=DEFECT)
 def test_a_watch_event_of_a_claim_with_a_huge_integer_is_decoded() -> None:
     line = '{"type": "ADDED", "object": ' + claim_text(huge_integer_text(5000)) + "}"
     parsed = parse_claim_event(line)
     assert parsed.claim["metadata"]["uid"] == UID_A
+    assert parameters(parsed.claim) == TOO_LONG
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AttributeError,
-    reason="parse_raw_watch_event (kube/watch.py) calls .get() on any JSON value",
-)
 @pytest.mark.parametrize(
-    "line", ['{"type": "ERROR", "object": ["Status"]}', '["ADDED"]'], ids=["error-list", "list"]
+    ("line", "message"),
+    [
+        (
+            '{"type": "ERROR", "object": ["Status"]}',
+            "ERROR event without a Status object: an array",
+        ),
+        ('["ADDED"]', "expected an event object, got an array"),
+        ('{"type": ["ADDED"], "object": {}}', "unexpected event type an array"),
+    ],
+    ids=["error-list", "list", "type-list"],
 )
-def test_a_watch_line_that_is_no_event_object_is_an_api_error(line: str) -> None:
-    with pytest.raises(errors.ApiError):
+def test_a_watch_line_that_is_no_event_object_is_an_api_error(line: str, message: str) -> None:
+    with pytest.raises(errors.ApiError) as error:
         parse_claim_event(line)
+    assert str(error.value) == f"watch ResourceClaims: {message}"
+
+
+def parameters(claim: dict[str, Any]) -> object:
+    return claim["status"]["allocation"]["devices"]["config"][0]["opaque"]["parameters"]
 
 
 class ApiserverWithADeepClaim(BaseHTTPRequestHandler):
-    """Lists two claims, one of them nested 2000 levels deep; watches send nothing and hold."""
+    """Lists two claims, one of them (claim-a, also answered to a GET) nested 2000 levels deep;
+    watches send nothing and hold."""
 
     listing: ClassVar[bytes] = b""
+    deep_claim: ClassVar[bytes] = b""
     release: ClassVar[threading.Event] = threading.Event()
 
     def log_message(self, format: str, *args: Any) -> None:
@@ -169,9 +161,10 @@ class ApiserverWithADeepClaim(BaseHTTPRequestHandler):
             self.wfile.flush()
             self.release.wait(10)
             return
-        self.send_header("Content-Length", str(len(self.listing)))
+        body = self.deep_claim if self.path.endswith("/claim-a") else self.listing
+        self.send_header("Content-Length", str(len(body)))
         self.end_headers()
-        self.wfile.write(self.listing)
+        self.wfile.write(body)
 
 
 @pytest.fixture
@@ -179,6 +172,7 @@ def api_client() -> Iterator[k8s.ApiClient]:
     items = [claim_text(deep_text(2000, "{}", True)), json.dumps(claim(UID_B, "claim-b"))]
     listing = '{"metadata": {"resourceVersion": "7"}, "items": [' + ", ".join(items) + "]}"
     ApiserverWithADeepClaim.listing = listing.encode()
+    ApiserverWithADeepClaim.deep_claim = items[0].encode()
     ApiserverWithADeepClaim.release = threading.Event()
     server = ThreadingHTTPServer(("127.0.0.1", 0), ApiserverWithADeepClaim)
     thread = threading.Thread(target=server.serve_forever, args=(0.01,), daemon=True)
@@ -195,7 +189,6 @@ def api_client() -> Iterator[k8s.ApiClient]:
         server.server_close()
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="unbounded json.loads of lists")
 def test_one_deeply_nested_claim_does_not_stop_the_cache_from_serving_the_others(
     api_client: k8s.ApiClient,
 ) -> None:
@@ -205,5 +198,44 @@ def test_one_deeply_nested_claim_does_not_stop_the_cache_from_serving_the_others
     try:
         assert cache.wait_serving(3.0), "the cache never served: every list failed"
         assert cache.get_claim("default", "claim-b")["metadata"]["uid"] == UID_B
+        deep = cache.get_claim("default", "claim-a")  # a copy: nothing recurses 2000 levels
+        assert deep["metadata"]["uid"] == UID_A
+        assert TOO_DEEP in json.dumps(deep)
     finally:
         cache.close()
+
+
+def test_a_get_of_a_deeply_nested_claim_is_decoded(api_client: k8s.ApiClient) -> None:
+    claim = KubernetesClaimReader(api_client).get_claim("default", "claim-a")
+    assert claim["metadata"]["uid"] == UID_A
+    assert TOO_DEEP in json.dumps(claim)
+
+
+@pytest.mark.parametrize(
+    ("value", "reason"),
+    [
+        (deep_text(2000, "{}", True), "nested too deeply"),
+        (
+            huge_integer_text(5000),
+            f"parameters: expected a JSON object with apiVersion and kind, got '{TOO_LONG}'",
+        ),
+    ],
+    ids=["deep", "huge-integer"],
+)
+def test_a_claim_read_with_markers_fails_only_its_own_prepare_naming_it(
+    tmp_path: Path, inventory: NodeInventory, value: str, reason: str
+) -> None:
+    """Decoding the claim succeeds, so the error is the prepare's: it names the claim and why."""
+    line = '{"type": "ADDED", "object": ' + claim_text(value) + "}"
+    node = Node(tmp_path, inventory)
+    node.add(parse_claim_event(line).claim)
+    node.add(resource_claim(UID_B, "claim-b", results=[allocation_result("gpu-1")]))
+
+    results = node.prepare(REF_A, REF_B)
+
+    error = results[UID_A].error
+    assert error is not None
+    assert error.startswith(f"claim default/claim-a ({UID_A}): ")
+    assert reason in error
+    assert "\n" not in error
+    assert results[UID_B].error is None

@@ -505,6 +505,53 @@ def test_get_from_an_unreachable_api_server_is_a_read_error() -> None:
         client.close()  # type: ignore[no-untyped-call]
 
 
+CLAIM_A_PATH = "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims/claim-a"
+
+
+def test_get_reads_the_claim_from_the_api_server(
+    api_client: k8s.ApiClient, stub: StubApiserver
+) -> None:
+    stub.route("GET", CLAIM_A_PATH, (200, gpu_claim(UID_A)))
+
+    claim = KubernetesClaimReader(api_client).get_claim(*CLAIM_A)
+
+    assert claim == gpu_claim(UID_A)
+
+
+def test_get_of_an_answer_that_is_no_object_is_a_read_error_saying_what_it_is(
+    api_client: k8s.ApiClient, stub: StubApiserver
+) -> None:
+    stub.route("GET", CLAIM_A_PATH, (200, [gpu_claim(UID_A)]))
+
+    with pytest.raises(ClaimReadError) as error:
+        KubernetesClaimReader(api_client).get_claim(*CLAIM_A)
+
+    assert str(error.value) == (
+        "cannot read ResourceClaim default/claim-a: expected a JSON object, got an array"
+    )
+
+
+@pytest.mark.parametrize(
+    ("page", "complaint"),
+    [
+        ([], "expected a JSON object, got an array"),
+        ({"items": {"a": 1}}, "items is not a list of objects"),
+        ({"items": [5]}, "items is not a list of objects"),
+        ({"items": [], "metadata": "7"}, "metadata is '7', not an object"),
+    ],
+    ids=["page-list", "items-object", "item-number", "metadata-string"],
+)
+def test_a_list_page_of_the_wrong_shape_is_an_api_error_saying_what_is_wrong(
+    api_client: k8s.ApiClient, stub: StubApiserver, page: object, complaint: str
+) -> None:
+    stub.route("GET", CLAIMS, (200, page))
+
+    with pytest.raises(errors.ApiError) as error:
+        KubernetesClaimReader(api_client).list_claims()
+
+    assert str(error.value) == f"list ResourceClaims: {complaint}"
+
+
 def test_cache_on_the_real_client_serves_from_the_watch_and_closes_it_promptly(
     api_client: k8s.ApiClient, stub: StubApiserver
 ) -> None:

@@ -3,27 +3,25 @@ tests/fuzzing.py, docs/development.md), on the simulated hgx-h100 node with the 
 and CDI store: every claim gets its own result, success or an error that names the claim, and
 unprepare leaves nothing behind.
 
-A malformed allocation result fails only its own claim, with a message that names the
-field (`NodeClaimPreparer.prepare`); defects still open are listed in `KNOWN_DEFECTS`, each with
-a strict-xfail reproducer, and counted as events by the fuzz test until fixed. Claims are nested
-at most 200 levels here: deeper ones never get this far (the API client's JSON decoding fails;
-see test_jsonbounds.py for the bounded decoder).
+A malformed allocation result fails only its own claim, with a message of one line that names
+the field (`NodeClaimPreparer.prepare`); names from the claim are quoted and shortened where they
+are odd. Claims are nested at most 200 levels here; deeper ones reach prepare with a marker
+string where the decoding stopped (test_claim_decoding_fuzz.py).
 """
 
 from __future__ import annotations
 
 import tempfile
-import traceback
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import event, given
+from hypothesis import given
 from hypothesis import strategies as st
 
 from gpu_dra.kubelet_plugin.node_devices import NodeInventory
-from gpu_dra.kubelet_plugin.prepare_protocol import ClaimRef, PrepareResult
+from gpu_dra.kubelet_plugin.prepare_protocol import ClaimRef
 from tests.fakes.claim_reader import allocation_result, opaque_config, resource_claim
 from tests.fuzzing import cases, mutated, valid_parameters
 from tests.kubelet_plugin.nodes import NODE, UID_A, Node
@@ -61,36 +59,7 @@ def node(inventory: NodeInventory) -> Iterator[Node]:
         yield Node(Path(root), inventory)
 
 
-# Defects of prepare.py found by this fuzz test (not fixed here: another change owns the file):
-# (exception type, the prepare.py function it is raised in or passes through).
-KNOWN_DEFECTS: dict[str, tuple[type[BaseException], str]] = {}
-
-
-# Messages of prepare.py that show allocation data as is (newlines, any length): text in them.
-KNOWN_MESSAGE_DEFECTS: dict[str, str] = {
-    "a device name shown as is": "does not exist on node",
-}
 MAX_MESSAGE_CHARS = 4000  # ConfigError: 10 problems of at most 300 characters, and the claim
-
-
-def known_defect(error: BaseException) -> str | None:
-    functions = {frame.name for frame in traceback.extract_tb(error.__traceback__)}
-    for name, (kind, function) in KNOWN_DEFECTS.items():
-        if type(error) is kind and function in functions:
-            return name
-    return None
-
-
-def prepare(node: Node) -> PrepareResult | None:
-    """The claim's result; None (and an event) for a known defect."""
-    try:
-        return node.prepare(REF)[UID_A]
-    except (AttributeError, KeyError, TypeError) as error:
-        name = known_defect(error)
-        if name is None:
-            raise
-        event(f"known defect: {name}")
-        return None
 
 
 @cases(ci=40, full=3_000)
@@ -99,21 +68,18 @@ def test_any_claim_is_prepared_or_refused_naming_the_claim(
     node: Node, claim: dict[str, Any]
 ) -> None:
     node.add(claim)
-    result = prepare(node)
-    if result is not None and result.error is not None:
+    result = node.prepare(REF)[UID_A]
+    if result.error is not None:
         assert result.error.startswith(f"claim default/claim-a ({UID_A}): ")
-        if "\n" in result.error or len(result.error) > MAX_MESSAGE_CHARS:
-            name = next((n for n, t in KNOWN_MESSAGE_DEFECTS.items() if t in result.error), None)
-            assert name is not None, result.error[:500]
-            event(f"known defect: {name}")
-    elif result is not None:
+        assert "\n" not in result.error, result.error[:500]
+        assert len(result.error) <= MAX_MESSAGE_CHARS, result.error[:500]
+    else:
         assert all(device.pool_name == NODE for device in result.devices)
     assert node.unprepare(REF) == {UID_A: None}
     node.assert_nothing_left(UID_A)
 
 
-# ---- the known defects, reproduced (strict xfail: a fix makes them pass, then drop the marker
-# and the KNOWN_DEFECTS entry) --------------------------------------------------------------
+# ---- malformed allocations and odd names (each raised or was shown as is before its fix) ----
 @pytest.fixture
 def fresh(tmp_path: Path, inventory: NodeInventory) -> Node:
     return Node(tmp_path, inventory)
@@ -145,13 +111,14 @@ def test_a_malformed_result_fails_only_its_claim_with_a_message(
     assert result.error.startswith(f"claim default/claim-a ({UID_A}): ")
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="prepare.py shows the name as is")
 def test_the_message_about_an_unknown_device_stays_one_line(fresh: Node) -> None:
     fresh.add(allocated([allocation_result("gpu-0\n" + "x" * 10_000)]))
     error = fresh.prepare(REF)[UID_A].error
-    assert error is not None
-    assert "\n" not in error
-    assert len(error) < MAX_MESSAGE_CHARS
+    shown = repr("gpu-0\n" + "x" * 31 + "...")  # quoted, escaped, cut to 40 characters
+    assert error == (
+        f"claim default/claim-a ({UID_A}): allocated device {shown} does not exist on node "
+        f"{NODE}; the ResourceSlice it came from is stale"
+    )
 
 
 def test_a_malformed_spec_that_prepare_does_not_read_does_not_fail_it(fresh: Node) -> None:
