@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Final
 
 from gpu_dra.driver.naming import InvalidNameError
+from gpu_dra.kubelet_plugin import crash_points
 from gpu_dra.kubelet_plugin.mps.computemode import (
     DEFAULT,
     EXCLUSIVE_PROCESS,
@@ -160,6 +161,7 @@ class MpsDaemonManager:
                     self.start_timeout_s,
                 )  # fmt: skip
                 identity, ref = launched.identity, launched.ref
+                crash_points.reached(crash_points.MPS_AFTER_LAUNCH)
                 self._wait_ready(paths, identity, deadline)
                 self.client.run_all(paths.pipe, settings.commands())
                 self._verify(paths, settings)
