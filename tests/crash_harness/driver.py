@@ -26,10 +26,11 @@ from typing import Any
 
 from gpu_dra.driver.model import Gpu, MigDevice, MigPartition
 from gpu_dra.kubelet_plugin import crash_points, startup
+from gpu_dra.kubelet_plugin.cdi import ClaimSpecStore
 from gpu_dra.kubelet_plugin.node_devices import NodeInventory
 from tests.crash_harness.invariants import Belief, check
 from tests.crash_harness.nodes import KINDS, NODE_NAME, NodeKind
-from tests.crash_harness.plugin import PluginDied, PluginProcess
+from tests.crash_harness.plugin import PluginDiedError, PluginProcess
 from tests.doubles.mps_helpers import kill_processes_under
 from tests.fakes.claim_reader import allocation_result, gpu_config, opaque_config, resource_claim
 
@@ -37,7 +38,7 @@ CALL_TIMEOUT_S = 120.0
 """How long the harness waits for an answer before it reports a hang (never hit when healthy;
 generous so that a loaded machine is no failure)."""
 
-SETTLE_S = 5.0
+SETTLE_S = 15.0
 """How long a broken invariant may take to mend before it is reported (an MPS daemon told to
 quit exits just after answering)."""
 
@@ -142,7 +143,7 @@ class NodeRun:
             plugin = PluginProcess(self.kind, self.root, point, nth, self.log)
             try:
                 self.receive(plugin)
-            except PluginDied:
+            except PluginDiedError:
                 if not self.died(plugin):
                     return False
                 continue
@@ -207,9 +208,7 @@ class NodeRun:
             claim = self.claims[uid]
             if belief is Belief.PREPARING:
                 prepares.append(claim)
-            elif belief is Belief.UNPREPARING:
-                unprepares.append(claim)
-            elif rng.random() < 0.3:
+            elif belief is Belief.UNPREPARING or rng.random() < 0.3:
                 unprepares.append(claim)
             elif rng.random() < 0.1:
                 prepares.append(claim)  # the kubelet asks again (say, after its restart)
@@ -248,7 +247,7 @@ class NodeRun:
         while waiting:
             try:
                 reply = self.receive(self.plugin)
-            except PluginDied:
+            except PluginDiedError:
                 self.died(self.plugin)
                 self.plugin = None
                 return  # the calls not answered stay in flight: retried after the restart
@@ -301,11 +300,20 @@ class NodeRun:
 
     # ---- the scheduler -----------------------------------------------------------------------
     def new_claim(self, rng: random.Random) -> Claim | None:
+        tier, make = rng.choice(self.offers)
+        return self.new_claim_of(tier, make, rng, race=rng.random() < 0.03)
+
+    def cdi_path(self, uid: str) -> Path:
+        return ClaimSpecStore(self.root / "cdi").path_for(uid)
+
+    def new_claim_of(
+        self, tier: str, make: Maker, rng: random.Random, *, race: bool = False
+    ) -> Claim | None:
+        """A claim of ``tier`` on devices no other claim holds (any devices in a ``race``,
+        which the plugin must refuse if they are taken)."""
         taken: set[str] = set()
         for claim in self.claims.values():
             taken |= claim.tokens
-        tier, make = rng.choice(self.offers)
-        race = rng.random() < 0.03  # a scheduler race: the plugin must refuse one of two
         made = make(rng, frozenset() if race else frozenset(taken))
         if made is None:
             return None
@@ -358,7 +366,7 @@ _TIER_POINTS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
             crash_points.MIG_AFTER_COMPUTE_INSTANCE_DESTROYED,
             crash_points.MIG_AFTER_GPU_INSTANCE_DESTROYED,
         ),
-    ),  # fmt: skip
+    ),
 }
 _TIER_POINTS["mps-on-dynamic-mig"] = (
     (*_TIER_POINTS["dynamic-mig"][0], crash_points.MPS_AFTER_LAUNCH,
@@ -382,7 +390,8 @@ def _points_of(
 
 
 Made = tuple[list[dict[str, Any]], list[dict[str, Any]], frozenset[str]]
-Offer = tuple[str, Callable[[random.Random, frozenset[str]], Made | None]]
+Maker = Callable[[random.Random, frozenset[str]], Made | None]
+Offer = tuple[str, Maker]
 
 
 def _tokens(device: Gpu | MigDevice | MigPartition, name: str) -> frozenset[str]:

@@ -65,8 +65,8 @@ def check(
                             "does not have")  # fmt: skip
         phase = entry["phase"]
         if phase == "PrepareStarted" or (phase == "UnprepareStarted" and after_restart):
-            problems.append(f"checkpoint entry {uid} is {phase} after "
-                            f"{'recovery' if after_restart else 'every call answered'}")  # fmt: skip
+            when = "recovery" if after_restart else "every call answered"
+            problems.append(f"checkpoint entry {uid} is {phase} after {when}")
         if phase == "UnprepareStarted" and belief is not Belief.UNPREPARING:
             problems.append(f"checkpoint entry {uid} is UnprepareStarted, kubelet: {belief}")
     for uid, belief in beliefs.items():
@@ -74,6 +74,9 @@ def check(
             problems.append(f"claim {uid} the kubelet believes prepared has no PrepareCompleted "
                             f"entry ({entries.get(uid, {}).get('phase')})")  # fmt: skip
 
+    # What the kubelet knows nothing of is leaked, whatever records it.
+    entries = {uid: entry for uid, entry in entries.items() if uid in beliefs}
+    completed &= set(entries)
     # CDI specs and their temporaries; claim files
     for path in sorted((root / "cdi").iterdir()) if (root / "cdi").exists() else []:
         uid = _spec_uid(cdi, path)

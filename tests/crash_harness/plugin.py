@@ -21,6 +21,7 @@ import signal
 import threading
 import time
 import traceback
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -36,7 +37,7 @@ from tests.doubles.mps_helpers import DOUBLE_BINARY, double_env
 from tests.fakes.claim_reader import InMemoryClaimReader
 
 
-class PluginDied(Exception):
+class PluginDiedError(Exception):
     """The plugin process ended (killed at its crash point, or a bug) before it answered."""
 
 
@@ -49,7 +50,11 @@ class PluginProcess:
         self.point = point
         command_read, self._command_write = os.pipe()
         self._reply_read, reply_write = os.pipe()
-        pid = os.fork()
+        with warnings.catch_warnings():
+            # Python 3.12 warns of a fork beside threads: the child starts its own and takes
+            # no lock another thread of the harness may hold (logging's are reset at fork).
+            warnings.simplefilter("ignore", DeprecationWarning)
+            pid = os.fork()
         if pid == 0:  # the plugin
             os.close(self._command_write)
             os.close(self._reply_read)
@@ -76,7 +81,8 @@ class PluginProcess:
             pass  # it died: the caller sees that in `receive`
 
     def receive(self, timeout_s: float) -> dict[str, Any]:
-        """The next reply; `PluginDied` when the process ended, `TimeoutError` when none came."""
+        """The next reply; `PluginDiedError` when the process ended, `TimeoutError` when
+        none came."""
         deadline = time.monotonic() + timeout_s
         while b"\n" not in self._buffer:
             left = deadline - time.monotonic()
@@ -88,7 +94,7 @@ class PluginProcess:
             chunk = os.read(self._reply_read, 65536)
             if not chunk:
                 self.wait()
-                raise PluginDied(f"exit status {self.status}")
+                raise PluginDiedError(f"exit status {self.status}")
             self._buffer += chunk
         line, self._buffer = self._buffer.split(b"\n", 1)
         reply: dict[str, Any] = json.loads(line)
@@ -181,7 +187,7 @@ async def _serve(
             binary=DOUBLE_BINARY,
             base_env=double_env(),
             shm=PlainDirectoryShm(),
-        ),  # fmt: skip
+        ),
         time_slicer=startup.time_slicer(settings, devices),
         mps_share_max_percent=settings.mps_share_max_percent,
         dynamic_mig=startup.dynamic_mig(settings, nvml, inventory, instance.locks, simulated),
