@@ -7,6 +7,7 @@ from __future__ import annotations
 import random
 import shutil
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,7 +17,7 @@ from gpu_dra.kubelet_plugin import crash_points
 from tests.crash_harness.driver import NodeRun, Result, run
 from tests.crash_harness.invariants import Belief, check
 from tests.crash_harness.nodes import DYNAMIC
-from tests.doubles.mps_helpers import kill_processes_under
+from tests.doubles.mps_helpers import kill_processes_under, processes_under
 
 CI_CYCLES = 60
 CI_SEED = 12
@@ -83,7 +84,10 @@ def test_the_checker_reports_a_prepared_claim_without_its_parts(root: Path) -> N
     node.run_calls(node.calls(rng, [claim], []))
     assert node.plugin is not None
     node.plugin.kill()
-    kill_processes_under(root)
+    kill_processes_under(root)  # the daemon dies (SIGKILL is delivered asynchronously)
+    deadline = time.monotonic() + 30
+    while processes_under(root) and time.monotonic() < deadline:
+        time.sleep(0.05)
     node.cdi_path(claim.uid).unlink()
 
     problems = "\n".join(
