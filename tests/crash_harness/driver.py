@@ -5,10 +5,12 @@ Each cycle picks a node, kills its plugin (if the last cycle left one running) a
 new one with a random crash point armed (its 1st to 3rd hit; sometimes none), waits for its
 recovery (a kill during recovery restarts it again), checks the invariants, then sends at once,
 in calls of one or two claims: the kubelet's retries (prepare or unprepare of each claim it has
-a call in flight for), sometimes a prepare of a claim already prepared, new claims, and
-unprepares of prepared ones. A failed prepare makes the kubelet unprepare the claim. When every
-call is answered the invariants are checked again. At the end every claim is unprepared and the
-node must hold nothing. Fixed seed -> the same claims, calls and crash points.
+a call in flight for), sometimes a prepare of a claim already prepared or one prepare in two
+concurrent calls, new claims, and unprepares of prepared ones. A failed prepare makes the
+kubelet unprepare the claim. When every call is answered the invariants are checked again. At
+the end every claim is unprepared and the node must hold nothing. A fixed seed gives the same
+choices as long as each kill interrupts the same calls; which of two concurrent calls had
+finished depends on timing, so two runs may part there (the checks never depend on it).
 """
 
 from __future__ import annotations
@@ -227,12 +229,14 @@ class NodeRun:
         for claim in unprepares:
             self.beliefs[claim.uid] = Belief.UNPREPARING
         ops = [("prepare", c) for c in prepares] + [("unprepare", c) for c in unprepares]
+        # Two pods sharing a claim sync at once: the same claim in two concurrent calls.
+        ops += [("prepare", c) for c in prepares if rng.random() < 0.1]
         rng.shuffle(ops)
         calls = []
         while ops:
             op, first = ops.pop()
             batch = [first]
-            if ops and ops[-1][0] == op and rng.random() < 0.5:
+            if ops and ops[-1][0] == op and ops[-1][1] is not first and rng.random() < 0.5:
                 batch.append(ops.pop()[1])
             payload = [c.obj for c in batch] if op == "prepare" else [c.ref for c in batch]
             calls.append({"id": len(calls), "op": op, "claims": payload})
