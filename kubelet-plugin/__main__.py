@@ -72,6 +72,7 @@ async def run(settings: KubeletPluginSettings) -> None:
 
 
 async def serve(settings: KubeletPluginSettings, health: PluginHealth) -> None:
+    startup.arm_test_crash_point(settings)
     nvml, pci, simulated_mig = startup.node_nvml_and_state(settings)
     registry = CollectorRegistry()
     discovery_metrics = DiscoveryMetrics(registry, settings.node_name)

@@ -17,13 +17,19 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Final
 
+from gpu_dra.kubelet_plugin import crash_points
+
 log = logging.getLogger(__name__)
 
 TEMPORARY_SUFFIX: Final = ".tmp"
 
 
-def write_atomically(path: Path, data: bytes, *, mode: int = 0o600) -> None:
-    """Replace ``path`` with ``data``; on any failure the old file is left untouched."""
+def write_atomically(
+    path: Path, data: bytes, *, mode: int = 0o600, crash_point: str | None = None
+) -> None:
+    """Replace ``path`` with ``data``; on any failure the old file is left untouched.
+    ``crash_point``: the `crash_points` name reached between the temporary file and the
+    rename (tests)."""
     directory = path.parent
     fd, temporary = tempfile.mkstemp(
         dir=directory, prefix=f".{path.name}.", suffix=TEMPORARY_SUFFIX
@@ -34,6 +40,8 @@ def write_atomically(path: Path, data: bytes, *, mode: int = 0o600) -> None:
             handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
+        if crash_point is not None:
+            crash_points.reached(crash_point)
         os.replace(temporary, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):

@@ -34,6 +34,7 @@ from gpu_dra.driver.naming import (
     qualified_cdi_device,
     validate_claim_uid,
 )
+from gpu_dra.kubelet_plugin import crash_points
 from gpu_dra.kubelet_plugin.atomic_file import (
     remove_durably,
     remove_temporaries,
@@ -299,7 +300,9 @@ class ClaimSpecStore:
         path = self.path_for(claim_uid)
         data = yaml.dump(spec, Dumper=_SPEC_DUMPER, sort_keys=False, default_flow_style=False)
         self.cdi_root.mkdir(mode=CDI_ROOT_MODE, parents=True, exist_ok=True)
-        write_atomically(path, data.encode(), mode=SPEC_FILE_MODE)
+        write_atomically(
+            path, data.encode(), mode=SPEC_FILE_MODE, crash_point=crash_points.CDI_BEFORE_RENAME
+        )
         log.info("cdi spec written claim_uid=%s path=%s devices=%d", claim_uid, path, len(devices))
         return path
 

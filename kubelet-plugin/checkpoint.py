@@ -28,6 +28,7 @@ from typing import Final, NoReturn, TypeAlias
 
 from gpu_dra.driver import jsonbounds
 from gpu_dra.driver.jsonbounds import JsonBoundsError
+from gpu_dra.kubelet_plugin import crash_points
 from gpu_dra.kubelet_plugin.atomic_file import remove_temporaries, write_atomically
 from gpu_dra.kubelet_plugin.checkpoint_format import (
     SCHEMA_VERSION,
@@ -383,7 +384,12 @@ class Checkpoint:
     def _write(self, document: Document, boot_id: str) -> None:
         data = encode_document(document, boot_id)
         self._forget()
-        write_atomically(self.path, (data + "\n").encode(), mode=0o600)
+        write_atomically(
+            self.path,
+            (data + "\n").encode(),
+            mode=0o600,
+            crash_point=crash_points.CHECKPOINT_BEFORE_RENAME,
+        )
         # Nobody else writes while we hold the lock: what is there now is what we wrote.
         fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
         try:

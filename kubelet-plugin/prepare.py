@@ -36,6 +36,7 @@ from gpu_dra.driver.naming import (
     parse_device_name,
     validate_claim_uid,
 )
+from gpu_dra.kubelet_plugin import crash_points
 from gpu_dra.kubelet_plugin.blocking import in_thread_to_completion
 from gpu_dra.kubelet_plugin.cdi import (
     CdiDevice,
@@ -327,16 +328,19 @@ class NodeClaimPreparer:
         run = PrepareRun(claim, self._records, self._inventory, intents, self._devices(request))
         # On disk before any tier changes anything: a crash from here on is rolled back from it.
         run.record()
+        crash_points.reached(crash_points.PREPARE_AFTER_STARTED)
         try:
             for plan in plans:
                 plan.apply(run)
             for plan in plans:
                 plan.apply_to_made(run)
             self._write_spec(request, run, common)
+            crash_points.reached(crash_points.PREPARE_AFTER_CDI_SPEC)
             self._records.update(claim.uid, completed(claim, run.devices, run.completed))
         except BaseException:
             self._undo(claim.uid, run.state)
             raise
+        crash_points.reached(crash_points.PREPARE_AFTER_COMPLETED)
         return run.devices
 
     def _devices(self, request: ClaimRequest) -> tuple[PreparedDevice, ...]:
@@ -363,6 +367,7 @@ class NodeClaimPreparer:
         claim_dir = self._claims_dir / request.claim.uid
         claim_dir.mkdir(parents=True, exist_ok=True)
         claim_dir.chmod(0o755)
+        crash_points.reached(crash_points.PREPARE_AFTER_CLAIM_DIR)
         cdi_devices = []
         for device in run.devices:
             name = device.device_name
@@ -406,12 +411,16 @@ class NodeClaimPreparer:
         entry = self._records.get(claim_uid)
         if entry is not None and entry.phase is ClaimPhase.PREPARE_COMPLETED:
             entry = self._records.update(claim_uid, unprepare_started)
+            crash_points.reached(crash_points.UNPREPARE_AFTER_STARTED)
         for tier in reversed(self._tiers):
             tier.undo(claim_uid, entry, pending or {})
         self._cdi.remove(claim_uid)
+        crash_points.reached(crash_points.UNPREPARE_AFTER_CDI_REMOVED)
         shutil.rmtree(self._claims_dir / claim_uid, ignore_errors=True)
+        crash_points.reached(crash_points.UNPREPARE_AFTER_CLAIM_FILES_REMOVED)
         for tier in reversed(self._tiers):
             tier.undo_devices(claim_uid, entry)
+        crash_points.reached(crash_points.UNPREPARE_BEFORE_RECORD_REMOVED)
         self._records.update(claim_uid, removed)
 
     # ---- the claim -------------------------------------------------------------------------------

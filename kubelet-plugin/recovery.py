@@ -16,6 +16,7 @@ import shutil
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
+from gpu_dra.kubelet_plugin import crash_points
 from gpu_dra.kubelet_plugin.atomic_file import remove_temporaries
 from gpu_dra.kubelet_plugin.blocking import in_thread_to_completion
 from gpu_dra.kubelet_plugin.cdi import ClaimSpecStore
@@ -71,6 +72,7 @@ async def recover_claims(
             log.info("%s claim_uid=%s", UNDOING[entry.phase], uid)
             try:
                 await in_thread_to_completion(undo, uid)
+                crash_points.reached(crash_points.RECOVERY_AFTER_UNDO)
             except (*TIER_ERRORS, OSError) as error:
                 # Kept in the checkpoint: the next prepare or unprepare retries.
                 log.error("undo of claim_uid=%s incomplete: %s", uid, error)

@@ -37,6 +37,7 @@ from gpu_dra.driver.nvml.simulated import SimulatedHost
 from gpu_dra.driver.nvml.sysfs import SysfsPciTopology
 from gpu_dra.kube.client import new_api_client, read_server_version
 from gpu_dra.kube.errors import ApiError
+from gpu_dra.kubelet_plugin import crash_points
 from gpu_dra.kubelet_plugin.checkpoint import Checkpoint
 from gpu_dra.kubelet_plugin.driver_root import DriverRoot, DriverUserspaceError
 from gpu_dra.kubelet_plugin.driver_userspace import CommonEdits
@@ -55,7 +56,6 @@ from gpu_dra.kubelet_plugin.mig import (
     DynamicMig,
     MigLifecycle,
     SimulatedMigStateFile,
-    crash_point_from_env,
 )
 from gpu_dra.kubelet_plugin.mps import (
     DaemonRunner,
@@ -161,18 +161,25 @@ def dynamic_mig(
     simulated: SimulatedMigStateFile | None = None,
 ) -> DynamicMig | None:
     """The MIG lifecycle of the partitionable GPUs (dynamic MIG only) under the node-wide GPU
-    locks, with the test-only crash point of ``GPU_DRA_TEST_CRASH_AT`` on simulated nodes (whose
-    GPU state is refreshed from the shared file before each use)."""
+    locks (on simulated nodes the GPU state is refreshed from the shared file before each
+    use)."""
     if not settings.dynamic_mig_enabled:
         return None
-    crash_point = crash_point_from_env(os.environ, simulated=settings.simulate is not None)
     lifecycle = MigLifecycle(
         nvml,
-        crash_point=crash_point,
         locks=locks,
         refresh=None if simulated is None else simulated.refresh,
     )
     return DynamicMig(lifecycle, inventory.partitionable_gpus())
+
+
+def arm_test_crash_point(settings: KubeletPluginSettings) -> None:
+    """Arm the test-only fault injection point ``GPU_DRA_TEST_CRASH_AT`` names (simulated nodes
+    only, `crash_points`); `StartupError` for a name that is no such point."""
+    try:
+        crash_points.arm_from_env(os.environ, simulated=settings.simulate is not None)
+    except ValueError as error:
+        raise StartupError(str(error)) from error
 
 
 def nvml_driver_version(nvml: NvmlLibrary) -> str:

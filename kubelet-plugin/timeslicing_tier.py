@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from gpu_dra.driver.config import ConfigGroup
 from gpu_dra.driver.model import Gpu, MigDevice, MigPartition
+from gpu_dra.kubelet_plugin import crash_points
 from gpu_dra.kubelet_plugin.checkpoint import CheckpointEntry, JsonValue
 from gpu_dra.kubelet_plugin.claim_records import ClaimRecords
 from gpu_dra.kubelet_plugin.mps import MpsError, handles_from_state
@@ -117,6 +118,7 @@ class TimeSlicePlan(TierPlan):
             assert self.slicer is not None  # checked in plan
             try:
                 self.slicer.set_interval(ts.uuid, ts.interval)
+                crash_points.reached(crash_points.TIMESLICE_AFTER_SET)
             except TimeSlicingNotSupportedError as error:
                 if ts.interval == 0:
                     log.warning(
@@ -235,6 +237,7 @@ class TimeSlicingTier(Tier):
                 continue
             try:
                 self._slicer.reset(uuid)
+                crash_points.reached(crash_points.TIMESLICE_AFTER_RESET)
             except TimeSlicingNotSupportedError:
                 log.info("time-slice reset of uuid=%s: not supported, nothing to reset", uuid)
             except TimeSlicingError as error:

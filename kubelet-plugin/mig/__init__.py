@@ -4,7 +4,6 @@
   mode on Hopper and later;
 * :mod:`.instances` - `MigState`: listing what exists, the per-GPU lock and NVML session, clear
   `MigError` messages;
-* :mod:`.crash_points` - the test-only crash point;
 * :mod:`.claims` - `DynamicMig`: the claim side (checkpoint intents, create, release, the
   start-up sweep of instances no prepared claim owns);
 * :mod:`.tier` - `DynamicMigTier`, the prepare path's tier over `DynamicMig`;
@@ -12,18 +11,18 @@
   outlive a plugin restart as real ones do.
 """
 
+from gpu_dra.kubelet_plugin.crash_points import (
+    CRASH_AFTER_GPU_INSTANCE,
+    TEST_CRASH_ENV,
+    CrashPoint,
+    crash_point_from_env,
+)
 from gpu_dra.kubelet_plugin.mig.claims import (
     DYNAMIC_MIG_STATE_KEY,
     DynamicMig,
     MigIntent,
     intents_from_state,
     intents_to_state,
-)
-from gpu_dra.kubelet_plugin.mig.crash_points import (
-    CRASH_AFTER_GPU_INSTANCE,
-    TEST_CRASH_ENV,
-    CrashPoint,
-    crash_point_from_env,
 )
 from gpu_dra.kubelet_plugin.mig.instances import MigError, MigInstance
 from gpu_dra.kubelet_plugin.mig.lifecycle import MigLifecycle

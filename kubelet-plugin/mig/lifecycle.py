@@ -35,7 +35,15 @@ from gpu_dra.driver.nvml.interface import (
     return_code_name,
 )
 from gpu_dra.driver.partitions import toggles_mig_without_reset
-from gpu_dra.kubelet_plugin.mig.crash_points import CRASH_AFTER_GPU_INSTANCE, CrashPoint
+from gpu_dra.kubelet_plugin.crash_points import (
+    CRASH_AFTER_GPU_INSTANCE,
+    MIG_AFTER_COMPUTE_INSTANCE,
+    MIG_AFTER_COMPUTE_INSTANCE_DESTROYED,
+    MIG_AFTER_GPU_INSTANCE_DESTROYED,
+    MIG_AFTER_MODE_ON,
+    CrashPoint,
+    reached,
+)
 from gpu_dra.kubelet_plugin.mig.instances import (
     NO_SUCH_PROFILE,
     MigError,
@@ -59,7 +67,7 @@ class MigLifecycle(MigState):
         self,
         nvml: NvmlLibrary,
         *,
-        crash_point: CrashPoint | None = None,
+        crash_point: CrashPoint = reached,
         locks: NodeLocks | None = None,
         refresh: Callable[[str], None] | None = None,
     ) -> None:
@@ -175,8 +183,7 @@ class MigLifecycle(MigState):
             lambda: self._nvml.gpu_instance_get_info(gi).id,
         )
         log.info("created GPU instance %s gi_id=%d on %s", where, gi_id, parent.uuid)
-        if self._crash_point is not None:
-            self._crash_point(CRASH_AFTER_GPU_INSTANCE)
+        self._crash_point(CRASH_AFTER_GPU_INSTANCE)
         ci_profile = self._full_ci_profile(parent, gi, profile)
         ci = self._call(
             parent,
@@ -188,6 +195,7 @@ class MigLifecycle(MigState):
             "read the new compute instance",
             lambda: self._nvml.compute_instance_get_info(ci).device,
         )
+        self._crash_point(MIG_AFTER_COMPUTE_INSTANCE)
         try:
             return describe_mig_device(self._nvml, handle, parent, mig)
         except DiscoveryError as error:
@@ -215,6 +223,7 @@ class MigLifecycle(MigState):
             parent, handle, NVML_DEVICE_MIG_ENABLE, "; is the GPU in use by another process?"
         )
         log.info("MIG mode on gpu=%s", parent.uuid)
+        self._crash_point(MIG_AFTER_MODE_ON)
 
     def _gi_profile(
         self, parent: Gpu, handle: DeviceHandle, gi_profile_id: int
@@ -347,11 +356,13 @@ class MigLifecycle(MigState):
                 raise self._error(
                     parent, f"destroy a compute instance of GPU instance {gi_id}", error
                 ) from error
+        self._crash_point(MIG_AFTER_COMPUTE_INSTANCE_DESTROYED)
         try:
             self._nvml.gpu_instance_destroy(gi)
         except NVMLError as error:
             raise self._error(parent, f"destroy GPU instance {gi_id}", error) from error
         log.info("destroyed GPU instance gi_id=%d on %s", gi_id, parent.uuid)
+        self._crash_point(MIG_AFTER_GPU_INSTANCE_DESTROYED)
 
     def _disable_mig_if_unused(self, parent: Gpu, handle: DeviceHandle) -> None:
         if not toggles_mig_without_reset(parent):

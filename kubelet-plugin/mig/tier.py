@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from gpu_dra.driver.model import Gpu, MigPartition
+from gpu_dra.kubelet_plugin import crash_points
 from gpu_dra.kubelet_plugin.checkpoint import CheckpointEntry, JsonValue
 from gpu_dra.kubelet_plugin.claim_records import ClaimRecords
 from gpu_dra.kubelet_plugin.mig.claims import (
@@ -69,6 +70,7 @@ class MigPlan(TierPlan):
         run.completed[DYNAMIC_MIG_STATE_KEY] = intents_to_state(created)
         run.made.update(made)
         run.record()
+        crash_points.reached(crash_points.MIG_AFTER_RECORD)
 
 
 class DynamicMigTier(Tier):

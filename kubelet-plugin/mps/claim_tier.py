@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from gpu_dra.driver.config import ConfigGroup, mps_config, pinned_memory_limits
 from gpu_dra.driver.model import Gpu, MigDevice, MigPartition
+from gpu_dra.kubelet_plugin import crash_points
 from gpu_dra.kubelet_plugin.checkpoint import CheckpointEntry, JsonValue
 from gpu_dra.kubelet_plugin.mps.daemon_model import MPS_STATE_KEY, MpsControl, MpsError, MpsSettings
 from gpu_dra.kubelet_plugin.mps.edits import workload_edits
@@ -79,7 +80,7 @@ class ClaimMpsPlan(TierPlan):
             for daemon in self.tier.group_daemons(
                 self.request, pending.deferred, pending.device_names, uuid_of
             ):
-                self.tier.start(run, daemon)
+                self.tier.start(run, daemon, crash_points.MPS_MIG_AFTER_DAEMON_START)
 
 
 class ClaimMpsTier(Tier):
@@ -158,12 +159,16 @@ class ClaimMpsTier(Tier):
             planned.append(DaemonPlan(daemon_id, daemon_names, daemon_uuids, settings))
         return planned
 
-    def start(self, run: PrepareRun, daemon: DaemonPlan) -> None:
+    def start(
+        self, run: PrepareRun, daemon: DaemonPlan, point: str = crash_points.MPS_AFTER_DAEMON_START
+    ) -> None:
         """Start one daemon, record its handle at once (a crash from here on stops it), and give
-        the group's devices its workload edits."""
+        the group's devices its workload edits; ``point`` is the `crash_points` name reached
+        between the two."""
         assert self._mps is not None  # checked in plan
         with self._daemon_lock(daemon.daemon_id):
             handle = self._mps.start(daemon.daemon_id, daemon.uuids, daemon.settings)
+        crash_points.reached(point)
         run.append(MPS_STATE_KEY, handle.to_state())
         run.edits.update(dict.fromkeys(daemon.device_names, workload_edits(handle.paths)))
 
@@ -182,6 +187,7 @@ class ClaimMpsTier(Tier):
             assert self._mps is not None
             with self._daemon_lock(handle.daemon_id):
                 self._mps.stop(handle)
+            crash_points.reached(crash_points.MPS_AFTER_DAEMON_STOP)
 
     def missing(self, entry: CheckpointEntry) -> list[str]:
         return [dead_phrase(h, why) for h, why in dead_daemons(self._mps, entry, shared=False)]

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Final
 
 from gpu_dra.driver.naming import InvalidNameError
+from gpu_dra.kubelet_plugin import crash_points
 from gpu_dra.kubelet_plugin.atomic_file import write_atomically
 from gpu_dra.kubelet_plugin.mps.computemode import (
     DEFAULT,
@@ -68,6 +69,9 @@ from gpu_dra.kubelet_plugin.mps.process import (
 from gpu_dra.kubelet_plugin.mps.shm import ShmMounter, TmpfsShmMounter, is_mount_point
 
 log = logging.getLogger(__name__)
+
+_KILL_ROUNDS = 10
+"""How often `_remove` scans for and kills a daemon's processes before it gives up."""
 
 DEFAULT_BINARY: Final = "nvidia-cuda-mps-control"
 SOCKET: Final = "control"
@@ -195,6 +199,7 @@ class MpsDaemonManager:
                     self.start_timeout_s,
                 )  # fmt: skip
                 identity, ref = launched.identity, launched.ref
+                crash_points.reached(crash_points.MPS_AFTER_LAUNCH)
                 self._wait_ready(paths, identity, deadline)
                 self.client.run_all(paths.pipe, settings.commands())
                 self._verify(paths, settings)
@@ -586,10 +591,21 @@ class MpsDaemonManager:
         survivors = [identity] if identity is not None and is_alive(identity) else []
         survivors += [p for p in processes_using_pipe(paths.pipe) if p not in survivors]
         grace_s = min(1.0, self.stop_timeout_s)
-        stuck = [p.pid for p in survivors if not kill(p, grace_s=grace_s)]
-        if stuck:
+        # A daemon being launched (``-d`` forks it, the fork forks again) may fork while it is
+        # killed: one more scan after any kill, until one finds nothing (a crashed plugin's
+        # launch still under way at start-up left MPS daemons running nobody recorded).
+        for _ in range(_KILL_ROUNDS):
+            stuck = [p.pid for p in survivors if not kill(p, grace_s=grace_s)]
+            if stuck:
+                raise MpsStopError(
+                    f"MPS daemon processes {stuck} of {paths.root} do not exit"
+                ) from runner_error
+            if not survivors:
+                break
+            survivors = list(processes_using_pipe(paths.pipe))
+        else:
             raise MpsStopError(
-                f"MPS daemon processes {stuck} of {paths.root} do not exit"
+                f"MPS daemon processes of {paths.root} keep appearing: {[p.pid for p in survivors]}"
             ) from runner_error
         self._reset_compute_mode(paths)
         if runner_error is not None:

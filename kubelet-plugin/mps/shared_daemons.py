@@ -22,6 +22,7 @@ from typing import Final
 
 from gpu_dra.driver.model import Gpu
 from gpu_dra.driver.shares import ShareSize, ceiling
+from gpu_dra.kubelet_plugin import crash_points
 from gpu_dra.kubelet_plugin.checkpoint import JsonObject, JsonValue
 from gpu_dra.kubelet_plugin.claim_records import ClaimRecords
 from gpu_dra.kubelet_plugin.mps.daemon_model import (
@@ -155,6 +156,7 @@ class SharedDaemons:
                     share.gpu.uuid,
                     claim_uid,
                 )
+            crash_points.reached(crash_points.MPS_SHARE_AFTER_JOIN)
             record(handle)
             return handle
 
@@ -175,6 +177,7 @@ class SharedDaemons:
                 )
                 return
             self._mps.stop(handle)
+            crash_points.reached(crash_points.MPS_SHARE_AFTER_LEAVE)
             # A daemon restarted under the same id after this handle's died is not this
             # handle's to stop, but no claim uses it any more either.
             self._mps.remove_leftover(handle.daemon_id)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from gpu_dra.kubelet_plugin import crash_points
 from gpu_dra.kubelet_plugin.node_devices import NodeInventory
 from tests.doubles.mps_helpers import kill_processes_under, scratch_root
 from tests.kubelet_plugin.nodes import hgx_h100_inventory
@@ -28,3 +29,10 @@ def mps_root() -> Iterator[Path]:
     leftovers = kill_processes_under(path)
     subprocess.run(["rm", "-rf", str(path)], check=False)
     assert not leftovers, f"test left MPS processes running: {leftovers}"
+
+
+@pytest.fixture(autouse=True)
+def _disarmed_crash_points() -> Iterator[None]:
+    """No test leaves a fault injection point armed in this process (`crash_points.arm`)."""
+    yield
+    crash_points.arm(None)

@@ -517,7 +517,9 @@ class WriteHook:
         with self.lock:
             self.events.append(event)
 
-    def __call__(self, path: Path, data: bytes, *, mode: int = 0o600) -> None:
+    def __call__(
+        self, path: Path, data: bytes, *, mode: int = 0o600, crash_point: str | None = None
+    ) -> None:
         with self.lock:
             self.writes += 1
             number = self.writes
@@ -526,7 +528,7 @@ class WriteHook:
             assert self.hold.wait(timeout=10), "test never released the first write"
         if number == self.fail_write:
             raise OSError(errno.EIO, "injected write failure", str(path))
-        self._real(path, data, mode=mode)
+        self._real(path, data, mode=mode, crash_point=crash_point)
         self.record(("write", number, frozenset(json.loads(data)["claims"])))
 
     def written(self) -> list[frozenset[str]]:

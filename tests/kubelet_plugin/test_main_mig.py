@@ -14,7 +14,12 @@ from gpu_dra.driver.nvml.interface import NvmlLibrary
 from gpu_dra.kubelet_plugin.mig import SIMULATED_STATE_FILE, TEST_CRASH_ENV, MigLifecycle
 from gpu_dra.kubelet_plugin.node_devices import NodeInventory
 from gpu_dra.kubelet_plugin.settings import KubeletPluginSettings
-from gpu_dra.kubelet_plugin.startup import dynamic_mig, node_nvml
+from gpu_dra.kubelet_plugin.startup import (
+    StartupError,
+    arm_test_crash_point,
+    dynamic_mig,
+    node_nvml,
+)
 
 
 def settings(data_dir: Path, *flags: str) -> KubeletPluginSettings:
@@ -65,8 +70,7 @@ def test_an_unknown_crash_point_stops_the_plugin_at_start(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     plugin = settings(tmp_path / "data", "--dynamic-mig")
-    nvml, inventory = inventory_of(plugin)
     monkeypatch.setenv(TEST_CRASH_ENV, "nowhere")
 
-    with pytest.raises(ValueError, match="names no fault injection point"):
-        dynamic_mig(plugin, nvml, inventory)
+    with pytest.raises(StartupError, match="names no fault injection point"):
+        arm_test_crash_point(plugin)

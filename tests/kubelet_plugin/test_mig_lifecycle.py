@@ -14,6 +14,7 @@ from gpu_dra.driver.discovery import discover_gpus
 from gpu_dra.driver.model import Gpu
 from gpu_dra.driver.nvml.simulated import SimulatedHost, SimulatedNvml
 from gpu_dra.driver.nvml.simulated_profiles import parse_profile
+from gpu_dra.kubelet_plugin.crash_points import MIG_AFTER_MODE_ON
 from gpu_dra.kubelet_plugin.mig import (
     CRASH_AFTER_GPU_INSTANCE,
     TEST_CRASH_ENV,
@@ -197,13 +198,15 @@ def test_the_crash_point_sits_between_the_gpu_instance_and_the_compute_instance(
 
     def crash(point: str) -> None:
         seen.append((point, [(i.placement_start, i.ci_ids) for i in mig.instances(gpus[0])]))
-        raise Crash
+        if point == CRASH_AFTER_GPU_INSTANCE:
+            raise Crash
 
     crashing = MigLifecycle(host.nvml, crash_point=crash)
     with pytest.raises(Crash):
         crashing.create(gpus[0], 19, 2)
 
-    assert seen == [(CRASH_AFTER_GPU_INSTANCE, [(2, ())])]  # GI made, no CI yet
+    # MIG mode on, no GPU instance; then the GPU instance made, no compute instance yet.
+    assert seen[:2] == [(MIG_AFTER_MODE_ON, []), (CRASH_AFTER_GPU_INSTANCE, [(2, ())])]
 
 
 def test_listing_is_empty_on_a_gpu_with_mig_off(h100: Node) -> None:

@@ -258,6 +258,43 @@ def test_start_replaces_a_leftover_daemon_of_the_same_id(make_manager: ManagerFa
     assert not handle.root.exists()
 
 
+def test_removing_a_leftover_kills_a_daemon_forked_while_its_launcher_is_killed(
+    make_manager: ManagerFactory, root: Path
+) -> None:
+    # A plugin killed while ``nvidia-cuda-mps-control -d`` was forking its daemon: start-up
+    # removes the unrecorded daemon's leftovers while the launcher forks the daemon (here:
+    # when it is stopped), so the daemon appears after the first scan of the processes.
+    manager = make_manager()
+    paths = DaemonPaths.of(root, "launching")
+    paths.pipe.mkdir(parents=True)
+    launcher = textwrap.dedent(
+        """
+        import os, signal, sys, time
+        def fork_daemon(*_):
+            if os.fork() == 0:
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                os.setsid()
+                time.sleep(60)
+            os._exit(0)
+        signal.signal(signal.SIGTERM, fork_daemon)
+        print("ready", flush=True)
+        time.sleep(60)
+        """
+    )
+    env = {**os.environ, "CUDA_MPS_PIPE_DIRECTORY": str(paths.pipe)}
+    with subprocess.Popen(
+        [sys.executable, "-c", launcher], env=env, stdout=subprocess.PIPE, text=True
+    ) as process:
+        assert process.stdout is not None
+        assert process.stdout.readline() == "ready\n"
+
+        manager.remove_leftover("launching")
+
+        assert process.wait(timeout=10) == 0
+    assert processes_under(root) == []
+    assert not paths.root.exists()
+
+
 # -- start failures leave nothing behind ---------------------------------------------------------
 
 

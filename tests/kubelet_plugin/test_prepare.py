@@ -870,9 +870,9 @@ def test_claims_of_one_call_share_checkpoint_writes_each_durable_in_protocol_ord
     writes: list[dict[str, str]] = []
     seen_by_cdi: dict[str, str | None] = {}
 
-    def slow_write(path: Path, data: bytes, *, mode: int = 0o600) -> None:
+    def slow_write(path: Path, data: bytes, **kwargs: Any) -> None:
         time.sleep(0.02)  # a slow disk: the other claims' changes queue meanwhile
-        real_write(path, data, mode=mode)
+        real_write(path, data, **kwargs)
         phases = {u: c["phase"] for u, c in json.loads(data)["claims"].items()}
         dropped = set(writes[-1] if writes else {}) - set(phases)
         writes.append(phases)
