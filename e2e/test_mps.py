@@ -51,7 +51,8 @@ def test_one_mps_claim_shared_by_two_pods_runs_one_daemon_with_its_settings(
     assert re.fullmatch(rf"{uid}-[0-9a-f]{{5}}", daemon_id)
     assert [p.name for p in driver.mps_dir.iterdir()] == [daemon_id]
     root = driver.mps_dir / daemon_id
-    assert sorted(p.name for p in root.iterdir()) == ["log", "pipe", "shm"]
+    # daemon.json: who the daemon is (pod UID, PID and start time), docs/mps.md.
+    assert sorted(p.name for p in root.iterdir()) == ["daemon.json", "log", "pipe", "shm"]
     pid = daemon_pid(driver, daemon_id)
     assert daemons(driver) == [pid]
     environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")

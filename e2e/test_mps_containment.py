@@ -90,6 +90,9 @@ ATTACKER = _PRELUDE + textwrap.dedent(
     while ctl("get_default_active_thread_percentage") != (0, "50.0"):
         time.sleep(0.2)
     say("--- restored")
+    # The plugin restores the pinned memory limit after the percentage: let it finish (and tell
+    # the claims) before the next attack, or the quit lands in the middle of its repair.
+    time.sleep(5)
     old = pid()
     say("quit", *ctl("quit"))
     while pid() in ("", old) or ctl("get_default_active_thread_percentage") != (0, "50.0"):
