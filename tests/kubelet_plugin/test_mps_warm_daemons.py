@@ -339,3 +339,23 @@ def test_warm_policy_refuses(text: str) -> None:
     with pytest.raises(WarmPolicyError) as raised:
         WarmPolicy.parse(text)
     assert "always, idle:<duration> or off" in str(raised.value) or "idle time" in str(raised.value)
+
+
+def test_a_gpu_offered_as_shares_but_held_whole_keeps_its_compute_mode(node: WarmNode) -> None:
+    node.recover()
+    warmer = node.warmer()
+    warmer.check()
+    warm = node.warm()
+    assert warm is not None
+
+    whole = node.add_gpus(UID_B, "whole", "gpu-0")  # consumed all of gpu-0: exclusive
+    ok(node.prepare(whole)[UID_B])
+
+    # Its processes may open the GPU as they like; the idle warm daemon holds no context.
+    assert node.mode("gpu-0") == DEFAULT
+    assert warmer.check()[node.uuid_of("gpu-0")] == KEPT
+    assert node.warm() == warm
+    assert node.unprepare(whole) == {UID_B: None}
+    assert warm.pid in node.running()
+    for device in ("gpu-0", "gpu-1"):
+        node.mps.stop(node.warm(device))  # type: ignore[arg-type]
