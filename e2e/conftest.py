@@ -8,7 +8,9 @@ component's log is copied to $GPU_DRA_CACHE/e2e-logs/<test> and the tails are pr
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,9 +21,8 @@ from e2e.cluster import Cluster, netns
 from e2e.driver import MPS_DAEMON_NAMESPACE, Driver
 from e2e.kube import Kube, wait_for
 from e2e.mig import mig_instances, mig_modes
-from e2e.mps import daemons
+from e2e.mps import DAEMON_ID_LABEL, daemon_ids
 from e2e.realnode import RealNode
-from tests.doubles.mps_helpers import kill_processes_under
 
 pytestmark = pytest.mark.e2e
 
@@ -71,6 +72,8 @@ def driver(cluster: Cluster, kube: Kube, request: pytest.FixtureRequest) -> Iter
         yield running
     finally:
         running.stop_plugin()
+        # Warm MPS daemons outlive the plugin by design; the next module starts without them.
+        running.remove_mps_daemons()
         if running.dynamic_mig:
             running.forget_simulated_mig()
         if real is not None:
@@ -120,18 +123,45 @@ def namespace(
 
 @pytest.fixture
 def no_mps_daemon_left(driver: Driver, kube: Kube) -> Iterator[None]:
-    """The test starts and ends without MPS daemons or daemon pods; what it left is removed (and
-    fails the test) so that no double process outlives the run. For MPS modules:
+    """The test starts and ends with no MPS daemons or daemon pods but the warm ones: the shared
+    daemon of each GPU the plugin offers as shares, recorded by no claim, one process and one pod
+    each, unless ``--mps-share-daemon-warm=off`` (docs/mps.md, "Warm daemons"). Any other - a
+    claim's daemon, a share daemon its last share left behind - is removed and fails the test,
+    so that no double process outlives the run. For MPS modules:
     ``pytest.mark.usefixtures("no_mps_daemon_left")``."""
-    assert not daemons(driver), "MPS daemons left by an earlier test"
-    assert not driver.mps_daemon_pods(), "MPS daemon pods left by an earlier test"
+    found = unexpected_mps_daemons(driver)
+    assert not found, f"MPS daemons left by an earlier test: {found}"
     yield
-    left_pods = sorted(driver.mps_daemon_pods())
-    for name in left_pods:
-        kube.delete("v1", "Pod", name, MPS_DAEMON_NAMESPACE)
-    left = kill_processes_under(driver.data_dir / "mps", grace_s=10)
-    assert not left, f"MPS daemon processes left behind: {left}"
-    assert not left_pods, f"MPS daemon pods left behind: {left_pods}"
+    # A stopped daemon's process may take a moment to exit; a fresh warm one to start.
+    with contextlib.suppress(TimeoutError):
+        wait_for("only warm MPS daemons", lambda: not unexpected_mps_daemons(driver), 15)
+    found = unexpected_mps_daemons(driver)
+    warm = driver.warm_daemon_ids()
+    for name, pod in driver.mps_daemon_pods().items():
+        if pod["metadata"].get("labels", {}).get(DAEMON_ID_LABEL) not in warm:
+            kube.delete("v1", "Pod", name, MPS_DAEMON_NAMESPACE)
+    for pid, daemon_id in daemon_ids(driver).items():
+        if daemon_id not in warm or found:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    assert not found, f"MPS daemons left behind: {found}"
+
+
+def unexpected_mps_daemons(driver: Driver) -> list[str]:
+    """What of the node's MPS daemons is not a warm daemon (`no_mps_daemon_left`)."""
+    warm = driver.warm_daemon_ids()
+    found = [f"claims record daemon {i}" for i in sorted(driver.recorded_daemon_ids())]
+    for name, pod in sorted(driver.mps_daemon_pods().items()):
+        daemon_id = pod["metadata"].get("labels", {}).get(DAEMON_ID_LABEL)
+        if daemon_id not in warm:
+            found.append(f"pod {name}")
+    per_id: dict[str, list[int]] = {}
+    for pid, daemon_id in daemon_ids(driver).items():
+        per_id.setdefault(daemon_id, []).append(pid)
+    for daemon_id, pids in sorted(per_id.items()):
+        if daemon_id not in warm or len(pids) > 1:
+            found.append(f"daemon {daemon_id} pids {sorted(pids)}")
+    return found
 
 
 @pytest.fixture

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -30,7 +31,10 @@ from gpu_dra.driver.mig_policy import DEFAULT as DEFAULT_MIG_POLICY
 from gpu_dra.driver.mig_policy import MigPolicy, parse_policy
 from gpu_dra.driver.nvml.simulated import SimulatedHost
 from gpu_dra.kubelet_plugin.mig import SIMULATED_STATE_FILE
+from gpu_dra.kubelet_plugin.mps import shared_daemon_id
+from gpu_dra.kubelet_plugin.mps.warm_policy import WarmPolicy
 from gpu_dra.kubelet_plugin.node_devices import NodeInventory
+from tests.doubles.mps_helpers import kill_processes_under
 
 DRIVER = "gpu.nvidia.com"
 PLUGIN = "gpu-dra-kubelet-plugin"
@@ -234,6 +238,42 @@ class Driver:
         os.kill(pid, signal.SIGKILL)
         self.cluster.stop_component(PLUGIN)  # reaps it and forgets it
         wait_for("the killed plugin to be gone", lambda: self.cluster.pid(PLUGIN) is None, 10)
+
+    def plugin_arg(self, flag: str) -> str | None:
+        """The value of the last ``<flag>=<value>`` of `plugin_args`, None if absent."""
+        given = [a.removeprefix(f"{flag}=") for a in self.plugin_args if a.startswith(f"{flag}=")]
+        return given[-1] if given else None
+
+    def warm_daemon_ids(self) -> set[str]:
+        """Ids of the shared MPS daemons the plugin keeps warm (docs/mps.md, "Warm daemons"):
+        those of the GPUs it publishes as MPS shares, unless ``--mps-share-daemon-warm=off``."""
+        if not WarmPolicy.parse(self.plugin_arg("--mps-share-daemon-warm") or "always").warm:
+            return set()
+        return {
+            shared_daemon_id(device["attributes"]["uuid"]["string"])
+            for device in self.devices().values()
+            if device.get("allowMultipleAllocations")
+        }
+
+    def recorded_daemon_ids(self) -> set[str]:
+        """Ids of the MPS daemons the checkpoint's claims record."""
+        return {
+            str(handle["daemonId"])
+            for entry in self._checkpointed().values()
+            for handle in entry.get("state", {}).get("mpsDaemons", [])
+        }
+
+    def remove_mps_daemons(self) -> list[str]:
+        """Delete every daemon pod and kill every daemon process under the data dir (with the
+        plugin stopped: warm daemons outlive it by design); what was removed."""
+        removed = sorted(self.mps_daemon_pods())
+        for name in removed:
+            self.kube.delete("v1", "Pod", name, MPS_DAEMON_NAMESPACE)
+        for name in removed:
+            self.kube.wait_gone("v1", "Pod", name, MPS_DAEMON_NAMESPACE, timeout=60)
+        removed += [f"pid {pid}" for pid in kill_processes_under(self.data_dir / "mps")]
+        shutil.rmtree(self.mps_dir, ignore_errors=True)
+        return removed
 
     def ensure_glibc_image(self) -> str:
         """Build the glibc test image (cached by content) and import it if containerd lacks

@@ -5,12 +5,15 @@ container printed (`manifests.SHOW_MPS`)."""
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 from e2e.driver import Driver
 from e2e.kube import Kube, wait_for
 from tests.doubles.mps_helpers import processes_under
 from tests.doubles.nvidia_cuda_mps_control import PID_FILE
 
+DAEMON_ID_LABEL = "mps.gpu-dra.io/daemon-id"
+"""The daemon pods' label naming their daemon id."""
 PIPE = "/tmp/nvidia-mps"
 """Where a client container finds its daemon's pipe directory (``CUDA_MPS_PIPE_DIRECTORY``)."""
 MPS_CONFIG = {"defaultActiveThreadPercentage": 50, "defaultPinnedDeviceMemoryLimit": "10Gi"}
@@ -21,6 +24,22 @@ _SECTION = re.compile(r"^--- (\w+)\n(.*?)(?=^--- )", re.M | re.S)
 def daemons(driver: Driver) -> list[int]:
     """PIDs of the double's processes serving a pipe dir under the plugin's data dir."""
     return processes_under(driver.data_dir / "mps")
+
+
+def daemon_ids(driver: Driver) -> dict[int, str]:
+    """The daemon id of each process `daemons` finds: the directory its
+    ``CUDA_MPS_PIPE_DIRECTORY`` (``<data dir>/mps/<id>/pipe``) names."""
+    prefix = f"CUDA_MPS_PIPE_DIRECTORY={driver.data_dir / 'mps'}/".encode()
+    found = {}
+    for pid in daemons(driver):
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue  # gone meanwhile
+        for value in environ:
+            if value.startswith(prefix):
+                found[pid] = value.removeprefix(prefix).decode().split("/")[0]
+    return found
 
 
 def daemon_pid(driver: Driver, daemon_id: str) -> int:

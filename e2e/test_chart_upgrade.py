@@ -98,6 +98,8 @@ def upgrade_values(
         *plugin["containers"]["gpus"]["env"],
         {"name": "GPU_DRA_MPS_SHARES", "value": "all"},
         {"name": "GPU_DRA_MPS_CONTROL_BINARY", "value": str(mps_control)},
+        # One daemon pod per share GPU in use, gone with its last share (counted below).
+        {"name": "GPU_DRA_MPS_SHARE_DAEMON_WARM", "value": "off"},
     ]
     values["featureGates"] = {"DynamicMIG": True}
     return values

@@ -40,7 +40,13 @@ SHARED = "gpu-7"
 # Supervision off: the daemons are only watched (as by an instance that does not publish), so a
 # dead share daemon stays dead and tainted until no claim needs it. The repairing instance's
 # taint while it restarts a daemon: e2e/test_mps_containment.py.
-PLUGIN_ARGS = (*HEALTH_ARGS, "--mps-shares=7", "--mps-daemon-check-interval=0")
+# Warm daemons off: the share daemon goes with its last share (checked below).
+PLUGIN_ARGS = (
+    *HEALTH_ARGS,
+    "--mps-shares=7",
+    "--mps-daemon-check-interval=0",
+    "--mps-share-daemon-warm=off",
+)
 MPS_CLASS = "mps.gpu.nvidia.com"
 
 

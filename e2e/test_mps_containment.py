@@ -46,6 +46,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("no_mps_daemon_left")]
 SIMULATED_PROFILE = "hgx-h100"
 PLUGIN_ARGS = (
     "--mps-shares=0",
+    "--mps-share-daemon-warm=off",  # the last share stops its daemon (checked below)
     "--mps-share-max-percent=50",
     "--mps-daemon-check-interval=1",
     *HEALTH_ARGS,

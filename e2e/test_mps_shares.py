@@ -25,7 +25,9 @@ from tests.doubles.nvidia_cuda_mps_control import PID_FILE, SOCKET, read_state
 pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("no_mps_daemon_left")]
 
 SIMULATED_PROFILE = "hgx-h100"
-PLUGIN_ARGS = ("--mps-shares=0",)
+# The lifecycle without warm daemons (the first share starts the daemon, the last stops it);
+# warm daemons: e2e/test_mps_warm.py.
+PLUGIN_ARGS = ("--mps-shares=0", "--mps-share-daemon-warm=off")
 MPS_CLASS = "mps.gpu.nvidia.com"
 
 

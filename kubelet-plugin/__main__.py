@@ -140,6 +140,7 @@ async def _serve_instance(
         common_edits=None if common_edits is None else common_edits.current,
         instance=instance,
         mps_share_memory=startup.share_memory(settings, nvml, inventory, mps_events),
+        mps_share_warm=settings.mps_share_daemon_warm,
     )
     try:
         await preparer.recover()
@@ -166,6 +167,16 @@ async def _serve_instance(
     supervising = (
         [] if supervisor is None else [asyncio.create_task(supervisor.run(), name="mps-supervisor")]
     )
+    # The shared daemons of MPS shares start ahead of their first share (docs/mps.md, "Warm
+    # daemons"); the first pass is waited for, so the first share finds its daemon running.
+    warmer = startup.mps_warmer(settings, mps, preparer.shared_daemons, instance, inventory)
+    if warmer is not None:
+        supervising.append(asyncio.create_task(warmer.run(), name="mps-warm-daemons"))
+        try:
+            await asyncio.wait_for(warmer.first_pass.wait(), startup.WARM_FIRST_PASS_WAIT_S)
+        except TimeoutError:
+            log.warning("mps warm daemons not all started after %gs, serving meanwhile",
+                        startup.WARM_FIRST_PASS_WAIT_S)  # fmt: skip
     device_health = start_health(
         settings,
         nvml,

@@ -72,6 +72,7 @@ from gpu_dra.kubelet_plugin.mps import MpsControl
 from gpu_dra.kubelet_plugin.mps.claim_tier import ClaimMpsTier
 from gpu_dra.kubelet_plugin.mps.memory_limits import ShareMemory
 from gpu_dra.kubelet_plugin.mps.share_tier import MpsShareTier
+from gpu_dra.kubelet_plugin.mps.warm_policy import OFF, WarmPolicy
 from gpu_dra.kubelet_plugin.node_devices import NodeInventory
 from gpu_dra.kubelet_plugin.prepare_protocol import ClaimRef, PreparedDevice, PrepareResult
 from gpu_dra.kubelet_plugin.recovery import TIER_ERRORS, UNDOING, missing_parts, recover_claims
@@ -114,6 +115,7 @@ class NodeClaimPreparer:
         instance: PluginInstance | None = None,
         recovery_wait_s: float = 300.0,
         mps_share_memory: ShareMemory | None = None,
+        mps_share_warm: WarmPolicy = OFF,
     ) -> None:
         """`uncached_claims` reads the API server directly; give it when `claims` is a cache, which
         may not have seen a claim replaced under the same name yet: a claim whose UID does not
@@ -130,7 +132,8 @@ class NodeClaimPreparer:
         taken beside the in-process ones, and `recover` waits up to `recovery_wait_s` for the
         other instances' calls under way; without it, every record is this process's.
         `mps_share_memory` says which GPUs' MPS shares the driver caps per container
-        (`mps.memory_limits`)."""
+        (`mps.memory_limits`). `mps_share_warm`: whether the shared daemons of the offered GPUs
+        are kept warm (`mps.warm_daemons`; recovery then keeps those no claim records)."""
         self._driver = driver_name
         self._pool = node_name
         self._inventory = inventory
@@ -154,7 +157,10 @@ class NodeClaimPreparer:
             locks=locks,
             memory=mps_share_memory,
             cdi=cdi,
+            warm=mps_share_warm,
         )
+        self.shared_daemons = shares.shared
+        """The shared MPS daemons of the share tier (None without MPS), for the warmer."""
         claim_mps = ClaimMpsTier(mps, inventory, node_name=node, locks=locks)
         time_slicing = TimeSlicingTier(time_slicer, records, inventory, node_name=node)
         mig = DynamicMigTier(dynamic_mig, records, inventory, owner_alive=self._owner_alive)

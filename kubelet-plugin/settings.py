@@ -30,6 +30,8 @@ from gpu_dra.driver.slices import SliceLayout
 from gpu_dra.kube.logs import LOG_LEVELS, parse_log_level
 from gpu_dra.kubelet_plugin.driver_userspace import ALL_HOOKS, DEFAULT_CDI_HOOK_PATH, HOOK_NAMES
 from gpu_dra.kubelet_plugin.instances import check_instance_id
+from gpu_dra.kubelet_plugin.mps.warm_policy import ALWAYS as ALWAYS_WARM
+from gpu_dra.kubelet_plugin.mps.warm_policy import WarmPolicy, WarmPolicyError
 
 DEFAULT_MPS_CONTROL_BINARY = "nvidia-cuda-mps-control"
 DEFAULT_NVIDIA_SMI = "nvidia-smi"
@@ -197,6 +199,11 @@ class KubeletPluginSettings:
     mps_daemon_check_interval_s: float = 10.0
     """Seconds between checks of the MPS daemons of prepared claims (a dead one is restarted in
     place, changed settings are set back); 0 turns the checks off."""
+    mps_share_daemon_warm: WarmPolicy = ALWAYS_WARM
+    """Whether the shared MPS daemon of a GPU offered as shares runs before its first share:
+    `always` (started at plugin start and again after the last share left), `idle:<duration>`
+    (the same, stopped after that long without a share) or `off` (started by the first share,
+    stopped with the last)."""
     dynamic_mig: bool = False
     """Publish MIG-capable GPUs as partitionable devices (MIG slices made on demand)."""
     dynamic_mig_profiles: MigPolicy = DEFAULT_MIG_POLICY
@@ -560,7 +567,15 @@ def _mps_daemon_settings(
         ),
         "mps_exclusive_compute_mode": exclusive,
         "mps_daemon_check_interval_s": _check_interval(parser, args.mps_daemon_check_interval),
+        "mps_share_daemon_warm": _warm_policy(parser, args.mps_share_daemon_warm),
     }
+
+
+def _warm_policy(parser: argparse.ArgumentParser, text: str) -> WarmPolicy:
+    try:
+        return WarmPolicy.parse(text)
+    except WarmPolicyError as error:
+        parser.error(f"--mps-share-daemon-warm {error}")
 
 
 def _check_interval(parser: argparse.ArgumentParser, text: str) -> float:
@@ -575,7 +590,16 @@ def _check_interval(parser: argparse.ArgumentParser, text: str) -> float:
 
 def _add_mps_daemon_options(option: Callable[..., None], environ: Mapping[str, str]) -> None:
     """`--mps-daemon-runner`, `-image`, `-namespace`, `-priority-class`,
-    `-image-pull-secrets`, `-check-interval` and `--mps-exclusive-compute-mode`."""
+    `-image-pull-secrets`, `-check-interval`, `--mps-exclusive-compute-mode` and
+    `--mps-share-daemon-warm`."""
+    option(
+        "--mps-share-daemon-warm",
+        "whether the shared MPS daemon of a GPU offered as shares runs before its first "
+        "share: always (started at plugin start and again after the last share left), "
+        "idle:<duration> (the same, stopped after e.g. idle:10m without a share) or off "
+        "(started by the first share, stopped with the last)",
+        "always",
+    )
     option(
         "--mps-daemon-runner",
         "how MPS control daemons run: process (host process; local/dev) or pod (a pod bound "

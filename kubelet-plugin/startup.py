@@ -71,7 +71,9 @@ from gpu_dra.kubelet_plugin.mps.events import MpsEvents
 from gpu_dra.kubelet_plugin.mps.ids import is_shared_daemon
 from gpu_dra.kubelet_plugin.mps.memory_limits import ShareMemory
 from gpu_dra.kubelet_plugin.mps.memory_limits import detect as detect_memory_limits
+from gpu_dra.kubelet_plugin.mps.shared_daemons import SharedDaemons
 from gpu_dra.kubelet_plugin.mps.supervisor import DaemonSupervisor
+from gpu_dra.kubelet_plugin.mps.warm_daemons import WarmDaemons
 from gpu_dra.kubelet_plugin.node_devices import NodeInventory
 from gpu_dra.kubelet_plugin.node_locks import NodeLocks
 from gpu_dra.kubelet_plugin.publishing import PublisherTurn
@@ -561,6 +563,35 @@ def mps_supervisor(
         interval_s=interval if interval > 0 else HEALTH_MPS_INTERVAL_S,
         repair=repair,
         lock=lambda daemon_id: locks.blocking(f"mps-{daemon_id}"),
+    )
+
+
+WARM_FIRST_PASS_WAIT_S = 30.0
+"""How long start-up waits for the first pass of the warm daemons before it serves: the first
+share after a plugin start then finds its daemon running; a slower start goes on behind."""
+
+
+def mps_warmer(
+    settings: KubeletPluginSettings,
+    mps: MpsDaemonManager | None,
+    shared: SharedDaemons | None,
+    instance: PluginInstance,
+    inventory: NodeInventory,
+) -> WarmDaemons | None:
+    """The keeper of the warm shared daemons (`WarmDaemons`), or None without MPS or GPUs
+    offered as shares. It acts only while this instance is the newest ready one (the one
+    that publishes and repairs), every ``--mps-daemon-check-interval`` (10 s when that is 0);
+    with ``--mps-share-daemon-warm=off`` it only stops warm daemons an earlier plugin left."""
+    if mps is None or shared is None or not inventory.mps_shares:
+        return None
+    interval = settings.mps_daemon_check_interval_s
+    return WarmDaemons(
+        shared,
+        mps,
+        inventory.mps_shares,
+        policy=settings.mps_share_daemon_warm,
+        interval_s=interval if interval > 0 else HEALTH_MPS_INTERVAL_S,
+        repair=instance.newest_ready,
     )
 
 

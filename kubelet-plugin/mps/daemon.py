@@ -166,7 +166,14 @@ class MpsDaemonManager:
 
     # -- MpsControl ------------------------------------------------------------------------
 
-    def start(self, daemon_id: str, devices: Sequence[str], settings: MpsSettings) -> DaemonHandle:
+    def start(
+        self,
+        daemon_id: str,
+        devices: Sequence[str],
+        settings: MpsSettings,
+        *,
+        exclusive: bool = True,
+    ) -> DaemonHandle:
         paths = DaemonPaths.of(self.data_dir, daemon_id)
         uuids = tuple(sorted({checked_device_uuid(d) for d in devices}))
         if not uuids:
@@ -192,7 +199,8 @@ class MpsDaemonManager:
                     directory.chmod(DIR_MODE)  # not narrowed by the umask
                 mounted = self.shm.mount(paths.shm)
                 paths.shm.chmod(SHM_MODE)
-                self._set_exclusive(paths, uuids)
+                if exclusive:
+                    self._set_exclusive(paths, uuids)
                 deadline = time.monotonic() + self.start_timeout_s
                 launched = self.runner.launch(
                     self._command(settings), self._daemon_env(paths, uuids), paths,
@@ -227,6 +235,38 @@ class MpsDaemonManager:
             daemon_id, identity.pid, ",".join(uuids), settings.commands(),
         )  # fmt: skip
         return handle
+
+    def recorded(self, daemon_id: str) -> DaemonHandle | None:
+        paths = DaemonPaths.of(self.data_dir, daemon_id)
+        try:
+            data = json.loads((paths.root / INSTANCE_RECORD).read_text())
+            handle = DaemonHandle.from_state(data)
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        except (OSError, ValueError, MpsStateError) as error:
+            log.warning("mps instance record of %s unusable: %s", daemon_id, error)
+            return None
+        if handle.daemon_id != daemon_id or handle.root != paths.root:
+            log.warning("mps instance record of %s names %s at %s", daemon_id,
+                        handle.daemon_id, handle.root)  # fmt: skip
+            return None
+        return handle
+
+    def set_exclusive(self, handle: DaemonHandle) -> None:
+        with self._lock(handle.daemon_id):
+            gpus = [u for u in handle.devices if is_full_gpu(u)]
+            if gpus and self._exclusive_gpus(handle.paths) == gpus:
+                return  # set already
+            try:
+                self._set_exclusive(handle.paths, handle.devices)
+            except ComputeModeError as error:
+                raise MpsError(
+                    f"MPS control daemon {handle.daemon_id}: compute mode not set: {error}"
+                ) from error
+
+    def reset_exclusive(self, handle: DaemonHandle) -> None:
+        with self._lock(handle.daemon_id):
+            self._reset_compute_mode(handle.paths)
 
     def stop(self, handle: DaemonHandle) -> None:
         with self._lock(handle.daemon_id):
@@ -433,7 +473,8 @@ class MpsDaemonManager:
             if mounted and not is_mount_point(paths.shm):
                 mounted = self.shm.mount(paths.shm)
             paths.shm.chmod(SHM_MODE)
-            self._set_exclusive(paths, old.devices)
+            # The GPUs it held exclusive before (none for a warm daemon no share joined yet).
+            self._set_exclusive(paths, self._exclusive_gpus(paths))
             deadline = time.monotonic() + self.start_timeout_s
             launched = self.runner.launch(
                 self._command(old.settings), self._daemon_env(paths, old.devices), paths,
@@ -517,6 +558,14 @@ class MpsDaemonManager:
             done.append(uuid)
         log.info("mps compute mode EXCLUSIVE_PROCESS set daemon_id=%s gpus=%s",
                  paths.root.name, ",".join(gpus))  # fmt: skip
+
+    @staticmethod
+    def _exclusive_gpus(paths: DaemonPaths) -> list[str]:
+        """The GPUs ``<root>/compute-mode`` records as set EXCLUSIVE_PROCESS for the daemon."""
+        try:
+            return (paths.root / COMPUTE_MODE_RECORD).read_text().split()
+        except (FileNotFoundError, NotADirectoryError):
+            return []
 
     def _restore_exclusive(self, paths: DaemonPaths) -> list[str]:
         """EXCLUSIVE_PROCESS again on the GPUs ``<root>/compute-mode`` records that lost it (a

@@ -301,12 +301,38 @@ class DaemonStatus:
 class MpsControl(Protocol):
     """Starts and stops MPS control daemons; blocking calls (use ``asyncio.to_thread``)."""
 
-    def start(self, daemon_id: str, devices: Sequence[str], settings: MpsSettings) -> DaemonHandle:
+    def start(
+        self,
+        daemon_id: str,
+        devices: Sequence[str],
+        settings: MpsSettings,
+        *,
+        exclusive: bool = True,
+    ) -> DaemonHandle:
         """Start a daemon for ``devices`` with ``settings`` applied and wait until it answers.
 
         A leftover daemon or directory of the same id (a start that died with the plugin) is
         removed first. On failure nothing is left behind and `MpsStartError` is raised.
+        ``exclusive`` False leaves the compute mode alone (a warm daemon that no share uses
+        yet: `set_exclusive` when the first one joins).
         """
+        ...
+
+    def recorded(self, daemon_id: str) -> DaemonHandle | None:
+        """The handle of the current instance of daemon ``daemon_id`` as its own directory
+        records it (``daemon.json``), running or not; None when there is none (never started,
+        or stopped). Only reads."""
+        ...
+
+    def reset_exclusive(self, handle: DaemonHandle) -> None:
+        """DEFAULT again on the GPUs `set_exclusive` (or `start`) set for the daemon, which
+        keeps running; idempotent. `MpsStopError` when NVML refuses."""
+        ...
+
+    def set_exclusive(self, handle: DaemonHandle) -> None:
+        """EXCLUSIVE_PROCESS on the daemon's full GPUs where the manager's policy asks for it
+        (as `start` does), recorded so that stop resets it; idempotent. `MpsError` when NVML
+        refuses."""
         ...
 
     def stop(self, handle: DaemonHandle) -> None:

@@ -10,7 +10,7 @@ docs/mps.md, "Lifecycle".
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 
 from gpu_dra.kubelet_plugin.checkpoint import CheckpointEntry, JsonValue
 from gpu_dra.kubelet_plugin.mps.daemon_model import (
@@ -105,10 +105,15 @@ def adopt_daemons(mps: MpsControl | None, entry: CheckpointEntry, *, shared: boo
 
 
 def remove_unrecorded(
-    mps: MpsControl, entries: Mapping[str, CheckpointEntry], *, shared: bool
+    mps: MpsControl,
+    entries: Mapping[str, CheckpointEntry],
+    *,
+    shared: bool,
+    keep: Collection[str] = (),
 ) -> None:
     """Remove the daemons of one kind no entry of ``entries`` records: started by a plugin that
-    died before it could record them (between `MpsControl.start` and the checkpoint write)."""
+    died before it could record them (between `MpsControl.start` and the checkpoint write).
+    ``keep``: ids that are no leftovers even when no entry records them (warm daemons)."""
     recorded: set[str] = set()
     for uid, entry in entries.items():
         try:
@@ -119,6 +124,9 @@ def remove_unrecorded(
             return
     for daemon_id in mps.leftovers():
         if daemon_id in recorded or is_shared_daemon(daemon_id) != shared:
+            continue
+        if daemon_id in keep:
+            log.info("mps warm daemon kept daemon_id=%s (no claim records it)", daemon_id)
             continue
         log.info("removing MPS daemon no claim records daemon_id=%s", daemon_id)
         try:

@@ -26,6 +26,7 @@ from gpu_dra.kubelet_plugin.checkpoint import CheckpointEntry, JsonValue
 from gpu_dra.kubelet_plugin.claim_records import ClaimRecords
 from gpu_dra.kubelet_plugin.mps.daemon_model import MPS_STATE_KEY, MpsControl, MpsError
 from gpu_dra.kubelet_plugin.mps.edits import workload_edits
+from gpu_dra.kubelet_plugin.mps.ids import shared_daemon_id
 from gpu_dra.kubelet_plugin.mps.memory_limits import Enforcement, MemoryLimitSupport, ShareMemory
 from gpu_dra.kubelet_plugin.mps.recorded_daemons import (
     adopt_daemons,
@@ -35,6 +36,7 @@ from gpu_dra.kubelet_plugin.mps.recorded_daemons import (
     remove_unrecorded,
 )
 from gpu_dra.kubelet_plugin.mps.shared_daemons import SHARES_STATE_KEY, PlannedShare, SharedDaemons
+from gpu_dra.kubelet_plugin.mps.warm_policy import OFF, WarmPolicy
 from gpu_dra.kubelet_plugin.node_devices import NodeInventory
 from gpu_dra.kubelet_plugin.node_locks import NodeLocks
 from gpu_dra.kubelet_plugin.tier import (
@@ -122,12 +124,16 @@ class MpsShareTier(Tier):
         locks: NodeLocks | None = None,
         memory: ShareMemory | None = None,
         cdi: ClaimSpecStore | None = None,
+        warm: WarmPolicy = OFF,
     ) -> None:
         """``locks``: the node's locks, when other plugin instances may share the daemons.
         ``memory``: which GPUs' shares the driver caps per container (the hook), and where
         each share's enforcement is reported; None: no GPU. ``cdi``: the claims' specs, whose
-        pipe mounts an older plugin wrote read-write are made read-only (`adopt`, `missing`)."""
+        pipe mounts an older plugin wrote read-write are made read-only (`adopt`, `missing`).
+        ``warm``: whether the offered GPUs' daemons are kept warm (`mps.warm_daemons`): then
+        the start-up sweep keeps those no claim records."""
         self._cdi = cdi
+        self._warm = warm
         self._mps = mps
         self._memory = memory
         self._inventory = inventory
@@ -136,6 +142,17 @@ class MpsShareTier(Tier):
         self._shared = None
         if mps is not None:
             self._shared = SharedDaemons(mps, records, max_percent=max_percent, locks=locks)
+
+    @property
+    def shared(self) -> SharedDaemons | None:
+        """The shared daemons (None without an MPS manager)."""
+        return self._shared
+
+    def warm_daemon_ids(self) -> frozenset[str]:
+        """The ids of the daemons kept warm: those of the offered GPUs, unless warm is off."""
+        if not self._warm.warm:
+            return frozenset()
+        return frozenset(shared_daemon_id(gpu.uuid) for gpu in self._inventory.mps_shares)
 
     def plan(self, request: ClaimRequest, planned: Planned) -> SharePlan:
         try:
@@ -212,7 +229,7 @@ class MpsShareTier(Tier):
 
     def sweep(self, entries: Mapping[str, CheckpointEntry]) -> None:
         if self._mps is not None:
-            remove_unrecorded(self._mps, entries, shared=True)
+            remove_unrecorded(self._mps, entries, shared=True, keep=self.warm_daemon_ids())
 
 
 def plan_shares(

@@ -8,7 +8,10 @@ from the claims across crashes. A join finds a dead daemon restarted in place an
 settings restored (`MpsControl.ensure`). `SharedDaemons.join` and `release` run under the
 daemon's lock (node-wide with `NodeLocks`: two plugin instances share the daemons during a
 rolling update), and join records the claim before letting it go, so a release never stops a
-daemon a join is handing out. See docs/mps.md, "MPS shares".
+daemon a join is handing out. A **warm** daemon (started ahead by `mps.warm_daemons`, recorded
+only in its own ``daemon.json``) is joined as it is: the first share sets its GPU's compute mode.
+The last release stops the daemon and tells the idle listeners (the warmer starts a fresh one).
+See docs/mps.md, "MPS shares".
 """
 
 from __future__ import annotations
@@ -117,6 +120,20 @@ class SharedDaemons:
         self._node_locks = locks
         self._locks: dict[str, threading.Lock] = {}  # one per shared daemon (offered GPU)
         self._locks_lock = threading.Lock()
+        self._idle_listeners: list[Callable[[str], None]] = []
+
+    def add_idle_listener(self, listener: Callable[[str], None]) -> None:
+        """``listener(daemon id)`` after the last share of a daemon left (it was stopped);
+        called in the releasing thread, after the daemon's lock is let go."""
+        self._idle_listeners.append(listener)
+
+    def lock(self, daemon_id: str) -> contextlib.AbstractContextManager[None]:
+        """The daemon's lock (node-wide too) that join and release hold."""
+        return self._lock(daemon_id)
+
+    def users(self, daemon_id: str) -> list[str]:
+        """The claims whose records name the daemon: its reference count."""
+        return self._users(daemon_id)
 
     @contextlib.contextmanager
     def _lock(self, daemon_id: str) -> Iterator[None]:
@@ -146,6 +163,8 @@ class SharedDaemons:
         it."""
         with self._lock(share.daemon_id):
             handle = self._running(claim_uid, share.daemon_id)
+            if handle is None:
+                handle = self._warm(claim_uid, share)
             if handle is None:
                 handle = self._mps.start(
                     share.daemon_id, (share.gpu.uuid,), self.settings(share.gpu)
@@ -182,6 +201,47 @@ class SharedDaemons:
             # handle's to stop, but no claim uses it any more either.
             self._mps.remove_leftover(handle.daemon_id)
             log.info("mps shared daemon stopped daemon_id=%s (last share gone)", handle.daemon_id)
+        for listener in self._idle_listeners:
+            try:
+                listener(handle.daemon_id)
+            except Exception:
+                log.exception("mps shared daemon idle listener failed")
+
+    def _warm(self, claim_uid: str, share: PlannedShare) -> DaemonHandle | None:
+        """The warm daemon of ``share``'s GPU - started ahead, recorded by no claim - ready
+        for its first share: restarted in place if it died, its GPU set EXCLUSIVE_PROCESS (as
+        a daemon the first share starts). None when there is none, or it has other settings
+        or cannot be used (logged): then the first share starts the daemon anew, which
+        removes what is left of it."""
+        warm = self._mps.recorded(share.daemon_id)
+        if warm is None:
+            return None
+        wanted = self.settings(share.gpu)
+        if warm.settings != wanted or warm.devices != (share.gpu.uuid,):
+            log.info(
+                "mps warm daemon daemon_id=%s has settings %s, not %s: started anew",
+                share.daemon_id,
+                warm.settings.commands(),
+                wanted.commands(),
+            )
+            return None
+        try:
+            if self._mps.dead(warm) is not None:
+                warm = self._mps.ensure(warm).handle
+            self._mps.set_exclusive(warm)
+        except MpsError as error:
+            log.warning(
+                "mps warm daemon daemon_id=%s not usable, started anew: %s", share.daemon_id, error
+            )
+            return None
+        log.info(
+            "mps shared daemon warm, joined daemon_id=%s pid=%d uuid=%s by claim_uid=%s",
+            share.daemon_id,
+            warm.pid,
+            share.gpu.uuid,
+            claim_uid,
+        )
+        return warm
 
     def _users(self, daemon_id: str) -> list[str]:
         states = {uid: entry.state for uid, entry in self._records.all().items()}

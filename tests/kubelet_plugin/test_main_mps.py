@@ -1,7 +1,7 @@
 """The plugin's composition root builds the MPS daemon manager the settings ask for: the runner
 (host process or pod, with the pod's namespace, node and image), the compute-mode control
-(--mps-exclusive-compute-mode), its Events, and the daemon supervision: who repairs, who only
-watches for the health monitor."""
+(--mps-exclusive-compute-mode), its Events, the daemon supervision: who repairs, who only
+watches for the health monitor, and the warm shared daemons: who keeps them."""
 
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ from kubernetes.client import ApiClient
 
 from gpu_dra.driver.nvml.simulated import SimulatedHost
 from gpu_dra.kubelet_plugin.checkpoint import Checkpoint
-from gpu_dra.kubelet_plugin.instances import InstanceRegistry
+from gpu_dra.kubelet_plugin.claim_records import ClaimRecords
+from gpu_dra.kubelet_plugin.instances import InstanceRegistry, PluginInstance
 from gpu_dra.kubelet_plugin.mps import (
     NvmlComputeMode,
     PodRunner,
@@ -23,17 +24,25 @@ from gpu_dra.kubelet_plugin.mps import (
     shared_daemon_id,
 )
 from gpu_dra.kubelet_plugin.mps.events import MpsEvents
+from gpu_dra.kubelet_plugin.mps.shared_daemons import SharedDaemons
 from gpu_dra.kubelet_plugin.mps.supervisor import DaemonSupervisor
+from gpu_dra.kubelet_plugin.mps.warm_daemons import KEPT, STARTED, WarmDaemons
 from gpu_dra.kubelet_plugin.settings import KubeletPluginSettings
 from gpu_dra.kubelet_plugin.startup import (
     HEALTH_MPS_INTERVAL_S,
     discover,
     mps_manager,
     mps_supervisor,
+    mps_warmer,
     node_inventory,
     share_memory,
 )
-from tests.doubles.mps_helpers import DOUBLE_BINARY, scratch_root
+from tests.doubles.mps_helpers import (
+    DOUBLE_BINARY,
+    kill_processes_under,
+    processes_under,
+    scratch_root,
+)
 from tests.fakes.claim_reader import InMemoryClaimReader
 from tests.fakes.event_api import RecordingEventApi
 
@@ -191,3 +200,43 @@ def test_share_memory_caps_are_detected_at_start_and_reported_as_events(data_dir
     assert memory.support.enforcement(gpu.uuid).value == "mps-client"
     assert memory.support.why(gpu.uuid) == "simulated GPUs: no driver to apply a cgroup limit"
     assert memory.report == events.share_prepared
+
+
+def test_warm_daemons_are_kept_only_by_the_newest_ready_instance(data_dir: Path) -> None:
+    host = SimulatedHost.load("hgx-h100", "node-a")
+    plugin = settings(data_dir, "--mps-shares=0", "--mps-daemon-check-interval=0")
+    inventory = node_inventory(plugin, discover(plugin, host.nvml, host.pci, None))
+    manager = mps_manager(plugin, ApiClient(), host.nvml)
+    assert manager is not None
+    checkpoint = Checkpoint(data_dir)
+    checkpoint.load()
+    registry = InstanceRegistry(data_dir)
+    old = registry.register("old")
+    new = registry.register("new")
+
+    def warmer(instance: PluginInstance) -> WarmDaemons | None:
+        records = ClaimRecords(checkpoint, owner=instance.token)
+        shared = SharedDaemons(manager, records, max_percent=100, locks=instance.locks)
+        return mps_warmer(plugin, manager, shared, instance, inventory)
+
+    try:
+        old.mark_ready()
+        on_old, on_new = warmer(old), warmer(new)
+        assert on_old is not None
+        assert on_new is not None
+        assert on_old.interval_s == HEALTH_MPS_INTERVAL_S  # supervision off: every 10 s still
+        [uuid] = [gpu.uuid for gpu in inventory.mps_shares]
+        assert on_new.check() == {}  # not ready yet: the old instance keeps them
+        assert on_old.check() == {uuid: STARTED}
+        new.mark_ready()
+        assert on_old.check() == {}
+        assert on_new.check() == {uuid: KEPT}  # the old instance's daemon, adopted
+        warm = manager.recorded(shared_daemon_id(uuid))
+        assert warm is not None
+        assert processes_under(data_dir) == [warm.pid]
+        no_shares = settings(data_dir)
+        assert mps_warmer(no_shares, manager, None, new, inventory) is None
+    finally:
+        kill_processes_under(data_dir)
+        new.close()
+        old.close()

@@ -12,6 +12,7 @@ from gpu_dra.driver.health import TaintEffect
 from gpu_dra.driver.mig_policy import DEFAULT, EVERYTHING, parse_policy
 from gpu_dra.driver.shares import ShareSelection
 from gpu_dra.driver.slices import SliceLayout
+from gpu_dra.kubelet_plugin.mps.warm_policy import WarmPolicy
 from gpu_dra.kubelet_plugin.settings import KubeletPluginSettings
 
 ALL_FLAGS = [
@@ -47,6 +48,7 @@ ALL_FLAGS = [
     "--mps-daemon-image-pull-secrets=registry-a, registry-b",
     "--mps-exclusive-compute-mode=all",
     "--mps-daemon-check-interval=2.5",
+    "--mps-share-daemon-warm=idle:5m",
     "--dynamic-mig=true",
     "--feature-gates=DynamicMIG=true,MPSSupport=false,TimeSlicingSettings=true",
     "--slice-layout=combined",
@@ -93,6 +95,7 @@ EXPECTED = KubeletPluginSettings(
     mps_daemon_image_pull_secrets=("registry-a", "registry-b"),
     mps_exclusive_compute_mode="all",
     mps_daemon_check_interval_s=2.5,
+    mps_share_daemon_warm=WarmPolicy(warm=True, idle_s=300.0),
     dynamic_mig=True,
     feature_gates=("DynamicMIG", "TimeSlicingSettings"),
     slice_layout=SliceLayout.COMBINED,
@@ -571,3 +574,24 @@ def test_slice_layout_auto_leaves_the_choice_to_the_apiserver_version() -> None:
     assert KubeletPluginSettings.parse(["--node-name=a"], {}).slice_layout is None
     split = KubeletPluginSettings.parse(["--node-name=a", "--slice-layout=split"], {})
     assert split.slice_layout is SliceLayout.SPLIT
+
+
+@pytest.mark.parametrize(("value", "policy"), [("always", "always"), ("off", "off"),
+                                               ("idle:90s", "idle:90s")])  # fmt: skip
+def test_mps_share_daemon_warm_is_parsed(value: str, policy: str) -> None:
+    settings = KubeletPluginSettings.parse(
+        ["--node-name=n", f"--mps-share-daemon-warm={value}"], {}
+    )
+    assert str(settings.mps_share_daemon_warm) == policy
+
+
+def test_mps_share_daemon_warm_is_always_by_default() -> None:
+    assert KubeletPluginSettings.parse(["--node-name=n"], {}).mps_share_daemon_warm.warm
+
+
+@pytest.mark.parametrize("value", ["on", "idle:", "idle:5", "idle:0s"])
+def test_a_bad_mps_share_daemon_warm_is_a_usage_error(
+    capsys: pytest.CaptureFixture[str], value: str
+) -> None:
+    error = usage_error(capsys, ["--node-name=n", f"--mps-share-daemon-warm={value}"], {})
+    assert "--mps-share-daemon-warm" in error

@@ -1,0 +1,361 @@
+"""Warm shared MPS daemons (``--mps-share-daemon-warm``, docs/mps.md "Warm daemons"): the daemon
+of every GPU offered as shares is started ahead of its first share, adopted across plugin
+restarts (not swept as a leftover), started anew after the last share left, stopped when idle
+or off, and only by the instance that repairs. The real preparer and `MpsDaemonManager` run the
+``nvidia-cuda-mps-control`` test double on the simulated hgx-h100 node (gpu-0 and gpu-1 offered),
+compute modes through `NvmlComputeMode` on the simulated NVML. Every test fails if a daemon
+process is left running.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+import pynvml
+import pytest
+
+from gpu_dra.driver.nvml.simulated import SimulatedHost, SimulatedNvml
+from gpu_dra.kubelet_plugin.mps import (
+    DaemonHandle,
+    MpsDaemonManager,
+    NvmlComputeMode,
+    PlainDirectoryShm,
+    shared_daemon_id,
+)
+from gpu_dra.kubelet_plugin.mps.ids import is_shared_daemon
+from gpu_dra.kubelet_plugin.mps.warm_daemons import (
+    IN_USE,
+    KEPT,
+    NONE,
+    STARTED,
+    STOPPED,
+    WarmDaemons,
+)
+from gpu_dra.kubelet_plugin.mps.warm_policy import ALWAYS, OFF, WarmPolicy, WarmPolicyError
+from tests.doubles import nvidia_cuda_mps_control as double
+from tests.doubles.mps_helpers import DOUBLE_BINARY, double_env
+from tests.kubelet_plugin.nodes import NODE, UID_A, UID_B, SharesNode, ok, wait_dead
+
+EXCLUSIVE = pynvml.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS
+DEFAULT = pynvml.NVML_COMPUTEMODE_DEFAULT
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class WarmNode(SharesNode):
+    """`SharesNode` whose manager sets compute modes on the simulated NVML (shared daemons
+    only, the default ``--mps-exclusive-compute-mode=shares``), with a warm policy."""
+
+    def __init__(self, root: Path, mps_root: Path, policy: WarmPolicy) -> None:
+        self.policy = policy
+        self.nvml: SimulatedNvml = SimulatedHost.load("hgx-h100", NODE).nvml
+        super().__init__(root, mps_root)
+
+    def preparer_options(self) -> dict[str, Any]:
+        options = super().preparer_options()
+        self.mps = MpsDaemonManager(
+            self.mps_root,
+            binary=DOUBLE_BINARY,
+            base_env=double_env(),
+            shm=PlainDirectoryShm(),
+            compute_mode=NvmlComputeMode(self.nvml),
+            exclusive=is_shared_daemon,
+        )
+        return {**options, "mps": self.mps, "mps_share_warm": self.policy}
+
+    def warmer(
+        self, *, repair: bool = True, clock: Clock | None = None, policy: WarmPolicy | None = None
+    ) -> WarmDaemons:
+        shared = self.preparer.shared_daemons
+        assert shared is not None
+        return WarmDaemons(
+            shared,
+            self.mps,
+            self.inventory.mps_shares,
+            policy=policy or self.policy,
+            interval_s=10,
+            repair=lambda: repair,
+            clock=clock or Clock(),
+        )
+
+    def warm(self, device: str = "gpu-0") -> DaemonHandle | None:
+        return self.mps.recorded(shared_daemon_id(self.uuid_of(device)))
+
+    def mode(self, device: str) -> int:
+        self.nvml.init()
+        try:
+            handle = self.nvml.device_get_handle_by_uuid(self.uuid_of(device))
+            return int(self.nvml.device_get_compute_mode(handle))
+        finally:
+            self.nvml.shutdown()
+
+
+@pytest.fixture
+def node(tmp_path: Path, mps_root: Path) -> WarmNode:
+    return WarmNode(tmp_path, mps_root, ALWAYS)
+
+
+def test_warm_daemons_start_at_plugin_start_with_the_first_shares_settings(
+    node: WarmNode,
+) -> None:
+    node.recover()
+    uuid0, uuid1 = node.uuid_of("gpu-0"), node.uuid_of("gpu-1")
+
+    assert node.warmer().check() == {uuid0: STARTED, uuid1: STARTED}
+
+    warm0, warm1 = node.warm("gpu-0"), node.warm("gpu-1")
+    assert warm0 is not None
+    assert warm1 is not None
+    assert sorted(node.running()) == sorted([warm0.pid, warm1.pid])
+    # The settings a daemon the first share starts gets: the largest share allowed.
+    shared = node.preparer.shared_daemons
+    assert shared is not None
+    assert warm0.settings == shared.settings(node.inventory.mps_shares[0])
+    assert double.read_state(warm0.paths.pipe)["defaults"] == {
+        "activeThreadPercentage": 100.0,
+        "pinnedMemLimits": {uuid0: "81559M"},
+    }
+    # No share yet: the GPUs keep their compute mode (a whole-GPU claim may still get them).
+    assert node.mode("gpu-0") == DEFAULT
+    assert node.mode("gpu-1") == DEFAULT
+
+    share = node.add_share(UID_A, "10Gi", "10")
+    ok(node.prepare(share)[UID_A])
+
+    [handle] = node.handles(UID_A)
+    assert handle.pid == warm0.pid  # joined the warm daemon, started nothing
+    assert sorted(node.running()) == sorted([warm0.pid, warm1.pid])
+    assert node.mode("gpu-0") == EXCLUSIVE  # the first share set it, as a cold start does
+    assert node.mode("gpu-1") == DEFAULT
+    assert node.warmer().check() == {uuid0: IN_USE, uuid1: KEPT}
+
+    node.unprepare(share)
+    assert wait_dead(warm0.pid)  # the last share's daemon went with it
+    node.mps.stop(warm1)
+
+
+def test_the_last_share_leaving_starts_a_fresh_warm_daemon(node: WarmNode) -> None:
+    node.recover()
+    warmer = node.warmer()
+    warmer.check()
+    warm = node.warm()
+    assert warm is not None
+    share = node.add_share(UID_A, "10Gi", "10")
+    ok(node.prepare(share)[UID_A])
+    assert node.mode("gpu-0") == EXCLUSIVE
+
+    assert node.unprepare(share) == {UID_A: None}
+    assert wait_dead(warm.pid)
+    assert node.warm() is None  # stopped with what a tenant could have changed
+
+    uuid0 = node.uuid_of("gpu-0")
+    assert warmer.check()[uuid0] == STARTED
+    fresh = node.warm()
+    assert fresh is not None
+    assert fresh.pid != warm.pid
+    assert fresh.pid in node.running()
+    assert node.mode("gpu-0") == DEFAULT  # reset with the old one, not set by the fresh one
+    for handle in (fresh, node.warm("gpu-1")):
+        assert handle is not None
+        node.mps.stop(handle)
+
+
+def test_a_warm_daemon_without_shares_is_adopted_after_a_restart_not_swept(
+    node: WarmNode,
+) -> None:
+    node.recover()
+    node.warmer().check()
+    warm = node.warm()
+    assert warm is not None
+
+    node.restart()  # a new plugin process over the same files
+    node.recover()
+
+    assert warm.pid in node.running()  # the start-up sweep kept it
+    warmer = node.warmer()
+    assert warmer.check()[node.uuid_of("gpu-0")] == KEPT
+    assert node.warm() == warm
+    share = node.add_share(UID_B, "20Gi", "20")
+    ok(node.prepare(share)[UID_B])
+    [handle] = node.handles(UID_B)
+    assert handle.pid == warm.pid
+    node.unprepare(share)
+    node.mps.stop(node.warm("gpu-1"))  # type: ignore[arg-type]
+
+
+def test_a_dead_warm_daemon_is_restarted_in_place_by_the_next_pass(node: WarmNode) -> None:
+    node.recover()
+    warmer = node.warmer()
+    warmer.check()
+    warm = node.warm()
+    assert warm is not None
+    pipe_inode = warm.paths.pipe.stat().st_ino
+    os.kill(warm.pid, signal.SIGKILL)
+    assert wait_dead(warm.pid)
+
+    assert warmer.check()[node.uuid_of("gpu-0")] == KEPT
+    again = node.warm()
+    assert again is not None
+    assert again.pid != warm.pid
+    assert again.pid in node.running()
+    assert again.paths.pipe.stat().st_ino == pipe_inode  # in place
+    for device in ("gpu-0", "gpu-1"):
+        node.mps.stop(node.warm(device))  # type: ignore[arg-type]
+
+
+def test_a_share_joining_a_dead_warm_daemon_restarts_it(node: WarmNode) -> None:
+    node.recover()
+    node.warmer().check()
+    warm = node.warm()
+    assert warm is not None
+    os.kill(warm.pid, signal.SIGKILL)
+    assert wait_dead(warm.pid)
+
+    share = node.add_share(UID_A, "10Gi", "10")
+    ok(node.prepare(share)[UID_A])
+
+    [handle] = node.handles(UID_A)
+    assert handle.pid != warm.pid
+    assert handle.pid in node.running()
+    node.unprepare(share)
+    node.mps.stop(node.warm("gpu-1"))  # type: ignore[arg-type]
+
+
+def test_off_starts_nothing_and_the_sweep_removes_a_warm_daemon_left_before(
+    tmp_path: Path, mps_root: Path
+) -> None:
+    warm_node = WarmNode(tmp_path, mps_root, ALWAYS)
+    warm_node.recover()
+    warm_node.warmer().check()
+    assert len(warm_node.running()) == 2
+
+    warm_node.policy = OFF
+    warm_node.restart()
+    warm_node.recover()  # with warm off, unrecorded shared daemons are leftovers
+
+    assert warm_node.running() == []
+    assert warm_node.daemon_dirs() == []
+    uuid0, uuid1 = warm_node.uuid_of("gpu-0"), warm_node.uuid_of("gpu-1")
+    assert warm_node.warmer().check() == {uuid0: NONE, uuid1: NONE}
+    assert warm_node.running() == []
+    # Today's lifecycle: the first share starts the daemon, the last stops it.
+    share = warm_node.add_share(UID_A, "10Gi", "10")
+    ok(warm_node.prepare(share)[UID_A])
+    [handle] = warm_node.handles(UID_A)
+    assert warm_node.running() == [handle.pid]
+    warm_node.unprepare(share)
+    assert wait_dead(handle.pid)
+    assert warm_node.warmer().check() == {uuid0: NONE, uuid1: NONE}
+    assert warm_node.running() == []
+
+
+def test_off_stops_a_warm_daemon_another_instance_left(node: WarmNode) -> None:
+    node.recover()
+    node.warmer().check()
+    assert len(node.running()) == 2
+
+    uuid0, uuid1 = node.uuid_of("gpu-0"), node.uuid_of("gpu-1")
+    assert node.warmer(policy=OFF).check() == {uuid0: STOPPED, uuid1: STOPPED}
+    assert node.running() == []
+    assert node.daemon_dirs() == []
+
+
+def test_idle_stops_a_warm_daemon_after_its_idle_time_and_warms_after_a_share(
+    tmp_path: Path, mps_root: Path
+) -> None:
+    node = WarmNode(tmp_path, mps_root, WarmPolicy.parse("idle:60s"))
+    node.recover()
+    clock = Clock()
+    warmer = node.warmer(clock=clock)
+    uuid0, uuid1 = node.uuid_of("gpu-0"), node.uuid_of("gpu-1")
+
+    assert warmer.check() == {uuid0: STARTED, uuid1: STARTED}
+    clock.now += 30
+    assert warmer.check() == {uuid0: KEPT, uuid1: KEPT}
+    clock.now += 31
+    assert warmer.check() == {uuid0: STOPPED, uuid1: STOPPED}
+    assert node.running() == []
+    clock.now += 100
+    assert warmer.check() == {uuid0: NONE, uuid1: NONE}
+
+    share = node.add_share(UID_A, "10Gi", "10")
+    ok(node.prepare(share)[UID_A])  # started cold
+    assert warmer.check() == {uuid0: IN_USE, uuid1: NONE}
+    node.unprepare(share)  # the idle time of gpu-0's daemon starts now
+    assert warmer.check() == {uuid0: STARTED, uuid1: NONE}
+    clock.now += 61
+    assert warmer.check() == {uuid0: STOPPED, uuid1: NONE}
+    assert node.running() == []
+
+
+def test_only_the_instance_that_repairs_warms(node: WarmNode) -> None:
+    node.recover()
+    watching = node.warmer(repair=False)
+
+    assert watching.check() == {}
+    assert node.running() == []
+
+    node.warmer(repair=True).check()
+    assert len(node.running()) == 2
+    node.mps.stop(node.warm("gpu-1"))  # type: ignore[arg-type]
+    warm = node.warm("gpu-0")
+    assert warm is not None
+    os.kill(warm.pid, signal.SIGKILL)
+    assert wait_dead(warm.pid)
+    assert watching.check() == {}  # nor does it repair or stop
+    assert node.running() == []
+    assert node.warm("gpu-0") == warm
+    node.mps.stop(warm)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("always", ALWAYS),
+        ("off", OFF),
+        (" Always ", ALWAYS),
+        ("idle:10m", WarmPolicy(warm=True, idle_s=600.0)),
+        ("idle:90s", WarmPolicy(warm=True, idle_s=90.0)),
+        ("idle:1h", WarmPolicy(warm=True, idle_s=3600.0)),
+        ("idle:1.5s", WarmPolicy(warm=True, idle_s=1.5)),
+        ("idle:500ms", WarmPolicy(warm=True, idle_s=0.5)),
+    ],
+)
+def test_warm_policy_parses(text: str, expected: WarmPolicy) -> None:
+    assert WarmPolicy.parse(text) == expected
+
+
+@pytest.mark.parametrize("text", ["", "on", "idle", "idle:", "idle:10", "idle:0s", "idle:-1m"])
+def test_warm_policy_refuses(text: str) -> None:
+    with pytest.raises(WarmPolicyError) as raised:
+        WarmPolicy.parse(text)
+    assert "always, idle:<duration> or off" in str(raised.value) or "idle time" in str(raised.value)
+
+
+def test_a_gpu_offered_as_shares_but_held_whole_keeps_its_compute_mode(node: WarmNode) -> None:
+    node.recover()
+    warmer = node.warmer()
+    warmer.check()
+    warm = node.warm()
+    assert warm is not None
+
+    whole = node.add_gpus(UID_B, "whole", "gpu-0")  # consumed all of gpu-0: exclusive
+    ok(node.prepare(whole)[UID_B])
+
+    # Its processes may open the GPU as they like; the idle warm daemon holds no context.
+    assert node.mode("gpu-0") == DEFAULT
+    assert warmer.check()[node.uuid_of("gpu-0")] == KEPT
+    assert node.warm() == warm
+    assert node.unprepare(whole) == {UID_B: None}
+    assert warm.pid in node.running()
+    for device in ("gpu-0", "gpu-1"):
+        node.mps.stop(node.warm(device))  # type: ignore[arg-type]
