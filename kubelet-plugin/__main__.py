@@ -153,12 +153,6 @@ async def _serve_instance(
     utilization = start_utilization(
         settings, nvml, inventory, entries=checkpoint.all, claims=claims.cached, registry=registry
     )
-    # Shares the driver does not cap: checked from NVML; only the publishing instance acts.
-    watchdog = start_memory_watchdog(
-        settings, nvml, inventory, share_memory.support, entries=checkpoint.all,
-        claims=claims.cached, registry=registry, is_turn=instance.newest_ready,
-        events=mps_events, evictions=KubernetesEvictionApi(api_client),
-    )  # fmt: skip
     if settings.metrics_port:
         start_http_server(settings.metrics_port, registry=registry)
         log.info("metrics on :%d/metrics", settings.metrics_port)
@@ -173,6 +167,12 @@ async def _serve_instance(
     supervising = (
         [] if supervisor is None else [asyncio.create_task(supervisor.run(), name="mps-supervisor")]
     )
+    # Shares the driver does not cap: checked from NVML; only the publishing instance acts.
+    watchdog = start_memory_watchdog(
+        settings, nvml, inventory, share_memory.support, entries=checkpoint.all,
+        claims=claims.cached, registry=registry, is_turn=instance.newest_ready,
+        events=mps_events, evictions=KubernetesEvictionApi(api_client),
+    )  # fmt: skip
     device_health = start_health(
         settings,
         nvml,

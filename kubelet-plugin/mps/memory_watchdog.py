@@ -240,6 +240,8 @@ class MemoryWatchdog:
         self._unchecked: dict[tuple[str, str], tuple[str, float, bool]] = {}
         self._acted: dict[tuple[str, str], tuple[frozenset[int | str], float]] = {}
         self._unmapped_seen: set[tuple[str, int]] = set()
+        self._failures: dict[tuple[str, str], str] = {}
+        """The last failed action's cause per claim device: posted again only when it changes."""
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -252,7 +254,12 @@ class MemoryWatchdog:
         if not devices:
             return Check()
         found = check(self._sampler.sample(devices))
-        turn = self._is_turn()
+        try:
+            turn = self._is_turn()
+        except OSError as error:  # the instance registry cannot be read: report, do not act
+            log.warning("MPS memory watchdog: whether this instance publishes is not known "
+                        "(%s): reporting only", error)  # fmt: skip
+            turn = False
         self._report_unmapped(found, devices)
         self._report_unchecked(found.unchecked, turn)
         for overrun in found.overruns:
@@ -262,6 +269,8 @@ class MemoryWatchdog:
             del self._over[key]
         for key in set(self._acted) - over:
             del self._acted[key]
+        for key in set(self._failures) - over:
+            del self._failures[key]
         self._metrics.duration.labels(node=self._metrics.node).observe(
             time.perf_counter() - started
         )
@@ -433,7 +442,9 @@ class MemoryWatchdog:
             f"memory, and the watchdog's {action} failed: {cause}"
         )
         log.error("MPS memory watchdog: %s", text)
-        self._post([claim_object(claim)], REASON_EXCEEDED, text, True)
+        if self._failures.get(device.key) != cause:
+            self._failures[device.key] = cause
+            self._post([claim_object(claim)], REASON_EXCEEDED, text, True)
 
 
 _ACTION_WORD: Final = {

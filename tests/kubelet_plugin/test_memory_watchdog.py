@@ -278,6 +278,13 @@ def test_a_refused_eviction_is_reported_with_its_cause(tmp_path: Path) -> None:
     assert (target, reason) == ("ResourceClaim/a", REASON_EXCEEDED)
     assert "429 TooManyRequests" in message
     assert w.metric("gpu_dra_mps_memory_watchdog_actions_total", result="failed") == 1
+    posted = len(w.events.posted)
+    w.run(SimulatedProcess(11, 2 * GIB))  # tried again, failed again for the same cause
+    assert w.metric("gpu_dra_mps_memory_watchdog_actions_total", result="failed") == 2
+    assert len(w.events.posted) == posted  # not posted every second
+    w.evictions.fail = None
+    w.run(SimulatedProcess(11, 2 * GIB))
+    assert w.evictions.evicted == [("team-a", "a-0", POD_A)]
 
 
 @pytest.mark.parametrize("policy", [Policy.REPORT, Policy.KILL, Policy.EVICT])
@@ -357,6 +364,7 @@ def test_cost_is_one_process_list_per_watched_gpu(tmp_path: Path) -> None:
     assert "device_get_process_utilization" not in w.nvml.calls
     assert "device_get_utilization_rates" in w.nvml.calls  # the sampler's one rates call
     assert w.events.posted == []
+    print(f"MPS memory watchdog check of 64 processes: {per_check * 1000:.1f} ms")
     assert per_check < 0.25, per_check
 
 
