@@ -251,7 +251,11 @@ class MemoryWatchdog:
         if self._before is not None:
             self._before()
         devices = watched(self._devices())
-        if not devices:
+        if not devices:  # nothing to watch: forget what was (claims unprepared)
+            self._over.clear()
+            self._acted.clear()
+            self._failures.clear()
+            self._unchecked.clear()
             return Check()
         found = check(self._sampler.sample(devices))
         try:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import signal
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +19,7 @@ from prometheus_client import CollectorRegistry
 from gpu_dra.driver.nvml.simulated import SimulatedHost, SimulatedNvml
 from gpu_dra.driver.nvml.simulated_utilization import DeviceActivity, SimulatedProcess
 from gpu_dra.kube import errors
+from gpu_dra.kubelet_plugin.instances import InstanceRegistry
 from gpu_dra.kubelet_plugin.mps.events import InvolvedObject
 from gpu_dra.kubelet_plugin.mps.memory_limits import MemoryLimitSupport
 from gpu_dra.kubelet_plugin.mps.memory_watchdog import (
@@ -130,13 +131,14 @@ class Watch:
         policy: Policy = Policy.REPORT,
         *,
         turn: bool = True,
+        is_turn: Callable[[], bool] | None = None,
         evictions: Evictions | None = None,
     ) -> None:
         host = SimulatedHost.load("hgx-h100", NODE)
         self.nvml = CountingNvml(host.nvml.profile)
         self.uuid = self.nvml.profile.gpus[0].uuid
         self.proc = tmp_path / "proc"
-        self.proc.mkdir()
+        self.proc.mkdir(parents=True)
         self.devices = devices
         self.events = Events()
         self.evictions = evictions or Evictions()
@@ -148,7 +150,7 @@ class Watch:
             lambda: self.devices,
             policy=policy,
             interval_s=1.0,
-            is_turn=lambda: self.turn,
+            is_turn=is_turn or (lambda: self.turn),
             events=self.events,
             evictions=self.evictions,
             metrics=WatchdogMetrics(self.registry, NODE),
@@ -301,6 +303,34 @@ def test_an_instance_that_does_not_publish_only_logs_and_counts(
     assert w.events.posted
     assert bool(w.killed) == (policy is Policy.KILL)
     assert bool(w.evictions.evicted) == (policy is Policy.EVICT)
+
+
+def test_of_two_plugin_instances_only_the_publishing_one_acts(tmp_path: Path) -> None:
+    """Two watchdogs on one node, turns from the real instance registry (the newest ready
+    instance publishes): the old one acts until the new one is ready, then only the new one."""
+    registry = InstanceRegistry(tmp_path / "data")
+    old_instance = registry.register("4f1c2b9e-0000-4000-8000-0000000000a1")
+    old_instance.mark_ready()
+    new_instance = registry.register("4f1c2b9e-0000-4000-8000-0000000000b2")
+    devices = [share(CLAIM_A, uuid0(), (PodRef(POD_A, "a-0"),), GIB)]
+    old = Watch(tmp_path / "old", devices, Policy.KILL, is_turn=old_instance.newest_ready)
+    new = Watch(tmp_path / "new", devices, Policy.KILL, is_turn=new_instance.newest_ready)
+    for w in (old, new):
+        fake_process(w.proc, 11, POD_A)
+        fake_process(w.proc, 12, POD_A)
+    for w in (old, new):
+        w.run(SimulatedProcess(11, 2 * GIB))
+    assert (len(old.killed), len(new.killed)) == (1, 0)  # the new one is still recovering
+    assert new.events.posted == []
+    new_instance.mark_ready()
+    for w in (old, new):
+        w.run(SimulatedProcess(12, 2 * GIB))  # 11 went; a new process over the share
+    assert old.killed == [(11, signal.SIGKILL)]
+    assert new.killed == [(12, signal.SIGKILL)]
+    assert new.metric("gpu_dra_mps_memory_watchdog_overruns_total", action="observed") == 1
+    assert old.metric("gpu_dra_mps_memory_watchdog_overruns_total", action="observed") == 1
+    new_instance.close()
+    old_instance.close()
 
 
 def test_an_nvml_error_is_reported_with_its_cause_never_as_under_the_cap(tmp_path: Path) -> None:
