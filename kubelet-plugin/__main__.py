@@ -36,7 +36,7 @@ from gpu_dra.kubelet_plugin.device_health.runtime import (
 )
 from gpu_dra.kubelet_plugin.health import HealthServer, PluginHealth
 from gpu_dra.kubelet_plugin.instances import PluginInstance
-from gpu_dra.kubelet_plugin.kubeapi import KubernetesClaimReader
+from gpu_dra.kubelet_plugin.kubeapi import KubernetesClaimReader, KubernetesEvictionApi
 from gpu_dra.kubelet_plugin.metrics import (
     DiscoveryMetrics,
     PluginMetrics,
@@ -44,6 +44,7 @@ from gpu_dra.kubelet_plugin.metrics import (
 )
 from gpu_dra.kubelet_plugin.mig import SimulatedMigStateFile
 from gpu_dra.kubelet_plugin.mps.events import KubernetesEventApi, MpsEvents
+from gpu_dra.kubelet_plugin.mps.memory_watchdog import start_memory_watchdog
 from gpu_dra.kubelet_plugin.node_devices import NodeInventory
 from gpu_dra.kubelet_plugin.prepare import NodeClaimPreparer
 from gpu_dra.kubelet_plugin.publishing import PublisherTurn
@@ -124,6 +125,7 @@ async def _serve_instance(
         KubernetesEventApi(api_client), claim_api, checkpoint.all, node_name=settings.node_name
     )
     mps = startup.mps_manager(settings, api_client, nvml, mps_events)
+    share_memory = startup.share_memory(settings, nvml, inventory, mps_events)
     preparer = NodeClaimPreparer(
         driver_name=settings.driver_name,
         node_name=settings.node_name,
@@ -139,7 +141,7 @@ async def _serve_instance(
         dynamic_mig=startup.dynamic_mig(settings, nvml, inventory, instance.locks, simulated_mig),
         common_edits=None if common_edits is None else common_edits.current,
         instance=instance,
-        mps_share_memory=startup.share_memory(settings, nvml, inventory, mps_events),
+        mps_share_memory=share_memory,
         mps_share_warm=settings.mps_share_daemon_warm,
     )
     try:
@@ -177,6 +179,12 @@ async def _serve_instance(
         except TimeoutError:
             log.warning("mps warm daemons not all started after %gs, serving meanwhile",
                         startup.WARM_FIRST_PASS_WAIT_S)  # fmt: skip
+    # Shares the driver does not cap: checked from NVML; only the publishing instance acts.
+    watchdog = start_memory_watchdog(
+        settings, nvml, inventory, share_memory.support, entries=checkpoint.all,
+        claims=claims.cached, registry=registry, is_turn=instance.newest_ready,
+        events=mps_events, evictions=KubernetesEvictionApi(api_client),
+    )  # fmt: skip
     device_health = start_health(
         settings,
         nvml,
@@ -195,6 +203,8 @@ async def _serve_instance(
     finally:
         if utilization is not None:
             await asyncio.to_thread(utilization.close)
+        if watchdog is not None:
+            await asyncio.to_thread(watchdog.close)
 
 
 async def _serve_sockets(

@@ -235,3 +235,36 @@ class KubernetesPodApi:
                 )
         except errors.NotFoundError:
             return
+
+
+class EvictionApi(Protocol):
+    """The Eviction API (``pods/eviction``): disruption budgets are honoured."""
+
+    def evict_pod(self, namespace: str, name: str, *, uid: str) -> None:
+        """Evict the pod if it still has ``uid``; `errors.ApiError` when the API server
+        refuses (a budget that allows no disruption is a 429: `errors.ApiError`). A pod that
+        is gone is no error."""
+        ...
+
+
+class KubernetesEvictionApi:
+    """`EvictionApi` on the `kubernetes` client."""
+
+    def __init__(self, api_client: k8s.ApiClient, *, request_timeout_s: float = 10.0) -> None:
+        self._core: Any = k8s.CoreV1Api(api_client)
+        self._timeout = request_timeout_s
+
+    def evict_pod(self, namespace: str, name: str, *, uid: str) -> None:
+        body = {
+            "apiVersion": "policy/v1",
+            "kind": "Eviction",
+            "metadata": {"name": name, "namespace": namespace},
+            "deleteOptions": {"preconditions": {"uid": uid}},
+        }
+        try:
+            with translated_errors(f"evict Pod {namespace}/{name}"):
+                self._core.create_namespaced_pod_eviction(
+                    name, namespace, body, _request_timeout=self._timeout
+                )
+        except errors.NotFoundError:
+            return

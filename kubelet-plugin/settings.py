@@ -181,6 +181,12 @@ class KubeletPluginSettings:
     """`auto`: MPS shares on GPUs whose driver can limit a cgroup's GPU memory (checked at start)
     get `NVIDIA_GPU_MEMORY_LIMIT`/`_REQUEST` and the `apply-cuda-memory-limits` hook; `off`:
     none do."""
+    mps_memory_watchdog: str = "report"
+    """What the MPS memory watchdog does when a share's processes together use more than its
+    memory, on shares the driver does not cap (`mps.memory_watchdog`): `report`, `kill` (the
+    newest process), `evict` (the pods) or `off`. Shares the driver caps are never watched."""
+    mps_memory_watchdog_interval_s: float = 1.0
+    """Seconds between the watchdog's checks."""
     mps_daemon_runner: str = "process"
     """How MPS control daemons run: `process` (a host process started by the plugin; local and
     dev setups) or `pod` (a pod bound to this node; the DaemonSet's setting)."""
@@ -390,13 +396,7 @@ class KubeletPluginSettings:
             "daemon's default caps; larger shares are refused at prepare",
             "100",
         )
-        option(
-            "--mps-share-memory-limits",
-            "auto: cap each container of an MPS share at its memory through the driver "
-            "(NVIDIA_GPU_MEMORY_LIMIT and nvidia-cdi-hook apply-cuda-memory-limits) on GPUs "
-            "where that was found to work at start; off: never",
-            "auto",
-        )
+        _add_share_memory_options(option)
         _add_mps_daemon_options(option, environ)
         _add_dynamic_mig_options(option, environ)
         _add_guard_options(option, environ)
@@ -448,6 +448,7 @@ class KubeletPluginSettings:
             mps_shares=mps_shares,
             mps_share_max_percent=max_share,
             mps_share_memory_limits=memory_limits,
+            **_watchdog_settings(parser, args),
             **_mps_daemon_settings(parser, args),
             **_dynamic_mig_settings(parser, args),
             **_guard_settings(parser, args),
@@ -795,6 +796,48 @@ def _health_settings(parser: argparse.ArgumentParser, args: argparse.Namespace) 
         "health_taint_effect_degraded": degraded,
         "health_taint_effect_lost": lost,
     }
+
+
+def _add_share_memory_options(option: Callable[..., None]) -> None:
+    """`--mps-share-memory-limits`, `--mps-memory-watchdog` and its interval (docs/shares.md)."""
+    option(
+        "--mps-share-memory-limits",
+        "auto: cap each container of an MPS share at its memory through the driver "
+        "(NVIDIA_GPU_MEMORY_LIMIT and nvidia-cdi-hook apply-cuda-memory-limits) on GPUs "
+        "where that was found to work at start; off: never",
+        "auto",
+    )
+    option(
+        "--mps-memory-watchdog",
+        "on MPS shares the driver does not cap (older drivers, cgroup v1, MIG): what to do "
+        "when a share's processes together use more GPU memory than the share: report "
+        "(Events, metrics), kill (also SIGKILL its newest process), evict (also evict its "
+        "pods), off",
+        "report",
+    )
+    option(
+        "--mps-memory-watchdog-interval",
+        "seconds between the MPS memory watchdog's checks (0.1-3600)",
+        "1",
+    )
+
+
+def _watchdog_settings(parser: argparse.ArgumentParser, args: argparse.Namespace) -> dict[str, Any]:
+    """The memory watchdog's settings from parsed `args`; usage errors exit."""
+    policy = str(args.mps_memory_watchdog).strip().lower()
+    if policy not in ("report", "kill", "evict", "off"):
+        parser.error(
+            f"--mps-memory-watchdog must be report, kill, evict or off, got "
+            f"{args.mps_memory_watchdog!r}"
+        )
+    text = args.mps_memory_watchdog_interval
+    try:
+        interval = float(text)
+    except (TypeError, ValueError):
+        parser.error(f"--mps-memory-watchdog-interval must be a number, got {text!r}")
+    if not 0.1 <= interval <= 3600:
+        parser.error(f"--mps-memory-watchdog-interval must be between 0.1 and 3600, got {text!r}")
+    return {"mps_memory_watchdog": policy, "mps_memory_watchdog_interval_s": interval}
 
 
 def _add_utilization_options(option: Callable[..., None]) -> None:

@@ -128,6 +128,14 @@ def test_defaults_render_only_once_the_device_plugin_is_acknowledged_off() -> No
         ("webhook.tls.mode=vault", "'/webhook/tls/mode'"),
         ("webhook.containerPort=443", "'/webhook/containerPort'"),
         ("kubeletPlugin.dynamicMigProfiles=1g/7g", "'/kubeletPlugin/dynamicMigProfiles'"),
+        (
+            "kubeletPlugin.mpsMemoryWatchdog.policy=shoot",
+            "'/kubeletPlugin/mpsMemoryWatchdog/policy'",
+        ),
+        (
+            "kubeletPlugin.mpsMemoryWatchdog.interval=0",
+            "'/kubeletPlugin/mpsMemoryWatchdog/interval'",
+        ),
         # The kubelet's grpc probe needs a fixed port.
         (
             "kubeletPlugin.containers.gpus.healthcheckPort=0",
@@ -333,6 +341,54 @@ def test_a_data_dir_and_an_mps_daemon_image_of_their_own(tmp_path: Path) -> None
     assert rendered.volume("DaemonSet", "data")["hostPath"]["path"] == "/var/lib/e2e/gd"
     assert settings.mps_daemon_image == "localhost/mps:1"
     assert container["image"] == "localhost/gpu-dra:0.1.0"
+
+
+def eviction_rules(rendered: Rendered) -> list[dict[str, Any]]:
+    """Rules of the plugin's roles that mention pods/eviction."""
+    roles = rendered.all("ClusterRole") + rendered.all("Role")
+    return [
+        rule
+        for role in roles
+        if role["metadata"]["name"].startswith(PLUGIN_SA)
+        for rule in role["rules"]
+        if any("eviction" in resource for resource in rule.get("resources", []))
+    ]
+
+
+def test_the_mps_memory_watchdog_reports_by_default_without_eviction_rights(
+    host_driver: Rendered,
+) -> None:
+    settings = plugin_settings(host_driver)
+
+    assert settings.mps_memory_watchdog == "report"
+    assert settings.mps_memory_watchdog_interval_s == 1.0
+    assert eviction_rules(host_driver) == []
+
+
+@pytest.mark.parametrize("policy", ["kill", "off"])
+def test_only_the_evict_policy_grants_evictions(tmp_path: Path, policy: str) -> None:
+    watchdog = {"policy": policy, "interval": 0.5}
+    rendered = Rendered.of({**HOST_DRIVER, "kubeletPlugin": {"mpsMemoryWatchdog": watchdog}},
+                           tmp_path)  # fmt: skip
+    settings = plugin_settings(rendered)
+
+    assert (settings.mps_memory_watchdog, settings.mps_memory_watchdog_interval_s) == (policy, 0.5)
+    assert eviction_rules(rendered) == []
+
+
+def test_the_evict_policy_may_evict_pods_of_any_namespace(tmp_path: Path) -> None:
+    watchdog = {"policy": "evict", "interval": 2}
+    rendered = Rendered.of({**HOST_DRIVER, "kubeletPlugin": {"mpsMemoryWatchdog": watchdog}},
+                           tmp_path)  # fmt: skip
+
+    assert plugin_settings(rendered).mps_memory_watchdog == "evict"
+    assert eviction_rules(rendered) == [
+        {"apiGroups": [""], "resources": ["pods/eviction"], "verbs": ["create"]}
+    ]
+    (cluster_role,) = [r for r in rendered.all("ClusterRole") if r["metadata"]["name"] == PLUGIN_SA]
+    assert eviction_rules(rendered)[0] in cluster_role["rules"]
+    # still no pod writes outside the release namespace
+    assert not rendered.may(PLUGIN_SA, "delete", "pods", "default")
 
 
 def test_no_variable_is_set_twice(gpu_operator: Rendered, tmp_path: Path) -> None:

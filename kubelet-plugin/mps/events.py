@@ -5,7 +5,8 @@ Warning ``MpsDaemonRestarted`` on the pods of every claim that uses it (the clai
 ``status.reservedFor``; the claim itself when none can be read), settings set back a Warning
 ``MpsDaemonSettingsRestored`` on those claims, a daemon that could not be repaired a Warning
 ``MpsDaemonUnhealthy`` on them (the same reason again at most every `REPEAT_S`). `share_prepared`
-records a Normal ``MpsShareMemoryEnforcement`` on a share's claim. Events are posted by one
+records a Normal ``MpsShareMemoryEnforcement`` on a share's claim; `post` any Event on given
+objects (the MPS memory watchdog's). Events are posted by one
 background thread, so callers (the manager's lock holders) never wait for the API server; a
 failed post is logged. See docs/mps.md, "Daemon supervision".
 """
@@ -16,7 +17,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Final, Protocol
@@ -93,6 +94,10 @@ class InvolvedObject:
 def claim_object(claim: ClaimRef) -> InvolvedObject:
     return InvolvedObject("resource.k8s.io/v1", "ResourceClaim", claim.namespace, claim.name,
                           claim.uid)  # fmt: skip
+
+
+def pod_object(namespace: str, name: str, uid: str) -> InvolvedObject:
+    return InvolvedObject("v1", "Pod", namespace, name, uid)
 
 
 def event(
@@ -185,6 +190,19 @@ class MpsEvents:
         """A Normal Event on a share's claim: which memory enforcement it got."""
         target = claim_object(claim)
         self._submit(lambda: self._post(target, REASON_SHARE_MEMORY, message, warning=False))
+
+    def post(
+        self, targets: Sequence[InvolvedObject], reason: str, message: str, *, warning: bool
+    ) -> None:
+        """The same Event on each of ``targets``, posted in the background (the MPS memory
+        watchdog's; `mps.memory_watchdog`)."""
+        listed = tuple(targets)
+
+        def post_all() -> None:
+            for target in listed:
+                self._post(target, reason, message, warning=warning)
+
+        self._submit(post_all)
 
     # -- posting -----------------------------------------------------------------------------
 

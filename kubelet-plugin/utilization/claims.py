@@ -1,5 +1,6 @@
 """The devices prepared claims hold, as the utilization sampler sees them: which NVML device
-(UUID) to read for each, in which tier, for which pods, and an MPS share's size.
+(UUID) to read for each, in which tier, for which pods, and an MPS share's size and
+what caps its memory.
 
 Read from the checkpoint (`PrepareCompleted` entries only) and the inventory; the pods are the
 claim's ``status.reservedFor`` pods as the claim cache has them (none while it is not serving).
@@ -19,6 +20,7 @@ from gpu_dra.kubelet_plugin.mig.claims import intents_from_state
 from gpu_dra.kubelet_plugin.mig.instances import MigError
 from gpu_dra.kubelet_plugin.mps.daemon_model import MpsError, handles_from_state
 from gpu_dra.kubelet_plugin.mps.ids import is_shared_daemon
+from gpu_dra.kubelet_plugin.mps.share_tier import MEMORY_ENFORCEMENT_KEY
 from gpu_dra.kubelet_plugin.mps.shared_daemons import SHARES_STATE_KEY
 from gpu_dra.kubelet_plugin.node_devices import NodeInventory
 from gpu_dra.kubelet_plugin.prepare_protocol import ClaimRef
@@ -51,6 +53,9 @@ class ClaimDevice:
     pods: tuple[PodRef, ...] = ()
     share_memory_bytes: int | None = None
     share_compute_percent: int | None = None
+    share_memory_enforcement: str | None = None
+    """What caps an MPS share's memory (`mps.memory_limits.Enforcement` value: ``driver`` or
+    ``mps-client``); None for other tiers and shares recorded without it."""
 
     @property
     def key(self) -> tuple[str, str]:
@@ -86,6 +91,7 @@ def claim_devices(
                         claim_pods,
                         _int(share, "memoryBytes"),
                         _int(share, "computePercent"),
+                        _str(share, MEMORY_ENFORCEMENT_KEY),
                     )
                 )
                 continue

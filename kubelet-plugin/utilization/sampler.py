@@ -75,8 +75,12 @@ class UtilizationSampler:
         *,
         proc_root: Path = Path("/proc"),
         clock: Callable[[], float] = time.time,
+        process_utilization: bool = True,
     ) -> None:
+        """``process_utilization`` False: never ask NVML for per-process SM utilization (the
+        MPS memory watchdog needs only the processes and their memory)."""
         self._nvml = nvml
+        self._per_process = process_utilization
         self._proc_root = proc_root
         self._clock = clock
         self._last_seen_us: dict[str, int] = {}
@@ -102,6 +106,8 @@ class UtilizationSampler:
                 return Sample(at, time.perf_counter() - started, held, {}, failed)
             self._initialized = True
         with_shares = {d.uuid for d in held if d.tier == "mps-share" and d.uuid}
+        if not self._per_process:
+            with_shares = set()
         readings: dict[str, DeviceReading] = {}
         errors: list[SampleError] = []
         for uuid in sorted({d.uuid for d in held if d.uuid}):
