@@ -123,6 +123,7 @@ async def _serve_instance(
         KubernetesEventApi(api_client), claim_api, checkpoint.all, node_name=settings.node_name
     )
     mps = startup.mps_manager(settings, api_client, nvml, mps_events)
+    inventory, capped_memory = startup.capped_shares(settings, nvml, inventory, mps_events)
     preparer = NodeClaimPreparer(
         driver_name=settings.driver_name,
         node_name=settings.node_name,
@@ -139,6 +140,7 @@ async def _serve_instance(
         common_edits=None if common_edits is None else common_edits.current,
         instance=instance,
         mps_share_memory=startup.share_memory(settings, nvml, inventory, mps_events),
+        capped_share_memory=capped_memory,
     )
     try:
         await preparer.recover()

@@ -37,6 +37,7 @@ from gpu_dra.driver.naming import (
     validate_claim_uid,
 )
 from gpu_dra.kubelet_plugin.blocking import in_thread_to_completion
+from gpu_dra.kubelet_plugin.capped_share_tier import CappedShareTier
 from gpu_dra.kubelet_plugin.cdi import (
     CdiDevice,
     ClaimSpecStore,
@@ -92,7 +93,7 @@ log = logging.getLogger(__name__)
 
 class NodeClaimPreparer:
     """`ClaimPreparer` of this node's devices: whole GPUs, MIG devices (static and made at
-    prepare), per-claim MPS, MPS shares and time-slicing, one `Tier` each."""
+    prepare), per-claim MPS, MPS shares, capped shares and time-slicing, one `Tier` each."""
 
     def __init__(
         self,
@@ -113,6 +114,7 @@ class NodeClaimPreparer:
         instance: PluginInstance | None = None,
         recovery_wait_s: float = 300.0,
         mps_share_memory: ShareMemory | None = None,
+        capped_share_memory: ShareMemory | None = None,
     ) -> None:
         """`uncached_claims` reads the API server directly; give it when `claims` is a cache, which
         may not have seen a claim replaced under the same name yet: a claim whose UID does not
@@ -129,7 +131,8 @@ class NodeClaimPreparer:
         taken beside the in-process ones, and `recover` waits up to `recovery_wait_s` for the
         other instances' calls under way; without it, every record is this process's.
         `mps_share_memory` says which GPUs' MPS shares the driver caps per container
-        (`mps.memory_limits`)."""
+        (`mps.memory_limits`); `capped_share_memory` the same for capped shares (without it,
+        claims with capped shares fail)."""
         self._driver = driver_name
         self._pool = node_name
         self._inventory = inventory
@@ -154,15 +157,20 @@ class NodeClaimPreparer:
             memory=mps_share_memory,
             cdi=cdi,
         )
+        capped = CappedShareTier(
+            inventory,
+            None if capped_share_memory is None else capped_share_memory.support,
+            report=None if capped_share_memory is None else capped_share_memory.report,
+        )
         claim_mps = ClaimMpsTier(mps, inventory, node_name=node, locks=locks)
         time_slicing = TimeSlicingTier(time_slicer, records, inventory, node_name=node)
         mig = DynamicMigTier(dynamic_mig, records, inventory, owner_alive=self._owner_alive)
         whole = WholeGpuTier()
         # The order the tiers act in on a claim: checks, then changes (time slices, MPS
         # daemons, shares, MIG devices; docs/architecture.md); undo runs in reverse.
-        self._tiers: tuple[Tier, ...] = (whole, time_slicing, claim_mps, shares, mig)
+        self._tiers: tuple[Tier, ...] = (whole, time_slicing, claim_mps, shares, capped, mig)
         # The order they plan in: a tier may read the plans made before its own.
-        self._planning: tuple[Tier, ...] = (shares, claim_mps, time_slicing, mig, whole)
+        self._planning: tuple[Tier, ...] = (shares, capped, claim_mps, time_slicing, mig, whole)
         # Locks live while someone holds them: no growth with the number of claims ever seen.
         self._device_locks: weakref.WeakValueDictionary[str, asyncio.Lock] = (
             weakref.WeakValueDictionary()
