@@ -440,7 +440,7 @@ class KubeletPluginSettings:
             mps_control_binary=args.mps_control_binary or DEFAULT_MPS_CONTROL_BINARY,
             nvidia_smi=args.nvidia_smi or DEFAULT_NVIDIA_SMI,
             mps_shares=mps_shares,
-            **_capped_share_settings(parser, args),
+            capped_shares=_capped_shares(parser, args),
             mps_share_max_percent=max_share,
             mps_share_memory_limits=_memory_limits_mode(parser, args),
             **_mps_daemon_settings(parser, args),
@@ -795,14 +795,11 @@ def _add_capped_share_options(option: Callable[..., None]) -> None:
     )
 
 
-def _capped_share_settings(
-    parser: argparse.ArgumentParser, args: argparse.Namespace
-) -> dict[str, ShareSelection]:
+def _capped_shares(parser: argparse.ArgumentParser, args: argparse.Namespace) -> ShareSelection:
     try:
-        selection = ShareSelection.parse(args.capped_shares or "none", "--capped-shares")
+        return ShareSelection.parse(args.capped_shares or "none", "--capped-shares")
     except ShareSelectionError as error:
         parser.error(str(error))
-    return {"capped_shares": selection}
 
 
 def _add_utilization_options(option: Callable[..., None]) -> None:

@@ -118,7 +118,7 @@ def test_a_gpu_cannot_be_offered_both_as_mps_and_as_capped_shares() -> None:
 
 
 def test_the_capped_selection_names_its_flag_in_errors() -> None:
-    with pytest.raises(ShareSelectionError, match="^--capped-shares: 'x'"):
+    with pytest.raises(ShareSelectionError, match=r"^--capped-shares: 'x'"):
         ShareSelection.parse("x", "--capped-shares")
     with pytest.raises(ShareSelectionError, match="--capped-shares names GPU 9"):
         capped_inventory("9")
