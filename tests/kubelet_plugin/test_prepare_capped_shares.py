@@ -15,13 +15,15 @@ from typing import Any
 import pytest
 
 from gpu_dra.driver import shares
-from gpu_dra.driver.discovery import discover_gpus
+from gpu_dra.driver.discovery import discover_devices, discover_gpus
 from gpu_dra.driver.nvml.simulated import SimulatedHost
 from gpu_dra.driver.shares import CAPPED, ShareSelection, ShareSelectionError
+from gpu_dra.kubelet_plugin import startup
 from gpu_dra.kubelet_plugin.capped_share_tier import CAPPED_SHARES_STATE_KEY, offer_capped
 from gpu_dra.kubelet_plugin.mps.memory_limits import MemoryLimitSupport, ShareMemory
 from gpu_dra.kubelet_plugin.node_devices import NodeInventory
 from gpu_dra.kubelet_plugin.prepare_protocol import ClaimRef
+from gpu_dra.kubelet_plugin.settings import KubeletPluginSettings
 from gpu_dra.kubelet_plugin.timeslicing import TIME_SLICE_STATE_KEY, RecordedTimeSlicer
 from tests.fakes.claim_reader import allocation_result, gpu_config, resource_claim
 from tests.kubelet_plugin.nodes import (
@@ -315,3 +317,21 @@ def test_a_claim_for_the_whole_capped_gpu_is_prepared_as_a_whole_gpu(node: Cappe
     entry = node.checkpoint.get(UID_A)
     assert entry is not None
     assert CAPPED_SHARES_STATE_KEY not in entry.state
+
+
+def test_the_plugins_start_up_offers_nothing_on_a_simulated_node(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    settings = KubeletPluginSettings.parse(
+        ["--node-name=node-a", "--simulate=hgx-h100", "--capped-shares=0"], {}
+    )
+    host = SimulatedHost.load("hgx-h100", NODE)
+    devices = discover_devices(host.nvml, host.pci)
+    inventory = startup.node_inventory(settings, devices)
+    assert [gpu.index for gpu in inventory.capped_shares] == [0]  # selected, not yet checked
+    with caplog.at_level(logging.WARNING):
+        offered, memory = startup.capped_shares(settings, host.nvml, inventory, None)
+    assert offered.capped_shares == ()
+    assert memory.support.enforced == frozenset()
+    assert "simulated GPUs: no driver to apply a cgroup limit" in caplog.text
+    assert "GPU 0 (" in caplog.text
