@@ -149,16 +149,25 @@ def plugin_devices(
     mps_shares: bool = False,
     dynamic_mig: bool = False,
     mig_policy: MigPolicy = DEFAULT_MIG_POLICY,
+    capped_shares: bool = False,
 ) -> list[Device]:
     """The devices the kubelet plugin publishes for the node, in its order: whole GPUs with MIG
     off and static MIG devices, by PCI bus id then placement; with ``mps_shares``, every whole
-    GPU offered as MPS shares (``--mps-shares=all``); with ``dynamic_mig``, partitionable GPUs in
-    partitionable form (``--dynamic-mig``, the profiles of `mig_policy`). `CliError` when
-    discovery or publishing fails, or a GPU cannot be read. `gpu-dra lint` evaluates on these."""
+    GPU offered as MPS shares (``--mps-shares=all``); with ``capped_shares`` as capped shares
+    (``--capped-shares=all`` where the driver enforces the cap); with ``dynamic_mig``,
+    partitionable GPUs in partitionable form (``--dynamic-mig``, the profiles of `mig_policy`).
+    `CliError` when discovery or publishing fails, or a GPU cannot be read. `gpu-dra lint`
+    evaluates on these."""
     found = _discover(nvml, pci, dynamic_mig=dynamic_mig)
     if found.problems:
         raise CliError("; ".join(problem.message for problem in found.problems))
-    return _publish(found, mps_shares=mps_shares, dynamic_mig=dynamic_mig, mig_policy=mig_policy)
+    return _publish(
+        found,
+        mps_shares=mps_shares,
+        dynamic_mig=dynamic_mig,
+        mig_policy=mig_policy,
+        capped_shares=capped_shares,
+    )
 
 
 def _discover(nvml: NvmlLibrary, pci: PciTopology, *, dynamic_mig: bool) -> NodeDevices:
@@ -175,6 +184,7 @@ def _publish(
     mps_shares: bool = False,
     dynamic_mig: bool = False,
     mig_policy: MigPolicy = DEFAULT_MIG_POLICY,
+    capped_shares: bool = False,
 ) -> list[Device]:
     """The devices of the usable GPUs of `found`, as `plugin_devices` describes them."""
     try:
@@ -184,6 +194,9 @@ def _publish(
         published = published_devices(found.gpus, found.mig_devices)
         if mps_shares:
             published = with_shares(published, ShareSelection(every_gpu=True).select(found.gpus))
+        elif capped_shares:
+            every = ShareSelection(every_gpu=True, flag="--capped-shares").select(found.gpus)
+            published = with_shares(published, (), every)
         return published
     except DeviceAttributeError as error:
         raise CliError(f"cannot publish the GPUs: {error}") from error

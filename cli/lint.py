@@ -1015,6 +1015,10 @@ MPS_SHARES_VARIANT: Final = "+mps-shares"
 """Suffix of the profile name under which `gpu-dra lint` evaluates a machine's whole GPUs as
 they are published when offered as MPS shares (``--mps-shares=all``)."""
 
+CAPPED_SHARES_VARIANT: Final = "+capped-shares"
+"""The same for GPUs offered as capped time-sliced shares (``--capped-shares=all``, on a node
+whose driver enforces the memory cap)."""
+
 DYNAMIC_MIG_VARIANT: Final = "+dynamic-mig"
 """Suffix of the profile name under which `gpu-dra lint` evaluates a machine's partitionable
 GPUs as they are published with ``--dynamic-mig`` (the whole GPU and every MIG placement of the
@@ -1140,7 +1144,8 @@ def _lint_devices(
     profiles: Sequence[str], *, variants: bool = False, policy: MigPolicy = DEFAULT_MIG_POLICY
 ) -> list[SimulatedDevice]:
     """The published devices of each profile; with ``variants`` also, as profile
-    ``<name>+mps-shares``, its whole GPUs as published with ``--mps-shares=all``, and as
+    ``<name>+mps-shares``, its whole GPUs as published with ``--mps-shares=all``, as
+    ``<name>+capped-shares`` with ``--capped-shares=all``, and as
     ``<name>+dynamic-mig``, its partitionable GPUs' devices as published with ``--dynamic-mig``
     and `policy` (profiles without such GPUs add nothing)."""
     devices: list[SimulatedDevice] = []
@@ -1160,6 +1165,12 @@ def _lint_devices(
         devices.extend(
             SimulatedDevice(f"{host.profile.name}{MPS_SHARES_VARIANT}", device)
             for device in shared
+            if device.get("allowMultipleAllocations")
+        )
+        capped = plugin_devices(host.nvml, host.pci, capped_shares=True)
+        devices.extend(
+            SimulatedDevice(f"{host.profile.name}{CAPPED_SHARES_VARIANT}", device)
+            for device in capped
             if device.get("allowMultipleAllocations")
         )
         partitioned = plugin_devices(host.nvml, host.pci, dynamic_mig=True, mig_policy=policy)

@@ -3,9 +3,10 @@
 A GPU offered as MPS shares (``--mps-shares``) is published with ``allowMultipleAllocations:
 true`` and two consumable capacities, ``memory`` and ``compute``, whose defaults are the whole
 GPU, so a claim that names no amount is exclusive. A share's consumed amounts become its clients'
-MPS caps. Pure: values in, values out. The kubelet plugin decides which GPUs are offered
-(`ShareSelection`) and reads allocation results back with `consumed_share`.
-See docs/mps.md#offering-gpus-as-shares.
+MPS caps. GPUs offered as capped time-sliced shares (``--capped-shares``) are published the
+same way plus the attribute `CAPPED`. Pure: values in, values out. The kubelet plugin decides
+which GPUs are offered (`ShareSelection`) and reads allocation results back with
+`consumed_share`. See docs/mps.md#offering-gpus-as-shares and docs/shares.md.
 """
 
 from __future__ import annotations
@@ -30,6 +31,9 @@ MIB: Final = 2**20
 FULL_COMPUTE: Final = 100
 VOLTA: Final = 5
 """``NVML_DEVICE_ARCH_VOLTA``: MPS memory and thread caps need Volta or newer (mps.md §11)."""
+CAPPED: Final = "cappedShares"
+"""Attribute (bool, true) of a GPU offered as capped time-sliced shares (``--capped-shares``):
+the same capacities as an MPS-offered GPU, told apart by DeviceClasses (docs/shares.md)."""
 
 
 class ShareSelectionError(ValueError):
@@ -91,22 +95,32 @@ def share_capacity(gpu: Gpu) -> dict[str, DeviceCapacity]:
     }
 
 
-def offered_device(device: Device, gpu: Gpu) -> Device:
-    """A copy of ``gpu``'s published device, offered as MPS shares."""
+def offered_device(device: Device, gpu: Gpu, *, capped: bool = False) -> Device:
+    """A copy of ``gpu``'s published device, offered as MPS shares, or with ``capped`` as
+    capped time-sliced shares (attribute `CAPPED`)."""
     offered = copy.deepcopy(device)
     offered["allowMultipleAllocations"] = True
     offered["capacity"] = {**offered.get("capacity", {}), **share_capacity(gpu)}
+    if capped:
+        offered["attributes"] = {**offered.get("attributes", {}), CAPPED: {"bool": True}}
     return offered
 
 
-def with_shares(devices: Sequence[Device], offered: Iterable[Gpu]) -> list[Device]:
+def with_shares(
+    devices: Sequence[Device], offered: Iterable[Gpu], capped: Iterable[Gpu] = ()
+) -> list[Device]:
     """``devices`` (as `attributes.published_devices` orders them) with the ``offered`` GPUs'
-    devices replaced by their `offered_device`; everything else unchanged."""
-    by_name = {gpu_device_name(gpu.minor): gpu for gpu in offered}
-    return [
-        offered_device(device, by_name[device["name"]]) if device["name"] in by_name else device
-        for device in devices
-    ]
+    devices replaced by their `offered_device`, the ``capped`` GPUs' by their capped one;
+    everything else unchanged."""
+    by_name = {gpu_device_name(gpu.minor): (gpu, False) for gpu in offered}
+    by_name.update({gpu_device_name(gpu.minor): (gpu, True) for gpu in capped})
+    published = []
+    for device in devices:
+        found = by_name.get(device["name"])
+        published.append(
+            device if found is None else offered_device(device, found[0], capped=found[1])
+        )
+    return published
 
 
 @dataclass(frozen=True)
@@ -116,23 +130,29 @@ class ShareSelection:
     every_gpu: bool = False
     names: tuple[str, ...] = ()
     """NVML indexes (``"0"``) or GPU UUIDs, as given."""
+    flag: str = "--mps-shares"
+    """The flag it came from, as messages name it (``--capped-shares``: capped shares)."""
 
     @classmethod
-    def parse(cls, text: str) -> ShareSelection:
+    def parse(cls, text: str, flag: str = "--mps-shares") -> ShareSelection:
         """``all``, ``none`` (or empty), or comma-separated GPU indexes / ``GPU-`` UUIDs."""
         value = text.strip()
         if value.lower() in ("", "none"):
-            return cls()
+            return cls(flag=flag)
         if value.lower() == "all":
-            return cls(every_gpu=True)
+            return cls(every_gpu=True, flag=flag)
         names = tuple(part.strip() for part in value.split(","))
         for name in names:
             if not (name.isdigit() or name.startswith("GPU-")):
                 raise ShareSelectionError(
-                    f"--mps-shares: {name!r} is neither a GPU index (0, 1, ...) nor a GPU UUID "
+                    f"{flag}: {name!r} is neither a GPU index (0, 1, ...) nor a GPU UUID "
                     "(GPU-...); use all, none, or a comma-separated list of those"
                 )
-        return cls(names=tuple(dict.fromkeys(names)))
+        return cls(names=tuple(dict.fromkeys(names)), flag=flag)
+
+    @property
+    def what(self) -> str:
+        return "MPS shares" if self.flag == "--mps-shares" else "capped shares"
 
     @property
     def empty(self) -> bool:
@@ -160,23 +180,23 @@ class ShareSelection:
             if gpu is None:
                 known = ", ".join(f"{g.index} ({g.uuid})" for g in gpus) or "none"
                 raise ShareSelectionError(
-                    f"--mps-shares names GPU {name}, which this node does not have (GPUs: {known})"
+                    f"{self.flag} names GPU {name}, which this node does not have (GPUs: {known})"
                 )
             if gpu.mig_enabled:
                 raise ShareSelectionError(
-                    f"--mps-shares names GPU {name}, which is in MIG mode: only whole GPUs are "
-                    "offered as MPS shares"
+                    f"{self.flag} names GPU {name}, which is in MIG mode: only whole GPUs are "
+                    f"offered as {self.what}"
                 )
             if gpu.uuid in partitioned:
                 raise ShareSelectionError(
-                    f"--mps-shares names GPU {name}, which --dynamic-mig publishes as MIG "
+                    f"{self.flag} names GPU {name}, which --dynamic-mig publishes as MIG "
                     "partitions: offer shares only on GPUs dynamic MIG does not partition (a "
-                    "GPU is published either as MIG partitions or as MPS shares)"
+                    f"GPU is published either as MIG partitions or as {self.what})"
                 )
             if gpu.architecture < VOLTA:
                 raise ShareSelectionError(
-                    f"--mps-shares names GPU {name} ({gpu.product_name}), which is older than "
-                    "Volta: MPS memory and thread caps need Volta or newer"
+                    f"{self.flag} names GPU {name} ({gpu.product_name}), which is older than "
+                    "Volta: shares need Volta or newer (MPS caps, time-slice intervals)"
                 )
             shareable_memory(gpu)  # raises for a GPU without a memory size
             if gpu not in chosen:

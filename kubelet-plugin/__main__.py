@@ -125,6 +125,7 @@ async def _serve_instance(
         KubernetesEventApi(api_client), claim_api, checkpoint.all, node_name=settings.node_name
     )
     mps = startup.mps_manager(settings, api_client, nvml, mps_events)
+    inventory, capped_memory = startup.capped_shares(settings, nvml, inventory, mps_events)
     share_memory = startup.share_memory(settings, nvml, inventory, mps_events)
     preparer = NodeClaimPreparer(
         driver_name=settings.driver_name,
@@ -143,6 +144,7 @@ async def _serve_instance(
         instance=instance,
         mps_share_memory=share_memory,
         mps_share_warm=settings.mps_share_daemon_warm,
+        capped_share_memory=capped_memory,
     )
     try:
         await preparer.recover()

@@ -156,6 +156,9 @@ class NodeInventory:
     mps_shares: tuple[Gpu, ...] = ()
     """Whole GPUs offered as MPS shares (`shares.ShareSelection.select`); with dynamic MIG only
     GPUs it does not partition."""
+    capped_shares: tuple[Gpu, ...] = ()
+    """Whole GPUs offered as capped time-sliced shares (``--capped-shares``, only where the
+    driver caps memory per container: `capped_share_tier`); never also in `mps_shares`."""
     cdi_hook_path: str = DEFAULT_CDI_HOOK_PATH
     disabled_cdi_hooks: frozenset[str] = frozenset()
     _by_name: dict[str, PublishedDevice] = field(
@@ -170,6 +173,12 @@ class NodeInventory:
         if len(set(names)) != len(names):
             raise ValueError(f"two GPUs share a minor number: {sorted(names)}")
         uuids = {gpu.uuid for gpu in self.gpus}
+        both = sorted({g.uuid for g in self.mps_shares} & {g.uuid for g in self.capped_shares})
+        if both:
+            raise shares.ShareSelectionError(
+                f"GPU {', '.join(both)} is selected by both --mps-shares and --capped-shares; "
+                "a GPU is offered one way: name it in one of the two"
+            )
         if self.dynamic_mig:
             partitioned = partitions.partitioned_node(
                 self.gpus, self.mig_devices, self.mig_profiles, self.mig_policy
@@ -198,13 +207,16 @@ class NodeInventory:
         dynamic_mig: bool = False,
         mig_policy: MigPolicy = DEFAULT_MIG_POLICY,
         mps_shares: shares.ShareSelection | None = None,
+        capped_shares: shares.ShareSelection | None = None,
         cdi_hook_path: str = DEFAULT_CDI_HOOK_PATH,
         disabled_cdi_hooks: frozenset[str] = frozenset(),
     ) -> NodeInventory:
         """The inventory of what `discover_devices` found (with ``mig_profiles=dynamic_mig``);
-        `mps_shares` picks the GPUs offered as MPS shares (`shares.ShareSelectionError` when it
-        names a GPU that is not there, or one dynamic MIG partitions)."""
+        `mps_shares` picks the GPUs offered as MPS shares, `capped_shares` those offered as
+        capped shares, before the driver's support is checked (`shares.ShareSelectionError` when
+        one names a GPU that is not there, or one dynamic MIG partitions, or both one GPU)."""
         selection = mps_shares or shares.ShareSelection()
+        capped = capped_shares or shares.ShareSelection(flag="--capped-shares")
         partitioned = (
             {
                 mig_gpu.gpu.uuid
@@ -224,6 +236,7 @@ class NodeInventory:
             mig_profiles=devices.mig_profiles,
             mig_policy=mig_policy,
             mps_shares=selection.select(devices.gpus, partitioned=partitioned),
+            capped_shares=capped.select(devices.gpus, partitioned=partitioned),
             cdi_hook_path=cdi_hook_path,
             disabled_cdi_hooks=disabled_cdi_hooks,
         )
@@ -259,15 +272,20 @@ class NodeInventory:
         device = self._by_name.get(device_name)
         return device if isinstance(device, Gpu) and device in self.mps_shares else None
 
+    def capped_gpu(self, device_name: str) -> Gpu | None:
+        """The GPU named ``device_name`` if it is offered as capped shares."""
+        device = self._by_name.get(device_name)
+        return device if isinstance(device, Gpu) and device in self.capped_shares else None
+
     def published_devices(self) -> list[Device]:
         """Devices in PCI bus order, MIG devices by placement (NVIDIA's publishing order); with
-        dynamic MIG, each partitionable GPU's devices by name; GPUs offered as MPS shares with
-        their consumable capacities (`shares.with_shares`)."""
+        dynamic MIG, each partitionable GPU's devices by name; GPUs offered as MPS or capped
+        shares with their consumable capacities (`shares.with_shares`)."""
         if self._partitioned is not None:
             published = list(self._partitioned.devices)
         else:
             published = attributes.published_devices(self.gpus, self.mig_devices)
-        return shares.with_shares(published, self.mps_shares)
+        return shares.with_shares(published, self.mps_shares, self.capped_shares)
 
     def partitionable_gpus(self) -> tuple[Gpu, ...]:
         """The GPUs published in partitionable form, in PCI bus order: dynamic MIG makes and

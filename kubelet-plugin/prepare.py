@@ -38,6 +38,7 @@ from gpu_dra.driver.naming import (
 )
 from gpu_dra.kubelet_plugin import crash_points
 from gpu_dra.kubelet_plugin.blocking import in_thread_to_completion
+from gpu_dra.kubelet_plugin.capped_share_tier import CappedShareTier
 from gpu_dra.kubelet_plugin.cdi import (
     CdiDevice,
     ClaimSpecStore,
@@ -94,7 +95,7 @@ log = logging.getLogger(__name__)
 
 class NodeClaimPreparer:
     """`ClaimPreparer` of this node's devices: whole GPUs, MIG devices (static and made at
-    prepare), per-claim MPS, MPS shares and time-slicing, one `Tier` each."""
+    prepare), per-claim MPS, MPS shares, capped shares and time-slicing, one `Tier` each."""
 
     def __init__(
         self,
@@ -116,6 +117,7 @@ class NodeClaimPreparer:
         recovery_wait_s: float = 300.0,
         mps_share_memory: ShareMemory | None = None,
         mps_share_warm: WarmPolicy = OFF,
+        capped_share_memory: ShareMemory | None = None,
     ) -> None:
         """`uncached_claims` reads the API server directly; give it when `claims` is a cache, which
         may not have seen a claim replaced under the same name yet: a claim whose UID does not
@@ -132,8 +134,10 @@ class NodeClaimPreparer:
         taken beside the in-process ones, and `recover` waits up to `recovery_wait_s` for the
         other instances' calls under way; without it, every record is this process's.
         `mps_share_memory` says which GPUs' MPS shares the driver caps per container
-        (`mps.memory_limits`). `mps_share_warm`: whether the shared daemons of the offered GPUs
-        are kept warm (`mps.warm_daemons`; recovery then keeps those no claim records)."""
+        (`mps.memory_limits`); `capped_share_memory` the same for capped shares (without it,
+        claims with capped shares fail). `mps_share_warm`: whether the shared daemons of the
+        offered GPUs are kept warm (`mps.warm_daemons`; recovery then keeps those no claim
+        records).
         self._driver = driver_name
         self._pool = node_name
         self._inventory = inventory
@@ -159,6 +163,11 @@ class NodeClaimPreparer:
             cdi=cdi,
             warm=mps_share_warm,
         )
+        capped = CappedShareTier(
+            inventory,
+            None if capped_share_memory is None else capped_share_memory.support,
+            report=None if capped_share_memory is None else capped_share_memory.report,
+        )
         self.shared_daemons = shares.shared
         """The shared MPS daemons of the share tier (None without MPS), for the warmer."""
         claim_mps = ClaimMpsTier(mps, inventory, node_name=node, locks=locks)
@@ -167,9 +176,9 @@ class NodeClaimPreparer:
         whole = WholeGpuTier()
         # The order the tiers act in on a claim: checks, then changes (time slices, MPS
         # daemons, shares, MIG devices; docs/architecture.md); undo runs in reverse.
-        self._tiers: tuple[Tier, ...] = (whole, time_slicing, claim_mps, shares, mig)
+        self._tiers: tuple[Tier, ...] = (whole, time_slicing, claim_mps, shares, capped, mig)
         # The order they plan in: a tier may read the plans made before its own.
-        self._planning: tuple[Tier, ...] = (shares, claim_mps, time_slicing, mig, whole)
+        self._planning: tuple[Tier, ...] = (shares, capped, claim_mps, time_slicing, mig, whole)
         # Locks live while someone holds them: no growth with the number of claims ever seen.
         self._device_locks: weakref.WeakValueDictionary[str, asyncio.Lock] = (
             weakref.WeakValueDictionary()

@@ -173,6 +173,12 @@ class KubeletPluginSettings:
     mps_shares: ShareSelection = field(default_factory=ShareSelection)
     """GPUs offered as MPS shares through consumable capacity (`all`, `none`, or indexes /
     UUIDs); none by default, so that default publishing is NVIDIA's."""
+    capped_shares: ShareSelection = field(
+        default_factory=lambda: ShareSelection(flag="--capped-shares")
+    )
+    """GPUs offered as capped time-sliced shares (`all`, `none`, or indexes / UUIDs): the same
+    consumable capacities, memory capped per container by the driver, no MPS; only those where
+    the driver's cap was found to work at start are published (docs/shares.md)."""
     mps_share_max_percent: int = 100
     """The largest MPS share, in percent of a GPU's SMs and memory: the shared daemon's default
     caps, which bind a client that drops its `CUDA_MPS_*` environment; larger shares are
@@ -402,6 +408,7 @@ class KubeletPluginSettings:
         _add_guard_options(option, environ)
         _add_health_options(option, environ)
         _add_utilization_options(option)
+        _add_capped_share_options(option)
         args = parser.parse_args(argv)
         if not args.node_name:
             parser.error("--node-name (or GPU_DRA_NODE_NAME / NODE_NAME) is required")
@@ -421,12 +428,6 @@ class KubeletPluginSettings:
             )
         if not 1 <= max_share <= 100:
             parser.error(f"--mps-share-max-percent must be between 1 and 100, got {max_share}")
-        memory_limits = str(args.mps_share_memory_limits).strip().lower()
-        if memory_limits not in ("auto", "off"):
-            parser.error(
-                "--mps-share-memory-limits must be auto or off, got "
-                f"{args.mps_share_memory_limits!r}"
-            )
         return cls(
             node_name=args.node_name,
             driver_name=args.driver_name,
@@ -446,8 +447,9 @@ class KubeletPluginSettings:
             mps_control_binary=args.mps_control_binary or DEFAULT_MPS_CONTROL_BINARY,
             nvidia_smi=args.nvidia_smi or DEFAULT_NVIDIA_SMI,
             mps_shares=mps_shares,
+            capped_shares=_capped_shares(parser, args),
             mps_share_max_percent=max_share,
-            mps_share_memory_limits=memory_limits,
+            mps_share_memory_limits=_memory_limits_mode(parser, args),
             **_watchdog_settings(parser, args),
             **_mps_daemon_settings(parser, args),
             **_dynamic_mig_settings(parser, args),
@@ -838,6 +840,33 @@ def _watchdog_settings(parser: argparse.ArgumentParser, args: argparse.Namespace
     if not 0.1 <= interval <= 3600:
         parser.error(f"--mps-memory-watchdog-interval must be between 0.1 and 3600, got {text!r}")
     return {"mps_memory_watchdog": policy, "mps_memory_watchdog_interval_s": interval}
+
+
+def _memory_limits_mode(parser: argparse.ArgumentParser, args: argparse.Namespace) -> str:
+    mode = str(args.mps_share_memory_limits).strip().lower()
+    if mode not in ("auto", "off"):
+        parser.error(
+            f"--mps-share-memory-limits must be auto or off, got {args.mps_share_memory_limits!r}"
+        )
+    return mode
+
+
+def _add_capped_share_options(option: Callable[..., None]) -> None:
+    """`--capped-shares` (docs/shares.md, "Capped shares")."""
+    option(
+        "--capped-shares",
+        "GPUs offered as capped time-sliced shares (memory capped per container by the "
+        "driver, no MPS) through consumable capacity: all, none, or comma-separated GPU "
+        "indexes or UUIDs; published only where the driver's cap works",
+        "none",
+    )
+
+
+def _capped_shares(parser: argparse.ArgumentParser, args: argparse.Namespace) -> ShareSelection:
+    try:
+        return ShareSelection.parse(args.capped_shares or "none", "--capped-shares")
+    except ShareSelectionError as error:
+        parser.error(str(error))
 
 
 def _add_utilization_options(option: Callable[..., None]) -> None:

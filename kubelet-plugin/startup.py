@@ -38,6 +38,7 @@ from gpu_dra.driver.nvml.sysfs import SysfsPciTopology
 from gpu_dra.kube.client import new_api_client, read_server_version
 from gpu_dra.kube.errors import ApiError
 from gpu_dra.kubelet_plugin import crash_points
+from gpu_dra.kubelet_plugin.capped_share_tier import offer_capped
 from gpu_dra.kubelet_plugin.checkpoint import Checkpoint
 from gpu_dra.kubelet_plugin.driver_root import DriverRoot, DriverUserspaceError
 from gpu_dra.kubelet_plugin.driver_userspace import CommonEdits
@@ -69,7 +70,7 @@ from gpu_dra.kubelet_plugin.mps import (
 )
 from gpu_dra.kubelet_plugin.mps.events import MpsEvents
 from gpu_dra.kubelet_plugin.mps.ids import is_shared_daemon
-from gpu_dra.kubelet_plugin.mps.memory_limits import ShareMemory
+from gpu_dra.kubelet_plugin.mps.memory_limits import MemoryLimitSupport, ShareMemory
 from gpu_dra.kubelet_plugin.mps.memory_limits import detect as detect_memory_limits
 from gpu_dra.kubelet_plugin.mps.shared_daemons import SharedDaemons
 from gpu_dra.kubelet_plugin.mps.supervisor import DaemonSupervisor
@@ -255,6 +256,32 @@ def share_memory(
     return ShareMemory(support, None if events is None else events.share_prepared)
 
 
+def capped_shares(
+    settings: KubeletPluginSettings,
+    nvml: NvmlLibrary,
+    inventory: NodeInventory,
+    events: MpsEvents | None,
+) -> tuple[NodeInventory, ShareMemory]:
+    """The inventory with only the GPUs of ``--capped-shares`` whose driver caps a container's
+    memory (`memory_limits.detect`, as for MPS shares: driver, cgroup v2, the hook's version,
+    NVML); each GPU left out is logged with why, and stays a plain whole GPU."""
+    if not inventory.capped_shares:
+        return inventory, ShareMemory(MemoryLimitSupport(), None)
+    hook = settings.nvidia_cdi_hook_path
+    support = detect_memory_limits(
+        nvml,
+        [gpu.uuid for gpu in inventory.capped_shares],
+        mode="auto",
+        simulated=settings.simulate is not None,
+        hook_path=hook,
+        driver_root=str(settings.host_driver_root),
+        hook_candidates=list(dict.fromkeys([Path(hook), settings.driver_root / hook.lstrip("/")])),
+        disabled_hooks=settings.disable_cdi_hooks,
+    )
+    capped = offer_capped(inventory, support)
+    return capped, ShareMemory(support, None if events is None else events.capped_share_prepared)
+
+
 def exclusive_daemons(mode: str) -> Callable[[str], bool]:
     """Which daemon ids get EXCLUSIVE_PROCESS on their full GPUs for
     ``--mps-exclusive-compute-mode`` ``mode``: the shared daemons of MPS shares (``shares``),
@@ -428,6 +455,7 @@ def node_inventory(settings: KubeletPluginSettings, devices: NodeDevices) -> Nod
         simulated=settings.simulate is not None,
         driver=driver_root(settings),
         mps_shares=settings.mps_shares,
+        capped_shares=settings.capped_shares,
         dynamic_mig=dynamic_mig,
         mig_policy=settings.dynamic_mig_profiles,
         cdi_hook_path=settings.nvidia_cdi_hook_path,

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final
 
+from gpu_dra.kubelet_plugin.capped_share_tier import CappedSharePlan, capped_share_devices
 from gpu_dra.kubelet_plugin.checkpoint import CheckpointEntry, JsonValue
 from gpu_dra.kubelet_plugin.mps.share_tier import SharePlan
 from gpu_dra.kubelet_plugin.mps.shared_daemons import share_devices
@@ -33,7 +34,7 @@ ADMIN_ACCESS_STATE: Final = "adminAccessDevices"
 @dataclass(frozen=True)
 class WholeGpuPlan(TierPlan):
     """The devices a claim holds: for itself (``held``; ``whole`` are those that are not MPS
-    shares) and with adminAccess."""
+    or capped shares) and with adminAccess."""
 
     held: frozenset[str]
     whole: frozenset[str]
@@ -42,7 +43,7 @@ class WholeGpuPlan(TierPlan):
     def check(self, others: Mapping[str, CheckpointEntry]) -> None:
         for entry in others.values():
             taken = (self.held & exclusive_devices(entry)) | (
-                self.whole & share_devices(entry.state)
+                self.whole & (share_devices(entry.state) | capped_share_devices(entry.state))
             )
             if taken:
                 other = entry.claim
@@ -62,21 +63,25 @@ class WholeGpuPlan(TierPlan):
 
 
 class WholeGpuTier(Tier):
-    """`Tier` of devices handed out as published; plan it after the MPS share tier."""
+    """`Tier` of devices handed out as published; plan it after the share tiers."""
 
     def plan(self, request: ClaimRequest, planned: Planned) -> WholeGpuPlan:
         shares = planned.of(SharePlan)
+        capped = planned.of(CappedSharePlan)
         held = frozenset(r.device for r in request.results if not r.admin_access)
         return WholeGpuPlan(
             held=held,
-            whole=held - (shares.devices if shares is not None else frozenset()),
+            whole=held
+            - (shares.devices if shares is not None else frozenset())
+            - (capped.devices if capped is not None else frozenset()),
             admin=tuple(sorted({r.device for r in request.results if r.admin_access})),
         )
 
 
 def exclusive_devices(entry: CheckpointEntry) -> set[str]:
     """Devices ``entry`` holds for itself: all but those it was given with adminAccess and its
-    MPS shares."""
+    MPS and capped shares."""
     admin = entry.state.get(ADMIN_ACCESS_STATE)
     shared = {name for name in admin if isinstance(name, str)} if isinstance(admin, list) else set()
-    return {d.device_name for d in entry.devices} - shared - share_devices(entry.state)
+    shares = share_devices(entry.state) | capped_share_devices(entry.state)
+    return {d.device_name for d in entry.devices} - shared - shares

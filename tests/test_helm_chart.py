@@ -70,6 +70,7 @@ GPU_OPERATOR: dict[str, Any] = {
         "kubeletRegistrarDirectoryPath": "/var/lib/k/plugins_registry",
         "priorityClassName": "gpu-critical",
         "dynamicMigProfiles": "H100=1g,1g+me,7g;all",
+        "cappedShares": "0,1",
         "containers": {"gpus": {"resources": {"requests": {"cpu": "100m"}}}},
     },
     "metrics": {"kubeletPluginPort": 9401, "controllerPort": 9400},
@@ -136,6 +137,7 @@ def test_defaults_render_only_once_the_device_plugin_is_acknowledged_off() -> No
             "kubeletPlugin.mpsMemoryWatchdog.interval=0",
             "'/kubeletPlugin/mpsMemoryWatchdog/interval'",
         ),
+        ("kubeletPlugin.cappedShares=0;1", "'/kubeletPlugin/cappedShares'"),
         # The kubelet's grpc probe needs a fixed port.
         (
             "kubeletPlugin.containers.gpus.healthcheckPort=0",
@@ -211,6 +213,8 @@ def test_gpu_operator_values_reach_the_plugin(gpu_operator: Rendered) -> None:
     assert env["FEATURE_GATES"] == "DynamicMIG=true,MPSSupport=true,"
     assert env["GPU_DRA_DYNAMIC_MIG_PROFILES"] == "H100=1g,1g+me,7g;all"
     assert settings.dynamic_mig_profiles == parse_policy("H100=1g,1g+me,7g;all")
+    assert env["GPU_DRA_CAPPED_SHARES"] == "0,1"
+    assert settings.capped_shares.names == ("0", "1")
     assert env["NVIDIA_CDI_HOOK_PATH"] == "/usr/local/nvidia/toolkit/nvidia-cdi-hook"
     assert settings.kubelet_plugins_dir == Path("/var/lib/k/plugins")
     assert settings.kubelet_registry_dir == Path("/var/lib/k/plugins_registry")

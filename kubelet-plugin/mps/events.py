@@ -5,8 +5,9 @@ Warning ``MpsDaemonRestarted`` on the pods of every claim that uses it (the clai
 ``status.reservedFor``; the claim itself when none can be read), settings set back a Warning
 ``MpsDaemonSettingsRestored`` on those claims, a daemon that could not be repaired a Warning
 ``MpsDaemonUnhealthy`` on them (the same reason again at most every `REPEAT_S`). `share_prepared`
-records a Normal ``MpsShareMemoryEnforcement`` on a share's claim; `post` any Event on given
-objects (the MPS memory watchdog's). Events are posted by one
+records a Normal ``MpsShareMemoryEnforcement`` on a share's claim (``CappedShareMemoryEnforcement``
+on a capped share's: `capped_share_prepared`); `post` any Event on given objects (the MPS memory
+watchdog's). Events are posted by one
 background thread, so callers (the manager's lock holders) never wait for the API server; a
 failed post is logged. See docs/mps.md, "Daemon supervision".
 """
@@ -44,6 +45,7 @@ REASON_RESTARTED: Final = "MpsDaemonRestarted"
 REASON_RESTORED: Final = "MpsDaemonSettingsRestored"
 REASON_UNHEALTHY: Final = "MpsDaemonUnhealthy"
 REASON_SHARE_MEMORY: Final = "MpsShareMemoryEnforcement"
+REASON_CAPPED_SHARE: Final = "CappedShareMemoryEnforcement"
 REPEAT_S: Final = 600.0
 """An unrepaired daemon's Event is repeated with the same reason at most this often."""
 
@@ -203,6 +205,11 @@ class MpsEvents:
                 self._post(target, reason, message, warning=warning)
 
         self._submit(post_all)
+
+    def capped_share_prepared(self, claim: ClaimRef, message: str) -> None:
+        """A Normal Event on a capped share's claim: its memory cap (``capped_share_tier``)."""
+        target = claim_object(claim)
+        self._submit(lambda: self._post(target, REASON_CAPPED_SHARE, message, warning=False))
 
     # -- posting -----------------------------------------------------------------------------
 

@@ -228,9 +228,13 @@ def test_the_shipped_device_classes_pass(capsys):
     code, out, err = run(capsys, "check-config", *files)
 
     assert code == EXIT_OK
-    # The only class config: MPS for the shares class.
+    # The only class configs: TimeSlicing for capped shares, MPS for the MPS shares class.
+    capped = REPO / "deviceclasses" / "capped.gpu.nvidia.com.yaml"
     mps = REPO / "deviceclasses" / "mps.gpu.nvidia.com.yaml"
-    assert out == f"OK {mps} DeviceClass/mps.gpu.nvidia.com spec.config[0]\n"
+    assert out == (
+        f"OK {capped} DeviceClass/capped.gpu.nvidia.com spec.config[0]\n"
+        f"OK {mps} DeviceClass/mps.gpu.nvidia.com spec.config[0]\n"
+    )
     assert err == ""
 
 

@@ -66,9 +66,9 @@ def test_shipped_catalog_lints_clean_on_every_builtin_profile(capsys):
     assert out.splitlines()[-1].startswith(
         f"gpu-dra lint: {classes} files: {classes} DeviceClasses"
     )
-    # Each profile as published by default, and with --mps-shares=all; with --dynamic-mig the
-    # two profiles with partitionable GPUs (H100s).
-    assert f"of {2 * len(builtin_profile_names()) + 2} profiles" in out.splitlines()[-1]
+    # Each profile as published by default, with --mps-shares=all and with --capped-shares=all;
+    # with --dynamic-mig the two profiles with partitionable GPUs (H100s).
+    assert f"of {3 * len(builtin_profile_names()) + 2} profiles" in out.splitlines()[-1]
     assert "hgx-h100+dynamic-mig, hgx-h100-mig, hgx-h100-mig+mps-shares, " in out
 
 
@@ -119,6 +119,11 @@ def test_shipped_catalog_selects_what_docs_say(capsys):
     assert all(profile.endswith("+mps-shares") for profile in selects["mps.gpu.nvidia.com"])
     assert selects["mps.gpu.nvidia.com"]["t4+mps-shares"] == ["gpu-0"]
     assert selects["gpu.nvidia.com"]["t4+mps-shares"] == ["gpu-0"]
+    # Capped shares only on GPUs offered as capped shares, and those are not MPS shares.
+    assert all(profile.endswith("+capped-shares") for profile in selects["capped.gpu.nvidia.com"])
+    assert selects["capped.gpu.nvidia.com"]["t4+capped-shares"] == ["gpu-0"]
+    assert not any(p.endswith("+capped-shares") for p in selects["mps.gpu.nvidia.com"])
+    assert selects["gpu.nvidia.com"]["t4+capped-shares"] == ["gpu-0"]
     assert "hgx-h100" in selects["hopper.gpu.nvidia.com"]
     assert "dgx-a100" not in selects["hopper.gpu.nvidia.com"]
     assert "l4x4" not in selects["large-memory.gpu.nvidia.com"]

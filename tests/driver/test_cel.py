@@ -118,6 +118,7 @@ ALL_GPUS = {H100, *A100, "NVIDIA L4", "Tesla T4"}
         ("training.gpu.nvidia.com", {H100, *A100}),
         ("mig.nvidia.com", set()),
         ("mps.gpu.nvidia.com", set()),  # no GPU is offered as MPS shares by default
+        ("capped.gpu.nvidia.com", set()),  # nor as capped shares
         # MIG families: no MIG devices without static MIG or --dynamic-mig (test_partitions.py)
         *((f"mig-{family}.gpu.nvidia.com", set()) for family in ("1g", "2g", "3g", "4g", "7g")),
     ],
@@ -135,6 +136,7 @@ def test_every_shipped_device_class_is_tested_and_compiles():
         "training.gpu.nvidia.com",
         "mig.nvidia.com",
         "mps.gpu.nvidia.com",
+        "capped.gpu.nvidia.com",
         *(f"mig-{family}.gpu.nvidia.com" for family in ("1g", "2g", "3g", "4g", "7g")),
     }
     for expressions in classes.values():
@@ -335,6 +337,23 @@ def test_mps_class_selects_exactly_the_gpus_offered_as_shares():
         if all(selector.matches(to_cel_device(DRIVER, device)) for selector in selectors)
     ]
     assert selected == [gpu_device(gpu)["name"] for gpu in gpus[1:3]]
+
+
+def test_capped_and_mps_classes_select_only_their_own_offered_gpus():
+    host = SimulatedHost.load("mixed", "node-a")
+    gpus = discover_gpus(host.nvml, host.pci)
+    devices = with_shares([gpu_device(gpu) for gpu in gpus], gpus[:1], gpus[1:3])
+
+    def selected(class_name: str) -> list[str]:
+        selectors = [compile_selector(text) for text in device_classes()[class_name]]
+        return [
+            device["name"]
+            for device in devices
+            if all(selector.matches(to_cel_device(DRIVER, device)) for selector in selectors)
+        ]
+
+    assert selected("capped.gpu.nvidia.com") == [gpu_device(gpu)["name"] for gpu in gpus[1:3]]
+    assert selected("mps.gpu.nvidia.com") == [gpu_device(gpus[0])["name"]]
 
 
 @pytest.mark.parametrize(

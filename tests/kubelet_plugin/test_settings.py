@@ -39,6 +39,7 @@ ALL_FLAGS = [
     "--mps-control-binary=/opt/mps/nvidia-cuda-mps-control",
     "--nvidia-smi=/opt/nvidia/bin/nvidia-smi",
     "--mps-shares=0,GPU-a75cda02-62ce-2c30-9150-555ef08935e2",
+    "--capped-shares=2,3",
     "--mps-share-max-percent=50",
     "--mps-share-memory-limits=off",
     "--mps-memory-watchdog=kill",
@@ -88,6 +89,7 @@ EXPECTED = KubeletPluginSettings(
     mps_control_binary="/opt/mps/nvidia-cuda-mps-control",
     nvidia_smi="/opt/nvidia/bin/nvidia-smi",
     mps_shares=ShareSelection(names=("0", "GPU-a75cda02-62ce-2c30-9150-555ef08935e2")),
+    capped_shares=ShareSelection(names=("2", "3"), flag="--capped-shares"),
     mps_share_max_percent=50,
     mps_share_memory_limits="off",
     mps_memory_watchdog="kill",
@@ -412,6 +414,9 @@ def test_nvidia_smi_has_an_environment_twin() -> None:
 
 def test_mps_shares_default_to_none_and_all_means_every_gpu() -> None:
     assert KubeletPluginSettings.parse(["--node-name=n"], {}).mps_shares.empty
+    assert KubeletPluginSettings.parse(["--node-name=n"], {}).capped_shares.empty
+    capped = KubeletPluginSettings.parse(["--node-name=n"], {"GPU_DRA_CAPPED_SHARES": "all"})
+    assert capped.capped_shares == ShareSelection(every_gpu=True, flag="--capped-shares")
     assert KubeletPluginSettings.parse(["--node-name=n", "--mps-shares=all"], {}).mps_shares == (
         ShareSelection(every_gpu=True)
     )
@@ -423,6 +428,8 @@ def test_mps_shares_default_to_none_and_all_means_every_gpu() -> None:
         ("--mps-shares=gpu-0", "neither a GPU index"),
         ("--mps-share-max-percent=0", "between 1 and 100"),
         ("--mps-share-max-percent=half", "whole percentage"),
+        ("--capped-shares=gpu-0", "--capped-shares: 'gpu-0' is neither a GPU index"),
+        ("--mps-share-memory-limits=on", "must be auto or off"),
     ],
 )
 def test_bad_mps_share_settings_are_usage_errors(
