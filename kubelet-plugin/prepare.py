@@ -137,7 +137,7 @@ class NodeClaimPreparer:
         (`mps.memory_limits`); `capped_share_memory` the same for capped shares (without it,
         claims with capped shares fail). `mps_share_warm`: whether the shared daemons of the
         offered GPUs are kept warm (`mps.warm_daemons`; recovery then keeps those no claim
-        records).
+        records)."""
         self._driver = driver_name
         self._pool = node_name
         self._inventory = inventory
