@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import logging
 import shutil
+import time
 import weakref
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from pathlib import Path
@@ -113,6 +114,7 @@ class NodeClaimPreparer:
         instance: PluginInstance | None = None,
         recovery_wait_s: float = 300.0,
         mps_share_memory: ShareMemory | None = None,
+        test_prepare_delay_s: float = 0.0,
     ) -> None:
         """`uncached_claims` reads the API server directly; give it when `claims` is a cache, which
         may not have seen a claim replaced under the same name yet: a claim whose UID does not
@@ -129,7 +131,8 @@ class NodeClaimPreparer:
         taken beside the in-process ones, and `recover` waits up to `recovery_wait_s` for the
         other instances' calls under way; without it, every record is this process's.
         `mps_share_memory` says which GPUs' MPS shares the driver caps per container
-        (`mps.memory_limits`)."""
+        (`mps.memory_limits`). `test_prepare_delay_s` (tests only, `fault_injection`) holds each
+        new prepare that long in its worker thread right after `PrepareStarted` is recorded."""
         self._driver = driver_name
         self._pool = node_name
         self._inventory = inventory
@@ -142,6 +145,7 @@ class NodeClaimPreparer:
         self._data_dir = checkpoint.data_dir
         self._claims_dir = claims_dir
         self._common_edits = common_edits
+        self._test_prepare_delay_s = test_prepare_delay_s
         records, node = self._records, node_name
         locks = None if instance is None else instance.locks
         shares = MpsShareTier(
@@ -328,6 +332,10 @@ class NodeClaimPreparer:
         # On disk before any tier changes anything: a crash from here on is rolled back from it.
         run.record()
         try:
+            if self._test_prepare_delay_s > 0:
+                log.warning("TEST FAULT INJECTION: holding the prepare %g s after PrepareStarted "
+                            "claim_uid=%s", self._test_prepare_delay_s, claim.uid)  # fmt: skip
+                time.sleep(self._test_prepare_delay_s)
             for plan in plans:
                 plan.apply(run)
             for plan in plans:
