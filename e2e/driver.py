@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import grpc
 from prometheus_client.parser import text_string_to_metric_families
 
 from e2e.cluster import Cluster, images, versions
@@ -30,6 +31,8 @@ from gpu_dra.driver.discovery import discover_devices
 from gpu_dra.driver.mig_policy import DEFAULT as DEFAULT_MIG_POLICY
 from gpu_dra.driver.mig_policy import MigPolicy, parse_policy
 from gpu_dra.driver.nvml.simulated import SimulatedHost
+from gpu_dra.kubelet_plugin._generated.dra.v1 import api_pb2 as dra_v1
+from gpu_dra.kubelet_plugin._generated.dra.v1 import api_pb2_grpc as dra_v1_grpc
 from gpu_dra.kubelet_plugin.mig import SIMULATED_STATE_FILE
 from gpu_dra.kubelet_plugin.mps import shared_daemon_id
 from gpu_dra.kubelet_plugin.mps.warm_policy import WarmPolicy
@@ -341,6 +344,49 @@ class Driver:
 
     def checkpoint_claims(self) -> set[str]:
         return set(self._checkpointed())
+
+    def checkpoint_phase(self, uid: str) -> str | None:
+        """The phase of the claim's checkpoint entry, None while it has none."""
+        entry = self._checkpointed().get(uid)
+        return None if entry is None else str(entry["phase"])
+
+    def checkpoint_boot_id(self) -> str | None:
+        """The boot ID the checkpoint was written in (`nodeBootID`), None without one."""
+        path = self.state_dir / "gpu-dra-checkpoint.json"
+        if not path.exists():
+            return None
+        boot_id = json.loads(path.read_text()).get("nodeBootID")
+        return None if boot_id is None else str(boot_id)
+
+    @property
+    def dra_socket(self) -> Path:
+        """The plugin's DRA service socket, where the kubelet calls it."""
+        return self.state_dir / "dra.sock"
+
+    def node_prepare(self, namespace: str, uid: str, name: str) -> dict[str, Any]:
+        """Call ``NodePrepareResources`` (DRA v1) for one claim on the plugin's socket, as the
+        kubelet does: ``{"error": ..., "devices": [{"deviceName", "cdiDeviceIDs", ...}]}``."""
+        with grpc.insecure_channel(f"unix:{self.dra_socket}") as channel:
+            stub = dra_v1_grpc.DRAPluginStub(channel)  # type: ignore[no-untyped-call]
+            response = stub.NodePrepareResources(
+                dra_v1.NodePrepareResourcesRequest(
+                    claims=[dra_v1.Claim(namespace=namespace, uid=uid, name=name)]
+                ),
+                timeout=45,
+            )
+        answer = response.claims[uid]
+        return {
+            "error": answer.error,
+            "devices": [
+                {
+                    "requestNames": list(d.request_names),
+                    "poolName": d.pool_name,
+                    "deviceName": d.device_name,
+                    "cdiDeviceIDs": list(d.cdi_device_ids),
+                }
+                for d in answer.devices
+            ],
+        }
 
     def checkpoint_entry(self, uid: str) -> dict[str, Any]:
         """The claim's checkpoint entry (its phase and the state prepare recorded)."""

@@ -134,3 +134,22 @@ def mps_sharing(config_kind: str = "GpuConfig", **mps_config: Any) -> Obj:
     if mps_config:
         sharing["mpsConfig"] = mps_config
     return {"kind": config_kind, "sharing": sharing}
+
+
+def deployment(name: str, namespace: str, *, template: str, command: str = SHOW_GPUS) -> Obj:
+    """One replica of a pod (label ``app: <name>``) whose container uses pod claim `gpu`, made
+    from ResourceClaimTemplate `template`: each pod the controller makes gets a claim of its
+    own."""
+    pod_spec = gpu_pod(name, namespace, template=template, command=command)["spec"]
+    pod_spec["restartPolicy"] = "Always"  # the only one a Deployment takes
+    labels = {"app": name}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": labels},
+            "template": {"metadata": {"labels": labels}, "spec": pod_spec},
+        },
+    }

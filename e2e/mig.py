@@ -35,3 +35,17 @@ def mig_request(name: str, profile: str, *selectors: str) -> m.Obj:
         MIG_CLASS,
         selectors=[f"device.attributes['gpu.nvidia.com'].profile == '{profile}'", *selectors],
     )
+
+
+def reset_simulated_gpus(driver: Driver) -> None:
+    """Every simulated GPU as a reboot leaves it (`SimulatedNvml.reset_gpu`): its MIG instances
+    gone, its pending MIG mode current. Only while the plugin is stopped: it keeps the state in
+    memory too and writes it back."""
+    path = driver.state_dir / SIMULATED_STATE_FILE
+    saved = json.loads(path.read_text())
+    for gpu in saved["gpus"].values():
+        gpu["gpuInstances"] = []
+        gpu["current"] = gpu["pending"]
+    staged = path.with_name(f".{path.name}.e2e-reset")
+    staged.write_text(json.dumps(saved))
+    staged.replace(path)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 import sys
 from collections.abc import Sequence
@@ -34,6 +35,7 @@ from gpu_dra.kubelet_plugin.device_health.runtime import (
     health_services,
     start_health,
 )
+from gpu_dra.kubelet_plugin.fault_injection import boot_id_from_env, prepare_delay_from_env
 from gpu_dra.kubelet_plugin.health import HealthServer, PluginHealth
 from gpu_dra.kubelet_plugin.instances import PluginInstance
 from gpu_dra.kubelet_plugin.kubeapi import KubernetesClaimReader, KubernetesEvictionApi
@@ -93,8 +95,12 @@ async def serve(settings: KubeletPluginSettings, health: PluginHealth) -> None:
 
 
 async def _load_checkpoint(settings: KubeletPluginSettings) -> Checkpoint:
-    """The checkpoint of the data dir, loaded (one of another boot discarded, and logged)."""
-    checkpoint = Checkpoint(settings.state_dir)
+    """The checkpoint of the data dir, loaded (one of another boot discarded, and logged). The
+    boot ID is the kernel's, or on simulated nodes the test-only ``GPU_DRA_TEST_BOOT_ID``."""
+    simulated = settings.simulate is not None
+    checkpoint = Checkpoint(
+        settings.state_dir, boot_id=boot_id_from_env(os.environ, simulated=simulated)
+    )
     loaded = await asyncio.to_thread(checkpoint.load)
     if loaded.discarded_boot_id:
         log.info(
@@ -145,6 +151,9 @@ async def _serve_instance(
         mps_share_memory=share_memory,
         mps_share_warm=settings.mps_share_daemon_warm,
         capped_share_memory=capped_memory,
+        test_prepare_delay_s=prepare_delay_from_env(
+            os.environ, simulated=settings.simulate is not None
+        ),
     )
     try:
         await preparer.recover()

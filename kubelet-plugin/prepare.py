@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import logging
 import shutil
+import time
 import weakref
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from pathlib import Path
@@ -118,6 +119,7 @@ class NodeClaimPreparer:
         mps_share_memory: ShareMemory | None = None,
         mps_share_warm: WarmPolicy = OFF,
         capped_share_memory: ShareMemory | None = None,
+        test_prepare_delay_s: float = 0.0,
     ) -> None:
         """`uncached_claims` reads the API server directly; give it when `claims` is a cache, which
         may not have seen a claim replaced under the same name yet: a claim whose UID does not
@@ -137,7 +139,9 @@ class NodeClaimPreparer:
         (`mps.memory_limits`); `capped_share_memory` the same for capped shares (without it,
         claims with capped shares fail). `mps_share_warm`: whether the shared daemons of the
         offered GPUs are kept warm (`mps.warm_daemons`; recovery then keeps those no claim
-        records)."""
+        records). `test_prepare_delay_s` (tests only,
+        `fault_injection`) holds each new prepare that long in its worker thread right after
+        `PrepareStarted` is recorded."""
         self._driver = driver_name
         self._pool = node_name
         self._inventory = inventory
@@ -150,6 +154,7 @@ class NodeClaimPreparer:
         self._data_dir = checkpoint.data_dir
         self._claims_dir = claims_dir
         self._common_edits = common_edits
+        self._test_prepare_delay_s = test_prepare_delay_s
         records, node = self._records, node_name
         locks = None if instance is None else instance.locks
         shares = MpsShareTier(
@@ -345,6 +350,10 @@ class NodeClaimPreparer:
         run.record()
         crash_points.reached(crash_points.PREPARE_AFTER_STARTED)
         try:
+            if self._test_prepare_delay_s > 0:
+                log.warning("TEST FAULT INJECTION: holding the prepare %g s after PrepareStarted "
+                            "claim_uid=%s", self._test_prepare_delay_s, claim.uid)  # fmt: skip
+                time.sleep(self._test_prepare_delay_s)
             for plan in plans:
                 plan.apply(run)
             for plan in plans:

@@ -203,6 +203,15 @@ class Cluster:
     def wait_node_ready(self, timeout: float = 120.0) -> None:
         self._wait("node Ready", self._node_ready, timeout, "kubelet")
 
+    def wait_apiserver_ready(self, timeout: float = 120.0) -> None:
+        """Wait until the apiserver's ``/readyz`` answers 200 (after `start_component`)."""
+        self._wait(
+            "apiserver /readyz",
+            lambda: self._api_get("/readyz")[0] == 200,
+            timeout,
+            "kube-apiserver",
+        )
+
     def log_tail(self, name: str, lines: int = 40) -> str:
         try:
             text = (self.paths.logs / f"{name}.log").read_text(errors="replace")
@@ -263,9 +272,7 @@ class Cluster:
         self.start_component("etcd")
         self._wait("etcd", lambda: _http_ok("http://127.0.0.1:2379/health"), 60, "etcd")
         self.start_component("kube-apiserver")
-        self._wait(
-            "apiserver /readyz", lambda: self._api_get("/readyz")[0] == 200, 120, "kube-apiserver"
-        )
+        self.wait_apiserver_ready()
         self.start_component("containerd")
         self._wait("containerd socket", paths.containerd_socket.exists, 60, "containerd")
         archives = [paths.images_dir / "busybox.tar", paths.images_dir / "pause.tar"]
