@@ -226,6 +226,31 @@ def layers_bytes(layout: Path) -> int:
     return total
 
 
+def keep_only(layout: Path, reference: str, out: Path) -> None:
+    """Write the image pushed into the OCI layout `layout` as `reference` to a new layout `out`
+    (blobs hard-linked), and remove every other image and blob from `layout`. `layout` persists
+    between builds so that ``buildah push`` finds the compressed layers that did not change."""
+    index = json.loads((layout / "index.json").read_text())
+    (entry,) = [
+        manifest
+        for manifest in index["manifests"]
+        if manifest.get("annotations", {}).get("org.opencontainers.image.ref.name") == reference
+    ]
+    manifest = json.loads(_blob(layout, entry["digest"]).read_text())
+    needed = {entry["digest"], manifest["config"]["digest"]}
+    needed.update(layer["digest"] for layer in manifest["layers"])
+    for digest in needed:
+        _blob(out, digest).parent.mkdir(parents=True, exist_ok=True)
+        os.link(_blob(layout, digest), _blob(out, digest))
+    shutil.copy(layout / "oci-layout", out / "oci-layout")
+    index["manifests"] = [entry]
+    (out / "index.json").write_text(json.dumps(index, sort_keys=True))
+    (layout / "index.json").write_text(json.dumps(index, sort_keys=True))
+    for blob in (layout / "blobs").glob("*/*"):
+        if f"{blob.parent.name}:{blob.name}" not in needed:
+            blob.unlink()
+
+
 def _blob(layout: Path, digest: str) -> Path:
     algorithm, value = digest.split(":", 1)
     return layout / "blobs" / algorithm / value
@@ -273,9 +298,15 @@ def storage_bytes(storage: Path) -> int:
 
 def stale_images(names: Iterable[str], keep: Iterable[str]) -> list[str]:
     """The named images of the build storage to remove after a build: all but `keep` (the
-    image just built and its base), skipping buildah's ``<none>`` (unnamed layer cache)."""
+    image just built, its build stage and its base), skipping ``<none>`` (unnamed layers)."""
     kept = set(keep)
     return sorted({name for name in names if name not in kept and not name.startswith("<none>")})
+
+
+def cached_steps(bud_output: str) -> int:
+    """How many Dockerfile steps ``buildah bud --layers`` took from its cache (its
+    ``--> Using cache <id>`` lines)."""
+    return sum(line.startswith("--> Using cache ") for line in bud_output.splitlines())
 
 
 def _buildah(paths: ClusterPaths) -> list[str]:
@@ -357,29 +388,44 @@ def build(paths: ClusterPaths, *, root: Path = REPO_ROOT) -> DriverImage:
             _run([*buildah, "add", container, str(rootfs), "/"])
             _run([*buildah, "config", "--cmd", "bash", container])
             _run([*buildah, "commit", "--rm", container, base])
-        _run_retried(
-            [
-                *buildah,
-                "bud",
-                "--layers",
-                "--isolation=chroot",
-                "--network=host",
-                "--pull=never",
-                f"--build-arg=BASE_IMAGE={base}",
-                f"--volume={CA_BUNDLE.parent}:/mnt:ro",
-                f"--build-arg=PIP_CERT={CA_MOUNT}",
-                f"--file={root / 'Dockerfile'}",
-                f"--tag={reference}",
-                str(root),
-            ]
+        bud = [
+            *buildah,
+            "bud",
+            "--layers",
+            "--isolation=chroot",
+            "--network=host",
+            "--pull=never",
+            f"--build-arg=BASE_IMAGE={base}",
+            f"--volume={CA_BUNDLE.parent}:/mnt:ro",
+            f"--build-arg=PIP_CERT={CA_MOUNT}",
+            f"--file={root / 'Dockerfile'}",
+        ]
+        # The build stage first, tagged: its layers stay as the next build's cache (no image
+        # builds on the stage's last layer, so `rmi --prune` would remove the stage otherwise).
+        build_stage = f"{IMAGE}/build:{digest}"
+        stage = _run_retried([*bud, "--target=build", f"--tag={build_stage}", str(root)])
+        image = _run_retried([*bud, f"--tag={reference}", str(root)])
+        log.info(
+            "driverimage: steps from the layer cache: %d building the build stage, %d the image",
+            cached_steps(stage),
+            cached_steps(image),
         )
-        with tempfile.TemporaryDirectory(prefix="gpu-dra-image-", dir=paths.cache) as scratch:
-            layout = Path(scratch) / "layout"
+        layout = paths.buildah_dir / "layout"
+        try:
             _run([*buildah, "push", reference, f"oci:{layout}:{reference}"])
-            name_for_containerd(layout, reference)
-            image_bytes = layers_bytes(layout)
-            _tar_layout(layout, archive)
-        _remove_stale_images(buildah, keep={reference, base})
+        except RuntimeError as error:
+            log.warning(
+                "driverimage: push into %s failed, pushing into a new one: %s", layout, error
+            )
+            shutil.rmtree(layout, ignore_errors=True)
+            _run([*buildah, "push", reference, f"oci:{layout}:{reference}"])
+        with tempfile.TemporaryDirectory(prefix="gpu-dra-image-", dir=paths.cache) as scratch:
+            single = Path(scratch) / "layout"
+            keep_only(layout, reference, single)
+            name_for_containerd(single, reference)
+            image_bytes = layers_bytes(single)
+            _tar_layout(single, archive)
+        _remove_stale_images(buildah, keep={reference, build_stage, base})
         seconds = round(time.monotonic() - started, 1)
         record.write_text(json.dumps({"image_bytes": image_bytes, "build_seconds": seconds}))
         for stale in paths.images_dir.glob("gpu-dra-*"):
