@@ -281,43 +281,6 @@ def test_the_base_is_tagged_with_the_hash_of_its_root_filesystem(tmp_path: Path)
     assert driverimage.base_reference(rootfs) != first
 
 
-def test_only_the_pushed_image_is_exported_and_kept_in_the_push_layout(tmp_path: Path) -> None:
-    """Two pushes into one layout, as two builds push: the archive gets the second image alone,
-    and the layout keeps only its blobs."""
-    layout = tmp_path / "push"
-    shared = {"usr/lib/big": b"the same in both"}
-    for name, code in (("localhost/gpu-dra:old", b"old code"), ("localhost/gpu-dra:new", b"new")):
-        archive = tmp_path / f"{name.rsplit(':', 1)[1]}.tar"
-        spec = ImageSpec(name, {**shared, "opt/code": code}, {}, ["/opt/code"], [])
-        write_oci_archive(spec, archive)
-        unpacked = tmp_path / archive.stem
-        with tarfile.open(archive) as tar:
-            tar.extractall(unpacked, filter="data")
-        (entry,) = json.loads((unpacked / "index.json").read_text())["manifests"]
-        entry["annotations"]["org.opencontainers.image.ref.name"] = name  # as buildah push names
-        shutil.copytree(unpacked / "blobs", layout / "blobs", dirs_exist_ok=True)
-        shutil.copy(unpacked / "oci-layout", layout / "oci-layout")
-        index_path = layout / "index.json"
-        index = json.loads(index_path.read_text()) if index_path.is_file() else {"manifests": []}
-        index["manifests"].append(entry)
-        index_path.write_text(json.dumps(index))
-    new_blobs = {p.name for p in (tmp_path / "new" / "blobs").rglob("*") if p.is_file()}
-    old_blobs = {p.name for p in (tmp_path / "old" / "blobs").rglob("*") if p.is_file()}
-    assert old_blobs - new_blobs
-
-    out = tmp_path / "out"
-    driverimage.keep_only(layout, "localhost/gpu-dra:new", out)
-
-    for kept in (out, layout):
-        (entry,) = json.loads((kept / "index.json").read_text())["manifests"]
-        assert entry["annotations"]["org.opencontainers.image.ref.name"] == "localhost/gpu-dra:new"
-        assert {p.name for p in (kept / "blobs").rglob("*") if p.is_file()} == new_blobs
-    driverimage.name_for_containerd(out, "localhost/gpu-dra:new")
-    assert driverimage.layers_bytes(out) == driverimage.layers_bytes(tmp_path / "new")
-    with pytest.raises(ValueError, match="not enough values"):
-        driverimage.keep_only(layout, "localhost/gpu-dra:old", tmp_path / "gone")
-
-
 def test_the_steps_taken_from_the_layer_cache_are_counted() -> None:
     output = (
         "[1/3] STEP 1/7: FROM localhost/gpu-dra/debian:bookworm-slim-0123456789ab AS deps\n"

@@ -226,31 +226,6 @@ def layers_bytes(layout: Path) -> int:
     return total
 
 
-def keep_only(layout: Path, reference: str, out: Path) -> None:
-    """Write the image pushed into the OCI layout `layout` as `reference` to a new layout `out`
-    (blobs hard-linked), and remove every other image and blob from `layout`. `layout` persists
-    between builds so that ``buildah push`` finds the compressed layers that did not change."""
-    index = json.loads((layout / "index.json").read_text())
-    (entry,) = [
-        manifest
-        for manifest in index["manifests"]
-        if manifest.get("annotations", {}).get("org.opencontainers.image.ref.name") == reference
-    ]
-    manifest = json.loads(_blob(layout, entry["digest"]).read_text())
-    needed = {entry["digest"], manifest["config"]["digest"]}
-    needed.update(layer["digest"] for layer in manifest["layers"])
-    for digest in needed:
-        _blob(out, digest).parent.mkdir(parents=True, exist_ok=True)
-        os.link(_blob(layout, digest), _blob(out, digest))
-    shutil.copy(layout / "oci-layout", out / "oci-layout")
-    index["manifests"] = [entry]
-    (out / "index.json").write_text(json.dumps(index, sort_keys=True))
-    (layout / "index.json").write_text(json.dumps(index, sort_keys=True))
-    for blob in (layout / "blobs").glob("*/*"):
-        if f"{blob.parent.name}:{blob.name}" not in needed:
-            blob.unlink()
-
-
 def _blob(layout: Path, digest: str) -> Path:
     algorithm, value = digest.split(":", 1)
     return layout / "blobs" / algorithm / value
@@ -410,21 +385,12 @@ def build(paths: ClusterPaths, *, root: Path = REPO_ROOT) -> DriverImage:
             cached_steps(stage),
             cached_steps(image),
         )
-        layout = paths.buildah_dir / "layout"
-        try:
-            _run([*buildah, "push", reference, f"oci:{layout}:{reference}"])
-        except RuntimeError as error:
-            log.warning(
-                "driverimage: push into %s failed, pushing into a new one: %s", layout, error
-            )
-            shutil.rmtree(layout, ignore_errors=True)
-            _run([*buildah, "push", reference, f"oci:{layout}:{reference}"])
         with tempfile.TemporaryDirectory(prefix="gpu-dra-image-", dir=paths.cache) as scratch:
-            single = Path(scratch) / "layout"
-            keep_only(layout, reference, single)
-            name_for_containerd(single, reference)
-            image_bytes = layers_bytes(single)
-            _tar_layout(single, archive)
+            layout = Path(scratch) / "layout"
+            _run([*buildah, "push", reference, f"oci:{layout}:{reference}"])
+            name_for_containerd(layout, reference)
+            image_bytes = layers_bytes(layout)
+            _tar_layout(layout, archive)
         _remove_stale_images(buildah, keep={reference, build_stage, base})
         seconds = round(time.monotonic() - started, 1)
         record.write_text(json.dumps({"image_bytes": image_bytes, "build_seconds": seconds}))
