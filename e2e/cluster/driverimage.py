@@ -1,22 +1,14 @@
 """The driver image, built from the project's Dockerfile without a Docker engine or a registry.
 
-`build` makes the Dockerfile's base locally (a Debian root filesystem from Debian packages with
-``mmdebstrap``, slim like the registry's ``debian:bookworm-slim``, committed as `BASE_IMAGE` with
-``buildah``), runs ``buildah bud`` on the Dockerfile with that base (``--build-arg BASE_IMAGE``,
-chroot isolation, the host's network and CA bundle, so ``apt-get`` and ``pip`` inside work as on
-the host), and exports the result as an OCI archive named for ``ctr images import``
-(``io.containerd.image.name`` = ``localhost/gpu-dra:<hash>``). The archive is cached in the
-images cache by a hash of every input (`inputs_digest`: the Dockerfile, .dockerignore and what
-the build context holds, plus this module's recipe); an unchanged tree is never rebuilt. buildah
-keeps its storage (vfs driver) in a temporary directory that is removed afterwards. The base
-root filesystem is cached too (`base_rootfs_cached`, refreshed after `BASE_MAX_AGE_S` for
-security updates), and the two steps that download (mmdebstrap, ``buildah bud``) are retried
-`NETWORK_ATTEMPTS` times, so a passing DNS or mirror failure does not fail the run. Needs root
-and the Debian packages ``mmdebstrap`` and ``buildah`` (e2e/setup-host installs them).
-Importing into a cluster's containerd is the caller's step (`images.import_images`).
-
-``python -m e2e.cluster.driverimage`` builds (or finds) it and prints the reference, the
-archive, its size and the build time. See docs/deployment.md, "Image".
+`build` commits a local slim Debian base (``mmdebstrap``, cached: `base_rootfs_cached`) with
+``buildah`` once per root filesystem (`base_reference`), runs ``buildah bud --layers`` on the
+Dockerfile with it (chroot isolation, the host's network and CA bundle) in a persistent storage
+under ``<cache>/buildah`` (so a changed tree redoes only the steps after its first changed input;
+removed when over `STORAGE_MAX_BYTES`, earlier builds' images removed after a build), and exports
+an OCI archive named ``localhost/gpu-dra:<inputs_digest>`` for ``ctr images import``, cached by
+that digest. mmdebstrap and ``buildah bud`` are tried `NETWORK_ATTEMPTS` times. Needs root,
+``mmdebstrap`` and ``buildah``. ``python -m e2e.cluster.driverimage`` builds (or finds) it and
+prints the reference, archive, sizes and build time. See docs/deployment.md, "Image".
 """
 
 from __future__ import annotations
@@ -32,7 +24,7 @@ import sys
 import tarfile
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
@@ -46,7 +38,8 @@ IMAGE: Final = "localhost/gpu-dra"
 SUITE: Final = "bookworm"
 BASE_IMAGE: Final = f"localhost/gpu-dra/debian:{SUITE}-slim"
 """The locally made base, passed to the Dockerfile as ``BASE_IMAGE`` (its default,
-``debian:bookworm-slim``, is what a build with a registry uses)."""
+``debian:bookworm-slim``, is what a build with a registry uses), tagged
+``<BASE_IMAGE>-<hash of the root filesystem>`` (`base_reference`)."""
 DEBIAN_MIRROR: Final = os.environ.get("GPU_DRA_DEBIAN_MIRROR", "http://deb.debian.org")
 """Where mmdebstrap (and apt inside the build) get Debian packages: ``<mirror>/debian`` and
 ``<mirror>/debian-security``."""
@@ -89,6 +82,9 @@ CONTEXT_DIRS: Final = ("driver", "kube", "cli", "controller", "kubelet-plugin", 
 NICE: Final = ("nice", "-n", "10")
 """The builds run at low priority: the machine is shared."""
 HOST_PACKAGES: Final = ("mmdebstrap", "buildah")
+STORAGE_MAX_BYTES: Final = 6 * 2**30
+"""Above this the buildah storage is removed before a build, which then starts cold: a bound on
+what cached layers of earlier builds (and leftovers of failed ones) may hold on the disk."""
 
 
 @dataclass(frozen=True)
@@ -243,6 +239,100 @@ def _tar_layout(layout: Path, archive: Path) -> None:
     partial.rename(archive)
 
 
+def base_reference(rootfs: Path) -> str:
+    """`BASE_IMAGE` tagged with the first 12 hex digits of a SHA-256 of the root filesystem
+    tarball: committed once per tarball, so the layers built on it stay valid as cache."""
+    digest = hashlib.sha256()
+    with open(rootfs, "rb") as tarball:
+        while chunk := tarball.read(1 << 20):
+            digest.update(chunk)
+    return f"{BASE_IMAGE}-{digest.hexdigest()[:12]}"
+
+
+def storage_driver(kernel_filesystems: str, storage_fs_type: str) -> str:
+    """buildah's storage driver: ``overlay`` (layers are differences: cheap to make and keep)
+    where the kernel has it (`kernel_filesystems`, /proc/filesystems) and the storage is not
+    itself on overlayfs (`storage_fs_type`, ``stat -f -c %T``; a container's root), else ``vfs``
+    (every layer a full copy)."""
+    has_overlay = any(line.split()[-1:] == ["overlay"] for line in kernel_filesystems.splitlines())
+    return "overlay" if has_overlay and storage_fs_type != "overlayfs" else "vfs"
+
+
+def storage_bytes(storage: Path) -> int:
+    """Bytes of the files under `storage` (each inode once; links not followed)."""
+    seen: set[tuple[int, int]] = set()
+    total = 0
+    for directory, _, files in os.walk(storage):
+        for name in files:
+            info = os.lstat(os.path.join(directory, name))
+            if (info.st_dev, info.st_ino) not in seen:
+                seen.add((info.st_dev, info.st_ino))
+                total += info.st_size
+    return total
+
+
+def stale_images(names: Iterable[str], keep: Iterable[str]) -> list[str]:
+    """The named images of the build storage to remove after a build: all but `keep` (the
+    image just built, its build stage and its base), skipping ``<none>`` (unnamed layers)."""
+    kept = set(keep)
+    return sorted({name for name in names if name not in kept and not name.startswith("<none>")})
+
+
+def cached_steps(bud_output: str) -> int:
+    """How many Dockerfile steps ``buildah bud --layers`` took from its cache (its
+    ``--> Using cache <id>`` lines)."""
+    return sum(line.startswith("--> Using cache ") for line in bud_output.splitlines())
+
+
+def _buildah(paths: ClusterPaths) -> list[str]:
+    """The buildah command line on the persistent storage, made ready for a build: without
+    leftover containers of a failed build, and removed first when over `STORAGE_MAX_BYTES`.
+    Call with the images lock held."""
+    paths.buildah_dir.mkdir(parents=True, exist_ok=True)
+    fs_type = _run(["stat", "-f", "-c", "%T", str(paths.buildah_dir)]).strip()
+    driver = storage_driver(Path("/proc/filesystems").read_text(), fs_type)
+    storage = paths.buildah_dir / driver
+    buildah = [
+        "buildah",
+        f"--storage-driver={driver}",
+        f"--root={storage / 'root'}",
+        f"--runroot={storage / 'run'}",
+    ]
+    if storage.exists():
+        _succeeds([*buildah, "rm", "--all"])
+        size = storage_bytes(storage)
+        if size > STORAGE_MAX_BYTES:
+            log.warning(
+                "driverimage: buildah storage %s holds %.1f GiB, more than %.1f GiB: "
+                "removing it, this build starts without cached layers",
+                storage,
+                size / 2**30,
+                STORAGE_MAX_BYTES / 2**30,
+            )
+            _succeeds([*buildah, "rmi", "--all", "--force"])
+            shutil.rmtree(storage)
+    return buildah
+
+
+def _remove_stale_images(buildah: Sequence[str], keep: set[str]) -> None:
+    """Remove the images of earlier builds and bases (`stale_images`), then the unnamed layers
+    no named image builds on (``rmi --prune``). A failure is logged, not raised: the image is
+    built, and the storage bound catches what stays."""
+    try:
+        listed = _run([*buildah, "images", "--noheading", "--format={{.Name}}:{{.Tag}}"])
+        for name in stale_images(listed.split(), keep):
+            _run([*buildah, "rmi", name])
+        _run([*buildah, "rmi", "--prune"])
+    except RuntimeError as error:
+        log.warning("driverimage: removing earlier images failed: %s", error)
+
+
+def _succeeds(argv: Sequence[str]) -> bool:
+    log.info("driverimage: %s", " ".join(argv[:8]) + (" ..." if len(argv) > 8 else ""))
+    done = subprocess.run([*NICE, *argv], check=False, capture_output=True, text=True)
+    return done.returncode == 0
+
+
 def build(paths: ClusterPaths, *, root: Path = REPO_ROOT) -> DriverImage:
     """The driver image's OCI archive, built unless cached (see the module doc)."""
     digest = inputs_digest(root)
@@ -265,39 +355,43 @@ def build(paths: ClusterPaths, *, root: Path = REPO_ROOT) -> DriverImage:
         if missing:
             raise RuntimeError(f"building the driver image needs {', '.join(missing)} (apt)")
         started = time.monotonic()
-        with tempfile.TemporaryDirectory(prefix="gpu-dra-image-", dir=paths.cache) as scratch:
-            work = Path(scratch)
-            buildah = [
-                "buildah",
-                "--storage-driver=vfs",
-                f"--root={work / 'storage'}",
-                f"--runroot={work / 'run'}",
-            ]
-            rootfs = base_rootfs_cached(paths)
+        buildah = _buildah(paths)
+        rootfs = base_rootfs_cached(paths)
+        base = base_reference(rootfs)
+        if not _succeeds([*buildah, "inspect", "--type=image", base]):
             container = _run([*buildah, "from", "scratch"]).strip()
             _run([*buildah, "add", container, str(rootfs), "/"])
             _run([*buildah, "config", "--cmd", "bash", container])
-            _run([*buildah, "commit", "--rm", container, BASE_IMAGE])
-            _run_retried(
-                [
-                    *buildah,
-                    "bud",
-                    "--isolation=chroot",
-                    "--network=host",
-                    "--pull=never",
-                    f"--build-arg=BASE_IMAGE={BASE_IMAGE}",
-                    f"--volume={CA_BUNDLE.parent}:/mnt:ro",
-                    f"--build-arg=PIP_CERT={CA_MOUNT}",
-                    f"--file={root / 'Dockerfile'}",
-                    f"--tag={reference}",
-                    str(root),
-                ]
-            )
-            layout = work / "layout"
+            _run([*buildah, "commit", "--rm", container, base])
+        bud = [
+            *buildah,
+            "bud",
+            "--layers",
+            "--isolation=chroot",
+            "--network=host",
+            "--pull=never",
+            f"--build-arg=BASE_IMAGE={base}",
+            f"--volume={CA_BUNDLE.parent}:/mnt:ro",
+            f"--build-arg=PIP_CERT={CA_MOUNT}",
+            f"--file={root / 'Dockerfile'}",
+        ]
+        # The build stage first, tagged: its layers stay as the next build's cache (no image
+        # builds on the stage's last layer, so `rmi --prune` would remove the stage otherwise).
+        build_stage = f"{IMAGE}/build:{digest}"
+        stage = _run_retried([*bud, "--target=build", f"--tag={build_stage}", str(root)])
+        image = _run_retried([*bud, f"--tag={reference}", str(root)])
+        log.info(
+            "driverimage: steps from the layer cache: %d building the build stage, %d the image",
+            cached_steps(stage),
+            cached_steps(image),
+        )
+        with tempfile.TemporaryDirectory(prefix="gpu-dra-image-", dir=paths.cache) as scratch:
+            layout = Path(scratch) / "layout"
             _run([*buildah, "push", reference, f"oci:{layout}:{reference}"])
             name_for_containerd(layout, reference)
             image_bytes = layers_bytes(layout)
             _tar_layout(layout, archive)
+        _remove_stale_images(buildah, keep={reference, build_stage, base})
         seconds = round(time.monotonic() - started, 1)
         record.write_text(json.dumps({"image_bytes": image_bytes, "build_seconds": seconds}))
         for stale in paths.images_dir.glob("gpu-dra-*"):

@@ -28,6 +28,11 @@ class ClusterPaths:
         return self.cache / "images"
 
     @property
+    def buildah_dir(self) -> Path:
+        """The driver image's buildah storage (layer cache), e2e/cluster/driverimage.py."""
+        return self.cache / "buildah"
+
+    @property
     def gomodcache(self) -> Path:
         return self.cache / "go" / "mod"
 
