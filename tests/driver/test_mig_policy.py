@@ -36,6 +36,23 @@ def test_shapes_pick_the_plain_profile_of_fewest_memory_slices() -> None:
     assert offered(DEFAULT, gpu) == ["1g.10gb", "2g.20gb", "3g.40gb", "7g.80gb"]
 
 
+def test_a_shape_takes_every_profile_tied_for_fewest_memory_slices() -> None:
+    """go-nvml's mock H100 gives 1g.20gb the 1g.10gb placements (one slice each): NVML's
+    answers decide, the same way in real mode and in the simulator (docs/real-nodes.md)."""
+    gpu = mig_gpu(H100)
+    mock_like = replace(
+        gpu,
+        profiles=tuple(
+            replace(p, placement_starts=tuple(range(7)), placement_size=1)
+            if p.name == "1g.20gb"
+            else p
+            for p in gpu.profiles
+        ),
+    )
+    assert offered(parse_policy("1g"), mock_like) == ["1g.10gb", "1g.20gb"]
+    assert offered(DEFAULT, mock_like) == ["1g.10gb", "2g.20gb", "3g.40gb", "7g.80gb", "1g.20gb"]
+
+
 def test_names_pick_exactly_that_profile_where_the_gpu_has_it() -> None:
     assert offered(parse_policy("1g.20gb,1g.10gb+me"), mig_gpu(H100)) == [
         "1g.10gb+me",

@@ -175,6 +175,29 @@ def test_a_counter_stays_when_the_offered_partitions_can_exceed_it() -> None:
     }  # a 1g never sits on slice 7: no counter for it
 
 
+def test_the_go_nvml_mock_h100_numbers_make_decoders_and_memory_binding() -> None:
+    """go-nvml's dgxh100 mock: 7g 5 decoders (1 per 1g), 3g spanning 3 of 7 memory slices, round
+    GiB. Seven 1g.10gb need 7 decoders; 3g, 1g, 3g fit the slices and need 90 of 80 GiB. So real
+    mode on the mock keeps both counters that an H100's own numbers let us leave out."""
+    gpu = mig_gpu("H100-SXM5-80GB")
+    gib = 1 << 30
+    mock = {
+        "1g.10gb": {"decoders": 1, "memory_bytes": 10 * gib},
+        "2g.20gb": {"decoders": 1, "memory_bytes": 20 * gib},
+        "3g.40gb": {"decoders": 2, "memory_bytes": 40 * gib, "placement_size": 3},
+        "7g.80gb": {"decoders": 5, "memory_bytes": 80 * gib, "placement_size": 7},
+    }
+    mock_like = replace(
+        gpu, profiles=tuple(replace(p, **mock.get(p.name, {})) for p in gpu.profiles)
+    )
+    kept = set(counter_set(mock_like, DEFAULT)["counters"])
+    assert {"decoders", "memory"} <= kept
+    assert not {"decoders", "memory"} & set(counter_set(gpu, DEFAULT)["counters"])
+    only_1g = parse_policy("1g.10gb")
+    assert "decoders" in counter_set(mock_like, only_1g)["counters"]  # 7 x 1 > 5
+    assert "memory" not in counter_set(mock_like, only_1g)["counters"]  # 7 x 10 <= 80 GiB
+
+
 def test_partition_consumes_the_binding_counters_of_its_profile_and_memory_slices() -> None:
     device = devices_by_name("H100-SXM5-80GB")["gpu-0-mig-3g40gb-9-4"]
     (entry,) = device["consumesCounters"]

@@ -147,9 +147,11 @@ EXPLAINED = (
         pairs((None, "1")),
     ),
     Explained(
-        "Hopper 1g.20gb placements",
+        # the mock's 1g.20gb spans one memory slice, as 1g.10gb does, so the default's shape
+        # 1g takes both; on an H100 it spans two and is offered only on request
+        "Hopper 1g.20gb offered",
         frozenset({"dgxh100-dynamic-mig"}),
-        r"gpu-\d+-mig-1g20gb-\*-[135]",
+        r"gpu-\d+-mig-1g20gb-\*-[0-6]",
         re.escape(DEVICE),
         pairs(("published", None)),
     ),
@@ -173,6 +175,25 @@ EXPLAINED = (
         ANY,
         COUNTED + r"\.decoders",
         pairs(("1", "2"), ("2", "3"), ("2", "4"), ("5", "7")),
+    ),
+    Explained(
+        # the mock's 7g has 5 decoders, its seven 1g.10gb one each: seven 1g slices need more
+        # than the GPU has, so the counter can run out; an H100's 7g has 7
+        "Hopper decoders counter",
+        frozenset({"dgxh100-dynamic-mig"}),
+        ANY,
+        r"(counters|consumesCounters\.gpu-\d+-counter-set)\.decoders",
+        pairs(("1", None), ("2", None), ("5", None)),
+    ),
+    Explained(
+        # the mock's 3g.40gb spans 3 memory slices of 7, leaving one between two of them: 3g,
+        # 1g, 3g fit the slices and need 90Gi of 80Gi, so the counter can run out; an H100's
+        # 3g spans 4 of 8 and no set of placements needs more memory than it has
+        "Hopper memory counter",
+        frozenset({"dgxh100-dynamic-mig"}),
+        ANY,
+        r"(counters|consumesCounters\.gpu-\d+-counter-set)\.memory",
+        pairs(("10Gi", None), ("20Gi", None), ("40Gi", None), ("80Gi", None)),
     ),
     Explained(
         "Hopper JPEG engines",
