@@ -348,13 +348,20 @@ def test_the_plugin_refuses_a_node_with_nvidias_device_plugin_resource(
             if p["metadata"]["name"] != old["metadata"]["name"]
         ]
         assert not ready(pod)
-        log = cluster.kubectl(
-            "logs", "-n", NAMESPACE, pod["metadata"]["name"], "-c", "gpus", check=False
-        ) + cluster.kubectl(
-            "logs", "-n", NAMESPACE, pod["metadata"]["name"], "-c", "gpus", "--previous",
-            check=False,
-        )  # fmt: skip
-        assert f"refusing to start on node {versions.NODE_NAME}" in log
+        refusal = f"refusing to start on node {versions.NODE_NAME}"
+
+        def logged() -> bool:
+            # The Event comes before the log line, and between restarts one of the two
+            # containers' logs may not be readable yet: read both until the line is there.
+            log = cluster.kubectl(
+                "logs", "-n", NAMESPACE, pod["metadata"]["name"], "-c", "gpus", check=False
+            ) + cluster.kubectl(
+                "logs", "-n", NAMESPACE, pod["metadata"]["name"], "-c", "gpus", "--previous",
+                check=False,
+            )  # fmt: skip
+            return refusal in log
+
+        wait_for(f"{refusal!r} in the plugin pod's log", logged, 60)
     finally:
         patch_node_status(cluster, [{"op": "remove", "path": resource}])
         # The kubelet may have dropped it from allocatable already: then this patch fails.

@@ -204,7 +204,12 @@ def test_share_memory_caps_are_detected_at_start_and_reported_as_events(data_dir
 
 def test_warm_daemons_are_kept_only_by_the_newest_ready_instance(data_dir: Path) -> None:
     host = SimulatedHost.load("hgx-h100", "node-a")
-    plugin = settings(data_dir, "--mps-shares=0", "--mps-daemon-check-interval=0")
+    plugin = settings(
+        data_dir,
+        "--mps-shares=0",
+        "--mps-daemon-check-interval=0",
+        "--mps-share-daemon-warm=always",
+    )
     inventory = node_inventory(plugin, discover(plugin, host.nvml, host.pci, None))
     manager = mps_manager(plugin, ApiClient(), host.nvml)
     assert manager is not None
