@@ -187,7 +187,7 @@ class KubeletPluginSettings:
     """`auto`: MPS shares on GPUs whose driver can limit a cgroup's GPU memory (checked at start)
     get `NVIDIA_GPU_MEMORY_LIMIT`/`_REQUEST` and the `apply-cuda-memory-limits` hook; `off`:
     none do."""
-    mps_memory_watchdog: str = "report"
+    mps_memory_watchdog: str = "kill"
     """What the MPS memory watchdog does when a share's processes together use more than its
     memory, on shares the driver does not cap (`mps.memory_watchdog`): `report`, `kill` (the
     newest process), `evict` (the pods) or `off`. Shares the driver caps are never watched."""
@@ -816,7 +816,7 @@ def _add_share_memory_options(option: Callable[..., None]) -> None:
         "when a share's processes together use more GPU memory than the share: report "
         "(Events, metrics), kill (also SIGKILL its newest process), evict (also evict its "
         "pods), off",
-        "report",
+        "kill",
     )
     option(
         "--mps-memory-watchdog-interval",

@@ -359,17 +359,17 @@ def eviction_rules(rendered: Rendered) -> list[dict[str, Any]]:
     ]
 
 
-def test_the_mps_memory_watchdog_reports_by_default_without_eviction_rights(
+def test_the_mps_memory_watchdog_kills_by_default_without_eviction_rights(
     host_driver: Rendered,
 ) -> None:
     settings = plugin_settings(host_driver)
 
-    assert settings.mps_memory_watchdog == "report"
+    assert settings.mps_memory_watchdog == "kill"
     assert settings.mps_memory_watchdog_interval_s == 1.0
     assert eviction_rules(host_driver) == []
 
 
-@pytest.mark.parametrize("policy", ["kill", "off"])
+@pytest.mark.parametrize("policy", ["report", "off"])
 def test_only_the_evict_policy_grants_evictions(tmp_path: Path, policy: str) -> None:
     watchdog = {"policy": policy, "interval": 0.5}
     rendered = Rendered.of({**HOST_DRIVER, "kubeletPlugin": {"mpsMemoryWatchdog": watchdog}},

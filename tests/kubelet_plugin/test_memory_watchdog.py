@@ -410,7 +410,7 @@ def settings(tmp_path: Path, *flags: str) -> KubeletPluginSettings:
 
 def test_flags(tmp_path: Path) -> None:
     default = settings(tmp_path)
-    assert (default.mps_memory_watchdog, default.mps_memory_watchdog_interval_s) == ("report", 1)
+    assert (default.mps_memory_watchdog, default.mps_memory_watchdog_interval_s) == ("kill", 1)
     chosen = settings(tmp_path, "--mps-memory-watchdog=Evict", "--mps-memory-watchdog-interval=.5")
     assert (chosen.mps_memory_watchdog, chosen.mps_memory_watchdog_interval_s) == ("evict", 0.5)
     for bad in ("--mps-memory-watchdog=shoot", "--mps-memory-watchdog-interval=0"):
@@ -441,7 +441,8 @@ def test_detection_latency_with_the_simulated_utilization_file(
     tmp_path: Path, mps_root: Path
 ) -> None:
     """The plugin's wiring at the default 1 s interval: from the file write that takes a
-    share's processes over its memory to the Event, at most 2 s (docs/shares.md)."""
+    share's processes over its memory to the Event, at most 2 s (docs/shares.md); ``report``,
+    since the fake process's PID is not this test's to kill."""
     node = SharesNode(tmp_path / "node", mps_root)
     claim = node.add_share(UID_A, "4Gi", "25", name="a", namespace="team-a")
     ok(node.prepare(claim)[UID_A])
@@ -451,8 +452,8 @@ def test_detection_latency_with_the_simulated_utilization_file(
     nvml = SimulatedHost.load("hgx-h100", NODE).nvml
     events = Events()
     watchdog = start_memory_watchdog(
-        settings(tmp_path), nvml, node.inventory, MemoryLimitSupport(),
-        entries=node.checkpoint.all, claims=lambda ns, name: reserved,
+        settings(tmp_path, "--mps-memory-watchdog=report"), nvml, node.inventory,
+        MemoryLimitSupport(), entries=node.checkpoint.all, claims=lambda ns, name: reserved,
         registry=CollectorRegistry(), is_turn=lambda: True, events=events, evictions=None,
         proc_root=proc,
     )  # fmt: skip
