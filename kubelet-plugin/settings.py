@@ -25,7 +25,7 @@ from gpu_dra.driver.mig_policy import (
     parse_policy,
 )
 from gpu_dra.driver.naming import DEFAULT_DRIVER_NAME
-from gpu_dra.driver.shares import ShareSelection, ShareSelectionError
+from gpu_dra.driver.shares import MigShareSelection, ShareSelection, ShareSelectionError
 from gpu_dra.driver.slices import SliceLayout
 from gpu_dra.kube.logs import LOG_LEVELS, parse_log_level
 from gpu_dra.kubelet_plugin.driver_userspace import ALL_HOOKS, DEFAULT_CDI_HOOK_PATH, HOOK_NAMES
@@ -171,6 +171,9 @@ class KubeletPluginSettings:
     mps_shares: ShareSelection = field(default_factory=ShareSelection)
     """GPUs offered as MPS shares through consumable capacity (`all`, `none`, or indexes /
     UUIDs); none by default, so that default publishing is NVIDIA's."""
+    mps_shares_on_mig: MigShareSelection = field(default_factory=MigShareSelection)
+    """Static MIG devices offered as MPS shares (`all`, `none`, or MIG profiles / MIG UUIDs):
+    one shared daemon per MIG device, caps within the slice; none by default."""
     mps_share_max_percent: int = 100
     """The largest MPS share, in percent of a GPU's SMs and memory: the shared daemon's default
     caps, which bind a client that drops its `CUDA_MPS_*` environment; larger shares are
@@ -378,6 +381,13 @@ class KubeletPluginSettings:
             "none",
         )
         option(
+            "--mps-shares-on-mig",
+            "static MIG devices offered as MPS shares through consumable capacity (one MPS "
+            "daemon per MIG device, caps within the slice): all, none, or comma-separated MIG "
+            "profiles (3g.40gb) or MIG device UUIDs",
+            "none",
+        )
+        option(
             "--mps-share-max-percent",
             "largest MPS share in percent of a GPU's SMs and memory (1-100): the shared MPS "
             "daemon's default caps; larger shares are refused at prepare",
@@ -401,25 +411,6 @@ class KubeletPluginSettings:
         metrics_port = _port(parser, "--metrics-port", args.metrics_port, minimum=0)
         # NVIDIA's convention: any negative port turns the health service off.
         healthcheck_port = _port(parser, "--healthcheck-port", args.healthcheck_port, minimum=None)
-        try:
-            mps_shares = ShareSelection.parse(args.mps_shares or "none")
-        except ShareSelectionError as error:
-            parser.error(str(error))
-        try:
-            max_share = int(args.mps_share_max_percent)
-        except ValueError:
-            parser.error(
-                f"--mps-share-max-percent must be a whole percentage, got "
-                f"{args.mps_share_max_percent!r}"
-            )
-        if not 1 <= max_share <= 100:
-            parser.error(f"--mps-share-max-percent must be between 1 and 100, got {max_share}")
-        memory_limits = str(args.mps_share_memory_limits).strip().lower()
-        if memory_limits not in ("auto", "off"):
-            parser.error(
-                "--mps-share-memory-limits must be auto or off, got "
-                f"{args.mps_share_memory_limits!r}"
-            )
         return cls(
             node_name=args.node_name,
             driver_name=args.driver_name,
@@ -438,9 +429,7 @@ class KubeletPluginSettings:
             log_level=_log_level(parser, args.log_level),
             mps_control_binary=args.mps_control_binary or DEFAULT_MPS_CONTROL_BINARY,
             nvidia_smi=args.nvidia_smi or DEFAULT_NVIDIA_SMI,
-            mps_shares=mps_shares,
-            mps_share_max_percent=max_share,
-            mps_share_memory_limits=memory_limits,
+            **_mps_share_settings(parser, args),
             **_mps_daemon_settings(parser, args),
             **_dynamic_mig_settings(parser, args),
             **_guard_settings(parser, args),
@@ -523,6 +512,37 @@ def _driver_root_settings(
         "nvidia_driver_root": host_root,
         "nvidia_cdi_hook_path": hook_path,
         "disable_cdi_hooks": disabled,
+    }
+
+
+def _mps_share_settings(
+    parser: argparse.ArgumentParser, args: argparse.Namespace
+) -> dict[str, Any]:
+    """The MPS share fields of the settings from parsed ``args``; usage errors exit."""
+    try:
+        mps_shares = ShareSelection.parse(args.mps_shares or "none")
+        mps_shares_on_mig = MigShareSelection.parse(args.mps_shares_on_mig or "none")
+    except ShareSelectionError as error:
+        parser.error(str(error))
+    try:
+        max_share = int(args.mps_share_max_percent)
+    except ValueError:
+        parser.error(
+            f"--mps-share-max-percent must be a whole percentage, got "
+            f"{args.mps_share_max_percent!r}"
+        )
+    if not 1 <= max_share <= 100:
+        parser.error(f"--mps-share-max-percent must be between 1 and 100, got {max_share}")
+    memory_limits = str(args.mps_share_memory_limits).strip().lower()
+    if memory_limits not in ("auto", "off"):
+        parser.error(
+            f"--mps-share-memory-limits must be auto or off, got {args.mps_share_memory_limits!r}"
+        )
+    return {
+        "mps_shares": mps_shares,
+        "mps_shares_on_mig": mps_shares_on_mig,
+        "mps_share_max_percent": max_share,
+        "mps_share_memory_limits": memory_limits,
     }
 
 

@@ -230,6 +230,7 @@ def share_memory(
     share's enforcement is reported as an Event on its claim."""
     hook = settings.nvidia_cdi_hook_path
     uuids = [gpu.uuid for gpu in inventory.mps_shares]
+    mig = [device.uuid for device in inventory.mig_mps_shares]
     support = detect_memory_limits(
         nvml,
         uuids,
@@ -239,8 +240,8 @@ def share_memory(
         driver_root=str(settings.host_driver_root),
         hook_candidates=list(dict.fromkeys([Path(hook), settings.driver_root / hook.lstrip("/")])),
         disabled_hooks=settings.disable_cdi_hooks,
-    )
-    for uuid in uuids:
+    ).without_mig(mig)
+    for uuid in [*uuids, *mig]:
         log.info("mps share memory of %s: %s (%s)", uuid, support.enforcement(uuid).value,
                  support.why(uuid))  # fmt: skip
     return ShareMemory(support, None if events is None else events.share_prepared)
@@ -419,6 +420,7 @@ def node_inventory(settings: KubeletPluginSettings, devices: NodeDevices) -> Nod
         simulated=settings.simulate is not None,
         driver=driver_root(settings),
         mps_shares=settings.mps_shares,
+        mps_shares_on_mig=settings.mps_shares_on_mig,
         dynamic_mig=dynamic_mig,
         mig_policy=settings.dynamic_mig_profiles,
         cdi_hook_path=settings.nvidia_cdi_hook_path,
@@ -450,6 +452,17 @@ def node_inventory(settings: KubeletPluginSettings, devices: NodeDevices) -> Nod
             "offering GPU(s) %s as MPS shares (max share %d%%)",
             ",".join(str(gpu.index) for gpu in inventory.mps_shares),
             settings.mps_share_max_percent,
+        )
+    if inventory.mig_mps_shares:
+        log.info(
+            "offering MIG device(s) %s as MPS shares (one daemon each, max share %d%%)",
+            ",".join(mig.uuid for mig in inventory.mig_mps_shares),
+            settings.mps_share_max_percent,
+        )
+    elif not settings.mps_shares_on_mig.empty:
+        log.warning(
+            "--mps-shares-on-mig offers no MIG device of this node: no published static MIG "
+            "device has the profiles it names"
         )
     return inventory
 
