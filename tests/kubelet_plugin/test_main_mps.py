@@ -191,3 +191,18 @@ def test_share_memory_caps_are_detected_at_start_and_reported_as_events(data_dir
     assert memory.support.enforcement(gpu.uuid).value == "mps-client"
     assert memory.support.why(gpu.uuid) == "simulated GPUs: no driver to apply a cgroup limit"
     assert memory.report == events.share_prepared
+
+
+def test_mig_devices_offered_as_shares_are_never_capped_by_the_driver(data_dir: Path) -> None:
+    host = SimulatedHost.load("hgx-h100-mig", "node-a")
+    plugin = settings(data_dir, "--mps-shares=7", "--mps-shares-on-mig=3g.40gb")
+    inventory = node_inventory(plugin, discover(plugin, host.nvml, host.pci, None))
+
+    memory = share_memory(plugin, host.nvml, inventory, None)
+
+    assert [m.profile for m in inventory.mig_mps_shares] == ["3g.40gb"] * 3
+    for mig in inventory.mig_mps_shares:
+        assert memory.support.enforcement(mig.uuid).value == "mps-client"
+        assert "do not support MIG handles" in memory.support.why(mig.uuid)
+    [gpu] = inventory.mps_shares  # the one GPU with MIG off keeps its own reason
+    assert memory.support.why(gpu.uuid) == "simulated GPUs: no driver to apply a cgroup limit"
