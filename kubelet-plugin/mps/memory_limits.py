@@ -9,7 +9,8 @@ setting (``--mps-share-memory-limits``), a real node, the driver version, cgroup
 version, and NVML answering ``nvmlDeviceGetMemoryLimits_v1`` for the plugin's own cgroup with
 anything but NOT_SUPPORTED / FUNCTION_NOT_FOUND. `MemoryLimitSupport.edits` are the CDI edits of
 one share: both variables and the hook where enforced, nothing elsewhere (the MPS pinned limit,
-per process and cooperative, stays the only cap). See docs/shares.md.
+per process and cooperative, stays the only cap). MIG devices offered as shares are never enforced
+(`MemoryLimitSupport.without_mig`: NVML takes no MIG handles). See docs/shares.md.
 """
 
 from __future__ import annotations

@@ -228,9 +228,13 @@ def test_the_shipped_device_classes_pass(capsys):
     code, out, err = run(capsys, "check-config", *files)
 
     assert code == EXIT_OK
-    # The only class config: MPS for the shares class.
-    mps = REPO / "deviceclasses" / "mps.gpu.nvidia.com.yaml"
-    assert out == f"OK {mps} DeviceClass/mps.gpu.nvidia.com spec.config[0]\n"
+    # The only class configs: MPS for the shares classes (whole GPUs, MIG devices).
+    gpu = REPO / "deviceclasses" / "mps.gpu.nvidia.com.yaml"
+    mig = REPO / "deviceclasses" / "mps.mig.nvidia.com.yaml"
+    assert out == (
+        f"OK {gpu} DeviceClass/mps.gpu.nvidia.com spec.config[0]\n"
+        f"OK {mig} DeviceClass/mps.mig.nvidia.com spec.config[0]\n"
+    )
     assert err == ""
 
 
