@@ -16,6 +16,7 @@ import pynvml
 import pytest
 from prometheus_client import CollectorRegistry
 
+from gpu_dra.driver.model import MigDevice
 from gpu_dra.driver.nvml.simulated import SimulatedHost, SimulatedNvml
 from gpu_dra.driver.nvml.simulated_utilization import DeviceActivity, SimulatedProcess
 from gpu_dra.kube import errors
@@ -492,7 +493,7 @@ def test_mps_shares_of_a_mig_device_are_watched_on_the_mig_device(
     node = MigSharesNode(tmp_path / "node", mps_root)
     slice_name = "gpu-0-mig-1g10gb-19-0"
     mig = node.inventory.by_name(slice_name)
-    assert mig is not None
+    assert isinstance(mig, MigDevice)
     assert node.inventory.mps_shares == ()
     claim = node.add_share(UID_A, "2Gi", "25", device=slice_name, name="a", namespace="team-a")
     ok(node.prepare(claim)[UID_A])
