@@ -9,7 +9,8 @@ setting (``--mps-share-memory-limits``), a real node, the driver version, cgroup
 version, and NVML answering ``nvmlDeviceGetMemoryLimits_v1`` for the plugin's own cgroup with
 anything but NOT_SUPPORTED / FUNCTION_NOT_FOUND. `MemoryLimitSupport.edits` are the CDI edits of
 one share: both variables and the hook where enforced, nothing elsewhere (the MPS pinned limit,
-per process and cooperative, stays the only cap). See docs/shares.md.
+per process and cooperative, stays the only cap). MIG devices offered as shares are never enforced
+(`MemoryLimitSupport.without_mig`: NVML takes no MIG handles). See docs/shares.md.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import contextlib
 import re
 import subprocess
 from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from pathlib import Path, PurePosixPath
 from typing import Final
@@ -44,6 +45,10 @@ MIN_TOOLKIT: Final = (1, 20, 1)
 MODES: Final = ("auto", "off")
 CGROUP_ROOT: Final = Path("/sys/fs/cgroup")
 SELF_CGROUP: Final = Path("/proc/self/cgroup")
+MIG_REASON: Final = (
+    "a MIG device: the driver's cgroup memory limits (nvmlDeviceSetMemoryLimits_v1) do not "
+    "support MIG handles; the MPS pinned limit within the slice is the only cap"
+)
 _VERSION: Final = re.compile(r"version\s+v?(\d+)\.(\d+)\.(\d+)", re.IGNORECASE)
 
 
@@ -68,6 +73,12 @@ class MemoryLimitSupport:
     """Why a GPU's shares do not get it, by UUID."""
     default_reason: str = "no GPU is offered as MPS shares"
     """Why, for a GPU `detect` was not asked about."""
+
+    def without_mig(self, uuids: Collection[str]) -> MemoryLimitSupport:
+        """This support, with the MIG devices ``uuids`` (offered as shares) never enforced:
+        ``nvmlDeviceSetMemoryLimits_v1`` does not take MIG handles, and the hook refuses them."""
+        reasons = {**self.reasons, **dict.fromkeys(uuids, MIG_REASON)}
+        return replace(self, enforced=self.enforced - set(uuids), reasons=reasons)
 
     def enforcement(self, uuid: str) -> Enforcement:
         return Enforcement.DRIVER if uuid in self.enforced else Enforcement.MPS_CLIENT
