@@ -264,7 +264,12 @@ def test_mig_devices_offered_as_shares_are_never_capped_by_the_driver(data_dir: 
 
 def test_static_mig_devices_offered_as_shares_get_warm_daemons_too(data_dir: Path) -> None:
     host = SimulatedHost.load("hgx-h100-mig", "node-a")
-    plugin = settings(data_dir, "--mps-shares=7", "--mps-shares-on-mig=3g.40gb")
+    plugin = settings(
+        data_dir,
+        "--mps-shares=7",
+        "--mps-shares-on-mig=3g.40gb",
+        "--mps-share-daemon-warm=always",  # off by default (docs/mps.md, "Warm daemons")
+    )
     inventory = node_inventory(plugin, discover(plugin, host.nvml, host.pci, None))
     manager = mps_manager(plugin, ApiClient(), host.nvml)
     assert manager is not None
