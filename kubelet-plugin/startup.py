@@ -70,7 +70,11 @@ from gpu_dra.kubelet_plugin.mps import (
 )
 from gpu_dra.kubelet_plugin.mps.events import MpsEvents
 from gpu_dra.kubelet_plugin.mps.ids import is_shared_daemon
-from gpu_dra.kubelet_plugin.mps.memory_limits import MemoryLimitSupport, ShareMemory
+from gpu_dra.kubelet_plugin.mps.memory_limits import (
+    MemoryLimitSupport,
+    ShareMemory,
+    watchdog_note,
+)
 from gpu_dra.kubelet_plugin.mps.memory_limits import detect as detect_memory_limits
 from gpu_dra.kubelet_plugin.mps.shared_daemons import SharedDaemons
 from gpu_dra.kubelet_plugin.mps.supervisor import DaemonSupervisor
@@ -236,8 +240,9 @@ def share_memory(
     events: MpsEvents | None,
 ) -> ShareMemory:
     """Which GPUs offered as MPS shares the driver caps per container (`memory_limits.detect`:
-    ``--mps-share-memory-limits``, driver, cgroup v2, the hook's version, NVML), logged; each
-    share's enforcement is reported as an Event on its claim."""
+    ``--mps-share-memory-limits``, driver, cgroup v2, the hook's version, NVML; never a MIG
+    device), logged; each share's enforcement is reported as an Event on its claim, naming the
+    memory watchdog where the driver does not cap."""
     hook = settings.nvidia_cdi_hook_path
     uuids = [gpu.uuid for gpu in inventory.mps_shares]
     mig = [device.uuid for device in inventory.mig_mps_shares]
@@ -254,7 +259,11 @@ def share_memory(
     for uuid in [*uuids, *mig]:
         log.info("mps share memory of %s: %s (%s)", uuid, support.enforcement(uuid).value,
                  support.why(uuid))  # fmt: skip
-    return ShareMemory(support, None if events is None else events.share_prepared)
+    return ShareMemory(
+        support,
+        None if events is None else events.share_prepared,
+        watchdog_note(settings.mps_memory_watchdog, settings.mps_memory_watchdog_interval_s),
+    )
 
 
 def capped_shares(

@@ -77,6 +77,7 @@ class SharePlan(TierPlan):
     def apply(self, run: PrepareRun) -> None:
         """Join each share's GPU daemon; its handle is recorded before others could stop it."""
         support = self.memory.support if self.memory is not None else MemoryLimitSupport()
+        watchdog = self.memory.watchdog if self.memory is not None else ""
         states: dict[str, JsonValue] = {}
         for share in self.shares:
             assert self.shared is not None  # checked in plan
@@ -102,6 +103,7 @@ class SharePlan(TierPlan):
                 else f"MPS share of {uuid} ({mib} MiB, {share.size.compute_percent} % "
                 f"compute): memory capped per CUDA process by MPS only, which a process can "
                 f"escape; not by the driver: {support.why(uuid)}"
+                + (f"; {watchdog}" if watchdog else "")
             )
             log.info("mps share claim_uid=%s device=%s memory_enforcement=%s: %s",
                      run.claim.uid, share.device_name, enforcement.value, message)  # fmt: skip

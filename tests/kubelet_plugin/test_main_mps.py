@@ -260,6 +260,15 @@ def test_mig_devices_offered_as_shares_are_never_capped_by_the_driver(data_dir: 
         assert "do not support MIG handles" in memory.support.why(mig.uuid)
     [gpu] = inventory.mps_shares  # the one GPU with MIG off keeps its own reason
     assert memory.support.why(gpu.uuid) == "simulated GPUs: no driver to apply a cgroup limit"
+    # What does check their memory, as each share's Event says: the watchdog's settings.
+    assert memory.watchdog == (
+        "the memory watchdog checks its processes every 1s and acts on an overrun after the "
+        "fact (--mps-memory-watchdog=report)"
+    )
+    off = settings(data_dir, "--mps-shares-on-mig=3g.40gb", "--mps-memory-watchdog=off")
+    assert share_memory(off, host.nvml, inventory, None).watchdog == (
+        "no memory watchdog checks it (--mps-memory-watchdog=off)"
+    )
 
 
 def test_static_mig_devices_offered_as_shares_get_warm_daemons_too(data_dir: Path) -> None:

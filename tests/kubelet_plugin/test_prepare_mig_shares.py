@@ -12,7 +12,14 @@ import pytest
 
 from gpu_dra.driver.model import MigDevice
 from gpu_dra.kubelet_plugin.mps import shared_daemon_id
-from gpu_dra.kubelet_plugin.mps.memory_limits import MemoryLimitSupport, ShareMemory
+from gpu_dra.kubelet_plugin.cdi import ContainerEdits
+from gpu_dra.kubelet_plugin.mps.memory_limits import (
+    MIG_REASON,
+    Enforcement,
+    MemoryLimitSupport,
+    ShareMemory,
+    watchdog_note,
+)
 from gpu_dra.kubelet_plugin.mps.shared_daemons import SHARES_STATE_KEY
 from gpu_dra.kubelet_plugin.prepare_protocol import ClaimRef
 from tests.doubles import nvidia_cuda_mps_control as double
@@ -164,25 +171,45 @@ def test_a_mig_device_not_offered_is_published_and_prepared_whole(
     assert node.running() == []
 
 
-def test_mig_shares_never_get_the_drivers_memory_limit(tmp_path: Path, mps_root: Path) -> None:
-    """Even where detection found the driver's cap for every offered UUID, MIG ones are left
-    out (nvmlDeviceSetMemoryLimits_v1 refuses MIG handles): the share says why."""
+@pytest.mark.parametrize("left_out", [False, True], ids=["as-detected", "without_mig"])
+def test_mig_shares_never_get_the_drivers_memory_limit(
+    tmp_path: Path, mps_root: Path, left_out: bool
+) -> None:
+    """Even where detection claims the driver's cap for a MIG UUID (nvmlDeviceSetMemoryLimits_v1
+    refuses MIG handles), with or without `without_mig`, a MIG share gets neither the variables
+    nor the hook, records ``mps-client`` and reports the MPS pinned limit and the watchdog as
+    what holds its memory, not the driver."""
     mig = MigSharesNode(tmp_path, mps_root).inventory.by_name(SLICE)
     assert isinstance(mig, MigDevice)
-    support = MemoryLimitSupport(
-        hook_path="/usr/bin/nvidia-cdi-hook", enforced=frozenset({mig.uuid})
-    ).without_mig([mig.uuid])
-    assert support.edits(mig.uuid, 2048).env == {}
-    assert "MIG handles" in support.why(mig.uuid)
+    support = MemoryLimitSupport(hook_path="/usr/bin/nvidia-cdi-hook", enforced=frozenset({mig.uuid}))
+    if left_out:
+        support = support.without_mig([mig.uuid])
+    assert support.edits(mig.uuid, 2048) == ContainerEdits()
+    assert support.enforcement(mig.uuid) is Enforcement.MPS_CLIENT
+    assert support.why(mig.uuid) == MIG_REASON
+    reports: list[tuple[ClaimRef, str]] = []
+    note = watchdog_note("kill", 1.0)
 
     class Node(MigSharesNode):
         def preparer_options(self) -> dict[str, object]:
-            return {**super().preparer_options(), "mps_share_memory": ShareMemory(support)}
+            memory = ShareMemory(support, lambda claim, text: reports.append((claim, text)), note)
+            return {**super().preparer_options(), "mps_share_memory": memory}
 
     node = Node(tmp_path / "with-support", mps_root)
     a = node.add_share(UID_A, "2Gi", "25", device=SLICE)
     ok(node.prepare(a)[UID_A])
     assert "NVIDIA_GPU_MEMORY_LIMIT" not in env(node, UID_A)
     assert not node.spec(UID_A)["devices"][0]["containerEdits"].get("hooks")
+    entry = node.checkpoint.get(UID_A)
+    assert entry is not None
+    assert entry.state[SHARES_STATE_KEY][SLICE]["memoryEnforcement"] == "mps-client"  # type: ignore[index]
+    [(claim, text)] = reports
+    assert claim.uid == UID_A
+    assert text == (
+        f"MPS share of {mig.uuid} (2048 MiB, 25 % compute): memory capped per CUDA process by "
+        f"MPS only, which a process can escape; not by the driver: {MIG_REASON}; the memory "
+        "watchdog checks its processes every 1s and acts on an overrun after the fact "
+        "(--mps-memory-watchdog=kill)"
+    )
     node.unprepare(a)
     assert node.running() == []
