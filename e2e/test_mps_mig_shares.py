@@ -25,7 +25,9 @@ from tests.doubles.nvidia_cuda_mps_control import read_state
 pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("no_mps_daemon_left")]
 
 SIMULATED_PROFILE = "hgx-h100-mig"
-PLUGIN_ARGS = ("--mps-shares-on-mig=1g.10gb",)
+# Warm daemons off (the default, named so the test does not follow it): the first share starts
+# the slice's daemon and the last one stops it.
+PLUGIN_ARGS = ("--mps-shares-on-mig=1g.10gb", "--mps-share-daemon-warm=off")
 MIG_MPS_CLASS = "mps.mig.nvidia.com"
 SLICE = "gpu-0-mig-1g10gb-19-0"
 NOT_OFFERED = "gpu-1-mig-2g20gb-14-0"
