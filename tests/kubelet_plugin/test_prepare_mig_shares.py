@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from gpu_dra.driver.model import MigDevice
-from gpu_dra.kubelet_plugin.mps import shared_daemon_id
 from gpu_dra.kubelet_plugin.cdi import ContainerEdits
+from gpu_dra.kubelet_plugin.mps import shared_daemon_id
 from gpu_dra.kubelet_plugin.mps.memory_limits import (
     MIG_REASON,
     Enforcement,
@@ -181,7 +181,8 @@ def test_mig_shares_never_get_the_drivers_memory_limit(
     what holds its memory, not the driver."""
     mig = MigSharesNode(tmp_path, mps_root).inventory.by_name(SLICE)
     assert isinstance(mig, MigDevice)
-    support = MemoryLimitSupport(hook_path="/usr/bin/nvidia-cdi-hook", enforced=frozenset({mig.uuid}))
+    hook = "/usr/bin/nvidia-cdi-hook"
+    support = MemoryLimitSupport(hook_path=hook, enforced=frozenset({mig.uuid}))
     if left_out:
         support = support.without_mig([mig.uuid])
     assert support.edits(mig.uuid, 2048) == ContainerEdits()
