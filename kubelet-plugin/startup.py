@@ -508,7 +508,8 @@ def node_inventory(settings: KubeletPluginSettings, devices: NodeDevices) -> Nod
     elif not settings.mps_shares_on_mig.empty:
         log.warning(
             "--mps-shares-on-mig offers no MIG device of this node: no published static MIG "
-            "device has the profiles it names"
+            "device matches it (the MIG devices of GPUs that --dynamic-mig partitions are "
+            "never offered)"
         )
     return inventory
 

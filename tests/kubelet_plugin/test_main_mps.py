@@ -306,3 +306,23 @@ def test_static_mig_devices_offered_as_shares_get_warm_daemons_too(data_dir: Pat
     finally:
         kill_processes_under(data_dir)
         instance.close()
+
+
+def test_mig_shares_on_a_node_dynamic_mig_partitions_offer_nothing_and_say_why(
+    data_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    host = SimulatedHost.load("hgx-h100-mig", "node-a")
+    plugin = settings(
+        data_dir, "--simulate=hgx-h100-mig", "--dynamic-mig", "--mps-shares-on-mig=all"
+    )
+
+    with caplog.at_level("WARNING", logger="gpu_dra"):
+        inventory = node_inventory(plugin, discover(plugin, host.nvml, host.pci, None))
+
+    assert inventory.mig_mps_shares == ()
+    assert not any(d.get("allowMultipleAllocations") for d in inventory.published_devices())
+    assert any(
+        "--mps-shares-on-mig offers no MIG device of this node" in r.getMessage()
+        and "--dynamic-mig partitions are never offered" in r.getMessage()
+        for r in caplog.records
+    ), caplog.text
