@@ -37,6 +37,7 @@ from gpu_dra.kubelet_plugin.mig import SIMULATED_STATE_FILE
 from gpu_dra.kubelet_plugin.mps import shared_daemon_id
 from gpu_dra.kubelet_plugin.mps.warm_policy import WarmPolicy
 from gpu_dra.kubelet_plugin.node_devices import NodeInventory
+from gpu_dra.kubelet_plugin.settings import KubeletPluginSettings
 from tests.doubles.mps_helpers import kill_processes_under
 
 DRIVER = "gpu.nvidia.com"
@@ -249,8 +250,11 @@ class Driver:
 
     def warm_daemon_ids(self) -> set[str]:
         """Ids of the shared MPS daemons the plugin keeps warm (docs/mps.md, "Warm daemons"):
-        those of the GPUs it publishes as MPS shares, unless ``--mps-share-daemon-warm=off``."""
-        if not WarmPolicy.parse(self.plugin_arg("--mps-share-daemon-warm") or "always").warm:
+        those of the GPUs (and static MIG devices) it publishes as MPS shares, unless
+        ``--mps-share-daemon-warm`` is ``off`` (the plugin's default when not given)."""
+        given = self.plugin_arg("--mps-share-daemon-warm")
+        default = KubeletPluginSettings.mps_share_daemon_warm
+        if not (default if given is None else WarmPolicy.parse(given)).warm:
             return set()
         return {
             shared_daemon_id(device["attributes"]["uuid"]["string"])
