@@ -70,8 +70,8 @@ class Shown:
 
 
 def simulated_activity(driver: Driver) -> dict[str, dict[str, Any]]:
-    """The simulated-utilization.json picture: the busy claim's GPU, and the shared GPU with
-    one process of the busy share's pod."""
+    """The simulated-utilization.json picture, by device name: the busy claim's GPU, and the
+    shared GPU with one process of the busy share's pod."""
     kube = driver.kube
     (gpu,) = [r.device for r in claim_results(kube, BUSY_GPU_CLAIM[0])[BUSY_GPU_CLAIM[1]]]
     (share,) = claim_results(kube, BUSY_SHARE_CLAIM[0])[BUSY_SHARE_CLAIM[1]]
@@ -111,11 +111,14 @@ def show_utilization(driver: Driver, say: Callable[[str], None]) -> Shown:
     devices = simulated_activity(driver)
     path = driver.state_dir / SIMULATED_UTILIZATION_FILE
     say(f"==> simulated GPU activity: {path.name} in the plugin's data dir ({driver.data_dir})")
+    busy_gpu, busy_share = "/".join(BUSY_GPU_CLAIM), "/".join(BUSY_SHARE_CLAIM)
     for device, activity in sorted(devices.items()):
-        say(f"  {device}: {json.dumps(activity)}")
+        whose = f"a process of the pod of {busy_share}" if "processes" in activity else busy_gpu
+        say(f"  {device}, busy for {whose}: {json.dumps(activity)}")
+    say("  (every other device idle: the file names only the busy ones)")
     write_utilization(path, devices)
 
-    busy = {"/".join(BUSY_GPU_CLAIM): BUSY_GPU["gpu"], "/".join(BUSY_SHARE_CLAIM): BUSY_SHARE_SM}
+    busy = {busy_gpu: BUSY_GPU["gpu"], busy_share: BUSY_SHARE_SM}
     seen: dict[str, float] = {}
     warnings: list[str] = []
 

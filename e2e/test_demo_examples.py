@@ -37,6 +37,7 @@ from demo.utilization import (
     BUSY_SHARE_MEMORY,
     BUSY_SHARE_SM,
     IDLE_CLAIMS,
+    IDLE_FOR,
     IDLE_NAMESPACE,
     show_utilization,
 )
@@ -139,7 +140,9 @@ def assert_plugin_runs_as_the_charts_pod(
 def claim_lines(text: str, section: str) -> dict[str, list[str]]:
     """The table lines of one ``==> <section>`` block of the demo's output, by their first
     column (``<namespace>/<claim>``)."""
-    block = text.split(f"==> {section}\n", 1)[1].split("\n==> ", 1)[0]
+    header = f"==> {section}\n"
+    assert text.count(header) == 1, text
+    block = text.split(header, 1)[1].split("\n==> ", 1)[0]
     lines: dict[str, list[str]] = {}
     for line in block.splitlines():
         first = line.split(" ", 1)[0]
@@ -153,21 +156,27 @@ def check_utilization(driver: Driver) -> None:
     ``gpu-dra inventory --utilization``, the idle ones (and not the busy ones) in ``--idle``."""
     printed: list[str] = []
     shown = show_utilization(driver, printed.append)
-    text = "\n".join(printed)
     busy_gpu, busy_share = "/".join(BUSY_GPU_CLAIM), "/".join(BUSY_SHARE_CLAIM)
     assert shown.busy == {busy_gpu: BUSY_GPU["gpu"], busy_share: BUSY_SHARE_SM}
     idle = {"/".join(claim) for claim in IDLE_CLAIMS}
     assert idle <= shown.idle
     assert any(claim.startswith(f"{IDLE_NAMESPACE}/") for claim in shown.idle), shown.idle
     assert not {busy_gpu, busy_share} & shown.idle
+    limit = requested_capacity(driver.kube, *BUSY_SHARE_CLAIM)["memory"]
+    assert_utilization_printed("\n".join(printed), quantity_value(limit))
 
+
+def assert_utilization_printed(text: str, share_limit_bytes: int) -> None:
+    """What the demo printed: the busy claims' utilization and memory in the ``--utilization``
+    table, the idle shares at 0 %; the idle claims, and not the busy ones, in ``--idle``."""
+    busy_gpu, busy_share = "/".join(BUSY_GPU_CLAIM), "/".join(BUSY_SHARE_CLAIM)
+    idle = {"/".join(claim) for claim in IDLE_CLAIMS}
     table = claim_lines(text, "gpu-dra inventory --utilization")
     (gpu_line,) = table[busy_gpu]
     assert f" {BUSY_GPU['gpu']}% " in gpu_line, gpu_line
-    assert f" {BUSY_GPU['memoryUsedBytes'] // 2**30:.1f}/" in gpu_line, gpu_line
+    assert f" {BUSY_GPU['memoryUsedBytes'] / 2**30:.1f}/" in gpu_line, gpu_line
     (share_line,) = table[busy_share]
-    limit = requested_capacity(driver.kube, *BUSY_SHARE_CLAIM)["memory"]
-    share_memory = f"{BUSY_SHARE_MEMORY / 2**30:.1f}/{quantity_value(limit) / 2**30:.1f} GiB"
+    share_memory = f"{BUSY_SHARE_MEMORY / 2**30:.1f}/{share_limit_bytes / 2**30:.1f} GiB"
     assert f" {BUSY_SHARE_SM}% " in share_line, share_line
     assert share_memory in share_line, share_line
     assert " mps-share " in share_line, share_line
@@ -175,7 +184,7 @@ def check_utilization(driver: Driver) -> None:
         (line,) = table[claim]
         assert " 0% " in line, line
 
-    idle_table = claim_lines(text, "gpu-dra inventory --idle")
+    idle_table = claim_lines(text, f"gpu-dra inventory --idle --idle-for {IDLE_FOR}")
     assert idle <= set(idle_table), text
     assert any(claim.startswith(f"{IDLE_NAMESPACE}/") for claim in idle_table), text
     assert not {busy_gpu, busy_share} & set(idle_table), text
