@@ -221,7 +221,10 @@ def install_stage(release: DemoRelease, number: int, stage: Stage) -> None:
     chart = CHART.relative_to(REPO_ROOT)
     say(f"==> helm upgrade --install {RELEASE} {chart} --namespace {NAMESPACE}")
     say(f"  kubelet plugin: --simulate={PROFILE.name} {stage.flags}")
-    say(f"  as chart values: {chart_settings(stage)}")
+    say(
+        f"  the stage's values: {chart_settings(stage)} (besides the node's: the local image, "
+        "simulate, the MPS test double, a utilization sample every second)"
+    )
     release.ensure(stage)
     pod = release.plugin_pod()
     say(
