@@ -71,6 +71,9 @@ class Driver:
     real: RealNode | None = None
     """Real mode: the plugin runs without ``--simulate`` on this fake driver root, whose
     ``libnvidia-ml.so.1`` is the NVML mock library (`e2e.realnode`); `profile` is unused."""
+    metrics_url: str = f"http://127.0.0.1:{METRICS_PORT}/metrics"
+    """The plugin's /metrics: the host process's default port; a plugin pod's is on its pod IP
+    (`e2e.chart.plugin_metrics_url`)."""
 
     @property
     def state_dir(self) -> Path:
@@ -407,8 +410,8 @@ class Driver:
         (self.state_dir / SIMULATED_STATE_FILE).unlink(missing_ok=True)
 
     def metric(self, name: str, **labels: str) -> float:
-        """A sample from the plugin's /metrics endpoint (default port, inside the namespace)."""
-        with urllib.request.urlopen(f"http://127.0.0.1:{METRICS_PORT}/metrics", timeout=5) as r:
+        """A sample from the plugin's /metrics endpoint (`metrics_url`)."""
+        with urllib.request.urlopen(self.metrics_url, timeout=5) as r:
             text = r.read().decode()
         for family in text_string_to_metric_families(text):
             for sample in family.samples:

@@ -23,8 +23,8 @@ import pytest
 from e2e import manifests as m
 from e2e.driver import Driver
 from e2e.kube import Kube, wait_for
-from e2e.test_utilization import metric_or_none, pids_of_pod, share_claim
-from e2e.workloads import delete_pods, wait_running
+from e2e.test_utilization import metric_or_none, share_claim
+from e2e.workloads import delete_pods, pids_of_pod, wait_running
 from gpu_dra.kubelet_plugin.mps.memory_watchdog import (
     REASON_EVICTED,
     REASON_EXCEEDED,
