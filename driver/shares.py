@@ -116,12 +116,17 @@ def share_capacity(gpu: SharedDevice) -> dict[str, DeviceCapacity]:
 
 
 def offered_device(device: Device, gpu: SharedDevice, *, capped: bool = False) -> Device:
-    """A copy of ``gpu``'s published device, offered as MPS shares (a MIG device's ``memory``
-    capacity, the slice's, gets the request policy), or with ``capped`` as capped time-sliced
-    shares (attribute `CAPPED`; whole GPUs only)."""
+    """A copy of ``gpu``'s published device, offered as MPS shares: its capacities are only
+    ``memory`` (the device's, a MIG device's being the slice's) and ``compute``, with request
+    policies; or with ``capped`` as capped time-sliced shares (attribute `CAPPED`; whole GPUs
+    only). A MIG device's other capacities (SMs, engines, memory slices) stay on its
+    attributes' profile and are not offered."""
     offered = copy.deepcopy(device)
     offered["allowMultipleAllocations"] = True
-    offered["capacity"] = {**offered.get("capacity", {}), **share_capacity(gpu)}
+    # Only the share capacities: the scheduler charges every allocation the whole of any
+    # capacity without a request policy, so a MIG device's SMs, engines and memory slices
+    # would let one share take the device (the second share was unschedulable).
+    offered["capacity"] = share_capacity(gpu)
     if capped:
         offered["attributes"] = {**offered.get("attributes", {}), CAPPED: {"bool": True}}
     return offered

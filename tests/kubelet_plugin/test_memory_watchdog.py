@@ -5,6 +5,7 @@ cause (never as under the cap), bounded NVML cost, and detection latency."""
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 import time
@@ -507,7 +508,8 @@ def test_mps_shares_of_a_mig_device_are_watched_on_the_mig_device(
     support = MemoryLimitSupport(enforced=every_gpu).without_mig(migs)
     events = Events()
     watchdog = start_memory_watchdog(
-        settings(tmp_path, "--mps-memory-watchdog-interval=0.2"), nvml, node.inventory, support,
+        settings(tmp_path, "--mps-memory-watchdog=report", "--mps-memory-watchdog-interval=0.2"),
+        nvml, node.inventory, support,
         entries=node.checkpoint.all, claims=lambda ns, name: reserved,
         registry=CollectorRegistry(), is_turn=lambda: True, events=events, evictions=None,
         proc_root=proc,
@@ -523,3 +525,23 @@ def test_mps_shares_of_a_mig_device_are_watched_on_the_mig_device(
         watchdog.close()
     assert [r for _, r in events.reasons()] == [REASON_EXCEEDED] * 2
     assert node.unprepare(claim) == {UID_A: None}
+
+
+def test_a_watchdog_reading_another_proc_never_signals_this_hosts_processes(
+    tmp_path: Path, mps_root: Path
+) -> None:
+    """Unit tests give the watchdog a fake /proc: its PIDs are not this host's, so ``kill``
+    (the default policy) must not reach them."""
+    nvml = SimulatedHost.load("hgx-h100", NODE).nvml
+    watchdog = start_memory_watchdog(
+        settings(tmp_path), nvml, SharesNode(tmp_path / "node", mps_root).inventory,
+        MemoryLimitSupport(), entries=dict, claims=lambda ns, name: None,
+        registry=CollectorRegistry(), is_turn=lambda: True, events=None, evictions=None,
+        proc_root=tmp_path / "proc",
+    )  # fmt: skip
+    assert watchdog is not None
+    try:
+        with pytest.raises(PermissionError, match="another /proc"):
+            watchdog._kill(os.getpid(), 0)
+    finally:
+        watchdog.close()
