@@ -35,6 +35,7 @@ from gpu_dra.kubelet_plugin._generated.dra.v1 import api_pb2 as dra_v1
 from gpu_dra.kubelet_plugin._generated.dra.v1 import api_pb2_grpc as dra_v1_grpc
 from gpu_dra.kubelet_plugin.mig import SIMULATED_STATE_FILE
 from gpu_dra.kubelet_plugin.mps import shared_daemon_id
+from gpu_dra.kubelet_plugin.mps.warm_policy import DEFAULT as DEFAULT_WARM
 from gpu_dra.kubelet_plugin.mps.warm_policy import WarmPolicy
 from gpu_dra.kubelet_plugin.node_devices import NodeInventory
 from tests.doubles.mps_helpers import kill_processes_under
@@ -250,7 +251,8 @@ class Driver:
     def warm_daemon_ids(self) -> set[str]:
         """Ids of the shared MPS daemons the plugin keeps warm (docs/mps.md, "Warm daemons"):
         those of the GPUs it publishes as MPS shares, unless ``--mps-share-daemon-warm=off``."""
-        if not WarmPolicy.parse(self.plugin_arg("--mps-share-daemon-warm") or "always").warm:
+        given = self.plugin_arg("--mps-share-daemon-warm")
+        if not (DEFAULT_WARM if given is None else WarmPolicy.parse(given)).warm:
             return set()
         return {
             shared_daemon_id(device["attributes"]["uuid"]["string"])

@@ -596,9 +596,10 @@ def test_mps_share_daemon_warm_is_parsed(value: str, policy: str) -> None:
     assert str(settings.mps_share_daemon_warm) == policy
 
 
-def test_mps_share_daemon_warm_is_off_by_default() -> None:
-    # Off until its e2e passes (docs/mps.md, "Warm daemons").
-    assert not KubeletPluginSettings.parse(["--node-name=n"], {}).mps_share_daemon_warm.warm
+def test_mps_share_daemon_warm_is_always_by_default() -> None:
+    policy = KubeletPluginSettings.parse(["--node-name=n"], {}).mps_share_daemon_warm
+    assert policy.warm
+    assert policy.idle_s is None
 
 
 @pytest.mark.parametrize("value", ["on", "idle:", "idle:5", "idle:0s"])
