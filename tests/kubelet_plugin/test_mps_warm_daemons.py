@@ -449,7 +449,12 @@ def test_the_warmer_loop_starts_the_fresh_daemon_without_waiting_its_interval(
     warmer = node.warmer(interval_s=120)  # a pass after the interval would come far too late
     loop = asyncio.new_event_loop()
     task = loop.create_task(warmer.run())
-    thread = threading.Thread(target=lambda: loop.run_until_complete(asyncio.wait([task])))
+
+    def serve() -> None:
+        loop.run_until_complete(asyncio.wait([task]))
+        loop.run_until_complete(loop.shutdown_default_executor())  # a pass under way ends
+
+    thread = threading.Thread(target=serve)
     thread.start()
     try:
         deadline = time.monotonic() + 15
