@@ -474,12 +474,13 @@ def start_memory_watchdog(
     proc_root: Path = Path("/proc"),
 ) -> MemoryWatchdog | None:
     """Start the watchdog thread; None (logged) when ``--mps-memory-watchdog=off`` or when
-    the driver caps every GPU offered as MPS shares (nothing to watch)."""
+    the driver caps every GPU offered as MPS shares and no static MIG device is offered (MIG
+    shares are never capped by the driver: always watched)."""
     policy = Policy(settings.mps_memory_watchdog)
     unenforced = [
-        gpu.uuid
-        for gpu in inventory.mps_shares
-        if support.enforcement(gpu.uuid) is not Enforcement.DRIVER
+        device.uuid
+        for device in inventory.shared_devices
+        if support.enforcement(device.uuid) is not Enforcement.DRIVER
     ]
     if policy is Policy.OFF or not unenforced:
         why = "turned off" if policy is Policy.OFF else "the driver caps every share's memory"
