@@ -263,7 +263,7 @@ def test_mig_devices_offered_as_shares_are_never_capped_by_the_driver(data_dir: 
     # What does check their memory, as each share's Event says: the watchdog's settings.
     assert memory.watchdog == (
         "the memory watchdog checks its processes every 1s and acts on an overrun after the "
-        "fact (--mps-memory-watchdog=report)"
+        "fact (--mps-memory-watchdog=kill)"
     )
     off = settings(data_dir, "--mps-shares-on-mig=3g.40gb", "--mps-memory-watchdog=off")
     assert share_memory(off, host.nvml, inventory, None).watchdog == (

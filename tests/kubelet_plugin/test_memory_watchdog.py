@@ -507,7 +507,8 @@ def test_mps_shares_of_a_mig_device_are_watched_on_the_mig_device(
     support = MemoryLimitSupport(enforced=every_gpu).without_mig(migs)
     events = Events()
     watchdog = start_memory_watchdog(
-        settings(tmp_path, "--mps-memory-watchdog-interval=0.2"), nvml, node.inventory, support,
+        settings(tmp_path, "--mps-memory-watchdog-interval=0.2", "--mps-memory-watchdog=report"),
+        nvml, node.inventory, support,
         entries=node.checkpoint.all, claims=lambda ns, name: reserved,
         registry=CollectorRegistry(), is_turn=lambda: True, events=events, evictions=None,
         proc_root=proc,
