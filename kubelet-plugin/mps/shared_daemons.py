@@ -171,11 +171,14 @@ class SharedDaemons:
 
     def settings(self, gpu: SharedDevice) -> MpsSettings:
         """The daemon defaults: the largest share allowed, so a client that drops its caps from
-        its environment still cannot take more than that."""
+        its environment still cannot take more than that; and ``-M``: the shares' pods may run
+        as any UIDs, and without it a client of a second UID waits until every client of the
+        first has exited (seen on real GPUs: docs/mps.md, "Facts seen on real GPUs")."""
         largest = ceiling(gpu, self._max_percent)
         return MpsSettings(
             active_thread_percentage=largest.compute_percent,
             pinned_limits={gpu.uuid: f"{largest.memory_mib}M"},
+            multi_user=True,
         )
 
     def join(

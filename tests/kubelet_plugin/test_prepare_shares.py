@@ -80,6 +80,11 @@ def test_three_shares_from_two_namespaces_join_one_daemon_with_their_own_caps(
     assert handle.daemon_id == shared_daemon_id(uuid)
     assert node.running() == [handle.pid]
     assert node.users(handle.daemon_id) == sorted([UID_A, UID_B, UID_C])
+    # Multi-user (-M): tenants of other UIDs are served at once, not after every client of
+    # the first UID has exited (docs/mps.md, "Facts seen on real GPUs").
+    assert handle.settings.multi_user is True
+    argv = Path(f"/proc/{handle.pid}/cmdline").read_bytes().split(b"\0")
+    assert b"-M" in argv
     # Daemon defaults: the largest share allowed (the whole GPU with the default 100 %).
     state = double.read_state(handle.paths.pipe)
     assert state["visibleDevices"] == [uuid]
