@@ -419,23 +419,16 @@ class Api:
         except (OSError, http.client.HTTPException, BenchError):
             return False
 
-    def watch_lines(self, path: str, stop: threading.Event) -> Iterator[dict[str, Any]]:
-        """Events of a watch on `path` (``?watch=1&...``) until `stop` is set."""
-        connection = http.client.HTTPSConnection(
-            "127.0.0.1", self.port, context=self.context, timeout=2
-        )
+    def watch(self, path: str) -> Iterator[dict[str, Any]]:
+        """The events of a watch on `path` (``...?watch=1&resourceVersion=...``) until the
+        server ends it. Reads block: the caller's thread is a daemon."""
+        connection = http.client.HTTPSConnection("127.0.0.1", self.port, context=self.context)
         try:
             connection.request("GET", path, headers={"Accept": "application/json"})
             response = connection.getresponse()
             if response.status != 200:
                 raise BenchError(f"watch {path}: HTTP {response.status}: {response.read(500)!r}")
-            while not stop.is_set():
-                try:
-                    line = response.readline()
-                except TimeoutError:
-                    continue
-                if not line:
-                    return
+            while line := response.readline():
                 yield json.loads(line)
         finally:
             connection.close()
@@ -678,20 +671,23 @@ def run_pods(
     failure: list[BaseException] = []
 
     def watch() -> None:
-        path = f"/api/v1/namespaces/{NAMESPACE}/pods?watch=1&resourceVersion={version}"
+        nonlocal version
         try:
-            for event in api.watch_lines(path, stop):
-                pod = event.get("object", {})
-                if event.get("type") == "ERROR":
-                    raise BenchError(f"pod watch: {pod}")
-                name = pod.get("metadata", {}).get("name")
-                if pod.get("spec", {}).get("nodeName") and name not in bound:
-                    bound[name] = time.monotonic()
-                    if len(bound) == pods:
-                        done.set()
-                        return
+            while len(bound) < pods and not stop.is_set():
+                path = f"/api/v1/namespaces/{NAMESPACE}/pods?watch=1&resourceVersion={version}"
+                for event in api.watch(path):
+                    pod = event.get("object", {})
+                    if event.get("type") == "ERROR":
+                        raise BenchError(f"pod watch: {pod}")
+                    version = pod["metadata"]["resourceVersion"]
+                    name = pod["metadata"]["name"]
+                    if pod.get("spec", {}).get("nodeName") and name not in bound:
+                        bound[name] = time.monotonic()
+                        if len(bound) == pods:
+                            return
         except BaseException as error:  # reported by the waiting thread
             failure.append(error)
+        finally:
             done.set()
 
     watcher = threading.Thread(target=watch, daemon=True)
