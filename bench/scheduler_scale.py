@@ -88,9 +88,8 @@ class Shape:
 
     @property
     def label(self) -> str:
-        if self.name == "dynamic-mig" and self.policy != DEFAULT:
-            return f"dynamic-mig={self.policy}"
-        return self.name
+        """The name, with the policy for ``dynamic-mig`` (results say which one they measured)."""
+        return f"dynamic-mig={self.policy}" if self.name == "dynamic-mig" else self.name
 
 
 def parse_shape(text: str) -> Shape:
@@ -228,6 +227,24 @@ class Result:
 
     def to_json(self) -> dict[str, Any]:
         return {"kind": "result", **asdict(self)}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Result:
+        """The inverse of `to_json` (a ``--json`` result line)."""
+        fields = {k: v for k, v in data.items() if k not in ("kind", "memory")}
+        memory = {name: Memory(**value) for name, value in data["memory"].items()}
+        return cls(**fields, memory=memory)
+
+
+def read_results(lines: Sequence[str]) -> list[Result]:
+    """The result lines of ``--json`` output (ratio and other lines are skipped)."""
+    found = []
+    for line in lines:
+        if line.strip():
+            data = json.loads(line)
+            if data.get("kind") == "result":
+                found.append(Result.from_json(data))
+    return found
 
 
 RATIO_METRICS: Final = (
@@ -792,7 +809,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds for all pods to bind")
     parser.add_argument("--keep-logs", type=Path, help="copy the components' logs here")
     parser.add_argument("--json", action="store_true", help="JSON lines instead of tables")
+    parser.add_argument(
+        "--report",
+        type=Path,
+        metavar="JSONL",
+        help="run nothing: print the tables and ratios of the result lines of an earlier --json "
+        "run (also of one that was interrupted)",
+    )
     args = parser.parse_args(argv)
+    if args.report is not None:
+        report(read_results(args.report.read_text().splitlines()))
+        return 0
     if args.pods > args.nodes * 8:
         parser.error("at most 8 pods per node (one GPU each on 8-GPU nodes)")
     signal.signal(signal.SIGTERM, _interrupt)
@@ -831,11 +858,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         for (limits, shape), ratio in ratios(results).items():
             print(json.dumps({"kind": "ratio", "limits": limits, "shape": shape, **ratio}))
         return 0
+    report(results)
+    return 0
+
+
+def report(results: Sequence[Result]) -> None:
     print(table(results))
     print()
     print("Ratios to whole GPUs under the same limits, this run:")
     print(ratio_table(results))
-    return 0
+    goals = {key: goal_verdicts(r) for key, r in ratios(results).items()}
+    for (limits, shape), verdicts in goals.items():
+        if shape.startswith("dynamic-mig") and not shape.startswith("dynamic-mig-all"):
+            failed = [name for name, ok in verdicts.items() if not ok]
+            verdict = "met" if not failed else f"not met ({', '.join(failed)})"
+            print(f"issue 15 goal, {shape} under {limits} limits: {verdict}")
 
 
 if __name__ == "__main__":

@@ -28,6 +28,8 @@ from bench.scheduler_scale import (
     ratios,
     read_cpu_ticks,
     read_kib,
+    read_results,
+    report,
     status_kib,
     table,
 )
@@ -73,10 +75,10 @@ def test_status_kib_reads_a_field_and_refuses_a_missing_one() -> None:
 def test_shapes_parse_with_an_optional_policy_for_dynamic_mig_only() -> None:
     assert parse_shape("whole").label == "whole"
     assert parse_shape("dynamic-mig").policy == DEFAULT
-    assert parse_shape("dynamic-mig").label == "dynamic-mig"
-    four = parse_shape("dynamic-mig=1g,2g,3g,4g,7g")
-    assert four.policy == parse_policy("1g,2g,3g,4g,7g")
-    assert four.label == "dynamic-mig=1g,2g,3g,4g,7g"
+    assert parse_shape("dynamic-mig").label == "dynamic-mig=1g,2g,3g,4g,7g"  # the default
+    four = parse_shape("dynamic-mig=1g,2g,3g,7g")
+    assert four.policy == parse_policy("1g,2g,3g,7g")
+    assert four.label == "dynamic-mig=1g,2g,3g,7g"
     with pytest.raises(ValueError, match="unknown shape"):
         parse_shape("mig")
     with pytest.raises(ValueError, match="takes no policy"):
@@ -179,3 +181,17 @@ def test_ratios_divide_by_whole_under_the_same_limits() -> None:
     assert default["scheduler_rss_peak"] is False
     assert "| raised | dynamic-mig | 0.60x | 1.50x |" in ratio_table(results)
     assert "| raised | whole | 8 | 5.0 | 60.0 | 10.0 | 100 / 200 |" in table(results)
+
+
+def test_result_lines_read_back_and_report_the_goal(capsys: pytest.CaptureFixture[str]) -> None:
+    whole = _result("whole", "raised", 60.0, 10.0, 100.0)
+    mig = _result("dynamic-mig=1g,2g,3g,4g,7g", "raised", 20.0, 15.0, 150.0)
+    lines = [json.dumps(whole.to_json()), '{"kind": "ratio"}', "", json.dumps(mig.to_json())]
+
+    assert read_results(lines) == [whole, mig]
+    report(read_results(lines))
+    out = capsys.readouterr().out
+    assert "| raised | dynamic-mig=1g,2g,3g,4g,7g | 0.33x | 1.50x |" in out
+    assert (
+        "issue 15 goal, dynamic-mig=1g,2g,3g,4g,7g under raised limits: not met (pods_per_s)" in out
+    )
