@@ -96,7 +96,7 @@ def test_apiserver_takes_counter_slices_and_device_slices_as_the_core_builds_the
     # every device, as the pure core renders it (names, attributes, capacities, consumption)
     published = {d["name"]: d for s in device_slices for d in s["devices"]}
     expected = {d["name"]: d for d in inventory().published_devices()}
-    # the default --dynamic-mig-profiles (1g, 2g, 3g, 7g): 13 placements and the whole GPU
+    # the default --dynamic-mig-profiles (1g, 2g, 3g, 4g, 7g): 14 placements and the whole GPU
     assert len(published) == len(expected) == 8 * 15
     assert published == expected
     slice_3g = published["gpu-2-mig-3g40gb-9-4"]
