@@ -618,6 +618,19 @@ def control_plane(
         shutil.rmtree(workdir, ignore_errors=True)
 
 
+@contextlib.contextmanager
+def client_pool(threads: int) -> Iterator[ThreadPoolExecutor]:
+    """A thread pool whose queued work is dropped when the block fails (Ctrl-C, an error), so
+    the control plane is stopped at once rather than after every queued request."""
+    pool = ThreadPoolExecutor(threads)
+    try:
+        yield pool
+    except BaseException:
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    pool.shutdown(wait=True)
+
+
 def wait_quiet(pids: Sequence[int], *, settle_s: float = 2.0, timeout_s: float = 120.0) -> None:
     """Wait until `pids` together use under 5 % of a core over `settle_s` (informers synced)."""
     deadline = time.monotonic() + timeout_s
@@ -658,7 +671,7 @@ def create_fleet(api: Api, shape: Shape, nodes: int, threads: int) -> tuple[int,
             api.request("POST", "/apis/resource.k8s.io/v1/resourceslices", body)
 
     devices = 0
-    with ThreadPoolExecutor(threads) as pool:
+    with client_pool(threads) as pool:
         futures = []
         for index in range(nodes):
             name = f"bench-node-{index:04d}"
@@ -712,7 +725,7 @@ def run_pods(
     scheduler = plane.pid("kube-scheduler")
     ticks_before = read_cpu_ticks(scheduler)
     started = time.monotonic()
-    with ThreadPoolExecutor(threads) as pool:
+    with client_pool(threads) as pool:
         list(
             pool.map(
                 lambda i: api.request(

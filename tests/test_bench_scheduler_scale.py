@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -17,6 +19,7 @@ from bench.scheduler_scale import (
     Result,
     bench_pod,
     claim_template,
+    client_pool,
     cpu_ticks,
     fake_node,
     goal_verdicts,
@@ -195,3 +198,26 @@ def test_result_lines_read_back_and_report_the_goal(capsys: pytest.CaptureFixtur
     assert (
         "issue 15 goal, dynamic-mig=1g,2g,3g,4g,7g under raised limits: not met (pods_per_s)" in out
     )
+
+
+def test_a_failing_client_pool_drops_its_queued_work() -> None:
+    started: list[int] = []
+    pools: list[ThreadPoolExecutor] = []
+    gate = threading.Event()
+
+    def work(index: int) -> None:
+        started.append(index)
+        gate.wait(5)
+
+    def fail_with_work_queued() -> None:
+        with client_pool(1) as pool:
+            pools.append(pool)
+            for index in range(50):
+                pool.submit(work, index)
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        fail_with_work_queued()
+    gate.set()
+    pools[0].shutdown(wait=True)
+    assert len(started) <= 1  # at most the one running when the block failed
