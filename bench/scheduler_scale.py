@@ -10,7 +10,9 @@ etcd RSS with only the slices and at peak (VmHWM), slice bytes per node as the a
 them; ratios to ``whole`` within the run. Everything started is stopped, also on Ctrl-C.
 See docs/performance.md, "Scheduler scale".
 
-    python -m bench.scheduler_scale --nodes 500 --pods 1000 [--limits default raised] [--json]
+    python -m bench.scheduler_scale --nodes 500 --pods 1000 [--limits default scheduler raised]
+        [--shapes whole dynamic-mig dynamic-mig=1g,2g,3g,7g ...] [--json]
+    python -m bench.scheduler_scale --report RESULTS.jsonl
 """
 
 from __future__ import annotations
@@ -632,7 +634,8 @@ def client_pool(threads: int) -> Iterator[ThreadPoolExecutor]:
 
 
 def wait_quiet(pids: Sequence[int], *, settle_s: float = 2.0, timeout_s: float = 120.0) -> None:
-    """Wait until `pids` together use under 5 % of a core over `settle_s` (informers synced)."""
+    """Wait until `pids` together use under 5 % of a core over `settle_s` (informers synced);
+    after `timeout_s` the caller measures anyway (a busy shared machine may never look idle)."""
     deadline = time.monotonic() + timeout_s
     ticks_per_s = os.sysconf("SC_CLK_TCK")
     before = sum(read_cpu_ticks(pid) for pid in pids)
