@@ -43,7 +43,7 @@ from gpu_dra.driver.nvml.simulated_profiles import ProfileError
 from gpu_dra.driver.nvml.sysfs import SysfsPciTopology
 from gpu_dra.driver.partitions import partitioned_node
 from gpu_dra.driver.resourceapi import Device
-from gpu_dra.driver.shares import ShareSelection, with_shares
+from gpu_dra.driver.shares import MigShareSelection, SharedDevice, ShareSelection, with_shares
 
 _MISSING: Final = "-"
 
@@ -153,7 +153,8 @@ def plugin_devices(
 ) -> list[Device]:
     """The devices the kubelet plugin publishes for the node, in its order: whole GPUs with MIG
     off and static MIG devices, by PCI bus id then placement; with ``mps_shares``, every whole
-    GPU offered as MPS shares (``--mps-shares=all``); with ``capped_shares`` as capped shares
+    GPU and static MIG device offered as MPS shares (``--mps-shares=all``,
+    ``--mps-shares-on-mig=all``); with ``capped_shares`` every whole GPU as capped shares
     (``--capped-shares=all`` where the driver enforces the cap); with ``dynamic_mig``,
     partitionable GPUs in partitionable form (``--dynamic-mig``, the profiles of `mig_policy`).
     `CliError` when discovery or publishing fails, or a GPU cannot be read. `gpu-dra lint`
@@ -193,7 +194,11 @@ def _publish(
             return list(node.devices)
         published = published_devices(found.gpus, found.mig_devices)
         if mps_shares:
-            published = with_shares(published, ShareSelection(every_gpu=True).select(found.gpus))
+            offered: list[SharedDevice] = [
+                *ShareSelection(every_gpu=True).select(found.gpus),
+                *MigShareSelection(every_device=True).select(found.mig_devices),
+            ]
+            published = with_shares(published, offered)
         elif capped_shares:
             every = ShareSelection(every_gpu=True, flag="--capped-shares").select(found.gpus)
             published = with_shares(published, (), every)

@@ -1012,8 +1012,9 @@ def _a(word: str) -> str:
 # ---- the command --------------------------------------------------------------------------------
 
 MPS_SHARES_VARIANT: Final = "+mps-shares"
-"""Suffix of the profile name under which `gpu-dra lint` evaluates a machine's whole GPUs as
-they are published when offered as MPS shares (``--mps-shares=all``)."""
+"""Suffix of the profile name under which `gpu-dra lint` evaluates a machine's whole GPUs and
+static MIG devices as they are published when offered as MPS shares (``--mps-shares=all``,
+``--mps-shares-on-mig=all``)."""
 
 CAPPED_SHARES_VARIANT: Final = "+capped-shares"
 """The same for GPUs offered as capped time-sliced shares (``--capped-shares=all``, on a node
@@ -1144,8 +1145,9 @@ def _lint_devices(
     profiles: Sequence[str], *, variants: bool = False, policy: MigPolicy = DEFAULT_MIG_POLICY
 ) -> list[SimulatedDevice]:
     """The published devices of each profile; with ``variants`` also, as profile
-    ``<name>+mps-shares``, its whole GPUs as published with ``--mps-shares=all``, as
-    ``<name>+capped-shares`` with ``--capped-shares=all``, and as
+    ``<name>+mps-shares``, its whole GPUs and static MIG devices as published with
+    ``--mps-shares=all --mps-shares-on-mig=all``, as ``<name>+capped-shares`` with
+    ``--capped-shares=all``, and as
     ``<name>+dynamic-mig``, its partitionable GPUs' devices as published with ``--dynamic-mig``
     and `policy` (profiles without such GPUs add nothing)."""
     devices: list[SimulatedDevice] = []

@@ -1,21 +1,33 @@
-"""The gpu-dra demo: a real local cluster, the driver on a simulated 8-GPU node, the claims of
-demo/examples, what each pod received and what the plugin did for it. Run through `demo/run`
-(as root).
+"""The gpu-dra demo: a real local cluster, the driver installed with its Helm chart from the
+locally built image (demo/install.py: the kubelet plugin as the DaemonSet's pod on a simulated
+8-GPU node, the controller as the Deployment), the claims of demo/examples, what each pod
+received and what the plugin did for it. Run through `demo/run` (as root).
 
-The examples run in two stages (demo/stages.py), each with its plugin flags: NVIDIA's example
-manifests on whole GPUs as NVIDIA's driver publishes them, then - once those are deleted - dynamic
-MIG, MPS shares, per-claim MPS and time-slicing together. The second stage keeps running, with
-the cluster, so you can look around; `.venv/bin/python -m e2e.cluster down` removes it.
+The examples run in two stages (demo/stages.py), each a ``helm upgrade --install`` with its
+plugin flags: NVIDIA's example manifests on whole GPUs as NVIDIA's driver publishes them, then -
+once those are deleted - dynamic MIG, MPS shares, per-claim MPS and time-slicing together, on
+which the demo shows utilization per claim, busy and idle claims side by side
+(demo/utilization.py). The second stage keeps running, with the cluster, so you can look around;
+`.venv/bin/python -m e2e.cluster down` removes it. `demo/run --real` runs the plugin as a host
+process on a fake driver root (demo/real.py).
 """
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+from demo.install import (
+    NAMESPACE,
+    RELEASE,
+    DemoRelease,
+    apply_example,
+    demo_driver,
+    plugin_env,
+    remove_release,
+)
 from demo.observe import (
     MPS_PID_KEY,
     Seen,
@@ -28,9 +40,12 @@ from demo.observe import (
 )
 from demo.real import NAMESPACE as REAL_NAMESPACE
 from demo.real import remove_real_stage, run_real_stage
-from demo.stages import PROFILE, STAGES, Stage, ensure_plugin, namespace_of, title_of
+from demo.stages import PROFILE, STAGES, Stage, namespace_of, title_of
+from demo.utilization import show_utilization
+from e2e.chart import CHART, release_installed
 from e2e.cluster import Cluster, ClusterError
-from e2e.driver import BIN, MPS_DAEMON_NAMESPACE, PLUGIN, Driver
+from e2e.cluster.paths import REPO_ROOT
+from e2e.driver import MPS_DAEMON_NAMESPACE, PLUGIN, Driver
 from e2e.kube import Kube, wait_for
 from gpu_dra.driver.naming import GpuDeviceName, parse_device_name
 from gpu_dra.kubelet_plugin.timeslicing import interval_name
@@ -44,17 +59,6 @@ def table(rows: Sequence[Sequence[str]], indent: str = "  ") -> None:
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for row in rows:
         say(indent + "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
-
-
-def gpu_dra(driver: Driver, *args: str) -> str:
-    done = subprocess.run(
-        [str(BIN / "gpu-dra"), *args, f"--kubeconfig={driver.cluster.kubeconfig}"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    )
-    return done.stdout
 
 
 def gpu_minor(device_name: str) -> int:
@@ -161,7 +165,7 @@ def plugin_view(driver: Driver, namespace: str, seen: Sequence[Seen]) -> list[st
 def run_example(driver: Driver, example: Path) -> None:
     cluster, kube = driver.cluster, driver.kube
     say(f"\n==> example {example.name}: {title_of(example)}")
-    cluster.kubectl("apply", "-f", str(example / "example.yaml"))
+    apply_example(cluster, example)
     namespace = namespace_of(example)
     seen: list[Seen] = []
     for pod_name in wait_pods_running(kube, namespace):
@@ -204,8 +208,41 @@ def delete_leftovers(driver: Driver) -> None:
     remove_real_stage(driver)  # `demo/run --real` ran last: its pods, claims and plugin
 
 
+def chart_settings(stage: Stage) -> str:
+    """How the stage's plugin flags are given to the chart (demo/install.py, stage_values)."""
+    settings = ["featureGates.DynamicMIG=true"] if stage.dynamic_mig else []
+    settings += [f"{e['name']}={e['value']}" for e in plugin_env(stage.plugin_args)]
+    return ", ".join(settings) or "none"
+
+
+def install_stage(release: DemoRelease, number: int, stage: Stage) -> None:
+    """Upgrade (or install) the release to the stage's flags and say where the plugin runs."""
+    cluster = release.cluster
+    chart = CHART.relative_to(REPO_ROOT)
+    say(f"==> helm upgrade --install {RELEASE} {chart} --namespace {NAMESPACE}")
+    say(f"  kubelet plugin: --simulate={PROFILE.name} {stage.flags}")
+    say(
+        f"  the stage's values: {chart_settings(stage)} (besides the node's: the local image, "
+        "simulate, the MPS test double, a utilization sample every second)"
+    )
+    release.ensure(stage)
+    pod = release.plugin_pod()
+    say(
+        f"==> the kubelet plugin runs as pod {NAMESPACE}/{pod['metadata']['name']} of the "
+        f"chart's DaemonSet, image {pod['spec']['containers'][0]['image']}"
+    )
+    if number == 1:
+        say(f"==> kubectl get pods --namespace {NAMESPACE} -o wide")
+        say(cluster.kubectl("get", "pods", "--namespace", NAMESPACE, "-o", "wide"))
+        say("==> kubectl get deviceclasses  (applied by the chart's controller)")
+        say(cluster.kubectl("get", "deviceclasses"))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else list(argv)
+    if args in (["-h"], ["--help"]):
+        say(f"usage: demo/run [--real]\n\n{__doc__}")
+        return 0
     if args not in ([], ["--real"]):
         say("usage: demo/run [--real]")
         return 2
@@ -219,19 +256,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     kube = Kube(cluster.kubeconfig)
     if args == ["--real"]:
         return real_main(cluster, kube)
-    driver = Driver(cluster, kube, str(PROFILE))
-    say(f"==> installing gpu-dra (RBAC, DeviceClasses) and its kubelet plugin on {PROFILE.name}")
-    driver.install()
-    if cluster.pid(PLUGIN):  # from an earlier demo run, flags unknown
+    say(
+        "==> the driver image, built from the Dockerfile with buildah (cached by e2e/setup-host), "
+        "into the node's containerd"
+    )
+    release = DemoRelease.prepare(cluster, kube)
+    driver = release.driver
+    say(f"  {release.image}")
+    if cluster.pid(PLUGIN):  # a host process: `demo/run --real`, or an interrupted e2e run
         delete_leftovers(driver)
         driver.stop_plugin()
-    say("\n==> kubectl get deviceclasses")
-    say(cluster.kubectl("get", "deviceclasses"))
+    if release.installed():  # an earlier demo run's release, with its last stage's examples
+        delete_leftovers(driver)
 
     for number, stage in enumerate(STAGES, 1):
         say(f"\n======== stage {number}/{len(STAGES)}: {stage.title}")
-        say(f"==> kubelet plugin: --simulate={PROFILE.name} {stage.flags}")
-        ensure_plugin(driver, stage)
+        install_stage(release, number, stage)
         if number == 1:
             say("==> kubectl get resourceslices")
             say(cluster.kubectl("get", "resourceslices", "-o", "wide"))
@@ -243,23 +283,28 @@ def main(argv: Sequence[str] | None = None) -> int:
             say(f"  {line}")
         for example in stage.example_dirs():
             run_example(driver, example)
+        if stage.shows_utilization:
+            say("\n======== utilization per claim: busy and idle claims side by side")
+            show_utilization(driver, say)
         if number < len(STAGES):
             clean_up(driver, stage)
 
-    say("\n==> gpu-dra inventory")
-    say(gpu_dra(driver, "inventory"))  # the node and class summary
     say("==> kubectl get resourceclaims -A")
     say(cluster.kubectl("get", "resourceclaims", "-A"))
     say(
         "The cluster keeps running with the last stage's pods (as root, from the repo root):\n"
         "  look around:  .venv/bin/python -m e2e.cluster kubectl get pods -A\n"
+        f"  gpu-dra:      .venv/bin/python -m e2e.cluster kubectl get all -n {NAMESPACE}\n"
         "  remove it:    .venv/bin/python -m e2e.cluster down"
     )
     return 0
 
 
 def real_main(cluster: Cluster, kube: Kube) -> int:
-    """`demo/run --real`: the real-mode stage alone (demo/real.py)."""
+    """`demo/run --real`: the real-mode stage alone (demo/real.py), its plugin a host process."""
+    if release_installed(cluster, RELEASE, NAMESPACE):  # the chart release of a demo run
+        say(f"==> removing the demo's examples and helm release {NAMESPACE}/{RELEASE}")
+        remove_release(demo_driver(cluster, kube))
     if cluster.pid(PLUGIN):  # from an earlier demo run, flags unknown
         delete_leftovers(Driver(cluster, kube, str(PROFILE)))
         cluster.stop_component(PLUGIN)  # remove_real_stage stops only a real-mode one

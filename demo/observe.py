@@ -14,7 +14,7 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from e2e.driver import METRICS_PORT, Driver
+from e2e.driver import Driver
 from e2e.kube import Kube
 from gpu_dra.kubelet_plugin.mig import SIMULATED_STATE_FILE
 from gpu_dra.kubelet_plugin.timeslicing import DEFAULT_INTERVAL, RECORD_FILE
@@ -198,9 +198,8 @@ class MpsDaemon:
 
 def mps_daemons(driver: Driver) -> dict[str, MpsDaemon]:
     """The MPS daemons of prepared claims by id, from the plugin's /metrics (read from its
-    checkpoint at each scrape)."""
-    url = f"http://127.0.0.1:{METRICS_PORT}/metrics"
-    with urllib.request.urlopen(url, timeout=5) as response:
+    checkpoint at each scrape; `Driver.metrics_url`)."""
+    with urllib.request.urlopen(driver.metrics_url, timeout=5) as response:  # noqa: S310 (http)
         text = response.read().decode()
     daemons: dict[str, MpsDaemon] = {}
     for family in text_string_to_metric_families(text):

@@ -4,8 +4,10 @@ The tiers a node offers are choices of its plugin, not of a claim: ``--dynamic-m
 the H100s as MIG partitions, ``--mps-shares=4`` offers the first A100 as MPS shares, the other
 GPUs stay whole. NVIDIA's example manifests (01-05) run first on the plugin as NVIDIA's driver
 publishes (no flags); they hold 7 of the 8 GPUs, so they are deleted before the examples of the
-other tiers (06-09), which run together on one plugin with both flags and keep running. Each
-stage (re)starts the plugin with its flags, applies its examples and reports.
+other tiers (06-09), which run together on one plugin with both flags and keep running; on
+them the demo then shows utilization per claim, a busy and an idle claim side by side. Each
+stage upgrades the chart release to its flags (demo/install.py), applies its examples and
+reports.
 """
 
 from __future__ import annotations
@@ -16,8 +18,6 @@ from pathlib import Path
 import yaml
 
 from e2e.cluster import versions
-from e2e.driver import PLUGIN, Driver
-from e2e.kube import wait_for
 from gpu_dra.driver.discovery import discover_devices
 from gpu_dra.driver.nvml.simulated import SimulatedHost
 from gpu_dra.driver.resourceapi import Device
@@ -39,6 +39,9 @@ class Stage:
     dynamic_mig: bool = False
     plugin_args: tuple[str, ...] = ()
     """Further plugin flags (``--dynamic-mig`` is `dynamic_mig`)."""
+    shows_utilization: bool = False
+    """After its examples the demo makes some of their claims busy and prints the utilization
+    per claim (demo/utilization.py)."""
 
     @property
     def plugin_flags(self) -> tuple[str, ...]:
@@ -71,6 +74,7 @@ STAGES: tuple[Stage, ...] = (
         ("06-dynamic-mig", "07-mps-shares", "08-per-claim-mps", "09-time-slicing"),
         dynamic_mig=True,
         plugin_args=(f"--mps-shares={MPS_SHARE_GPU}",),
+        shows_utilization=True,
     ),
 )
 
@@ -97,32 +101,6 @@ def namespace_of(example: Path) -> str:
         if document and document.get("kind") == "Namespace":
             return str(document["metadata"]["name"])
     raise ValueError(f"{example} has no Namespace")
-
-
-def ensure_plugin(driver: Driver, stage: Stage) -> None:
-    """Run the kubelet plugin with the stage's flags: (re)started unless it already runs with
-    them; returns once the node's ResourceSlices show what it publishes."""
-    if (
-        driver.cluster.pid(PLUGIN)
-        and driver.dynamic_mig == stage.dynamic_mig
-        and driver.plugin_args == stage.plugin_args
-    ):
-        return
-    if driver.cluster.pid(PLUGIN):
-        driver.stop_plugin()
-    driver.dynamic_mig = stage.dynamic_mig
-    driver.plugin_args = stage.plugin_args
-    driver.start_plugin()
-    # start_plugin waits for the device names; a stage that only changes which GPUs are offered
-    # as MPS shares keeps them, so wait for the shares too (a slice of the last run may linger).
-    shared = {d["name"] for d in published_devices(stage) if d.get("allowMultipleAllocations")}
-    wait_for(
-        f"the ResourceSlices to offer {sorted(shared) or 'no GPU'} as MPS shares",
-        lambda: (
-            shared == {n for n, d in driver.devices().items() if d.get("allowMultipleAllocations")}
-        ),
-        60,
-    )
 
 
 def published_devices(stage: Stage) -> list[Device]:

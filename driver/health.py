@@ -234,16 +234,28 @@ class HealthState:
         return self.without(gpu_uuid, NVML_KEYS)
 
     def with_mps_daemons(
-        self, gpus: Iterable[str], dead: Mapping[str, str], now: datetime
+        self,
+        gpus: Iterable[str],
+        dead: Mapping[str, str],
+        now: datetime,
+        migs: Mapping[str, Target] | None = None,
     ) -> HealthState:
-        """For each GPU of `gpus` (those offered as MPS shares): a dead-daemon problem when
-        `dead` names it (UUID -> why), none otherwise."""
+        """For each GPU of `gpus` (those offered as MPS shares) and each MIG device of `migs`
+        (MIG UUID -> its target; static MIG devices offered as shares): a dead-daemon problem
+        when `dead` names it (UUID -> why), none otherwise."""
         state = self
         for gpu in gpus:
             if gpu in dead:
                 state = state.with_problem(Target(gpu), mps_daemon_dead(dead[gpu], now))
             else:
                 state = state.without(gpu, {KEY_MPS_DAEMON}, mig=False)
+        for uuid, target in (migs or {}).items():
+            if uuid in dead:
+                state = state.with_problem(target, mps_daemon_dead(dead[uuid], now))
+            elif KEY_MPS_DAEMON in state.of(target):
+                left = {k: p for k, p in state.of(target).items() if k != KEY_MPS_DAEMON}
+                problems = {t: p for t, p in state.problems.items() if t != target}
+                state = HealthState({**problems, target: left} if left else problems)
         return state
 
     def of(self, target: Target) -> Mapping[str, Problem]:

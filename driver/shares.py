@@ -1,17 +1,20 @@
-"""MPS shares of whole GPUs through consumable capacity: what is published, what a share is.
+"""MPS shares through consumable capacity: what is published, what a share is.
 
-A GPU offered as MPS shares (``--mps-shares``) is published with ``allowMultipleAllocations:
-true`` and two consumable capacities, ``memory`` and ``compute``, whose defaults are the whole
-GPU, so a claim that names no amount is exclusive. A share's consumed amounts become its clients'
-MPS caps. GPUs offered as capped time-sliced shares (``--capped-shares``) are published the
-same way plus the attribute `CAPPED`. Pure: values in, values out. The kubelet plugin decides
-which GPUs are offered (`ShareSelection`) and reads allocation results back with
+A whole GPU offered as MPS shares (``--mps-shares``), or a static MIG device
+(``--mps-shares-on-mig``), is published with ``allowMultipleAllocations: true`` and two
+consumable capacities, ``memory`` and ``compute`` (percent of the device's SMs: of the slice's
+for a MIG device), whose defaults are the whole device, so a claim that names no amount is
+exclusive. A share's consumed amounts become its clients' MPS caps. GPUs offered as capped
+time-sliced shares (``--capped-shares``) are published the same way plus the attribute
+`CAPPED`. Pure: values in, values out. The kubelet plugin decides which devices are offered
+(`ShareSelection`, `MigShareSelection`) and reads allocation results back with
 `consumed_share`. See docs/mps.md#offering-gpus-as-shares and docs/shares.md.
 """
 
 from __future__ import annotations
 
 import copy
+import re
 from collections.abc import Iterable, Mapping, Sequence, Set
 from dataclasses import dataclass
 from typing import Final
@@ -19,8 +22,8 @@ from typing import Final
 from gpu_dra.driver.attributes import binary_si_quantity
 from gpu_dra.driver.config.quantity import QuantityError, parse_quantity
 from gpu_dra.driver.jsonbounds import describe, short_key
-from gpu_dra.driver.model import Gpu
-from gpu_dra.driver.naming import gpu_device_name
+from gpu_dra.driver.model import Gpu, MigDevice
+from gpu_dra.driver.naming import gpu_device_name, mig_device_name
 from gpu_dra.driver.resourceapi import Device, DeviceCapacity
 
 MEMORY: Final = "memory"
@@ -36,8 +39,13 @@ CAPPED: Final = "cappedShares"
 the same capacities as an MPS-offered GPU, told apart by DeviceClasses (docs/shares.md)."""
 
 
+SharedDevice = Gpu | MigDevice
+"""What can be offered as MPS shares: a whole GPU (MIG off) or a static MIG device."""
+
+
 class ShareSelectionError(ValueError):
-    """An ``--mps-shares`` value is malformed or names no GPU of the node."""
+    """An ``--mps-shares`` (``--mps-shares-on-mig``) value is malformed or names no GPU (MIG
+    device) of the node."""
 
 
 class ShareError(ValueError):
@@ -59,8 +67,20 @@ class ShareSize:
         return f"{MEMORY} {binary_si_quantity(self.memory_bytes)}, {COMPUTE} {self.compute_percent}"
 
 
-def shareable_memory(gpu: Gpu) -> int:
-    """The GPU's memory rounded down to a whole MiB (the ``memory`` capacity of an offered GPU)."""
+def shared_device_name(device: SharedDevice) -> str:
+    """The published name: ``gpu-<minor>`` or ``gpu-<minor>-mig-<profile>-<id>-<start>``."""
+    if isinstance(device, MigDevice):
+        return mig_device_name(
+            device.parent.minor, device.profile, device.gi_profile_id, device.placement_start
+        )
+    return gpu_device_name(device.minor)
+
+
+def shareable_memory(gpu: SharedDevice) -> int:
+    """The device's memory rounded down to a whole MiB (the ``memory`` capacity of an offered
+    GPU or MIG device: a MIG device's is its slice's, from its GPU-instance profile)."""
+    if isinstance(gpu, MigDevice):
+        return gpu.memory_bytes // MIB * MIB
     if gpu.memory_bytes is None:
         raise ShareSelectionError(
             f"GPU {gpu.index} ({gpu.uuid}) reports no memory size; it cannot be offered as MPS "
@@ -69,12 +89,12 @@ def shareable_memory(gpu: Gpu) -> int:
     return gpu.memory_bytes // MIB * MIB
 
 
-def whole_gpu(gpu: Gpu) -> ShareSize:
-    """All of an offered GPU: what a request naming no amount consumes."""
+def whole_gpu(gpu: SharedDevice) -> ShareSize:
+    """All of an offered GPU (or MIG device): what a request naming no amount consumes."""
     return ShareSize(shareable_memory(gpu), FULL_COMPUTE)
 
 
-def share_capacity(gpu: Gpu) -> dict[str, DeviceCapacity]:
+def share_capacity(gpu: SharedDevice) -> dict[str, DeviceCapacity]:
     """``memory`` and ``compute`` with their request policies (see the module doc)."""
     memory = binary_si_quantity(shareable_memory(gpu))
     return {
@@ -95,24 +115,32 @@ def share_capacity(gpu: Gpu) -> dict[str, DeviceCapacity]:
     }
 
 
-def offered_device(device: Device, gpu: Gpu, *, capped: bool = False) -> Device:
-    """A copy of ``gpu``'s published device, offered as MPS shares, or with ``capped`` as
-    capped time-sliced shares (attribute `CAPPED`)."""
+def offered_device(device: Device, gpu: SharedDevice, *, capped: bool = False) -> Device:
+    """A copy of ``gpu``'s published device, offered as MPS shares: its capacities are only
+    ``memory`` (the device's, a MIG device's being the slice's) and ``compute``, with request
+    policies; or with ``capped`` as capped time-sliced shares (attribute `CAPPED`; whole GPUs
+    only). A MIG device's other capacities (SMs, engines, memory slices) stay on its
+    attributes' profile and are not offered."""
     offered = copy.deepcopy(device)
     offered["allowMultipleAllocations"] = True
-    offered["capacity"] = {**offered.get("capacity", {}), **share_capacity(gpu)}
+    # Only the share capacities: the scheduler charges every allocation the whole of any
+    # capacity without a request policy, so a MIG device's SMs, engines and memory slices
+    # would let one share take the device (the second share was unschedulable).
+    offered["capacity"] = share_capacity(gpu)
     if capped:
         offered["attributes"] = {**offered.get("attributes", {}), CAPPED: {"bool": True}}
     return offered
 
 
 def with_shares(
-    devices: Sequence[Device], offered: Iterable[Gpu], capped: Iterable[Gpu] = ()
+    devices: Sequence[Device], offered: Iterable[SharedDevice], capped: Iterable[Gpu] = ()
 ) -> list[Device]:
     """``devices`` (as `attributes.published_devices` orders them) with the ``offered`` GPUs'
-    devices replaced by their `offered_device`, the ``capped`` GPUs' by their capped one;
-    everything else unchanged."""
-    by_name = {gpu_device_name(gpu.minor): (gpu, False) for gpu in offered}
+    and MIG devices' devices replaced by their `offered_device`, the ``capped`` GPUs' by their
+    capped one; everything else unchanged."""
+    by_name: dict[str, tuple[SharedDevice, bool]] = {
+        shared_device_name(device): (device, False) for device in offered
+    }
     by_name.update({gpu_device_name(gpu.minor): (gpu, True) for gpu in capped})
     published = []
     for device in devices:
@@ -155,6 +183,13 @@ class ShareSelection:
         return "MPS shares" if self.flag == "--mps-shares" else "capped shares"
 
     @property
+    def mig_hint(self) -> str:
+        """Where a MIG-mode GPU's devices can be offered instead (MPS shares only)."""
+        if self.flag == "--mps-shares":
+            return "; offer its MIG devices with --mps-shares-on-mig"
+        return ""
+
+    @property
     def empty(self) -> bool:
         return not self.every_gpu and not self.names
 
@@ -184,8 +219,8 @@ class ShareSelection:
                 )
             if gpu.mig_enabled:
                 raise ShareSelectionError(
-                    f"{self.flag} names GPU {name}, which is in MIG mode: only whole GPUs are "
-                    f"offered as {self.what}"
+                    f"{self.flag} names GPU {name}, which is in MIG mode: {self.flag} offers "
+                    f"whole GPUs{self.mig_hint}"
                 )
             if gpu.uuid in partitioned:
                 raise ShareSelectionError(
@@ -204,7 +239,74 @@ class ShareSelection:
         return tuple(sorted(chosen, key=lambda g: g.index))
 
 
-def consumed_share(consumed: object, gpu: Gpu) -> ShareSize:
+_MIG_PROFILE: Final = re.compile(r"^(\d+c\.)?\d+g\.\d+gb(\+[a-z]+)*$")
+
+
+@dataclass(frozen=True)
+class MigShareSelection:
+    """Which static MIG devices are offered as MPS shares (``--mps-shares-on-mig``): ``all``,
+    ``none``, or a list of MIG profiles (``3g.40gb``) and MIG device UUIDs (``MIG-...``)."""
+
+    every_device: bool = False
+    profiles: tuple[str, ...] = ()
+    uuids: tuple[str, ...] = ()
+
+    @classmethod
+    def parse(cls, text: str) -> MigShareSelection:
+        """``all``, ``none`` (or empty), or comma-separated profiles / ``MIG-`` UUIDs."""
+        value = text.strip()
+        if value.lower() in ("", "none"):
+            return cls()
+        if value.lower() == "all":
+            return cls(every_device=True)
+        profiles: list[str] = []
+        uuids: list[str] = []
+        for part in (p.strip() for p in value.split(",")):
+            if part.startswith("MIG-"):
+                uuids.append(part)
+            elif _MIG_PROFILE.match(part):
+                profiles.append(part)
+            else:
+                raise ShareSelectionError(
+                    f"--mps-shares-on-mig: {part!r} is neither a MIG profile (1g.10gb, 3g.40gb, "
+                    "1c.3g.40gb, ...) nor a MIG device UUID (MIG-...); use all, none, or a "
+                    "comma-separated list of those"
+                )
+        return cls(profiles=tuple(dict.fromkeys(profiles)), uuids=tuple(dict.fromkeys(uuids)))
+
+    @property
+    def empty(self) -> bool:
+        return not self.every_device and not self.profiles and not self.uuids
+
+    def select(
+        self, devices: Sequence[MigDevice], *, partitioned: Set[str] = frozenset()
+    ) -> tuple[MigDevice, ...]:
+        """The offered MIG devices among the static ``devices``, in their order. Devices of GPUs
+        whose UUID is in ``partitioned`` (dynamic MIG publishes those GPUs as partitions, not
+        their static devices) are never offered; a profile no device has offers nothing (the
+        value is meant for a fleet), a listed UUID that is not a published static MIG device of
+        the node is an error."""
+        published = [d for d in devices if d.parent.uuid not in partitioned]
+        for uuid in self.uuids:
+            if not any(d.uuid == uuid for d in devices):
+                known = ", ".join(d.uuid for d in published) or "none"
+                raise ShareSelectionError(
+                    f"--mps-shares-on-mig names MIG device {uuid}, which this node does not "
+                    f"have (static MIG devices: {known})"
+                )
+            if not any(d.uuid == uuid for d in published):
+                raise ShareSelectionError(
+                    f"--mps-shares-on-mig names MIG device {uuid}, whose GPU --dynamic-mig "
+                    "publishes as MIG partitions: only static MIG devices are offered as shares"
+                )
+        return tuple(
+            d
+            for d in published
+            if self.every_device or d.profile in self.profiles or d.uuid in self.uuids
+        )
+
+
+def consumed_share(consumed: object, gpu: SharedDevice) -> ShareSize:
     """What one allocation result of an offered GPU consumed (``consumedCapacity``).
 
     The scheduler lists every capacity of the device there; a capacity it does not list (an
@@ -212,7 +314,7 @@ def consumed_share(consumed: object, gpu: Gpu) -> ShareSize:
     untrusted JSON (an object of quantity strings, or null): any other shape is a `ShareError`
     naming the field."""
     whole = whole_gpu(gpu)
-    where = f"consumedCapacity of {gpu_device_name(gpu.minor)}"
+    where = f"consumedCapacity of {shared_device_name(gpu)}"
     if consumed is None:
         consumed = {}
     if not isinstance(consumed, Mapping):
@@ -246,15 +348,16 @@ def consumed_share(consumed: object, gpu: Gpu) -> ShareSize:
     return ShareSize(int(memory_bytes), int(percent))
 
 
-def is_partial(size: ShareSize, gpu: Gpu) -> bool:
-    """Whether ``size`` is less than the whole GPU in memory or compute: an MPS share. A result
-    that consumed all of both holds the GPU exclusively, as on a GPU not offered as shares."""
+def is_partial(size: ShareSize, gpu: SharedDevice) -> bool:
+    """Whether ``size`` is less than the whole device in memory or compute: an MPS share. A
+    result that consumed all of both holds the device exclusively, as one not offered."""
     return size != whole_gpu(gpu)
 
 
-def ceiling(gpu: Gpu, max_percent: int) -> ShareSize:
-    """The largest share of ``gpu`` allowed by ``--mps-share-max-percent``: ``max_percent`` of its
-    SMs and of its memory (rounded down to whole MiB). The shared daemon's defaults."""
+def ceiling(gpu: SharedDevice, max_percent: int) -> ShareSize:
+    """The largest share of ``gpu`` (a GPU or MIG device) allowed by ``--mps-share-max-percent``:
+    ``max_percent`` of its SMs and of its memory (rounded down to whole MiB). The shared
+    daemon's defaults."""
     if not 0 < max_percent <= FULL_COMPUTE:
         raise ValueError(f"max share percent must be 1..100, got {max_percent}")
     memory = shareable_memory(gpu) * max_percent // FULL_COMPUTE // MIB * MIB

@@ -1,9 +1,11 @@
 """Fixtures for tests against the real local cluster (e2e/cluster).
 
 The session brings the cluster up unless it is already healthy, moves the test process into the
-cluster's network namespace (the only place its addresses exist), and tears the cluster down at
-the end if it started it (set GPU_DRA_E2E_KEEP=1 to keep it). When a test fails, every
-component's log is copied to $GPU_DRA_CACHE/e2e-logs/<test> and the tails are printed.
+cluster's network namespace (the only place its addresses exist), removes the chart release a
+`demo/run` leaves running (its plugin pod would serve the node beside the tests' plugins), and
+tears the cluster down at the end if it started it (set GPU_DRA_E2E_KEEP=1 to keep it). When a
+test fails, every component's log is copied to $GPU_DRA_CACHE/e2e-logs/<test> and the tails are
+printed.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from demo.install import remove_leftover_release
 from e2e.cluster import Cluster, netns
 from e2e.driver import MPS_DAEMON_NAMESPACE, Driver
 from e2e.kube import Kube, wait_for
@@ -36,6 +39,7 @@ def cluster() -> Iterator[Cluster]:
         started = True
     if not netns.current_is():
         netns.enter()
+    remove_leftover_release(cluster, Kube(cluster.kubeconfig))
     yield cluster
     if started and os.environ.get("GPU_DRA_E2E_KEEP") != "1":
         cluster.down()

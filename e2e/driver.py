@@ -37,6 +37,7 @@ from gpu_dra.kubelet_plugin.mig import SIMULATED_STATE_FILE
 from gpu_dra.kubelet_plugin.mps import shared_daemon_id
 from gpu_dra.kubelet_plugin.mps.warm_policy import WarmPolicy
 from gpu_dra.kubelet_plugin.node_devices import NodeInventory
+from gpu_dra.kubelet_plugin.settings import KubeletPluginSettings
 from tests.doubles.mps_helpers import kill_processes_under
 
 DRIVER = "gpu.nvidia.com"
@@ -70,6 +71,9 @@ class Driver:
     real: RealNode | None = None
     """Real mode: the plugin runs without ``--simulate`` on this fake driver root, whose
     ``libnvidia-ml.so.1`` is the NVML mock library (`e2e.realnode`); `profile` is unused."""
+    metrics_url: str = f"http://127.0.0.1:{METRICS_PORT}/metrics"
+    """The plugin's /metrics: the host process's default port; a plugin pod's is on its pod IP
+    (`e2e.chart.plugin_metrics_url`)."""
 
     @property
     def state_dir(self) -> Path:
@@ -249,8 +253,11 @@ class Driver:
 
     def warm_daemon_ids(self) -> set[str]:
         """Ids of the shared MPS daemons the plugin keeps warm (docs/mps.md, "Warm daemons"):
-        those of the GPUs it publishes as MPS shares, unless ``--mps-share-daemon-warm=off``."""
-        if not WarmPolicy.parse(self.plugin_arg("--mps-share-daemon-warm") or "always").warm:
+        those of the GPUs (and static MIG devices) it publishes as MPS shares, unless
+        ``--mps-share-daemon-warm`` is ``off`` (the plugin's default when not given)."""
+        given = self.plugin_arg("--mps-share-daemon-warm")
+        default = KubeletPluginSettings.mps_share_daemon_warm
+        if not (default if given is None else WarmPolicy.parse(given)).warm:
             return set()
         return {
             shared_daemon_id(device["attributes"]["uuid"]["string"])
@@ -403,8 +410,8 @@ class Driver:
         (self.state_dir / SIMULATED_STATE_FILE).unlink(missing_ok=True)
 
     def metric(self, name: str, **labels: str) -> float:
-        """A sample from the plugin's /metrics endpoint (default port, inside the namespace)."""
-        with urllib.request.urlopen(f"http://127.0.0.1:{METRICS_PORT}/metrics", timeout=5) as r:
+        """A sample from the plugin's /metrics endpoint (`metrics_url`)."""
+        with urllib.request.urlopen(self.metrics_url, timeout=5) as r:
             text = r.read().decode()
         for family in text_string_to_metric_families(text):
             for sample in family.samples:

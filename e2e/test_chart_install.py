@@ -5,12 +5,11 @@ chart's DaemonSet pod on a simulated H100 node and the controller as its Deploym
 claim runs through them; the controller's admission webhook refuses a claim and a DeviceClass
 with an unknown sharing strategy at ``kubectl apply`` with the plugin's message, admits a valid
 claim, and keeps its chart-made certificate across ``helm upgrade``; ``helm uninstall`` leaves no
-pod of the chart behind."""
+pod of the chart behind. The image, values and helm helpers are `e2e.chart`'s (the demo installs
+the chart with them too)."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,85 +18,36 @@ import pytest
 import yaml
 from kubernetes.client.exceptions import ApiException
 
-from e2e import helm
 from e2e import manifests as m
-from e2e.cluster import Cluster, ClusterError, driverimage, images, netns, versions
-from e2e.driver import CDI_ROOT, DATA_DIR_LINK, DRIVER, Driver
+from e2e.chart import (
+    CHART,
+    CONTROLLER_SELECTOR,
+    NAMESPACE,
+    PLUGIN_SELECTOR,
+    PROFILE,
+    RELEASE,
+    chart_values,
+    import_driver_image,
+    pods,
+    ready,
+    run_helm,
+    wait_plugin_ready,
+)
+from e2e.cluster import Cluster, ClusterError, versions
+from e2e.driver import CDI_ROOT, DRIVER, Driver
 from e2e.kube import Kube, wait_for
 from e2e.workloads import allocated_devices, claim_uid, delete_pods, gpus_seen, wait_running
 
 pytestmark = pytest.mark.e2e
 
-RELEASE = "gpu-dra"
-NAMESPACE = "gpu-dra-chart"
-CHART = Path(__file__).resolve().parents[1] / "deployments" / "helm" / "gpu-dra"
-PROFILE = "hgx-h100"
-PLUGIN_SELECTOR = "app.kubernetes.io/component=kubelet-plugin"
-CONTROLLER_SELECTOR = "app.kubernetes.io/component=controller"
 CLAIM_API = "resource.k8s.io/v1"
-
-
-def chart_values(cluster: Cluster, image: str) -> dict[str, Any]:
-    """What the e2e node needs beyond the defaults: the local image, the cluster's kubelet
-    directories, a short data dir for MPS sockets, simulated GPUs, and the apiserver's node
-    address (the e2e cluster has no kube-proxy for the service IP)."""
-    repository, tag = image.rsplit(":", 1)
-    paths = cluster.paths
-    apiserver = [
-        {"name": "KUBERNETES_SERVICE_HOST", "value": versions.NODE_IP},
-        {"name": "KUBERNETES_SERVICE_PORT", "value": str(versions.APISERVER_PORT)},
-    ]
-    return {
-        "gpuResourcesEnabledOverride": True,
-        "image": {"repository": repository, "tag": tag, "pullPolicy": "Never"},
-        "kubeletPlugin": {
-            "kubeletPluginsDirectoryPath": str(paths.plugins_dir),
-            "kubeletRegistrarDirectoryPath": str(paths.plugins_registry),
-            "dataDir": str(paths.state / DATA_DIR_LINK),
-            "simulate": PROFILE,
-            "affinity": None,
-            "containers": {"gpus": {"env": apiserver}},
-        },
-        "controller": {"containers": {"controller": {"env": apiserver}}},
-    }
-
-
-def driver_image(cluster: Cluster) -> driverimage.DriverImage:
-    """The driver image of this tree: cached by `e2e.cluster build` (setup-host); else built
-    now, from the host's network namespace (the image build reaches Debian's and PyPI's
-    mirrors, which the e2e namespace cannot)."""
-    if not driverimage.archive_path(cluster.paths, driverimage.inputs_digest()).is_file():
-        command, fds = netns.outside_command([sys.executable, "-m", "e2e.cluster.driverimage"])
-        subprocess.run(command, pass_fds=fds, check=True, timeout=600, cwd=CHART.parents[2])
-    return driverimage.build(cluster.paths)
-
-
-def run_helm(cluster: Cluster, *args: str) -> str:
-    done = subprocess.run(
-        [str(helm.binary(cluster.paths)), f"--kubeconfig={cluster.kubeconfig}", *args],
-        capture_output=True, text=True, timeout=300, check=False,
-    )  # fmt: skip
-    assert done.returncode == 0, f"helm {' '.join(args)}: {done.stderr}"
-    return done.stdout
-
-
-def pods(kube: Kube, selector: str) -> list[dict[str, Any]]:
-    return kube.list("v1", "Pod", namespace=NAMESPACE, label_selector=selector)
-
-
-def ready(pod: dict[str, Any]) -> bool:
-    conditions = pod.get("status", {}).get("conditions", [])
-    return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
 
 
 @pytest.fixture(scope="module")
 def installed(
     cluster: Cluster, kube: Kube, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[str]:
-    image = driver_image(cluster)
-    ctr, socket = cluster.bin_dir / "ctr", cluster.paths.containerd_socket
-    if not images.image_present(ctr, socket, image.reference):
-        images.import_images(ctr, socket, [image.archive])
+    image = import_driver_image(cluster)
     values = tmp_path_factory.mktemp("chart") / "values.yaml"
     values.write_text(yaml.safe_dump(chart_values(cluster, image.reference)))
     # The same short data dir as the host-process plugin's: the link must exist before the
@@ -118,34 +68,6 @@ def installed(
         )
         kube.delete("v1", "Namespace", NAMESPACE)
         kube.wait_gone("v1", "Namespace", NAMESPACE, None, timeout=180)
-
-
-def wait_plugin_ready(kube: Kube, cluster: Cluster) -> None:
-    """Wait until the node has exactly one plugin pod and it is ready (a rolling update with
-    maxSurge 1 runs two for a while); on time-out, fail with the containers' last log lines."""
-
-    def settled() -> bool:
-        (daemonset,) = kube.list("apps/v1", "DaemonSet", namespace=NAMESPACE,
-                                 label_selector=PLUGIN_SELECTOR)  # fmt: skip
-        status = daemonset.get("status") or {}
-        rolled_out = (
-            status.get("observedGeneration") == daemonset["metadata"]["generation"]
-            and status.get("updatedNumberScheduled") == status.get("desiredNumberScheduled") == 1
-            and status.get("numberAvailable") == 1
-        )
-        current = pods(kube, PLUGIN_SELECTOR)
-        return rolled_out and len(current) == 1 and ready(current[0])
-
-    try:
-        wait_for("the kubelet plugin pod to be ready, alone", settled, 180)
-    except TimeoutError as error:
-        logs = "".join(
-            cluster.kubectl("logs", "-n", NAMESPACE, p["metadata"]["name"], "-c", "gpus",
-                            "--tail=30", *extra)
-            for p in pods(kube, PLUGIN_SELECTOR)
-            for extra in ((), ("--previous",))
-        )  # fmt: skip
-        raise AssertionError(f"{error}; plugin log:\n{logs}") from error
 
 
 def test_the_chart_runs_the_plugin_and_controller_from_the_local_image(

@@ -6,12 +6,11 @@ catalog reconciled; the plugin pod becomes Ready through the kubelet's gRPC prob
 service; and the plugin refuses a node that advertises NVIDIA's device plugin resource, with an
 Event on the Node, until the resource is gone.
 
-Reuses e2e/test_chart_install.py's image, values and helm helpers; installs its own release in
+Uses `e2e.chart`'s image, values and helm helpers; installs its own release in
 the same namespace (modules run one after the other)."""
 
 from __future__ import annotations
 
-import copy
 import json
 import subprocess
 import time
@@ -23,10 +22,7 @@ import pytest
 import yaml
 
 from e2e import grpc_health_check
-from e2e.cluster import Cluster, images, versions
-from e2e.driver import Driver
-from e2e.kube import Kube, wait_for
-from e2e.test_chart_install import (
+from e2e.chart import (
     CHART,
     CONTROLLER_SELECTOR,
     NAMESPACE,
@@ -34,12 +30,16 @@ from e2e.test_chart_install import (
     PROFILE,
     RELEASE,
     chart_values,
-    driver_image,
+    import_driver_image,
+    merged,
     pods,
     ready,
     run_helm,
     wait_plugin_ready,
 )
+from e2e.cluster import Cluster, versions
+from e2e.driver import Driver
+from e2e.kube import Kube, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -50,17 +50,6 @@ RESYNC_S = 5
 HEALTH_PORT = 51516
 OPENAPI_NAMESPACE = "gpu-dra-openapi"
 OPENAPI_RELEASE = "openapi-check"
-
-
-def merged(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
-    """`base` with `overrides` merged in, key by key (as Helm merges values files)."""
-    result = copy.deepcopy(base)
-    for key, value in overrides.items():
-        if isinstance(value, dict) and isinstance(result.get(key), dict):
-            result[key] = merged(result[key], value)
-        else:
-            result[key] = copy.deepcopy(value)
-    return result
 
 
 # ---- helm template against the apiserver's OpenAPI -------------------------------------------
@@ -176,10 +165,7 @@ def test_the_validation_rejects_a_field_the_schema_does_not_have(
 def installed(
     cluster: Cluster, kube: Kube, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[str]:
-    image = driver_image(cluster)
-    ctr, socket = cluster.bin_dir / "ctr", cluster.paths.containerd_socket
-    if not images.image_present(ctr, socket, image.reference):
-        images.import_images(ctr, socket, [image.archive])
+    image = import_driver_image(cluster)
     values = merged(
         chart_values(cluster, image.reference),
         {"controller": {"replicas": 2, "resyncInterval": RESYNC_S}},

@@ -12,12 +12,11 @@ restarted), the new pods run, the old plugin pod and its sockets are gone, the n
 are still published, and after all pods are deleted nothing is left: no checkpoint entry, CDI
 spec, MIG instance or MPS daemon pod.
 
-Reuses e2e/test_chart_install.py's image, values and helm helpers; installs its own release in
+Uses `e2e.chart`'s image, values, helm and MPS double helpers; installs its own release in
 the same namespace (modules run one after the other)."""
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,23 +27,24 @@ import yaml
 from kubernetes.dynamic.exceptions import DynamicApiError
 
 from e2e import manifests as m
-from e2e.cluster import Cluster, images
-from e2e.cluster.paths import REPO_ROOT
-from e2e.driver import DRIVER, MPS_DAEMON_SELECTOR, Driver
-from e2e.kube import Kube, wait_for
-from e2e.mig import mig_instances, mig_modes, mig_request
-from e2e.test_chart_install import (
+from e2e.chart import (
     CHART,
     NAMESPACE,
     PLUGIN_SELECTOR,
     RELEASE,
     chart_values,
-    driver_image,
+    import_driver_image,
+    install_mps_double,
     pods,
     ready,
+    remove_mps_double,
     run_helm,
     wait_plugin_ready,
 )
+from e2e.cluster import Cluster, images
+from e2e.driver import DRIVER, MPS_DAEMON_SELECTOR, Driver
+from e2e.kube import Kube, wait_for
+from e2e.mig import mig_instances, mig_modes, mig_request
 from e2e.workloads import claim_uid, delete_pods, wait_running
 from gpu_dra.kubelet_plugin.server import socket_paths
 
@@ -66,23 +66,9 @@ PROFILE = {
 }
 """The simulated node: dynamic MIG partitions the H100s; `--mps-shares=all` offers the GPUs it
 does not partition, the L4."""
-MPS_DOUBLE_DIR = "e2e-mps-double"
 HOPPER = "device.attributes['gpu.nvidia.com'].architecture == 'Hopper'"
 MPS_CLASS = "mps.gpu.nvidia.com"
 UPGRADE_TAG_SUFFIX = "-upgraded"
-
-
-def install_mps_double(state_dir: Path) -> Path:
-    """The nvidia-cuda-mps-control TEST DOUBLE (standard library only) copied into the data dir,
-    which the plugin container sees at the same path: the control client the plugin runs."""
-    root = state_dir / MPS_DOUBLE_DIR
-    (root / "bin").mkdir(parents=True, exist_ok=True)
-    doubles = REPO_ROOT / "tests" / "doubles"
-    for name in ("nvidia_cuda_mps_control.py", "mps_double_daemon.py"):
-        shutil.copy2(doubles / name, root / name)
-    binary = root / "bin" / "nvidia-cuda-mps-control"
-    shutil.copy2(doubles / "bin" / "nvidia-cuda-mps-control", binary)
-    return binary
 
 
 def upgrade_values(
@@ -119,10 +105,8 @@ class Release:
 def release(
     cluster: Cluster, kube: Kube, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Release]:
-    image = driver_image(cluster)
+    image = import_driver_image(cluster)
     ctr, socket = cluster.bin_dir / "ctr", cluster.paths.containerd_socket
-    if not images.image_present(ctr, socket, image.reference):
-        images.import_images(ctr, socket, [image.archive])
     upgraded = image.reference + UPGRADE_TAG_SUFFIX
     images.tag_image(ctr, socket, image.reference, upgraded)
     driver = Driver(cluster, kube, PROFILE["name"])
@@ -151,7 +135,7 @@ def release(
         kube.wait_gone("v1", "Namespace", NAMESPACE, None, timeout=180)
         driver.forget_simulated_mig()
         profile.unlink(missing_ok=True)
-        shutil.rmtree(driver.state_dir / MPS_DOUBLE_DIR, ignore_errors=True)
+        remove_mps_double(driver.state_dir)
 
 
 def mps_daemon_pods(kube: Kube) -> list[str]:

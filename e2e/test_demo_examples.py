@@ -1,8 +1,11 @@
-"""The demo's stages as demo/run runs them: each stage's examples together on the demo's
-simulated node with the stage's plugin flags; each container sees exactly the devices allocated
-to its claims (MIG devices as the plugin made them, MPS caps and time slices as the claims ask),
-and deleting the examples leaks nothing. (tests/test_demo.py checks the stages without a
-cluster.)"""
+"""The demo's stages as demo/run runs them: gpu-dra installed with its Helm chart from the
+locally built image (the kubelet plugin as the DaemonSet's pod, no host process; the controller
+as the Deployment), upgraded to each stage's plugin flags; each stage's examples together on the
+demo's simulated node; each container sees exactly the devices allocated to its claims (MIG
+devices as the plugin made them, MPS caps and time slices as the claims ask); on the last stage
+the utilization per claim: the busy claims' numbers and the idle claims in ``gpu-dra inventory
+--utilization`` / ``--idle`` as the demo prints them; and deleting the examples leaks nothing.
+(tests/test_demo.py checks the stages and their chart values without a cluster.)"""
 
 from __future__ import annotations
 
@@ -11,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from demo.install import DemoRelease, apply_example, remove_release
 from demo.observe import (
     MPS_PID_KEY,
     MpsDaemon,
@@ -25,7 +29,19 @@ from demo.observe import (
     time_slices,
     wait_pods_running,
 )
-from demo.stages import MPS_SHARE_GPU, PROFILE, STAGES, Stage, ensure_plugin, namespace_of
+from demo.stages import MPS_SHARE_GPU, STAGES, Stage, namespace_of
+from demo.utilization import (
+    BUSY_GPU,
+    BUSY_GPU_CLAIM,
+    BUSY_SHARE_CLAIM,
+    BUSY_SHARE_MEMORY,
+    BUSY_SHARE_SM,
+    IDLE_CLAIMS,
+    IDLE_FOR,
+    IDLE_NAMESPACE,
+    show_utilization,
+)
+from e2e.chart import CONTROLLER_SELECTOR, pods, ready
 from e2e.cluster import Cluster
 from e2e.driver import PLUGIN, Driver
 from e2e.kube import Kube, wait_for
@@ -33,6 +49,7 @@ from gpu_dra.driver.config.limits import render_pinned_limit
 from gpu_dra.driver.config.quantity import quantity_value
 from gpu_dra.driver.naming import MigDeviceName, gpu_device_name, parse_device_name
 from gpu_dra.kubelet_plugin.timeslicing import TIME_SLICE_VALUES
+from gpu_dra.kubelet_plugin.utilization.simulated_file import SIMULATED_UTILIZATION_FILE
 
 pytestmark = pytest.mark.e2e
 
@@ -42,47 +59,55 @@ Obj = dict[str, Any]
 
 
 @pytest.fixture(scope="module")
-def driver(cluster: Cluster, kube: Kube) -> Iterator[Driver]:
-    """gpu-dra on the demo node; each test (re)starts the plugin with its stage's flags."""
-    running = Driver(cluster, kube, str(PROFILE))
-    running.install()
-    yield running
-    if cluster.pid(PLUGIN):
-        running.stop_plugin()
-    running.remove_mps_daemons()  # warm daemons outlive the plugin by design
+def release(cluster: Cluster, kube: Kube) -> Iterator[DemoRelease]:
+    """gpu-dra as demo/run installs it: the chart's release from the locally built image (each
+    test upgrades it to its stage's flags); uninstalled at the end, with what it left."""
+    if cluster.pid(PLUGIN):  # no host-process plugin may serve the node beside the chart's
+        cluster.stop_component(PLUGIN)
+    installed = DemoRelease.prepare(cluster, kube)
+    yield installed
+    remove_release(installed.driver)
 
 
 @pytest.mark.parametrize("stage", STAGES, ids=[f"stage-{i}" for i in range(1, len(STAGES) + 1)])
 def test_stage_examples_run_side_by_side_and_each_container_sees_its_claims_allocation(
-    stage: Stage, driver: Driver, cluster: Cluster, kube: Kube
+    stage: Stage, release: DemoRelease, cluster: Cluster, kube: Kube
 ) -> None:
-    """As demo/run does: the plugin with the stage's flags, all its examples at once; then
-    each container's devices against its claims' allocation, each example's own checks, and
-    after deleting them nothing left on the node."""
-    ensure_plugin(driver, stage)
+    """As demo/run does: the chart release with the stage's flags, all its examples at once;
+    then each container's devices against its claims' allocation, each example's own checks,
+    the utilization per claim where the stage shows it, and after deleting them nothing left on
+    the node."""
+    release.ensure(stage)
+    driver = release.driver
+    assert_plugin_runs_as_the_charts_pod(release, cluster, kube)
     namespaces = {example.name: namespace_of(example) for example in stage.example_dirs()}
     for example in stage.example_dirs():
-        cluster.kubectl("apply", "-f", str(example / "example.yaml"))
+        apply_example(cluster, example)
     try:
         for example, namespace in namespaces.items():
-            pods = {
+            pods_running = {
                 name: kube.get("v1", "Pod", name, namespace)
                 for name in wait_pods_running(kube, namespace, timeout=120)
             }
-            seen = [c for pod in pods.values() for c in containers_seen(kube, namespace, pod)]
+            seen = [
+                c for pod in pods_running.values() for c in containers_seen(kube, namespace, pod)
+            ]
             results = claim_results(kube, namespace)
             for container in seen:
-                claims = container_claims(pods[container.pod], container.container)
+                claims = container_claims(pods_running[container.pod], container.container)
                 allocated = {r.device for claim in claims for r in results[claim]}
                 assert set(container.devices) == allocated, (container, claims, results)
                 for device, facts in container.devices.items():
                     assert_device_is_what_was_published(driver, device, facts)
             CHECKS.get(example, lambda *_: None)(driver, kube, namespace, seen, results)
+        if stage.shows_utilization:
+            check_utilization(driver)
     finally:
         for namespace in namespaces.values():
             kube.delete("v1", "Namespace", namespace)
         for namespace in namespaces.values():
             kube.wait_gone("v1", "Namespace", namespace, None, timeout=180)
+        (driver.state_dir / SIMULATED_UTILIZATION_FILE).unlink(missing_ok=True)
     wait_for("every claim to be unprepared", lambda: not driver.checkpoint_claims(), 60)
     assert driver.cdi_spec_claims() == set()
     assert mig_instances(driver) == []
@@ -95,6 +120,74 @@ def test_stage_examples_run_side_by_side_and_each_container_sees_its_claims_allo
         60,
     )
     assert time_slices(driver) == {}
+
+
+def assert_plugin_runs_as_the_charts_pod(
+    release: DemoRelease, cluster: Cluster, kube: Kube
+) -> None:
+    """The node's one plugin is the DaemonSet's pod of the locally built image (no host
+    process), and the controller runs as the Deployment's pod."""
+    plugin = release.plugin_pod()
+    assert ready(plugin)
+    assert plugin["metadata"]["ownerReferences"][0]["kind"] == "DaemonSet"
+    assert plugin["spec"]["containers"][0]["image"] == release.image
+    assert cluster.pid(PLUGIN) is None
+    controllers = pods(kube, CONTROLLER_SELECTOR, plugin["metadata"]["namespace"])
+    assert any(map(ready, controllers)), controllers
+    assert release.driver.metrics_url.startswith(f"http://{plugin['status']['podIP']}:")
+
+
+def claim_lines(text: str, section: str) -> dict[str, list[str]]:
+    """The table lines of one ``==> <section>`` block of the demo's output, by their first
+    column (``<namespace>/<claim>``)."""
+    header = f"==> {section}\n"
+    assert text.count(header) == 1, text
+    block = text.split(header, 1)[1].split("\n==> ", 1)[0]
+    lines: dict[str, list[str]] = {}
+    for line in block.splitlines():
+        first = line.split(" ", 1)[0]
+        if "/" in first:
+            lines.setdefault(first, []).append(line)
+    return lines
+
+
+def check_utilization(driver: Driver) -> None:
+    """The demo's utilization step on the running examples: the busy claims' numbers in
+    ``gpu-dra inventory --utilization``, the idle ones (and not the busy ones) in ``--idle``."""
+    printed: list[str] = []
+    shown = show_utilization(driver, printed.append)
+    busy_gpu, busy_share = "/".join(BUSY_GPU_CLAIM), "/".join(BUSY_SHARE_CLAIM)
+    assert shown.busy == {busy_gpu: BUSY_GPU["gpu"], busy_share: BUSY_SHARE_SM}
+    idle = {"/".join(claim) for claim in IDLE_CLAIMS}
+    assert idle <= shown.idle
+    assert any(claim.startswith(f"{IDLE_NAMESPACE}/") for claim in shown.idle), shown.idle
+    assert not {busy_gpu, busy_share} & shown.idle
+    limit = requested_capacity(driver.kube, *BUSY_SHARE_CLAIM)["memory"]
+    assert_utilization_printed("\n".join(printed), quantity_value(limit))
+
+
+def assert_utilization_printed(text: str, share_limit_bytes: int) -> None:
+    """What the demo printed: the busy claims' utilization and memory in the ``--utilization``
+    table, the idle shares at 0 %; the idle claims, and not the busy ones, in ``--idle``."""
+    busy_gpu, busy_share = "/".join(BUSY_GPU_CLAIM), "/".join(BUSY_SHARE_CLAIM)
+    idle = {"/".join(claim) for claim in IDLE_CLAIMS}
+    table = claim_lines(text, "gpu-dra inventory --utilization")
+    (gpu_line,) = table[busy_gpu]
+    assert f" {BUSY_GPU['gpu']}% " in gpu_line, gpu_line
+    assert f" {BUSY_GPU['memoryUsedBytes'] / 2**30:.1f}/" in gpu_line, gpu_line
+    (share_line,) = table[busy_share]
+    share_memory = f"{BUSY_SHARE_MEMORY / 2**30:.1f}/{share_limit_bytes / 2**30:.1f} GiB"
+    assert f" {BUSY_SHARE_SM}% " in share_line, share_line
+    assert share_memory in share_line, share_line
+    assert " mps-share " in share_line, share_line
+    for claim in idle:
+        (line,) = table[claim]
+        assert " 0% " in line, line
+
+    idle_table = claim_lines(text, f"gpu-dra inventory --idle --idle-for {IDLE_FOR}")
+    assert idle <= set(idle_table), text
+    assert any(claim.startswith(f"{IDLE_NAMESPACE}/") for claim in idle_table), text
+    assert not {busy_gpu, busy_share} & set(idle_table), text
 
 
 def assert_device_is_what_was_published(driver: Driver, device: str, facts: dict[str, str]) -> None:

@@ -4,14 +4,18 @@ simulator has no driver: every share is ``mps-client``). The test drives a share
 over its memory through ``<data-dir>/simulated-utilization.json``, naming the share pod's own
 container processes (found by their cgroups, as the plugin finds them).
 
-``report`` (the default): Warning Events ``MpsShareMemoryExceeded`` on the pod and the claim, the
-pod keeps running, a share under its memory gets nothing. ``evict`` (the plugin restarted with
-GPU_DRA_MPS_MEMORY_WATCHDOG=evict, its identity granted ``pods/eviction``): the pod is evicted.
+``kill`` (the default): the share's process over its memory is SIGKILLed, with an Event
+``MpsShareProcessKilled`` on its pod; the other share's process runs on. ``report`` (the plugin
+restarted with GPU_DRA_MPS_MEMORY_WATCHDOG=report): Warning Events ``MpsShareMemoryExceeded`` on
+the pod and the claim, the pod keeps running, a share under its memory gets nothing. ``evict``
+(restarted with GPU_DRA_MPS_MEMORY_WATCHDOG=evict, its identity granted ``pods/eviction``): the
+pod is evicted.
 See docs/shares.md, "Memory watchdog"."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,9 +23,13 @@ import pytest
 from e2e import manifests as m
 from e2e.driver import Driver
 from e2e.kube import Kube, wait_for
-from e2e.test_utilization import metric_or_none, pids_of_pod, share_claim
-from e2e.workloads import delete_pods, wait_running
-from gpu_dra.kubelet_plugin.mps.memory_watchdog import REASON_EVICTED, REASON_EXCEEDED
+from e2e.test_utilization import metric_or_none, share_claim
+from e2e.workloads import delete_pods, pids_of_pod, wait_running
+from gpu_dra.kubelet_plugin.mps.memory_watchdog import (
+    REASON_EVICTED,
+    REASON_EXCEEDED,
+    REASON_KILLED,
+)
 from gpu_dra.kubelet_plugin.utilization.simulated_file import (
     SIMULATED_UTILIZATION_FILE,
     write_utilization,
@@ -65,6 +73,43 @@ def use_memory(driver: Driver, used: dict[int, int]) -> None:
     )
 
 
+def test_kill_by_default_ends_the_process_of_the_share_over_its_memory(
+    driver: Driver, kube: Kube, namespace: str
+) -> None:
+    pids = start_shares(kube, namespace, {"hog": "2Gi", "fair": "4Gi"})
+    use_memory(driver, {pids["hog"]: 3 * GIB, pids["fair"]: GIB})
+    try:
+        wait_for(
+            "the process of the share over its memory to be killed",
+            lambda: not Path(f"/proc/{pids['hog']}").exists(),
+            30,
+        )
+        wait_for(
+            "MpsShareProcessKilled on its pod",
+            lambda: REASON_KILLED in reasons(kube, namespace, "hog", "Pod"),
+            30,
+        )
+        assert Path(f"/proc/{pids['fair']}").exists()
+        assert REASON_EXCEEDED not in reasons(kube, namespace, "fair", "ResourceClaim")
+    finally:
+        (driver.state_dir / SIMULATED_UTILIZATION_FILE).unlink(missing_ok=True)
+    delete_pods(kube, namespace, ["hog", "fair"])
+    wait_for("the shares to be unprepared", lambda: not driver.checkpoint_claims(), 60)
+
+
+@pytest.fixture
+def reporting_plugin(driver: Driver) -> Iterator[None]:
+    """The plugin restarted with ``report``; restored after."""
+    driver.stop_plugin()
+    driver.start_plugin(env={"GPU_DRA_MPS_MEMORY_WATCHDOG": "report"})
+    try:
+        yield
+    finally:
+        driver.stop_plugin()
+        driver.start_plugin()
+
+
+@pytest.mark.usefixtures("reporting_plugin")
 def test_report_puts_events_on_the_pod_and_claim_over_its_share(
     driver: Driver, kube: Kube, namespace: str
 ) -> None:

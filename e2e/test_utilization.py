@@ -9,16 +9,14 @@ cgroups, as the plugin finds them), so each claim gets the usage of its own pods
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
 from e2e import manifests as m
 from e2e.driver import METRICS_PORT, Driver
 from e2e.kube import Kube, wait_for
-from e2e.workloads import allocated_devices, delete_pods, wait_running
+from e2e.workloads import allocated_devices, delete_pods, pids_of_pod, wait_running
 from gpu_dra.cli.__main__ import main as gpu_dra
-from gpu_dra.kubelet_plugin.utilization.cgroups import pod_uid_from_cgroup
 from gpu_dra.kubelet_plugin.utilization.simulated_file import (
     SIMULATED_UTILIZATION_FILE,
     write_utilization,
@@ -30,21 +28,6 @@ SIMULATED_PROFILE = "hgx-h100"
 PLUGIN_ARGS = ("--mps-shares=0", "--utilization-interval=1")
 METRICS_URL = f"http://127.0.0.1:{METRICS_PORT}/metrics"
 GIB = 2**30
-
-
-def pids_of_pod(pod_uid: str) -> list[int]:
-    """The node's processes in the pod's cgroup."""
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            text = (entry / "cgroup").read_text()
-        except OSError:
-            continue
-        if pod_uid_from_cgroup(text) == pod_uid:
-            pids.append(int(entry.name))
-    return sorted(pids)
 
 
 def metric_or_none(driver: Driver, name: str, **labels: str) -> float | None:

@@ -1,15 +1,18 @@
 """What the e2e tests wait for and read back about their pods and claims: running pods, the
-devices a claim was allocated, the GPUs a container printed, events, and deleting pods."""
+devices a claim was allocated, the GPUs a container printed, events, the node's processes of a
+pod, and deleting pods."""
 
 from __future__ import annotations
 
 import re
 from collections.abc import Iterable
+from pathlib import Path
 
 from kubernetes.client.exceptions import ApiException
 
 from e2e import manifests as m
 from e2e.kube import Kube, wait_for
+from gpu_dra.kubelet_plugin.utilization.cgroups import pod_uid_from_cgroup
 
 _UUID_LINE = re.compile(r"^GPU_DRA_(GPU_\d+)_UUID=(GPU-[0-9a-f-]+)$", re.M)
 
@@ -90,3 +93,18 @@ def run_pods_sharing(
         kube.create(m.gpu_pod(name, namespace, claim=claim, command=command))
     for name in pods:
         wait_running(kube, name, namespace, timeout)
+
+
+def pids_of_pod(pod_uid: str) -> list[int]:
+    """The node's processes in the pod's cgroup (what the plugin maps to the pod's claims)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            text = (entry / "cgroup").read_text()
+        except OSError:
+            continue
+        if pod_uid_from_cgroup(text) == pod_uid:
+            pids.append(int(entry.name))
+    return sorted(pids)

@@ -15,7 +15,7 @@ import fnmatch
 import logging
 import os
 from collections.abc import Sequence
-from pathlib import PurePosixPath
+from pathlib import Path, PurePosixPath
 from typing import Final
 
 from gpu_dra.kubelet_plugin.cdi import Mount
@@ -58,7 +58,18 @@ BINARIES: Final = (
     "nvidia-imex",
     "nvidia-imex-ctl",
 )
-BIN_DIRS: Final = ("/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin")
+BIN_DIRS: Final = (
+    "/usr/local/sbin",
+    "/usr/local/bin",
+    "/usr/sbin",
+    "/usr/bin",
+    "/sbin",
+    "/bin",
+    "/usr/local/nvidia/bin",
+)
+"""Searched in order for each of `BINARIES`; the first ELF executable wins. The last is where
+CUDA images and GPU sandboxes keep a driver bundle (``/usr/local/nvidia/{bin,lib64}``)."""
+ELF_MAGIC: Final = b"\x7fELF"
 FIRMWARE_PATTERNS: Final = ("gsp*.bin", "ucodes*.bin")
 """In ``nvidia/<version>/`` of each firmware directory."""
 FIRMWARE_CLASS_PATH: Final = "module/firmware_class/parameters/path"
@@ -207,12 +218,25 @@ def binaries(root: DriverRoot) -> tuple[Mount, ...]:
         for directory in BIN_DIRS:
             candidate = PurePosixPath(directory) / name
             target = regular_file(root, candidate)
-            if target is not None and os.stat(root.view(target)).st_mode & 0o111:
-                mounts.append(mount_in_root(root, candidate, LIBRARY_MOUNT_OPTIONS, target))
-                break
+            if target is None or not os.stat(root.view(target)).st_mode & 0o111:
+                continue
+            if not _is_elf(root.view(target)):
+                # e.g. a wrapper script that execs the real program from a path no container has
+                log.info("driver binary %s is not an ELF program: skipped", root.view(target))
+                continue
+            mounts.append(mount_in_root(root, candidate, LIBRARY_MOUNT_OPTIONS, target))
+            break
         else:
             log.info("driver binary %s not found in %s of %s", name, ", ".join(BIN_DIRS), root.path)
     return tuple(mounts)
+
+
+def _is_elf(path: Path) -> bool:
+    try:
+        with path.open("rb") as file:
+            return file.read(4) == ELF_MAGIC
+    except OSError:
+        return False
 
 
 def _firmware_dirs(root: DriverRoot, kernel_release: str) -> list[PurePosixPath]:

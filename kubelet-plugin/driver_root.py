@@ -60,9 +60,12 @@ class DriverRoot:
         return resolve_in_root(self.path, inside)
 
     def dev_root(self) -> DriverRoot:
-        """The root of ``/dev``: the driver root if ``<root>/dev`` is a directory, else ``/``
-        (NVIDIA's rule)."""
-        if (self.path / "dev").is_dir():
+        """The root of ``/dev``: the driver root if ``<root>/dev/nvidiactl`` exists, else ``/``.
+
+        NVIDIA's rule looks only for a ``<root>/dev`` directory; a driver bundle can carry an
+        empty one (seen on a real node: docs/real-nodes.md, "On a real GPU"), and every device
+        node would then be missing."""
+        if os.path.lexists(self.path / "dev" / "nvidiactl"):
             return self
         return DriverRoot(Path("/"), HOST_ROOT, self.sysfs, self.proc)
 

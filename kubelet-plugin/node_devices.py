@@ -159,6 +159,9 @@ class NodeInventory:
     capped_shares: tuple[Gpu, ...] = ()
     """Whole GPUs offered as capped time-sliced shares (``--capped-shares``, only where the
     driver caps memory per container: `capped_share_tier`); never also in `mps_shares`."""
+    mig_mps_shares: tuple[MigDevice, ...] = ()
+    """Static MIG devices offered as MPS shares (`shares.MigShareSelection.select`); with
+    dynamic MIG only those of GPUs it does not partition."""
     cdi_hook_path: str = DEFAULT_CDI_HOOK_PATH
     disabled_cdi_hooks: frozenset[str] = frozenset()
     _by_name: dict[str, PublishedDevice] = field(
@@ -208,15 +211,18 @@ class NodeInventory:
         mig_policy: MigPolicy = DEFAULT_MIG_POLICY,
         mps_shares: shares.ShareSelection | None = None,
         capped_shares: shares.ShareSelection | None = None,
+        mps_shares_on_mig: shares.MigShareSelection | None = None,
         cdi_hook_path: str = DEFAULT_CDI_HOOK_PATH,
         disabled_cdi_hooks: frozenset[str] = frozenset(),
     ) -> NodeInventory:
         """The inventory of what `discover_devices` found (with ``mig_profiles=dynamic_mig``);
         `mps_shares` picks the GPUs offered as MPS shares, `capped_shares` those offered as
         capped shares, before the driver's support is checked (`shares.ShareSelectionError` when
-        one names a GPU that is not there, or one dynamic MIG partitions, or both one GPU)."""
+        one names a GPU that is not there, or one dynamic MIG partitions, or both one GPU);
+        `mps_shares_on_mig` the static MIG devices offered as MPS shares."""
         selection = mps_shares or shares.ShareSelection()
         capped = capped_shares or shares.ShareSelection(flag="--capped-shares")
+        on_mig = mps_shares_on_mig or shares.MigShareSelection()
         partitioned = (
             {
                 mig_gpu.gpu.uuid
@@ -237,6 +243,7 @@ class NodeInventory:
             mig_policy=mig_policy,
             mps_shares=selection.select(devices.gpus, partitioned=partitioned),
             capped_shares=capped.select(devices.gpus, partitioned=partitioned),
+            mig_mps_shares=on_mig.select(devices.mig_devices, partitioned=partitioned),
             cdi_hook_path=cdi_hook_path,
             disabled_cdi_hooks=disabled_cdi_hooks,
         )
@@ -267,10 +274,19 @@ class NodeInventory:
         """
         return self._by_name.get(device_name)
 
-    def shared_gpu(self, device_name: str) -> Gpu | None:
-        """The GPU named ``device_name`` if it is offered as MPS shares."""
+    def shared_gpu(self, device_name: str) -> shares.SharedDevice | None:
+        """The GPU or static MIG device named ``device_name`` if it is offered as MPS shares."""
         device = self._by_name.get(device_name)
-        return device if isinstance(device, Gpu) and device in self.mps_shares else None
+        if isinstance(device, Gpu):
+            return device if device in self.mps_shares else None
+        if isinstance(device, MigDevice):
+            return device if device in self.mig_mps_shares else None
+        return None
+
+    @property
+    def shared_devices(self) -> tuple[shares.SharedDevice, ...]:
+        """Every device offered as MPS shares: the whole GPUs, then the static MIG devices."""
+        return (*self.mps_shares, *self.mig_mps_shares)
 
     def capped_gpu(self, device_name: str) -> Gpu | None:
         """The GPU named ``device_name`` if it is offered as capped shares."""
@@ -279,13 +295,14 @@ class NodeInventory:
 
     def published_devices(self) -> list[Device]:
         """Devices in PCI bus order, MIG devices by placement (NVIDIA's publishing order); with
-        dynamic MIG, each partitionable GPU's devices by name; GPUs offered as MPS or capped
-        shares with their consumable capacities (`shares.with_shares`)."""
+        dynamic MIG, each partitionable GPU's devices by name; GPUs and MIG devices offered as MPS
+        shares, and GPUs offered as capped shares, with their consumable capacities
+        (`shares.with_shares`)."""
         if self._partitioned is not None:
             published = list(self._partitioned.devices)
         else:
             published = attributes.published_devices(self.gpus, self.mig_devices)
-        return shares.with_shares(published, self.mps_shares, self.capped_shares)
+        return shares.with_shares(published, self.shared_devices, self.capped_shares)
 
     def partitionable_gpus(self) -> tuple[Gpu, ...]:
         """The GPUs published in partitionable form, in PCI bus order: dynamic MIG makes and

@@ -25,7 +25,7 @@ from gpu_dra.driver.mig_policy import (
     parse_policy,
 )
 from gpu_dra.driver.naming import DEFAULT_DRIVER_NAME
-from gpu_dra.driver.shares import ShareSelection, ShareSelectionError
+from gpu_dra.driver.shares import MigShareSelection, ShareSelection, ShareSelectionError
 from gpu_dra.driver.slices import SliceLayout
 from gpu_dra.kube.logs import LOG_LEVELS, parse_log_level
 from gpu_dra.kubelet_plugin.driver_userspace import ALL_HOOKS, DEFAULT_CDI_HOOK_PATH, HOOK_NAMES
@@ -179,6 +179,9 @@ class KubeletPluginSettings:
     """GPUs offered as capped time-sliced shares (`all`, `none`, or indexes / UUIDs): the same
     consumable capacities, memory capped per container by the driver, no MPS; only those where
     the driver's cap was found to work at start are published (docs/shares.md)."""
+    mps_shares_on_mig: MigShareSelection = field(default_factory=MigShareSelection)
+    """Static MIG devices offered as MPS shares (`all`, `none`, or MIG profiles / MIG UUIDs):
+    one shared daemon per MIG device, caps within the slice; none by default."""
     mps_share_max_percent: int = 100
     """The largest MPS share, in percent of a GPU's SMs and memory: the shared daemon's default
     caps, which bind a client that drops its `CUDA_MPS_*` environment; larger shares are
@@ -187,7 +190,7 @@ class KubeletPluginSettings:
     """`auto`: MPS shares on GPUs whose driver can limit a cgroup's GPU memory (checked at start)
     get `NVIDIA_GPU_MEMORY_LIMIT`/`_REQUEST` and the `apply-cuda-memory-limits` hook; `off`:
     none do."""
-    mps_memory_watchdog: str = "report"
+    mps_memory_watchdog: str = "kill"
     """What the MPS memory watchdog does when a share's processes together use more than its
     memory, on shares the driver does not cap (`mps.memory_watchdog`): `report`, `kill` (the
     newest process), `evict` (the pods) or `off`. Shares the driver caps are never watched."""
@@ -397,6 +400,13 @@ class KubeletPluginSettings:
             "none",
         )
         option(
+            "--mps-shares-on-mig",
+            "static MIG devices offered as MPS shares through consumable capacity (one MPS "
+            "daemon per MIG device, caps within the slice): all, none, or comma-separated MIG "
+            "profiles (3g.40gb) or MIG device UUIDs",
+            "none",
+        )
+        option(
             "--mps-share-max-percent",
             "largest MPS share in percent of a GPU's SMs and memory (1-100): the shared MPS "
             "daemon's default caps; larger shares are refused at prepare",
@@ -415,19 +425,6 @@ class KubeletPluginSettings:
         metrics_port = _port(parser, "--metrics-port", args.metrics_port, minimum=0)
         # NVIDIA's convention: any negative port turns the health service off.
         healthcheck_port = _port(parser, "--healthcheck-port", args.healthcheck_port, minimum=None)
-        try:
-            mps_shares = ShareSelection.parse(args.mps_shares or "none")
-        except ShareSelectionError as error:
-            parser.error(str(error))
-        try:
-            max_share = int(args.mps_share_max_percent)
-        except ValueError:
-            parser.error(
-                f"--mps-share-max-percent must be a whole percentage, got "
-                f"{args.mps_share_max_percent!r}"
-            )
-        if not 1 <= max_share <= 100:
-            parser.error(f"--mps-share-max-percent must be between 1 and 100, got {max_share}")
         return cls(
             node_name=args.node_name,
             driver_name=args.driver_name,
@@ -446,10 +443,8 @@ class KubeletPluginSettings:
             log_level=_log_level(parser, args.log_level),
             mps_control_binary=args.mps_control_binary or DEFAULT_MPS_CONTROL_BINARY,
             nvidia_smi=args.nvidia_smi or DEFAULT_NVIDIA_SMI,
-            mps_shares=mps_shares,
             capped_shares=_capped_shares(parser, args),
-            mps_share_max_percent=max_share,
-            mps_share_memory_limits=_memory_limits_mode(parser, args),
+            **_mps_share_settings(parser, args),
             **_watchdog_settings(parser, args),
             **_mps_daemon_settings(parser, args),
             **_dynamic_mig_settings(parser, args),
@@ -533,6 +528,32 @@ def _driver_root_settings(
         "nvidia_driver_root": host_root,
         "nvidia_cdi_hook_path": hook_path,
         "disable_cdi_hooks": disabled,
+    }
+
+
+def _mps_share_settings(
+    parser: argparse.ArgumentParser, args: argparse.Namespace
+) -> dict[str, Any]:
+    """The MPS share fields of the settings from parsed ``args``; usage errors exit."""
+    try:
+        mps_shares = ShareSelection.parse(args.mps_shares or "none")
+        mps_shares_on_mig = MigShareSelection.parse(args.mps_shares_on_mig or "none")
+    except ShareSelectionError as error:
+        parser.error(str(error))
+    try:
+        max_share = int(args.mps_share_max_percent)
+    except ValueError:
+        parser.error(
+            f"--mps-share-max-percent must be a whole percentage, got "
+            f"{args.mps_share_max_percent!r}"
+        )
+    if not 1 <= max_share <= 100:
+        parser.error(f"--mps-share-max-percent must be between 1 and 100, got {max_share}")
+    return {
+        "mps_shares": mps_shares,
+        "mps_shares_on_mig": mps_shares_on_mig,
+        "mps_share_max_percent": max_share,
+        "mps_share_memory_limits": _memory_limits_mode(parser, args),
     }
 
 
@@ -816,7 +837,7 @@ def _add_share_memory_options(option: Callable[..., None]) -> None:
         "when a share's processes together use more GPU memory than the share: report "
         "(Events, metrics), kill (also SIGKILL its newest process), evict (also evict its "
         "pods), off",
-        "report",
+        "kill",
     )
     option(
         "--mps-memory-watchdog-interval",

@@ -70,7 +70,11 @@ from gpu_dra.kubelet_plugin.mps import (
 )
 from gpu_dra.kubelet_plugin.mps.events import MpsEvents
 from gpu_dra.kubelet_plugin.mps.ids import is_shared_daemon
-from gpu_dra.kubelet_plugin.mps.memory_limits import MemoryLimitSupport, ShareMemory
+from gpu_dra.kubelet_plugin.mps.memory_limits import (
+    MemoryLimitSupport,
+    ShareMemory,
+    watchdog_note,
+)
 from gpu_dra.kubelet_plugin.mps.memory_limits import detect as detect_memory_limits
 from gpu_dra.kubelet_plugin.mps.shared_daemons import SharedDaemons
 from gpu_dra.kubelet_plugin.mps.supervisor import DaemonSupervisor
@@ -236,10 +240,12 @@ def share_memory(
     events: MpsEvents | None,
 ) -> ShareMemory:
     """Which GPUs offered as MPS shares the driver caps per container (`memory_limits.detect`:
-    ``--mps-share-memory-limits``, driver, cgroup v2, the hook's version, NVML), logged; each
-    share's enforcement is reported as an Event on its claim."""
+    ``--mps-share-memory-limits``, driver, cgroup v2, the hook's version, NVML; never a MIG
+    device), logged; each share's enforcement is reported as an Event on its claim, naming the
+    memory watchdog where the driver does not cap."""
     hook = settings.nvidia_cdi_hook_path
     uuids = [gpu.uuid for gpu in inventory.mps_shares]
+    mig = [device.uuid for device in inventory.mig_mps_shares]
     support = detect_memory_limits(
         nvml,
         uuids,
@@ -249,11 +255,15 @@ def share_memory(
         driver_root=str(settings.host_driver_root),
         hook_candidates=list(dict.fromkeys([Path(hook), settings.driver_root / hook.lstrip("/")])),
         disabled_hooks=settings.disable_cdi_hooks,
-    )
-    for uuid in uuids:
+    ).without_mig(mig)
+    for uuid in [*uuids, *mig]:
         log.info("mps share memory of %s: %s (%s)", uuid, support.enforcement(uuid).value,
                  support.why(uuid))  # fmt: skip
-    return ShareMemory(support, None if events is None else events.share_prepared)
+    return ShareMemory(
+        support,
+        None if events is None else events.share_prepared,
+        watchdog_note(settings.mps_memory_watchdog, settings.mps_memory_watchdog_interval_s),
+    )
 
 
 def capped_shares(
@@ -456,6 +466,7 @@ def node_inventory(settings: KubeletPluginSettings, devices: NodeDevices) -> Nod
         driver=driver_root(settings),
         mps_shares=settings.mps_shares,
         capped_shares=settings.capped_shares,
+        mps_shares_on_mig=settings.mps_shares_on_mig,
         dynamic_mig=dynamic_mig,
         mig_policy=settings.dynamic_mig_profiles,
         cdi_hook_path=settings.nvidia_cdi_hook_path,
@@ -487,6 +498,18 @@ def node_inventory(settings: KubeletPluginSettings, devices: NodeDevices) -> Nod
             "offering GPU(s) %s as MPS shares (max share %d%%)",
             ",".join(str(gpu.index) for gpu in inventory.mps_shares),
             settings.mps_share_max_percent,
+        )
+    if inventory.mig_mps_shares:
+        log.info(
+            "offering MIG device(s) %s as MPS shares (one daemon each, max share %d%%)",
+            ",".join(mig.uuid for mig in inventory.mig_mps_shares),
+            settings.mps_share_max_percent,
+        )
+    elif not settings.mps_shares_on_mig.empty:
+        log.warning(
+            "--mps-shares-on-mig offers no MIG device of this node: no published static MIG "
+            "device matches it (the MIG devices of GPUs that --dynamic-mig partitions are "
+            "never offered)"
         )
     return inventory
 
@@ -577,7 +600,7 @@ def mps_supervisor(
     the daemon's node-wide ``mps-<id>`` lock; otherwise it only reads, for the health monitor
     (docs/mps.md, "Daemon supervision")."""
     interval = settings.mps_daemon_check_interval_s
-    watched = settings.health_monitor_enabled and bool(inventory.mps_shares)
+    watched = settings.health_monitor_enabled and bool(inventory.shared_devices)
     if mps is None or (interval <= 0 and not watched):
         return None
     locks = instance.locks
@@ -606,17 +629,18 @@ def mps_warmer(
     instance: PluginInstance,
     inventory: NodeInventory,
 ) -> WarmDaemons | None:
-    """The keeper of the warm shared daemons (`WarmDaemons`), or None without MPS or GPUs
-    offered as shares. It acts only while this instance is the newest ready one (the one
-    that publishes and repairs), every ``--mps-daemon-check-interval`` (10 s when that is 0);
-    with ``--mps-share-daemon-warm=off`` it only stops warm daemons an earlier plugin left."""
-    if mps is None or shared is None or not inventory.mps_shares:
+    """The keeper of the warm shared daemons (`WarmDaemons`), or None without MPS or GPUs (or
+    static MIG devices) offered as shares. It acts only while this instance is the newest ready
+    one (the one that publishes and repairs), every ``--mps-daemon-check-interval`` (10 s when
+    that is 0); with ``--mps-share-daemon-warm=off`` it only stops warm daemons an earlier
+    plugin left."""
+    if mps is None or shared is None or not inventory.shared_devices:
         return None
     interval = settings.mps_daemon_check_interval_s
     return WarmDaemons(
         shared,
         mps,
-        inventory.mps_shares,
+        inventory.shared_devices,
         policy=settings.mps_share_daemon_warm,
         interval_s=interval if interval > 0 else HEALTH_MPS_INTERVAL_S,
         repair=instance.newest_ready,

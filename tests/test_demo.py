@@ -1,12 +1,19 @@
 """The demo's examples and stages, checked without a cluster: every example runs in exactly one
-stage, its opaque configs and CEL selectors pass `gpu-dra check-config` and `gpu-dra lint`, and
-each stage's plugin flags are accepted on the demo node and publish what its examples need.
-(e2e/test_demo_examples.py runs the examples on the real local cluster.)"""
+stage, its opaque configs and CEL selectors pass `gpu-dra check-config` and `gpu-dra lint`, each
+stage's plugin flags are accepted on the demo node and publish what its examples need, the chart
+values the demo installs each stage with (rendered by the pinned helm) give the plugin pod
+exactly those flags, and the claims the utilization step makes busy or expects idle are the last
+stage's. (e2e/test_demo_examples.py runs the examples on the real local cluster.)"""
 
 from __future__ import annotations
 
-import pytest
+from pathlib import Path
+from typing import Any
 
+import pytest
+import yaml
+
+from demo.install import UTILIZATION_INTERVAL_S, plugin_env, stage_values
 from demo.stages import (
     MPS_SHARE_GPU,
     PROFILE,
@@ -17,8 +24,20 @@ from demo.stages import (
     published_devices,
     stage_of,
 )
+from demo.utilization import (
+    BUSY_GPU_CLAIM,
+    BUSY_SHARE_CLAIM,
+    BUSY_SHARE_MEMORY,
+    IDLE_CLAIMS,
+    IDLE_NAMESPACE,
+)
+from e2e.cluster import Cluster
+from e2e.driver import DATA_DIR_LINK
 from gpu_dra.cli.__main__ import main
 from gpu_dra.cli.command import EXIT_OK
+from gpu_dra.driver.config.quantity import quantity_value
+from gpu_dra.kubelet_plugin.settings import KubeletPluginSettings
+from tests.helmchart import Rendered, env_of
 
 EXAMPLES = example_dirs()
 
@@ -61,3 +80,82 @@ def test_each_stage_flags_publish_what_its_examples_ask_for(stage: Stage) -> Non
         assert shared[0]["attributes"]["productName"]["string"] == "NVIDIA A100 80GB PCIe"
     else:
         assert shared == []
+
+
+def test_plugin_flags_become_their_environment_twins() -> None:
+    assert plugin_env(("--mps-shares=4", "--dynamic-mig", "--mps-share-daemon-warm=off")) == [
+        {"name": "GPU_DRA_MPS_SHARES", "value": "4"},
+        {"name": "GPU_DRA_DYNAMIC_MIG", "value": "true"},
+        {"name": "GPU_DRA_MPS_SHARE_DAEMON_WARM", "value": "off"},
+    ]
+    with pytest.raises(ValueError, match="not a plugin flag: 'mps-shares=4'"):
+        plugin_env(("mps-shares=4",))
+
+
+DEMO_PROFILE = "/var/lib/kubelet/plugins/gpu.nvidia.com/demo-node.yaml"
+MPS_CONTROL = Path("/var/lib/kubelet/plugins/gpu.nvidia.com/e2e-mps-double/bin/x")
+DOWNWARD = {"NODE_NAME": "node-1", "POD_NAMESPACE": "gpu-dra", "POD_UID": "0-1-2"}
+
+
+@pytest.mark.parametrize("stage", STAGES, ids=[s.flags for s in STAGES])
+def test_each_stages_chart_values_give_the_plugin_pod_the_stages_flags(
+    stage: Stage, tmp_path: Path
+) -> None:
+    cluster = Cluster()
+    values = stage_values(
+        cluster, "localhost/gpu-dra:0123456789ab", stage,
+        profile=DEMO_PROFILE, mps_control=MPS_CONTROL, mps_image="localhost/mps-double:1",
+    )  # fmt: skip
+    container = Rendered.of(values, tmp_path).container("DaemonSet", "gpus")
+    names = [e["name"] for e in container["env"]]
+    assert len(names) == len(set(names))  # helm 4's server-side apply refuses a repeated name
+
+    pod = KubeletPluginSettings.parse([], env_of(container, DOWNWARD))
+    flags = KubeletPluginSettings.parse(
+        ["--node-name=node-1", f"--simulate={DEMO_PROFILE}", *stage.plugin_flags], env={}
+    )
+
+    assert container["image"] == "localhost/gpu-dra:0123456789ab"
+    assert pod.simulate == DEMO_PROFILE
+    assert pod.dynamic_mig_enabled == flags.dynamic_mig_enabled == stage.dynamic_mig
+    assert pod.dynamic_mig_profiles == flags.dynamic_mig_profiles  # what the demo waits for
+    assert pod.mps_shares == flags.mps_shares
+    assert pod.mps_control_binary == str(MPS_CONTROL)
+    assert pod.mps_daemon_image == "localhost/mps-double:1"
+    assert pod.utilization_interval_s == UTILIZATION_INTERVAL_S
+    assert pod.data_dir == cluster.paths.state / DATA_DIR_LINK
+
+
+def stage_objects(stage: Stage) -> list[dict[str, Any]]:
+    return [
+        document
+        for example in stage.example_dirs()
+        for document in yaml.safe_load_all((example / "example.yaml").read_text())
+        if document
+    ]
+
+
+def test_the_utilization_step_names_claims_and_pods_of_its_stage() -> None:
+    (stage,) = [s for s in STAGES if s.shows_utilization]
+    assert stage is STAGES[-1]  # its examples keep running: the last stage
+    objects = stage_objects(stage)
+    claims = {
+        (o["metadata"]["namespace"], o["metadata"]["name"]): o
+        for o in objects
+        if o["kind"] == "ResourceClaim"
+    }
+    assert BUSY_GPU_CLAIM in claims
+    assert set(IDLE_CLAIMS) <= set(claims)
+    assert {BUSY_GPU_CLAIM, BUSY_SHARE_CLAIM}.isdisjoint(IDLE_CLAIMS)
+    assert IDLE_NAMESPACE in {o["metadata"]["name"] for o in objects if o["kind"] == "Namespace"}
+    # The busy share: an MPS share whose pod of the same name uses it, with room for its memory.
+    (request,) = claims[BUSY_SHARE_CLAIM]["spec"]["devices"]["requests"]
+    assert request["exactly"]["deviceClassName"] == "mps.gpu.nvidia.com"
+    assert quantity_value(request["exactly"]["capacity"]["requests"]["memory"]) > BUSY_SHARE_MEMORY
+    (pod,) = [
+        o
+        for o in objects
+        if o["kind"] == "Pod"
+        and (o["metadata"]["namespace"], o["metadata"]["name"]) == BUSY_SHARE_CLAIM
+    ]
+    assert [c["resourceClaimName"] for c in pod["spec"]["resourceClaims"]] == [BUSY_SHARE_CLAIM[1]]

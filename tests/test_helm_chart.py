@@ -71,6 +71,7 @@ GPU_OPERATOR: dict[str, Any] = {
         "priorityClassName": "gpu-critical",
         "dynamicMigProfiles": "H100=1g,1g+me,7g;all",
         "cappedShares": "0,1",
+        "mpsSharesOnMig": "1g.10gb,1g.10gb+me,MIG-4f1c2b2e-0d4a-5b6e-8c1d-2a3b4c5d6e7f",
         "containers": {"gpus": {"resources": {"requests": {"cpu": "100m"}}}},
     },
     "metrics": {"kubeletPluginPort": 9401, "controllerPort": 9400},
@@ -138,6 +139,7 @@ def test_defaults_render_only_once_the_device_plugin_is_acknowledged_off() -> No
             "'/kubeletPlugin/mpsMemoryWatchdog/interval'",
         ),
         ("kubeletPlugin.cappedShares=0;1", "'/kubeletPlugin/cappedShares'"),
+        ("kubeletPlugin.mpsSharesOnMig=1g.10gb;3g.40gb", "'/kubeletPlugin/mpsSharesOnMig'"),
         # The kubelet's grpc probe needs a fixed port.
         (
             "kubeletPlugin.containers.gpus.healthcheckPort=0",
@@ -181,6 +183,9 @@ def test_the_daemonset_env_parses_into_the_plugin_settings_it_means(
     assert settings.mps_daemon_priority_class == "system-node-critical"
     assert settings.mps_daemon_image_pull_secrets == ()
     assert settings.feature_gates == ()
+    # No GPU or MIG device is offered as shares unless a value says so.
+    assert "GPU_DRA_MPS_SHARES_ON_MIG" not in env_of(container, DOWNWARD)
+    assert settings.mps_shares_on_mig.empty
     assert settings.state_dir == settings.kubelet_plugins_dir / "gpu.nvidia.com"
     # The plugin checks the daemon pods' processes in the host's PID namespace.
     assert spec["hostPID"] is True
@@ -215,6 +220,11 @@ def test_gpu_operator_values_reach_the_plugin(gpu_operator: Rendered) -> None:
     assert settings.dynamic_mig_profiles == parse_policy("H100=1g,1g+me,7g;all")
     assert env["GPU_DRA_CAPPED_SHARES"] == "0,1"
     assert settings.capped_shares.names == ("0", "1")
+    assert env["GPU_DRA_MPS_SHARES_ON_MIG"] == (
+        "1g.10gb,1g.10gb+me,MIG-4f1c2b2e-0d4a-5b6e-8c1d-2a3b4c5d6e7f"
+    )
+    assert settings.mps_shares_on_mig.profiles == ("1g.10gb", "1g.10gb+me")
+    assert settings.mps_shares_on_mig.uuids == ("MIG-4f1c2b2e-0d4a-5b6e-8c1d-2a3b4c5d6e7f",)
     assert env["NVIDIA_CDI_HOOK_PATH"] == "/usr/local/nvidia/toolkit/nvidia-cdi-hook"
     assert settings.kubelet_plugins_dir == Path("/var/lib/k/plugins")
     assert settings.kubelet_registry_dir == Path("/var/lib/k/plugins_registry")
@@ -359,17 +369,17 @@ def eviction_rules(rendered: Rendered) -> list[dict[str, Any]]:
     ]
 
 
-def test_the_mps_memory_watchdog_reports_by_default_without_eviction_rights(
+def test_the_mps_memory_watchdog_kills_by_default_without_eviction_rights(
     host_driver: Rendered,
 ) -> None:
     settings = plugin_settings(host_driver)
 
-    assert settings.mps_memory_watchdog == "report"
+    assert settings.mps_memory_watchdog == "kill"
     assert settings.mps_memory_watchdog_interval_s == 1.0
     assert eviction_rules(host_driver) == []
 
 
-@pytest.mark.parametrize("policy", ["kill", "off"])
+@pytest.mark.parametrize("policy", ["report", "off"])
 def test_only_the_evict_policy_grants_evictions(tmp_path: Path, policy: str) -> None:
     watchdog = {"policy": policy, "interval": 0.5}
     rendered = Rendered.of({**HOST_DRIVER, "kubeletPlugin": {"mpsMemoryWatchdog": watchdog}},

@@ -100,7 +100,8 @@ def _nvml_reason(call: str, error: Exception) -> str:
 
 class HealthMonitor:
     """Watches the GPUs in `gpus` and keeps the health of the devices in `scopes` (see the
-    module doc). `shared_gpus`: UUIDs of the GPUs offered as MPS shares (checked with `mps`)."""
+    module doc). `shared_gpus`: UUIDs of the GPUs offered as MPS shares, `shared_migs` the
+    static MIG devices offered as shares (MIG UUID -> target), both checked with `mps`."""
 
     def __init__(
         self,
@@ -110,6 +111,7 @@ class HealthMonitor:
         *,
         policy: HealthPolicy,
         shared_gpus: Sequence[str] = (),
+        shared_migs: Mapping[str, Target] | None = None,
         mps: MpsLiveness | None = None,
         timing: MonitorTiming | None = None,
         clock: Callable[[], datetime] = _utc_now,
@@ -119,6 +121,7 @@ class HealthMonitor:
         self._scopes = tuple(scopes)
         self._policy = policy
         self._shared_gpus = tuple(shared_gpus)
+        self._shared_migs = dict(shared_migs or {})
         self._mps = mps
         self._timing = timing or MonitorTiming()
         self._clock = clock
@@ -201,7 +204,7 @@ class HealthMonitor:
         if event_set is not None:
             self._beat("nvml")
             workers.append(asyncio.create_task(self._watch_events(event_set), name="health-nvml"))
-        if self._mps is not None and self._shared_gpus:
+        if self._mps is not None and (self._shared_gpus or self._shared_migs):
             self._beat("mps")
             workers.append(asyncio.create_task(self._watch_mps(), name="health-mps"))
         self._started.set()
@@ -405,7 +408,9 @@ class HealthMonitor:
                 for uuid in sorted(self._mps_dead - set(dead)):
                     log.info("health: MPS daemon of GPU %s is no longer judged dead", uuid)
                 self._mps_dead = set(dead)
-                state = self._state.with_mps_daemons(self._shared_gpus, dead, self._clock())
+                state = self._state.with_mps_daemons(
+                    self._shared_gpus, dead, self._clock(), self._shared_migs
+                )
                 self._set_state(state)
             await self._pause_mps()
 

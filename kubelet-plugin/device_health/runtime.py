@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
-from gpu_dra.driver.health import device_taints
+from gpu_dra.driver.health import Target, device_taints
 from gpu_dra.driver.nvml.interface import NvmlLibrary
 from gpu_dra.driver.nvml.simulated import SimulatedNvml
 from gpu_dra.driver.resourceapi import DeviceTaint
@@ -121,8 +121,9 @@ def health_runtime(
         return None
     policy = settings.health_policy
     shared = [gpu.uuid for gpu in inventory.mps_shares]
+    migs = {m.uuid: Target(m.parent.uuid, (m.gi_id, m.ci_id)) for m in inventory.mig_mps_shares}
     liveness: MpsLiveness | None = None
-    if supervisor is not None and shared:
+    if supervisor is not None and (shared or migs):
         liveness = supervisor
     monitor = HealthMonitor(
         nvml,
@@ -130,6 +131,7 @@ def health_runtime(
         inventory.health_scopes(),
         policy=policy,
         shared_gpus=shared,
+        shared_migs=migs,
         mps=liveness,
     )
 

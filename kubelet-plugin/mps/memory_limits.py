@@ -9,7 +9,8 @@ setting (``--mps-share-memory-limits``), a real node, the driver version, cgroup
 version, and NVML answering ``nvmlDeviceGetMemoryLimits_v1`` for the plugin's own cgroup with
 anything but NOT_SUPPORTED / FUNCTION_NOT_FOUND. `MemoryLimitSupport.edits` are the CDI edits of
 one share: both variables and the hook where enforced, nothing elsewhere (the MPS pinned limit,
-per process and cooperative, stays the only cap). See docs/shares.md.
+per process and cooperative, stays the only cap). MIG devices offered as shares are never enforced
+(a ``MIG-`` UUID, whatever `detect` said: NVML takes no MIG handles). See docs/shares.md.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import contextlib
 import re
 import subprocess
 from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from pathlib import Path, PurePosixPath
 from typing import Final
@@ -44,6 +45,11 @@ MIN_TOOLKIT: Final = (1, 20, 1)
 MODES: Final = ("auto", "off")
 CGROUP_ROOT: Final = Path("/sys/fs/cgroup")
 SELF_CGROUP: Final = Path("/proc/self/cgroup")
+MIG_REASON: Final = (
+    "a MIG device: the driver's cgroup memory limits (nvmlDeviceSetMemoryLimits_v1) do not "
+    "support MIG handles; the MPS pinned limit within the slice is the only cap"
+)
+MIG_UUID_PREFIX: Final = "MIG-"
 _VERSION: Final = re.compile(r"version\s+v?(\d+)\.(\d+)\.(\d+)", re.IGNORECASE)
 
 
@@ -69,11 +75,23 @@ class MemoryLimitSupport:
     default_reason: str = "no GPU is offered as MPS shares"
     """Why, for a GPU `detect` was not asked about."""
 
+    def without_mig(self, uuids: Collection[str]) -> MemoryLimitSupport:
+        """This support, with the MIG devices ``uuids`` (offered as shares) never enforced:
+        ``nvmlDeviceSetMemoryLimits_v1`` does not take MIG handles, and the hook refuses them."""
+        reasons = {**self.reasons, **dict.fromkeys(uuids, MIG_REASON)}
+        return replace(self, enforced=self.enforced - set(uuids), reasons=reasons)
+
+    def capped(self, uuid: str) -> bool:
+        """Whether the driver caps the shares of ``uuid``: never a MIG device's."""
+        return uuid in self.enforced and not uuid.startswith(MIG_UUID_PREFIX)
+
     def enforcement(self, uuid: str) -> Enforcement:
-        return Enforcement.DRIVER if uuid in self.enforced else Enforcement.MPS_CLIENT
+        return Enforcement.DRIVER if self.capped(uuid) else Enforcement.MPS_CLIENT
 
     def why(self, uuid: str) -> str:
         """Why the GPU's shares are (not) capped by the driver."""
+        if uuid.startswith(MIG_UUID_PREFIX):
+            return MIG_REASON
         if uuid in self.enforced:
             return f"driver cgroup limit through {PurePosixPath(self.hook_path).name} {HOOK}"
         return self.reasons.get(uuid, self.default_reason)
@@ -81,7 +99,7 @@ class MemoryLimitSupport:
     def edits(self, uuid: str, mib: int) -> ContainerEdits:
         """The CDI edits that make the driver cap each container of a share of ``uuid`` at
         ``mib`` MiB (request = limit); empty where the driver does not enforce."""
-        if uuid not in self.enforced:
+        if not self.capped(uuid):
             return ContainerEdits()
         if mib <= 0:
             raise ValueError(f"memory limit of a share must be positive, got {mib} MiB")
@@ -103,6 +121,20 @@ class ShareMemory:
 
     support: MemoryLimitSupport
     report: Callable[[ClaimRef, str], None] | None = None
+    watchdog: str = ""
+    """What checks the memory of a share the driver does not cap, for its message: the memory
+    watchdog's policy and interval, or that it is off (`watchdog_note`); empty: not said."""
+
+
+def watchdog_note(policy: str, interval_s: float) -> str:
+    """How the memory watchdog treats a share the driver does not cap (``--mps-memory-watchdog``,
+    ``--mps-memory-watchdog-interval``), as the share's message says it."""
+    if policy == "off":
+        return "no memory watchdog checks it (--mps-memory-watchdog=off)"
+    return (
+        f"the memory watchdog checks its processes every {interval_s:g}s and acts on an overrun "
+        f"after the fact (--mps-memory-watchdog={policy})"
+    )
 
 
 def hook_version(path: str, *, timeout_s: float = 5.0) -> tuple[int, int, int] | None:

@@ -152,6 +152,14 @@ def check(sample: Sample) -> Check:
     return Check(tuple(overruns), tuple(unchecked), tuple(unmapped))
 
 
+HOST_PROC: Final = Path("/proc")
+
+
+def _not_this_hosts_process(pid: int, signum: int) -> None:
+    """The kill of a watchdog reading another ``/proc`` (tests): its PIDs are not this host's."""
+    raise PermissionError(f"process {pid} is from another /proc: not signalled")
+
+
 def start_time(pid: int, proc_root: Path = Path("/proc")) -> int:
     """The process's start time (clock ticks after boot, ``/proc/<pid>/stat`` field 22);
     `OSError` or `ValueError` when it cannot be read."""
@@ -471,15 +479,16 @@ def start_memory_watchdog(
     is_turn: Callable[[], bool],
     events: EventPoster | None,
     evictions: EvictionApi | None,
-    proc_root: Path = Path("/proc"),
+    proc_root: Path = HOST_PROC,
 ) -> MemoryWatchdog | None:
     """Start the watchdog thread; None (logged) when ``--mps-memory-watchdog=off`` or when
-    the driver caps every GPU offered as MPS shares (nothing to watch)."""
+    the driver caps every GPU offered as MPS shares and no static MIG device is offered (MIG
+    shares are never capped by the driver: always watched)."""
     policy = Policy(settings.mps_memory_watchdog)
     unenforced = [
-        gpu.uuid
-        for gpu in inventory.mps_shares
-        if support.enforcement(gpu.uuid) is not Enforcement.DRIVER
+        device.uuid
+        for device in inventory.shared_devices
+        if support.enforcement(device.uuid) is not Enforcement.DRIVER
     ]
     if policy is Policy.OFF or not unenforced:
         why = "turned off" if policy is Policy.OFF else "the driver caps every share's memory"
@@ -507,6 +516,7 @@ def start_memory_watchdog(
         metrics=WatchdogMetrics(registry, settings.node_name),
         proc_root=proc_root,
         before_check=None if simulated is None else simulated.apply,
+        kill=os.kill if proc_root == HOST_PROC else _not_this_hosts_process,
     )
     log.info("MPS memory watchdog: %s every %gs on the shares of %s", policy.value,
              watchdog.interval_s, ", ".join(unenforced))  # fmt: skip

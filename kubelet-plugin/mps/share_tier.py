@@ -1,15 +1,16 @@
-"""The MPS share tier: claims holding scheduler-accounted parts of one GPU, served by its one
-shared MPS daemon (`shared_daemons`).
+"""The MPS share tier: claims holding scheduler-accounted parts of one GPU or static MIG device,
+served by its one shared MPS daemon (`shared_daemons`).
 
-A result on a GPU offered as shares (``--mps-shares``) is a **share** when it consumed less than
-the whole GPU in ``memory`` or ``compute``; one that consumed all of both holds the GPU and is
-prepared as any whole GPU. A share needs a config with ``sharing.strategy: MPS`` and no
-``mpsConfig`` fields, at most the largest share allowed, one per GPU and claim. Its CDI devices
-get the daemon's pipe (read-only: the daemon serves other tenants) and shm and the share's caps
-as client environment, plus - where the driver enforces it (`memory_limits`) - its memory as
+A result on a device offered as shares (``--mps-shares``, ``--mps-shares-on-mig``) is a
+**share** when it consumed less than the whole device in ``memory`` or ``compute``; one that
+consumed all of both holds the device and is prepared as any whole device. A share needs a
+config with ``sharing.strategy: MPS`` and no ``mpsConfig`` fields, at most the largest share
+allowed, one per device and claim. Its CDI devices get the daemon's pipe (read-only: the daemon
+serves other tenants) and shm and the share's caps as client environment, plus - where the
+driver enforces it (`memory_limits`; never on MIG devices) - its memory as
 ``NVIDIA_GPU_MEMORY_LIMIT``/``_REQUEST`` and the ``apply-cuda-memory-limits`` hook, which caps
-each container's cgroup; its record keeps the
-daemon's handle and the share (`SHARES_STATE_KEY`). See docs/mps.md, "MPS shares".
+each container's cgroup; its record keeps the daemon's handle and the share
+(`SHARES_STATE_KEY`). See docs/mps.md, "MPS shares".
 """
 
 from __future__ import annotations
@@ -19,8 +20,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from gpu_dra.driver.config import ConfigGroup, mps_config
-from gpu_dra.driver.model import Gpu
-from gpu_dra.driver.shares import ShareError, ceiling, consumed_share, is_partial
+from gpu_dra.driver.model import MigDevice
+from gpu_dra.driver.shares import SharedDevice, ShareError, ceiling, consumed_share, is_partial
 from gpu_dra.kubelet_plugin.cdi import ClaimSpecStore, ContainerEdits
 from gpu_dra.kubelet_plugin.checkpoint import CheckpointEntry, JsonValue
 from gpu_dra.kubelet_plugin.claim_records import ClaimRecords
@@ -76,6 +77,7 @@ class SharePlan(TierPlan):
     def apply(self, run: PrepareRun) -> None:
         """Join each share's GPU daemon; its handle is recorded before others could stop it."""
         support = self.memory.support if self.memory is not None else MemoryLimitSupport()
+        watchdog = self.memory.watchdog if self.memory is not None else ""
         states: dict[str, JsonValue] = {}
         for share in self.shares:
             assert self.shared is not None  # checked in plan
@@ -101,6 +103,7 @@ class SharePlan(TierPlan):
                 else f"MPS share of {uuid} ({mib} MiB, {share.size.compute_percent} % "
                 f"compute): memory capped per CUDA process by MPS only, which a process can "
                 f"escape; not by the driver: {support.why(uuid)}"
+                + (f"; {watchdog}" if watchdog else "")
             )
             log.info("mps share claim_uid=%s device=%s memory_enforcement=%s: %s",
                      run.claim.uid, share.device_name, enforcement.value, message)  # fmt: skip
@@ -149,10 +152,11 @@ class MpsShareTier(Tier):
         return self._shared
 
     def warm_daemon_ids(self) -> frozenset[str]:
-        """The ids of the daemons kept warm: those of the offered GPUs, unless warm is off."""
+        """The ids of the daemons kept warm: those of the offered GPUs and static MIG devices,
+        unless warm is off."""
         if not self._warm.warm:
             return frozenset()
-        return frozenset(shared_daemon_id(gpu.uuid) for gpu in self._inventory.mps_shares)
+        return frozenset(shared_daemon_id(d.uuid) for d in self._inventory.shared_devices)
 
     def plan(self, request: ClaimRequest, planned: Planned) -> SharePlan:
         try:
@@ -235,14 +239,14 @@ class MpsShareTier(Tier):
 def plan_shares(
     results: Sequence[AllocatedResult],
     groups: Sequence[ConfigGroup],
-    shared_gpu: Callable[[str], Gpu | None],
+    shared_gpu: Callable[[str], SharedDevice | None],
     *,
     max_percent: int,
 ) -> list[PlannedShare]:
     """The results of ``results`` that are MPS shares, checked, by device name; `PrepareError`
     (or `gpu_dra.driver.shares.ShareError` for an unreadable consumedCapacity) naming the device
-    and what to change. ``shared_gpu`` maps a device name to its GPU when that GPU is offered as
-    MPS shares."""
+    and what to change. ``shared_gpu`` maps a device name to its GPU (or static MIG device) when
+    that device is offered as MPS shares."""
     planned: dict[str, PlannedShare] = {}
     for result in results:
         gpu = shared_gpu(result.device)
@@ -255,10 +259,12 @@ def plan_shares(
         group = next((g for g in groups if _has(g, result)), None)
         mps = None if group is None else mps_config(group.config)
         if group is None or mps is None:
+            mig = isinstance(gpu, MigDevice)
             raise PrepareError(
-                f"{where} is an MPS share of the GPU, but its config has no "
-                "sharing.strategy MPS, so its caps could not be applied; use DeviceClass "
-                "mps.gpu.nvidia.com, or add a GpuConfig with sharing.strategy MPS"
+                f"{where} is an MPS share of the {'MIG device' if mig else 'GPU'}, but its config "
+                "has no sharing.strategy MPS, so its caps could not be applied; use DeviceClass "
+                f"{'mps.mig.nvidia.com' if mig else 'mps.gpu.nvidia.com'}, or add a "
+                f"{'MigDeviceConfig' if mig else 'GpuConfig'} with sharing.strategy MPS"
             )
         fields = sorted(name for name, value in mps.model_dump(by_alias=True).items() if value)
         if fields:
@@ -275,7 +281,7 @@ def plan_shares(
             )
         if result.device in planned:
             raise PrepareError(
-                f"{where}: the claim holds two MPS shares of this GPU; ask for one share of the "
+                f"{where}: the claim holds two MPS shares of this device; ask for one share of the "
                 "combined size in one request"
             )
         planned[result.device] = PlannedShare(result.device, gpu, size, result.share_id)

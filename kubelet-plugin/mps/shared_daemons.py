@@ -1,6 +1,7 @@
 """The per-GPU MPS daemons that MPS shares join, reference-counted through the claims' records.
 
-The shares of a GPU join ONE control daemon, id `shared_daemon_id(UUID)`, started by the first
+The shares of a GPU (or of a static MIG device: one daemon per MIG device, keyed by its MIG
+UUID) join ONE control daemon, id `shared_daemon_id(UUID)`, started by the first
 share with the largest share allowed (``--mps-share-max-percent``) as its defaults. Each claim
 records the daemon's handle (state ``mpsDaemons``) and its share (`SHARES_STATE_KEY`); the
 daemon's reference count is the set of claims recording it (`claims_using`), so it cannot drift
@@ -23,8 +24,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Final
 
-from gpu_dra.driver.model import Gpu
-from gpu_dra.driver.shares import ShareSize, ceiling
+from gpu_dra.driver.shares import SharedDevice, ShareSize, ceiling
 from gpu_dra.kubelet_plugin import crash_points
 from gpu_dra.kubelet_plugin.checkpoint import JsonObject, JsonValue
 from gpu_dra.kubelet_plugin.claim_records import ClaimRecords
@@ -54,7 +54,8 @@ class PlannedShare:
     """One MPS share a claim is about to get."""
 
     device_name: str
-    gpu: Gpu
+    gpu: SharedDevice
+    """The GPU, or the static MIG device (its daemon is keyed by the MIG UUID)."""
     size: ShareSize
     share_id: str | None
 
@@ -146,7 +147,7 @@ class SharedDaemons:
             with self._node_locks.blocking(f"mps-{daemon_id}"):
                 yield
 
-    def settings(self, gpu: Gpu) -> MpsSettings:
+    def settings(self, gpu: SharedDevice) -> MpsSettings:
         """The daemon defaults: the largest share allowed, so a client that drops its caps from
         its environment still cannot take more than that."""
         largest = ceiling(gpu, self._max_percent)

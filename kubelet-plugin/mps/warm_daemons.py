@@ -1,7 +1,7 @@
-"""Warm shared MPS daemons: the daemon of every GPU offered as MPS shares runs before its first
-share, so a share's prepare joins a running daemon instead of starting one.
+"""Warm shared MPS daemons: the daemon of every GPU (and static MIG device) offered as MPS shares
+runs before its first share, so a share's prepare joins a running daemon instead of starting one.
 
-`WarmDaemons.check` is one pass over the offered GPUs, each under the daemon's lock (node-wide:
+`WarmDaemons.check` is one pass over the offered devices, each under the daemon's lock (node-wide:
 the lock join and release hold). A daemon a claim records is the supervisor's and left alone.
 Otherwise, as `WarmPolicy` says: none runs -> start one with the shares' settings
 (`SharedDaemons.settings`) but the compute mode left alone (the first share sets it); one runs
@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
-from gpu_dra.driver.model import Gpu
+from gpu_dra.driver.shares import SharedDevice
 from gpu_dra.kubelet_plugin.mps.daemon_model import (
     DaemonHandle,
     MpsControl,
@@ -50,15 +50,15 @@ class WarmDaemons:
         self,
         shared: SharedDaemons,
         mps: MpsControl,
-        gpus: Sequence[Gpu],
+        gpus: Sequence[SharedDevice],
         *,
         policy: WarmPolicy,
         interval_s: float,
         repair: Callable[[], bool] = lambda: True,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        """``gpus``: the GPUs offered as MPS shares. ``repair`` is asked at every pass: only
-        the instance that publishes starts, repairs and stops daemons."""
+        """``gpus``: the GPUs and static MIG devices offered as MPS shares. ``repair`` is asked
+        at every pass: only the instance that publishes starts, repairs and stops daemons."""
         if interval_s <= 0:
             raise ValueError(f"warm check interval must be positive, got {interval_s}")
         self._shared = shared
@@ -97,7 +97,7 @@ class WarmDaemons:
         cancelled; `first_pass` is set after the first."""
         self._loop = asyncio.get_running_loop()
         self._wake = asyncio.Event()
-        log.info("mps warm shared daemons: %s, %d GPU(s), checked every %gs",
+        log.info("mps warm shared daemons: %s, %d device(s), checked every %gs",
                  self.policy, len(self._gpus), self.interval_s)  # fmt: skip
         while True:
             self._wake.clear()
@@ -111,7 +111,7 @@ class WarmDaemons:
 
     # -- steps -----------------------------------------------------------------------------
 
-    def _check_gpu(self, gpu: Gpu) -> str:
+    def _check_gpu(self, gpu: SharedDevice) -> str:
         daemon_id = shared_daemon_id(gpu.uuid)
         try:
             with self._shared.lock(daemon_id):
@@ -120,7 +120,7 @@ class WarmDaemons:
             log.error("mps warm daemon of %s daemon_id=%s: %s", gpu.uuid, daemon_id, error)
             return FAILED
 
-    def _reconcile(self, gpu: Gpu, daemon_id: str) -> str:
+    def _reconcile(self, gpu: SharedDevice, daemon_id: str) -> str:
         """Under the daemon's lock: what the module doc says for one GPU."""
         if self._shared.users(daemon_id):
             self._idle_since.pop(daemon_id, None)

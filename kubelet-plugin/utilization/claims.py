@@ -5,7 +5,8 @@ what caps its memory.
 Read from the checkpoint (`PrepareCompleted` entries only) and the inventory; the pods are the
 claim's ``status.reservedFor`` pods as the claim cache has them (none while it is not serving).
 Tiers: ``gpu`` (whole GPU), ``mig`` (static or dynamic MIG device), ``mps`` (per-claim MPS
-daemon), ``mps-share`` (MPS share of a GPU), ``timeslicing`` (a time-sliced GPU).
+daemon), ``mps-share`` (MPS share of a GPU or static MIG device), ``timeslicing`` (a
+time-sliced GPU).
 """
 
 from __future__ import annotations

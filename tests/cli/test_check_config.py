@@ -228,12 +228,15 @@ def test_the_shipped_device_classes_pass(capsys):
     code, out, err = run(capsys, "check-config", *files)
 
     assert code == EXIT_OK
-    # The only class configs: TimeSlicing for capped shares, MPS for the MPS shares class.
+    # The only class configs: TimeSlicing for capped shares, MPS for the MPS shares classes
+    # (whole GPUs, MIG devices).
     capped = REPO / "deviceclasses" / "capped.gpu.nvidia.com.yaml"
-    mps = REPO / "deviceclasses" / "mps.gpu.nvidia.com.yaml"
+    gpu = REPO / "deviceclasses" / "mps.gpu.nvidia.com.yaml"
+    mig = REPO / "deviceclasses" / "mps.mig.nvidia.com.yaml"
     assert out == (
         f"OK {capped} DeviceClass/capped.gpu.nvidia.com spec.config[0]\n"
-        f"OK {mps} DeviceClass/mps.gpu.nvidia.com spec.config[0]\n"
+        f"OK {gpu} DeviceClass/mps.gpu.nvidia.com spec.config[0]\n"
+        f"OK {mig} DeviceClass/mps.mig.nvidia.com spec.config[0]\n"
     )
     assert err == ""
 

@@ -101,7 +101,13 @@ def test_shipped_catalog_selects_what_docs_say(capsys):
     selects = {c["name"]: c["selects"] for c in json.loads(out)["classes"]}
     # MIG devices only where static MIG is configured or MIG is dynamic, only through the MIG
     # classes; each family class selects its family on every one of those profiles.
-    mig_profiles = {"hgx-h100-mig", "hgx-h100+dynamic-mig", "hgx-h100-mig+dynamic-mig"}
+    # (+mps-shares also offers hgx-h100-mig's static MIG devices as shares: the same devices.)
+    mig_profiles = {
+        "hgx-h100-mig",
+        "hgx-h100-mig+mps-shares",
+        "hgx-h100+dynamic-mig",
+        "hgx-h100-mig+dynamic-mig",
+    }
     assert set(selects["mig.nvidia.com"]) == mig_profiles
     assert all("-mig-" in name for name in selects["mig.nvidia.com"]["hgx-h100-mig"])
     # the default --dynamic-mig-profiles (1g, 2g, 3g, 4g, 7g): 14 placements per H100
@@ -118,6 +124,13 @@ def test_shipped_catalog_selects_what_docs_say(capsys):
     # MPS shares only on GPUs offered as shares; whole-GPU classes select those GPUs too.
     assert all(profile.endswith("+mps-shares") for profile in selects["mps.gpu.nvidia.com"])
     assert selects["mps.gpu.nvidia.com"]["t4+mps-shares"] == ["gpu-0"]
+    # MPS shares of MIG devices only on the static MIG devices offered as shares, all of them.
+    assert list(selects["mps.mig.nvidia.com"]) == ["hgx-h100-mig+mps-shares"]
+    assert (
+        selects["mps.mig.nvidia.com"]["hgx-h100-mig+mps-shares"]
+        == selects["mig.nvidia.com"]["hgx-h100-mig"]
+    )
+    assert not any("-mig-" in n for names in selects["mps.gpu.nvidia.com"].values() for n in names)
     assert selects["gpu.nvidia.com"]["t4+mps-shares"] == ["gpu-0"]
     # Capped shares only on GPUs offered as capped shares, and those are not MPS shares.
     assert all(profile.endswith("+capped-shares") for profile in selects["capped.gpu.nvidia.com"])

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from gpu_dra.driver.model import Gpu, MigDevice, MigPartition
+from gpu_dra.driver.shares import shared_device_name
 from gpu_dra.kubelet_plugin import crash_points, startup
 from gpu_dra.kubelet_plugin.cdi import ClaimSpecStore
 from gpu_dra.kubelet_plugin.node_devices import NodeInventory
@@ -48,6 +49,14 @@ MPS_CLASS_CONFIG: dict[str, Any] = {
     "source": "FromClass",
     "opaque": {"driver": "gpu.nvidia.com", "parameters": gpu_config(sharing={"strategy": "MPS"})},
 }
+MIG_MPS_CLASS_CONFIG: dict[str, Any] = {
+    "source": "FromClass",
+    "opaque": {
+        "driver": "gpu.nvidia.com",
+        "parameters": {**gpu_config(sharing={"strategy": "MPS"}), "kind": "MigDeviceConfig"},
+    },
+}
+"""The class config of mps.mig.nvidia.com (MPS shares of static MIG devices)."""
 
 
 @dataclasses.dataclass
@@ -359,6 +368,10 @@ _TIER_POINTS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
         (crash_points.MPS_AFTER_LAUNCH, crash_points.MPS_SHARE_AFTER_JOIN),
         (crash_points.MPS_SHARE_AFTER_LEAVE,),
     ),
+    "mps-share-static-mig": (
+        (crash_points.MPS_AFTER_LAUNCH, crash_points.MPS_SHARE_AFTER_JOIN),
+        (crash_points.MPS_SHARE_AFTER_LEAVE,),
+    ),
     "dynamic-mig": (
         (
             crash_points.MIG_AFTER_MODE_ON,
@@ -413,8 +426,9 @@ def _tokens(device: Gpu | MigDevice | MigPartition, name: str) -> frozenset[str]
 def _offers(kind: NodeKind, inventory: NodeInventory) -> list[Offer]:
     names = [d["name"] for d in inventory.published_devices()]
     shared = {f"gpu-{g.minor}" for g in inventory.mps_shares}
+    shared_mig = sorted(shared_device_name(m) for m in inventory.mig_mps_shares)
     whole = [n for n in names if "-mig-" not in n and n not in shared]
-    mig = [n for n in names if "-mig-" in n]
+    mig = [n for n in names if "-mig-" in n and n not in shared_mig]
     tokens = {n: _tokens(inventory.by_name(n), n) for n in names}  # type: ignore[arg-type]
 
     def pick(candidates: list[str]) -> Callable[[random.Random, frozenset[str]], str | None]:
@@ -458,17 +472,20 @@ def _offers(kind: NodeKind, inventory: NodeInventory) -> list[Offer]:
         ]
         return results, [], tokens[first] | tokens[second]
 
-    def share(rng: random.Random, taken: frozenset[str]) -> Made | None:
-        device = sorted(shared)[0]
-        used = sum(1 for t in taken if t.startswith(f"{device}/share-"))
-        if used >= 4:
-            return None
-        share_id = str(uuid_module.UUID(int=rng.getrandbits(128), version=4))
-        result = allocation_result(
-            device, pool=NODE_NAME, request="share", share_id=share_id,
-            consumed_capacity={"memory": "2Gi", "compute": "10"},
-        )  # fmt: skip
-        return [result], [MPS_CLASS_CONFIG], frozenset({f"{device}/share-{share_id}"})
+    def shares_of(devices: list[str], config: dict[str, Any]) -> Maker:
+        def share(rng: random.Random, taken: frozenset[str]) -> Made | None:
+            device = rng.choice(devices)
+            used = sum(1 for t in taken if t.startswith(f"{device}/share-"))
+            if used >= 4:
+                return None
+            share_id = str(uuid_module.UUID(int=rng.getrandbits(128), version=4))
+            result = allocation_result(
+                device, pool=NODE_NAME, request="share", share_id=share_id,
+                consumed_capacity={"memory": "2Gi", "compute": "10"},
+            )  # fmt: skip
+            return [result], [config], frozenset({f"{device}/share-{share_id}"})
+
+        return share
 
     mps = {"strategy": "MPS"}
     offers: list[Offer] = [
@@ -480,7 +497,11 @@ def _offers(kind: NodeKind, inventory: NodeInventory) -> list[Offer]:
     mig_name = "dynamic-mig" if kind.dynamic_mig else "static-mig"
     offers += [(mig_name, plain(mig, None, True)), (f"mps-on-{mig_name}", plain(mig, mps, True))]
     if shared:
+        share = shares_of(sorted(shared)[:1], MPS_CLASS_CONFIG)
         offers += [("mps-share", share), ("mps-share", share)]
+    if shared_mig:
+        mig_share = shares_of(shared_mig, MIG_MPS_CLASS_CONFIG)
+        offers += [("mps-share-static-mig", mig_share), ("mps-share-static-mig", mig_share)]
     return offers
 
 

@@ -13,22 +13,23 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gpu_dra.driver.attributes import gpu_device
+from gpu_dra.driver.attributes import gpu_device, published_devices
 from gpu_dra.driver.cel import (
     MAX_EXPRESSION_LENGTH,
     CelCompileError,
     CelRuntimeError,
     DraDevice,
     Quantity,
+    Selector,
     Semver,
     compile_selector,
     to_cel_device,
 )
 from gpu_dra.driver.cel import engine_cel_expr_python as engine
-from gpu_dra.driver.discovery import discover_gpus
+from gpu_dra.driver.discovery import discover_devices, discover_gpus
 from gpu_dra.driver.nvml.simulated import SimulatedHost
 from gpu_dra.driver.resourceapi import Device
-from gpu_dra.driver.shares import with_shares
+from gpu_dra.driver.shares import MigShareSelection, shared_device_name, with_shares
 
 DRIVER = "gpu.nvidia.com"
 DEVICECLASSES = Path(__file__).resolve().parents[2] / "deviceclasses"
@@ -119,6 +120,7 @@ ALL_GPUS = {H100, *A100, "NVIDIA L4", "Tesla T4"}
         ("mig.nvidia.com", set()),
         ("mps.gpu.nvidia.com", set()),  # no GPU is offered as MPS shares by default
         ("capped.gpu.nvidia.com", set()),  # nor as capped shares
+        ("mps.mig.nvidia.com", set()),  # nor MIG device
         # MIG families: no MIG devices without static MIG or --dynamic-mig (test_partitions.py)
         *((f"mig-{family}.gpu.nvidia.com", set()) for family in ("1g", "2g", "3g", "4g", "7g")),
     ],
@@ -137,6 +139,7 @@ def test_every_shipped_device_class_is_tested_and_compiles():
         "mig.nvidia.com",
         "mps.gpu.nvidia.com",
         "capped.gpu.nvidia.com",
+        "mps.mig.nvidia.com",
         *(f"mig-{family}.gpu.nvidia.com" for family in ("1g", "2g", "3g", "4g", "7g")),
     }
     for expressions in classes.values():
@@ -413,3 +416,23 @@ def test_device_fields_are_typed_as_the_apiserver_types_them(expression, message
 )
 def test_well_typed_selectors_still_compile(expression):
     compile_selector(expression)
+
+
+def test_mps_mig_class_selects_exactly_the_mig_devices_offered_as_shares():
+    selectors = [compile_selector(text) for text in device_classes()["mps.mig.nvidia.com"]]
+    gpu_class = [compile_selector(text) for text in device_classes()["mps.gpu.nvidia.com"]]
+    host = SimulatedHost.load("hgx-h100-mig", "node-a")
+    found = discover_devices(host.nvml, host.pci)
+    offered = MigShareSelection.parse("3g.40gb").select(found.mig_devices)
+    devices = with_shares(published_devices(found.gpus, found.mig_devices), offered)
+
+    def chosen(by: list[Selector]) -> list[str]:
+        return [
+            device["name"]
+            for device in devices
+            if all(selector.matches(to_cel_device(DRIVER, device)) for selector in by)
+        ]
+
+    assert chosen(selectors) == [shared_device_name(mig) for mig in offered]
+    assert len(offered) == 3
+    assert chosen(gpu_class) == []  # the GPU shares class never selects a MIG device

@@ -9,7 +9,11 @@ import pytest
 
 from gpu_dra.driver.attributes import gpu_device, published_devices
 from gpu_dra.driver.config.quantity import parse_quantity
+from gpu_dra.driver.discovery import discover_devices
+from gpu_dra.driver.model import MigDevice
+from gpu_dra.driver.nvml.simulated import SimulatedHost
 from gpu_dra.driver.shares import (
+    MigShareSelection,
     ShareError,
     ShareSelection,
     ShareSelectionError,
@@ -19,6 +23,9 @@ from gpu_dra.driver.shares import (
     is_partial,
     offered_device,
     share_capacity,
+    shareable_memory,
+    shared_device_name,
+    whole_gpu,
     with_shares,
 )
 from tests.fakes.gpus import h100
@@ -208,3 +215,72 @@ def test_consumed_capacity_of_another_shape_is_a_share_error(consumed, message):
     with pytest.raises(ShareError) as caught:
         consumed_share(consumed, H100)
     assert str(caught.value) == message
+
+
+# ---- static MIG devices offered as shares (--mps-shares-on-mig) ------------------------------
+
+
+def _static_mig() -> tuple[MigDevice, ...]:
+    host = SimulatedHost.load("hgx-h100-mig", "node-a")
+    return discover_devices(host.nvml, host.pci).mig_devices
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("none", MigShareSelection()),
+        ("", MigShareSelection()),
+        ("ALL", MigShareSelection(every_device=True)),
+        (
+            "3g.40gb, 1g.10gb+me,MIG-x,3g.40gb",
+            MigShareSelection(profiles=("3g.40gb", "1g.10gb+me"), uuids=("MIG-x",)),
+        ),
+        ("1c.3g.40gb", MigShareSelection(profiles=("1c.3g.40gb",))),
+    ],
+)
+def test_mig_selection_parses_profiles_and_uuids(text, expected):
+    assert MigShareSelection.parse(text) == expected
+
+
+@pytest.mark.parametrize("text", ["0", "GPU-1", "3g", "big"])
+def test_mig_selection_refuses_what_is_neither_profile_nor_mig_uuid(text):
+    with pytest.raises(ShareSelectionError, match="neither a MIG profile"):
+        MigShareSelection.parse(text)
+
+
+def test_mig_selection_offers_the_named_profiles_and_uuids_in_publishing_order():
+    migs = _static_mig()
+    one_me = next(m for m in migs if m.profile == "1g.10gb+me")
+    chosen = MigShareSelection.parse(f"3g.40gb,{one_me.uuid}").select(migs)
+    assert [m.profile for m in chosen] == ["1g.10gb+me", "3g.40gb", "3g.40gb", "3g.40gb"]
+    assert [m.parent.index for m in chosen] == [1, 1, 2, 6]
+    assert MigShareSelection(every_device=True).select(migs) == migs
+    assert MigShareSelection.parse("2g.35gb").select(migs) == ()  # a fleet profile, not here
+
+
+def test_mig_selection_skips_partitioned_gpus_and_refuses_naming_their_devices():
+    migs = _static_mig()
+    parent = migs[0].parent.uuid
+    offered = MigShareSelection(every_device=True).select(migs, partitioned={parent})
+    assert offered
+    assert all(m.parent.uuid != parent for m in offered)
+    with pytest.raises(ShareSelectionError, match="--dynamic-mig"):
+        MigShareSelection.parse(migs[0].uuid).select(migs, partitioned={parent})
+    with pytest.raises(ShareSelectionError, match="does not have"):
+        MigShareSelection.parse("MIG-00000000-0000-0000-0000-000000000000").select(migs)
+
+
+def test_a_mig_share_is_of_the_slice_memory_and_sms():
+    mig = next(m for m in _static_mig() if m.profile == "3g.40gb")
+    assert shareable_memory(mig) == 40448 * MIB
+    assert whole_gpu(mig) == ShareSize(40448 * MIB, 100)
+    name = shared_device_name(mig)
+    device = with_shares([{"name": name, "capacity": {"memory": {"value": "40448Mi"}}}], [mig])[0]
+    assert device["allowMultipleAllocations"] is True
+    assert device["capacity"]["memory"]["requestPolicy"]["validRange"]["max"] == "40448Mi"
+    size = consumed_share({"memory": "10Gi", "compute": "50"}, mig)
+    assert size == ShareSize(10 * 2**30, 50)
+    assert is_partial(size, mig)
+    assert ceiling(mig, 50) == ShareSize(20224 * MIB, 50)
+    with pytest.raises(ShareError, match=f"consumedCapacity of {name}: memory 40449Mi"):
+        consumed_share({"memory": "40449Mi", "compute": "50"}, mig)

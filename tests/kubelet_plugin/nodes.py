@@ -23,7 +23,7 @@ import yaml
 
 from gpu_dra.driver.discovery import discover_devices, discover_gpus
 from gpu_dra.driver.nvml.simulated import SimulatedHost
-from gpu_dra.driver.shares import ShareSelection
+from gpu_dra.driver.shares import MigShareSelection, ShareSelection
 from gpu_dra.kubelet_plugin.cdi import CdiDevice, ClaimSpecStore, ContainerEdits
 from gpu_dra.kubelet_plugin.checkpoint import Checkpoint, LoadResult
 from gpu_dra.kubelet_plugin.kubeapi import ResourceClaim
@@ -300,6 +300,56 @@ class SharesNode(MpsNode):
     def users(self, daemon_id: str) -> list[str]:
         states = {uid: entry.state for uid, entry in self.checkpoint.all().items()}
         return claims_using(states, daemon_id)
+
+
+def mig_shares_inventory(offered: str = "1g.10gb") -> NodeInventory:
+    """The static MIG devices of the simulated hgx-h100-mig node, those ``offered``
+    (``--mps-shares-on-mig``) as MPS shares."""
+    host = SimulatedHost.load("hgx-h100-mig", NODE)
+    found = discover_devices(host.nvml, host.pci)
+    return NodeInventory.from_discovery(
+        found, simulated=True, mps_shares_on_mig=MigShareSelection.parse(offered)
+    )
+
+
+MIG_MPS_CLASS_CONFIG: dict[str, Any] = {
+    "source": "FromClass",
+    "opaque": {
+        "driver": "gpu.nvidia.com",
+        "parameters": {**gpu_config(sharing={"strategy": "MPS"}), "kind": "MigDeviceConfig"},
+    },
+}
+
+
+class MigSharesNode(SharesNode):
+    """`SharesNode` on the simulated hgx-h100-mig: its 1g.10gb MIG devices offered as MPS
+    shares (`mig_shares_inventory`); shares default to the class config of mps.mig.nvidia.com."""
+
+    def __init__(self, root: Path, mps_root: Path) -> None:
+        MpsNode.__init__(self, root, mig_shares_inventory(), mps_root)
+
+    def add_share(
+        self,
+        uid: str,
+        memory: str,
+        compute: str,
+        *,
+        device: str = "gpu-0",
+        name: str = "share",
+        namespace: str = "default",
+        configs: tuple[dict[str, Any], ...] = (MIG_MPS_CLASS_CONFIG,),
+        claim_configs: tuple[dict[str, Any], ...] = (),
+    ) -> ClaimRef:
+        return super().add_share(
+            uid,
+            memory,
+            compute,
+            device=device,
+            name=name,
+            namespace=namespace,
+            configs=configs,
+            claim_configs=claim_configs,
+        )
 
 
 class Crash(BaseException):

@@ -15,10 +15,10 @@ import pynvml
 import pytest
 
 from gpu_dra.driver.discovery import discover_devices
-from gpu_dra.driver.health import HealthPolicy, HealthStatus, device_taints
+from gpu_dra.driver.health import HealthPolicy, HealthStatus, Target, device_taints
 from gpu_dra.driver.nvml.interface import NVML_EVENT_TYPE_XID_CRITICAL_ERROR
 from gpu_dra.driver.nvml.simulated import SimulatedHost, SimulatedNvml
-from gpu_dra.driver.shares import ShareSelection
+from gpu_dra.driver.shares import MigShareSelection, ShareSelection
 from gpu_dra.kubelet_plugin.device_health.monitor import HealthMonitor, MonitorTiming, MpsLiveness
 from gpu_dra.kubelet_plugin.node_devices import NodeInventory
 
@@ -59,13 +59,17 @@ def build(
     profile: str = "hgx-h100",
     *,
     shares: str = "none",
+    mig_shares: str = "none",
     liveness: MpsLiveness | None = None,
     prepare: Callable[[SimulatedNvml], None] | None = None,
 ) -> Node:
     host = SimulatedHost.load(profile, NODE)
     found = discover_devices(host.nvml, host.pci)
     inventory = NodeInventory.from_discovery(
-        found, simulated=True, mps_shares=ShareSelection.parse(shares)
+        found,
+        simulated=True,
+        mps_shares=ShareSelection.parse(shares),
+        mps_shares_on_mig=MigShareSelection.parse(mig_shares),
     )
     if prepare is not None:
         prepare(host.nvml)
@@ -75,6 +79,9 @@ def build(
         inventory.health_scopes(),
         policy=HealthPolicy(),
         shared_gpus=[gpu.uuid for gpu in inventory.mps_shares],
+        shared_migs={
+            m.uuid: Target(m.parent.uuid, (m.gi_id, m.ci_id)) for m in inventory.mig_mps_shares
+        },
         mps=liveness,
         timing=FAST,
         clock=lambda: NOW,
@@ -303,5 +310,22 @@ def test_a_check_that_keeps_failing_makes_the_monitor_not_alive() -> None:
             await asyncio.sleep(0.4)  # NVML waits (50 ms) still complete, MPS checks fail
             assert not node.monitor.alive_within(0.3)
             assert node.monitor.alive_within(60)
+
+    asyncio.run(scenario())
+
+
+def test_a_dead_share_daemon_of_a_mig_device_marks_that_mig_device_only() -> None:
+    liveness = FakeLiveness()
+    slice_name = "gpu-1-mig-2g20gb-14-0"
+
+    async def scenario() -> None:
+        node = build("hgx-h100-mig", mig_shares="2g.20gb", liveness=liveness)
+        async with running(node) as node:
+            [mig] = node.inventory.mig_mps_shares
+            liveness.dead = {mig.uuid: "pod mps-control-daemon-y is gone"}
+            await until(lambda: node.health(slice_name) is HealthStatus.UNHEALTHY, "degraded")
+            assert list(node.taints()) == [slice_name]
+            liveness.dead = {}
+            await until(lambda: node.health(slice_name) is HealthStatus.HEALTHY, "healthy")
 
     asyncio.run(scenario())

@@ -171,6 +171,29 @@ def test_driver_binaries_are_the_executables_in_the_bin_dirs(fake: FakeDriverRoo
     }  # nvidia-persistenced is missing; nvidia-imex is not executable
 
 
+def test_a_wrapper_script_is_skipped_for_the_program_in_the_driver_bundle(
+    fake: FakeDriverRoot, caplog: pytest.LogCaptureFixture
+) -> None:
+    # As on a real GPU sandbox: /usr/bin/nvidia-smi is a script that execs the bundle's program
+    # from /usr/local/nvidia/bin, a path a container of the claim would not have.
+    wrapper = fake.root / "usr/bin/nvidia-smi"
+    wrapper.write_text('#!/bin/sh\nexec /usr/local/nvidia/bin/nvidia-smi "$@"\n')
+    bundle = fake.root / "usr/local/nvidia/bin/nvidia-smi"
+    bundle.parent.mkdir(parents=True)
+    bundle.write_bytes(b"\x7fELF" + bytes(60))
+    bundle.chmod(0o755)
+
+    with caplog.at_level(logging.INFO):
+        userspace = discover(fake, GPU_OPERATOR_ROOT)
+
+    (smi,) = [m for m in userspace.binaries if m.container_path.endswith("/nvidia-smi")]
+    assert (smi.container_path, smi.host_path) == (
+        "/usr/local/nvidia/bin/nvidia-smi",
+        "/run/nvidia/driver/usr/local/nvidia/bin/nvidia-smi",
+    )
+    assert f"driver binary {wrapper} is not an ELF program: skipped" in caplog.text
+
+
 def test_gsp_firmware_of_the_driver_version_is_mounted(fake: FakeDriverRoot) -> None:
     userspace = discover(fake, GPU_OPERATOR_ROOT)
 
@@ -245,13 +268,18 @@ def test_with_a_host_root_of_slash_device_nodes_need_no_host_path(fake: FakeDriv
     assert {n.host_path for n in nodes} == {None}
 
 
-def test_a_driver_root_without_dev_takes_device_nodes_from_slash_dev(tmp_path: Path) -> None:
+def test_a_driver_root_without_dev_nvidiactl_takes_device_nodes_from_slash_dev(
+    tmp_path: Path,
+) -> None:
     root = DriverRoot(tmp_path, GPU_OPERATOR_ROOT)
 
     dev = root.dev_root()
 
     assert (dev.path, dev.host_path) == (Path("/"), PurePosixPath("/"))
     (tmp_path / "dev").mkdir()
+    # an empty /dev in a driver bundle, as on a real GPU sandbox: still /dev
+    assert root.dev_root().path == Path("/")
+    (tmp_path / "dev" / "nvidiactl").touch()
     assert root.dev_root() == root
 
 

@@ -245,3 +245,84 @@ def test_warm_daemons_are_kept_only_by_the_newest_ready_instance(data_dir: Path)
         kill_processes_under(data_dir)
         new.close()
         old.close()
+
+
+def test_mig_devices_offered_as_shares_are_never_capped_by_the_driver(data_dir: Path) -> None:
+    host = SimulatedHost.load("hgx-h100-mig", "node-a")
+    plugin = settings(data_dir, "--mps-shares=7", "--mps-shares-on-mig=3g.40gb")
+    inventory = node_inventory(plugin, discover(plugin, host.nvml, host.pci, None))
+
+    memory = share_memory(plugin, host.nvml, inventory, None)
+
+    assert [m.profile for m in inventory.mig_mps_shares] == ["3g.40gb"] * 3
+    for mig in inventory.mig_mps_shares:
+        assert memory.support.enforcement(mig.uuid).value == "mps-client"
+        assert "do not support MIG handles" in memory.support.why(mig.uuid)
+    [gpu] = inventory.mps_shares  # the one GPU with MIG off keeps its own reason
+    assert memory.support.why(gpu.uuid) == "simulated GPUs: no driver to apply a cgroup limit"
+    # What does check their memory, as each share's Event says: the watchdog's settings.
+    assert memory.watchdog == (
+        "the memory watchdog checks its processes every 1s and acts on an overrun after the "
+        "fact (--mps-memory-watchdog=kill)"
+    )
+    off = settings(data_dir, "--mps-shares-on-mig=3g.40gb", "--mps-memory-watchdog=off")
+    assert share_memory(off, host.nvml, inventory, None).watchdog == (
+        "no memory watchdog checks it (--mps-memory-watchdog=off)"
+    )
+
+
+def test_static_mig_devices_offered_as_shares_get_warm_daemons_too(data_dir: Path) -> None:
+    host = SimulatedHost.load("hgx-h100-mig", "node-a")
+    plugin = settings(
+        data_dir,
+        "--mps-shares=7",
+        "--mps-shares-on-mig=3g.40gb",
+        "--mps-share-daemon-warm=always",  # off by default (docs/mps.md, "Warm daemons")
+    )
+    inventory = node_inventory(plugin, discover(plugin, host.nvml, host.pci, None))
+    manager = mps_manager(plugin, ApiClient(), host.nvml)
+    assert manager is not None
+    checkpoint = Checkpoint(data_dir)
+    checkpoint.load()
+    instance = InstanceRegistry(data_dir).register("only")
+    try:
+        instance.mark_ready()
+        records = ClaimRecords(checkpoint, owner=instance.token)
+        shared = SharedDaemons(manager, records, max_percent=100, locks=instance.locks)
+        warmer = mps_warmer(plugin, manager, shared, instance, inventory)
+        assert warmer is not None
+        [gpu] = inventory.mps_shares
+        migs = [mig.uuid for mig in inventory.mig_mps_shares]
+        assert len(migs) == 3
+
+        assert warmer.check() == dict.fromkeys([gpu.uuid, *migs], STARTED)
+
+        for mig in inventory.mig_mps_shares:  # one daemon per MIG device, on that device only
+            warm = manager.recorded(shared_daemon_id(mig.uuid))
+            assert warm is not None
+            assert warm.devices == (mig.uuid,)
+            assert warm.settings == shared.settings(mig)
+        assert len(processes_under(data_dir)) == 4
+    finally:
+        kill_processes_under(data_dir)
+        instance.close()
+
+
+def test_mig_shares_on_a_node_dynamic_mig_partitions_offer_nothing_and_say_why(
+    data_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    host = SimulatedHost.load("hgx-h100-mig", "node-a")
+    plugin = settings(
+        data_dir, "--simulate=hgx-h100-mig", "--dynamic-mig", "--mps-shares-on-mig=all"
+    )
+
+    with caplog.at_level("WARNING", logger="gpu_dra"):
+        inventory = node_inventory(plugin, discover(plugin, host.nvml, host.pci, None))
+
+    assert inventory.mig_mps_shares == ()
+    assert not any(d.get("allowMultipleAllocations") for d in inventory.published_devices())
+    assert any(
+        "--mps-shares-on-mig offers no MIG device of this node" in r.getMessage()
+        and "--dynamic-mig partitions are never offered" in r.getMessage()
+        for r in caplog.records
+    ), caplog.text

@@ -5,6 +5,7 @@ cause (never as under the cap), bounded NVML cost, and detection latency."""
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 import time
@@ -16,6 +17,7 @@ import pynvml
 import pytest
 from prometheus_client import CollectorRegistry
 
+from gpu_dra.driver.model import MigDevice
 from gpu_dra.driver.nvml.simulated import SimulatedHost, SimulatedNvml
 from gpu_dra.driver.nvml.simulated_utilization import DeviceActivity, SimulatedProcess
 from gpu_dra.kube import errors
@@ -48,7 +50,15 @@ from gpu_dra.kubelet_plugin.utilization.simulated_file import (
     SIMULATED_UTILIZATION_FILE,
     write_utilization,
 )
-from tests.kubelet_plugin.nodes import NODE, UID_A, UID_B, SharesNode, ok, shares_inventory
+from tests.kubelet_plugin.nodes import (
+    NODE,
+    UID_A,
+    UID_B,
+    MigSharesNode,
+    SharesNode,
+    ok,
+    shares_inventory,
+)
 
 GIB = 2**30
 POD_A = "1a2b3c4d-0000-4000-8000-00000000000a"
@@ -410,7 +420,7 @@ def settings(tmp_path: Path, *flags: str) -> KubeletPluginSettings:
 
 def test_flags(tmp_path: Path) -> None:
     default = settings(tmp_path)
-    assert (default.mps_memory_watchdog, default.mps_memory_watchdog_interval_s) == ("report", 1)
+    assert (default.mps_memory_watchdog, default.mps_memory_watchdog_interval_s) == ("kill", 1)
     chosen = settings(tmp_path, "--mps-memory-watchdog=Evict", "--mps-memory-watchdog-interval=.5")
     assert (chosen.mps_memory_watchdog, chosen.mps_memory_watchdog_interval_s) == ("evict", 0.5)
     for bad in ("--mps-memory-watchdog=shoot", "--mps-memory-watchdog-interval=0"):
@@ -441,7 +451,8 @@ def test_detection_latency_with_the_simulated_utilization_file(
     tmp_path: Path, mps_root: Path
 ) -> None:
     """The plugin's wiring at the default 1 s interval: from the file write that takes a
-    share's processes over its memory to the Event, at most 2 s (docs/shares.md)."""
+    share's processes over its memory to the Event, at most 2 s (docs/shares.md); ``report``,
+    since the fake process's PID is not this test's to kill."""
     node = SharesNode(tmp_path / "node", mps_root)
     claim = node.add_share(UID_A, "4Gi", "25", name="a", namespace="team-a")
     ok(node.prepare(claim)[UID_A])
@@ -451,8 +462,8 @@ def test_detection_latency_with_the_simulated_utilization_file(
     nvml = SimulatedHost.load("hgx-h100", NODE).nvml
     events = Events()
     watchdog = start_memory_watchdog(
-        settings(tmp_path), nvml, node.inventory, MemoryLimitSupport(),
-        entries=node.checkpoint.all, claims=lambda ns, name: reserved,
+        settings(tmp_path, "--mps-memory-watchdog=report"), nvml, node.inventory,
+        MemoryLimitSupport(), entries=node.checkpoint.all, claims=lambda ns, name: reserved,
         registry=CollectorRegistry(), is_turn=lambda: True, events=events, evictions=None,
         proc_root=proc,
     )  # fmt: skip
@@ -473,3 +484,64 @@ def test_detection_latency_with_the_simulated_utilization_file(
     assert [r for _, r in events.reasons()] == [REASON_EXCEEDED] * 2
     assert latency <= 2.0
     assert node.unprepare(claim) == {UID_A: None}
+
+
+def test_mps_shares_of_a_mig_device_are_watched_on_the_mig_device(
+    tmp_path: Path, mps_root: Path
+) -> None:
+    """MIG shares are never capped by the driver (``without_mig``): with no GPU offered the
+    watchdog still starts for them, reads the MIG device's own processes and reports a claim
+    over its share of the slice."""
+    node = MigSharesNode(tmp_path / "node", mps_root)
+    slice_name = "gpu-0-mig-1g10gb-19-0"
+    mig = node.inventory.by_name(slice_name)
+    assert isinstance(mig, MigDevice)
+    assert node.inventory.mps_shares == ()
+    claim = node.add_share(UID_A, "2Gi", "25", device=slice_name, name="a", namespace="team-a")
+    ok(node.prepare(claim)[UID_A])
+    proc = tmp_path / "proc"
+    fake_process(proc, 11, POD_A)
+    reserved = {"status": {"reservedFor": [{"resource": "pods", "name": "a-0", "uid": POD_A}]}}
+    nvml = SimulatedHost.load("hgx-h100-mig", NODE).nvml
+    migs = [device.uuid for device in node.inventory.mig_mps_shares]
+    every_gpu = frozenset(gpu.uuid for gpu in node.inventory.gpus)
+    support = MemoryLimitSupport(enforced=every_gpu).without_mig(migs)
+    events = Events()
+    watchdog = start_memory_watchdog(
+        settings(tmp_path, "--mps-memory-watchdog=report", "--mps-memory-watchdog-interval=0.2"),
+        nvml, node.inventory, support,
+        entries=node.checkpoint.all, claims=lambda ns, name: reserved,
+        registry=CollectorRegistry(), is_turn=lambda: True, events=events, evictions=None,
+        proc_root=proc,
+    )  # fmt: skip
+    assert watchdog is not None
+    try:
+        write_utilization(
+            tmp_path / "data" / SIMULATED_UTILIZATION_FILE,
+            {mig.uuid: {"processes": [{"pid": 11, "usedMemoryBytes": 3 * GIB}]}},
+        )
+        assert events.first.wait(5)
+    finally:
+        watchdog.close()
+    assert [r for _, r in events.reasons()] == [REASON_EXCEEDED] * 2
+    assert node.unprepare(claim) == {UID_A: None}
+
+
+def test_a_watchdog_reading_another_proc_never_signals_this_hosts_processes(
+    tmp_path: Path, mps_root: Path
+) -> None:
+    """Unit tests give the watchdog a fake /proc: its PIDs are not this host's, so ``kill``
+    (the default policy) must not reach them."""
+    nvml = SimulatedHost.load("hgx-h100", NODE).nvml
+    watchdog = start_memory_watchdog(
+        settings(tmp_path), nvml, SharesNode(tmp_path / "node", mps_root).inventory,
+        MemoryLimitSupport(), entries=dict, claims=lambda ns, name: None,
+        registry=CollectorRegistry(), is_turn=lambda: True, events=None, evictions=None,
+        proc_root=tmp_path / "proc",
+    )  # fmt: skip
+    assert watchdog is not None
+    try:
+        with pytest.raises(PermissionError, match="another /proc"):
+            watchdog._kill(os.getpid(), 0)
+    finally:
+        watchdog.close()

@@ -1,10 +1,11 @@
 """Warm shared MPS daemons (``--mps-share-daemon-warm``, docs/mps.md "Warm daemons"): the daemon
-of every GPU offered as shares is started ahead of its first share, adopted across plugin
-restarts (not swept as a leftover), started anew after the last share left, stopped when idle
-or off, and only by the instance that repairs. The real preparer and `MpsDaemonManager` run the
-``nvidia-cuda-mps-control`` test double on the simulated hgx-h100 node (gpu-0 and gpu-1 offered),
-compute modes through `NvmlComputeMode` on the simulated NVML. Every test fails if a daemon
-process is left running.
+of every GPU (and static MIG device) offered as shares is started ahead of its first share,
+adopted across plugin restarts (not swept as a leftover), started anew after the last share
+left, stopped when idle or off, and only by the instance that repairs. The real preparer and
+`MpsDaemonManager` run the ``nvidia-cuda-mps-control`` test double on the simulated hgx-h100
+node (gpu-0 and gpu-1 offered; hgx-h100-mig's 1g.10gb slices for the MIG case), compute modes
+through `NvmlComputeMode` on the simulated NVML. Every test fails if a daemon process is left
+running.
 """
 
 from __future__ import annotations
@@ -37,7 +38,15 @@ from gpu_dra.kubelet_plugin.mps.warm_daemons import (
 from gpu_dra.kubelet_plugin.mps.warm_policy import ALWAYS, OFF, WarmPolicy, WarmPolicyError
 from tests.doubles import nvidia_cuda_mps_control as double
 from tests.doubles.mps_helpers import DOUBLE_BINARY, double_env
-from tests.kubelet_plugin.nodes import NODE, UID_A, UID_B, SharesNode, ok, wait_dead
+from tests.kubelet_plugin.nodes import (
+    NODE,
+    UID_A,
+    UID_B,
+    MigSharesNode,
+    SharesNode,
+    ok,
+    wait_dead,
+)
 
 EXCLUSIVE = pynvml.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS
 DEFAULT = pynvml.NVML_COMPUTEMODE_DEFAULT
@@ -359,3 +368,63 @@ def test_a_gpu_offered_as_shares_but_held_whole_keeps_its_compute_mode(node: War
     assert warm.pid in node.running()
     for device in ("gpu-0", "gpu-1"):
         node.mps.stop(node.warm(device))  # type: ignore[arg-type]
+
+
+class MigWarmNode(MigSharesNode):
+    """`MigSharesNode` (the 1g.10gb slices of hgx-h100-mig offered as shares) with warm
+    daemons kept by a `WarmDaemons` over every offered device."""
+
+    def __init__(self, root: Path, mps_root: Path) -> None:
+        self.nvml: SimulatedNvml = SimulatedHost.load("hgx-h100-mig", NODE).nvml
+        super().__init__(root, mps_root)
+
+    def preparer_options(self) -> dict[str, Any]:
+        options = super().preparer_options()
+        self.mps = MpsDaemonManager(
+            self.mps_root,
+            binary=DOUBLE_BINARY,
+            base_env=double_env(),
+            shm=PlainDirectoryShm(),
+            compute_mode=NvmlComputeMode(self.nvml),
+            exclusive=is_shared_daemon,
+        )
+        return {**options, "mps": self.mps, "mps_share_warm": ALWAYS}
+
+    def warmer(self) -> WarmDaemons:
+        shared = self.preparer.shared_daemons
+        assert shared is not None
+        return WarmDaemons(
+            shared, self.mps, self.inventory.shared_devices, policy=ALWAYS, interval_s=10
+        )
+
+
+def test_a_mig_device_offered_as_shares_is_warmed_adopted_and_joined(
+    tmp_path: Path, mps_root: Path
+) -> None:
+    node = MigWarmNode(tmp_path, mps_root)
+    slice_name = "gpu-0-mig-1g10gb-19-0"
+    uuid = node.uuid_of(slice_name)
+    migs = [mig.uuid for mig in node.inventory.mig_mps_shares]
+    assert uuid in migs
+    node.recover()
+    try:
+        assert node.warmer().check() == dict.fromkeys(migs, STARTED)
+        warm = node.mps.recorded(shared_daemon_id(uuid))
+        assert warm is not None
+        assert warm.devices == (uuid,)  # the MIG device's own daemon
+
+        node.restart()
+        node.recover()
+        assert warm.pid in node.running()  # the sweep keeps a MIG device's warm daemon too
+        assert node.warmer().check()[uuid] == KEPT
+
+        share = node.add_share(UID_A, "2Gi", "25", device=slice_name)
+        ok(node.prepare(share)[UID_A])
+        [handle] = node.handles(UID_A)
+        assert handle.pid == warm.pid  # the share joined the warm daemon
+        node.unprepare(share)
+    finally:
+        for mig in migs:
+            left = node.mps.recorded(shared_daemon_id(mig))
+            if left is not None:
+                node.mps.stop(left)

@@ -21,7 +21,7 @@ from gpu_dra.driver.mig_policy import EVERYTHING, MigPolicy
 from gpu_dra.driver.model import Gpu, MigDevice, MigPartition, NodeDevices
 from gpu_dra.driver.naming import gpu_device_name
 from gpu_dra.driver.nvml.simulated import SimulatedHost
-from gpu_dra.driver.shares import ShareSelection, ShareSelectionError
+from gpu_dra.driver.shares import MigShareSelection, ShareSelection, ShareSelectionError
 from gpu_dra.kubelet_plugin.cdi import CdiDevice, ClaimSpecStore, DeviceNode, build_claim_spec
 from gpu_dra.kubelet_plugin.checkpoint import Checkpoint
 from gpu_dra.kubelet_plugin.driver_root import DriverRoot, DriverUserspaceError
@@ -630,3 +630,29 @@ def test_mps_shares_go_to_the_gpus_dynamic_mig_does_not_partition() -> None:
         assert inventory.shared_gpu(name) is not None
     assert any(d.get("consumesCounters") for d in published.values())  # partitions still there
     assert len(inventory.counter_sets()) == len(partitioned)
+
+
+def test_static_mig_devices_offered_as_shares_unless_dynamic_mig_partitions_their_gpu() -> None:
+    host = SimulatedHost.load("hgx-h100-mig", "node-a")
+    found = discover_devices(host.nvml, host.pci, mig_profiles=True)
+    every = MigShareSelection(every_device=True)
+
+    static = NodeInventory.from_discovery(found, simulated=True, mps_shares_on_mig=every)
+    shared = {d["name"] for d in static.published_devices() if d.get("allowMultipleAllocations")}
+    assert len(shared) == len(found.mig_devices) == 19
+    assert all(static.shared_gpu(name) in static.mig_mps_shares for name in shared)
+    assert static.shared_gpu("gpu-7") is None  # MIG off, not offered by --mps-shares
+
+    # Dynamic MIG partitions every H100 of this node: none of their static devices is offered.
+    dynamic = NodeInventory.from_discovery(
+        found, simulated=True, dynamic_mig=True, mps_shares_on_mig=every
+    )
+    assert dynamic.mig_mps_shares == ()
+    assert not any(d.get("allowMultipleAllocations") for d in dynamic.published_devices())
+    with pytest.raises(ShareSelectionError, match="--dynamic-mig"):
+        NodeInventory.from_discovery(
+            found,
+            simulated=True,
+            dynamic_mig=True,
+            mps_shares_on_mig=MigShareSelection.parse(found.mig_devices[0].uuid),
+        )

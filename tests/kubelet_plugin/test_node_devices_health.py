@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 from gpu_dra.driver import slices
 from gpu_dra.driver.discovery import discover_devices
 from gpu_dra.driver.health import (
+    KEY_XID,
     HealthPolicy,
     HealthState,
     Problem,
@@ -19,7 +20,7 @@ from gpu_dra.driver.health import (
 from gpu_dra.driver.model import MigDevice
 from gpu_dra.driver.nvml.interface import NVML_EVENT_TYPE_XID_CRITICAL_ERROR
 from gpu_dra.driver.nvml.simulated import SimulatedHost
-from gpu_dra.driver.shares import ShareSelection
+from gpu_dra.driver.shares import MigShareSelection, ShareSelection
 from gpu_dra.kubelet_plugin.node_devices import NodeInventory
 
 NODE = "node-a"
@@ -115,3 +116,26 @@ def test_a_gpu_taint_reaches_every_dynamic_mig_partition_of_it() -> None:
     assert set(map(tuple, taints.values())) == {("gpu.nvidia.com/xid=48:NoSchedule",)}
     pool = inventory.desired_pool(DRIVER, NODE, slices.SliceLayout.SPLIT)
     assert all("taints" not in d for s in pool.slices for d in s.get("devices", []))
+
+
+def test_a_dead_shared_daemon_of_a_mig_device_taints_that_mig_device_only() -> None:
+    host = SimulatedHost.load("hgx-h100-mig", NODE)
+    found = discover_devices(host.nvml, host.pci)
+    inventory = NodeInventory.from_discovery(
+        found, simulated=True, mps_shares_on_mig=MigShareSelection.parse("3g.40gb")
+    )
+    mig, other, _ = inventory.mig_mps_shares
+    migs = {m.uuid: Target(m.parent.uuid, (m.gi_id, m.ci_id)) for m in (mig, other)}
+
+    state = HealthState().with_mps_daemons([], {mig.uuid: "pod gone"}, NOW, migs)
+
+    (name,) = tainted(inventory, state)
+    assert inventory.by_name(name) == mig
+    assert tainted(inventory, state)[name] == ["gpu.nvidia.com/mps-daemon=not-running:NoSchedule"]
+    # Running again: the taint goes, other problems of the MIG device stay.
+    target = migs[mig.uuid]
+    with_xid = state.with_problem(target, xid(94))
+    healed = with_xid.with_mps_daemons([], {}, NOW, migs)
+    assert set(healed.of(target)) == {KEY_XID}
+    assert HealthState().with_mps_daemons([], {}, NOW, migs).problems == {}
+    assert state.with_mps_daemons([], {}, NOW, migs).problems == {}

@@ -10,7 +10,7 @@ import pytest
 
 from gpu_dra.driver.health import TaintEffect
 from gpu_dra.driver.mig_policy import DEFAULT, EVERYTHING, parse_policy
-from gpu_dra.driver.shares import ShareSelection
+from gpu_dra.driver.shares import MigShareSelection, ShareSelection
 from gpu_dra.driver.slices import SliceLayout
 from gpu_dra.kubelet_plugin.mps.warm_policy import WarmPolicy
 from gpu_dra.kubelet_plugin.settings import KubeletPluginSettings
@@ -40,6 +40,7 @@ ALL_FLAGS = [
     "--nvidia-smi=/opt/nvidia/bin/nvidia-smi",
     "--mps-shares=0,GPU-a75cda02-62ce-2c30-9150-555ef08935e2",
     "--capped-shares=2,3",
+    "--mps-shares-on-mig=3g.40gb,MIG-cb40a2a6-69c6-5d06-a49f-1a42bda0ba34",
     "--mps-share-max-percent=50",
     "--mps-share-memory-limits=off",
     "--mps-memory-watchdog=kill",
@@ -90,6 +91,9 @@ EXPECTED = KubeletPluginSettings(
     nvidia_smi="/opt/nvidia/bin/nvidia-smi",
     mps_shares=ShareSelection(names=("0", "GPU-a75cda02-62ce-2c30-9150-555ef08935e2")),
     capped_shares=ShareSelection(names=("2", "3"), flag="--capped-shares"),
+    mps_shares_on_mig=MigShareSelection(
+        profiles=("3g.40gb",), uuids=("MIG-cb40a2a6-69c6-5d06-a49f-1a42bda0ba34",)
+    ),
     mps_share_max_percent=50,
     mps_share_memory_limits="off",
     mps_memory_watchdog="kill",
@@ -417,6 +421,9 @@ def test_mps_shares_default_to_none_and_all_means_every_gpu() -> None:
     assert KubeletPluginSettings.parse(["--node-name=n"], {}).capped_shares.empty
     capped = KubeletPluginSettings.parse(["--node-name=n"], {"GPU_DRA_CAPPED_SHARES": "all"})
     assert capped.capped_shares == ShareSelection(every_gpu=True, flag="--capped-shares")
+    assert KubeletPluginSettings.parse(["--node-name=n"], {}).mps_shares_on_mig.empty
+    on_mig = KubeletPluginSettings.parse(["--node-name=n"], {"GPU_DRA_MPS_SHARES_ON_MIG": "all"})
+    assert on_mig.mps_shares_on_mig == MigShareSelection(every_device=True)
     assert KubeletPluginSettings.parse(["--node-name=n", "--mps-shares=all"], {}).mps_shares == (
         ShareSelection(every_gpu=True)
     )
@@ -426,6 +433,7 @@ def test_mps_shares_default_to_none_and_all_means_every_gpu() -> None:
     ("flag", "message"),
     [
         ("--mps-shares=gpu-0", "neither a GPU index"),
+        ("--mps-shares-on-mig=gpu-0", "neither a MIG profile"),
         ("--mps-share-max-percent=0", "between 1 and 100"),
         ("--mps-share-max-percent=half", "whole percentage"),
         ("--capped-shares=gpu-0", "--capped-shares: 'gpu-0' is neither a GPU index"),

@@ -1,0 +1,180 @@
+"""The shipped install path on the e2e cluster, shared by the chart e2e tests and the demo.
+
+The driver image built from the Dockerfile without a Docker engine (`e2e.cluster.driverimage`,
+cached by ``e2e.cluster build``) and imported into the node's containerd (`import_driver_image`);
+the Helm chart (deployments/helm/gpu-dra) installed with the pinned ``helm`` (`run_helm`) with
+the values the e2e node needs (`chart_values`): the kubelet plugin runs as the chart's DaemonSet
+pod, the controller as its Deployment. `install_mps_double` puts the nvidia-cuda-mps-control TEST
+DOUBLE where the plugin container sees it. See docs/deployment.md and docs/e2e-cluster.md.
+"""
+
+from __future__ import annotations
+
+import copy
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Final
+
+from e2e import helm
+from e2e.cluster import Cluster, driverimage, images, netns, versions
+from e2e.cluster.paths import REPO_ROOT
+from e2e.driver import DATA_DIR_LINK
+from e2e.kube import Kube, wait_for
+
+CHART: Final = REPO_ROOT / "deployments" / "helm" / "gpu-dra"
+RELEASE: Final = "gpu-dra"
+"""The chart tests' release (one module at a time installs it)."""
+NAMESPACE: Final = "gpu-dra-chart"
+"""The chart tests' namespace."""
+PROFILE: Final = "hgx-h100"
+"""The simulated machine of the chart tests' node."""
+PLUGIN_SELECTOR: Final = "app.kubernetes.io/component=kubelet-plugin"
+CONTROLLER_SELECTOR: Final = "app.kubernetes.io/component=controller"
+MPS_DOUBLE_DIR: Final = "e2e-mps-double"
+
+
+class HelmError(RuntimeError):
+    """A ``helm`` command failed; the message has its arguments and stderr."""
+
+
+def chart_values(cluster: Cluster, image: str, profile: str = PROFILE) -> dict[str, Any]:
+    """What the e2e node needs beyond the defaults: the local image, the cluster's kubelet
+    directories, a short data dir for MPS sockets, simulated GPUs (`profile`: a profile name, or
+    a file the plugin container sees), and the apiserver's node address (the e2e cluster has no
+    kube-proxy for the service IP)."""
+    repository, tag = image.rsplit(":", 1)
+    paths = cluster.paths
+    apiserver = [
+        {"name": "KUBERNETES_SERVICE_HOST", "value": versions.NODE_IP},
+        {"name": "KUBERNETES_SERVICE_PORT", "value": str(versions.APISERVER_PORT)},
+    ]
+    return {
+        "gpuResourcesEnabledOverride": True,
+        "image": {"repository": repository, "tag": tag, "pullPolicy": "Never"},
+        "kubeletPlugin": {
+            "kubeletPluginsDirectoryPath": str(paths.plugins_dir),
+            "kubeletRegistrarDirectoryPath": str(paths.plugins_registry),
+            "dataDir": str(paths.state / DATA_DIR_LINK),
+            "simulate": profile,
+            "affinity": None,
+            "containers": {"gpus": {"env": apiserver}},
+        },
+        "controller": {"containers": {"controller": {"env": apiserver}}},
+    }
+
+
+def merged(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    """`base` with `overrides` merged in, key by key (as Helm merges values files)."""
+    result = copy.deepcopy(base)
+    for key, value in overrides.items():
+        if isinstance(value, dict) and isinstance(result.get(key), dict):
+            result[key] = merged(result[key], value)
+        else:
+            result[key] = copy.deepcopy(value)
+    return result
+
+
+def driver_image(cluster: Cluster) -> driverimage.DriverImage:
+    """The driver image of this tree: cached by `e2e.cluster build` (setup-host); else built
+    now, from the host's network namespace (the image build reaches Debian's and PyPI's
+    mirrors, which the e2e namespace cannot)."""
+    if not driverimage.archive_path(cluster.paths, driverimage.inputs_digest()).is_file():
+        command, fds = netns.outside_command([sys.executable, "-m", "e2e.cluster.driverimage"])
+        subprocess.run(command, pass_fds=fds, check=True, timeout=600, cwd=REPO_ROOT)
+    return driverimage.build(cluster.paths)
+
+
+def import_driver_image(cluster: Cluster) -> driverimage.DriverImage:
+    """`driver_image`, imported into the node's containerd unless it has it already."""
+    image = driver_image(cluster)
+    ctr, socket = cluster.bin_dir / "ctr", cluster.paths.containerd_socket
+    if not images.image_present(ctr, socket, image.reference):
+        images.import_images(ctr, socket, [image.archive])
+    return image
+
+
+def run_helm(cluster: Cluster, *args: str) -> str:
+    """``helm <args>`` against the cluster; its stdout, or `HelmError` with its stderr."""
+    done = subprocess.run(
+        [str(helm.binary(cluster.paths)), f"--kubeconfig={cluster.kubeconfig}", *args],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    if done.returncode != 0:
+        raise HelmError(f"helm {' '.join(args)}: {done.stderr}")
+    return done.stdout
+
+
+def release_installed(cluster: Cluster, release: str, namespace: str) -> bool:
+    """Whether `release` is installed in `namespace` (in any state: helm 4 lists them all)."""
+    listed = run_helm(cluster, "list", f"--namespace={namespace}", "--short")
+    return release in listed.split()
+
+
+def pods(kube: Kube, selector: str, namespace: str = NAMESPACE) -> list[dict[str, Any]]:
+    return kube.list("v1", "Pod", namespace=namespace, label_selector=selector)
+
+
+def ready(pod: dict[str, Any]) -> bool:
+    conditions = pod.get("status", {}).get("conditions", [])
+    return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+
+
+def wait_plugin_ready(kube: Kube, cluster: Cluster, namespace: str = NAMESPACE) -> None:
+    """Wait until the node has exactly one plugin pod and it is ready (a rolling update with
+    maxSurge 1 runs two for a while); on time-out, fail with the containers' last log lines."""
+
+    def settled() -> bool:
+        (daemonset,) = kube.list("apps/v1", "DaemonSet", namespace=namespace,
+                                 label_selector=PLUGIN_SELECTOR)  # fmt: skip
+        status = daemonset.get("status") or {}
+        rolled_out = (
+            status.get("observedGeneration") == daemonset["metadata"]["generation"]
+            and status.get("updatedNumberScheduled") == status.get("desiredNumberScheduled") == 1
+            and status.get("numberAvailable") == 1
+        )
+        current = pods(kube, PLUGIN_SELECTOR, namespace)
+        return rolled_out and len(current) == 1 and ready(current[0])
+
+    try:
+        wait_for("the kubelet plugin pod to be ready, alone", settled, 180)
+    except TimeoutError as error:
+        logs = "".join(
+            cluster.kubectl("logs", "-n", namespace, p["metadata"]["name"], "-c", "gpus",
+                            "--tail=30", *extra, check=False)
+            for p in pods(kube, PLUGIN_SELECTOR, namespace)
+            for extra in ((), ("--previous",))
+        )  # fmt: skip
+        raise AssertionError(f"{error}; plugin log:\n{logs}") from error
+
+
+def plugin_metrics_url(kube: Kube, namespace: str = NAMESPACE) -> str:
+    """The /metrics URL of the node's plugin pod (its pod IP, its port named ``metrics``), which
+    the e2e network namespace reaches directly; one pod must run (`wait_plugin_ready`)."""
+    (pod,) = [
+        p
+        for p in pods(kube, PLUGIN_SELECTOR, namespace)
+        if "deletionTimestamp" not in p["metadata"]
+    ]
+    (container,) = [c for c in pod["spec"]["containers"] if c["name"] == "gpus"]
+    (port,) = [p["containerPort"] for p in container["ports"] if p["name"] == "metrics"]
+    return f"http://{pod['status']['podIP']}:{port}/metrics"
+
+
+def install_mps_double(state_dir: Path) -> Path:
+    """The nvidia-cuda-mps-control TEST DOUBLE (standard library only) copied into the data dir,
+    which the plugin container sees at the same path: the control client the plugin runs (with
+    the image's python3). Returns the program's path."""
+    root = state_dir / MPS_DOUBLE_DIR
+    (root / "bin").mkdir(parents=True, exist_ok=True)
+    doubles = REPO_ROOT / "tests" / "doubles"
+    for name in ("nvidia_cuda_mps_control.py", "mps_double_daemon.py"):
+        shutil.copy2(doubles / name, root / name)
+    binary = root / "bin" / "nvidia-cuda-mps-control"
+    shutil.copy2(doubles / "bin" / "nvidia-cuda-mps-control", binary)
+    return binary
+
+
+def remove_mps_double(state_dir: Path) -> None:
+    shutil.rmtree(state_dir / MPS_DOUBLE_DIR, ignore_errors=True)
