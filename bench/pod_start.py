@@ -3,7 +3,8 @@ one with a whole GPU, as ratios to the pod without a claim, measured in one run 
 a share <= 1.2x a pod without a claim, the first share after a plugin start included).
 
 Runs gpu-dra on the cluster's simulated ``hgx-h100`` node as the e2e tests do (``e2e.driver``:
-daemon pods of the MPS test double, ``--mps-shares=0``, plus ``--plugin-arg`` flags, e.g.
+daemon pods of the MPS test double, ``--mps-shares=0``, the plugin's default
+``--mps-share-daemon-warm=always``, plus ``--plugin-arg`` flags, e.g.
 ``--plugin-arg=--mps-share-daemon-warm=off`` for the cold-start baseline). Brings the cluster up
 if it is not healthy, as the e2e session does (and leaves it up). Do not run it beside e2e tests:
 there is one cluster per machine.
@@ -18,12 +19,17 @@ is inside the time:
 * ``share``: a claim of ``mps.gpu.nvidia.com`` (10Gi, 10 % compute) on gpu-0, the first share
   on the GPU (none runs): with warm daemons its daemon runs already;
 * ``share_beside``: a second share while the first runs (joins a daemon in use);
-* ``first_share_after_start``: after ``--restarts`` plugin restarts (stop, start, registered and
-  slices published), a share pod created at once.
+* ``first_share_after_restart``: the plugin stopped and started again (its warm daemon runs on,
+  the new plugin adopts it; registered and slices published), a share pod created at once;
+* ``first_share_after_start``: the plugin stopped, every MPS daemon of the node removed, then
+  started (a first start on the node: it warms the daemon before it registers), a share pod
+  created at once.
 
-After each pod its claim's unprepare is waited for, then ``--settle`` s (a warm daemon is started
-anew after the last share left). Reported: each kind's median and max (s), and each median over
-``no_claim``'s (``ratio_*``, targets <= 1.2).
+``--restarts`` of each restart kind, alternating. After each pod its claim's unprepare is
+waited for, then ``--settle`` s (a warm daemon is started anew after the last share left).
+Reported: each kind's median and max (s), each median over ``no_claim``'s (``ratio_*``, targets
+<= 1.2), and ``share_cold_starts``: the shared daemons a share's prepare started itself (the
+plugin log's ``mps shared daemon started``), 0 with warm daemons.
 
     python -m bench.pod_start [--rounds 5] [--restarts 3] [--settle 3] [--poll 0.02] [--json]
 """
@@ -41,8 +47,10 @@ from typing import Any, Final
 from bench.report import Reporter, Target
 from e2e import manifests as m
 from e2e.cluster import Cluster, netns
-from e2e.driver import Driver
+from e2e.driver import PLUGIN, Driver
 from e2e.kube import Kube
+from gpu_dra.kubelet_plugin.mps.warm_policy import DEFAULT as DEFAULT_WARM
+from gpu_dra.kubelet_plugin.mps.warm_policy import WarmPolicy
 
 BENCH: Final = "pod_start"
 PROFILE: Final = "hgx-h100"
@@ -52,8 +60,17 @@ BASE_PLUGIN_ARGS: Final = (f"--mps-shares={SHARE_GPU[-1]}",)
 MPS_CLASS: Final = "mps.gpu.nvidia.com"
 GPU_CLASS: Final = "gpu.nvidia.com"
 BASELINE: Final = "no_claim"
-KINDS: Final = ("no_claim", "whole_gpu", "share", "share_beside", "first_share_after_start")
+KINDS: Final = (
+    "no_claim",
+    "whole_gpu",
+    "share",
+    "share_beside",
+    "first_share_after_restart",
+    "first_share_after_start",
+)
 RATIO_TARGET: Final = Target("<=", 1.2)
+COLD_START: Final = "mps shared daemon started daemon_id="
+"""The plugin's log line when a share's prepare started the shared daemon itself."""
 READY_TIMEOUT_S: Final = 120.0
 
 Obj = dict[str, Any]
@@ -87,8 +104,28 @@ def ratios(samples: Mapping[str, Sequence[float]], baseline: str = BASELINE) -> 
     }
 
 
-def report(reporter: Reporter, samples: Mapping[str, Sequence[float]]) -> None:
-    """Median and max per kind (s), then the ratios, share's the primary metric."""
+def warm(plugin_args: Sequence[str]) -> bool:
+    """Whether the plugin runs with warm shared daemons (the last ``--mps-share-daemon-warm``
+    of ``plugin_args``, else the plugin's default)."""
+    prefix = "--mps-share-daemon-warm="
+    given = [arg.removeprefix(prefix) for arg in plugin_args if arg.startswith(prefix)]
+    return (WarmPolicy.parse(given[-1]) if given else DEFAULT_WARM).warm
+
+
+def cold_starts(log: str) -> int:
+    """How many shared daemons the prepares in ``log`` (a part of the plugin's log) started."""
+    return log.count(COLD_START)
+
+
+def report(
+    reporter: Reporter,
+    samples: Mapping[str, Sequence[float]],
+    *,
+    share_cold_starts: int | None = None,
+    warm_daemons: bool = True,
+) -> None:
+    """Median and max per kind (s), then the ratios, share's the primary metric, then the
+    shares' cold starts (judged == 0 with warm daemons)."""
     for kind in KINDS:
         values = samples.get(kind) or []
         if not values:
@@ -98,6 +135,9 @@ def report(reporter: Reporter, samples: Mapping[str, Sequence[float]]) -> None:
     for kind, ratio in ratios(samples).items():
         target = None if kind == "whole_gpu" else RATIO_TARGET
         reporter.metric(f"ratio_{kind}", ratio, "x", target=target, primary=kind == "share")
+    if share_cold_starts is not None:
+        target = Target("==", 0) if warm_daemons else None
+        reporter.metric("share_cold_starts", share_cold_starts, "starts", target=target)
 
 
 def share_request(memory: str = "10Gi", compute: int = 10) -> Obj:
@@ -142,6 +182,8 @@ class Bench:
         self.poll_s = poll_s
         self.settle_s = settle_s
         self.namespace = f"bench-pod-start-{uuid.uuid4().hex[:6]}"
+        self.cold_starts = 0
+        """Shared daemons the timed share pods' prepares started (`cold_starts`)."""
 
     def __enter__(self) -> Bench:
         self.driver.install()
@@ -181,6 +223,16 @@ class Bench:
             self.driver.wait_unprepared(claim_uid, timeout=120)
         time.sleep(self.settle_s)
 
+    def plugin_log_size(self) -> int:
+        log = self.cluster.paths.logs / f"{PLUGIN}.log"
+        return log.stat().st_size if log.exists() else 0
+
+    def count_cold_starts(self, offset: int) -> None:
+        """Add the shared daemon starts the plugin logged after ``offset`` (bytes)."""
+        with (self.cluster.paths.logs / f"{PLUGIN}.log").open("rb") as log:
+            log.seek(offset)
+            self.cold_starts += cold_starts(log.read().decode(errors="replace"))
+
     def one(self, name: str, request: Obj | None) -> float:
         seconds, uid = self.timed_pod(name, request)
         self.remove(name, uid)
@@ -188,16 +240,26 @@ class Bench:
 
     def shares(self, index: int) -> tuple[float, float]:
         """The first share on the GPU, then one beside it."""
+        offset = self.plugin_log_size()
         first_s, first_uid = self.timed_pod(f"share-{index}", share_request())
         beside_s, beside_uid = self.timed_pod(f"beside-{index}", share_request())
+        self.count_cold_starts(offset)
         self.remove(f"beside-{index}", beside_uid)
         self.remove(f"share-{index}", first_uid)
         return first_s, beside_s
 
-    def after_restart(self, index: int) -> float:
+    def after_restart(self, index: int, *, fresh: bool) -> float:
+        """A share pod right after the plugin was stopped and started; ``fresh``: every MPS
+        daemon of the node removed between the two (a first start on the node)."""
         self.driver.stop_plugin()
+        if fresh:
+            self.driver.remove_mps_daemons()
         self.driver.start_plugin()
-        return self.one(f"restart-{index}", share_request())
+        offset = self.plugin_log_size()
+        seconds, uid = self.timed_pod(f"{'start' if fresh else 'restart'}-{index}", share_request())
+        self.count_cold_starts(offset)
+        self.remove(f"{'start' if fresh else 'restart'}-{index}", uid)
+        return seconds
 
 
 def measure(
@@ -214,7 +276,8 @@ def measure(
         samples["share_beside"].append(beside)
         progress(f"round {index + 1}/{rounds}")
     for index in range(restarts):
-        samples["first_share_after_start"].append(bench.after_restart(index))
+        samples["first_share_after_restart"].append(bench.after_restart(index, fresh=False))
+        samples["first_share_after_start"].append(bench.after_restart(index, fresh=True))
         progress(f"restart {index + 1}/{restarts}")
     return samples
 
@@ -245,7 +308,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             restarts=args.restarts,
             progress=lambda what: print(what, file=sys.stderr, flush=True),
         )
-    report(reporter, samples)
+    report(reporter, samples, share_cold_starts=bench.cold_starts, warm_daemons=warm(plugin_args))
     return 1 if reporter.failed else 0
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from e2e.driver import Driver
 from e2e.kube import Kube, wait_for
-from tests.doubles.mps_helpers import processes_under
+from tests.doubles.mps_helpers import daemon_processes_under, processes_under
 from tests.doubles.nvidia_cuda_mps_control import PID_FILE
 
 DAEMON_ID_LABEL = "mps.gpu-dra.io/daemon-id"
@@ -22,16 +22,19 @@ _SECTION = re.compile(r"^--- (\w+)\n(.*?)(?=^--- )", re.M | re.S)
 
 
 def daemons(driver: Driver) -> list[int]:
-    """PIDs of the double's processes serving a pipe dir under the plugin's data dir."""
+    """PIDs of the double's processes serving a pipe dir under the plugin's data dir, control
+    clients in flight included."""
     return processes_under(driver.data_dir / "mps")
 
 
 def daemon_ids(driver: Driver) -> dict[int, str]:
-    """The daemon id of each process `daemons` finds: the directory its
-    ``CUDA_MPS_PIPE_DIRECTORY`` (``<data dir>/mps/<id>/pipe``) names."""
+    """The daemon id of each daemon or server process under the plugin's data dir: the
+    directory its ``CUDA_MPS_PIPE_DIRECTORY`` (``<data dir>/mps/<id>/pipe``) names. Control
+    clients (one command the plugin sends, e.g. a warm daemon's settings while it starts) are no
+    daemon processes and left out (`daemon_processes_under`)."""
     prefix = f"CUDA_MPS_PIPE_DIRECTORY={driver.data_dir / 'mps'}/".encode()
     found = {}
-    for pid in daemons(driver):
+    for pid in daemon_processes_under(driver.data_dir / "mps"):
         try:
             environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
         except OSError:

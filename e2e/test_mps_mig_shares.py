@@ -25,7 +25,7 @@ from tests.doubles.nvidia_cuda_mps_control import read_state
 pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("no_mps_daemon_left")]
 
 SIMULATED_PROFILE = "hgx-h100-mig"
-# Warm daemons off (the default, named so the test does not follow it): the first share starts
+# Warm daemons off (named: the default is always): the first share starts
 # the slice's daemon and the last one stops it.
 PLUGIN_ARGS = ("--mps-shares-on-mig=1g.10gb", "--mps-share-daemon-warm=off")
 MIG_MPS_CLASS = "mps.mig.nvidia.com"

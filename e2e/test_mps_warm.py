@@ -1,13 +1,17 @@
 """Warm shared MPS daemons end to end (issue 16 item 6, docs/mps.md "Warm daemons"): with the
 default ``--mps-share-daemon-warm=always`` the daemon of a GPU offered as shares runs before its
-first share, the first share after a plugin start joins it, a plugin restart adopts it, and a
-fresh one is started after the last share left.
+first share, the first share after a plugin start joins it, a fresh one is started at once after
+the last share left, and a plugin killed with SIGKILL leaves it to the restarted one, which
+adopts it. The leak check (`no_mps_daemon_left`) allows one process per warm daemon; the control
+commands the plugin sends are no daemon processes (`e2e.mps.daemon_ids`).
 
 A simulated hgx-h100 node whose gpu-0 is offered as MPS shares (``--mps-shares=0``); daemons run
 as pods of the nvidia-cuda-mps-control TEST DOUBLE's image, as in e2e/test_mps_shares.py."""
 
 from __future__ import annotations
 
+import json
+import re
 import time
 from datetime import UTC, datetime
 from typing import Any
@@ -21,19 +25,15 @@ from e2e.mps import daemon_ids, daemons, mps_output
 from e2e.workloads import delete_pods, wait_running
 from gpu_dra.kubelet_plugin.mps import shared_daemon_id
 
-pytestmark = [
-    pytest.mark.e2e,
-    pytest.mark.usefixtures("no_mps_daemon_left"),
-    # Failed on the local cluster (2026-11-26): after the last share left, the fresh warm daemon
-    # showed two processes for 15 s and the leak check killed them; after a SIGKILL the restarted
-    # plugin started a new warm daemon instead of adopting the running one. Warm daemons are off
-    # by default until these are fixed (docs/mps.md, "Warm daemons").
-    pytest.mark.skip(reason="warm MPS daemons: two open defects, off by default (docs/mps.md)"),
-]
+pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("no_mps_daemon_left")]
 
 SIMULATED_PROFILE = "hgx-h100"
-PLUGIN_ARGS = ("--mps-shares=0", "--mps-share-daemon-warm=always")
+PLUGIN_ARGS = ("--mps-shares=0",)  # warm daemons: the default
 MPS_CLASS = "mps.gpu.nvidia.com"
+FRESH_WITHIN_S = 6.0
+"""The fresh warm daemon is started right after the last share left: well within the warmer's
+10 s interval (a pass one interval later would take over 10 s plus the start)."""
+_STAMP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ", re.M)
 
 
 def share_claim(name: str, namespace: str, memory: str, compute: int) -> dict[str, Any]:
@@ -54,16 +54,36 @@ def warm_pod(driver: Driver, daemon_id: str) -> dict[str, Any]:
     return driver.mps_daemon_pods()[name]
 
 
+def recorded_pid(driver: Driver, daemon_id: str) -> int | None:
+    """The PID the daemon's ``daemon.json`` records: written once its start finished (settings
+    set and read back); None before."""
+    try:
+        return int(json.loads((driver.mps_dir / daemon_id / "daemon.json").read_text())["pid"])
+    except (OSError, ValueError, KeyError):
+        return None
+
+
 def warm_pid(driver: Driver, daemon_id: str) -> int:
-    """The one daemon process of ``daemon_id``."""
-    wait_for(
-        f"one process of daemon {daemon_id}",
-        lambda: list(daemon_ids(driver).values()).count(daemon_id) == 1,
-        30,
-        interval=0.2,
-    )
+    """The one daemon process of ``daemon_id``, once its start finished (``daemon.json`` names
+    it): a plugin killed before that leaves a daemon whose settings were never verified, which
+    the restarted plugin rightly replaces."""
+
+    def started() -> bool:
+        pids = [pid for pid, i in daemon_ids(driver).items() if i == daemon_id]
+        return len(pids) == 1 and recorded_pid(driver, daemon_id) == pids[0]
+
+    wait_for(f"one recorded process of daemon {daemon_id}", started, 30, interval=0.2)
     (pid,) = [pid for pid, i in daemon_ids(driver).items() if i == daemon_id]
     return pid
+
+
+def logged_at(log: str, line: str) -> float:
+    """When the first log line containing ``line`` was written (the plugin's local clock)."""
+    index = log.index(line)
+    start = log.rfind("\n", 0, index) + 1
+    match = _STAMP.match(log, start)
+    assert match is not None, log[start : index + len(line)]
+    return datetime.strptime(match[1], "%Y-%m-%d %H:%M:%S,%f").timestamp()
 
 
 def created_at(pod: dict[str, Any]) -> float:
@@ -116,7 +136,8 @@ def test_the_first_share_after_a_plugin_start_finds_its_daemon_running(
     assert f"mps shared daemon warm, joined daemon_id={daemon_id} pid={pid}" in log
     assert "mps shared daemon started" not in log  # no daemon started by the prepare
 
-    # The last share leaves: its daemon goes, a fresh warm one (new pod, new process) comes.
+    # The last share leaves: its daemon goes, a fresh warm one (new pod, new process) comes at
+    # once, not one warmer interval later.
     delete_pods(kube, namespace, ["first"])
     driver.wait_unprepared(uid)
     wait_for(
@@ -129,7 +150,12 @@ def test_the_first_share_after_a_plugin_start_finds_its_daemon_running(
         60,
         interval=0.2,
     )
-    assert warm_pid(driver, daemon_id) != pid
+    fresh = warm_pid(driver, daemon_id)
+    assert fresh != pid
+    log = plugin_log(driver)[offset:]
+    gone = f"mps shared daemon stopped daemon_id={daemon_id} (last share gone)"
+    restarted = f"mps warm daemon started daemon_id={daemon_id} pid={fresh} "
+    assert logged_at(log, restarted) - logged_at(log, gone) < FRESH_WITHIN_S, log[-3000:]
 
 
 def test_a_killed_plugin_leaves_the_warm_daemon_and_the_restarted_one_adopts_it(
@@ -137,14 +163,20 @@ def test_a_killed_plugin_leaves_the_warm_daemon_and_the_restarted_one_adopts_it(
 ) -> None:
     daemon_id = shared_daemon_id(driver.uuid_of("gpu-0"))
     daemon_pod = warm_pod(driver, daemon_id)
-    pid = warm_pid(driver, daemon_id)
+    pid = warm_pid(driver, daemon_id)  # its start finished: recorded in daemon.json
 
     driver.kill_plugin()
     assert pid in daemons(driver)  # no claim records it, and still it outlives the plugin
-    driver.start_plugin()
+    offset = len(plugin_log(driver))
+    driver.start_plugin()  # registers after the first warm pass
 
     # Adopted, not swept as a leftover nor started anew.
+    log = plugin_log(driver)[offset:]
+    assert f"mps warm daemon adopted daemon_id={daemon_id} pid={pid} " in log, log[-3000:]
+    assert f"mps warm daemon started daemon_id={daemon_id}" not in log
+    assert f"mps leftover removed daemon_id={daemon_id}" not in log
     assert warm_pid(driver, daemon_id) == pid
+    assert recorded_pid(driver, daemon_id) == pid
     assert (
         driver.mps_daemon_pods()[daemon_pod["metadata"]["name"]]["metadata"]["uid"]
         == (daemon_pod["metadata"]["uid"])

@@ -30,7 +30,7 @@ from gpu_dra.driver.slices import SliceLayout
 from gpu_dra.kube.logs import LOG_LEVELS, parse_log_level
 from gpu_dra.kubelet_plugin.driver_userspace import ALL_HOOKS, DEFAULT_CDI_HOOK_PATH, HOOK_NAMES
 from gpu_dra.kubelet_plugin.instances import check_instance_id
-from gpu_dra.kubelet_plugin.mps.warm_policy import OFF as OFF_WARM
+from gpu_dra.kubelet_plugin.mps.warm_policy import DEFAULT as DEFAULT_WARM
 from gpu_dra.kubelet_plugin.mps.warm_policy import WarmPolicy, WarmPolicyError
 
 DEFAULT_MPS_CONTROL_BINARY = "nvidia-cuda-mps-control"
@@ -214,7 +214,7 @@ class KubeletPluginSettings:
     mps_daemon_check_interval_s: float = 10.0
     """Seconds between checks of the MPS daemons of prepared claims (a dead one is restarted in
     place, changed settings are set back); 0 turns the checks off."""
-    mps_share_daemon_warm: WarmPolicy = OFF_WARM
+    mps_share_daemon_warm: WarmPolicy = DEFAULT_WARM
     """Whether the shared MPS daemon of a GPU offered as shares runs before its first share:
     `always` (started at plugin start and again after the last share left), `idle:<duration>`
     (the same, stopped after that long without a share) or `off` (started by the first share,
@@ -621,9 +621,8 @@ def _add_mps_daemon_options(option: Callable[..., None], environ: Mapping[str, s
         "whether the shared MPS daemon of a GPU offered as shares runs before its first "
         "share: always (started at plugin start and again after the last share left), "
         "idle:<duration> (the same, stopped after e.g. idle:10m without a share) or off "
-        "(started by the first share, stopped with the last; the default until the e2e of "
-        "the warm modes passes, docs/mps.md)",
-        "off",
+        "(started by the first share, stopped with the last)",
+        str(DEFAULT_WARM),
     )
     option(
         "--mps-daemon-runner",

@@ -86,3 +86,49 @@ def test_the_requests_ask_for_a_share_and_for_one_whole_gpu() -> None:
 def test_the_plugin_offers_gpu_0_as_shares() -> None:
     assert pod_start.BASE_PLUGIN_ARGS == ("--mps-shares=0",)
     assert pod_start.SHARE_GPU == "gpu-0"
+
+
+def test_both_restart_kinds_are_measured_and_judged() -> None:
+    assert pod_start.KINDS[-2:] == ("first_share_after_restart", "first_share_after_start")
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        ((), True),  # the plugin's default: always
+        (("--mps-share-daemon-warm=off",), False),
+        (("--mps-share-daemon-warm=off", "--mps-share-daemon-warm=idle:10m"), True),
+        (("--mps-shares=0", "--mps-share-daemon-warm=always"), True),
+    ],
+)
+def test_warm_daemons_are_read_from_the_plugin_args(args: tuple[str, ...], expected: bool) -> None:
+    assert pod_start.warm(args) is expected
+
+
+def test_cold_starts_are_the_shared_daemons_a_prepare_started() -> None:
+    log = (
+        "2026-11-26 02:30:12,239 INFO gpu_dra.kubelet_plugin.mps.shared_daemons mps shared "
+        "daemon started daemon_id=shared-756cd651e2452430 uuid=GPU-2f0c for claim_uid=7952\n"
+        "2026-11-26 02:30:39,122 INFO gpu_dra.kubelet_plugin.mps.warm_daemons mps warm daemon "
+        "started daemon_id=shared-756cd651e2452430 pid=6073 uuid=GPU-2f0c in 1.236s\n"
+        "2026-11-26 02:30:46,316 INFO gpu_dra.kubelet_plugin.mps.shared_daemons mps shared "
+        "daemon warm, joined daemon_id=shared-756cd651e2452430 pid=6285 uuid=GPU-2f0c\n"
+    )
+    assert pod_start.cold_starts(log) == 1
+    assert pod_start.cold_starts("") == 0
+
+
+@pytest.mark.parametrize(
+    ("warm", "starts", "failed"), [(True, 0, []), (True, 2, ["share_cold_starts"]), (False, 2, [])]
+)
+def test_cold_starts_are_judged_only_with_warm_daemons(
+    capsys: pytest.CaptureFixture[str], warm: bool, starts: int, failed: list[str]
+) -> None:
+    reporter = Reporter("pod_start", json_lines=True)
+    samples = {"no_claim": [0.5], "share": [0.55]}
+    pod_start.report(reporter, samples, share_cold_starts=starts, warm_daemons=warm)
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    metrics = {line["metric"]: line for line in lines}
+    assert metrics["share_cold_starts"]["value"] == starts
+    assert ("target" in metrics["share_cold_starts"]) is warm
+    assert reporter.failed == failed

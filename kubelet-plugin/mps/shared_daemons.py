@@ -11,8 +11,9 @@ daemon's lock (node-wide with `NodeLocks`: two plugin instances share the daemon
 rolling update), and join records the claim before letting it go, so a release never stops a
 daemon a join is handing out. A **warm** daemon (started ahead by `mps.warm_daemons`, recorded
 only in its own ``daemon.json``) is joined as it is: the first share sets its GPU's compute mode.
-The last release stops the daemon and tells the idle listeners (the warmer starts a fresh one).
-See docs/mps.md, "MPS shares".
+The last release stops the daemon and tells the idle listeners (the warmer starts a fresh one at
+once): from then on the releasing claim counts as gone although its record stays until its
+unprepare ends. See docs/mps.md, "MPS shares".
 """
 
 from __future__ import annotations
@@ -80,6 +81,21 @@ class PlannedShare:
         }
 
 
+def warm_mismatch(warm: DaemonHandle, gpu: SharedDevice, settings: MpsSettings) -> str | None:
+    """How the recorded warm daemon ``warm`` differs from the shared daemon of ``gpu`` (a GPU or
+    static MIG device) with ``settings`` - both values, for the log - or None when it is that
+    daemon. Compares what the daemon was started with (devices, the control commands, ``-M``),
+    not the types the record was read back as."""
+    differences = []
+    if tuple(warm.devices) != (gpu.uuid,):
+        differences.append(f"devices {list(warm.devices)}, not {[gpu.uuid]}")
+    if warm.settings.commands() != settings.commands():
+        differences.append(f"settings {warm.settings.commands()}, not {settings.commands()}")
+    if warm.settings.multi_user != settings.multi_user:
+        differences.append(f"multi-user {warm.settings.multi_user}, not {settings.multi_user}")
+    return "; ".join(differences) or None
+
+
 def share_devices(state: Mapping[str, JsonValue]) -> set[str]:
     """Device names a claim's checkpoint ``state`` holds as MPS shares."""
     value = state.get(SHARES_STATE_KEY)
@@ -122,6 +138,10 @@ class SharedDaemons:
         self._locks: dict[str, threading.Lock] = {}  # one per shared daemon (offered GPU)
         self._locks_lock = threading.Lock()
         self._idle_listeners: list[Callable[[str], None]] = []
+        # daemon id -> claims whose release stopped it; their records stay until their
+        # unprepare ends, but they use no daemon of the id any more.
+        self._left: dict[str, set[str]] = {}
+        self._left_lock = threading.Lock()
 
     def add_idle_listener(self, listener: Callable[[str], None]) -> None:
         """``listener(daemon id)`` after the last share of a daemon left (it was stopped);
@@ -133,7 +153,9 @@ class SharedDaemons:
         return self._lock(daemon_id)
 
     def users(self, daemon_id: str) -> list[str]:
-        """The claims whose records name the daemon: its reference count."""
+        """The claims whose records name the daemon and that did not leave it: its reference
+        count. A claim whose release stopped the daemon left it, though its record stays until
+        its unprepare ends (the warmer asks right after the release)."""
         return self._users(daemon_id)
 
     @contextlib.contextmanager
@@ -163,6 +185,7 @@ class SharedDaemons:
         write the handle into the claim's checkpoint entry) is called before others can stop
         it."""
         with self._lock(share.daemon_id):
+            self._forget_left(share.daemon_id, {claim_uid})  # it uses the daemon again
             handle = self._running(claim_uid, share.daemon_id)
             if handle is None:
                 handle = self._warm(claim_uid, share)
@@ -190,6 +213,12 @@ class SharedDaemons:
         """Stop the shared daemon of ``handle`` unless a claim other than ``claim_uid`` still
         records it; idempotent."""
         with self._lock(handle.daemon_id):
+            if self._has_left(handle.daemon_id, claim_uid):
+                # A retried release (its unprepare failed after this one): the daemon it used
+                # is gone; one running now is a fresh warm daemon, or another claim's.
+                log.info("mps shared daemon already left daemon_id=%s by claim_uid=%s",
+                         handle.daemon_id, claim_uid)  # fmt: skip
+                return
             users = [u for u in self._users(handle.daemon_id) if u != claim_uid]
             if users:
                 log.info(
@@ -201,6 +230,8 @@ class SharedDaemons:
             # A daemon restarted under the same id after this handle's died is not this
             # handle's to stop, but no claim uses it any more either.
             self._mps.remove_leftover(handle.daemon_id)
+            with self._left_lock:
+                self._left.setdefault(handle.daemon_id, set()).add(claim_uid)
             log.info("mps shared daemon stopped daemon_id=%s (last share gone)", handle.daemon_id)
         for listener in self._idle_listeners:
             try:
@@ -217,13 +248,13 @@ class SharedDaemons:
         warm = self._mps.recorded(share.daemon_id)
         if warm is None:
             return None
-        wanted = self.settings(share.gpu)
-        if warm.settings != wanted or warm.devices != (share.gpu.uuid,):
-            log.info(
-                "mps warm daemon daemon_id=%s has settings %s, not %s: started anew",
+        mismatch = warm_mismatch(warm, share.gpu, self.settings(share.gpu))
+        if mismatch is not None:
+            log.warning(
+                "mps warm daemon daemon_id=%s not joined, started anew: its record (daemon.json) "
+                "has %s",
                 share.daemon_id,
-                warm.settings.commands(),
-                wanted.commands(),
+                mismatch,
             )
             return None
         try:
@@ -246,17 +277,34 @@ class SharedDaemons:
 
     def _users(self, daemon_id: str) -> list[str]:
         states = {uid: entry.state for uid, entry in self._records.all().items()}
-        return claims_using(states, daemon_id)
+        recorded = claims_using(states, daemon_id)
+        with self._left_lock:
+            left = self._left.get(daemon_id, set())
+            left &= set(recorded)  # forget those whose records are gone
+            if not left:
+                self._left.pop(daemon_id, None)
+        return [uid for uid in recorded if uid not in left]
+
+    def _has_left(self, daemon_id: str, claim_uid: str) -> bool:
+        with self._left_lock:
+            return claim_uid in self._left.get(daemon_id, ())
+
+    def _forget_left(self, daemon_id: str, claims: set[str]) -> None:
+        with self._left_lock:
+            left = self._left.get(daemon_id)
+            if left is not None:
+                left -= claims
 
     def _running(self, claim_uid: str, daemon_id: str) -> DaemonHandle | None:
         """The running daemon of ``daemon_id`` when another claim records it - restarted in
         place if it died, its settings restored if a client changed them (`MpsControl.ensure`:
         the directories the other claims' containers have mounted stay) - or None when no
         other claim records it (then a new daemon is started)."""
+        users = set(self._users(daemon_id)) - {claim_uid}  # not those that left it
         recorded = [
             handle
             for uid, entry in self._records.all().items()
-            if uid != claim_uid
+            if uid in users
             for handle in handles_from_state(entry.state)
             if handle.daemon_id == daemon_id
         ]

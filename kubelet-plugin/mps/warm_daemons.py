@@ -6,7 +6,8 @@ the lock join and release hold). A daemon a claim records is the supervisor's an
 Otherwise, as `WarmPolicy` says: none runs -> start one with the shares' settings
 (`SharedDaemons.settings`) but the compute mode left alone (the first share sets it); one runs
 (``daemon.json``, adopted across plugin restarts) -> kept: restarted in place if it died, settings
-set back, a compute mode left by a share that never got recorded reset; idle past
+set back, a compute mode left by a share that never got recorded reset; one recorded otherwise,
+or not at all (a start the plugin died in) -> started anew, why logged; idle past
 ``idle:<duration>``, or ``off`` -> stopped. Passes run only while ``repair()`` holds (this
 instance publishes), at start, after every last release (`SharedDaemons.add_idle_listener`) and
 every interval. See docs/mps.md, "Warm daemons".
@@ -27,9 +28,10 @@ from gpu_dra.kubelet_plugin.mps.daemon_model import (
     MpsControl,
     MpsDaemonGoneError,
     MpsError,
+    MpsSettings,
 )
 from gpu_dra.kubelet_plugin.mps.ids import shared_daemon_id
-from gpu_dra.kubelet_plugin.mps.shared_daemons import SharedDaemons
+from gpu_dra.kubelet_plugin.mps.shared_daemons import SharedDaemons, warm_mismatch
 from gpu_dra.kubelet_plugin.mps.warm_policy import WarmPolicy
 
 log = logging.getLogger(__name__)
@@ -69,6 +71,7 @@ class WarmDaemons:
         self._repair = repair
         self._clock = clock
         self._idle_since: dict[str, float] = {}
+        self._pids: dict[str, int] = {}  # daemon id -> PID of the warm daemon this one keeps
         self._wake: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self.first_pass = asyncio.Event()
@@ -139,22 +142,48 @@ class WarmDaemons:
                      why)  # fmt: skip
             return STOPPED
         settings = self._shared.settings(gpu)
-        if warm is not None and warm.settings == settings and warm.devices == (gpu.uuid,):
-            try:
-                repair = self._mps.ensure(warm)
-                self._mps.reset_exclusive(repair.handle)
-                return KEPT
-            except MpsDaemonGoneError:
-                pass  # stopped meanwhile: start anew
-            except MpsError as error:
-                log.warning("mps warm daemon daemon_id=%s not kept, started anew: %s",
-                            daemon_id, error)  # fmt: skip
+        kept, why = self._keep(gpu, daemon_id, warm, settings)
+        if kept is not None:
+            if self._pids.get(daemon_id) != kept.pid:
+                log.info("mps warm daemon adopted daemon_id=%s pid=%d uuid=%s", daemon_id,
+                         kept.pid, gpu.uuid)  # fmt: skip
+                self._pids[daemon_id] = kept.pid
+            return KEPT
         started = time.monotonic()
         # Removes what is left of an unusable one first (`MpsControl.start`).
         handle = self._mps.start(daemon_id, (gpu.uuid,), settings, exclusive=False)
-        log.info("mps warm daemon started daemon_id=%s pid=%d uuid=%s in %.3fs", daemon_id,
-                 handle.pid, gpu.uuid, time.monotonic() - started)  # fmt: skip
+        self._pids[daemon_id] = handle.pid
+        log.info("mps warm daemon started daemon_id=%s pid=%d uuid=%s in %.3fs (%s)", daemon_id,
+                 handle.pid, gpu.uuid, time.monotonic() - started, why)  # fmt: skip
         return STARTED
+
+    def _keep(
+        self, gpu: SharedDevice, daemon_id: str, warm: DaemonHandle | None, settings: MpsSettings
+    ) -> tuple[DaemonHandle | None, str]:
+        """Keep the recorded warm daemon ``warm`` (restarted in place if it died, settings set
+        back, a compute mode a share left reset): its current instance, or None and why not -
+        never silent: the caller starts one anew and logs it."""
+        if warm is None:
+            # No daemon.json: never started, stopped, or a start that did not finish (the
+            # plugin died during it: its settings were never verified, so it is not adopted).
+            return None, "none recorded"
+        mismatch = warm_mismatch(warm, gpu, settings)
+        if mismatch is not None:
+            log.warning("mps warm daemon daemon_id=%s not kept, started anew: its record "
+                        "(daemon.json) has %s", daemon_id, mismatch)  # fmt: skip
+            return None, f"the recorded one has {mismatch}"
+        try:
+            repair = self._mps.ensure(warm)
+            self._mps.reset_exclusive(repair.handle)
+        except MpsDaemonGoneError as error:
+            log.warning("mps warm daemon daemon_id=%s gone meanwhile, started anew: %s",
+                        daemon_id, error)  # fmt: skip
+            return None, f"the recorded one is gone: {error}"
+        except MpsError as error:
+            log.warning("mps warm daemon daemon_id=%s not kept, started anew: %s",
+                        daemon_id, error)  # fmt: skip
+            return None, f"the recorded one is not usable: {error}"
+        return repair.handle, "kept"
 
     def _stop(self, daemon_id: str, warm: DaemonHandle) -> None:
         self._mps.stop(warm)

@@ -57,3 +57,5 @@ class WarmPolicy:
 
 ALWAYS: Final = WarmPolicy(warm=True)
 OFF: Final = WarmPolicy(warm=False)
+DEFAULT: Final = ALWAYS
+"""``--mps-share-daemon-warm`` when not given."""

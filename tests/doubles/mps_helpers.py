@@ -1,8 +1,10 @@
 """Helpers for tests that run the ``nvidia-cuda-mps-control`` test double.
 
 Every daemon a test starts has its pipe directory under a scratch root; :func:`processes_under`
-finds the processes (daemons, simulated servers) whose ``CUDA_MPS_PIPE_DIRECTORY`` lies under
-such a root, so fixtures can check that a test left none behind and kill any that it did.
+finds the processes (daemons, simulated servers, control clients in flight) whose
+``CUDA_MPS_PIPE_DIRECTORY`` lies under such a root, so fixtures can check that a test left none
+behind and kill any that it did; :func:`daemon_processes_under` leaves out the control clients
+(one control command each, run by the plugin: not a daemon, and gone within its timeout).
 """
 
 from __future__ import annotations
@@ -50,6 +52,31 @@ def processes_under(root: Path) -> list[int]:
         if state not in ("Z", "X") and any(v.startswith(needle) for v in environ.split(b"\0")):
             found.append(int(entry.name))
     return found
+
+
+DAEMON_FLAGS = frozenset({"-d", "-f", "--server"})
+"""Arguments of a control daemon (``-d``, ``-f``) or a (simulated) server; a control client has
+none of them."""
+
+
+def is_control_client(pid: int) -> bool:
+    """Whether ``pid`` is a control client: ``nvidia-cuda-mps-control`` (the real program or
+    the double) run without a daemon flag, one command on its stdin. An unreadable process is
+    not taken for one."""
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+    except OSError:
+        return False
+    names = [Path(arg).name for arg in argv]
+    if DAEMON_FLAGS.intersection(argv) or "nvidia-cuda-mps-server" in names:
+        return False
+    return any(name in ("nvidia-cuda-mps-control", "nvidia_cuda_mps_control.py") for name in names)
+
+
+def daemon_processes_under(root: Path) -> list[int]:
+    """`processes_under` but the control clients (`is_control_client`): the daemons and their
+    servers. A warm daemon shows one process here even while the plugin sends it commands."""
+    return [pid for pid in processes_under(root) if not is_control_client(pid)]
 
 
 def kill_processes_under(root: Path, *, grace_s: float = 2.0) -> list[int]:

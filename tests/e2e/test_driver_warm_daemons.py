@@ -1,6 +1,6 @@
 """`e2e.driver.Driver.warm_daemon_ids`, which the e2e leak check (`no_mps_daemon_left`) reads:
 the daemons the plugin keeps warm follow ``--mps-share-daemon-warm`` and, when a module does
-not pass it, the plugin's own default (``off``), for GPUs and static MIG devices offered as
+not pass it, the plugin's own default (``always``), for GPUs and static MIG devices offered as
 shares alike. No cluster: the published devices are given."""
 
 from __future__ import annotations
@@ -41,18 +41,21 @@ def driver(*args: str) -> Driver:
 @pytest.mark.parametrize(
     "args",
     [
-        (),
         ("--mps-share-daemon-warm=off",),
         ("--mps-share-daemon-warm=always", "--mps-share-daemon-warm=off"),
     ],
-    ids=["default", "off", "last-wins"],
+    ids=["off", "last-wins"],
 )
-def test_no_warm_daemon_unless_the_plugin_is_told(args: tuple[str, ...]) -> None:
+def test_no_warm_daemon_when_the_plugin_is_told_off(args: tuple[str, ...]) -> None:
     assert driver("--mps-shares=0", *args).warm_daemon_ids() == set()
 
 
-@pytest.mark.parametrize("policy", ["always", "idle:10m"])
-def test_warm_daemons_of_every_gpu_and_mig_device_offered(policy: str) -> None:
-    warm = driver(f"--mps-share-daemon-warm={policy}").warm_daemon_ids()
+@pytest.mark.parametrize(
+    "args",
+    [(), ("--mps-share-daemon-warm=always",), ("--mps-share-daemon-warm=idle:10m",)],
+    ids=["default", "always", "idle"],
+)
+def test_warm_daemons_of_every_gpu_and_mig_device_offered(args: tuple[str, ...]) -> None:
+    warm = driver(*args).warm_daemon_ids()
 
     assert warm == {shared_daemon_id(GPU), shared_daemon_id(MIG)}

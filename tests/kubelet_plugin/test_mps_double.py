@@ -20,7 +20,9 @@ from tests.doubles import nvidia_cuda_mps_control as double
 from tests.doubles.mps_helpers import (
     DOUBLE_BINARY,
     DOUBLE_SCRIPT,
+    daemon_processes_under,
     double_env,
+    is_control_client,
     kill_processes_under,
     processes_under,
     scratch_root,
@@ -268,3 +270,42 @@ def test_client_errors_name_the_command_and_the_output(tmp_path: Path) -> None:
         client.server_pids(tmp_path)
     with pytest.raises(ValueError, match="one control command"):
         client.run(tmp_path, "quit\nquit")
+
+
+def test_a_control_client_in_flight_is_no_daemon_process(daemon: Daemon) -> None:
+    # The e2e leak check of 2026-11-26 saw two processes of a fresh warm daemon: the daemon and
+    # a control command the plugin was sending it (`ControlClient`: its own process, with the
+    # daemon's CUDA_MPS_PIPE_DIRECTORY in its environment). Here the client waits on a daemon
+    # that does not answer, so both are there at once.
+    assert daemon.start().returncode == 0
+    pid = read_pid_file(daemon.pipe)
+    assert pid is not None
+    double.inject_hang(daemon.pipe)
+    client = subprocess.Popen(
+        [str(DOUBLE_BINARY)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=daemon.env(),
+        text=True,
+    )
+    try:
+        assert client.stdin is not None
+        client.stdin.write("get_server_list\n")
+        client.stdin.flush()
+        deadline = time.monotonic() + 5
+        while len(processes_under(daemon.root)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+        assert sorted(processes_under(daemon.root)) == sorted([pid, client.pid])
+        assert is_control_client(client.pid)
+        assert not is_control_client(pid)
+        assert daemon_processes_under(daemon.root) == [pid]
+    finally:
+        client.kill()
+        client.communicate()  # reaped, its stdin closed
+    # A server is the daemon's, and counts.
+    double.inject_hang(daemon.pipe, on=False)
+    server = int(daemon.send("start_server -uid 0").stdout.split()[0])
+    assert sorted(daemon_processes_under(daemon.root)) == sorted([pid, server])
+    assert daemon.send("quit").returncode == 0

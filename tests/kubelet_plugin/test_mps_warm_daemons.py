@@ -1,17 +1,25 @@
 """Warm shared MPS daemons (``--mps-share-daemon-warm``, docs/mps.md "Warm daemons"): the daemon
 of every GPU (and static MIG device) offered as shares is started ahead of its first share,
-adopted across plugin restarts (not swept as a leftover), started anew after the last share
-left, stopped when idle or off, and only by the instance that repairs. The real preparer and
-`MpsDaemonManager` run the ``nvidia-cuda-mps-control`` test double on the simulated hgx-h100
-node (gpu-0 and gpu-1 offered; hgx-h100-mig's 1g.10gb slices for the MIG case), compute modes
-through `NvmlComputeMode` on the simulated NVML. Every test fails if a daemon process is left
-running.
+adopted across plugin restarts (not swept as a leftover; with the pod runner too), started anew
+after the last share left - at once, while the leaving claim's record is still there - stopped
+when idle or off, and only by the instance that repairs; a record it cannot keep is logged with
+why. The real preparer and `MpsDaemonManager` run the ``nvidia-cuda-mps-control`` test double on
+the simulated hgx-h100 node (gpu-0 and gpu-1 offered; hgx-h100-mig's 1g.10gb slices for the MIG
+case), compute modes through `NvmlComputeMode` on the simulated NVML. Every test fails if a
+daemon process is left running.
 """
 
 from __future__ import annotations
 
+import asyncio
+import json
+import logging
 import os
 import signal
+import sys
+import threading
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +32,7 @@ from gpu_dra.kubelet_plugin.mps import (
     MpsDaemonManager,
     NvmlComputeMode,
     PlainDirectoryShm,
+    PodRunner,
     shared_daemon_id,
 )
 from gpu_dra.kubelet_plugin.mps.ids import is_shared_daemon
@@ -38,6 +47,7 @@ from gpu_dra.kubelet_plugin.mps.warm_daemons import (
 from gpu_dra.kubelet_plugin.mps.warm_policy import ALWAYS, OFF, WarmPolicy, WarmPolicyError
 from tests.doubles import nvidia_cuda_mps_control as double
 from tests.doubles.mps_helpers import DOUBLE_BINARY, double_env
+from tests.fakes.pod_api import InMemoryPodApi
 from tests.kubelet_plugin.nodes import (
     NODE,
     UID_A,
@@ -64,25 +74,41 @@ class WarmNode(SharesNode):
     """`SharesNode` whose manager sets compute modes on the simulated NVML (shared daemons
     only, the default ``--mps-exclusive-compute-mode=shares``), with a warm policy."""
 
-    def __init__(self, root: Path, mps_root: Path, policy: WarmPolicy) -> None:
+    def __init__(
+        self, root: Path, mps_root: Path, policy: WarmPolicy, pods: InMemoryPodApi | None = None
+    ) -> None:
+        """``pods``: run the daemons as pods over this API (the production runner), not as
+        host processes."""
         self.policy = policy
+        self.pods = pods
         self.nvml: SimulatedNvml = SimulatedHost.load("hgx-h100", NODE).nvml
         super().__init__(root, mps_root)
 
     def preparer_options(self) -> dict[str, Any]:
         options = super().preparer_options()
+        runner = None
+        if self.pods is not None:
+            runner = PodRunner(self.pods, namespace="gpu-dra", node_name=NODE, image="mps:1")
         self.mps = MpsDaemonManager(
             self.mps_root,
             binary=DOUBLE_BINARY,
             base_env=double_env(),
+            runner=runner,
             shm=PlainDirectoryShm(),
             compute_mode=NvmlComputeMode(self.nvml),
             exclusive=is_shared_daemon,
+            start_timeout_s=15.0,
+            remove_timeout_s=15.0,
         )
         return {**options, "mps": self.mps, "mps_share_warm": self.policy}
 
     def warmer(
-        self, *, repair: bool = True, clock: Clock | None = None, policy: WarmPolicy | None = None
+        self,
+        *,
+        repair: bool = True,
+        clock: Clock | None = None,
+        policy: WarmPolicy | None = None,
+        interval_s: float = 10,
     ) -> WarmDaemons:
         shared = self.preparer.shared_daemons
         assert shared is not None
@@ -91,7 +117,7 @@ class WarmNode(SharesNode):
             self.mps,
             self.inventory.mps_shares,
             policy=policy or self.policy,
-            interval_s=10,
+            interval_s=interval_s,
             repair=lambda: repair,
             clock=clock or Clock(),
         )
@@ -111,6 +137,23 @@ class WarmNode(SharesNode):
 @pytest.fixture
 def node(tmp_path: Path, mps_root: Path) -> WarmNode:
     return WarmNode(tmp_path, mps_root, ALWAYS)
+
+
+@pytest.fixture
+def pods() -> Iterator[InMemoryPodApi]:
+    api = InMemoryPodApi(
+        {"nvidia-cuda-mps-control": DOUBLE_BINARY}, extra_env={"PYTHON": sys.executable}
+    )
+    yield api
+    api.close()
+
+
+def stop_warm(node: WarmNode) -> None:
+    """Stop the warm daemons of gpu-0 and gpu-1 (the test's end)."""
+    for device in ("gpu-0", "gpu-1"):
+        warm = node.warm(device)
+        if warm is not None:
+            node.mps.stop(warm)
 
 
 def test_warm_daemons_start_at_plugin_start_with_the_first_shares_settings(
@@ -368,6 +411,233 @@ def test_a_gpu_offered_as_shares_but_held_whole_keeps_its_compute_mode(node: War
     assert warm.pid in node.running()
     for device in ("gpu-0", "gpu-1"):
         node.mps.stop(node.warm(device))  # type: ignore[arg-type]
+
+
+# -- the last share leaving: the fresh warm daemon comes at once (e2e run of 2026-11-26) ----
+
+
+def test_the_pass_right_after_the_last_release_starts_the_fresh_daemon_at_once(
+    node: WarmNode,
+) -> None:
+    node.recover()
+    warmer = node.warmer()
+    warmer.check()
+    warm = node.warm()
+    assert warm is not None
+    share = node.add_share(UID_A, "10Gi", "10")
+    ok(node.prepare(share)[UID_A])
+    shared = node.preparer.shared_daemons
+    assert shared is not None
+    # The pass the last release wakes runs at once, in another thread, while the unprepare
+    # goes on: here, before it goes on at all - the claim's record is still in the checkpoint.
+    passes: list[tuple[list[str], dict[str, str]]] = []
+    shared.add_idle_listener(
+        lambda daemon_id: passes.append((node.users(daemon_id), warmer.check()))
+    )
+
+    assert node.unprepare(share) == {UID_A: None}
+
+    uuid0 = node.uuid_of("gpu-0")
+    [(recorded, result)] = passes
+    assert recorded == [UID_A]  # the leaving claim's record was still there ...
+    assert result[uuid0] == STARTED  # ... and still the fresh daemon started then
+    fresh = node.warm()
+    assert fresh is not None
+    assert fresh.pid != warm.pid
+    assert fresh.pid in node.running()
+    assert wait_dead(warm.pid)
+    assert warmer.check()[uuid0] == KEPT  # the record gone: the same daemon, kept
+    assert node.warm() == fresh
+    stop_warm(node)
+
+
+def test_the_warmer_loop_starts_the_fresh_daemon_without_waiting_its_interval(
+    node: WarmNode,
+) -> None:
+    node.recover()
+    warmer = node.warmer(interval_s=120)  # a pass after the interval would come far too late
+    loop = asyncio.new_event_loop()
+    task = loop.create_task(warmer.run())
+
+    def serve() -> None:
+        loop.run_until_complete(asyncio.wait([task]))
+        loop.run_until_complete(loop.shutdown_default_executor())  # a pass under way ends
+
+    thread = threading.Thread(target=serve)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 15
+        while not warmer.first_pass.is_set() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        warm = node.warm()
+        assert warm is not None
+        share = node.add_share(UID_A, "10Gi", "10")
+        ok(node.prepare(share)[UID_A])
+        assert node.unprepare(share) == {UID_A: None}
+
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            fresh = node.warm()
+            if fresh is not None and fresh.pid != warm.pid:
+                break
+            time.sleep(0.02)
+        else:
+            pytest.fail("no fresh warm daemon 10 s after the last share left")
+        assert fresh.pid in node.running()
+    finally:
+        loop.call_soon_threadsafe(task.cancel)
+        thread.join(10)
+        loop.close()
+    stop_warm(node)
+
+
+def test_a_retried_release_leaves_the_fresh_warm_daemon_running(node: WarmNode) -> None:
+    node.recover()
+    warmer = node.warmer()
+    warmer.check()
+    share = node.add_share(UID_A, "10Gi", "10")
+    ok(node.prepare(share)[UID_A])
+    [handle] = node.handles(UID_A)
+    shared = node.preparer.shared_daemons
+    assert shared is not None
+
+    shared.release(UID_A, handle)  # the unprepare fails after this; the kubelet retries it
+    assert warmer.check()[node.uuid_of("gpu-0")] == STARTED
+    fresh = node.warm()
+    assert fresh is not None
+    shared.release(UID_A, handle)  # the retry: the daemon it used is gone already
+    assert node.unprepare(share) == {UID_A: None}
+
+    assert node.warm() == fresh
+    assert fresh.pid in node.running()
+    stop_warm(node)
+
+
+def test_a_share_joining_before_the_leaving_record_is_gone_sets_the_compute_mode(
+    node: WarmNode,
+) -> None:
+    node.recover()
+    warmer = node.warmer()
+    warmer.check()
+    first = node.add_share(UID_A, "10Gi", "10")
+    ok(node.prepare(first)[UID_A])
+    [handle] = node.handles(UID_A)
+    shared = node.preparer.shared_daemons
+    assert shared is not None
+    shared.release(UID_A, handle)  # its record stays until its unprepare ends
+    assert warmer.check()[node.uuid_of("gpu-0")] == STARTED
+    assert node.mode("gpu-0") == DEFAULT
+    fresh = node.warm()
+    assert fresh is not None
+
+    second = node.add_share(UID_B, "20Gi", "20")
+    ok(node.prepare(second)[UID_B])
+
+    # Joined as the warm daemon it is (not as the leaving claim's), so the share set the mode.
+    [joined] = node.handles(UID_B)
+    assert joined.pid == fresh.pid
+    assert node.mode("gpu-0") == EXCLUSIVE
+    assert node.unprepare(first) == {UID_A: None}
+    assert fresh.pid in node.running()  # the first claim's unprepare left it to the second
+    assert node.unprepare(second) == {UID_B: None}
+    assert wait_dead(fresh.pid)
+    assert node.mode("gpu-0") == DEFAULT
+    stop_warm(node)
+
+
+# -- adoption across plugin restarts, and never a silent start anew -----------------------
+
+
+def test_a_warm_daemon_pod_is_adopted_after_a_restart_and_joined_by_the_first_share(
+    tmp_path: Path, mps_root: Path, pods: InMemoryPodApi, caplog: pytest.LogCaptureFixture
+) -> None:
+    node = WarmNode(tmp_path, mps_root, ALWAYS, pods=pods)
+    node.recover()
+    uuid0 = node.uuid_of("gpu-0")
+    assert node.warmer().check()[uuid0] == STARTED
+    warm = node.warm()
+    assert warm is not None
+    assert warm.runner == "pod"
+    [pod] = [p for p in pods.pods.values() if p["metadata"]["uid"] == warm.runner_ref]
+
+    node.restart()  # SIGKILL: no shutdown code ran, the daemon pod stays
+    caplog.set_level(logging.INFO, logger="gpu_dra.kubelet_plugin.mps")
+    node.recover()
+    assert node.warmer().check()[uuid0] == KEPT
+
+    assert node.warm() == warm
+    assert [p["metadata"]["uid"] for p in pods.pods.values()].count(warm.runner_ref) == 1
+    assert pod["metadata"]["uid"] == warm.runner_ref
+    assert f"mps warm daemon adopted daemon_id={warm.daemon_id} pid={warm.pid}" in caplog.text
+    assert "started anew" not in caplog.text
+    assert "mps leftover removed" not in caplog.text
+    share = node.add_share(UID_A, "10Gi", "10")
+    ok(node.prepare(share)[UID_A])
+    [handle] = node.handles(UID_A)
+    assert (handle.pid, handle.runner_ref) == (warm.pid, warm.runner_ref)
+    assert node.unprepare(share) == {UID_A: None}
+    node.warmer().check()
+    stop_warm(node)
+
+
+def test_a_warm_daemon_recorded_with_other_settings_is_started_anew_and_says_why(
+    node: WarmNode, caplog: pytest.LogCaptureFixture
+) -> None:
+    node.recover()
+    node.warmer().check()
+    warm = node.warm()
+    assert warm is not None
+    record = warm.root / "daemon.json"
+    data = json.loads(record.read_text())
+    data["settings"]["pinnedLimits"] = {warm.devices[0]: "1024M"}  # e.g. another max share
+    record.write_text(json.dumps(data))
+
+    node.restart()
+    node.recover()
+    caplog.set_level(logging.INFO, logger="gpu_dra.kubelet_plugin.mps")
+    assert node.warmer().check()[node.uuid_of("gpu-0")] == STARTED
+
+    uuid0 = warm.devices[0]
+    expected = (
+        f"not kept, started anew: its record (daemon.json) has settings "
+        f"['set_default_active_thread_percentage 100', "
+        f"'set_default_device_pinned_mem_limit {uuid0} 1024M'], not "
+        f"['set_default_active_thread_percentage 100', "
+        f"'set_default_device_pinned_mem_limit {uuid0} 81559M']"
+    )
+    assert expected in caplog.text
+    assert wait_dead(warm.pid)
+    fresh = node.warm()
+    assert fresh is not None
+    assert fresh.pid != warm.pid
+    stop_warm(node)
+
+
+def test_a_warm_start_the_plugin_died_in_is_not_adopted_and_the_log_says_why(
+    node: WarmNode, caplog: pytest.LogCaptureFixture
+) -> None:
+    node.recover()
+    node.warmer().check()
+    warm = node.warm()
+    assert warm is not None
+    # The plugin died after launching the daemon, before it verified the settings and wrote
+    # daemon.json: what runs there was never checked, so it is replaced, not adopted.
+    (warm.root / "daemon.json").unlink()
+
+    node.restart()
+    caplog.set_level(logging.INFO, logger="gpu_dra.kubelet_plugin.mps")
+    node.recover()
+    assert warm.pid in node.running()  # the start-up sweep keeps a warm daemon's directory
+    assert node.warmer().check()[node.uuid_of("gpu-0")] == STARTED
+
+    assert "mps leftover removed daemon_id=" + warm.daemon_id in caplog.text
+    assert f"mps warm daemon started daemon_id={warm.daemon_id}" in caplog.text
+    assert "(none recorded)" in caplog.text
+    assert wait_dead(warm.pid)
+    fresh = node.warm()
+    assert fresh is not None
+    assert sorted(node.running()) == sorted([fresh.pid, node.warm("gpu-1").pid])  # type: ignore[union-attr]
+    stop_warm(node)
 
 
 class MigWarmNode(MigSharesNode):

@@ -43,7 +43,7 @@ ALL_FLAGS = [
     "--mps-shares-on-mig=3g.40gb,MIG-cb40a2a6-69c6-5d06-a49f-1a42bda0ba34",
     "--mps-share-max-percent=50",
     "--mps-share-memory-limits=off",
-    "--mps-memory-watchdog=kill",
+    "--mps-memory-watchdog=report",
     "--mps-memory-watchdog-interval=2.5",
     "--mps-daemon-runner=pod",
     "--mps-daemon-image=registry.example/gpu-dra:1",
@@ -96,7 +96,7 @@ EXPECTED = KubeletPluginSettings(
     ),
     mps_share_max_percent=50,
     mps_share_memory_limits="off",
-    mps_memory_watchdog="kill",
+    mps_memory_watchdog="report",
     mps_memory_watchdog_interval_s=2.5,
     mps_daemon_runner="pod",
     mps_daemon_image="registry.example/gpu-dra:1",
@@ -604,9 +604,10 @@ def test_mps_share_daemon_warm_is_parsed(value: str, policy: str) -> None:
     assert str(settings.mps_share_daemon_warm) == policy
 
 
-def test_mps_share_daemon_warm_is_off_by_default() -> None:
-    # Off until its e2e passes (docs/mps.md, "Warm daemons").
-    assert not KubeletPluginSettings.parse(["--node-name=n"], {}).mps_share_daemon_warm.warm
+def test_mps_share_daemon_warm_is_always_by_default() -> None:
+    policy = KubeletPluginSettings.parse(["--node-name=n"], {}).mps_share_daemon_warm
+    assert policy.warm
+    assert policy.idle_s is None
 
 
 @pytest.mark.parametrize("value", ["on", "idle:", "idle:5", "idle:0s"])
