@@ -6,7 +6,7 @@ go-nvlib name (``1g.10gb``, ``1g.10gb+me``: offered where the GPU has that profi
 suffix, none for a plain shape, that spans the fewest memory slices). An entry with ``<model>``
 applies to GPUs whose product name contains it (case-insensitive; the first such entry wins), the
 entry without one to every other GPU; a GPU no entry covers publishes no partition (it stays a
-plain GPU). `DEFAULT` is ``1g,2g,3g,7g``. See docs/mig.md#which-profiles-dynamic-mig-publishes.
+plain GPU). `DEFAULT` is ``1g,2g,3g,4g,7g``. See docs/mig.md#which-profiles-dynamic-mig-publishes.
 """
 
 from __future__ import annotations
@@ -18,9 +18,10 @@ from typing import Final
 from gpu_dra.driver.model import Gpu, MigProfile
 
 ALL: Final = "all"
-DEFAULT_POLICY_TEXT: Final = "1g,2g,3g,7g"
-"""The default: NVIDIA's balanced shapes (1g, 2g, 3g) and the full 7g slice, without the
-``+me`` variants and without 4g and the double-memory 1g (``1g.20gb``), which are on request."""
+DEFAULT_POLICY_TEXT: Final = "1g,2g,3g,4g,7g"
+"""The default: one profile per compute-slice count, i.e. every shape the catalog's classes
+(``mig-1g`` ... ``mig-7g``) ask for, without the ``+me`` variants and the double-memory 1g
+(``1g.20gb``), which are on request. 4g costs one placement per H100 (docs/mig.md)."""
 
 _SHAPE: Final = re.compile(r"^(?P<g>[1-9][0-9]?)g(?P<suffix>(?:[+-][a-z][a-z0-9.]*)*)$")
 _NAME: Final = re.compile(r"^[1-9][0-9]?g\.[0-9]+gb(?P<suffix>(?:[+-][a-z][a-z0-9.]*)*)$")

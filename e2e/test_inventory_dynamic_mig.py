@@ -1,7 +1,7 @@
 """`gpu-dra inventory` on a simulated hgx-h100 node with --dynamic-mig: once a pod holds five
 1g.10gb slices of one H100, the scheduler cannot allocate that GPU whole (its shared counters are
 used up), and inventory says so: the GPU is ``blocked`` with the claim using its counters, and
-the classes count only what can still be allocated; ``--devices`` puts each GPU's 13 placements
+the classes count only what can still be allocated; ``--devices`` puts each GPU's 14 placements
 (the default MIG policy) on one line."""
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ def test_five_slices_of_one_h100_block_it_whole_in_the_inventory(
 
     data = inventory_json(cluster)
     rows = {row["device"]: row for row in data["devices"]}
-    assert len(rows) == 8 * 14  # default policy: 1g x7, 2g x3, 3g x2, 7g and the whole GPU
+    assert len(rows) == 8 * 15  # default policy: 1g x7, 2g x3, 3g x2, 4g, 7g and the whole GPU
     assert rows[parent]["state"] == "blocked"
     assert rows[parent]["reason"] == f"counters of {parent}-counter-set used by {namespace}/five"
     assert {rows[name]["state"] for name in held} == {"allocated"}
@@ -73,20 +73,21 @@ def test_five_slices_of_one_h100_block_it_whole_in_the_inventory(
     node = data["nodes"][versions.NODE_NAME]
     free_on_parent = sum(r["state"] == "free" for r in placements)
     assert (node["allocated"], node["blocked"]) == (5, 1 + len(blocked))
-    assert node["free"] == 7 * 14 + free_on_parent
+    assert node["free"] == 7 * 15 + free_on_parent
     classes = {c["name"]: (c["total"], c["free"], c["blocked"]) for c in data["classes"]}
     assert classes["gpu.nvidia.com"] == (8, 7, 1)
     assert classes["hopper.gpu.nvidia.com"] == (8, 7, 1)
     assert classes["mig-7g.gpu.nvidia.com"] == (8, 7, 1)
-    assert classes["mig.nvidia.com"] == (104, 91 + free_on_parent, len(blocked))
+    assert classes["mig-4g.gpu.nvidia.com"] == (8, 7, 1)  # five of seven 1g slices reach 0-3
+    assert classes["mig.nvidia.com"] == (112, 7 * 14 + free_on_parent, len(blocked))
 
-    # The table: a GPU's 13 placements on one line each, the holder counted once per device.
+    # The table: a GPU's 14 placements on one line each, the holder counted once per device.
     table = inventory(cluster, "--devices").splitlines()
-    group = next(line for line in table if f" {parent}-mig-* (13) " in line)
+    group = next(line for line in table if f" {parent}-mig-* (14) " in line)
     assert f"{free_on_parent} free, 5 allocated, {len(blocked)} blocked (" in group
     assert f"{namespace}/five x5" in group  # one claim, five requests, five devices
-    assert sum("-mig-* (13) " in line for line in table) == 8
-    assert sum(" 13 free " in line for line in table) == 7
+    assert sum("-mig-* (14) " in line for line in table) == 8
+    assert sum(" 14 free " in line for line in table) == 7
     assert not any(f" {parent}-mig-1g" in line for line in table)
 
     delete_pods(kube, namespace, ["pod-five"])

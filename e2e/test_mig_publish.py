@@ -2,9 +2,10 @@
 ``--dynamic-mig``. The real apiserver takes the partitionable form (counter slices and device
 slices of the split layout, Kubernetes 1.35+), and the real scheduler allocates from it: MIG
 placements of one GPU that do not overlap, never a placement twice, never the whole GPU next to a
-slice of it; a profile the default ``--dynamic-mig-profiles`` leaves out (``4g``) is not
-offered. What the pods do once scheduled (the MIG device made at prepare) is the lifecycle's
-e2e (test_mig_dynamic.py); these tests look at allocations."""
+slice of it; the default ``--dynamic-mig-profiles`` offers ``4g`` (one placement per GPU), and a
+profile it leaves out (``1g.10gb+me``) is not offered. What the pods do once scheduled (the MIG
+device made at prepare) is the lifecycle's e2e (test_mig_dynamic.py); these tests look at
+allocations."""
 
 from __future__ import annotations
 
@@ -95,8 +96,8 @@ def test_apiserver_takes_counter_slices_and_device_slices_as_the_core_builds_the
     # every device, as the pure core renders it (names, attributes, capacities, consumption)
     published = {d["name"]: d for s in device_slices for d in s["devices"]}
     expected = {d["name"]: d for d in inventory().published_devices()}
-    # the default --dynamic-mig-profiles (1g, 2g, 3g, 7g): 13 placements and the whole GPU
-    assert len(published) == len(expected) == 8 * 14
+    # the default --dynamic-mig-profiles (1g, 2g, 3g, 4g, 7g): 14 placements and the whole GPU
+    assert len(published) == len(expected) == 8 * 15
     assert published == expected
     slice_3g = published["gpu-2-mig-3g40gb-9-4"]
     assert "uuid" not in slice_3g["attributes"]
@@ -173,17 +174,36 @@ def test_whole_gpu_is_refused_while_a_slice_of_it_is_allocated(
 def test_a_profile_outside_the_default_policy_is_not_offered(
     driver: Driver, kube: Kube, namespace: str
 ) -> None:
-    """Issue 15: the default policy publishes no 4g partition, so a mig-4g claim stays pending."""
-    assert not any(name.split("-mig-")[-1].startswith("4g") for name in driver.devices())
+    """Issue 15: the default policy publishes no +me partition, so a claim for one stays pending."""
+    assert not any("-me-" in name for name in driver.devices())
+    media = "device.attributes['gpu.nvidia.com'].profile == '1g.10gb+me'"
+    kube.create(
+        m.claim(
+            "media",
+            namespace,
+            m.claim_spec([m.request("media", "mig-1g.gpu.nvidia.com", selectors=[media])]),
+        )
+    )
+    kube.create(claim_pod(namespace, "media-pod", "media"))
+    wait_for(
+        "a FailedScheduling event for the 1g.10gb+me claim",
+        lambda: bool(scheduling_failures(kube, namespace, "media-pod")),
+        90,
+    )
+    assert kube.get("v1", "Pod", "media-pod", namespace)["status"].get("phase") == "Pending"
+    claim = kube.get("resource.k8s.io/v1", "ResourceClaim", "media", namespace)
+    assert not (claim.get("status") or {}).get("allocation")
+
+
+def test_the_default_policy_offers_the_catalogs_4g_class(
+    driver: Driver, kube: Kube, namespace: str
+) -> None:
+    """Issue 15: 4g is in the default policy, one placement per H100 (4g.40gb at slice 0)."""
+    fours = sorted(n for n in driver.devices() if n.split("-mig-")[-1].startswith("4g"))
+    assert fours == sorted(f"gpu-{minor}-mig-4g40gb-5-0" for minor in range(8))
     kube.create(
         m.claim("four", namespace, m.claim_spec([m.request("four", "mig-4g.gpu.nvidia.com")]))
     )
     kube.create(claim_pod(namespace, "four-pod", "four"))
-    wait_for(
-        "a FailedScheduling event for the 4g claim",
-        lambda: bool(scheduling_failures(kube, namespace, "four-pod")),
-        90,
-    )
-    assert kube.get("v1", "Pod", "four-pod", namespace)["status"].get("phase") == "Pending"
-    claim = kube.get("resource.k8s.io/v1", "ResourceClaim", "four", namespace)
-    assert not (claim.get("status") or {}).get("allocation")
+    (device,) = wait_allocated(kube, "four", namespace, timeout=120)
+    assert device in fours

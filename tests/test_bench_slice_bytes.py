@@ -17,7 +17,7 @@ NODE = "bench-node-007"
 
 @pytest.mark.parametrize(
     ("shape", "devices", "slices"),
-    [("whole", 8, 1), ("mps-shares", 8, 1), ("dynamic-mig-all", 208, 5), ("dynamic-mig", 112, 3)],
+    [("whole", 8, 1), ("mps-shares", 8, 1), ("dynamic-mig-all", 208, 5), ("dynamic-mig", 120, 3)],
 )
 def test_each_shape_renders_the_plugins_slices_for_the_node(
     shape: str, devices: int, slices: int

@@ -94,8 +94,10 @@ def create(pki: Path) -> None:
     _openssl("rsa", "-in", str(pki / "sa.key"), "-pubout", "-out", str(pki / "sa.pub"))
 
 
-def write_kubeconfig(path: Path, pki: Path, identity: str) -> None:
-    server = f"https://{versions.NODE_IP}:{versions.APISERVER_PORT}"
+def write_kubeconfig(path: Path, pki: Path, identity: str, *, server: str | None = None) -> None:
+    """A kubeconfig for `identity`'s client certificate; `server` defaults to the e2e
+    cluster's apiserver (bench/scheduler_scale.py passes its own)."""
+    server = server or f"https://{versions.NODE_IP}:{versions.APISERVER_PORT}"
     config = {
         "apiVersion": "v1",
         "kind": "Config",

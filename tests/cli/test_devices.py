@@ -68,7 +68,7 @@ def test_devices_dynamic_mig_shows_the_partitionable_form_the_plugin_publishes(c
 
     assert code == EXIT_OK
     assert json.loads(out) == plugin.published_devices()
-    assert len(json.loads(out)) == 8 * 14  # the default policy: 1g x7, 2g x3, 3g x2, 7g, whole
+    assert len(json.loads(out)) == 8 * 15  # default policy: 1g x7, 2g x3, 3g x2, 4g, 7g, whole
     code, out, _ = run(capsys, "devices", "--simulate", "hgx-h100", "--node", "n", "--dynamic-mig")
     names = [row[0] for row in table(out)[1:]]
     assert names[:3] == ["gpu-0", "gpu-0-mig-1g10gb-19-0", "gpu-0-mig-1g10gb-19-1"]

@@ -110,13 +110,11 @@ def test_shipped_catalog_selects_what_docs_say(capsys):
     }
     assert set(selects["mig.nvidia.com"]) == mig_profiles
     assert all("-mig-" in name for name in selects["mig.nvidia.com"]["hgx-h100-mig"])
-    # the default --dynamic-mig-profiles (1g, 2g, 3g, 7g): 13 placements per H100, no 4g
-    assert len(selects["mig.nvidia.com"]["hgx-h100+dynamic-mig"]) == 8 * 13
+    # the default --dynamic-mig-profiles (1g, 2g, 3g, 4g, 7g): 14 placements per H100
+    assert len(selects["mig.nvidia.com"]["hgx-h100+dynamic-mig"]) == 8 * 14
     for family in ("1g", "2g", "3g", "4g", "7g"):
         by_profile = selects[f"mig-{family}.gpu.nvidia.com"]
-        assert set(by_profile) == (
-            mig_profiles if family != "4g" else {"hgx-h100-mig", "hgx-h100-mig+mps-shares"}
-        )
+        assert set(by_profile) == mig_profiles
         names = [name for names in by_profile.values() for name in names]
         assert all(f"-mig-{family}" in name for name in names), family
     assert "gpu-0" in selects["gpu.nvidia.com"]["hgx-h100+dynamic-mig"]
@@ -149,8 +147,15 @@ def test_shipped_catalog_selects_what_docs_say(capsys):
 POLICY_WARNING = "selects no dynamic MIG partition published with --dynamic-mig-profiles="
 
 
-def test_a_class_for_a_profile_the_default_policy_leaves_out_is_a_warning(capsys):
+def test_the_default_policy_offers_every_class_of_the_catalog(capsys):
     code, out, _ = run(capsys, str(REPO / "deviceclasses"))
+
+    assert code == EXIT_OK
+    assert [w for w in lines(out, "WARNING") if POLICY_WARNING in w] == []
+
+
+def test_a_class_for_a_profile_the_policy_leaves_out_is_a_warning(capsys):
+    code, out, _ = run(capsys, "--dynamic-mig-profiles", "1g,2g,3g,7g", str(REPO / "deviceclasses"))
 
     assert code == EXIT_OK
     file = REPO / "deviceclasses" / "mig-4g.gpu.nvidia.com.yaml"
@@ -182,7 +187,7 @@ def test_a_class_for_media_extension_slices_needs_them_named(capsys, tmp_path):
 
     code, out, _ = run(capsys, file)
     assert [w.split(": ", 1)[1] for w in lines(out, "WARNING") if POLICY_WARNING in w] == [
-        f"{POLICY_WARNING}1g,2g,3g,7g, only 112 it leaves out (1g.10gb+me): its claims stay "
+        f"{POLICY_WARNING}1g,2g,3g,4g,7g, only 112 it leaves out (1g.10gb+me): its claims stay "
         "pending on nodes with --dynamic-mig unless the policy offers those profiles"
     ]
     code, out, _ = run(capsys, "--dynamic-mig-profiles", "1g,1g+me,7g", file)

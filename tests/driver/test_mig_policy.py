@@ -33,7 +33,7 @@ def test_shapes_pick_the_plain_profile_of_fewest_memory_slices() -> None:
     assert offered(parse_policy("1g+me"), gpu) == ["1g.10gb+me"]
     assert offered(parse_policy("4g, 7G"), gpu) == ["4g.40gb", "7g.80gb"]
     assert offered(parse_policy("5g,2g+gfx"), gpu) == []  # no such shape on an H100
-    assert offered(DEFAULT, gpu) == ["1g.10gb", "2g.20gb", "3g.40gb", "7g.80gb"]
+    assert offered(DEFAULT, gpu) == ["1g.10gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"]
 
 
 def test_a_shape_takes_every_profile_tied_for_fewest_memory_slices() -> None:
@@ -50,7 +50,14 @@ def test_a_shape_takes_every_profile_tied_for_fewest_memory_slices() -> None:
         ),
     )
     assert offered(parse_policy("1g"), mock_like) == ["1g.10gb", "1g.20gb"]
-    assert offered(DEFAULT, mock_like) == ["1g.10gb", "2g.20gb", "3g.40gb", "7g.80gb", "1g.20gb"]
+    assert offered(DEFAULT, mock_like) == [
+        "1g.10gb",
+        "2g.20gb",
+        "3g.40gb",
+        "4g.40gb",
+        "7g.80gb",
+        "1g.20gb",
+    ]
 
 
 def test_names_pick_exactly_that_profile_where_the_gpu_has_it() -> None:

@@ -355,17 +355,17 @@ def test_every_placement_of_an_offered_profile_is_needed(model: str) -> None:
             assert abs(a - b) >= profile.placement_size, (profile.name, starts)
 
 
-def test_the_default_policy_publishes_the_balanced_shapes_and_the_full_slice() -> None:
+def test_the_default_policy_publishes_one_profile_per_compute_slice_count() -> None:
     offered = {
         model: sorted({p.profile_name for p in offered_partitions(mig_gpu(model), DEFAULT)})
         for model in MODELS
     }
     assert offered == {
-        "A100-SXM4-40GB": ["1g.5gb", "2g.10gb", "3g.20gb", "7g.40gb"],
-        "A100-SXM4-80GB": ["1g.10gb", "2g.20gb", "3g.40gb", "7g.80gb"],
-        "A30": ["1g.6gb", "2g.12gb"],
-        "H100-SXM5-80GB": ["1g.10gb", "2g.20gb", "3g.40gb", "7g.80gb"],
-        "H200-141GB": ["1g.18gb", "2g.35gb", "3g.71gb", "7g.141gb"],
+        "A100-SXM4-40GB": ["1g.5gb", "2g.10gb", "3g.20gb", "4g.20gb", "7g.40gb"],
+        "A100-SXM4-80GB": ["1g.10gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"],
+        "A30": ["1g.6gb", "2g.12gb", "4g.24gb"],  # its full slice
+        "H100-SXM5-80GB": ["1g.10gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"],
+        "H200-141GB": ["1g.18gb", "2g.35gb", "3g.71gb", "4g.71gb", "7g.141gb"],
     }
 
 
@@ -445,13 +445,14 @@ def test_partition_attributes_are_a_static_mig_devices_without_uuid() -> None:
     # dynamic MIG owns every H100 there: no static device is published next to the partitions
     assert len(node.devices) == 8 * 26
     assert next(p for p in node.partitions if p.parent.minor == 1).parent == found.gpus[1]
-    # the default policy (1g, 2g, 3g, 7g): 7 + 3 + 2 + 1 partitions and the whole GPU each
+    # the default policy (1g, 2g, 3g, 4g, 7g): 7 + 3 + 2 + 1 + 1 partitions and the whole GPU each
     default = partitioned_node(found.gpus, found.mig_devices, found.mig_profiles)
-    assert len(default.devices) == 8 * 14
+    assert len(default.devices) == 8 * 15
     assert {p.profile_name for p in default.partitions} == {
         "1g.10gb",
         "2g.20gb",
         "3g.40gb",
+        "4g.40gb",
         "7g.80gb",
     }
 

@@ -512,12 +512,13 @@ def test_dynamic_mig_partitions_are_found_by_name_with_parent_profile_and_placem
     assert list(partition.memory_slices) == [4, 5, 6, 7]
     assert inventory.by_name("gpu-3-mig-3g40gb-9-2") is None  # not a possible placement
     names = [device["name"] for device in inventory.published_devices()]
-    assert len(names) == 8 * 14  # the default policy: 1g x7, 2g x3, 3g x2, 7g, the whole GPU
+    assert len(names) == 8 * 15  # the default policy: 1g x7, 2g x3, 3g x2, 4g, 7g, the whole GPU
     assert [inventory.by_name(name) is not None for name in names] == [True] * len(names)
     # a profile the policy leaves out is not a device of this node (prepare calls it stale)
-    assert inventory.by_name("gpu-3-mig-4g40gb-5-0") is None
+    assert isinstance(inventory.by_name("gpu-3-mig-4g40gb-5-0"), MigPartition)
+    assert inventory.by_name("gpu-3-mig-1g20gb-15-2") is None
     everything = dynamic_inventory("hgx-h100", EVERYTHING)
-    assert isinstance(everything.by_name("gpu-3-mig-4g40gb-5-0"), MigPartition)
+    assert isinstance(everything.by_name("gpu-3-mig-1g20gb-15-2"), MigPartition)
     assert len(everything.published_devices()) == 8 * 26
 
 
@@ -546,9 +547,9 @@ def test_dynamic_mig_pool_split_layout_keeps_counters_apart_and_64_devices_per_s
     device_slices = [s for s in pool.slices if "sharedCounters" not in s]
     assert [len(s["sharedCounters"]) for s in counter_slices] == [8]
     assert all("devices" not in s for s in counter_slices)
-    assert [len(s["devices"]) for s in device_slices] == [64, 48]
+    assert [len(s["devices"]) for s in device_slices] == [64, 56]
     assert pool.slices[0] is counter_slices[0]
-    assert pool.device_count == 8 * 14
+    assert pool.device_count == 8 * 15
     every = dynamic_inventory("hgx-h100", EVERYTHING)
     pool = every.desired_pool(DRIVER, NODE, slices.SliceLayout.SPLIT)
     assert [len(s.get("devices", [])) for s in pool.slices] == [0, 64, 64, 64, 16]
@@ -563,7 +564,7 @@ def test_dynamic_mig_pool_combined_layout_is_one_slice_per_gpu() -> None:
         assert shared["name"] == f"gpu-{minor}-counter-set"
         consumed = {e["counterSet"] for d in spec["devices"] for e in d["consumesCounters"]}
         assert consumed == {shared["name"]}
-        assert len(spec["devices"]) == 14
+        assert len(spec["devices"]) == 15
 
 
 def test_gpus_offered_as_mps_shares_are_published_with_consumable_capacity(

@@ -111,7 +111,7 @@ def test_a_gpu_taint_reaches_every_dynamic_mig_partition_of_it() -> None:
     gpu3 = inventory.gpus[3]
     state = HealthState().with_problem(Target(gpu3.uuid), xid(48))
     taints = tainted(inventory, state)
-    assert len(taints) == 14  # the whole GPU and its 13 placements (the default policy)
+    assert len(taints) == 15  # the whole GPU and its 14 placements (the default policy)
     assert all(name.startswith("gpu-3") for name in taints)
     assert set(map(tuple, taints.values())) == {("gpu.nvidia.com/xid=48:NoSchedule",)}
     pool = inventory.desired_pool(DRIVER, NODE, slices.SliceLayout.SPLIT)
