@@ -54,12 +54,14 @@ def kube(cluster: Cluster) -> Kube:
 def driver(cluster: Cluster, kube: Kube, request: pytest.FixtureRequest) -> Iterator[Driver]:
     """gpu-dra on the node, simulating the module's SIMULATED_PROFILE (default hgx-h100) or, where
     the module sets REAL_MACHINE (an NVML mock server, e.g. ``dgxh100``), in real mode on a fake
-    driver root of that machine (`e2e.realnode`), with
+    driver root of that machine (`e2e.realnode`; REAL_DRIVER, e.g. ``615``, the driver the mock
+    reports), with
     ``--dynamic-mig`` where the module sets DYNAMIC_MIG and the module's PLUGIN_ARGS (default
     none) as further plugin flags. With dynamic MIG the simulated GPUs start without MIG and
     end so: later modules simulate the profile without it, and no MIG state may carry over."""
     machine = getattr(request.module, "REAL_MACHINE", None)
-    real = None if machine is None else RealNode.create(cluster.paths, machine)
+    real_driver = getattr(request.module, "REAL_DRIVER", None)
+    real = None if machine is None else RealNode.create(cluster.paths, machine, driver=real_driver)
     running = Driver(
         cluster,
         kube,

@@ -5,7 +5,9 @@ the library; the ``ENV_*`` variables configure it (`environment` sets them). `mi
 `mig_minors_file_text` give the real driver's numbering of the MIG capability device nodes
 (``/dev/nvidia-caps/nvidia-cap<N>``, ``/proc/driver/nvidia-caps/mig-minors``) that the library
 checks for and a fake driver root must provide. `gpu_uuid` is the UUID the library gives a GPU.
-See docs/real-nodes.md, "The NVML mock library".
+`write_config_file` puts the settings beside the library for processes started without them
+(OCI hooks); `memory_limits` reads the per-cgroup GPU memory limits a 615 driver
+(``ENV_DRIVER``) recorded. See docs/real-nodes.md, "The NVML mock library".
 """
 
 from __future__ import annotations
@@ -42,6 +44,15 @@ ENV_DEV_ROOT: Final = "GPU_DRA_NVML_MOCK_DEV_ROOT"
 """Directory holding ``dev/nvidia<minor>`` and ``dev/nvidia-caps/`` (default ``/``)."""
 ENV_TRACE: Final = "GPU_DRA_NVML_MOCK_TRACE"
 """When set (any value), every NVML call and its return code is logged to stderr."""
+ENV_DRIVER: Final = "GPU_DRA_NVML_MOCK_DRIVER"
+"""A driver branch (`DRIVERS`) reported instead of the mock server's, with what it has; unset:
+the mock server's driver (550.54.15 or 560.28.03)."""
+DRIVERS: Final = {"615": ("615.71.09", 13040)}
+"""`ENV_DRIVER` values: (driver version, CUDA driver version). 615 has the per-cgroup GPU memory
+limits (``nvmlDeviceSet/GetMemoryLimits_v1``)."""
+CONFIG_FILE_NAME: Final = "gpu-dra-nvml-mock.env"
+"""The file beside the loaded library holding ``NAME=value`` settings for what the environment
+leaves unset (an OCI hook runs with only the variables its spec names)."""
 
 GO_NVML: Final = "github.com/NVIDIA/go-nvml"
 
@@ -116,10 +127,18 @@ def nvml_header(paths: ClusterPaths) -> Path:
 
 
 def environment(
-    *, machine: str | None = None, state: Path | None = None, dev_root: Path | None = None
+    *,
+    machine: str | None = None,
+    state: Path | None = None,
+    dev_root: Path | None = None,
+    driver: str | None = None,
 ) -> dict[str, str]:
     """The library's variables for these settings (those left out are not set)."""
     env = {}
+    if driver is not None:
+        if driver not in DRIVERS:
+            raise ValueError(f"{driver!r} is not a driver of the library ({', '.join(DRIVERS)})")
+        env[ENV_DRIVER] = driver
     if machine is not None:
         if machine not in MACHINES:
             raise ValueError(f"{machine!r} is not a mock server ({', '.join(MACHINES)})")
@@ -173,3 +192,32 @@ def mig_minors_file_text(gpu_count: int = MIG_CAPS_GPUS) -> str:
             for ci in range(MIG_CAPS_COMPUTE_INSTANCES):
                 lines.append(f"gpu{gpu}/gi{gi}/ci{ci}/access {mig_cap_minor(gpu, gi, ci)}")
     return "\n".join(lines) + "\n"
+
+
+def write_config_file(library_dir: Path, settings: dict[str, str]) -> Path:
+    """Write `settings` (`environment`'s variables) as the configuration file beside the library
+    in `library_dir`, read by every process that loads the library from there without them in
+    its environment; return its path."""
+    lines = []
+    for name, value in sorted(settings.items()):
+        if not name.startswith("GPU_DRA_NVML_MOCK_") or "\n" in value:
+            raise ValueError(f"{name}={value!r} is not a setting of the library")
+        lines.append(f"{name}={value}\n")
+    path = library_dir / CONFIG_FILE_NAME
+    path.write_text("".join(lines))
+    return path
+
+
+def memory_limits(state: Path, *, live: bool = True) -> dict[str, dict[str, tuple[int, int]]]:
+    """The GPU memory limits the state file records, ``{GPU UUID: {cgroup: (soft, hard)}}`` in
+    bytes (GPUs without any left out). `live`: only cgroups that exist now (the library drops a
+    removed cgroup's limits, as the driver does, when it next saves the state)."""
+    document = json.loads(state.read_text())
+    found: dict[str, dict[str, tuple[int, int]]] = {}
+    for gpu in document.get("gpus", []):
+        for limit in gpu.get("memoryLimits") or []:
+            if live and not Path(limit["cgroup"]).is_dir():
+                continue
+            entry = found.setdefault(gpu["uuid"], {})
+            entry[limit["cgroup"]] = (int(limit["softLimit"]), int(limit["hardLimit"]))
+    return found

@@ -50,12 +50,13 @@ lib.nvmlShutdown()
 """
 
 
-def mock_driver_version(library: Path, machine: str) -> str:
-    """What the NVML mock reports as the driver version for `machine` (the fake root's library
-    files carry it in their names, as a real install does)."""
+def mock_driver_version(library: Path, machine: str, driver: str | None = None) -> str:
+    """What the NVML mock reports as the driver version for `machine` and `driver`
+    (``GPU_DRA_NVML_MOCK_DRIVER``; None: the mock server's), which the fake root's library files
+    carry in their names, as a real install does."""
     done = subprocess.run(
         [sys.executable, "-c", _VERSION_PROBE, str(library)],
-        env={**nvmlmock.environment(machine=machine), "PATH": "/usr/bin:/bin"},
+        env={**nvmlmock.environment(machine=machine, driver=driver), "PATH": "/usr/bin:/bin"},
         capture_output=True, text=True, check=True, timeout=30,
     )  # fmt: skip
     return done.stdout.strip()
@@ -69,9 +70,16 @@ class RealNode:
     state_dir: Path
     hook: Path
     """Host path of NVIDIA's ``nvidia-cdi-hook`` (built from its Go module)."""
+    driver: str | None = None
+    """``GPU_DRA_NVML_MOCK_DRIVER`` (``615``: per-cgroup GPU memory limits); None: the mock
+    server's driver."""
 
     @classmethod
-    def create(cls, paths: ClusterPaths, machine: str = "dgxh100", gpus: int = 8) -> RealNode:
+    def create(
+        cls, paths: ClusterPaths, machine: str = "dgxh100", gpus: int = 8, driver: str | None = None
+    ) -> RealNode:
+        """The node; with `driver`, the mock's settings are also written beside the root's
+        library (`nvmlmock.write_config_file`), for the OCI hooks runc starts without them."""
         library = nvmlmock.build(paths)
         hook = nvidiactk.build(paths) / nvidiactk.NVIDIA_CDI_HOOK
         base = paths.state / "real-node"
@@ -84,10 +92,13 @@ class RealNode:
             nvml_library=library,
             machine=machine,
             gpu_minors=range(gpus),
-            driver_version=mock_driver_version(library, machine),
+            driver_version=mock_driver_version(library, machine, driver),
             paths=paths,
         )
-        return cls(root, state_dir, hook)
+        node = cls(root, state_dir, hook, driver)
+        if driver is not None:
+            nvmlmock.write_config_file(root.lib_dir, node.plugin_env())
+        return node
 
     def __str__(self) -> str:
         return f"the real-mode {self.root.machine} node on {self.root.root}"
@@ -105,7 +116,10 @@ class RealNode:
         """The mock's variables for host processes: its machine, state and device-node root
         (the fake root's ``dev``, which holds every GPU's node as a host's ``/dev`` does)."""
         return nvmlmock.environment(
-            machine=self.root.machine, state=self.state_file, dev_root=self.root.root
+            machine=self.root.machine,
+            state=self.state_file,
+            dev_root=self.root.root,
+            driver=self.driver,
         )
 
     def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
@@ -141,6 +155,13 @@ class RealNode:
             return {}
         state = json.loads(self.state_file.read_text())
         return {gpu["uuid"]: int(gpu.get("migMode", 0)) for gpu in state.get("gpus", [])}
+
+    def memory_limits(self) -> dict[str, dict[str, tuple[int, int]]]:
+        """The GPU memory limits the mock's driver holds now (cgroups that exist), by GPU UUID
+        and cgroup path: ``(soft, hard)`` bytes (`nvmlmock.memory_limits`)."""
+        if not self.state_file.exists():
+            return {}
+        return nvmlmock.memory_limits(self.state_file)
 
     def workload_env(self) -> list[dict[str, str]]:
         """Container ``env`` that points the mock at the shared state (and nothing else)."""

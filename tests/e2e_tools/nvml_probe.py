@@ -17,6 +17,9 @@ Commands:
 - ``set-compute-mode <gpu index> <mode>`` / ``compute-mode <gpu index>``.
 - ``smi-list``: ``nvidia-smi -L`` through ctypes, calling only the functions the test bed's
   ``nvidia-smi`` calls.
+- ``memory-limits <gpu index or UUID> <cgroup> [<soft> <hard>]``: the driver and CUDA versions,
+  then (with limits, in bytes) ``nvmlDeviceSetMemoryLimits_v1`` through pynvml, and the
+  cgroup's limits through `RealNvml.device_get_memory_limits` (or the return code name of each).
 - ``raw``: C-level answers pynvml hides (calls before init, nvmlErrorString, a function the
   mock lacks).
 """
@@ -288,6 +291,34 @@ def compute_mode(nvml: RealNvml, gpu: str) -> int:
     return nvml.device_get_compute_mode(nvml.device_get_handle_by_index(int(gpu)))
 
 
+def memory_limits(nvml: RealNvml, gpu: str, cgroup: str, *limits: str) -> dict[str, Any]:
+    if gpu.isdigit():
+        handle = nvml.device_get_handle_by_index(int(gpu))
+    else:
+        handle = nvml.device_get_handle_by_uuid(gpu)
+    result: dict[str, Any] = {
+        "driver": nvml.system_get_driver_version(),
+        "cuda": nvml.system_get_cuda_driver_version(),
+    }
+    if limits:
+        soft, hard = (int(value) for value in limits)
+
+        def set_limits() -> None:
+            struct = pynvml.c_nvmlSetMemoryLimits_v1_t()
+            struct.nameSpace = cgroup.encode()
+            struct.softLimit, struct.hardLimit = soft, hard
+            pynvml.nvmlDeviceSetMemoryLimits_v1(handle, struct)
+
+        result["set"] = outcome(set_limits)
+    try:
+        got = nvml.device_get_memory_limits(handle, cgroup)
+    except NVMLError as error:
+        result["get"] = code_name(error)
+    else:
+        result["get"] = {"soft": got.soft, "hard": got.hard, "used": got.used}
+    return result
+
+
 _NOT_FOUND = 6
 
 
@@ -372,6 +403,7 @@ COMMANDS: dict[str, Callable[..., Any]] = {
     "errors": errors,
     "set-compute-mode": set_compute_mode,
     "compute-mode": compute_mode,
+    "memory-limits": memory_limits,
 }
 
 if __name__ == "__main__":

@@ -13,13 +13,17 @@ Commands (``--sysfs DIR`` reads PCIe roots and NUMA nodes from a sysfs tree ther
 - ``mig-mode <0|1>``: sets the MIG mode of every GPU (as an administrator's ``nvidia-smi -mig``).
 - ``lifecycle <scenario>``: `MigLifecycle` (the plugin's dynamic MIG) on GPUs found by that
   start-up discovery with ``--dynamic-mig``; scenarios in `SCENARIOS`.
+- ``capped-shares <hook path> <GPU indexes> <MiB>``: the start-up with ``--capped-shares=<GPU
+  indexes>`` and ``--nvidia-cdi-hook-path=<hook path>``, then `startup.capped_shares` (the
+  driver's memory-limit detection): per GPU its enforcement and why, the GPUs offered as capped
+  shares, and the CDI edits of a share of ``<MiB>`` on the first.
 """
 
 from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +40,7 @@ from gpu_dra.driver.nvml.sysfs import SysfsPciTopology
 from gpu_dra.kubelet_plugin.mig import MigError, MigLifecycle
 from gpu_dra.kubelet_plugin.node_devices import NodeInventory
 from gpu_dra.kubelet_plugin.settings import KubeletPluginSettings
-from gpu_dra.kubelet_plugin.startup import discover, node_inventory, node_nvml
+from gpu_dra.kubelet_plugin.startup import capped_shares, discover, node_inventory, node_nvml
 
 
 def main(argv: list[str]) -> int:
@@ -53,6 +57,8 @@ def main(argv: list[str]) -> int:
         result = set_mig_mode(RealNvml(Path(root)), int(args[0]))
     elif command == "lifecycle":
         result = SCENARIOS[args[0]](Path(root), *args[1:])
+    elif command == "capped-shares":
+        result = capped(Path(root), *args)
     else:
         raise SystemExit(f"unknown command {command!r}")
     print(json.dumps(result), flush=True)
@@ -60,19 +66,46 @@ def main(argv: list[str]) -> int:
 
 
 def start(
-    root: Path, *, dynamic_mig: bool, sysfs: Path | None = None
+    root: Path, *, dynamic_mig: bool, sysfs: Path | None = None, flags: Sequence[str] = ()
 ) -> tuple[NvmlLibrary, NodeDevices, NodeInventory]:
-    """What the plugin does at start in real mode with ``--driver-root=<root>``."""
-    flags = [f"--driver-root={root}", "--node-name=node-a", "--data-dir=/nonexistent"]
-    settings = KubeletPluginSettings.parse(
-        [*flags, *(["--dynamic-mig"] if dynamic_mig else [])], {}
-    )
+    """What the plugin does at start in real mode with ``--driver-root=<root>`` (and `flags`)."""
+    settings = _settings(root, dynamic_mig=dynamic_mig, flags=flags)
     nvml, pci = node_nvml(settings)
     assert isinstance(nvml, RealNvml), "real mode"
     if sysfs is not None:
         pci = SysfsPciTopology(sysfs)
     devices = discover(settings, nvml, pci)
     return nvml, devices, node_inventory(settings, devices)
+
+
+def _settings(root: Path, *, dynamic_mig: bool, flags: Sequence[str]) -> KubeletPluginSettings:
+    base = [f"--driver-root={root}", "--node-name=node-a", "--data-dir=/nonexistent", *flags]
+    return KubeletPluginSettings.parse([*base, *(["--dynamic-mig"] if dynamic_mig else [])], {})
+
+
+def capped(root: Path, hook: str, gpus: str, mib: str) -> dict[str, Any]:
+    flags = [f"--capped-shares={gpus}", f"--nvidia-cdi-hook-path={hook}"]
+    nvml, _, inventory = start(root, dynamic_mig=False, flags=flags)
+    asked = [gpu.uuid for gpu in inventory.capped_shares]
+    offered, memory = capped_shares(
+        _settings(root, dynamic_mig=False, flags=flags), nvml, inventory, None
+    )
+    support = memory.support
+    first = offered.capped_shares[0].uuid if offered.capped_shares else None
+    edits = None if first is None else support.edits(first, int(mib))
+    return {
+        "enforcement": {u: [support.enforcement(u).value, support.why(u)] for u in asked},
+        "offered": [gpu.uuid for gpu in offered.capped_shares],
+        "edits": None
+        if edits is None
+        else {
+            "env": dict(edits.env),
+            "hooks": [
+                {"hookName": h.hook_name, "path": h.path, "args": list(h.args), "env": list(h.env)}
+                for h in edits.hooks
+            ],
+        },
+    }
 
 
 def publish(root: Path, *, dynamic_mig: bool, sysfs: Path | None) -> dict[str, Any]:

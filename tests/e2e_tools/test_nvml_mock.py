@@ -15,6 +15,7 @@ import stat
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -439,3 +440,108 @@ def test_mig_minors_file_lists_every_capability_once() -> None:
         numbers = [int(n) for n in re.findall(r"\d+", name)]
         assert nvmlmock.mig_cap_minor(*numbers) == int(minor)
     assert nvmlmock.mig_minors_file_text(2).splitlines() == lines[: 2 + 2 * 15 * 9]
+
+
+def test_the_615_driver_reports_its_versions_and_keeps_memory_limits(
+    driver_root: Path, tmp_path: Path
+) -> None:
+    """Set in one process, read in another that names only the state file; return codes as
+    nvml.h documents them; the state file records the driver and the limits."""
+    gpu_nodes(driver_root, range(8))
+    cgroup = tmp_path / "cgroup"
+    cgroup.mkdir()
+    state = tmp_path / "state.json"
+    env = library_env(machine="dgxh100", state=state, dev_root=driver_root, driver="615")
+    reader = library_env(state=state, dev_root=driver_root)
+    total = 81920 * MIB
+
+    def limits(env: dict[str, str], *args: str, gpu: str = "1") -> Any:
+        return probe(driver_root, "memory-limits", gpu, *args, env=env).json()
+
+    assert limits(env, str(cgroup)) == {
+        "driver": "615.71.09",
+        "cuda": 13040,
+        "get": "NVML_ERROR_NOT_FOUND",
+    }
+    assert limits(env, str(cgroup), str(MIB), str(2 * MIB))["set"] == "NVML_SUCCESS"
+    assert limits(reader, str(cgroup))["get"] == {"soft": MIB, "hard": 2 * MIB, "used": 0}
+    assert limits(reader, str(cgroup), gpu="0")["get"] == "NVML_ERROR_NOT_FOUND"
+    document = json.loads(state.read_text())
+    assert document["driver"] == "615"
+    assert document["gpus"][1]["memoryLimits"] == [
+        {"cgroup": str(cgroup), "softLimit": MIB, "hardLimit": 2 * MIB}
+    ]
+    refused = {
+        "soft above hard": (str(cgroup), str(2 * MIB), str(MIB)),
+        "above the GPU's memory": (str(cgroup), "0", str(total + 1)),
+        "no such cgroup": (str(tmp_path / "gone"), "0", str(MIB)),
+    }
+    assert {k: limits(env, *args)["set"] for k, args in refused.items()} == {
+        "soft above hard": "NVML_ERROR_INVALID_ARGUMENT",
+        "above the GPU's memory": "NVML_ERROR_INVALID_ARGUMENT",
+        "no such cgroup": "NVML_ERROR_OPERATING_SYSTEM",
+    }
+    # Soft 0 and hard NVML_DEVICE_MEMORY_LIMIT_MAX clear the limits.
+    cleared = limits(env, str(cgroup), "0", str(2**64 - 1))
+    assert (cleared["set"], cleared["get"]) == ("NVML_SUCCESS", "NVML_ERROR_NOT_FOUND")
+    # A removed cgroup's limits go with it.
+    assert limits(env, str(cgroup), str(MIB), str(MIB))["set"] == "NVML_SUCCESS"
+    cgroup.rmdir()
+    assert limits(reader, str(cgroup))["get"] == "NVML_ERROR_OPERATING_SYSTEM"
+    assert nvmlmock.memory_limits(state) == {}
+
+
+def test_memory_limits_refuse_mig_devices(driver_root: Path, tmp_path: Path) -> None:
+    gpu_nodes(driver_root, range(8))
+    env = library_env(
+        machine="dgxh100", state=tmp_path / "state.json", dev_root=driver_root, driver="615"
+    )
+    mig = probe(driver_root, "create", "0", H100_1G, "0", env=env).json()["uuid"]
+    found = probe(driver_root, "memory-limits", mig, str(tmp_path), "0", str(MIB), env=env).json()
+    assert (found["set"], found["get"]) == ("NVML_ERROR_NOT_SUPPORTED", "NVML_ERROR_NOT_SUPPORTED")
+
+
+def test_without_the_driver_setting_memory_limits_are_not_supported(
+    driver_root: Path, tmp_path: Path
+) -> None:
+    gpu_nodes(driver_root, range(8))
+    state = tmp_path / "state.json"
+    env = library_env(machine="dgxh100", state=state, dev_root=driver_root)
+    found = probe(driver_root, "memory-limits", "0", str(tmp_path), "0", str(MIB), env=env).json()
+    assert found == {
+        "driver": "550.54.15",
+        "cuda": 12040,
+        "set": "NVML_ERROR_NOT_SUPPORTED",
+        "get": "NVML_ERROR_NOT_SUPPORTED",
+    }
+    assert "driver" not in json.loads(state.read_text())
+
+
+def test_driver_setting_refusals(driver_root: Path, tmp_path: Path) -> None:
+    gpu_nodes(driver_root, range(8))
+    unknown = library_env(machine="dgxh100", dev_root=driver_root) | {nvmlmock.ENV_DRIVER: "580"}
+    run = probe(driver_root, "discover", env=unknown)
+    assert run.returncode != 0
+    assert 'GPU_DRA_NVML_MOCK_DRIVER="580" is not a driver the library knows (615)' in run.stderr
+    state = tmp_path / "state.json"
+    assert probe(driver_root, "discover", env=library_env(
+        machine="dgxh100", state=state, dev_root=driver_root)).returncode == 0  # fmt: skip
+    other = library_env(state=state, dev_root=driver_root, driver="615")
+    run = probe(driver_root, "discover", env=other)
+    assert run.returncode != 0
+    assert f'GPU_DRA_NVML_MOCK_DRIVER=615 but the state file {state} is of driver ""' in run.stderr
+
+
+def test_settings_come_from_the_file_beside_the_library_unless_set(
+    driver_root: Path, tmp_path: Path
+) -> None:
+    gpu_nodes(driver_root, range(8))
+    library_dir = driver_root / "usr/lib/x86_64-linux-gnu"
+    nvmlmock.write_config_file(
+        library_dir, nvmlmock.environment(machine="dgxa100", dev_root=driver_root, driver="615")
+    )
+    from_file = probe(driver_root, "discover", env=library_env()).json()
+    assert {g["name"] for g in from_file["gpus"]} == {"Mock NVIDIA A100-SXM4-40GB"}
+    assert {g["driver_version"] for g in from_file["gpus"]} == {"615.71.09"}
+    overridden = probe(driver_root, "discover", env=library_env(machine="dgxh100")).json()
+    assert {g["name"] for g in overridden["gpus"]} == {"NVIDIA H100 80GB HBM3"}

@@ -245,3 +245,30 @@ func writeAttributes(p unsafe.Pointer, gi nvml.GpuInstanceProfileInfo, ci nvml.C
 	out.computeInstanceSliceCount = C.uint(ci.SliceCount)
 	out.memorySizeMB = C.ulonglong(gi.MemorySizeMB)
 }
+
+// readSetMemoryLimits reads an nvmlSetMemoryLimits_v1_t (ok false: no cgroup path).
+func readSetMemoryLimits(p unsafe.Pointer) (cgroup string, soft, hard uint64, ok bool) {
+	in := (*C.nvmlSetMemoryLimits_v1_t)(p)
+	if in.nameSpace == nil {
+		return "", 0, 0, false
+	}
+	return C.GoString(in.nameSpace), uint64(in.softLimit), uint64(in.hardLimit), true
+}
+
+// getMemoryLimitsCgroup is the cgroup path of an nvmlGetMemoryLimits_v1_t (ok false: none).
+func getMemoryLimitsCgroup(p unsafe.Pointer) (string, bool) {
+	in := (*C.nvmlGetMemoryLimits_v1_t)(p)
+	if in.nameSpace == nil {
+		return "", false
+	}
+	return C.GoString(in.nameSpace), true
+}
+
+// writeGetMemoryLimits fills the outputs of an nvmlGetMemoryLimits_v1_t (the mock allocates
+// nothing: currentUsed 0).
+func writeGetMemoryLimits(p unsafe.Pointer, soft, hard uint64) {
+	out := (*C.nvmlGetMemoryLimits_v1_t)(p)
+	out.softLimit = C.ulonglong(soft)
+	out.hardLimit = C.ulonglong(hard)
+	out.currentUsed = 0
+}

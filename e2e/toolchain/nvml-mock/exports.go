@@ -109,6 +109,9 @@ func nvmlErrorString(result C.int) *C.char {
 //export nvmlSystemGetDriverVersion
 func nvmlSystemGetDriverVersion(version *C.char, length C.uint) C.int {
 	return session("nvmlSystemGetDriverVersion", func() nvml.Return {
+		if release, ok := lib.release(); ok {
+			return putString(version, length, release.version)
+		}
 		value, ret := lib.server.SystemGetDriverVersion()
 		if ret != nvml.SUCCESS {
 			return ret
@@ -120,6 +123,9 @@ func nvmlSystemGetDriverVersion(version *C.char, length C.uint) C.int {
 //export nvmlSystemGetNVMLVersion
 func nvmlSystemGetNVMLVersion(version *C.char, length C.uint) C.int {
 	return session("nvmlSystemGetNVMLVersion", func() nvml.Return {
+		if release, ok := lib.release(); ok {
+			return putString(version, length, release.nvml)
+		}
 		value, ret := lib.server.SystemGetNVMLVersion()
 		if ret != nvml.SUCCESS {
 			return ret
@@ -130,6 +136,9 @@ func nvmlSystemGetNVMLVersion(version *C.char, length C.uint) C.int {
 
 func cudaDriverVersion(out *C.int) nvml.Return {
 	value, ret := lib.server.SystemGetCudaDriverVersion()
+	if release, ok := lib.release(); ok {
+		value, ret = release.cuda, nvml.SUCCESS
+	}
 	if ret != nvml.SUCCESS {
 		return ret
 	}

@@ -25,7 +25,33 @@ const (
 	envState   = "GPU_DRA_NVML_MOCK_STATE"
 	envDevRoot = "GPU_DRA_NVML_MOCK_DEV_ROOT"
 	envTrace   = "GPU_DRA_NVML_MOCK_TRACE"
+	envDriver  = "GPU_DRA_NVML_MOCK_DRIVER"
 )
+
+// driverRelease is a driver the library can report instead of the mock server's
+// (GPU_DRA_NVML_MOCK_DRIVER names it by branch), with what that driver has.
+type driverRelease struct {
+	version string // nvmlSystemGetDriverVersion
+	nvml    string // nvmlSystemGetNVMLVersion
+	cuda    int    // nvmlSystemGetCudaDriverVersion: 1000 * major + 10 * minor
+	// memoryLimits: nvmlDeviceSet/GetMemoryLimits_v1 work (per-cgroup GPU memory limits).
+	memoryLimits bool
+}
+
+// drivers are the releases GPU_DRA_NVML_MOCK_DRIVER takes. 615.71.09 (CUDA 13.4) is the
+// driver NVIDIA's Dynamo documentation verified the cgroup memory limits on (docs/shares.md).
+var drivers = map[string]driverRelease{
+	"615": {version: "615.71.09", nvml: "13.615.71.09", cuda: 13040, memoryLimits: true},
+}
+
+func driverNames() string {
+	names := make([]string, 0, len(drivers))
+	for name := range drivers {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	return strings.Join(names, ", ")
+}
 
 // machines are go-nvml's mock servers, by the name GPU_DRA_NVML_MOCK_MACHINE takes.
 var machines = map[string]func() *server.Server{
@@ -65,18 +91,28 @@ type config struct {
 	machine   string
 	statePath string
 	devRoot   string
+	driver    string // GPU_DRA_NVML_MOCK_DRIVER: a key of drivers, "" for the mock server's
 	// devRootSet: GPU_DRA_NVML_MOCK_DEV_ROOT is set, so the capability nodes of the instances
 	// this process creates are made there (makeCapNode).
 	devRootSet bool
 }
 
+// readConfig reads the library's variables: the environment's, else those of the
+// configuration file beside the library (conffile.go).
 func readConfig() config {
-	root := getenv(envDevRoot)
+	file := confFileValues()
+	root := setting(envDevRoot, file)
 	set := root != ""
 	if !set {
 		root = "/"
 	}
-	return config{machine: getenv(envMachine), statePath: getenv(envState), devRoot: root, devRootSet: set}
+	return config{
+		machine:    setting(envMachine, file),
+		statePath:  setting(envState, file),
+		devRoot:    root,
+		devRootSet: set,
+		driver:     setting(envDriver, file),
+	}
 }
 
 // gpu is one GPU of the mock server plus what the library keeps beside it.
@@ -84,6 +120,8 @@ type gpu struct {
 	dev         *server.Device
 	computeMode int
 	migUUIDs    map[instanceKey]string
+	// limits are the GPU memory limits per cgroup (full sysfs path), memorylimits.go.
+	limits map[string]memoryLimit
 }
 
 type instanceKey struct{ gi, ci uint32 }
@@ -94,6 +132,7 @@ type library struct {
 	refs    int
 	cfg     config
 	machine string
+	driver  string // the state's driver (config.driver, or the state file's)
 	gpus    []*gpu
 	server  *server.Server
 	visible []int // indexes into gpus of the GPUs whose device node exists, NVML index order
@@ -123,8 +162,15 @@ func (l *library) initialize() nvml.Return {
 			return nvml.ERROR_DRIVER_NOT_LOADED
 		}
 	}
+	if cfg.driver != "" {
+		if _, ok := drivers[cfg.driver]; !ok {
+			logf("%s=%q is not a driver the library knows (%s)", envDriver, cfg.driver, driverNames())
+			return nvml.ERROR_DRIVER_NOT_LOADED
+		}
+	}
 	// Kept across sessions with the same configuration: MIG instances outlive an NVML session.
-	if l.server == nil || cfg.machine != l.cfg.machine || cfg.statePath != l.cfg.statePath {
+	if l.server == nil || cfg.machine != l.cfg.machine || cfg.statePath != l.cfg.statePath ||
+		cfg.driver != l.cfg.driver {
 		l.server, l.gpus, l.stamp = nil, nil, fileStamp{}
 		if err := l.load(cfg); err != nil {
 			logf("%v", err)
@@ -158,6 +204,7 @@ func (l *library) shutdown() nvml.Return {
 // machine when missing), else pristine.
 func (l *library) load(cfg config) error {
 	l.cfg = cfg
+	l.driver = cfg.driver
 	if cfg.statePath == "" {
 		return l.build(cfg.machine, nil)
 	}
@@ -174,11 +221,35 @@ func (l *library) load(cfg config) error {
 	if cfg.machine != "" && cfg.machine != doc.Machine {
 		return fmt.Errorf("%s=%s but the state file %s is of %s", envMachine, cfg.machine, cfg.statePath, doc.Machine)
 	}
+	if err := l.adoptDriver(doc); err != nil {
+		return err
+	}
 	if err := l.build(doc.Machine, doc); err != nil {
 		return fmt.Errorf("%s: %w", cfg.statePath, err)
 	}
 	l.stamp = stamp
 	return nil
+}
+
+// adoptDriver takes the state file's driver: GPU_DRA_NVML_MOCK_DRIVER, where set, must be it.
+func (l *library) adoptDriver(doc *stateDoc) error {
+	if l.cfg.driver != "" && l.cfg.driver != doc.Driver {
+		return fmt.Errorf("%s=%s but the state file %s is of driver %q", envDriver, l.cfg.driver, l.cfg.statePath, doc.Driver)
+	}
+	if doc.Driver != "" {
+		if _, ok := drivers[doc.Driver]; !ok {
+			return fmt.Errorf("state file %s: driver %q is not one the library knows (%s)", l.cfg.statePath, doc.Driver, driverNames())
+		}
+	}
+	l.driver = doc.Driver
+	return nil
+}
+
+// release is the driver the library reports in place of the mock server's (ok false: the
+// mock server's own).
+func (l *library) release() (driverRelease, bool) {
+	release, ok := drivers[l.driver]
+	return release, ok
 }
 
 // createState writes a pristine state file for cfg's machine, unless another process did first.
@@ -192,6 +263,9 @@ func (l *library) createState(cfg config) error {
 	if err == nil {
 		if doc.Machine != cfg.machine {
 			return fmt.Errorf("%s=%s but the state file %s is of %s", envMachine, cfg.machine, cfg.statePath, doc.Machine)
+		}
+		if err := l.adoptDriver(doc); err != nil {
+			return err
 		}
 		l.stamp = stamp
 		return l.build(doc.Machine, doc)
@@ -217,7 +291,7 @@ func (l *library) build(machine string, doc *stateDoc) error {
 	for index, device := range srv.Devices {
 		dev := device.(*server.Device)
 		dev.UUID = gpuUUID(machine, index)
-		gpus[index] = &gpu{dev: dev, migUUIDs: map[instanceKey]string{}}
+		gpus[index] = &gpu{dev: dev, migUUIDs: map[instanceKey]string{}, limits: map[string]memoryLimit{}}
 	}
 	if doc != nil {
 		if len(doc.GPUs) != len(gpus) {
@@ -259,6 +333,9 @@ func (l *library) refresh() error {
 	}
 	if doc.Machine != l.machine {
 		return fmt.Errorf("state file %s changed machine from %s to %s", l.cfg.statePath, l.machine, doc.Machine)
+	}
+	if doc.Driver != l.driver {
+		return fmt.Errorf("state file %s changed driver from %q to %q", l.cfg.statePath, l.driver, doc.Driver)
 	}
 	if err := l.build(doc.Machine, doc); err != nil {
 		return fmt.Errorf("%s: %w", l.cfg.statePath, err)
@@ -303,7 +380,7 @@ func (l *library) save() error {
 }
 
 func (l *library) snapshot() *stateDoc {
-	doc := &stateDoc{Machine: l.machine}
+	doc := &stateDoc{Machine: l.machine, Driver: l.driver}
 	for _, g := range l.gpus {
 		doc.GPUs = append(doc.GPUs, g.snapshot())
 	}

@@ -11,7 +11,13 @@
 //	GPU_DRA_NVML_MOCK_DEV_ROOT  directory holding dev/nvidia<minor> and dev/nvidia-caps (default /);
 //	                            when set, the capability nodes of the GPU and compute instances
 //	                            a process creates are made there (removed with them)
+//	GPU_DRA_NVML_MOCK_DRIVER    615: report driver 615.71.09 (CUDA 13.4) instead of the mock
+//	                            server's, with per-cgroup GPU memory limits
+//	                            (nvmlDeviceSet/GetMemoryLimits_v1, kept in the state file)
 //	GPU_DRA_NVML_MOCK_TRACE     when set, every NVML call is logged to stderr
+//
+// Each of the first four that the environment leaves unset is read from gpu-dra-nvml-mock.env
+// beside the loaded library (NAME=value lines), if there is one: an OCI hook gets no other.
 //
 // The library is built by e2e/nvmlmock.py, which generates nvml_mock_stubs.h (internal/stubgen)
 // and puts it and nvml.h on the include path.

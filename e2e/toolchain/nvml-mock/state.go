@@ -16,8 +16,11 @@ import (
 // mock server's order) its MIG mode, compute mode and MIG instances. The UUIDs of the GPUs
 // are written for readers; the library derives them from machine and index.
 type stateDoc struct {
-	Machine string     `json:"machine"`
-	GPUs    []gpuState `json:"gpus"`
+	Machine string `json:"machine"`
+	// Driver is GPU_DRA_NVML_MOCK_DRIVER's value when the file was made ("" for the mock
+	// server's driver; left out then, so that files stay as they were without the setting).
+	Driver string     `json:"driver,omitempty"`
+	GPUs   []gpuState `json:"gpus"`
 }
 
 type gpuState struct {
@@ -26,6 +29,14 @@ type gpuState struct {
 	MigMode      int       `json:"migMode"`
 	ComputeMode  int       `json:"computeMode"`
 	GpuInstances []giState `json:"gpuInstances"`
+	// MemoryLimits: the GPU memory limits set per cgroup (nvmlDeviceSetMemoryLimits_v1).
+	MemoryLimits []limitState `json:"memoryLimits,omitempty"`
+}
+
+type limitState struct {
+	Cgroup string `json:"cgroup"`
+	Soft   uint64 `json:"softLimit"`
+	Hard   uint64 `json:"hardLimit"`
 }
 
 type giState struct {
@@ -151,6 +162,7 @@ func (g *gpu) snapshot() gpuState {
 		}
 		saved.GpuInstances = append(saved.GpuInstances, savedGI)
 	}
+	saved.MemoryLimits = g.limitStates()
 	return saved
 }
 
@@ -163,6 +175,9 @@ func (g *gpu) replay(saved gpuState) error {
 		}
 	}
 	g.computeMode = saved.ComputeMode
+	for _, limit := range saved.MemoryLimits {
+		g.limits[limit.Cgroup] = memoryLimit{soft: limit.Soft, hard: limit.Hard}
+	}
 	for _, savedGI := range saved.GpuInstances {
 		_, info, ok := g.giProfileByID(savedGI.ProfileID)
 		if !ok {
