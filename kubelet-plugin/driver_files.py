@@ -15,7 +15,7 @@ import fnmatch
 import logging
 import os
 from collections.abc import Sequence
-from pathlib import Path, PurePosixPath
+from pathlib import PurePosixPath
 from typing import Final
 
 from gpu_dra.kubelet_plugin.cdi import Mount
@@ -28,7 +28,7 @@ from gpu_dra.kubelet_plugin.driver_root import (
     regular_file,
     symlink_chain,
 )
-from gpu_dra.kubelet_plugin.elf import ElfError, read_sonames
+from gpu_dra.kubelet_plugin.elf import ElfError, is_elf, read_sonames
 from gpu_dra.kubelet_plugin.ldcache import LdCacheError, read_ld_cache
 
 log = logging.getLogger(__name__)
@@ -69,7 +69,6 @@ BIN_DIRS: Final = (
 )
 """Searched in order for each of `BINARIES`; the first ELF executable wins. The last is where
 CUDA images and GPU sandboxes keep a driver bundle (``/usr/local/nvidia/{bin,lib64}``)."""
-ELF_MAGIC: Final = b"\x7fELF"
 FIRMWARE_PATTERNS: Final = ("gsp*.bin", "ucodes*.bin")
 """In ``nvidia/<version>/`` of each firmware directory."""
 FIRMWARE_CLASS_PATH: Final = "module/firmware_class/parameters/path"
@@ -220,7 +219,7 @@ def binaries(root: DriverRoot) -> tuple[Mount, ...]:
             target = regular_file(root, candidate)
             if target is None or not os.stat(root.view(target)).st_mode & 0o111:
                 continue
-            if not _is_elf(root.view(target)):
+            if not is_elf(root.view(target)):
                 # e.g. a wrapper script that execs the real program from a path no container has
                 log.info("driver binary %s is not an ELF program: skipped", root.view(target))
                 continue
@@ -229,14 +228,6 @@ def binaries(root: DriverRoot) -> tuple[Mount, ...]:
         else:
             log.info("driver binary %s not found in %s of %s", name, ", ".join(BIN_DIRS), root.path)
     return tuple(mounts)
-
-
-def _is_elf(path: Path) -> bool:
-    try:
-        with path.open("rb") as file:
-            return file.read(4) == ELF_MAGIC
-    except OSError:
-        return False
 
 
 def _firmware_dirs(root: DriverRoot, kernel_release: str) -> list[PurePosixPath]:

@@ -1,4 +1,5 @@
-"""The ``DT_SONAME`` of an ELF shared library, read from its section headers (no ``readelf``).
+"""The ``DT_SONAME`` of an ELF shared library, read from its section headers (no ``readelf``);
+whether a file is ELF at all (`is_elf`).
 
 As NVIDIA's toolkit reads it (Go ``debug/elf``, ``DynString(DT_SONAME)``): the ``SHT_DYNAMIC``
 section's entries up to ``DT_NULL``, the name in the string table that section links to. A file
@@ -21,6 +22,15 @@ DT_SONAME: Final = 14
 
 class ElfError(ValueError):
     """Not a readable ELF file; the message names it."""
+
+
+def is_elf(path: Path) -> bool:
+    """Whether the file at `path` starts with the ELF magic (False if it cannot be read)."""
+    try:
+        with path.open("rb") as file:
+            return file.read(len(ELF_MAGIC)) == ELF_MAGIC
+    except OSError:
+        return False
 
 
 def read_sonames(path: Path) -> tuple[str, ...]:
