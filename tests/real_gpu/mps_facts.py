@@ -1,9 +1,10 @@
-"""MPS facts on a real GPU: what docs/mps.md lists as "Not established without a real GPU".
+"""MPS facts on a real GPU: what docs/mps.md records under "Facts seen on real GPUs".
 
 ``python -m tests.real_gpu.mps_facts <work dir>`` runs NVIDIA's control daemon in pipe
 directories under <work dir> (one scenario at a time; every daemon is quit or killed before the
-next) and prints one JSON document: per scenario, what it did and what it saw. It never changes
-MIG or compute mode. Clients are `tests.real_gpu.cuda_client`.
+next; only processes serving a pipe directory under <work dir>, and the servers they started,
+are ever listed or killed) and prints one JSON document: per scenario, what it did and what it
+saw. It never changes MIG or compute mode. Clients are `tests.real_gpu.cuda_client`.
 """
 
 from __future__ import annotations
@@ -59,25 +60,53 @@ def listing(directory: Path) -> list[str]:
     return found
 
 
+MPS_NAMES = ("nvidia-cuda-mps", "nvidia_cuda_mps")
+WORK: list[Path] = []
+"""The work directory `main` was given: only MPS processes serving a pipe directory under it (and
+the servers they started) are listed and killed, never another run's or another user's."""
+
+
+def _ours(proc: Path, status: str, ours: set[str]) -> bool:
+    ppid = next(line.split()[1] for line in status.splitlines() if line.startswith("PPid:"))
+    if ppid in ours:
+        return True
+    try:
+        environ = (proc / "environ").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    prefix = f"CUDA_MPS_PIPE_DIRECTORY={WORK[0]}/".encode() if WORK else None
+    return prefix is not None and any(entry.startswith(prefix) for entry in environ)
+
+
 def mps_processes() -> list[str]:
-    found = []
+    """``<pid> <comm> uid=… ppid=… argv=…`` of each of this run's MPS processes (`WORK`)."""
+    candidates = []
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
             continue
         try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+            names = [Path(arg.decode(errors="replace")).name for arg in argv]
             comm = (proc / "comm").read_text().strip()
-            if comm.startswith("nvidia-cuda-mps"):
-                status = (proc / "status").read_text()
-                uid = next(
-                    line.split()[1] for line in status.splitlines() if line.startswith("Uid:")
-                )
-                ppid = next(
-                    line.split()[1] for line in status.splitlines() if line.startswith("PPid:")
-                )
-                argv = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
-                found.append(f"{proc.name} {comm} uid={uid} ppid={ppid} argv={argv!r}")
-        except (OSError, StopIteration):
+            if any(n.startswith(MPS_NAMES) for n in [comm, *names]):  # the double is a script
+                candidates.append((proc, (proc / "status").read_text()))
+        except OSError:
             continue
+    ours: set[str] = set()
+    for _ in range(2):  # daemons first, then the servers they started
+        ours |= {p.name for p, status in candidates if _ours(p, status, ours)}
+    found = []
+    for proc, status in candidates:
+        if proc.name not in ours:
+            continue
+        fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+        uid, ppid = fields["Uid"].split()[0], fields["PPid"].strip()
+        try:
+            argv = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
+        except OSError:
+            continue
+        comm = fields["Name"].strip()
+        found.append(f"{proc.name} {comm} uid={uid} ppid={ppid} argv={argv!r}")
     return sorted(found)
 
 
@@ -557,6 +586,7 @@ def main(argv: list[str]) -> int:
     only = argv[1:] or list(SCENARIOS)
     work.mkdir(parents=True, exist_ok=True)
     work.chmod(0o755)
+    WORK[:] = [work.resolve()]
     client = work / "cuda_client.py"
     shutil.copy(Path(__file__).with_name("cuda_client.py"), client)
     client.chmod(0o644)
