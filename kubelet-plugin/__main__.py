@@ -180,6 +180,9 @@ async def _serve_instance(
     supervising = (
         [] if supervisor is None else [asyncio.create_task(supervisor.run(), name="mps-supervisor")]
     )
+    if supervisor is not None and preparer.shared_daemons is not None:
+        # A share joining a live daemon leaves the settings check to the supervisor.
+        preparer.shared_daemons.set_verifier(supervisor.verify_soon)
     # The shared daemons of MPS shares start ahead of their first share (docs/mps.md, "Warm
     # daemons"); the first pass is waited for, so the first share finds its daemon running.
     warmer = startup.mps_warmer(settings, mps, preparer.shared_daemons, instance, inventory)

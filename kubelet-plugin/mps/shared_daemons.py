@@ -6,7 +6,9 @@ share with the largest share allowed (``--mps-share-max-percent``) as its defaul
 records the daemon's handle (state ``mpsDaemons``) and its share (`SHARES_STATE_KEY`); the
 daemon's reference count is the set of claims recording it (`claims_using`), so it cannot drift
 from the claims across crashes. A join finds a dead daemon restarted in place and changed
-settings restored (`MpsControl.ensure`). `SharedDaemons.join` and `release` run under the
+settings restored (`MpsControl.ensure`); with a `Verifier` (the supervisor, while it repairs)
+a join of a live daemon that passed its last check hands the settings read-back to it, to run
+at once beside the prepare instead of inside it. `SharedDaemons.join` and `release` run under the
 daemon's lock (node-wide with `NodeLocks`: two plugin instances share the daemons during a
 rolling update), and join records the claim before letting it go, so a release never stops a
 daemon a join is handing out. A **warm** daemon (started ahead by `mps.warm_daemons`, recorded
@@ -45,6 +47,11 @@ from gpu_dra.kubelet_plugin.mps.ids import shared_daemon_id
 from gpu_dra.kubelet_plugin.node_locks import NodeLocks
 
 log = logging.getLogger(__name__)
+
+Verifier = Callable[[DaemonHandle], bool]
+"""Takes over checking a live daemon's settings right after a join (`DaemonSupervisor.
+verify_soon`); False: it cannot (not repairing, or the daemon did not pass its last check), and
+the join checks them itself."""
 
 SHARES_STATE_KEY: Final = "mpsShares"
 """Checkpoint ``state`` key of a claim: ``{device name: share}`` of its MPS shares."""
@@ -142,6 +149,11 @@ class SharedDaemons:
         # unprepare ends, but they use no daemon of the id any more.
         self._left: dict[str, set[str]] = {}
         self._left_lock = threading.Lock()
+        self._verifier: Verifier | None = None
+
+    def set_verifier(self, verifier: Verifier | None) -> None:
+        """Who checks a joined live daemon's settings in the join's stead (see `Verifier`)."""
+        self._verifier = verifier
 
     def add_idle_listener(self, listener: Callable[[str], None]) -> None:
         """``listener(daemon id)`` after the last share of a daemon left (it was stopped);
@@ -278,6 +290,27 @@ class SharedDaemons:
         )
         return warm
 
+    def _verified_elsewhere(self, daemon_id: str) -> DaemonHandle | None:
+        """The current instance of a live ``daemon_id`` whose settings check the verifier
+        took over (it runs beside the prepare: a few control commands, each a process, kept
+        off the pod's start), or None: the join runs `MpsControl.ensure` itself."""
+        verifier = self._verifier
+        if verifier is None:
+            return None
+        current = self._mps.recorded(daemon_id)
+        if current is None or not current.paths.pipe.is_dir():
+            return None
+        try:
+            if self._mps.dead(current) is not None:
+                return None  # restarted in place by ensure, in the join
+        except MpsError:
+            return None
+        if not verifier(current):
+            return None
+        log.info("mps shared daemon live, joined daemon_id=%s pid=%d (settings checked beside)",
+                 daemon_id, current.pid)  # fmt: skip
+        return current
+
     def _users(self, daemon_id: str) -> list[str]:
         states = {uid: entry.state for uid, entry in self._records.all().items()}
         recorded = claims_using(states, daemon_id)
@@ -313,6 +346,9 @@ class SharedDaemons:
         ]
         if not recorded:
             return None
+        verified = self._verified_elsewhere(daemon_id)
+        if verified is not None:
+            return verified
         try:
             return self._mps.ensure(recorded[-1]).handle  # any handle: its current instance
         except MpsDaemonGoneError:

@@ -7,7 +7,8 @@ instance, the one that publishes), it runs `MpsControl.ensure` under the daemon'
 reported down, restarted in place and reported restored, changed settings are set back; the
 manager's observer posts the Events. Otherwise it only reads (`MpsControl.dead`): a daemon dead
 in two passes in a row is reported down. The down daemons of MPS shares are the health
-monitor's `MpsLiveness` (`dead_shared_daemons`; listeners hear of every change). See
+monitor's `MpsLiveness` (`dead_shared_daemons`; listeners hear of every change).
+`verify_soon` checks one daemon at once, in its own thread, for a share that just joined it. See
 docs/mps.md, "Daemon supervision".
 """
 
@@ -88,10 +89,36 @@ class DaemonSupervisor:
         self._listeners: list[Callable[[], None]] = []
         self._last_pass: float | None = None
         self._started = time.monotonic()
+        self._passed: dict[str, float] = {}  # daemon id -> when `_ensure` last found it well
 
     def repairs(self) -> bool:
         """Whether a pass now would repair (``repair()``), or only read."""
         return self._repair()
+
+    def verify_soon(self, handle: DaemonHandle) -> bool:
+        """`shared_daemons.Verifier`: check ``handle``'s daemon now, in a thread of its own (it
+        waits for the daemon's lock, which the joining prepare holds until it recorded its
+        share), as a pass does: changed settings restored, the claims told. False, and nothing
+        started, unless this supervisor repairs and the daemon passed a check within two
+        intervals: a daemon not known to answer is checked in the join, which then fails."""
+        passed = self._passed.get(handle.daemon_id)
+        if passed is None or time.monotonic() - passed > 2 * self.interval_s:
+            return False
+        if not self.repairs():
+            return False
+        threading.Thread(
+            target=self._verify,
+            args=(handle,),
+            name=f"mps-verify-{handle.daemon_id}",
+            daemon=True,
+        ).start()
+        return True
+
+    def _verify(self, handle: DaemonHandle) -> None:
+        try:
+            self._ensure(handle.daemon_id, handle)
+        except Exception:
+            log.exception("mps daemon check after a join failed daemon_id=%s", handle.daemon_id)
 
     def add_listener(self, listener: Callable[[], None]) -> None:
         """Called (from the pass's thread) whenever the set of down daemons changes."""
@@ -191,6 +218,7 @@ class DaemonSupervisor:
         def went_down(current: DaemonHandle, why: str) -> None:
             self._mark_down(Down(daemon_id, current.devices, why))
 
+        self._passed.pop(daemon_id, None)
         try:
             with self._lock(daemon_id):
                 repair = self._mps.ensure(handle, on_dead=went_down)
@@ -204,6 +232,7 @@ class DaemonSupervisor:
             log.error("mps daemon not repaired daemon_id=%s: %s", daemon_id, error)
             previous = self.down().get(daemon_id)
             return None, None if previous is None else previous.reason
+        self._passed[daemon_id] = time.monotonic()
         if repair.changed:
             log.warning(
                 "mps daemon repaired daemon_id=%s restarted=%s restored=%s in %.3fs",

@@ -250,3 +250,89 @@ def test_the_supervisor_runs_its_checks_every_interval(node: SupervisedNode) -> 
 def test_a_non_positive_interval_is_refused(node: SupervisedNode) -> None:
     with pytest.raises(ValueError, match="positive"):
         DaemonSupervisor(node.mps, node.checkpoint.all, interval_s=0)
+
+
+def commands_sent(handle: DaemonHandle) -> list[str]:
+    """The control commands the daemon received so far (the double's ``control.log``)."""
+    log = (handle.paths.log / "control.log").read_text()
+    return [line.split("Cmd:", 1)[1] for line in log.splitlines() if "Cmd:" in line]
+
+
+def test_a_share_joining_a_checked_live_daemon_sends_it_no_command_in_its_prepare(
+    node: SupervisedNode,
+) -> None:
+    a, b, handle = two_shares(node)
+    asked: list[DaemonHandle] = []
+    node.preparer.shared_daemons.set_verifier(lambda h: asked.append(h) or True)
+    before = commands_sent(handle)
+
+    c = node.add_share(UID_C, "10Gi", "10", name="c", namespace="team-c")
+    ok(node.prepare(c)[UID_C])
+
+    assert commands_sent(handle) == before  # no read-back in the prepare
+    assert [h.pid for h in asked] == [handle.pid]
+    assert node.shared_handles()[UID_C].pid == handle.pid
+    node.unprepare(a, b, c)
+    assert node.running() == []
+
+
+def test_the_supervisor_checks_a_joined_daemon_at_once_and_restores_its_settings(
+    node: SupervisedNode,
+) -> None:
+    a, b, handle = two_shares(node)
+    supervisor = DaemonSupervisor(node.mps, node.checkpoint.all, interval_s=30)
+    node.preparer.shared_daemons.set_verifier(supervisor.verify_soon)
+    assert supervisor.check() == []  # it passed: a join may leave the check to the supervisor
+    node.mps.client.run(handle.paths.pipe, "set_default_active_thread_percentage 100")
+
+    c = node.add_share(UID_C, "10Gi", "10", name="c", namespace="team-c")
+    ok(node.prepare(c)[UID_C])
+    deadline = time.monotonic() + 10
+    while (REASON_RESTORED, "ResourceClaim", "team-a", "a") not in node.posted():
+        assert time.monotonic() < deadline, "not restored and told after the join"
+        time.sleep(0.02)
+
+    assert double.read_state(handle.paths.pipe)["defaults"]["activeThreadPercentage"] == 50.0
+    assert node.running() == [handle.pid]
+    node.unprepare(a, b, c)
+
+
+@pytest.mark.parametrize("why", ["never checked", "not repairing"])
+def test_a_join_checks_the_settings_itself_when_the_supervisor_cannot(
+    node: SupervisedNode, why: str
+) -> None:
+    a, b, handle = two_shares(node)
+    supervisor = DaemonSupervisor(
+        node.mps, node.checkpoint.all, interval_s=30, repair=lambda: why == "never checked"
+    )
+    if why == "not repairing":
+        supervisor._passed[handle.daemon_id] = time.monotonic()  # passed, but only reads now
+    node.preparer.shared_daemons.set_verifier(supervisor.verify_soon)
+    node.mps.client.run(handle.paths.pipe, "set_default_active_thread_percentage 100")
+
+    c = node.add_share(UID_C, "10Gi", "10", name="c", namespace="team-c")
+    ok(node.prepare(c)[UID_C])
+
+    # Restored inside the prepare, before it returned.
+    assert double.read_state(handle.paths.pipe)["defaults"]["activeThreadPercentage"] == 50.0
+    node.unprepare(a, b, c)
+
+
+def test_a_dead_daemon_is_restarted_in_the_join_even_with_a_verifier(
+    node: SupervisedNode,
+) -> None:
+    a, b, handle = two_shares(node)
+    asked: list[DaemonHandle] = []
+    node.preparer.shared_daemons.set_verifier(lambda h: asked.append(h) or True)
+    node.mps.client.run(handle.paths.pipe, "quit")  # a tenant
+    assert wait_dead(handle.pid)
+
+    c = node.add_share(UID_C, "10Gi", "10", name="c", namespace="team-c")
+    ok(node.prepare(c)[UID_C])
+
+    assert asked == []
+    [pid] = node.running()
+    assert pid != handle.pid
+    assert node.shared_handles()[UID_C].pid == pid
+    node.unprepare(a, b, c)
+    assert node.running() == []
