@@ -22,6 +22,7 @@ import contextlib
 import http.client
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -66,7 +67,8 @@ CLASS_OF_SHAPE: Final = {
     "dynamic-mig-all": "mig-1g.gpu.nvidia.com",
     "dynamic-mig": "mig-1g.gpu.nvidia.com",
 }
-"""What each pod's claim asks for on a shape: a whole GPU, a 10Gi MPS share, a 1g MIG slice."""
+"""What each pod's claim asks for on a shape: a whole GPU, a 10Gi MPS share, a 1g MIG slice
+(on a dynamic-mig policy without 1g profiles: the smallest it offers, see `claim_class`)."""
 TOLERATIONS: Final = [
     {"key": key, "operator": "Exists", "effect": effect}
     for key in ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable")
@@ -162,8 +164,26 @@ def node_status() -> dict[str, Any]:
     }
 
 
+def claim_class(shape: Shape) -> str:
+    """The DeviceClass of the pods' claims: `CLASS_OF_SHAPE`, except on a dynamic-mig policy
+    that offers no 1g profile, where it is the catalog class of the smallest profile a node
+    publishes (``mig-<n>g``), so that every pod can be placed."""
+    if shape.name != "dynamic-mig":
+        return CLASS_OF_SHAPE[shape.name]
+    slices = set()
+    for body in node_slices("bench-node-000", shape.name, policy=shape.policy):
+        for device in body["spec"].get("devices", []):
+            profile = device.get("attributes", {}).get("profile", {}).get("string", "")
+            match = re.match(r"(\d+)g\.", profile)
+            if match:
+                slices.add(int(match.group(1)))
+    if not slices:
+        raise BenchError(f"{shape.label} publishes no MIG partition")
+    return f"mig-{min(slices)}g.gpu.nvidia.com"
+
+
 def claim_template(shape: Shape) -> dict[str, Any]:
-    exactly: dict[str, Any] = {"deviceClassName": CLASS_OF_SHAPE[shape.name]}
+    exactly: dict[str, Any] = {"deviceClassName": claim_class(shape)}
     if shape.name == "mps-shares":
         exactly["capacity"] = {"requests": {"memory": "10Gi"}}
     return {
@@ -352,6 +372,37 @@ def read_kib(pid: int, key: str) -> int:
     return status_kib(Path(f"/proc/{pid}/status").read_text(), key)
 
 
+def scheduler_port_flags(port: int | None) -> list[str]:
+    """No secure port, or (profiling) one on loopback whose pprof handlers need no credentials."""
+    if port is None:
+        return ["--secure-port=0"]
+    return [
+        "--bind-address=127.0.0.1",
+        f"--secure-port={port}",
+        "--authorization-always-allow-paths=/healthz,/debug/pprof/profile",
+        "--profiling=true",
+    ]
+
+
+def fetch_cpu_profile(port: int, seconds: int, target: Path) -> None:
+    """Write the scheduler's CPU profile over the next `seconds` to `target` (pprof format)."""
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE  # the scheduler's self-signed serving certificate
+    connection = http.client.HTTPSConnection(
+        "127.0.0.1", port, context=context, timeout=seconds + 60
+    )
+    try:
+        connection.request("GET", f"/debug/pprof/profile?seconds={seconds}")
+        response = connection.getresponse()
+        body = response.read()
+        if response.status != 200:
+            raise BenchError(f"scheduler CPU profile: HTTP {response.status}: {body[:300]!r}")
+        target.write_bytes(body)
+    finally:
+        connection.close()
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.bind(("127.0.0.1", 0))
@@ -457,7 +508,9 @@ class ControlPlane:
     """etcd, kube-apiserver, kube-controller-manager (resourceclaim controller only) and
     kube-scheduler on free loopback ports under `workdir`; `stop` ends every process started."""
 
-    def __init__(self, workdir: Path, bin_dir: Path, etcd: Path, limits: str) -> None:
+    def __init__(
+        self, workdir: Path, bin_dir: Path, etcd: Path, limits: str, profiling: bool = False
+    ) -> None:
         self.workdir = workdir
         self.bin_dir = bin_dir
         self.etcd = etcd
@@ -465,6 +518,8 @@ class ControlPlane:
         self.processes: dict[str, subprocess.Popen[bytes]] = {}
         self.pki = workdir / "pki"
         self.port = free_port()
+        # The scheduler's secure port, serving only /debug/pprof/* to anyone, when profiling.
+        self.scheduler_port = free_port() if profiling else None
 
     def _spawn(self, name: str, argv: list[str]) -> None:
         logs = self.workdir / "logs"
@@ -565,7 +620,7 @@ class ControlPlane:
             [
                 str(scheduler),
                 f"--kubeconfig={self.workdir / 'scheduler.kubeconfig'}",
-                "--secure-port=0",
+                *scheduler_port_flags(self.scheduler_port),
                 "--leader-elect=false",
                 *limit_flags(scheduler_limits),
                 *configs.feature_gates_flag(scheduler),
@@ -604,10 +659,10 @@ class ControlPlane:
 
 @contextlib.contextmanager
 def control_plane(
-    bin_dir: Path, etcd: Path, limits: str, keep: Path | None
+    bin_dir: Path, etcd: Path, limits: str, keep: Path | None, profiling: bool = False
 ) -> Iterator[tuple[ControlPlane, Api]]:
     workdir = Path(tempfile.mkdtemp(prefix="gpu-dra-sched-bench-"))
-    plane = ControlPlane(workdir, bin_dir, etcd, limits)
+    plane = ControlPlane(workdir, bin_dir, etcd, limits, profiling)
     try:
         api = plane.start()
         yield plane, api
@@ -693,9 +748,15 @@ def create_fleet(api: Api, shape: Shape, nodes: int, threads: int) -> tuple[int,
 
 
 def run_pods(
-    api: Api, plane: ControlPlane, pods: int, threads: int, timeout_s: float
+    api: Api,
+    plane: ControlPlane,
+    pods: int,
+    threads: int,
+    timeout_s: float,
+    profile: tuple[Path, int] | None = None,
 ) -> tuple[float, float]:
-    """Create `pods` pods and wait until all are bound: (pods/s, scheduler CPU ms per pod)."""
+    """Create `pods` pods and wait until all are bound: (pods/s, scheduler CPU ms per pod).
+    `profile` (file, seconds): also record the scheduler's CPU profile from the first create."""
     listing = api.request("GET", f"/api/v1/namespaces/{NAMESPACE}/pods")
     version = listing["metadata"]["resourceVersion"]
     bound: dict[str, float] = {}
@@ -725,6 +786,13 @@ def run_pods(
 
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
+    profiler: threading.Thread | None = None
+    if profile is not None and plane.scheduler_port is not None:
+        target, seconds = profile
+        profiler = threading.Thread(
+            target=fetch_cpu_profile, args=(plane.scheduler_port, seconds, target), daemon=True
+        )
+        profiler.start()
     scheduler = plane.pid("kube-scheduler")
     ticks_before = read_cpu_ticks(scheduler)
     started = time.monotonic()
@@ -749,6 +817,8 @@ def run_pods(
     stop.set()
     if failure:
         raise BenchError(f"pod watch failed: {failure[0]}")
+    if profiler is not None:
+        profiler.join()
     ticks = read_cpu_ticks(scheduler) - ticks_before
     elapsed = max(bound.values()) - started
     cpu_ms = ticks / os.sysconf("SC_CLK_TCK") * 1000 / pods
@@ -767,9 +837,10 @@ def run_one(
     threads: int,
     timeout_s: float,
     keep: Path | None,
+    profile: tuple[Path, int] | None = None,
 ) -> Result:
     bin_dir, etcd = binaries
-    with control_plane(bin_dir, etcd, limits, keep) as (plane, api):
+    with control_plane(bin_dir, etcd, limits, keep, profile is not None) as (plane, api):
         devices, size = create_fleet(api, shape, nodes, threads)
         api.request(
             "POST",
@@ -779,7 +850,7 @@ def run_one(
         wait_quiet([plane.pid(name) for name in plane.processes])
         plane.check_running()
         slices_only = {name: read_kib(plane.pid(name), "VmRSS") / 1024 for name in COMPONENTS}
-        pods_per_s, cpu_ms = run_pods(api, plane, pods, threads, timeout_s)
+        pods_per_s, cpu_ms = run_pods(api, plane, pods, threads, timeout_s, profile)
         memory = {
             name: Memory(
                 round(slices_only[name], 1), round(read_kib(plane.pid(name), "VmHWM") / 1024, 1)
@@ -824,6 +895,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=8, help="client threads creating objects")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds for all pods to bind")
     parser.add_argument("--keep-logs", type=Path, help="copy the components' logs here")
+    parser.add_argument(
+        "--cpu-profile",
+        type=Path,
+        metavar="DIR",
+        help="write the scheduler's CPU profile of each run's pod phase to DIR/<shape>-<limits>"
+        ".pprof (read with `go tool pprof -top`)",
+    )
+    parser.add_argument(
+        "--cpu-profile-seconds", type=int, default=30, help="length of each CPU profile"
+    )
     parser.add_argument("--json", action="store_true", help="JSON lines instead of tables")
     parser.add_argument(
         "--report",
@@ -851,6 +932,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 flush=True,
             )
             started = time.monotonic()
+            profile = None
+            if args.cpu_profile is not None:
+                args.cpu_profile.mkdir(parents=True, exist_ok=True)
+                name = re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{shape.label}-{limits}.pprof")
+                profile = (args.cpu_profile / name, args.cpu_profile_seconds)
             result = run_one(
                 shape,
                 limits,
@@ -860,6 +946,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 args.threads,
                 args.timeout,
                 args.keep_logs,
+                profile,
             )
             print(
                 f"  {result.pods_per_s} pods/s, {result.scheduler_cpu_ms_per_pod} ms CPU/pod "

@@ -18,6 +18,7 @@ from bench.scheduler_scale import (
     Memory,
     Result,
     bench_pod,
+    claim_class,
     claim_template,
     client_pool,
     cpu_ticks,
@@ -33,6 +34,7 @@ from bench.scheduler_scale import (
     read_kib,
     read_results,
     report,
+    scheduler_port_flags,
     status_kib,
     table,
 )
@@ -140,6 +142,36 @@ def test_each_pod_has_one_claim_from_the_shapes_template(shape: str) -> None:
     assert pod["spec"]["containers"][0]["resources"]["claims"] == [{"name": "gpu"}]
     tolerated = {t["key"] for t in pod["spec"]["tolerations"]}
     assert tolerated == {"node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable"}
+
+
+@pytest.mark.parametrize(
+    ("policy", "wanted"),
+    [("3g,7g", "mig-3g.gpu.nvidia.com"), ("2g,4g", "mig-2g.gpu.nvidia.com"),
+     ("1g,7g", "mig-1g.gpu.nvidia.com")],
+)  # fmt: skip
+def test_a_policy_without_1g_slices_is_asked_for_its_smallest_profile(
+    policy: str, wanted: str
+) -> None:
+    shape = parse_shape(f"dynamic-mig={policy}")
+    classes = {
+        device["attributes"]["profile"]["string"].split(".")[0]
+        for body in node_slices("n", "dynamic-mig", policy=shape.policy)
+        for device in body["spec"].get("devices", [])
+        if "profile" in device.get("attributes", {})
+    }
+
+    assert claim_class(shape) == wanted
+    assert wanted.removeprefix("mig-").split(".")[0] in classes  # every pod can be placed
+    request = claim_template(shape)["spec"]["spec"]["devices"]["requests"][0]
+    assert request["exactly"]["deviceClassName"] == wanted
+
+
+def test_the_scheduler_serves_only_pprof_on_loopback_when_profiling() -> None:
+    assert scheduler_port_flags(None) == ["--secure-port=0"]
+    flags = scheduler_port_flags(12345)
+    assert "--secure-port=12345" in flags
+    assert "--bind-address=127.0.0.1" in flags
+    assert "--authorization-always-allow-paths=/healthz,/debug/pprof/profile" in flags
 
 
 def _result(shape: str, limits: str, pods_per_s: float, cpu: float, rss: float) -> Result:
