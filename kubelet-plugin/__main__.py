@@ -182,7 +182,7 @@ async def _serve_instance(
     )
     if supervisor is not None and preparer.shared_daemons is not None:
         # A share joining a live daemon leaves the settings check to the supervisor.
-        preparer.shared_daemons.set_verifier(supervisor.verify_soon)
+        preparer.shared_daemons.set_checker(supervisor)
     # The shared daemons of MPS shares start ahead of their first share (docs/mps.md, "Warm
     # daemons"); the first pass is waited for, so the first share finds its daemon running.
     warmer = startup.mps_warmer(settings, mps, preparer.shared_daemons, instance, inventory)

@@ -6,13 +6,14 @@ share with the largest share allowed (``--mps-share-max-percent``) as its defaul
 records the daemon's handle (state ``mpsDaemons``) and its share (`SHARES_STATE_KEY`); the
 daemon's reference count is the set of claims recording it (`claims_using`), so it cannot drift
 from the claims across crashes. A join finds a dead daemon restarted in place and changed
-settings restored (`MpsControl.ensure`); with a `Verifier` (the supervisor, while it repairs)
-a join of a live daemon that passed its last check hands the settings read-back to it, to run
-at once beside the prepare instead of inside it. `SharedDaemons.join` and `release` run under the
-daemon's lock (node-wide with `NodeLocks`: two plugin instances share the daemons during a
-rolling update), and join records the claim before letting it go, so a release never stops a
-daemon a join is handing out. A **warm** daemon (started ahead by `mps.warm_daemons`, recorded
-only in its own ``daemon.json``) is joined as it is: the first share sets its GPU's compute mode.
+settings restored (`MpsControl.ensure`); with a `DaemonChecker` (the supervisor, while it
+repairs) a join of a live daemon that passed a check lately, or of a warm one, has the settings
+read back at once beside the prepare instead of inside it. `SharedDaemons.join` and
+`release` run under the daemon's lock (node-wide with `NodeLocks`: two plugin instances share
+the daemons during a rolling update), and join records the claim before letting it go, so a
+release never stops a daemon a join is handing out. A **warm** daemon (started ahead by
+`mps.warm_daemons`, recorded only in its own ``daemon.json``) is joined as it is: the first
+share sets its GPU's compute mode.
 The last release stops the daemon and tells the idle listeners (the warmer starts a fresh one at
 once): from then on the releasing claim counts as gone although its record stays until its
 unprepare ends. See docs/mps.md, "MPS shares".
@@ -25,7 +26,7 @@ import logging
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, Protocol
 
 from gpu_dra.driver.shares import SharedDevice, ShareSize, ceiling
 from gpu_dra.kubelet_plugin import crash_points
@@ -48,10 +49,19 @@ from gpu_dra.kubelet_plugin.node_locks import NodeLocks
 
 log = logging.getLogger(__name__)
 
-Verifier = Callable[[DaemonHandle], bool]
-"""Takes over checking a live daemon's settings right after a join (`DaemonSupervisor.
-verify_soon`); False: it cannot (not repairing, or the daemon did not pass its last check), and
-the join checks them itself."""
+
+class DaemonChecker(Protocol):
+    """Who checks a shared daemon's settings beside a join (`DaemonSupervisor`)."""
+
+    def vouches_for(self, daemon_id: str) -> bool:
+        """Whether the daemon passed a check lately and a check now would repair it."""
+        ...
+
+    def check_soon(self, handle: DaemonHandle) -> bool:
+        """Check the daemon at once, beside the caller (which may hold its lock); False when
+        nothing was started (the checker does not repair)."""
+        ...
+
 
 SHARES_STATE_KEY: Final = "mpsShares"
 """Checkpoint ``state`` key of a claim: ``{device name: share}`` of its MPS shares."""
@@ -149,11 +159,11 @@ class SharedDaemons:
         # unprepare ends, but they use no daemon of the id any more.
         self._left: dict[str, set[str]] = {}
         self._left_lock = threading.Lock()
-        self._verifier: Verifier | None = None
+        self._checker: DaemonChecker | None = None
 
-    def set_verifier(self, verifier: Verifier | None) -> None:
-        """Who checks a joined live daemon's settings in the join's stead (see `Verifier`)."""
-        self._verifier = verifier
+    def set_checker(self, checker: DaemonChecker | None) -> None:
+        """Who checks a joined daemon's settings beside the join (see `DaemonChecker`)."""
+        self._checker = checker
 
     def add_idle_listener(self, listener: Callable[[str], None]) -> None:
         """``listener(daemon id)`` after the last share of a daemon left (it was stopped);
@@ -288,14 +298,16 @@ class SharedDaemons:
             share.gpu.uuid,
             claim_uid,
         )
+        if self._checker is not None:
+            self._checker.check_soon(warm)  # its settings, read back beside the first share
         return warm
 
     def _verified_elsewhere(self, daemon_id: str) -> DaemonHandle | None:
         """The current instance of a live ``daemon_id`` whose settings check the verifier
         took over (it runs beside the prepare: a few control commands, each a process, kept
         off the pod's start), or None: the join runs `MpsControl.ensure` itself."""
-        verifier = self._verifier
-        if verifier is None:
+        checker = self._checker
+        if checker is None or not checker.vouches_for(daemon_id):
             return None
         current = self._mps.recorded(daemon_id)
         if current is None or not current.paths.pipe.is_dir():
@@ -305,7 +317,7 @@ class SharedDaemons:
                 return None  # restarted in place by ensure, in the join
         except MpsError:
             return None
-        if not verifier(current):
+        if not checker.check_soon(current):
             return None
         log.info("mps shared daemon live, joined daemon_id=%s pid=%d (settings checked beside)",
                  daemon_id, current.pid)  # fmt: skip

@@ -8,7 +8,7 @@ reported down, restarted in place and reported restored, changed settings are se
 manager's observer posts the Events. Otherwise it only reads (`MpsControl.dead`): a daemon dead
 in two passes in a row is reported down. The down daemons of MPS shares are the health
 monitor's `MpsLiveness` (`dead_shared_daemons`; listeners hear of every change).
-`verify_soon` checks one daemon at once, in its own thread, for a share that just joined it. See
+`check_soon` checks one daemon at once, in its own thread, for a share that just joined it. See
 docs/mps.md, "Daemon supervision".
 """
 
@@ -95,21 +95,26 @@ class DaemonSupervisor:
         """Whether a pass now would repair (``repair()``), or only read."""
         return self._repair()
 
-    def verify_soon(self, handle: DaemonHandle) -> bool:
-        """`shared_daemons.Verifier`: check ``handle``'s daemon now, in a thread of its own (it
-        waits for the daemon's lock, which the joining prepare holds until it recorded its
-        share), as a pass does: changed settings restored, the claims told. False, and nothing
-        started, unless this supervisor repairs and the daemon passed a check within two
-        intervals: a daemon not known to answer is checked in the join, which then fails."""
-        passed = self._passed.get(handle.daemon_id)
+    def vouches_for(self, daemon_id: str) -> bool:
+        """`shared_daemons.DaemonChecker`: this supervisor repairs and the daemon passed a
+        check within two intervals, so a join may leave its settings to `check_soon`. A
+        daemon not known to answer is checked in the join, which fails if it does not."""
+        passed = self._passed.get(daemon_id)
         if passed is None or time.monotonic() - passed > 2 * self.interval_s:
             return False
+        return self.repairs()
+
+    def check_soon(self, handle: DaemonHandle) -> bool:
+        """`shared_daemons.DaemonChecker`: check ``handle``'s daemon now, in a thread of its
+        own (it waits for the daemon's lock, which a joining prepare holds until it recorded
+        its share), as a pass does: changed settings restored, the claims told. False, and
+        nothing started, unless this supervisor repairs."""
         if not self.repairs():
             return False
         threading.Thread(
             target=self._verify,
             args=(handle,),
-            name=f"mps-verify-{handle.daemon_id}",
+            name=f"mps-check-{handle.daemon_id}",
             daemon=True,
         ).start()
         return True

@@ -252,6 +252,20 @@ def test_a_non_positive_interval_is_refused(node: SupervisedNode) -> None:
         DaemonSupervisor(node.mps, node.checkpoint.all, interval_s=0)
 
 
+class RecordingChecker:
+    """A `DaemonChecker` that vouches for every daemon and only records what it was asked."""
+
+    def __init__(self) -> None:
+        self.checked: list[DaemonHandle] = []
+
+    def vouches_for(self, daemon_id: str) -> bool:
+        return True
+
+    def check_soon(self, handle: DaemonHandle) -> bool:
+        self.checked.append(handle)
+        return True
+
+
 def commands_sent(handle: DaemonHandle) -> list[str]:
     """The control commands the daemon received so far (the double's ``control.log``)."""
     log = (handle.paths.log / "control.log").read_text()
@@ -262,15 +276,15 @@ def test_a_share_joining_a_checked_live_daemon_sends_it_no_command_in_its_prepar
     node: SupervisedNode,
 ) -> None:
     a, b, handle = two_shares(node)
-    asked: list[DaemonHandle] = []
-    node.preparer.shared_daemons.set_verifier(lambda h: asked.append(h) or True)
+    checker = RecordingChecker()
+    node.preparer.shared_daemons.set_checker(checker)
     before = commands_sent(handle)
 
     c = node.add_share(UID_C, "10Gi", "10", name="c", namespace="team-c")
     ok(node.prepare(c)[UID_C])
 
     assert commands_sent(handle) == before  # no read-back in the prepare
-    assert [h.pid for h in asked] == [handle.pid]
+    assert [h.pid for h in checker.checked] == [handle.pid]
     assert node.shared_handles()[UID_C].pid == handle.pid
     node.unprepare(a, b, c)
     assert node.running() == []
@@ -281,7 +295,7 @@ def test_the_supervisor_checks_a_joined_daemon_at_once_and_restores_its_settings
 ) -> None:
     a, b, handle = two_shares(node)
     supervisor = DaemonSupervisor(node.mps, node.checkpoint.all, interval_s=30)
-    node.preparer.shared_daemons.set_verifier(supervisor.verify_soon)
+    node.preparer.shared_daemons.set_checker(supervisor)
     assert supervisor.check() == []  # it passed: a join may leave the check to the supervisor
     node.mps.client.run(handle.paths.pipe, "set_default_active_thread_percentage 100")
 
@@ -307,7 +321,7 @@ def test_a_join_checks_the_settings_itself_when_the_supervisor_cannot(
     )
     if why == "not repairing":
         supervisor._passed[handle.daemon_id] = time.monotonic()  # passed, but only reads now
-    node.preparer.shared_daemons.set_verifier(supervisor.verify_soon)
+    node.preparer.shared_daemons.set_checker(supervisor)
     node.mps.client.run(handle.paths.pipe, "set_default_active_thread_percentage 100")
 
     c = node.add_share(UID_C, "10Gi", "10", name="c", namespace="team-c")
@@ -322,15 +336,15 @@ def test_a_dead_daemon_is_restarted_in_the_join_even_with_a_verifier(
     node: SupervisedNode,
 ) -> None:
     a, b, handle = two_shares(node)
-    asked: list[DaemonHandle] = []
-    node.preparer.shared_daemons.set_verifier(lambda h: asked.append(h) or True)
+    checker = RecordingChecker()
+    node.preparer.shared_daemons.set_checker(checker)
     node.mps.client.run(handle.paths.pipe, "quit")  # a tenant
     assert wait_dead(handle.pid)
 
     c = node.add_share(UID_C, "10Gi", "10", name="c", namespace="team-c")
     ok(node.prepare(c)[UID_C])
 
-    assert asked == []
+    assert checker.checked == []
     [pid] = node.running()
     assert pid != handle.pid
     assert node.shared_handles()[UID_C].pid == pid

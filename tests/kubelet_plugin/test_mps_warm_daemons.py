@@ -36,6 +36,7 @@ from gpu_dra.kubelet_plugin.mps import (
     shared_daemon_id,
 )
 from gpu_dra.kubelet_plugin.mps.ids import is_shared_daemon
+from gpu_dra.kubelet_plugin.mps.supervisor import DaemonSupervisor
 from gpu_dra.kubelet_plugin.mps.warm_daemons import (
     IN_USE,
     KEPT,
@@ -698,3 +699,56 @@ def test_a_mig_device_offered_as_shares_is_warmed_adopted_and_joined(
             left = node.mps.recorded(shared_daemon_id(mig))
             if left is not None:
                 node.mps.stop(left)
+
+
+class HeldChecks:
+    """A `DaemonChecker` that vouches as ``supervisor`` does and records the checks asked for
+    instead of starting them."""
+
+    def __init__(self, supervisor: DaemonSupervisor) -> None:
+        self.supervisor = supervisor
+        self.asked: list[DaemonHandle] = []
+
+    def vouches_for(self, daemon_id: str) -> bool:
+        return self.supervisor.vouches_for(daemon_id)
+
+    def check_soon(self, handle: DaemonHandle) -> bool:
+        self.asked.append(handle)
+        return True
+
+
+def test_the_first_shares_join_has_the_warm_daemon_checked_beside_it_and_the_second_sends_none(
+    node: WarmNode,
+) -> None:
+    node.recover()
+    node.warmer().check()
+    warm = node.warm("gpu-0")
+    assert warm is not None
+    shared = node.preparer.shared_daemons
+    assert shared is not None
+    supervisor = DaemonSupervisor(node.mps, node.checkpoint.all, interval_s=30)
+    shared.set_checker(supervisor)
+    assert not supervisor.vouches_for(warm.daemon_id)  # never checked: a join would read back
+
+    a = node.add_share(UID_A, "10Gi", "10", name="a")
+    ok(node.prepare(a)[UID_A])
+    deadline = time.monotonic() + 10
+    while not supervisor.vouches_for(warm.daemon_id):  # the check the warm join started
+        assert time.monotonic() < deadline, "the warm daemon was not checked after the join"
+        time.sleep(0.02)
+    for thread in threading.enumerate():  # the check's thread: done once it is gone
+        if thread.name.startswith("mps-check-"):
+            thread.join(10)
+    log = warm.paths.log / "control.log"
+    before = log.read_text().count("Cmd:")
+    later = HeldChecks(supervisor)  # vouches as the supervisor does, starts no check
+    shared.set_checker(later)
+    b = node.add_share(UID_B, "20Gi", "20", name="b")
+    ok(node.prepare(b)[UID_B])
+
+    assert log.read_text().count("Cmd:") == before  # the second share's prepare sent none
+    assert [h.pid for h in later.asked] == [warm.pid]  # but asked for the check beside it
+    assert [h.pid for h in node.handles(UID_B)] == [warm.pid]
+    node.unprepare(a, b)
+    assert wait_dead(warm.pid)
+    stop_warm(node)
