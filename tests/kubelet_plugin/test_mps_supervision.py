@@ -266,6 +266,13 @@ class RecordingChecker:
         return True
 
 
+def third_share(node: SupervisedNode) -> ClaimRef:
+    """A third share of gpu-0 (team-c), prepared: it joins the daemon of `two_shares`."""
+    c = node.add_share(UID_C, "10Gi", "10", name="c", namespace="team-c")
+    ok(node.prepare(c)[UID_C])
+    return c
+
+
 def commands_sent(handle: DaemonHandle) -> list[str]:
     """The control commands the daemon received so far (the double's ``control.log``)."""
     log = (handle.paths.log / "control.log").read_text()
@@ -280,8 +287,7 @@ def test_a_share_joining_a_checked_live_daemon_sends_it_no_command_in_its_prepar
     node.preparer.shared_daemons.set_checker(checker)
     before = commands_sent(handle)
 
-    c = node.add_share(UID_C, "10Gi", "10", name="c", namespace="team-c")
-    ok(node.prepare(c)[UID_C])
+    c = third_share(node)
 
     assert commands_sent(handle) == before  # no read-back in the prepare
     assert [h.pid for h in checker.checked] == [handle.pid]
@@ -299,8 +305,7 @@ def test_the_supervisor_checks_a_joined_daemon_at_once_and_restores_its_settings
     assert supervisor.check() == []  # it passed: a join may leave the check to the supervisor
     node.mps.client.run(handle.paths.pipe, "set_default_active_thread_percentage 100")
 
-    c = node.add_share(UID_C, "10Gi", "10", name="c", namespace="team-c")
-    ok(node.prepare(c)[UID_C])
+    c = third_share(node)
     deadline = time.monotonic() + 10
     while (REASON_RESTORED, "ResourceClaim", "team-a", "a") not in node.posted():
         assert time.monotonic() < deadline, "not restored and told after the join"
@@ -316,23 +321,24 @@ def test_a_join_checks_the_settings_itself_when_the_supervisor_cannot(
     node: SupervisedNode, why: str
 ) -> None:
     a, b, handle = two_shares(node)
+    repairing = True
     supervisor = DaemonSupervisor(
-        node.mps, node.checkpoint.all, interval_s=30, repair=lambda: why == "never checked"
+        node.mps, node.checkpoint.all, interval_s=30, repair=lambda: repairing
     )
     if why == "not repairing":
-        supervisor._passed[handle.daemon_id] = time.monotonic()  # passed, but only reads now
+        assert supervisor.check() == []  # it passed the daemon, then lost its turn to repair
+        repairing = False
     node.preparer.shared_daemons.set_checker(supervisor)
     node.mps.client.run(handle.paths.pipe, "set_default_active_thread_percentage 100")
 
-    c = node.add_share(UID_C, "10Gi", "10", name="c", namespace="team-c")
-    ok(node.prepare(c)[UID_C])
+    c = third_share(node)
 
     # Restored inside the prepare, before it returned.
     assert double.read_state(handle.paths.pipe)["defaults"]["activeThreadPercentage"] == 50.0
     node.unprepare(a, b, c)
 
 
-def test_a_dead_daemon_is_restarted_in_the_join_even_with_a_verifier(
+def test_a_dead_daemon_is_restarted_in_the_join_even_with_a_checker(
     node: SupervisedNode,
 ) -> None:
     a, b, handle = two_shares(node)
@@ -341,8 +347,7 @@ def test_a_dead_daemon_is_restarted_in_the_join_even_with_a_verifier(
     node.mps.client.run(handle.paths.pipe, "quit")  # a tenant
     assert wait_dead(handle.pid)
 
-    c = node.add_share(UID_C, "10Gi", "10", name="c", namespace="team-c")
-    ok(node.prepare(c)[UID_C])
+    c = third_share(node)
 
     assert checker.checked == []
     [pid] = node.running()
