@@ -78,6 +78,8 @@ def containers_seen(
 
 
 def wait_pods_running(kube: Kube, namespace: str, timeout: float = 180) -> list[str]:
+    """The names of the namespace's pods once all run; `TimeoutError` naming why each that does
+    not run waits (`why_not_running`)."""
     deadline = time.monotonic() + timeout
     while True:
         pods = kube.list("v1", "Pod", namespace=namespace)
@@ -85,8 +87,35 @@ def wait_pods_running(kube: Kube, namespace: str, timeout: float = 180) -> list[
         if pods and all(phase == "Running" for phase in phases.values()):
             return sorted(phases)
         if time.monotonic() > deadline:
-            raise TimeoutError(f"pods in {namespace} not running after {timeout:.0f}s: {phases}")
+            waiting = "; ".join(
+                why_not_running(p) for p in pods if p["status"].get("phase") != "Running"
+            )
+            raise TimeoutError(
+                f"pods in {namespace} not running after {timeout:.0f}s: {phases}; {waiting}"
+            )
         time.sleep(1)
+
+
+def why_not_running(pod: dict[str, Any]) -> str:
+    """``<pod>: <phase>`` with what its status says against running: each condition not True
+    (``PodScheduled: Unschedulable: 0/1 nodes are available ...``) and each container's
+    waiting or terminated reason."""
+    status = pod.get("status") or {}
+    reasons = [
+        f"{c['type']}: {c.get('reason', '')}: {c.get('message', '')}".rstrip(": ")
+        for c in status.get("conditions") or []
+        if c.get("status") != "True"
+    ]
+    for container in status.get("containerStatuses") or []:
+        for state in ("waiting", "terminated"):
+            detail = (container.get("state") or {}).get(state)
+            if detail:
+                reasons.append(
+                    f"container {container['name']} {state}: {detail.get('reason', '')} "
+                    f"{detail.get('message', '')}".rstrip()
+                )
+    phase = status.get("phase") or "no phase"
+    return f"{pod['metadata']['name']}: {phase}" + "".join(f", {r}" for r in reasons)
 
 
 @dataclass(frozen=True)

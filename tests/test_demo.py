@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from demo.install import UTILIZATION_INTERVAL_S, plugin_env, stage_values
+from demo.observe import why_not_running
 from demo.stages import (
     MPS_SHARE_GPU,
     PROFILE,
@@ -159,3 +160,36 @@ def test_the_utilization_step_names_claims_and_pods_of_its_stage() -> None:
         and (o["metadata"]["namespace"], o["metadata"]["name"]) == BUSY_SHARE_CLAIM
     ]
     assert [c["resourceClaimName"] for c in pod["spec"]["resourceClaims"]] == [BUSY_SHARE_CLAIM[1]]
+
+
+def test_a_pod_that_does_not_run_is_explained_by_its_conditions_and_containers() -> None:
+    pending = {
+        "metadata": {"name": "large"},
+        "status": {
+            "phase": "Pending",
+            "conditions": [
+                {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                 "message": "0/1 nodes are available: 1 cannot allocate all claims."},
+                {"type": "Initialized", "status": "True"},
+            ],
+        },
+    }  # fmt: skip
+    crashing = {
+        "metadata": {"name": "small"},
+        "status": {
+            "phase": "Pending",
+            "containerStatuses": [
+                {"name": "ctr", "state": {"waiting": {"reason": "CreateContainerError",
+                                                     "message": "CDI device not found"}}},
+            ],
+        },
+    }  # fmt: skip
+
+    assert why_not_running(pending) == (
+        "large: Pending, PodScheduled: Unschedulable: "
+        "0/1 nodes are available: 1 cannot allocate all claims."
+    )
+    assert why_not_running(crashing) == (
+        "small: Pending, container ctr waiting: CreateContainerError CDI device not found"
+    )
+    assert why_not_running({"metadata": {"name": "new"}, "status": {}}) == "new: no phase"
