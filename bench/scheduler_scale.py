@@ -219,6 +219,30 @@ def owned_slices(template_json: str, node_uid: str) -> list[dict[str, Any]]:
     return list(json.loads(template_json.replace(OWNER_UID_PLACEHOLDER, node_uid)))
 
 
+def scheduler_config(
+    kubeconfig: Path, qps_burst: tuple[int, int] | None, nodes_to_score: int
+) -> dict[str, Any]:
+    """A KubeSchedulerConfiguration with `percentageOfNodesToScore` (the share of the nodes the
+    scheduler filters for each pod before it stops looking; 0 is its adaptive default, 50 % less
+    1 % per 125 nodes, at least 5 %), the client limits and no leader election."""
+    connection: dict[str, Any] = {"kubeconfig": str(kubeconfig)}
+    if qps_burst is not None:
+        connection["qps"], connection["burst"] = qps_burst
+    return {
+        "apiVersion": "kubescheduler.config.k8s.io/v1",
+        "kind": "KubeSchedulerConfiguration",
+        "clientConnection": connection,
+        "leaderElection": {"leaderElect": False},
+        "percentageOfNodesToScore": nodes_to_score,
+    }
+
+
+def limits_label(limits: str, nodes_to_score: int | None) -> str:
+    """How results name a limit setting: ``raised``, or ``raised,score=10%`` with
+    ``--nodes-to-score`` (ratios divide by whole GPUs under the same label)."""
+    return limits if nodes_to_score is None else f"{limits},score={nodes_to_score}%"
+
+
 def limit_flags(qps_burst: tuple[int, int] | None) -> list[str]:
     if qps_burst is None:
         return []
@@ -509,9 +533,16 @@ class ControlPlane:
     kube-scheduler on free loopback ports under `workdir`; `stop` ends every process started."""
 
     def __init__(
-        self, workdir: Path, bin_dir: Path, etcd: Path, limits: str, profiling: bool = False
+        self,
+        workdir: Path,
+        bin_dir: Path,
+        etcd: Path,
+        limits: str,
+        profiling: bool = False,
+        nodes_to_score: int | None = None,
     ) -> None:
         self.workdir = workdir
+        self.nodes_to_score = nodes_to_score
         self.bin_dir = bin_dir
         self.etcd = etcd
         self.limits = limits
@@ -615,14 +646,25 @@ class ControlPlane:
             ],
         )
         scheduler = self.bin_dir / "kube-scheduler"
+        kubeconfig = self.workdir / "scheduler.kubeconfig"
+        if self.nodes_to_score is None:
+            client = [
+                f"--kubeconfig={kubeconfig}",
+                "--leader-elect=false",
+                *limit_flags(scheduler_limits),
+            ]
+        else:  # a config file; the flags it replaces would be ignored beside it
+            config = self.workdir / "scheduler-config.yaml"
+            config.write_text(
+                yaml.safe_dump(scheduler_config(kubeconfig, scheduler_limits, self.nodes_to_score))
+            )
+            client = [f"--config={config}"]
         self._spawn(
             "kube-scheduler",
             [
                 str(scheduler),
-                f"--kubeconfig={self.workdir / 'scheduler.kubeconfig'}",
+                *client,
                 *scheduler_port_flags(self.scheduler_port),
-                "--leader-elect=false",
-                *limit_flags(scheduler_limits),
                 *configs.feature_gates_flag(scheduler),
             ],
         )
@@ -659,10 +701,15 @@ class ControlPlane:
 
 @contextlib.contextmanager
 def control_plane(
-    bin_dir: Path, etcd: Path, limits: str, keep: Path | None, profiling: bool = False
+    bin_dir: Path,
+    etcd: Path,
+    limits: str,
+    keep: Path | None,
+    profiling: bool = False,
+    nodes_to_score: int | None = None,
 ) -> Iterator[tuple[ControlPlane, Api]]:
     workdir = Path(tempfile.mkdtemp(prefix="gpu-dra-sched-bench-"))
-    plane = ControlPlane(workdir, bin_dir, etcd, limits, profiling)
+    plane = ControlPlane(workdir, bin_dir, etcd, limits, profiling, nodes_to_score)
     try:
         api = plane.start()
         yield plane, api
@@ -838,9 +885,13 @@ def run_one(
     timeout_s: float,
     keep: Path | None,
     profile: tuple[Path, int] | None = None,
+    nodes_to_score: int | None = None,
 ) -> Result:
     bin_dir, etcd = binaries
-    with control_plane(bin_dir, etcd, limits, keep, profile is not None) as (plane, api):
+    with control_plane(bin_dir, etcd, limits, keep, profile is not None, nodes_to_score) as (
+        plane,
+        api,
+    ):
         devices, size = create_fleet(api, shape, nodes, threads)
         api.request(
             "POST",
@@ -859,7 +910,7 @@ def run_one(
         }
         return Result(
             shape=shape.label,
-            limits=limits,
+            limits=limits_label(limits, nodes_to_score),
             nodes=nodes,
             pods=pods,
             devices_per_node=devices,
@@ -905,6 +956,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--cpu-profile-seconds", type=int, default=30, help="length of each CPU profile"
     )
+    parser.add_argument(
+        "--nodes-to-score",
+        type=int,
+        metavar="PERCENT",
+        help="the scheduler's percentageOfNodesToScore (through a KubeSchedulerConfiguration "
+        "file); default: its adaptive default",
+    )
     parser.add_argument("--json", action="store_true", help="JSON lines instead of tables")
     parser.add_argument(
         "--report",
@@ -919,6 +977,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if args.pods > args.nodes * 8:
         parser.error("at most 8 pods per node (one GPU each on 8-GPU nodes)")
+    if args.nodes_to_score is not None and not 0 <= args.nodes_to_score <= 100:
+        parser.error("--nodes-to-score is a percentage, 0 (adaptive) to 100")
     signal.signal(signal.SIGTERM, _interrupt)
     signal.signal(signal.SIGHUP, _interrupt)
     binaries = find_binaries()
@@ -927,7 +987,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         for shape in args.shapes:
             print(
                 f"scheduler_scale: {shape.label}, limits {limits}, "
-                f"{args.nodes} nodes, {args.pods} pods ...",
+                f"{args.nodes} nodes, {args.pods} pods"
+                f"{'' if args.nodes_to_score is None else f', {args.nodes_to_score}% scored'} ...",
                 file=sys.stderr,
                 flush=True,
             )
@@ -947,6 +1008,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 args.timeout,
                 args.keep_logs,
                 profile,
+                args.nodes_to_score,
             )
             print(
                 f"  {result.pods_per_s} pods/s, {result.scheduler_cpu_ms_per_pod} ms CPU/pod "

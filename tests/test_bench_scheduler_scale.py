@@ -8,6 +8,7 @@ import json
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 
@@ -25,6 +26,7 @@ from bench.scheduler_scale import (
     fake_node,
     goal_verdicts,
     limit_flags,
+    limits_label,
     node_status,
     owned_slices,
     parse_shape,
@@ -34,6 +36,7 @@ from bench.scheduler_scale import (
     read_kib,
     read_results,
     report,
+    scheduler_config,
     scheduler_port_flags,
     status_kib,
     table,
@@ -172,6 +175,24 @@ def test_the_scheduler_serves_only_pprof_on_loopback_when_profiling() -> None:
     assert "--secure-port=12345" in flags
     assert "--bind-address=127.0.0.1" in flags
     assert "--authorization-always-allow-paths=/healthz,/debug/pprof/profile" in flags
+
+
+def test_nodes_to_score_goes_into_a_scheduler_config_with_the_client_limits() -> None:
+    config = scheduler_config(Path("/tmp/s.kubeconfig"), (1000, 1000), 10)
+
+    assert config["kind"] == "KubeSchedulerConfiguration"
+    assert config["apiVersion"] == "kubescheduler.config.k8s.io/v1"
+    assert config["percentageOfNodesToScore"] == 10
+    assert config["clientConnection"] == {
+        "kubeconfig": "/tmp/s.kubeconfig",
+        "qps": 1000,
+        "burst": 1000,
+    }
+    assert config["leaderElection"] == {"leaderElect": False}
+    # Default limits: the binary's own, so none are written.
+    assert scheduler_config(Path("/k"), None, 0)["clientConnection"] == {"kubeconfig": "/k"}
+    assert limits_label("raised", None) == "raised"
+    assert limits_label("raised", 10) == "raised,score=10%"
 
 
 def _result(shape: str, limits: str, pods_per_s: float, cpu: float, rss: float) -> Result:
