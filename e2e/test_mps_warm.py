@@ -136,10 +136,25 @@ def test_the_first_share_after_a_plugin_start_finds_its_daemon_running(
     assert f"mps shared daemon warm, joined daemon_id={daemon_id} pid={pid}" in log
     assert "mps shared daemon started" not in log  # no daemon started by the prepare
 
+    # The first share's join had the supervisor check the daemon beside it, so a second share
+    # joins without reading its settings back in its prepare.
+    kube.create(share_claim("second", namespace, "10Gi", 10))
+    kube.create(m.gpu_pod("second", namespace, claim="second", command=m.SHOW_MPS))
+    wait_running(kube, "second", namespace)
+    second = kube.get("resource.k8s.io/v1", "ResourceClaim", "second", namespace)["metadata"]
+    (handle,) = driver.checkpoint_entry(second["uid"])["state"]["mpsDaemons"]
+    assert handle["pid"] == pid
+    log = plugin_log(driver)[offset:]
+    assert (
+        f"mps shared daemon live, joined daemon_id={daemon_id} pid={pid} (settings checked beside)"
+        in log
+    ), log[-3000:]
+
     # The last share leaves: its daemon goes, a fresh warm one (new pod, new process) comes at
     # once, not one warmer interval later.
-    delete_pods(kube, namespace, ["first"])
+    delete_pods(kube, namespace, ["first", "second"])
     driver.wait_unprepared(uid)
+    driver.wait_unprepared(second["uid"])
     wait_for(
         "a fresh warm daemon pod",
         lambda: any(
