@@ -34,6 +34,7 @@ from gpu_dra.kubelet_plugin.tier import (
     PrepareRun,
     Tier,
     TierPlan,
+    share_intents,
 )
 
 log = logging.getLogger(__name__)
@@ -80,10 +81,7 @@ class CappedSharePlan(TierPlan):
         return frozenset(share.device_name for share in self.shares)
 
     def intents(self) -> Mapping[str, JsonValue]:
-        """The shares, so that a `PrepareStarted` record does not hold their GPUs whole."""
-        if not self.shares:
-            return {}
-        return {CAPPED_SHARES_STATE_KEY: {s.device_name: s.to_state() for s in self.shares}}
+        return share_intents(CAPPED_SHARES_STATE_KEY, self.shares)
 
     def apply(self, run: PrepareRun) -> None:
         """Each share's memory cap as CDI edits (the hook); nothing else to make."""

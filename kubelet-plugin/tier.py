@@ -12,7 +12,7 @@ record owns. `NodeClaimPreparer`
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
 
@@ -99,6 +99,23 @@ class PrepareRun:
         device = self.made.get(name) or self.inventory.by_name(name)
         assert isinstance(device, Gpu | MigDevice)  # partitions are in `made` once applied
         return device
+
+
+class RecordedShare(Protocol):
+    """A share of a GPU a claim records under its tier's state key (MPS and capped shares)."""
+
+    @property
+    def device_name(self) -> str: ...
+
+    def to_state(self) -> dict[str, JsonValue]: ...
+
+
+def share_intents(key: str, shares: Sequence[RecordedShare]) -> Mapping[str, JsonValue]:
+    """``{key: {device name: share}}`` for a claim's first `PrepareStarted` record, so that it
+    does not hold the shares' GPUs whole; nothing without shares."""
+    if not shares:
+        return {}
+    return {key: {share.device_name: share.to_state() for share in shares}}
 
 
 class TierPlan(Protocol):

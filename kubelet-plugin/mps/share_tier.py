@@ -48,6 +48,7 @@ from gpu_dra.kubelet_plugin.tier import (
     PrepareRun,
     Tier,
     TierPlan,
+    share_intents,
 )
 
 log = logging.getLogger(__name__)
@@ -69,10 +70,7 @@ class SharePlan(TierPlan):
         return frozenset(share.device_name for share in self.shares)
 
     def intents(self) -> Mapping[str, JsonValue]:
-        """The shares, so that a `PrepareStarted` record does not hold their GPUs whole."""
-        if not self.shares:
-            return {}
-        return {SHARES_STATE_KEY: {s.device_name: s.to_state() for s in self.shares}}
+        return share_intents(SHARES_STATE_KEY, self.shares)
 
     def apply(self, run: PrepareRun) -> None:
         """Join each share's GPU daemon; its handle is recorded before others could stop it."""
