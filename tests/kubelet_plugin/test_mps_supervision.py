@@ -279,12 +279,20 @@ def commands_sent(handle: DaemonHandle) -> list[str]:
     return [line.split("Cmd:", 1)[1] for line in log.splitlines() if "Cmd:" in line]
 
 
-def test_a_share_joining_a_checked_live_daemon_sends_it_no_command_in_its_prepare(
+def two_shares_checked(
     node: SupervisedNode,
-) -> None:
+) -> tuple[ClaimRef, ClaimRef, DaemonHandle, RecordingChecker]:
+    """`two_shares`, then a `RecordingChecker` that vouches for their daemon."""
     a, b, handle = two_shares(node)
     checker = RecordingChecker()
     node.preparer.shared_daemons.set_checker(checker)
+    return a, b, handle, checker
+
+
+def test_a_share_joining_a_checked_live_daemon_sends_it_no_command_in_its_prepare(
+    node: SupervisedNode,
+) -> None:
+    a, b, handle, checker = two_shares_checked(node)
     before = commands_sent(handle)
 
     c = third_share(node)
@@ -341,9 +349,7 @@ def test_a_join_checks_the_settings_itself_when_the_supervisor_cannot(
 def test_a_dead_daemon_is_restarted_in_the_join_even_with_a_checker(
     node: SupervisedNode,
 ) -> None:
-    a, b, handle = two_shares(node)
-    checker = RecordingChecker()
-    node.preparer.shared_daemons.set_checker(checker)
+    a, b, handle, checker = two_shares_checked(node)
     node.mps.client.run(handle.paths.pipe, "quit")  # a tenant
     assert wait_dead(handle.pid)
 
