@@ -302,10 +302,10 @@ class SharedDaemons:
             self._checker.check_soon(warm)  # its settings, read back beside the first share
         return warm
 
-    def _verified_elsewhere(self, daemon_id: str) -> DaemonHandle | None:
-        """The current instance of a live ``daemon_id`` whose settings check the verifier
-        took over (it runs beside the prepare: a few control commands, each a process, kept
-        off the pod's start), or None: the join runs `MpsControl.ensure` itself."""
+    def _checked_beside(self, daemon_id: str) -> DaemonHandle | None:
+        """The current instance of a live ``daemon_id`` whose settings check the checker took
+        over (it runs beside the prepare: a few control commands, each a process, kept off the
+        pod's start), or None: the join runs `MpsControl.ensure` itself."""
         checker = self._checker
         if checker is None or not checker.vouches_for(daemon_id):
             return None
@@ -358,9 +358,9 @@ class SharedDaemons:
         ]
         if not recorded:
             return None
-        verified = self._verified_elsewhere(daemon_id)
-        if verified is not None:
-            return verified
+        checked = self._checked_beside(daemon_id)
+        if checked is not None:
+            return checked
         try:
             return self._mps.ensure(recorded[-1]).handle  # any handle: its current instance
         except MpsDaemonGoneError:

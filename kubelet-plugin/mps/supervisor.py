@@ -112,14 +112,14 @@ class DaemonSupervisor:
         if not self.repairs():
             return False
         threading.Thread(
-            target=self._verify,
+            target=self._check_one,
             args=(handle,),
             name=f"mps-check-{handle.daemon_id}",
             daemon=True,
         ).start()
         return True
 
-    def _verify(self, handle: DaemonHandle) -> None:
+    def _check_one(self, handle: DaemonHandle) -> None:
         try:
             self._ensure(handle.daemon_id, handle)
         except Exception:
