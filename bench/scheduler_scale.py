@@ -834,11 +834,17 @@ def run_pods(
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
     profiler: threading.Thread | None = None
+    profile_failure: list[BaseException] = []
     if profile is not None and plane.scheduler_port is not None:
-        target, seconds = profile
-        profiler = threading.Thread(
-            target=fetch_cpu_profile, args=(plane.scheduler_port, seconds, target), daemon=True
-        )
+        port, (target, seconds) = plane.scheduler_port, profile
+
+        def record_profile() -> None:
+            try:
+                fetch_cpu_profile(port, seconds, target)
+            except BaseException as error:  # reported by the waiting thread
+                profile_failure.append(error)
+
+        profiler = threading.Thread(target=record_profile, daemon=True)
         profiler.start()
     scheduler = plane.pid("kube-scheduler")
     ticks_before = read_cpu_ticks(scheduler)
@@ -864,10 +870,12 @@ def run_pods(
     stop.set()
     if failure:
         raise BenchError(f"pod watch failed: {failure[0]}")
+    ticks = read_cpu_ticks(scheduler) - ticks_before  # the pod phase only, not the profile's tail
+    elapsed = max(bound.values()) - started
     if profiler is not None:
         profiler.join()
-    ticks = read_cpu_ticks(scheduler) - ticks_before
-    elapsed = max(bound.values()) - started
+        if profile_failure:
+            raise BenchError(f"scheduler CPU profile not recorded: {profile_failure[0]}")
     cpu_ms = ticks / os.sysconf("SC_CLK_TCK") * 1000 / pods
     return pods / elapsed, cpu_ms
 
