@@ -1,14 +1,15 @@
 """MPS shares through consumable capacity: what is published, what a share is.
 
-A whole GPU offered as MPS shares (``--mps-shares``), or a static MIG device
-(``--mps-shares-on-mig``), is published with ``allowMultipleAllocations: true`` and two
+A whole GPU offered as MPS shares (``--mps-shares``), a static MIG device
+(``--mps-shares-on-mig``) or a dynamic MIG partition (``--mps-shares-on-dynamic-mig``: the MIG
+device is made for its first share) is published with ``allowMultipleAllocations: true`` and two
 consumable capacities, ``memory`` and ``compute`` (percent of the device's SMs: of the slice's
 for a MIG device), whose defaults are the whole device, so a claim that names no amount is
 exclusive. A share's consumed amounts become its clients' MPS caps. GPUs offered as capped
 time-sliced shares (``--capped-shares``) are published the same way plus the attribute
 `CAPPED`. Pure: values in, values out. The kubelet plugin decides which devices are offered
-(`ShareSelection`, `MigShareSelection`) and reads allocation results back with
-`consumed_share`. See docs/mps.md#offering-gpus-as-shares and docs/shares.md.
+(`ShareSelection`, `MigShareSelection`, `PartitionShareSelection`) and reads allocation results
+back with `consumed_share`. See docs/mps.md#offering-gpus-as-shares and docs/shares.md.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from typing import Final
 from gpu_dra.driver.attributes import binary_si_quantity
 from gpu_dra.driver.config.quantity import QuantityError, parse_quantity
 from gpu_dra.driver.jsonbounds import describe, short_key
-from gpu_dra.driver.model import Gpu, MigDevice
+from gpu_dra.driver.model import Gpu, MigDevice, MigPartition
 from gpu_dra.driver.naming import gpu_device_name, mig_device_name
 from gpu_dra.driver.resourceapi import Device, DeviceCapacity
 
@@ -40,7 +41,12 @@ the same capacities as an MPS-offered GPU, told apart by DeviceClasses (docs/sha
 
 
 SharedDevice = Gpu | MigDevice
-"""What can be offered as MPS shares: a whole GPU (MIG off) or a static MIG device."""
+"""What an MPS share's daemon serves: a whole GPU (MIG off) or a MIG device (static, or made
+from a partition)."""
+
+OfferedDevice = SharedDevice | MigPartition
+"""What can be offered as MPS shares: a `SharedDevice`, or a dynamic MIG partition, whose MIG
+device exists only while a claim holds it."""
 
 
 class ShareSelectionError(ValueError):
@@ -67,8 +73,12 @@ class ShareSize:
         return f"{MEMORY} {binary_si_quantity(self.memory_bytes)}, {COMPUTE} {self.compute_percent}"
 
 
-def shared_device_name(device: SharedDevice) -> str:
+def shared_device_name(device: OfferedDevice) -> str:
     """The published name: ``gpu-<minor>`` or ``gpu-<minor>-mig-<profile>-<id>-<start>``."""
+    if isinstance(device, MigPartition):
+        return mig_device_name(
+            device.parent.minor, device.profile_name, device.gi_profile_id, device.placement_start
+        )
     if isinstance(device, MigDevice):
         return mig_device_name(
             device.parent.minor, device.profile, device.gi_profile_id, device.placement_start
@@ -76,9 +86,12 @@ def shared_device_name(device: SharedDevice) -> str:
     return gpu_device_name(device.minor)
 
 
-def shareable_memory(gpu: SharedDevice) -> int:
+def shareable_memory(gpu: OfferedDevice) -> int:
     """The device's memory rounded down to a whole MiB (the ``memory`` capacity of an offered
-    GPU or MIG device: a MIG device's is its slice's, from its GPU-instance profile)."""
+    GPU or MIG device: a MIG device's is its slice's, from its GPU-instance profile, as is a
+    partition's, the same the MIG device made from it reports)."""
+    if isinstance(gpu, MigPartition):
+        return gpu.profile.memory_bytes // MIB * MIB
     if isinstance(gpu, MigDevice):
         return gpu.memory_bytes // MIB * MIB
     if gpu.memory_bytes is None:
@@ -89,12 +102,12 @@ def shareable_memory(gpu: SharedDevice) -> int:
     return gpu.memory_bytes // MIB * MIB
 
 
-def whole_gpu(gpu: SharedDevice) -> ShareSize:
+def whole_gpu(gpu: OfferedDevice) -> ShareSize:
     """All of an offered GPU (or MIG device): what a request naming no amount consumes."""
     return ShareSize(shareable_memory(gpu), FULL_COMPUTE)
 
 
-def share_capacity(gpu: SharedDevice) -> dict[str, DeviceCapacity]:
+def share_capacity(gpu: OfferedDevice) -> dict[str, DeviceCapacity]:
     """``memory`` and ``compute`` with their request policies (see the module doc)."""
     memory = binary_si_quantity(shareable_memory(gpu))
     return {
@@ -115,7 +128,7 @@ def share_capacity(gpu: SharedDevice) -> dict[str, DeviceCapacity]:
     }
 
 
-def offered_device(device: Device, gpu: SharedDevice, *, capped: bool = False) -> Device:
+def offered_device(device: Device, gpu: OfferedDevice, *, capped: bool = False) -> Device:
     """A copy of ``gpu``'s published device, offered as MPS shares: its capacities are only
     ``memory`` (the device's, a MIG device's being the slice's) and ``compute``, with request
     policies; or with ``capped`` as capped time-sliced shares (attribute `CAPPED`; whole GPUs
@@ -133,12 +146,13 @@ def offered_device(device: Device, gpu: SharedDevice, *, capped: bool = False) -
 
 
 def with_shares(
-    devices: Sequence[Device], offered: Iterable[SharedDevice], capped: Iterable[Gpu] = ()
+    devices: Sequence[Device], offered: Iterable[OfferedDevice], capped: Iterable[Gpu] = ()
 ) -> list[Device]:
-    """``devices`` (as `attributes.published_devices` orders them) with the ``offered`` GPUs'
-    and MIG devices' devices replaced by their `offered_device`, the ``capped`` GPUs' by their
-    capped one; everything else unchanged."""
-    by_name: dict[str, tuple[SharedDevice, bool]] = {
+    """``devices`` (as `attributes.published_devices` orders them) with the ``offered`` GPUs',
+    MIG devices' and partitions' devices replaced by their `offered_device` (a partition keeps
+    its counter consumption), the ``capped`` GPUs' by their capped one; everything else
+    unchanged."""
+    by_name: dict[str, tuple[OfferedDevice, bool]] = {
         shared_device_name(device): (device, False) for device in offered
     }
     by_name.update({gpu_device_name(gpu.minor): (gpu, True) for gpu in capped})
@@ -306,7 +320,49 @@ class MigShareSelection:
         )
 
 
-def consumed_share(consumed: object, gpu: SharedDevice) -> ShareSize:
+@dataclass(frozen=True)
+class PartitionShareSelection:
+    """Which dynamic MIG partitions are offered as MPS shares (``--mps-shares-on-dynamic-mig``):
+    ``all``, ``none``, or a list of MIG profiles (``3g.40gb``). A partition has no UUID until
+    its MIG device is made, so profiles are all it can be named by."""
+
+    every_partition: bool = False
+    profiles: tuple[str, ...] = ()
+
+    @classmethod
+    def parse(cls, text: str) -> PartitionShareSelection:
+        """``all``, ``none`` (or empty), or comma-separated profiles."""
+        value = text.strip()
+        if value.lower() in ("", "none"):
+            return cls()
+        if value.lower() == "all":
+            return cls(every_partition=True)
+        profiles: list[str] = []
+        for part in (p.strip() for p in value.split(",")):
+            if not _MIG_PROFILE.match(part) or part.count(".") != 1:
+                raise ShareSelectionError(
+                    f"--mps-shares-on-dynamic-mig: {part!r} is not a MIG profile that dynamic "
+                    "MIG offers (1g.10gb, 3g.40gb, 1g.20gb+me, ...; a partition has no UUID "
+                    "until its MIG device is made); use all, none, or a comma-separated list of "
+                    "profiles"
+                )
+            profiles.append(part)
+        return cls(profiles=tuple(dict.fromkeys(profiles)))
+
+    @property
+    def empty(self) -> bool:
+        return not self.every_partition and not self.profiles
+
+    def select(self, partitions: Sequence[MigPartition]) -> tuple[MigPartition, ...]:
+        """The offered partitions among the published ``partitions``, in their order (a profile
+        no partition has offers nothing: the value is meant for a fleet). Pre-Volta GPUs have
+        no MIG, so every partition's GPU takes MPS caps."""
+        return tuple(
+            p for p in partitions if self.every_partition or p.profile_name in self.profiles
+        )
+
+
+def consumed_share(consumed: object, gpu: OfferedDevice) -> ShareSize:
     """What one allocation result of an offered GPU consumed (``consumedCapacity``).
 
     The scheduler lists every capacity of the device there; a capacity it does not list (an
@@ -348,13 +404,13 @@ def consumed_share(consumed: object, gpu: SharedDevice) -> ShareSize:
     return ShareSize(int(memory_bytes), int(percent))
 
 
-def is_partial(size: ShareSize, gpu: SharedDevice) -> bool:
+def is_partial(size: ShareSize, gpu: OfferedDevice) -> bool:
     """Whether ``size`` is less than the whole device in memory or compute: an MPS share. A
     result that consumed all of both holds the device exclusively, as one not offered."""
     return size != whole_gpu(gpu)
 
 
-def ceiling(gpu: SharedDevice, max_percent: int) -> ShareSize:
+def ceiling(gpu: OfferedDevice, max_percent: int) -> ShareSize:
     """The largest share of ``gpu`` (a GPU or MIG device) allowed by ``--mps-share-max-percent``:
     ``max_percent`` of its SMs and of its memory (rounded down to whole MiB). The shared
     daemon's defaults."""

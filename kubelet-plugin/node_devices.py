@@ -162,6 +162,9 @@ class NodeInventory:
     mig_mps_shares: tuple[MigDevice, ...] = ()
     """Static MIG devices offered as MPS shares (`shares.MigShareSelection.select`); with
     dynamic MIG only those of GPUs it does not partition."""
+    partition_shares: tuple[MigPartition, ...] = ()
+    """Dynamic MIG partitions offered as MPS shares (`shares.PartitionShareSelection.select`):
+    the MIG device is made for the first share and destroyed after the last."""
     cdi_hook_path: str = DEFAULT_CDI_HOOK_PATH
     disabled_cdi_hooks: frozenset[str] = frozenset()
     _by_name: dict[str, PublishedDevice] = field(
@@ -212,6 +215,7 @@ class NodeInventory:
         mps_shares: shares.ShareSelection | None = None,
         capped_shares: shares.ShareSelection | None = None,
         mps_shares_on_mig: shares.MigShareSelection | None = None,
+        mps_shares_on_dynamic_mig: shares.PartitionShareSelection | None = None,
         cdi_hook_path: str = DEFAULT_CDI_HOOK_PATH,
         disabled_cdi_hooks: frozenset[str] = frozenset(),
     ) -> NodeInventory:
@@ -219,7 +223,9 @@ class NodeInventory:
         `mps_shares` picks the GPUs offered as MPS shares, `capped_shares` those offered as
         capped shares, before the driver's support is checked (`shares.ShareSelectionError` when
         one names a GPU that is not there, or one dynamic MIG partitions, or both one GPU);
-        `mps_shares_on_mig` the static MIG devices offered as MPS shares."""
+        `mps_shares_on_mig` the static MIG devices offered as MPS shares,
+        `mps_shares_on_dynamic_mig` the partitions (`shares.ShareSelectionError` when it
+        selects any without dynamic MIG)."""
         selection = mps_shares or shares.ShareSelection()
         capped = capped_shares or shares.ShareSelection(flag="--capped-shares")
         on_mig = mps_shares_on_mig or shares.MigShareSelection()
@@ -232,6 +238,19 @@ class NodeInventory:
             if dynamic_mig
             else set()
         )
+        on_partitions = mps_shares_on_dynamic_mig or shares.PartitionShareSelection()
+        if not on_partitions.empty and not dynamic_mig:
+            raise shares.ShareSelectionError(
+                "--mps-shares-on-dynamic-mig offers dynamic MIG partitions as shares, but "
+                "--dynamic-mig is off: turn it on, or offer static MIG devices with "
+                "--mps-shares-on-mig"
+            )
+        offered_partitions = [
+            partition
+            for mig_gpu in devices.mig_profiles
+            if mig_gpu.gpu.uuid in partitioned
+            for partition in partitions.offered_partitions(mig_gpu, mig_policy)
+        ]
         return cls(
             devices.gpus,
             simulated=simulated,
@@ -244,6 +263,7 @@ class NodeInventory:
             mps_shares=selection.select(devices.gpus, partitioned=partitioned),
             capped_shares=capped.select(devices.gpus, partitioned=partitioned),
             mig_mps_shares=on_mig.select(devices.mig_devices, partitioned=partitioned),
+            partition_shares=on_partitions.select(offered_partitions),
             cdi_hook_path=cdi_hook_path,
             disabled_cdi_hooks=disabled_cdi_hooks,
         )
@@ -274,14 +294,15 @@ class NodeInventory:
         """
         return self._by_name.get(device_name)
 
-    def shared_gpu(self, device_name: str) -> shares.SharedDevice | None:
-        """The GPU or static MIG device named ``device_name`` if it is offered as MPS shares."""
+    def shared_gpu(self, device_name: str) -> shares.OfferedDevice | None:
+        """The GPU, static MIG device or dynamic MIG partition named ``device_name`` if it is
+        offered as MPS shares."""
         device = self._by_name.get(device_name)
         if isinstance(device, Gpu):
             return device if device in self.mps_shares else None
         if isinstance(device, MigDevice):
             return device if device in self.mig_mps_shares else None
-        return None
+        return device if device in self.partition_shares else None
 
     @property
     def shared_devices(self) -> tuple[shares.SharedDevice, ...]:
@@ -295,14 +316,15 @@ class NodeInventory:
 
     def published_devices(self) -> list[Device]:
         """Devices in PCI bus order, MIG devices by placement (NVIDIA's publishing order); with
-        dynamic MIG, each partitionable GPU's devices by name; GPUs and MIG devices offered as MPS
-        shares, and GPUs offered as capped shares, with their consumable capacities
-        (`shares.with_shares`)."""
+        dynamic MIG, each partitionable GPU's devices by name; GPUs, MIG devices and partitions
+        offered as MPS shares, and GPUs offered as capped shares, with their consumable
+        capacities (`shares.with_shares`)."""
         if self._partitioned is not None:
             published = list(self._partitioned.devices)
         else:
             published = attributes.published_devices(self.gpus, self.mig_devices)
-        return shares.with_shares(published, self.shared_devices, self.capped_shares)
+        offered = (*self.shared_devices, *self.partition_shares)
+        return shares.with_shares(published, offered, self.capped_shares)
 
     def partitionable_gpus(self) -> tuple[Gpu, ...]:
         """The GPUs published in partitionable form, in PCI bus order: dynamic MIG makes and

@@ -25,7 +25,12 @@ from gpu_dra.driver.mig_policy import (
     parse_policy,
 )
 from gpu_dra.driver.naming import DEFAULT_DRIVER_NAME
-from gpu_dra.driver.shares import MigShareSelection, ShareSelection, ShareSelectionError
+from gpu_dra.driver.shares import (
+    MigShareSelection,
+    PartitionShareSelection,
+    ShareSelection,
+    ShareSelectionError,
+)
 from gpu_dra.driver.slices import SliceLayout
 from gpu_dra.kube.logs import LOG_LEVELS, parse_log_level
 from gpu_dra.kubelet_plugin.driver_userspace import ALL_HOOKS, DEFAULT_CDI_HOOK_PATH, HOOK_NAMES
@@ -182,6 +187,11 @@ class KubeletPluginSettings:
     mps_shares_on_mig: MigShareSelection = field(default_factory=MigShareSelection)
     """Static MIG devices offered as MPS shares (`all`, `none`, or MIG profiles / MIG UUIDs):
     one shared daemon per MIG device, caps within the slice; none by default."""
+    mps_shares_on_dynamic_mig: PartitionShareSelection = field(
+        default_factory=PartitionShareSelection
+    )
+    """Dynamic MIG partitions offered as MPS shares (`all`, `none`, or MIG profiles): the first
+    share makes the MIG device, the last one's unprepare destroys it; needs ``--dynamic-mig``."""
     mps_share_max_percent: int = 100
     """The largest MPS share, in percent of a GPU's SMs and memory: the shared daemon's default
     caps, which bind a client that drops its `CUDA_MPS_*` environment; larger shares are
@@ -407,6 +417,14 @@ class KubeletPluginSettings:
             "none",
         )
         option(
+            "--mps-shares-on-dynamic-mig",
+            "dynamic MIG partitions offered as MPS shares through consumable capacity (the MIG "
+            "device is made for the first share, one MPS daemon on it, destroyed after the "
+            "last share; needs --dynamic-mig): all, none, or comma-separated MIG profiles "
+            "(3g.40gb)",
+            "none",
+        )
+        option(
             "--mps-share-max-percent",
             "largest MPS share in percent of a GPU's SMs and memory (1-100): the shared MPS "
             "daemon's default caps; larger shares are refused at prepare",
@@ -538,6 +556,7 @@ def _mps_share_settings(
     try:
         mps_shares = ShareSelection.parse(args.mps_shares or "none")
         mps_shares_on_mig = MigShareSelection.parse(args.mps_shares_on_mig or "none")
+        on_dynamic_mig = PartitionShareSelection.parse(args.mps_shares_on_dynamic_mig or "none")
     except ShareSelectionError as error:
         parser.error(str(error))
     try:
@@ -552,6 +571,7 @@ def _mps_share_settings(
     return {
         "mps_shares": mps_shares,
         "mps_shares_on_mig": mps_shares_on_mig,
+        "mps_shares_on_dynamic_mig": on_dynamic_mig,
         "mps_share_max_percent": max_share,
         "mps_share_memory_limits": _memory_limits_mode(parser, args),
     }

@@ -467,6 +467,7 @@ def node_inventory(settings: KubeletPluginSettings, devices: NodeDevices) -> Nod
         mps_shares=settings.mps_shares,
         capped_shares=settings.capped_shares,
         mps_shares_on_mig=settings.mps_shares_on_mig,
+        mps_shares_on_dynamic_mig=settings.mps_shares_on_dynamic_mig,
         dynamic_mig=dynamic_mig,
         mig_policy=settings.dynamic_mig_profiles,
         cdi_hook_path=settings.nvidia_cdi_hook_path,
@@ -510,6 +511,19 @@ def node_inventory(settings: KubeletPluginSettings, devices: NodeDevices) -> Nod
             "--mps-shares-on-mig offers no MIG device of this node: no published static MIG "
             "device matches it (the MIG devices of GPUs that --dynamic-mig partitions are "
             "never offered)"
+        )
+    if inventory.partition_shares:
+        log.info(
+            "offering %d dynamic MIG partition(s) of profile(s) %s as MPS shares (one daemon "
+            "per MIG device made, max share %d%%)",
+            len(inventory.partition_shares),
+            ",".join(sorted({p.profile_name for p in inventory.partition_shares})),
+            settings.mps_share_max_percent,
+        )
+    elif not settings.mps_shares_on_dynamic_mig.empty:
+        log.warning(
+            "--mps-shares-on-dynamic-mig offers no partition of this node: dynamic MIG "
+            "publishes no partition of the profiles it names"
         )
     return inventory
 

@@ -72,6 +72,7 @@ GPU_OPERATOR: dict[str, Any] = {
         "dynamicMigProfiles": "H100=1g,1g+me,7g;all",
         "cappedShares": "0,1",
         "mpsSharesOnMig": "1g.10gb,1g.10gb+me,MIG-4f1c2b2e-0d4a-5b6e-8c1d-2a3b4c5d6e7f",
+        "mpsSharesOnDynamicMig": "1g.10gb,3g.40gb",
         "containers": {"gpus": {"resources": {"requests": {"cpu": "100m"}}}},
     },
     "metrics": {"kubeletPluginPort": 9401, "controllerPort": 9400},
@@ -140,6 +141,10 @@ def test_defaults_render_only_once_the_device_plugin_is_acknowledged_off() -> No
         ),
         ("kubeletPlugin.cappedShares=0;1", "'/kubeletPlugin/cappedShares'"),
         ("kubeletPlugin.mpsSharesOnMig=1g.10gb;3g.40gb", "'/kubeletPlugin/mpsSharesOnMig'"),
+        (
+            "kubeletPlugin.mpsSharesOnDynamicMig=1g.10gb;3g",
+            "'/kubeletPlugin/mpsSharesOnDynamicMig'",
+        ),
         # The kubelet's grpc probe needs a fixed port.
         (
             "kubeletPlugin.containers.gpus.healthcheckPort=0",
@@ -186,6 +191,8 @@ def test_the_daemonset_env_parses_into_the_plugin_settings_it_means(
     # No GPU or MIG device is offered as shares unless a value says so.
     assert "GPU_DRA_MPS_SHARES_ON_MIG" not in env_of(container, DOWNWARD)
     assert settings.mps_shares_on_mig.empty
+    assert "GPU_DRA_MPS_SHARES_ON_DYNAMIC_MIG" not in env_of(container, DOWNWARD)
+    assert settings.mps_shares_on_dynamic_mig.empty
     assert settings.state_dir == settings.kubelet_plugins_dir / "gpu.nvidia.com"
     # The plugin checks the daemon pods' processes in the host's PID namespace.
     assert spec["hostPID"] is True
@@ -225,6 +232,8 @@ def test_gpu_operator_values_reach_the_plugin(gpu_operator: Rendered) -> None:
     )
     assert settings.mps_shares_on_mig.profiles == ("1g.10gb", "1g.10gb+me")
     assert settings.mps_shares_on_mig.uuids == ("MIG-4f1c2b2e-0d4a-5b6e-8c1d-2a3b4c5d6e7f",)
+    assert env["GPU_DRA_MPS_SHARES_ON_DYNAMIC_MIG"] == "1g.10gb,3g.40gb"
+    assert settings.mps_shares_on_dynamic_mig.profiles == ("1g.10gb", "3g.40gb")
     assert env["NVIDIA_CDI_HOOK_PATH"] == "/usr/local/nvidia/toolkit/nvidia-cdi-hook"
     assert settings.kubelet_plugins_dir == Path("/var/lib/k/plugins")
     assert settings.kubelet_registry_dir == Path("/var/lib/k/plugins_registry")

@@ -3,9 +3,12 @@
 `DynamicMig` does the dynamic-MIG tier's work (`mig.tier`): `plan` turns partition devices into
 `MigIntent`s (recorded before any NVML call); `create` makes them, destroying what it made on a
 failure; `release` destroys a claim's (an intent without a GI id is found by its placement,
-unless another claim records it); `remove_unowned` destroys at start-up every instance on a
-dynamic-MIG GPU that no ``PrepareCompleted`` claim records (nor any entry of a plugin instance
-that still runs), MIG mode off on Hopper-or-later GPUs left empty (a GPU whose instances cannot
+unless another claim records it). A partition offered as MPS shares (`MigIntent.shared`) has
+one MIG device for all its claims: the first makes it, the others join it (`joinable`: the
+device at the placement whose UUID another claim records), the last to release destroys it.
+`remove_unowned` destroys at start-up every instance on a dynamic-MIG GPU that no
+``PrepareCompleted`` claim records (nor any entry of a plugin instance that still runs), MIG
+mode off on Hopper-or-later GPUs left empty (a GPU whose instances cannot
 be read, or that a claim with unreadable MIG state may use, is left as it is). Ownership is by
 (parent UUID, GI profile ID, placement start). See docs/mig.md, "Dynamic MIG: lifecycle".
 """
@@ -13,7 +16,7 @@ be read, or that a claim with unreadable MIG state may use, is left as it is). O
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence, Set
 from dataclasses import dataclass, replace
 from typing import Final
 
@@ -46,6 +49,9 @@ class MigIntent:
     gi_id: int | None = None
     ci_id: int | None = None
     uuid: str | None = None
+    shared: bool = False
+    """The partition is offered as MPS shares: the claims holding it share one MIG device,
+    made by the first, joined by the others, destroyed after the last."""
 
     @property
     def key(self) -> tuple[str, int, int]:
@@ -65,6 +71,8 @@ class MigIntent:
             value["ciID"] = self.ci_id
         if self.uuid is not None:
             value["uuid"] = self.uuid
+        if self.shared:
+            value["shared"] = True
         return value
 
 
@@ -93,6 +101,7 @@ def intents_from_state(state: Mapping[str, JsonValue]) -> list[MigIntent]:
                     gi_id=_optional_int(item, "giID"),
                     ci_id=_optional_int(item, "ciID"),
                     uuid=_optional_str(item, "uuid"),
+                    shared=item.get("shared") is True,
                 )
             )
         except (KeyError, TypeError) as error:
@@ -115,24 +124,43 @@ class DynamicMig:
     def gpus(self) -> tuple[Gpu, ...]:
         return tuple(self._gpus.values())
 
-    def plan(self, partitions: Mapping[str, MigPartition]) -> list[MigIntent]:
-        """One intent per partition device (by device name), nothing created yet."""
+    def plan(
+        self, partitions: Mapping[str, MigPartition], shared: Set[str] = frozenset()
+    ) -> list[MigIntent]:
+        """One intent per partition device (by device name), nothing created yet; those named
+        in ``shared`` are offered as MPS shares (`MigIntent.shared`)."""
         return [
-            MigIntent(name, p.parent.uuid, p.gi_profile_id, p.placement_start)
+            MigIntent(
+                name, p.parent.uuid, p.gi_profile_id, p.placement_start, shared=name in shared
+            )
             for name, p in sorted(partitions.items())
         ]
 
-    def create(self, intents: Sequence[MigIntent]) -> tuple[list[MigIntent], dict[str, MigDevice]]:
+    def create(
+        self,
+        intents: Sequence[MigIntent],
+        others: Mapping[str, CheckpointEntry] | None = None,
+    ) -> tuple[list[MigIntent], dict[str, MigDevice]]:
         """Make every intent's MIG device, in order; returns the intents with their ids and the
-        devices by name. On failure destroys the devices it made, then raises `MigError`."""
+        devices by name. A shared intent joins the MIG device another claim of ``others`` (the
+        other claims' records, read under the GPU's device lock) records at its placement,
+        when that device still exists (`joinable`). On failure destroys the devices it made
+        (never one it joined), then raises `MigError`."""
         done: list[MigIntent] = []
+        made: list[MigIntent] = []
         devices: dict[str, MigDevice] = {}
         try:
             for intent in intents:
                 parent = self._gpu(intent)
-                device = self._lifecycle.create(
-                    parent, intent.gi_profile_id, intent.placement_start
-                )
+                device = self.joinable(intent, others or {})
+                if device is None:
+                    device = self._lifecycle.create(
+                        parent, intent.gi_profile_id, intent.placement_start
+                    )
+                    made.append(replace(intent, gi_id=device.gi_id))
+                else:
+                    log.info("joined shared MIG device %s (%s) of another claim",
+                             intent.device, device.uuid)  # fmt: skip
                 done.append(
                     replace(intent, gi_id=device.gi_id, ci_id=device.ci_id, uuid=device.uuid)
                 )
@@ -147,9 +175,31 @@ class DynamicMig:
                         "what NVML makes"
                     )
         except BaseException:
-            self._destroy_made(done)
+            self._destroy_made(made)
             raise
         return done, devices
+
+    def joinable(
+        self, intent: MigIntent, others: Mapping[str, CheckpointEntry]
+    ) -> MigDevice | None:
+        """The MIG device at a shared intent's placement that another claim in ``others``
+        records by its UUID (made for an earlier share); None for an intent that is not shared,
+        when no other claim records the placement, or when the device they record is gone (then
+        a new one is made: the others find theirs gone at their next prepare, `missing`)."""
+        if not intent.shared:
+            return None
+        recorded = {
+            other.uuid
+            for uid, entry in others.items()
+            for other in _recorded(uid, entry)
+            if other.key == intent.key and other.uuid is not None
+        }
+        if not recorded:
+            return None
+        found = self._lifecycle.existing(
+            self._gpu(intent), intent.gi_profile_id, intent.placement_start
+        )
+        return found if found is not None and found.uuid in recorded else None
 
     def _destroy_made(self, made: Sequence[MigIntent]) -> None:
         for intent in reversed(made):
@@ -196,7 +246,9 @@ class DynamicMig:
                     self._gpu(intent),
                     intent.gi_profile_id,
                     intent.placement_start,
-                    gi_id=intent.gi_id,
+                    # A shared device may have been made again by another claim, since gone:
+                    # the last claim recording the placement destroys what is there.
+                    gi_id=None if intent.shared else intent.gi_id,
                 )
             except MigError as error:
                 log.error("MIG device %s of claim_uid=%s: %s", intent.device, claim_uid, error)
@@ -221,6 +273,14 @@ class DynamicMig:
                     for i in self._lifecycle.instances(parent)
                 }
             here = (intent.gi_profile_id, intent.placement_start)
+            if intent.shared and intent.uuid is not None:
+                # Shared devices are made again by whichever claim comes first, maybe with the
+                # same GI id: the UUID tells a new device from the one this claim holds.
+                found_device = self._lifecycle.existing(parent, *here)
+                if found_device is None or found_device.uuid != intent.uuid:
+                    gone.append(f"MIG device {intent.device} ({intent.uuid}) on "
+                                f"{gpu_label(parent)} is gone")  # fmt: skip
+                continue
             if not any(
                 found[:2] == here and intent.gi_id in (None, found[2])
                 for found in listed[parent.uuid]

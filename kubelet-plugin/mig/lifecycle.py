@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Collection
+from functools import partial
 from typing import Final
 
 from gpu_dra.driver.discovery import DiscoveryError, describe_mig_device
@@ -294,6 +295,32 @@ class MigLifecycle(MigState):
             f"resources ({len(existing)} GPU instance(s) exist: the profile's instance limit or "
             "the GPU's single media engine set is taken); the kubelet retries"
         )
+
+    # ---- find ------------------------------------------------------------------------------------
+    def existing(self, parent: Gpu, gi_profile_id: int, placement_start: int) -> MigDevice | None:
+        """The MIG device of the GPU instance of `gi_profile_id` at `placement_start` on
+        `parent` (its first compute instance), as `create` returns it; None when there is no
+        such GPU instance, or it has no compute instance."""
+        with self._gpu_lock(parent.uuid), self._session(parent) as handle:
+            for instance, gi in self._instance_handles(parent, handle):
+                if (instance.gi_profile_id, instance.placement_start) != (
+                    gi_profile_id,
+                    placement_start,
+                ):
+                    continue
+                cis = self._compute_instances(parent, gi)
+                if not cis:
+                    return None
+                mig = self._call(
+                    parent,
+                    f"read the compute instance of GPU instance {instance.gi_id}",
+                    partial(self._nvml.compute_instance_get_info, cis[0]),
+                ).device
+                try:
+                    return describe_mig_device(self._nvml, handle, parent, mig)
+                except DiscoveryError as error:
+                    raise MigError(f"cannot describe MIG device: {error}") from error
+            return None
 
     # ---- destroy ---------------------------------------------------------------------------------
     def destroy(

@@ -5,7 +5,8 @@ before any NVML call; the instances are made after the other tiers' changes, the
 at once, and the new devices stand in for the partitions in the CDI spec (`PrepareRun.made`).
 Undo destroys them once the CDI spec is gone; start-up destroys every MIG instance of a
 dynamic-MIG GPU that no prepared claim, nor a prepare of another running plugin instance,
-records. A whole GPU another claim has MIG devices on,
+records. The claims of a partition offered as MPS shares share its MIG device (made by the
+first, destroyed after the last). A whole GPU another claim has MIG devices on,
 and the reverse, are refused. The work is `DynamicMig`'s (`claims`); see docs/mig.md, "Dynamic
 MIG: lifecycle".
 """
@@ -65,7 +66,8 @@ class MigPlan(TierPlan):
         if not self.to_make:
             return
         assert self.dynamic_mig is not None  # checked in plan
-        created, made = self.dynamic_mig.create(self.to_make)
+        others = run.records.others(run.claim.uid) if any(i.shared for i in self.to_make) else None
+        created, made = self.dynamic_mig.create(self.to_make, others)
         run.state[DYNAMIC_MIG_STATE_KEY] = intents_to_state(created)
         run.completed[DYNAMIC_MIG_STATE_KEY] = intents_to_state(created)
         run.made.update(made)
@@ -112,7 +114,8 @@ class DynamicMigTier(Tier):
                     "plugin does not make MIG devices (it runs without dynamic MIG); the "
                     "ResourceSlice it came from is stale"
                 )
-            intents = self._dynamic_mig.plan(partitions)
+            shared = {name for name in partitions if self._inventory.shared_gpu(name) is not None}
+            intents = self._dynamic_mig.plan(partitions, shared)
         return MigPlan(request.claim.uid, tuple(intents), tuple(whole), self._dynamic_mig)
 
     def undo_devices(self, claim_uid: str, entry: CheckpointEntry | None) -> None:

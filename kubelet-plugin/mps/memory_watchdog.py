@@ -482,14 +482,20 @@ def start_memory_watchdog(
     proc_root: Path = HOST_PROC,
 ) -> MemoryWatchdog | None:
     """Start the watchdog thread; None (logged) when ``--mps-memory-watchdog=off`` or when
-    the driver caps every GPU offered as MPS shares and no static MIG device is offered (MIG
-    shares are never capped by the driver: always watched)."""
+    the driver caps every GPU offered as MPS shares and no static MIG device or dynamic MIG
+    partition is offered (MIG shares are never capped by the driver: always watched)."""
     policy = Policy(settings.mps_memory_watchdog)
     unenforced = [
         device.uuid
         for device in inventory.shared_devices
         if support.enforcement(device.uuid) is not Enforcement.DRIVER
     ]
+    unenforced += sorted(
+        {
+            f"the MIG devices made from {p.profile_name} partitions"
+            for p in inventory.partition_shares
+        }
+    )
     if policy is Policy.OFF or not unenforced:
         why = "turned off" if policy is Policy.OFF else "the driver caps every share's memory"
         log.info("MPS memory watchdog not started: %s", why)

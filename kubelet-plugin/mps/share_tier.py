@@ -1,7 +1,8 @@
-"""The MPS share tier: claims holding scheduler-accounted parts of one GPU or static MIG device,
-served by its one shared MPS daemon (`shared_daemons`).
+"""The MPS share tier: claims holding scheduler-accounted parts of one GPU or MIG device, served
+by its one shared MPS daemon (`shared_daemons`).
 
-A result on a device offered as shares (``--mps-shares``, ``--mps-shares-on-mig``) is a
+A result on a device offered as shares (``--mps-shares``, ``--mps-shares-on-mig``,
+``--mps-shares-on-dynamic-mig``) is a
 **share** when it consumed less than the whole device in ``memory`` or ``compute``; one that
 consumed all of both holds the device and is prepared as any whole device. A share needs a
 config with ``sharing.strategy: MPS`` and no ``mpsConfig`` fields, at most the largest share
@@ -10,7 +11,9 @@ serves other tenants) and shm and the share's caps as client environment, plus -
 driver enforces it (`memory_limits`; never on MIG devices) - its memory as
 ``NVIDIA_GPU_MEMORY_LIMIT``/``_REQUEST`` and the ``apply-cuda-memory-limits`` hook, which caps
 each container's cgroup; its record keeps the daemon's handle and the share
-(`SHARES_STATE_KEY`). See docs/mps.md, "MPS shares".
+(`SHARES_STATE_KEY`). A share of a dynamic MIG partition joins its daemon once the dynamic-MIG
+tier has made (or found) the MIG device (`SharePlan.apply_to_made`). See docs/mps.md, "MPS
+shares".
 """
 
 from __future__ import annotations
@@ -20,8 +23,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from gpu_dra.driver.config import ConfigGroup, mps_config
-from gpu_dra.driver.model import MigDevice
-from gpu_dra.driver.shares import SharedDevice, ShareError, ceiling, consumed_share, is_partial
+from gpu_dra.driver.model import MigDevice, MigPartition
+from gpu_dra.driver.shares import OfferedDevice, ShareError, ceiling, consumed_share, is_partial
 from gpu_dra.kubelet_plugin.cdi import ClaimSpecStore, ContainerEdits
 from gpu_dra.kubelet_plugin.checkpoint import CheckpointEntry, JsonValue
 from gpu_dra.kubelet_plugin.claim_records import ClaimRecords
@@ -73,17 +76,36 @@ class SharePlan(TierPlan):
         return share_intents(SHARES_STATE_KEY, self.shares)
 
     def apply(self, run: PrepareRun) -> None:
-        """Join each share's GPU daemon; its handle is recorded before others could stop it."""
+        """Join each share's daemon; its handle is recorded before others could stop it. The
+        shares of dynamic MIG partitions wait for their MIG devices (`apply_to_made`)."""
+        self._join(run, [share for share in self.shares if not share.pending])
+
+    def apply_to_made(self, run: PrepareRun) -> None:
+        """Join the daemons of the MIG devices made (or found made by an earlier share) for the
+        claim's partition shares, keyed by their UUIDs."""
+        made = []
+        for share in self.shares:
+            if share.pending:
+                device = run.made.get(share.device_name)
+                if device is None:  # the dynamic-MIG tier makes every partition it is given
+                    raise PrepareError(f"no MIG device was made for {share.device_name}")
+                made.append(share.on(device))
+        self._join(run, made)
+
+    def _join(self, run: PrepareRun, shares: Sequence[PlannedShare]) -> None:
+        if not shares:
+            return
         support = self.memory.support if self.memory is not None else MemoryLimitSupport()
         watchdog = self.memory.watchdog if self.memory is not None else ""
-        states: dict[str, JsonValue] = {}
-        for share in self.shares:
+        recorded = run.completed.get(SHARES_STATE_KEY)
+        states: dict[str, JsonValue] = dict(recorded) if isinstance(recorded, dict) else {}
+        for share in shares:
             assert self.shared is not None  # checked in plan
             handle = self.shared.join(
                 run.claim.uid, share, lambda joined: run.append(MPS_STATE_KEY, joined.to_state())
             )
             mps = workload_edits(handle.paths, share.caps(), pipe_read_only=True)
-            uuid, mib = share.gpu.uuid, share.size.memory_mib
+            uuid, mib = share.device.uuid, share.size.memory_mib
             limit = support.edits(uuid, mib)
             run.edits[share.device_name] = ContainerEdits(
                 env={**mps.env, **limit.env}, mounts=mps.mounts, hooks=limit.hooks
@@ -107,8 +129,7 @@ class SharePlan(TierPlan):
                      run.claim.uid, share.device_name, enforcement.value, message)  # fmt: skip
             if self.memory is not None and self.memory.report is not None:
                 self.memory.report(run.claim, message)
-        if self.shares:
-            run.completed[SHARES_STATE_KEY] = states
+        run.completed[SHARES_STATE_KEY] = states
 
 
 class MpsShareTier(Tier):
@@ -237,7 +258,7 @@ class MpsShareTier(Tier):
 def plan_shares(
     results: Sequence[AllocatedResult],
     groups: Sequence[ConfigGroup],
-    shared_gpu: Callable[[str], SharedDevice | None],
+    shared_gpu: Callable[[str], OfferedDevice | None],
     *,
     max_percent: int,
 ) -> list[PlannedShare]:
@@ -257,7 +278,7 @@ def plan_shares(
         group = next((g for g in groups if _has(g, result)), None)
         mps = None if group is None else mps_config(group.config)
         if group is None or mps is None:
-            mig = isinstance(gpu, MigDevice)
+            mig = isinstance(gpu, MigDevice | MigPartition)
             raise PrepareError(
                 f"{where} is an MPS share of the {'MIG device' if mig else 'GPU'}, but its config "
                 "has no sharing.strategy MPS, so its caps could not be applied; use DeviceClass "

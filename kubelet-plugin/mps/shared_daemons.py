@@ -25,10 +25,11 @@ import contextlib
 import logging
 import threading
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Final, Protocol
 
-from gpu_dra.driver.shares import SharedDevice, ShareSize, ceiling
+from gpu_dra.driver.model import MigDevice, MigPartition
+from gpu_dra.driver.shares import OfferedDevice, SharedDevice, ShareSize, ceiling
 from gpu_dra.kubelet_plugin import crash_points
 from gpu_dra.kubelet_plugin.checkpoint import JsonObject, JsonValue
 from gpu_dra.kubelet_plugin.claim_records import ClaimRecords
@@ -72,26 +73,48 @@ class PlannedShare:
     """One MPS share a claim is about to get."""
 
     device_name: str
-    gpu: SharedDevice
-    """The GPU, or the static MIG device (its daemon is keyed by the MIG UUID)."""
+    gpu: OfferedDevice
+    """The GPU, or the MIG device (its daemon is keyed by the MIG UUID); a dynamic MIG
+    partition until its MIG device is made (`pending`, then `on`)."""
     size: ShareSize
     share_id: str | None
 
     @property
+    def pending(self) -> bool:
+        """Whether the share waits for its MIG device to be made (a partition)."""
+        return isinstance(self.gpu, MigPartition)
+
+    @property
+    def device(self) -> SharedDevice:
+        """What the daemon serves; only once the MIG device of a partition is made."""
+        if isinstance(self.gpu, MigPartition):
+            raise AssertionError(f"share of {self.device_name}: its MIG device is not made yet")
+        return self.gpu
+
+    @property
     def daemon_id(self) -> str:
-        return shared_daemon_id(self.gpu.uuid)
+        return shared_daemon_id(self.device.uuid)
+
+    def on(self, made: MigDevice) -> PlannedShare:
+        """The share of a partition, on the MIG device made (or found) for it."""
+        return replace(self, gpu=made)
 
     def caps(self) -> ClientCaps:
         """The client environment that caps this share's CUDA processes."""
         return ClientCaps(
-            pinned_limits={self.gpu.uuid: f"{self.size.memory_mib}M"},
+            pinned_limits={self.device.uuid: f"{self.size.memory_mib}M"},
             active_thread_percentage=self.size.compute_percent,
         )
 
     def to_state(self) -> JsonObject:
+        """What a claim records of the share; a pending one has no UUID or daemon yet."""
+        where: JsonObject = (
+            {"uuid": None, "daemonId": None}
+            if self.pending
+            else {"uuid": self.device.uuid, "daemonId": self.daemon_id}
+        )
         return {
-            "uuid": self.gpu.uuid,
-            "daemonId": self.daemon_id,
+            **where,
             "shareID": self.share_id,
             "memoryBytes": self.size.memory_bytes,
             "computePercent": self.size.compute_percent,
@@ -216,12 +239,12 @@ class SharedDaemons:
                 handle = self._warm(claim_uid, share)
             if handle is None:
                 handle = self._mps.start(
-                    share.daemon_id, (share.gpu.uuid,), self.settings(share.gpu)
+                    share.daemon_id, (share.device.uuid,), self.settings(share.device)
                 )
                 log.info(
                     "mps shared daemon started daemon_id=%s uuid=%s for claim_uid=%s",
                     share.daemon_id,
-                    share.gpu.uuid,
+                    share.device.uuid,
                     claim_uid,
                 )
             crash_points.reached(crash_points.MPS_SHARE_AFTER_JOIN)
@@ -273,7 +296,7 @@ class SharedDaemons:
         warm = self._mps.recorded(share.daemon_id)
         if warm is None:
             return None
-        mismatch = warm_mismatch(warm, share.gpu, self.settings(share.gpu))
+        mismatch = warm_mismatch(warm, share.device, self.settings(share.device))
         if mismatch is not None:
             log.warning(
                 "mps warm daemon daemon_id=%s not joined, started anew: its record (daemon.json) "
@@ -295,7 +318,7 @@ class SharedDaemons:
             "mps shared daemon warm, joined daemon_id=%s pid=%d uuid=%s by claim_uid=%s",
             share.daemon_id,
             warm.pid,
-            share.gpu.uuid,
+            share.device.uuid,
             claim_uid,
         )
         if self._checker is not None:

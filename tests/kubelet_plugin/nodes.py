@@ -360,6 +360,9 @@ class DynamicMigNode(PluginOnNode):
     """The plugin with dynamic MIG on one simulated hgx-h100; `restart` is a new process over
     the same files, simulated GPUs included (their MIG state comes back from the state file)."""
 
+    inventory_options: Mapping[str, Any] = {}
+    """Further `NodeInventory.from_discovery` arguments (partitions offered as shares)."""
+
     def __init__(self, root: Path) -> None:
         self.root = root
         self.api = InMemoryClaimReader()
@@ -375,7 +378,9 @@ class DynamicMigNode(PluginOnNode):
             DYNAMIC_MIG_PROFILE, NODE, saved_mig=state.load(), on_mig_change=state.save
         )
         found = discover_devices(self.host.nvml, self.host.pci, mig_profiles=True)
-        self.inventory = NodeInventory.from_discovery(found, simulated=True, dynamic_mig=True)
+        self.inventory = NodeInventory.from_discovery(
+            found, simulated=True, dynamic_mig=True, **self.inventory_options
+        )
         self.checkpoint = Checkpoint(self.data_dir, boot_id=lambda: "boot-1")
         self.checkpoint.load()
         self.cdi = ClaimSpecStore(self.cdi_root, driver_name=DRIVER)
@@ -389,6 +394,8 @@ class DynamicMigNode(PluginOnNode):
                 shutil.copytree(self.cdi_root, self.root / "at-crash" / "cdi")
                 raise Crash(point)
 
+        self.crash = crash
+        """The crash point of this process (`crash_points.arm` it to crash beyond MIG calls)."""
         self.lifecycle = MigLifecycle(self.host.nvml, crash_point=crash)
         dynamic_mig = DynamicMig(self.lifecycle, self.inventory.partitionable_gpus())
         self.preparer = self.build_preparer(dynamic_mig=dynamic_mig if dynamic else None)

@@ -10,7 +10,7 @@ import pytest
 
 from gpu_dra.driver.health import TaintEffect
 from gpu_dra.driver.mig_policy import DEFAULT, EVERYTHING, parse_policy
-from gpu_dra.driver.shares import MigShareSelection, ShareSelection
+from gpu_dra.driver.shares import MigShareSelection, PartitionShareSelection, ShareSelection
 from gpu_dra.driver.slices import SliceLayout
 from gpu_dra.kubelet_plugin.mps.warm_policy import WarmPolicy
 from gpu_dra.kubelet_plugin.settings import KubeletPluginSettings
@@ -41,6 +41,7 @@ ALL_FLAGS = [
     "--mps-shares=0,GPU-a75cda02-62ce-2c30-9150-555ef08935e2",
     "--capped-shares=2,3",
     "--mps-shares-on-mig=3g.40gb,MIG-cb40a2a6-69c6-5d06-a49f-1a42bda0ba34",
+    "--mps-shares-on-dynamic-mig=1g.10gb,3g.40gb",
     "--mps-share-max-percent=50",
     "--mps-share-memory-limits=off",
     "--mps-memory-watchdog=report",
@@ -94,6 +95,7 @@ EXPECTED = KubeletPluginSettings(
     mps_shares_on_mig=MigShareSelection(
         profiles=("3g.40gb",), uuids=("MIG-cb40a2a6-69c6-5d06-a49f-1a42bda0ba34",)
     ),
+    mps_shares_on_dynamic_mig=PartitionShareSelection(profiles=("1g.10gb", "3g.40gb")),
     mps_share_max_percent=50,
     mps_share_memory_limits="off",
     mps_memory_watchdog="report",
@@ -424,6 +426,11 @@ def test_mps_shares_default_to_none_and_all_means_every_gpu() -> None:
     assert KubeletPluginSettings.parse(["--node-name=n"], {}).mps_shares_on_mig.empty
     on_mig = KubeletPluginSettings.parse(["--node-name=n"], {"GPU_DRA_MPS_SHARES_ON_MIG": "all"})
     assert on_mig.mps_shares_on_mig == MigShareSelection(every_device=True)
+    assert KubeletPluginSettings.parse(["--node-name=n"], {}).mps_shares_on_dynamic_mig.empty
+    dynamic = KubeletPluginSettings.parse(
+        ["--node-name=n"], {"GPU_DRA_MPS_SHARES_ON_DYNAMIC_MIG": "all"}
+    )
+    assert dynamic.mps_shares_on_dynamic_mig == PartitionShareSelection(every_partition=True)
     assert KubeletPluginSettings.parse(["--node-name=n", "--mps-shares=all"], {}).mps_shares == (
         ShareSelection(every_gpu=True)
     )
@@ -434,6 +441,8 @@ def test_mps_shares_default_to_none_and_all_means_every_gpu() -> None:
     [
         ("--mps-shares=gpu-0", "neither a GPU index"),
         ("--mps-shares-on-mig=gpu-0", "neither a MIG profile"),
+        ("--mps-shares-on-dynamic-mig=MIG-cb40a2a6", "a partition has no UUID"),
+        ("--mps-shares-on-dynamic-mig=1c.3g.40gb", "not a MIG profile that dynamic MIG offers"),
         ("--mps-share-max-percent=0", "between 1 and 100"),
         ("--mps-share-max-percent=half", "whole percentage"),
         ("--capped-shares=gpu-0", "--capped-shares: 'gpu-0' is neither a GPU index"),
