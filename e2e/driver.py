@@ -254,7 +254,8 @@ class Driver:
     def warm_daemon_ids(self) -> set[str]:
         """Ids of the shared MPS daemons the plugin keeps warm (docs/mps.md, "Warm daemons"):
         those of the GPUs (and static MIG devices) it publishes as MPS shares, unless
-        ``--mps-share-daemon-warm`` is ``off`` (given, or the plugin's default when not given)."""
+        ``--mps-share-daemon-warm`` is ``off`` (given, or the plugin's default when not given).
+        Dynamic MIG partitions offered as shares have no UUID, and no daemon until made."""
         given = self.plugin_arg("--mps-share-daemon-warm")
         default = KubeletPluginSettings.mps_share_daemon_warm
         if not (default if given is None else WarmPolicy.parse(given)).warm:
@@ -262,7 +263,7 @@ class Driver:
         return {
             shared_daemon_id(device["attributes"]["uuid"]["string"])
             for device in self.devices().values()
-            if device.get("allowMultipleAllocations")
+            if device.get("allowMultipleAllocations") and "uuid" in device["attributes"]
         }
 
     def recorded_daemon_ids(self) -> set[str]:

@@ -390,6 +390,10 @@ _TIER_POINTS["mps-on-dynamic-mig"] = (
      crash_points.MPS_MIG_AFTER_DAEMON_START),
     (*_TIER_POINTS["dynamic-mig"][1], crash_points.MPS_AFTER_DAEMON_STOP),
 )  # fmt: skip
+_TIER_POINTS["mps-share-dynamic-mig"] = (
+    (*_TIER_POINTS["dynamic-mig"][0], *_TIER_POINTS["mps-share"][0]),
+    (*_TIER_POINTS["dynamic-mig"][1], *_TIER_POINTS["mps-share"][1]),
+)
 
 
 def _points_of(
@@ -472,18 +476,25 @@ def _offers(kind: NodeKind, inventory: NodeInventory) -> list[Offer]:
         ]
         return results, [], tokens[first] | tokens[second]
 
-    def shares_of(devices: list[str], config: dict[str, Any]) -> Maker:
+    def shares_of(devices: list[str], config: dict[str, Any], *, partitions: bool = False) -> Maker:
+        """Shares of one of ``devices``; of a partition, they take its memory slices (and a
+        marker that lets the next share of that partition in) while any share holds it."""
+
         def share(rng: random.Random, taken: frozenset[str]) -> Made | None:
             device = rng.choice(devices)
             used = sum(1 for t in taken if t.startswith(f"{device}/share-"))
             if used >= 4:
                 return None
+            marker = f"{device}/held-by-shares"
+            holds = frozenset({marker, *tokens[device]}) if partitions else frozenset()
+            if partitions and tokens[device] & taken and marker not in taken:
+                return None  # an overlapping placement or its GPU is held
             share_id = str(uuid_module.UUID(int=rng.getrandbits(128), version=4))
             result = allocation_result(
                 device, pool=NODE_NAME, request="share", share_id=share_id,
                 consumed_capacity={"memory": "2Gi", "compute": "10"},
             )  # fmt: skip
-            return [result], [config], frozenset({f"{device}/share-{share_id}"})
+            return [result], [config], frozenset({f"{device}/share-{share_id}", *holds})
 
         return share
 
@@ -502,6 +513,11 @@ def _offers(kind: NodeKind, inventory: NodeInventory) -> list[Offer]:
     if shared_mig:
         mig_share = shares_of(shared_mig, MIG_MPS_CLASS_CONFIG)
         offers += [("mps-share-static-mig", mig_share), ("mps-share-static-mig", mig_share)]
+    # Offered partitions stay in ``mig`` too: a claim of all of one holds its device alone.
+    shared_partitions = sorted(shared_device_name(p) for p in inventory.partition_shares)
+    if shared_partitions:
+        partition_share = shares_of(shared_partitions, MIG_MPS_CLASS_CONFIG, partitions=True)
+        offers += [("mps-share-dynamic-mig", partition_share)] * 3
     return offers
 
 

@@ -1,8 +1,9 @@
 """The simulated nodes the harness runs on; together they have every tier.
 
 ``dynamic``: two H100s (dynamic MIG: whole GPUs, MIG partitions, MPS on those partitions,
-time-slicing and per-claim MPS on the whole GPUs) and two L4s (whole, time-slicing, per-claim
-MPS; gpu-3 offered as MPS shares). ``static``: the hgx-h100-mig profile, MIG devices made
+time-slicing and per-claim MPS on the whole GPUs; the 3g.40gb partitions offered as MPS shares,
+``--mps-shares-on-dynamic-mig``) and two L4s (whole, time-slicing, per-claim MPS; gpu-3 offered
+as MPS shares). ``static``: the hgx-h100-mig profile, MIG devices made
 before the plugin started (static MIG, with and without MPS; its three 3g.40gb devices offered as
 MPS shares, ``--mps-shares-on-mig``) and gpu-7 whole.
 """
@@ -18,6 +19,8 @@ from gpu_dra.kubelet_plugin.settings import KubeletPluginSettings
 NODE_NAME = "crash-node"
 STATIC_SHARED_PROFILE = "3g.40gb"
 """The MIG profile whose static devices the ``static`` node offers as MPS shares."""
+DYNAMIC_SHARED_PROFILE = "3g.40gb"
+"""The MIG profile whose partitions the ``dynamic`` node offers as MPS shares."""
 
 DYNAMIC_PROFILE = {
     "description": "crash harness: 2x H100 (dynamic MIG) and 2x L4 (one offered as MPS shares)",
@@ -62,6 +65,7 @@ class NodeKind:
         ]
         if self.dynamic_mig:
             args += ["--dynamic-mig=true", "--mps-shares=3", "--mps-share-max-percent=50"]
+            args += [f"--mps-shares-on-dynamic-mig={DYNAMIC_SHARED_PROFILE}"]
         else:
             args += [f"--mps-shares-on-mig={STATIC_SHARED_PROFILE}"]
         return KubeletPluginSettings.parse(args)
