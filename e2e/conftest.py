@@ -128,6 +128,17 @@ def namespace(
 
 
 @pytest.fixture
+def other_namespace(kube: Kube, namespace: str) -> Iterator[str]:
+    """A second namespace for the test, beside `namespace` (MPS shares come from any
+    namespace); deleted afterwards, waiting until it is gone."""
+    name = f"{namespace[:55]}-b"
+    kube.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+    yield name
+    kube.delete("v1", "Namespace", name)
+    kube.wait_gone("v1", "Namespace", name, None, timeout=180)
+
+
+@pytest.fixture
 def no_mps_daemon_left(driver: Driver, kube: Kube) -> Iterator[None]:
     """The test starts and ends with no MPS daemons or daemon pods but the warm ones: the shared
     daemon of each GPU the plugin offers as shares, recorded by no claim, one process and one pod

@@ -26,7 +26,6 @@ from __future__ import annotations
 import errno
 import re
 import textwrap
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -124,15 +123,6 @@ OBSERVER = _PRELUDE + textwrap.dedent(
         time.sleep(0.3)
     """
 )
-
-
-@pytest.fixture
-def other_namespace(kube: Kube, namespace: str) -> Iterator[str]:
-    name = f"{namespace[:55]}-b"
-    kube.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
-    yield name
-    kube.delete("v1", "Namespace", name)
-    kube.wait_gone("v1", "Namespace", name, None, timeout=180)
 
 
 def share_claim(name: str, namespace: str, memory: str, compute: int) -> dict[str, Any]:

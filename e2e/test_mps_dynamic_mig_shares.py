@@ -12,7 +12,6 @@ the local image."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -37,16 +36,6 @@ PLUGIN_ARGS = ("--mps-shares-on-dynamic-mig=7g.80gb",)
 MIG_MPS_CLASS = "mps.mig.nvidia.com"
 PARTITION = "gpu-0-mig-7g80gb-0-0"
 NOT_OFFERED = "gpu-0-mig-1g10gb-19-0"
-
-
-@pytest.fixture
-def other_namespace(kube: Kube, namespace: str) -> Iterator[str]:
-    """A second namespace for the test (shares come from any namespace)."""
-    name = f"{namespace[:55]}-b"
-    kube.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
-    yield name
-    kube.delete("v1", "Namespace", name)
-    kube.wait_gone("v1", "Namespace", name, None, timeout=180)
 
 
 def share_claim(

@@ -9,7 +9,6 @@ CUDA_MPS_* environment its CDI spec gave it and the daemon it reaches through th
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -31,16 +30,6 @@ PLUGIN_ARGS = ("--mps-shares-on-mig=1g.10gb", "--mps-share-daemon-warm=off")
 MIG_MPS_CLASS = "mps.mig.nvidia.com"
 SLICE = "gpu-0-mig-1g10gb-19-0"
 NOT_OFFERED = "gpu-1-mig-2g20gb-14-0"
-
-
-@pytest.fixture
-def other_namespace(kube: Kube, namespace: str) -> Iterator[str]:
-    """A second namespace for the test (shares come from any namespace)."""
-    name = f"{namespace[:55]}-b"
-    kube.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
-    yield name
-    kube.delete("v1", "Namespace", name)
-    kube.wait_gone("v1", "Namespace", name, None, timeout=180)
 
 
 def share_claim(

@@ -9,7 +9,6 @@ gave it and the daemon files it sees in the mounted pipe directory."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -29,16 +28,6 @@ SIMULATED_PROFILE = "hgx-h100"
 # warm daemons: e2e/test_mps_warm.py.
 PLUGIN_ARGS = ("--mps-shares=0", "--mps-share-daemon-warm=off")
 MPS_CLASS = "mps.gpu.nvidia.com"
-
-
-@pytest.fixture
-def other_namespace(kube: Kube, namespace: str) -> Iterator[str]:
-    """A second namespace for the test (shares come from any namespace)."""
-    name = f"{namespace[:55]}-b"
-    kube.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
-    yield name
-    kube.delete("v1", "Namespace", name)
-    kube.wait_gone("v1", "Namespace", name, None, timeout=180)
 
 
 def share_claim(name: str, namespace: str, memory: str, compute: int) -> dict[str, Any]:

@@ -104,6 +104,16 @@ class PartitionSharesNode(DynamicMigNode):
         return intent.uuid
 
 
+def two_shares(node: PartitionSharesNode) -> tuple[ClaimRef, ClaimRef, str]:
+    """Claims A and B, each a share (2Gi, 25 %) of `SLICE`, prepared; the MIG device's UUID."""
+    a = node.add_share(UID_A, "2Gi", "25")
+    b = node.add_share(UID_B, "2Gi", "25")
+    ok(node.prepare(a))
+    ok(node.prepare(b))
+    [made] = node.mig_uuids()
+    return a, b, made
+
+
 @pytest.fixture
 def node(tmp_path: Path, mps_root: Path) -> Iterator[PartitionSharesNode]:
     yield PartitionSharesNode(tmp_path, mps_root)
@@ -260,11 +270,7 @@ def test_a_crash_in_the_first_share_after_making_the_device_leaves_nothing(
 def test_the_start_up_sweep_keeps_a_shared_device_while_a_share_records_it(
     node: PartitionSharesNode,
 ) -> None:
-    a = node.add_share(UID_A, "2Gi", "25")
-    b = node.add_share(UID_B, "2Gi", "25")
-    ok(node.prepare(a))
-    ok(node.prepare(b))
-    [made] = node.mig_uuids()
+    a, b, made = two_shares(node)
     assert node.unprepare(a) is None
 
     node.restart()
@@ -279,11 +285,7 @@ def test_the_start_up_sweep_keeps_a_shared_device_while_a_share_records_it(
 def test_a_shared_device_destroyed_behind_the_plugin_is_made_again_and_rejoined(
     node: PartitionSharesNode,
 ) -> None:
-    a = node.add_share(UID_A, "2Gi", "25")
-    b = node.add_share(UID_B, "2Gi", "25")
-    ok(node.prepare(a))
-    ok(node.prepare(b))
-    [old] = node.mig_uuids()
+    a, b, old = two_shares(node)
     partition = node.inventory.by_name(SLICE)
     assert isinstance(partition, MigPartition)
     [old_handle] = handles_from_state(node.checkpoint.get(UID_A).state)  # type: ignore[union-attr]
