@@ -311,7 +311,8 @@ class MigShareSelection:
             if not any(d.uuid == uuid for d in published):
                 raise ShareSelectionError(
                     f"--mps-shares-on-mig names MIG device {uuid}, whose GPU --dynamic-mig "
-                    "publishes as MIG partitions: only static MIG devices are offered as shares"
+                    "publishes as MIG partitions: --mps-shares-on-mig offers static MIG devices; "
+                    "offer the partitions with --mps-shares-on-dynamic-mig"
                 )
         return tuple(
             d

@@ -510,7 +510,7 @@ def node_inventory(settings: KubeletPluginSettings, devices: NodeDevices) -> Nod
         log.warning(
             "--mps-shares-on-mig offers no MIG device of this node: no published static MIG "
             "device matches it (the MIG devices of GPUs that --dynamic-mig partitions are "
-            "never offered)"
+            "not: offer their partitions with --mps-shares-on-dynamic-mig)"
         )
     if inventory.partition_shares:
         log.info(

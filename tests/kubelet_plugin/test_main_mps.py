@@ -13,6 +13,7 @@ import pytest
 from kubernetes.client import ApiClient
 
 from gpu_dra.driver.nvml.simulated import SimulatedHost
+from gpu_dra.driver.shares import ShareSelectionError
 from gpu_dra.kubelet_plugin.checkpoint import Checkpoint
 from gpu_dra.kubelet_plugin.claim_records import ClaimRecords
 from gpu_dra.kubelet_plugin.instances import InstanceRegistry, PluginInstance
@@ -323,6 +324,36 @@ def test_mig_shares_on_a_node_dynamic_mig_partitions_offer_nothing_and_say_why(
     assert not any(d.get("allowMultipleAllocations") for d in inventory.published_devices())
     assert any(
         "--mps-shares-on-mig offers no MIG device of this node" in r.getMessage()
-        and "--dynamic-mig partitions are never offered" in r.getMessage()
+        and "offer their partitions with --mps-shares-on-dynamic-mig" in r.getMessage()
         for r in caplog.records
     ), caplog.text
+
+
+def test_dynamic_mig_partitions_of_the_named_profiles_are_offered_as_shares(
+    data_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    host = SimulatedHost.load("hgx-h100", "node-a")
+    plugin = settings(
+        data_dir, "--simulate=hgx-h100", "--dynamic-mig", "--mps-shares-on-dynamic-mig=3g.40gb"
+    )
+
+    with caplog.at_level("INFO", logger="gpu_dra"):
+        inventory = node_inventory(plugin, discover(plugin, host.nvml, host.pci, None))
+
+    # Two 3g.40gb placements on each of the eight H100s.
+    assert {p.profile_name for p in inventory.partition_shares} == {"3g.40gb"}
+    assert len(inventory.partition_shares) == 16
+    shared = [d for d in inventory.published_devices() if d.get("allowMultipleAllocations")]
+    assert len(shared) == 16
+    assert all("-mig-3g40gb-" in d["name"] and d["consumesCounters"] for d in shared)
+    assert "offering 16 dynamic MIG partition(s) of profile(s) 3g.40gb as MPS shares" in (
+        caplog.text
+    )
+
+
+def test_partitions_as_shares_without_dynamic_mig_stop_the_plugin(data_dir: Path) -> None:
+    host = SimulatedHost.load("hgx-h100", "node-a")
+    plugin = settings(data_dir, "--simulate=hgx-h100", "--mps-shares-on-dynamic-mig=all")
+
+    with pytest.raises(ShareSelectionError, match="--dynamic-mig is off"):
+        node_inventory(plugin, discover(plugin, host.nvml, host.pci, None))
