@@ -25,6 +25,13 @@ is inside the time:
   started (a first start on the node: it warms the daemon before it registers), a share pod
   created at once.
 
+With ``--partitions`` the plugin runs with ``--dynamic-mig --mps-shares-on-dynamic-mig=7g.80gb``
+instead (no ``--mps-shares``) and the share kinds are of gpu-0's 7g.80gb partition (class
+``mps.mig.nvidia.com``): ``partition_share``, the first share, whose prepare makes the MIG
+device and starts its daemon (a partition's daemon cannot be warm), and
+``partition_share_beside``, a second one joining both; no restart kinds. Their ratios are
+reported without a target (the 1.2x goal is the GPU shares').
+
 ``--restarts`` of each restart kind, alternating. After each pod its claim's unprepare is
 waited for, then ``--settle`` s (a warm daemon is started anew after the last share left).
 Reported: each kind's median and max (s), each median over ``no_claim``'s (``ratio_*``, targets
@@ -32,6 +39,7 @@ Reported: each kind's median and max (s), each median over ``no_claim``'s (``rat
 plugin log's ``mps shared daemon started``), 0 with warm daemons.
 
     python -m bench.pod_start [--rounds 5] [--restarts 3] [--settle 3] [--poll 0.02] [--json]
+    python -m bench.pod_start --partitions [--rounds 5]
 """
 
 from __future__ import annotations
@@ -57,7 +65,11 @@ PROFILE: Final = "hgx-h100"
 SHARE_GPU: Final = "gpu-0"
 WHOLE_GPU: Final = "gpu-1"
 BASE_PLUGIN_ARGS: Final = (f"--mps-shares={SHARE_GPU[-1]}",)
+PARTITION_PROFILE: Final = "7g.80gb"
+PARTITION_PLUGIN_ARGS: Final = (f"--mps-shares-on-dynamic-mig={PARTITION_PROFILE}",)
+"""With ``--dynamic-mig`` (`Driver.dynamic_mig`): each GPU's one 7g.80gb placement as shares."""
 MPS_CLASS: Final = "mps.gpu.nvidia.com"
+MIG_MPS_CLASS: Final = "mps.mig.nvidia.com"
 GPU_CLASS: Final = "gpu.nvidia.com"
 BASELINE: Final = "no_claim"
 KINDS: Final = (
@@ -65,9 +77,13 @@ KINDS: Final = (
     "whole_gpu",
     "share",
     "share_beside",
+    "partition_share",
+    "partition_share_beside",
     "first_share_after_restart",
     "first_share_after_start",
 )
+UNJUDGED: Final = frozenset({"whole_gpu", "partition_share", "partition_share_beside"})
+"""Kinds whose ratio is reported without the 1.2x target."""
 RATIO_TARGET: Final = Target("<=", 1.2)
 COLD_START: Final = "mps shared daemon started daemon_id="
 """The plugin's log line when a share's prepare started the shared daemon itself."""
@@ -133,8 +149,9 @@ def report(
         reporter.metric(f"{kind}_median", statistics.median(values), "s")
         reporter.metric(f"{kind}_max", max(values), "s")
     for kind, ratio in ratios(samples).items():
-        target = None if kind == "whole_gpu" else RATIO_TARGET
-        reporter.metric(f"ratio_{kind}", ratio, "x", target=target, primary=kind == "share")
+        target = None if kind in UNJUDGED else RATIO_TARGET
+        primary = kind == ("share" if "share" in samples else "partition_share")
+        reporter.metric(f"ratio_{kind}", ratio, "x", target=target, primary=primary)
     if share_cold_starts is not None:
         target = Target("==", 0) if warm_daemons else None
         reporter.metric("share_cold_starts", share_cold_starts, "starts", target=target)
@@ -145,6 +162,22 @@ def share_request(memory: str = "10Gi", compute: int = 10) -> Obj:
         "name": "gpu",
         "exactly": {
             "deviceClassName": MPS_CLASS,
+            "capacity": {"requests": {"memory": memory, "compute": str(compute)}},
+        },
+    }
+
+
+def partition_share_request(parent_uuid: str, memory: str = "10Gi", compute: int = 10) -> Obj:
+    """A share of the `PARTITION_PROFILE` partition of the GPU of ``parent_uuid``."""
+    selectors = [
+        f"device.attributes['gpu.nvidia.com'].profile == '{PARTITION_PROFILE}'",
+        f"device.attributes['gpu.nvidia.com'].parentUUID == '{parent_uuid}'",
+    ]
+    return {
+        "name": "gpu",
+        "exactly": {
+            "deviceClassName": MIG_MPS_CLASS,
+            "selectors": [{"cel": {"expression": s}} for s in selectors],
             "capacity": {"requests": {"memory": memory, "compute": str(compute)}},
         },
     }
@@ -169,15 +202,27 @@ def whole_request(uuid: str) -> Obj:
 class Bench:
     """The plugin on the cluster and the pods of one run."""
 
-    def __init__(self, plugin_args: Sequence[str], *, poll_s: float, settle_s: float) -> None:
+    def __init__(
+        self,
+        plugin_args: Sequence[str],
+        *,
+        poll_s: float,
+        settle_s: float,
+        partitions: bool = False,
+    ) -> None:
         self.cluster = Cluster()
         if not self.cluster.healthy():
             self.cluster.up()
         if not netns.current_is():
             netns.enter()
         self.kube = Kube(self.cluster.kubeconfig)
+        base = PARTITION_PLUGIN_ARGS if partitions else BASE_PLUGIN_ARGS
         self.driver = Driver(
-            self.cluster, self.kube, PROFILE, plugin_args=(*BASE_PLUGIN_ARGS, *plugin_args)
+            self.cluster,
+            self.kube,
+            PROFILE,
+            dynamic_mig=partitions,
+            plugin_args=(*base, *plugin_args),
         )
         self.poll_s = poll_s
         self.settle_s = settle_s
@@ -186,6 +231,8 @@ class Bench:
         """Shared daemons the timed share pods' prepares started (`cold_starts`)."""
 
     def __enter__(self) -> Bench:
+        if self.driver.dynamic_mig:
+            self.driver.forget_simulated_mig()  # as the e2e modules: no MIG state carried over
         self.driver.install()
         self.driver.start_plugin()
         ns = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": self.namespace}}
@@ -196,6 +243,9 @@ class Bench:
         self.kube.delete("v1", "Namespace", self.namespace)
         self.kube.wait_gone("v1", "Namespace", self.namespace, None, timeout=180)
         self.driver.stop_plugin()
+        self.driver.remove_mps_daemons()
+        if self.driver.dynamic_mig:
+            self.driver.forget_simulated_mig()
 
     def timed_pod(self, name: str, request: Obj | None) -> tuple[float, str | None]:
         """Seconds from the pod's create to Ready, and its claim's UID (None without)."""
@@ -238,11 +288,13 @@ class Bench:
         self.remove(name, uid)
         return seconds
 
-    def shares(self, index: int) -> tuple[float, float]:
-        """The first share on the GPU, then one beside it."""
+    def shares(self, index: int, request: Obj | None = None) -> tuple[float, float]:
+        """The first share on the GPU (of ``request``, default `share_request`), then one
+        beside it."""
         offset = self.plugin_log_size()
-        first_s, first_uid = self.timed_pod(f"share-{index}", share_request())
-        beside_s, beside_uid = self.timed_pod(f"beside-{index}", share_request())
+        request = request or share_request()
+        first_s, first_uid = self.timed_pod(f"share-{index}", request)
+        beside_s, beside_uid = self.timed_pod(f"beside-{index}", request)
         self.count_cold_starts(offset)
         self.remove(f"beside-{index}", beside_uid)
         self.remove(f"share-{index}", first_uid)
@@ -267,14 +319,21 @@ def measure(
 ) -> dict[str, list[float]]:
     samples: dict[str, list[float]] = {kind: [] for kind in KINDS}
     whole = whole_request(bench.driver.uuid_of(WHOLE_GPU))
+    partition = None
+    share = "share"
+    if bench.driver.dynamic_mig:
+        partition = partition_share_request(bench.driver.uuid_of(SHARE_GPU))
+        share = "partition_share"
     bench.one("warmup", None)  # images, the namespace's service account
     for index in range(rounds):
         samples["no_claim"].append(bench.one(f"plain-{index}", None))
         samples["whole_gpu"].append(bench.one(f"whole-{index}", whole))
-        first, beside = bench.shares(index)
-        samples["share"].append(first)
-        samples["share_beside"].append(beside)
+        first, beside = bench.shares(index, partition)
+        samples[share].append(first)
+        samples[f"{share}_beside"].append(beside)
         progress(f"round {index + 1}/{rounds}")
+    if partition is not None:
+        return samples  # restarts: the GPU shares' warm daemons
     for index in range(restarts):
         samples["first_share_after_restart"].append(bench.after_restart(index, fresh=False))
         samples["first_share_after_start"].append(bench.after_restart(index, fresh=True))
@@ -290,9 +349,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--poll", type=float, default=0.02, help="seconds between pod GETs")
     parser.add_argument("--plugin-arg", action="append", default=[], help="further plugin flag")
     parser.add_argument("--json", action="store_true", help="JSON lines")
+    parser.add_argument(
+        "--partitions",
+        action="store_true",
+        help="shares of a dynamic MIG partition instead of a GPU's (no restart kinds)",
+    )
     args = parser.parse_args(argv)
     reporter = Reporter(BENCH, json_lines=args.json)
-    plugin_args = (*BASE_PLUGIN_ARGS, *args.plugin_arg)
+    base = ("--dynamic-mig", *PARTITION_PLUGIN_ARGS) if args.partitions else BASE_PLUGIN_ARGS
+    plugin_args = (*base, *args.plugin_arg)
     reporter.run(
         profile=PROFILE,
         rounds=args.rounds,
@@ -301,14 +366,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         poll_s=args.poll,
         plugin_args=" ".join(plugin_args),
     )
-    with Bench(args.plugin_arg, poll_s=args.poll, settle_s=args.settle) as bench:
+    bench_args = {"poll_s": args.poll, "settle_s": args.settle, "partitions": args.partitions}
+    with Bench(args.plugin_arg, **bench_args) as bench:
         samples = measure(
             bench,
             rounds=args.rounds,
             restarts=args.restarts,
             progress=lambda what: print(what, file=sys.stderr, flush=True),
         )
-    report(reporter, samples, share_cold_starts=bench.cold_starts, warm_daemons=warm(plugin_args))
+    warm_daemons = warm(plugin_args) and not args.partitions  # a partition's cannot be warm
+    report(reporter, samples, share_cold_starts=bench.cold_starts, warm_daemons=warm_daemons)
     return 1 if reporter.failed else 0
 
 

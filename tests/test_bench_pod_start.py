@@ -83,6 +83,32 @@ def test_the_requests_ask_for_a_share_and_for_one_whole_gpu() -> None:
     assert selector["cel"]["expression"] == "device.attributes['gpu.nvidia.com'].uuid == 'GPU-1234'"
 
 
+def test_a_partition_share_asks_for_the_7g_partition_of_one_gpu() -> None:
+    share = pod_start.partition_share_request("GPU-1234", "10Gi", 10)
+    assert share["exactly"]["deviceClassName"] == "mps.mig.nvidia.com"
+    assert share["exactly"]["capacity"] == {"requests": {"memory": "10Gi", "compute": "10"}}
+    assert [s["cel"]["expression"] for s in share["exactly"]["selectors"]] == [
+        "device.attributes['gpu.nvidia.com'].profile == '7g.80gb'",
+        "device.attributes['gpu.nvidia.com'].parentUUID == 'GPU-1234'",
+    ]
+    assert pod_start.PARTITION_PLUGIN_ARGS == ("--mps-shares-on-dynamic-mig=7g.80gb",)
+
+
+def test_partition_shares_are_reported_not_judged(capsys: pytest.CaptureFixture[str]) -> None:
+    """A partition's first share makes its MIG device and starts its daemon (never warm): its
+    ratio is a measurement, not the GPU shares' 1.2x goal."""
+    reporter = Reporter("pod_start", json_lines=True)
+    samples = {"no_claim": [0.5], "partition_share": [1.5], "partition_share_beside": [0.6]}
+    pod_start.report(reporter, samples, share_cold_starts=5, warm_daemons=False)
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    metrics = {line["metric"]: line for line in lines}
+    assert metrics["ratio_partition_share"]["value"] == pytest.approx(3.0)
+    assert metrics["ratio_partition_share"]["primary"] is True
+    assert "target" not in metrics["ratio_partition_share"]
+    assert "target" not in metrics["ratio_partition_share_beside"]
+    assert reporter.failed == []
+
+
 def test_the_plugin_offers_gpu_0_as_shares() -> None:
     assert pod_start.BASE_PLUGIN_ARGS == ("--mps-shares=0",)
     assert pod_start.SHARE_GPU == "gpu-0"
