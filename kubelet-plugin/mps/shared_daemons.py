@@ -8,7 +8,8 @@ daemon's reference count is the set of claims recording it (`claims_using`), so 
 from the claims across crashes. A join finds a dead daemon restarted in place and changed
 settings restored (`MpsControl.ensure`); with a `DaemonChecker` (the supervisor, while it
 repairs) a join of a live daemon that passed a check lately, or of a warm one, has the settings
-read back at once beside the prepare instead of inside it. `SharedDaemons.join` and
+read back at once beside the prepare instead of inside it; a daemon a share's join started
+itself is checked beside it too, so the next share finds it checked. `SharedDaemons.join` and
 `release` run under the daemon's lock (node-wide with `NodeLocks`: two plugin instances share
 the daemons during a rolling update), and join records the claim before letting it go, so a
 release never stops a daemon a join is handing out. A **warm** daemon (started ahead by
@@ -247,6 +248,10 @@ class SharedDaemons:
                     share.device.uuid,
                     claim_uid,
                 )
+                if self._checker is not None:
+                    # Checked beside, so the next share's join finds it checked (a partition's
+                    # daemon, or any with warm daemons off, is started by its first share).
+                    self._checker.check_soon(handle)
             crash_points.reached(crash_points.MPS_SHARE_AFTER_JOIN)
             record(handle)
             return handle

@@ -304,6 +304,47 @@ def test_a_share_joining_a_checked_live_daemon_sends_it_no_command_in_its_prepar
     assert node.running() == []
 
 
+def test_a_daemon_the_first_share_started_is_checked_beside_it(node: SupervisedNode) -> None:
+    checker = RecordingChecker()
+    node.preparer.shared_daemons.set_checker(checker)
+    a = node.add_share(UID_A, "10Gi", "10", name="a", namespace="team-a")
+
+    ok(node.prepare(a)[UID_A])
+
+    [handle] = node.shared_handles().values()
+    assert checker.checked == [handle]  # no warm daemon: the share started it
+    node.unprepare(a)
+    assert node.running() == []
+
+
+def test_the_next_share_joins_a_daemon_the_first_started_without_reading_it_back(
+    node: SupervisedNode, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Warm daemons off (or a dynamic MIG partition's daemon): the supervisor checks the daemon
+    the first share started at once, not at its next pass (30 s away), so the second share
+    joins a daemon it vouches for and leaves the read-back to it."""
+    supervisor = DaemonSupervisor(node.mps, node.checkpoint.all, interval_s=30)
+    node.preparer.shared_daemons.set_checker(supervisor)
+    a = node.add_share(UID_A, "10Gi", "10", name="a", namespace="team-a")
+    ok(node.prepare(a)[UID_A])
+    [handle] = node.shared_handles().values()
+    deadline = time.monotonic() + 10
+    while not supervisor.vouches_for(handle.daemon_id):
+        assert time.monotonic() < deadline, "the started daemon was not checked beside its start"
+        time.sleep(0.02)
+
+    b = node.add_share(UID_B, "20Gi", "20", name="b", namespace="team-b")
+    with caplog.at_level("INFO", logger="gpu_dra"):
+        ok(node.prepare(b)[UID_B])
+
+    assert node.shared_handles()[UID_B].pid == handle.pid
+    assert f"joined daemon_id={handle.daemon_id} pid={handle.pid} (settings checked beside)" in (
+        caplog.text
+    )
+    node.unprepare(a, b)
+    assert node.running() == []
+
+
 def test_the_supervisor_checks_a_joined_daemon_at_once_and_restores_its_settings(
     node: SupervisedNode,
 ) -> None:
