@@ -90,6 +90,22 @@ def request(
     return {"name": name, "exactly": exactly}
 
 
+def share_claim(
+    name: str,
+    namespace: str,
+    memory: str,
+    compute: int,
+    *,
+    device_class: str = "mps.gpu.nvidia.com",
+    selectors: list[str] | None = None,
+) -> Obj:
+    """A claim of one share: ``memory`` and ``compute`` (percent of the SMs) of a device of
+    ``device_class`` offered as shares (the class carries the config), request ``share``."""
+    share = request("share", device_class=device_class, selectors=selectors)
+    share["exactly"]["capacity"] = {"requests": {"memory": memory, "compute": str(compute)}}
+    return claim(name, namespace, claim_spec([share]))
+
+
 def claim_spec(requests: list[Obj], config: list[Obj] | None = None) -> Obj:
     devices: Obj = {"requests": requests}
     if config:

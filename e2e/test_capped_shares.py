@@ -12,8 +12,6 @@ test_prepare_capped_shares.py); see docs/shares.md, "Capped shares".
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 
 from e2e import manifests as m
@@ -30,12 +28,6 @@ CAPPED_CLASS = "capped.gpu.nvidia.com"
 MPS_CLASS = "mps.gpu.nvidia.com"
 NOT_OFFERED = "is not offered as capped shares (--capped-shares), only whole"
 SIMULATED_REASON = "simulated GPUs: no driver to apply a cgroup limit"
-
-
-def share_claim(name: str, namespace: str, device_class: str) -> dict[str, Any]:
-    request = m.request("share", device_class=device_class)
-    request["exactly"]["capacity"] = {"requests": {"memory": "10Gi", "compute": "25"}}
-    return m.claim(name, namespace, m.claim_spec([request]))
 
 
 def test_gpus_the_driver_cannot_cap_stay_whole_and_the_plugin_says_why(
@@ -57,9 +49,9 @@ def test_gpus_the_driver_cannot_cap_stay_whole_and_the_plugin_says_why(
         assert SIMULATED_REASON in lines[-1]
 
     # No device for the capped class; the MPS class still gets its share of gpu-2.
-    kube.create(share_claim("capped", namespace, CAPPED_CLASS))
+    kube.create(m.share_claim("capped", namespace, "10Gi", 25, device_class=CAPPED_CLASS))
     kube.create(m.gpu_pod("capped", namespace, claim="capped"))
-    kube.create(share_claim("mps", namespace, MPS_CLASS))
+    kube.create(m.share_claim("mps", namespace, "10Gi", 25, device_class=MPS_CLASS))
     kube.create(m.gpu_pod("mps", namespace, claim="mps", command=m.SHOW_MPS))
     wait_running(kube, "mps", namespace)
     assert allocated_devices(kube, "mps", namespace) == ["gpu-2"]

@@ -9,7 +9,6 @@ shares) with ``--health-monitor=true``; MPS daemons run as pods of the TEST DOUB
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 
@@ -47,7 +46,6 @@ PLUGIN_ARGS = (
     "--mps-daemon-check-interval=0",
     "--mps-share-daemon-warm=off",
 )
-MPS_CLASS = "mps.gpu.nvidia.com"
 
 
 @pytest.fixture(autouse=True)
@@ -74,12 +72,6 @@ def local_mig_device(uuid: str) -> MigDevice:
     matches = [d for d in found.mig_devices if d.uuid == uuid]
     assert matches, f"no MIG device {uuid} on a fresh {SIMULATED_PROFILE} simulator"
     return matches[0]
-
-
-def share_claim(name: str, namespace: str, memory: str, compute: int) -> dict[str, Any]:
-    request = m.request("share", device_class=MPS_CLASS)
-    request["exactly"]["capacity"] = {"requests": {"memory": memory, "compute": str(compute)}}
-    return m.claim(name, namespace, m.claim_spec([request]))
 
 
 def test_a_gpu_taint_reaches_every_mig_device_of_it_and_no_other(driver: Driver) -> None:
@@ -128,7 +120,7 @@ def test_the_share_device_takes_its_gpus_taint_and_new_shares_wait(
     assert sorted(taints(driver)) == [SHARED]
     assert driver.devices()[SHARED]["allowMultipleAllocations"] is True  # still a share device
 
-    kube.create(share_claim("share", namespace, "10Gi", 10))
+    kube.create(m.share_claim("share", namespace, "10Gi", 10))
     kube.create(m.gpu_pod("share", namespace, claim="share", command=m.SHOW_MPS))
     wait_event(kube, namespace, "share", "FailedScheduling", 60)
     inject(driver, {"gpu": driver.uuid_of(SHARED), "event": "recovered"})
@@ -143,7 +135,7 @@ def test_the_share_device_takes_its_gpus_taint_and_new_shares_wait(
 def test_a_dead_share_daemon_marks_the_share_device_until_no_claim_needs_it(
     driver: Driver, kube: Kube, namespace: str
 ) -> None:
-    kube.create(share_claim("share", namespace, "10Gi", 10))
+    kube.create(m.share_claim("share", namespace, "10Gi", 10))
     kube.create(m.gpu_pod("share", namespace, claim="share", command=m.SHOW_MPS))
     wait_running(kube, "share", namespace)
     uid = claim_uid(kube, "share", namespace)

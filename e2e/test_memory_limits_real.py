@@ -22,7 +22,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -67,12 +66,6 @@ def real_namespace(namespace: str, driver: Driver) -> Iterator[str]:
     wait_for("every claim to be unprepared", lambda: not driver.checkpoint_claims(), 120)
 
 
-def share_claim(name: str, namespace: str, device_class: str, memory: str, compute: int) -> Any:
-    request = m.request("share", device_class=device_class)
-    request["exactly"]["capacity"] = {"requests": {"memory": memory, "compute": str(compute)}}
-    return m.claim(name, namespace, m.claim_spec([request]))
-
-
 def container_cgroups(pod_uid: str) -> set[str]:
     """The cgroup v2 paths (under /sys/fs/cgroup) of the pod's processes but its pause
     container's: the workload container's own cgroup, where the hook set the limit."""
@@ -100,7 +93,7 @@ def run_shares(
     assert real is not None
     for suffix, (memory, _, compute) in SHARES.items():
         name = f"{prefix}-{suffix}"
-        kube.create(share_claim(name, namespace, device_class, memory, compute))
+        kube.create(m.share_claim(name, namespace, memory, compute, device_class=device_class))
         kube.create(real.pod(name, namespace, name, image, "sleep 3600 & wait"))
     found = {}
     for suffix, (_, mib, _) in SHARES.items():

@@ -50,7 +50,6 @@ PLUGIN_ARGS = (
     "--mps-daemon-check-interval=1",
     *HEALTH_ARGS,
 )
-MPS_CLASS = "mps.gpu.nvidia.com"
 DEFAULTS_MIB = 81559 // 2  # 50 % of the simulated H100 80GB's 81559Mi
 
 _PRELUDE = """
@@ -125,12 +124,6 @@ OBSERVER = _PRELUDE + textwrap.dedent(
 )
 
 
-def share_claim(name: str, namespace: str, memory: str, compute: int) -> dict[str, Any]:
-    request = m.request("share", device_class=MPS_CLASS)
-    request["exactly"]["capacity"] = {"requests": {"memory": memory, "compute": str(compute)}}
-    return m.claim(name, namespace, m.claim_spec([request]))
-
-
 def tenant_pod(name: str, namespace: str, image: str, script: str) -> dict[str, Any]:
     """A pod of claim ``name`` whose container runs ``script`` with the double image's Python."""
     container = {
@@ -164,7 +157,7 @@ def test_a_tenants_tampering_changes_neither_another_tenants_caps_nor_its_mounts
 ) -> None:
     uuid = driver.uuid_of("gpu-0")
     image = driver.mps_daemon_image
-    kube.create(share_claim("victim", other_namespace, "20Gi", 20))
+    kube.create(m.share_claim("victim", other_namespace, "20Gi", 20))
     kube.create(tenant_pod("victim", other_namespace, image, OBSERVER))
     wait_running(kube, "victim", other_namespace)
     daemon_id = shared_daemon_id(uuid)
@@ -181,7 +174,7 @@ def test_a_tenants_tampering_changes_neither_another_tenants_caps_nor_its_mounts
     )
     assert any(line.endswith(f"threads=50.0 limit={limit}") for line in lines), lines
 
-    kube.create(share_claim("attacker", namespace, "10Gi", 10))
+    kube.create(m.share_claim("attacker", namespace, "10Gi", 10))
     kube.create(tenant_pod("attacker", namespace, image, ATTACKER))
     wait_running(kube, "attacker", namespace)
 
@@ -264,7 +257,7 @@ def test_a_dead_share_daemon_is_restarted_in_place_and_its_taint_goes_with_it(
 ) -> None:
     uuid = driver.uuid_of("gpu-0")
     daemon_id = shared_daemon_id(uuid)
-    kube.create(share_claim("share", namespace, "10Gi", 10))
+    kube.create(m.share_claim("share", namespace, "10Gi", 10))
     kube.create(m.gpu_pod("share", namespace, claim="share", command=m.SHOW_MPS))
     wait_running(kube, "share", namespace)
     [first] = driver.mps_daemon_pods().values()

@@ -12,8 +12,6 @@ the local image."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 
 from e2e import manifests as m
@@ -38,22 +36,6 @@ PARTITION = "gpu-0-mig-7g80gb-0-0"
 NOT_OFFERED = "gpu-0-mig-1g10gb-19-0"
 
 
-def share_claim(
-    name: str, namespace: str, parent_uuid: str, memory: str, compute: int
-) -> dict[str, Any]:
-    """A claim of the MIG shares class for an amount of gpu-0's 7g.80gb partition."""
-    request = m.request(
-        "share",
-        device_class=MIG_MPS_CLASS,
-        selectors=[
-            "device.attributes['gpu.nvidia.com'].profile == '7g.80gb'",
-            f"device.attributes['gpu.nvidia.com'].parentUUID == '{parent_uuid}'",
-        ],
-    )
-    request["exactly"]["capacity"] = {"requests": {"memory": memory, "compute": str(compute)}}
-    return m.claim(name, namespace, m.claim_spec([request]))
-
-
 def made_mig_uuids(driver: Driver) -> list[str]:
     """UUIDs of the MIG devices the simulated GPUs hold now."""
     return sorted(
@@ -76,12 +58,19 @@ def test_two_shares_of_a_partition_share_the_mig_device_it_made_and_block_overla
     assert published["consumesCounters"][0]["counterSet"] == "gpu-0-counter-set"
     assert "allowMultipleAllocations" not in devices[NOT_OFFERED]  # 1g.10gb: not offered
     gpu0 = devices["gpu-0"]["attributes"]["uuid"]["string"]
+    on_partition = [  # gpu-0's one 7g.80gb placement
+        "device.attributes['gpu.nvidia.com'].profile == '7g.80gb'",
+        f"device.attributes['gpu.nvidia.com'].parentUUID == '{gpu0}'",
+    ]
     shares = {  # pod / claim name: (namespace, memory, MiB, compute)
         "part-a": (namespace, "8Gi", 8192, 25),
         "part-b": (other_namespace, "16Gi", 16384, 50),
     }
     for name, (ns, amount, _, compute) in shares.items():
-        kube.create(share_claim(name, ns, gpu0, amount, compute))
+        claim = m.share_claim(
+            name, ns, amount, compute, device_class=MIG_MPS_CLASS, selectors=on_partition
+        )
+        kube.create(claim)
         kube.create(m.gpu_pod(name, ns, claim=name, command=m.SHOW_MPS))
     for name, (ns, *_) in shares.items():
         wait_running(kube, name, ns)

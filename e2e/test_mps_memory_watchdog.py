@@ -23,7 +23,7 @@ import pytest
 from e2e import manifests as m
 from e2e.driver import Driver
 from e2e.kube import Kube, wait_for
-from e2e.test_utilization import metric_or_none, share_claim
+from e2e.test_utilization import metric_or_none
 from e2e.workloads import delete_pods, pids_of_pod, wait_running
 from gpu_dra.kubelet_plugin.mps.memory_watchdog import (
     REASON_EVICTED,
@@ -54,7 +54,7 @@ def reasons(kube: Kube, namespace: str, name: str, kind: str) -> list[str]:
 def start_shares(kube: Kube, namespace: str, shares: dict[str, str]) -> dict[str, int]:
     """A claim of `shares[name]` memory and a pod using it, per name; each pod's first pid."""
     for name, memory in shares.items():
-        kube.create(share_claim(name, namespace, memory, 20))
+        kube.create(m.share_claim(name, namespace, memory, 20))
         kube.create(m.gpu_pod(name, namespace, claim=name))
     pids = {}
     for name in shares:

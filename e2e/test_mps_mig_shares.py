@@ -9,8 +9,6 @@ CUDA_MPS_* environment its CDI spec gave it and the daemon it reaches through th
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 
 from e2e import manifests as m
@@ -32,19 +30,6 @@ SLICE = "gpu-0-mig-1g10gb-19-0"
 NOT_OFFERED = "gpu-1-mig-2g20gb-14-0"
 
 
-def share_claim(
-    name: str, namespace: str, mig_uuid: str, memory: str, compute: int
-) -> dict[str, Any]:
-    """A claim of the MIG shares class for an amount of the MIG device ``mig_uuid``."""
-    request = m.request(
-        "share",
-        device_class=MIG_MPS_CLASS,
-        selectors=[f"device.attributes['gpu.nvidia.com'].uuid == '{mig_uuid}'"],
-    )
-    request["exactly"]["capacity"] = {"requests": {"memory": memory, "compute": str(compute)}}
-    return m.claim(name, namespace, m.claim_spec([request]))
-
-
 def test_two_shares_of_one_mig_device_run_on_its_daemon_with_their_own_caps(
     driver: Driver, kube: Kube, namespace: str, other_namespace: str
 ) -> None:
@@ -61,7 +46,16 @@ def test_two_shares_of_one_mig_device_run_on_its_daemon_with_their_own_caps(
         "mig-b": (other_namespace, "2Gi", 2048, 50),
     }
     for name, (ns, memory, _, compute) in shares.items():
-        kube.create(share_claim(name, ns, mig_uuid, memory, compute))
+        kube.create(
+            m.share_claim(
+                name,
+                ns,
+                memory,
+                compute,
+                device_class=MIG_MPS_CLASS,
+                selectors=[f"device.attributes['gpu.nvidia.com'].uuid == '{mig_uuid}'"],
+            )
+        )
         kube.create(m.gpu_pod(name, ns, claim=name, command=m.SHOW_MPS))
     for name, (ns, *_) in shares.items():
         wait_running(kube, name, ns)

@@ -9,8 +9,6 @@ gave it and the daemon files it sees in the mounted pipe directory."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 
 from e2e import manifests as m
@@ -27,14 +25,6 @@ SIMULATED_PROFILE = "hgx-h100"
 # The lifecycle without warm daemons (the first share starts the daemon, the last stops it);
 # warm daemons: e2e/test_mps_warm.py.
 PLUGIN_ARGS = ("--mps-shares=0", "--mps-share-daemon-warm=off")
-MPS_CLASS = "mps.gpu.nvidia.com"
-
-
-def share_claim(name: str, namespace: str, memory: str, compute: int) -> dict[str, Any]:
-    """A claim of the MPS shares class naming only the amounts (the class carries the config)."""
-    request = m.request("share", device_class=MPS_CLASS)
-    request["exactly"]["capacity"] = {"requests": {"memory": memory, "compute": str(compute)}}
-    return m.claim(name, namespace, m.claim_spec([request]))
 
 
 def test_three_shares_from_two_namespaces_run_on_one_daemon_with_their_own_caps(
@@ -51,7 +41,7 @@ def test_three_shares_from_two_namespaces_run_on_one_daemon_with_their_own_caps(
         "large": (namespace, "40Gi", 40960, 40),
     }
     for name, (ns, memory, _, compute) in shares.items():
-        kube.create(share_claim(name, ns, memory, compute))
+        kube.create(m.share_claim(name, ns, memory, compute))
         kube.create(m.gpu_pod(name, ns, claim=name, command=m.SHOW_MPS))
     for name, (ns, *_) in shares.items():
         wait_running(kube, name, ns)
@@ -103,7 +93,7 @@ def test_three_shares_from_two_namespaces_run_on_one_daemon_with_their_own_caps(
         )
 
     # A fourth share does not fit (70 of 100 compute taken, 40 more asked): not scheduled.
-    kube.create(share_claim("too-big", other_namespace, "20Gi", 40))
+    kube.create(m.share_claim("too-big", other_namespace, "20Gi", 40))
     kube.create(m.gpu_pod("too-big", other_namespace, claim="too-big", command=m.SHOW_MPS))
     wait_event(kube, other_namespace, "too-big", "FailedScheduling", 60)
     # A whole-GPU claim for gpu-0 (naming no amount: all of it) cannot land beside the shares.
@@ -138,7 +128,7 @@ def test_a_restarted_plugin_adopts_the_shared_daemon_and_its_reference_count(
     driver: Driver, kube: Kube, namespace: str
 ) -> None:
     for name, memory, compute in (("first", "10Gi", 10), ("second", "20Gi", 20)):
-        kube.create(share_claim(name, namespace, memory, compute))
+        kube.create(m.share_claim(name, namespace, memory, compute))
         kube.create(m.gpu_pod(name, namespace, claim=name, command=m.SHOW_MPS))
         wait_running(kube, name, namespace)
     daemon_id = shared_daemon_id(driver.uuid_of("gpu-0"))
@@ -155,7 +145,7 @@ def test_a_restarted_plugin_adopts_the_shared_daemon_and_its_reference_count(
         driver.mps_daemon_pods()[daemon_pod["metadata"]["name"]]["metadata"]["uid"]
         == (daemon_pod["metadata"]["uid"])
     )
-    kube.create(share_claim("third", namespace, "30Gi", 30))
+    kube.create(m.share_claim("third", namespace, "30Gi", 30))
     kube.create(m.gpu_pod("third", namespace, claim="third", command=m.SHOW_MPS))
     wait_running(kube, "third", namespace)
     assert mps_output(kube, "third", namespace)["pid"] == str(pid)

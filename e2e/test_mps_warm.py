@@ -29,17 +29,10 @@ pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("no_mps_daemon_left")]
 
 SIMULATED_PROFILE = "hgx-h100"
 PLUGIN_ARGS = ("--mps-shares=0",)  # warm daemons: the default
-MPS_CLASS = "mps.gpu.nvidia.com"
 FRESH_WITHIN_S = 6.0
 """The fresh warm daemon is started right after the last share left: well within the warmer's
 10 s interval (a pass one interval later would take over 10 s plus the start)."""
 _STAMP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ", re.M)
-
-
-def share_claim(name: str, namespace: str, memory: str, compute: int) -> dict[str, Any]:
-    request = m.request("share", device_class=MPS_CLASS)
-    request["exactly"]["capacity"] = {"requests": {"memory": memory, "compute": str(compute)}}
-    return m.claim(name, namespace, m.claim_spec([request]))
 
 
 def warm_pod(driver: Driver, daemon_id: str) -> dict[str, Any]:
@@ -116,7 +109,7 @@ def test_the_first_share_after_a_plugin_start_finds_its_daemon_running(
     before_prepare = time.time()
     assert created_at(daemon_pod) <= before_prepare
 
-    kube.create(share_claim("first", namespace, "10Gi", 10))
+    kube.create(m.share_claim("first", namespace, "10Gi", 10))
     kube.create(m.gpu_pod("first", namespace, claim="first", command=m.SHOW_MPS))
     wait_running(kube, "first", namespace)
 
@@ -138,7 +131,7 @@ def test_the_first_share_after_a_plugin_start_finds_its_daemon_running(
 
     # The first share's join had the supervisor check the daemon beside it, so a second share
     # joins without reading its settings back in its prepare.
-    kube.create(share_claim("second", namespace, "10Gi", 10))
+    kube.create(m.share_claim("second", namespace, "10Gi", 10))
     kube.create(m.gpu_pod("second", namespace, claim="second", command=m.SHOW_MPS))
     wait_running(kube, "second", namespace)
     second = kube.get("resource.k8s.io/v1", "ResourceClaim", "second", namespace)["metadata"]
@@ -196,7 +189,7 @@ def test_a_killed_plugin_leaves_the_warm_daemon_and_the_restarted_one_adopts_it(
         driver.mps_daemon_pods()[daemon_pod["metadata"]["name"]]["metadata"]["uid"]
         == (daemon_pod["metadata"]["uid"])
     )
-    kube.create(share_claim("after", namespace, "20Gi", 20))
+    kube.create(m.share_claim("after", namespace, "20Gi", 20))
     kube.create(m.gpu_pod("after", namespace, claim="after", command=m.SHOW_MPS))
     wait_running(kube, "after", namespace)
     assert mps_output(kube, "after", namespace)["pid"] == str(pid)

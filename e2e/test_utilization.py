@@ -81,15 +81,9 @@ def test_busy_and_idle_whole_gpus_side_by_side(
     (driver.state_dir / SIMULATED_UTILIZATION_FILE).unlink()
 
 
-def share_claim(name: str, namespace: str, memory: str, compute: int) -> dict[str, object]:
-    request = m.request("share", device_class="mps.gpu.nvidia.com")
-    request["exactly"]["capacity"] = {"requests": {"memory": memory, "compute": str(compute)}}
-    return m.claim(name, namespace, m.claim_spec([request]))
-
-
 def test_mps_shares_get_their_own_pods_usage(driver: Driver, kube: Kube, namespace: str) -> None:
     for name, memory, compute in (("share-a", "10Gi", 30), ("share-b", "20Gi", 50)):
-        kube.create(share_claim(name, namespace, memory, compute))
+        kube.create(m.share_claim(name, namespace, memory, compute))
         kube.create(m.gpu_pod(name, namespace, claim=name))
     pids = {}
     for name in ("share-a", "share-b"):
