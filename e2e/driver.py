@@ -14,6 +14,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 import urllib.request
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -44,6 +45,8 @@ DRIVER = "gpu.nvidia.com"
 PLUGIN = "gpu-dra-kubelet-plugin"
 CDI_ROOT = Path("/var/run/cdi")
 METRICS_PORT = 8081  # the plugin's default
+POOL_COMPLETE_S = 10.0
+"""How long `Driver.devices` waits for the slices of a pool generation being written."""
 BIN = Path(sys.executable).parent
 MPS_CONTROL_DOUBLE = REPO_ROOT / "tests" / "doubles" / "bin" / "nvidia-cuda-mps-control"
 """The TEST DOUBLE of nvidia-cuda-mps-control (tests/doubles): the plugin's MPS control binary."""
@@ -328,17 +331,26 @@ class Driver:
         )
 
     def devices(self) -> dict[str, dict[str, Any]]:
-        """Published devices by name (from the highest pool generation)."""
-        slices = self.slices()
-        if not slices:
-            return {}
-        generation = max(s["spec"]["pool"]["generation"] for s in slices)
-        return {
-            d["name"]: d
-            for s in slices
-            if s["spec"]["pool"]["generation"] == generation
-            for d in s["spec"].get("devices", [])
-        }
+        """Published devices by name, from the highest pool generation once all its slices are
+        there: the plugin writes a new generation's slices one by one (a pool of many, as with
+        dynamic MIG, is seen part-written), so a read waits up to `POOL_COMPLETE_S` for the
+        rest."""
+        deadline = time.monotonic() + POOL_COMPLETE_S
+        while True:
+            slices = self.slices()
+            if not slices:
+                return {}
+            generation = max(s["spec"]["pool"]["generation"] for s in slices)
+            current = [s for s in slices if s["spec"]["pool"]["generation"] == generation]
+            expected = current[0]["spec"]["pool"]["resourceSliceCount"]
+            if len(current) >= expected:
+                return {d["name"]: d for s in current for d in s["spec"].get("devices", [])}
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"pool generation {generation} of node {versions.NODE_NAME} has "
+                    f"{len(current)} of its {expected} ResourceSlices after {POOL_COMPLETE_S}s"
+                )
+            time.sleep(0.1)
 
     def uuid_of(self, device: str) -> str:
         return str(self.devices()[device]["attributes"]["uuid"]["string"])
