@@ -139,10 +139,13 @@ class Problem:
 
 @dataclass(frozen=True)
 class Target:
-    """What a problem concerns: a GPU, or one of its MIG devices (GPU and compute instance)."""
+    """What a problem concerns: a GPU, one of its MIG devices (GPU and compute instance), or a
+    dynamic MIG partition of it offered as MPS shares (GI profile ID and placement start: the
+    daemon of the MIG device made from it)."""
 
     gpu_uuid: str
     mig: tuple[int, int] | None = None
+    placement: tuple[int, int] | None = None
 
 
 class Recovery:
@@ -223,7 +226,8 @@ class HealthState:
         kept: dict[Target, Mapping[str, Problem]] = {}
         for target, problems in self.problems.items():
             left = problems
-            if target.gpu_uuid == gpu_uuid and (mig or target.mig is None):
+            own = target.mig is None and target.placement is None
+            if target.gpu_uuid == gpu_uuid and (mig or own):
                 left = {key: p for key, p in problems.items() if key not in drop}
             if left:
                 kept[target] = left
@@ -241,8 +245,10 @@ class HealthState:
         migs: Mapping[str, Target] | None = None,
     ) -> HealthState:
         """For each GPU of `gpus` (those offered as MPS shares) and each MIG device of `migs`
-        (MIG UUID -> its target; static MIG devices offered as shares): a dead-daemon problem
-        when `dead` names it (UUID -> why), none otherwise."""
+        (MIG UUID -> its target; static MIG devices offered as shares, and the MIG devices made
+        from partitions offered as shares): a dead-daemon problem when `dead` names it (UUID ->
+        why), none otherwise. A partition whose MIG device is no longer in `migs` (its last
+        share went) loses its dead-daemon problem."""
         state = self
         for gpu in gpus:
             if gpu in dead:
@@ -254,9 +260,18 @@ class HealthState:
                 state = state.with_problem(target, mps_daemon_dead(dead[uuid], now))
             elif KEY_MPS_DAEMON in state.of(target):
                 left = {k: p for k, p in state.of(target).items() if k != KEY_MPS_DAEMON}
-                problems = {t: p for t, p in state.problems.items() if t != target}
-                state = HealthState({**problems, target: left} if left else problems)
+                state = state._replaced(target, left)
+        current = set((migs or {}).values())
+        for target in [t for t in state.problems if t.placement is not None]:
+            if target not in current and KEY_MPS_DAEMON in state.of(target):
+                left = {k: p for k, p in state.of(target).items() if k != KEY_MPS_DAEMON}
+                state = state._replaced(target, left)
         return state
+
+    def _replaced(self, target: Target, problems: Mapping[str, Problem]) -> HealthState:
+        """The state with `target`'s problems replaced by `problems` (none: the target goes)."""
+        others = {t: p for t, p in self.problems.items() if t != target}
+        return HealthState({**others, target: problems} if problems else others)
 
     def of(self, target: Target) -> Mapping[str, Problem]:
         return self.problems.get(target, {})
@@ -265,11 +280,13 @@ class HealthState:
 @dataclass(frozen=True)
 class DeviceScope:
     """A published device and the GPU (and, for a static MIG device, the GPU and compute
-    instance ids) whose problems it takes."""
+    instance ids; for a dynamic MIG partition, its GI profile ID and placement start) whose
+    problems it takes."""
 
     name: str
     gpu_uuid: str
     mig: tuple[int, int] | None = None
+    placement: tuple[int, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -309,18 +326,26 @@ class DeviceHealth:
 
 def device_health(state: HealthState, scopes: Sequence[DeviceScope]) -> dict[str, DeviceHealth]:
     """Each published device's health. A device takes its GPU's problems and, if it is a static
-    MIG device, its own; a MIG problem no published device matches (a dynamic-MIG instance)
-    counts for the whole GPU, as its instance is not published by ids."""
+    MIG device or a dynamic MIG partition, its own; a MIG problem no published device matches (a
+    dynamic-MIG instance) counts for the whole GPU, as its instance is not published by ids, and
+    so does a partition's no published partition matches."""
     published_migs = {(s.gpu_uuid, s.mig) for s in scopes if s.mig is not None}
+    published_parts = {(s.gpu_uuid, s.placement) for s in scopes if s.placement is not None}
     gpu_wide: dict[str, list[Problem]] = {}
     for target, problems in state.problems.items():
-        if target.mig is None or (target.gpu_uuid, target.mig) not in published_migs:
+        if target.placement is not None:
+            scoped = (target.gpu_uuid, target.placement) in published_parts
+        else:
+            scoped = target.mig is not None and (target.gpu_uuid, target.mig) in published_migs
+        if not scoped:
             gpu_wide.setdefault(target.gpu_uuid, []).extend(problems.values())
     result = {}
     for scope in scopes:
         found = list(gpu_wide.get(scope.gpu_uuid, ()))
         if scope.mig is not None:
             found.extend(state.of(Target(scope.gpu_uuid, scope.mig)).values())
+        if scope.placement is not None:
+            found.extend(state.of(Target(scope.gpu_uuid, placement=scope.placement)).values())
         result[scope.name] = DeviceHealth(_worst_per_key(found))
     return result
 

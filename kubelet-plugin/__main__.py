@@ -207,6 +207,7 @@ async def _serve_instance(
         republish=lambda taints: publisher.set_desired(
             inventory.desired_pool(settings.driver_name, settings.node_name, layout, taints)
         ),
+        entries=checkpoint.all,
     )
     try:
         await _serve_sockets(

@@ -361,7 +361,8 @@ class NodeInventory:
 
     def health_scopes(self) -> list[DeviceScope]:
         """Each published device with the GPU whose health it shares (a static MIG device also
-        with its GPU and compute instance ids), in publishing order."""
+        with its GPU and compute instance ids, a partition with its GI profile ID and placement
+        start), in publishing order."""
         scopes = []
         for device in self.published_devices():
             found = self._by_name[device["name"]]
@@ -369,7 +370,8 @@ class NodeInventory:
                 mig = (found.gi_id, found.ci_id)
                 scopes.append(DeviceScope(device["name"], found.parent.uuid, mig))
             elif isinstance(found, MigPartition):
-                scopes.append(DeviceScope(device["name"], found.parent.uuid))
+                placement = (found.gi_profile_id, found.placement_start)
+                scopes.append(DeviceScope(device["name"], found.parent.uuid, placement=placement))
             else:
                 scopes.append(DeviceScope(device["name"], found.uuid))
         return scopes

@@ -614,7 +614,8 @@ def mps_supervisor(
     the daemon's node-wide ``mps-<id>`` lock; otherwise it only reads, for the health monitor
     (docs/mps.md, "Daemon supervision")."""
     interval = settings.mps_daemon_check_interval_s
-    watched = settings.health_monitor_enabled and bool(inventory.shared_devices)
+    shared = inventory.shared_devices or inventory.partition_shares
+    watched = settings.health_monitor_enabled and bool(shared)
     if mps is None or (interval <= 0 and not watched):
         return None
     locks = instance.locks

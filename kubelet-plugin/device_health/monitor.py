@@ -101,7 +101,9 @@ def _nvml_reason(call: str, error: Exception) -> str:
 class HealthMonitor:
     """Watches the GPUs in `gpus` and keeps the health of the devices in `scopes` (see the
     module doc). `shared_gpus`: UUIDs of the GPUs offered as MPS shares, `shared_migs` the
-    static MIG devices offered as shares (MIG UUID -> target), both checked with `mps`."""
+    static MIG devices offered as shares (MIG UUID -> target), `partition_daemons` the MIG
+    devices made from partitions offered as shares as they are now (MIG UUID -> the partition's
+    target; read at every MPS pass), all checked with `mps`."""
 
     def __init__(
         self,
@@ -112,6 +114,7 @@ class HealthMonitor:
         policy: HealthPolicy,
         shared_gpus: Sequence[str] = (),
         shared_migs: Mapping[str, Target] | None = None,
+        partition_daemons: Callable[[], Mapping[str, Target]] | None = None,
         mps: MpsLiveness | None = None,
         timing: MonitorTiming | None = None,
         clock: Callable[[], datetime] = _utc_now,
@@ -122,6 +125,7 @@ class HealthMonitor:
         self._policy = policy
         self._shared_gpus = tuple(shared_gpus)
         self._shared_migs = dict(shared_migs or {})
+        self._partition_daemons = partition_daemons
         self._mps = mps
         self._timing = timing or MonitorTiming()
         self._clock = clock
@@ -204,7 +208,8 @@ class HealthMonitor:
         if event_set is not None:
             self._beat("nvml")
             workers.append(asyncio.create_task(self._watch_events(event_set), name="health-nvml"))
-        if self._mps is not None and (self._shared_gpus or self._shared_migs):
+        watched = self._shared_gpus or self._shared_migs or self._partition_daemons is not None
+        if self._mps is not None and watched:
             self._beat("mps")
             workers.append(asyncio.create_task(self._watch_mps(), name="health-mps"))
         self._started.set()
@@ -398,7 +403,7 @@ class HealthMonitor:
         assert self._mps is not None
         while not self._stopping.is_set():
             try:
-                dead = await asyncio.to_thread(self._mps.dead_shared_daemons)
+                dead, migs = await asyncio.to_thread(self._mps_verdicts)
             except Exception:
                 log.exception("health: checking the MPS share daemons failed")
             else:
@@ -408,11 +413,17 @@ class HealthMonitor:
                 for uuid in sorted(self._mps_dead - set(dead)):
                     log.info("health: MPS daemon of GPU %s is no longer judged dead", uuid)
                 self._mps_dead = set(dead)
-                state = self._state.with_mps_daemons(
-                    self._shared_gpus, dead, self._clock(), self._shared_migs
-                )
+                state = self._state.with_mps_daemons(self._shared_gpus, dead, self._clock(), migs)
                 self._set_state(state)
             await self._pause_mps()
+
+    def _mps_verdicts(self) -> tuple[Mapping[str, str], Mapping[str, Target]]:
+        """The down share daemons (UUID -> why) and the MIG devices whose daemons count: the
+        static ones offered, and those made from partitions offered (blocking)."""
+        assert self._mps is not None
+        dead = self._mps.dead_shared_daemons()
+        partitions = self._partition_daemons() if self._partition_daemons is not None else {}
+        return dead, {**self._shared_migs, **partitions}
 
     async def _pause_mps(self) -> None:
         """Until the MPS interval passed, `mps_changed` was called or the monitor stops."""

@@ -24,7 +24,8 @@ from gpu_dra.driver.resourceapi import DeviceTaint
 from gpu_dra.kubelet_plugin.device_health.inbox import SIMULATED_EVENTS_DIR, SimulatedEventInbox
 from gpu_dra.kubelet_plugin.device_health.monitor import HealthMonitor, MpsLiveness, Snapshot
 from gpu_dra.kubelet_plugin.device_health.service import DeviceHealthService
-from gpu_dra.kubelet_plugin.mps.supervisor import DaemonSupervisor
+from gpu_dra.kubelet_plugin.mig.claims import shared_mig_devices
+from gpu_dra.kubelet_plugin.mps.supervisor import DaemonSupervisor, Entries
 from gpu_dra.kubelet_plugin.node_devices import NodeInventory
 from gpu_dra.kubelet_plugin.settings import KubeletPluginSettings
 
@@ -87,9 +88,12 @@ def start_health(
     *,
     supervisor: DaemonSupervisor | None,
     republish: Republish,
+    entries: Entries | None = None,
 ) -> HealthRuntime | None:
     """`health_runtime`, started in the running event loop; None when the monitor is off."""
-    runtime = health_runtime(settings, nvml, inventory, supervisor=supervisor, republish=republish)
+    runtime = health_runtime(
+        settings, nvml, inventory, supervisor=supervisor, republish=republish, entries=entries
+    )
     if runtime is not None:
         runtime.start()
     return runtime
@@ -113,17 +117,30 @@ def health_runtime(
     *,
     supervisor: DaemonSupervisor | None,
     republish: Republish,
+    entries: Entries | None = None,
 ) -> HealthRuntime | None:
     """The monitor of this node's published devices, or None when it is off. The MPS share
-    daemons' liveness is ``supervisor``'s verdict (it alone probes them), pushed on change."""
+    daemons' liveness is ``supervisor``'s verdict (it alone probes them), pushed on change;
+    ``entries`` (the claims' records) tell which MIG devices were made from partitions offered
+    as shares."""
     if not settings.health_monitor_enabled:
         log.info("health monitor off (--health-monitor)")
         return None
     policy = settings.health_policy
     shared = [gpu.uuid for gpu in inventory.mps_shares]
     migs = {m.uuid: Target(m.parent.uuid, (m.gi_id, m.ci_id)) for m in inventory.mig_mps_shares}
+    partition_daemons = None
+    if inventory.partition_shares and entries is not None:
+        records = entries
+
+        def partition_daemons() -> dict[str, Target]:
+            return {
+                uuid: Target(i.parent_uuid, placement=(i.gi_profile_id, i.placement_start))
+                for uuid, i in shared_mig_devices(records()).items()
+            }
+
     liveness: MpsLiveness | None = None
-    if supervisor is not None and (shared or migs):
+    if supervisor is not None and (shared or migs or partition_daemons is not None):
         liveness = supervisor
     monitor = HealthMonitor(
         nvml,
@@ -132,6 +149,7 @@ def health_runtime(
         policy=policy,
         shared_gpus=shared,
         shared_migs=migs,
+        partition_daemons=partition_daemons,
         mps=liveness,
     )
 

@@ -387,6 +387,17 @@ class DynamicMig:
         return gpu
 
 
+def shared_mig_devices(entries: Mapping[str, CheckpointEntry]) -> dict[str, MigIntent]:
+    """The MIG devices made from partitions offered as MPS shares that ``entries`` record, by
+    MIG UUID (one intent each: the shares of a device record the same placement)."""
+    return {
+        intent.uuid: intent
+        for uid, entry in sorted(entries.items())
+        for intent in _recorded(uid, entry)
+        if intent.shared and intent.uuid is not None
+    }
+
+
 def _recorded(uid: str, entry: CheckpointEntry) -> list[MigIntent]:
     try:
         return intents_from_state(entry.state)

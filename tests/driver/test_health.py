@@ -180,6 +180,30 @@ def test_a_mig_problem_of_an_unpublished_instance_counts_for_the_whole_gpu() -> 
     assert {name for name, h in health.items() if h.problems} == {"gpu-0", "gpu-0-mig-1g10gb-19-0"}
 
 
+PARTITION = DeviceScope("gpu-0-mig-3g40gb-9-4", GPU0, placement=(9, 4))
+
+
+def test_a_partition_daemon_problem_goes_to_that_partition_only() -> None:
+    """A dead MPS daemon of the MIG device made from a partition offered as shares."""
+    made = {"MIG-a": Target(GPU0, placement=(9, 4))}
+    state = HealthState().with_mps_daemons([], {"MIG-a": "pod gone"}, T0, made)
+    health = device_health(state, [*SCOPES, PARTITION])
+    assert {name for name, h in health.items() if h.problems} == {"gpu-0-mig-3g40gb-9-4"}
+    assert health["gpu-0-mig-3g40gb-9-4"].problems[0].key == KEY_MPS_DAEMON
+    # A GPU problem still reaches the partition; recovery leaves the daemon's problem.
+    both = state.with_problem(Target(GPU0), xid(48)).recovered(GPU0)
+    assert set(both.of(Target(GPU0, placement=(9, 4)))) == {KEY_MPS_DAEMON}
+    # Alive again: gone. So it is once the MIG device (its last share) is gone.
+    assert state.with_mps_daemons([], {}, T1, made).problems == {}
+    assert state.with_mps_daemons([], {"MIG-a": "pod gone"}, T1, {}).problems == {}
+
+
+def test_a_partition_problem_no_published_partition_matches_counts_for_the_gpu() -> None:
+    state = HealthState().with_problem(Target(GPU0, placement=(9, 4)), xid(94))
+    health = device_health(state, SCOPES)  # the partition is not published (policy changed)
+    assert {name for name, h in health.items() if h.problems} == {"gpu-0", "gpu-0-mig-1g10gb-19-0"}
+
+
 def test_the_worst_problem_per_key_wins_on_a_device() -> None:
     state = (
         HealthState()

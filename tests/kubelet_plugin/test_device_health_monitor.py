@@ -18,7 +18,7 @@ from gpu_dra.driver.discovery import discover_devices
 from gpu_dra.driver.health import HealthPolicy, HealthStatus, Target, device_taints
 from gpu_dra.driver.nvml.interface import NVML_EVENT_TYPE_XID_CRITICAL_ERROR
 from gpu_dra.driver.nvml.simulated import SimulatedHost, SimulatedNvml
-from gpu_dra.driver.shares import MigShareSelection, ShareSelection
+from gpu_dra.driver.shares import MigShareSelection, PartitionShareSelection, ShareSelection
 from gpu_dra.kubelet_plugin.device_health.monitor import HealthMonitor, MonitorTiming, MpsLiveness
 from gpu_dra.kubelet_plugin.node_devices import NodeInventory
 
@@ -310,6 +310,44 @@ def test_a_check_that_keeps_failing_makes_the_monitor_not_alive() -> None:
             await asyncio.sleep(0.4)  # NVML waits (50 ms) still complete, MPS checks fail
             assert not node.monitor.alive_within(0.3)
             assert node.monitor.alive_within(60)
+
+    asyncio.run(scenario())
+
+
+def test_a_dead_daemon_of_a_partitions_mig_device_marks_that_partition_only() -> None:
+    """The MIG devices made from partitions offered as shares come and go: read each pass."""
+    liveness = FakeLiveness()
+    made: dict[str, Target] = {}
+    partition = "gpu-1-mig-3g40gb-9-4"
+
+    async def scenario() -> None:
+        host = SimulatedHost.load("hgx-h100", NODE)
+        found = discover_devices(host.nvml, host.pci, mig_profiles=True)
+        inventory = NodeInventory.from_discovery(
+            found,
+            simulated=True,
+            dynamic_mig=True,
+            mps_shares_on_dynamic_mig=PartitionShareSelection.parse("3g.40gb"),
+        )
+        monitor = HealthMonitor(
+            host.nvml,
+            inventory.gpus,
+            inventory.health_scopes(),
+            policy=HealthPolicy(),
+            partition_daemons=lambda: dict(made),
+            mps=liveness,
+            timing=FAST,
+            clock=lambda: NOW,
+        )
+        async with running(Node(host.nvml, inventory, monitor)) as node:
+            parent = next(g for g in inventory.gpus if g.minor == 1)
+            made["MIG-made"] = Target(parent.uuid, placement=(9, 4))
+            liveness.dead = {"MIG-made": "pod mps-control-daemon-z is gone"}
+            await until(lambda: node.health(partition) is HealthStatus.UNHEALTHY, "degraded")
+            assert list(node.taints()) == [partition]  # not gpu-1, not its other partitions
+            made.clear()  # the last share went: no MIG device, no daemon to wait for
+            await until(lambda: node.health(partition) is HealthStatus.HEALTHY, "healthy")
+            assert node.taints() == {}
 
     asyncio.run(scenario())
 

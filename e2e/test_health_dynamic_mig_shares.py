@@ -1,0 +1,81 @@
+"""Device health of MPS shares of a dynamic MIG partition (issue 16, item 5): when the daemon of
+the MIG device made for a partition's shares dies, that partition - not its GPU, not the GPU's
+other partitions - is tainted and its pods' status says so, until no claim needs the daemon (the
+MIG device goes with the last share).
+
+The simulated ``hgx-h100`` node with ``--dynamic-mig --mps-shares-on-dynamic-mig=7g.80gb
+--health-monitor=true``; supervision off (``--mps-daemon-check-interval=0``: the daemons are
+only watched, as by an instance that does not publish), so a dead daemon stays dead. MPS daemons
+run as pods of the TEST DOUBLE."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from e2e import manifests as m
+from e2e.driver import MPS_DAEMON_NAMESPACE, Driver
+from e2e.health import (
+    HEALTH_ARGS,
+    MPS_DAEMON_KEY,
+    recover_all,
+    taints,
+    wait_resource_health,
+    wait_tainted,
+    wait_untainted,
+)
+from e2e.kube import Kube, wait_for
+from e2e.mig import mig_instances
+from e2e.workloads import claim_uid, delete_pods, wait_running
+
+pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("no_mps_daemon_left", "no_mig_left")]
+
+SIMULATED_PROFILE = "hgx-h100"
+DYNAMIC_MIG = True
+PLUGIN_ARGS = (
+    *HEALTH_ARGS,
+    "--mps-shares-on-dynamic-mig=7g.80gb",
+    "--mps-daemon-check-interval=0",
+)
+PARTITION = "gpu-0-mig-7g80gb-0-0"
+
+
+@pytest.fixture(autouse=True)
+def healthy_node(driver: Driver) -> Iterator[None]:
+    """Each test starts and ends with no device tainted."""
+    assert not taints(driver), "device taints left by an earlier test"
+    yield
+    recover_all(driver)
+    wait_untainted(driver)
+
+
+def test_a_dead_daemon_of_a_partitions_mig_device_taints_that_partition_only(
+    driver: Driver, kube: Kube, namespace: str
+) -> None:
+    gpu0 = driver.devices()["gpu-0"]["attributes"]["uuid"]["string"]
+    on_partition = [
+        "device.attributes['gpu.nvidia.com'].profile == '7g.80gb'",
+        f"device.attributes['gpu.nvidia.com'].parentUUID == '{gpu0}'",
+    ]
+    share = m.share_claim(
+        "share", namespace, "10Gi", 10, device_class="mps.mig.nvidia.com", selectors=on_partition
+    )
+    kube.create(share)
+    kube.create(m.gpu_pod("share", namespace, claim="share", command=m.SHOW_MPS))
+    wait_running(kube, "share", namespace)
+    uid = claim_uid(kube, "share", namespace)
+    (daemon_pod,) = driver.mps_daemon_pods()
+
+    kube.delete("v1", "Pod", daemon_pod, MPS_DAEMON_NAMESPACE)  # the daemon dies
+    wait_tainted(driver, {PARTITION}, MPS_DAEMON_KEY, timeout=90)
+    assert sorted(taints(driver)) == [PARTITION]  # not gpu-0, not its other partitions
+    (taint,) = taints(driver)[PARTITION]
+    assert (taint["value"], taint["effect"]) == ("not-running", "NoSchedule")
+    wait_resource_health(kube, "share", namespace, "Unhealthy", "MPS daemon not running")
+
+    delete_pods(kube, namespace, ["share"])  # the last share goes: no daemon, no MIG device
+    driver.wait_unprepared(uid)
+    wait_untainted(driver, timeout=60)
+    wait_for("the daemon pod to be gone", lambda: not driver.mps_daemon_pods(), 60)
+    assert mig_instances(driver) == {}
