@@ -22,6 +22,7 @@ import pytest
 from demo.install import remove_leftover_release
 from e2e.cluster import Cluster, netns
 from e2e.driver import MPS_DAEMON_NAMESPACE, Driver
+from e2e.health import recover_all, taints, wait_untainted
 from e2e.kube import Kube, wait_for
 from e2e.mig import mig_instances, mig_modes
 from e2e.mps import DAEMON_ID_LABEL, daemon_ids
@@ -125,6 +126,16 @@ def namespace(
         return not any(kube.list(api_version, kind, namespace=name) for api_version, kind in kinds)
 
     wait_for(f"the pods and ResourceClaims of namespace {name} to be gone", emptied, 180)
+
+
+@pytest.fixture
+def healthy_node(driver: Driver) -> Iterator[None]:
+    """The test starts and ends with no device tainted (every GPU recovered afterwards): the
+    health modules' `pytest.mark.usefixtures`."""
+    assert not taints(driver), "device taints left by an earlier test"
+    yield
+    recover_all(driver)
+    wait_untainted(driver)
 
 
 @pytest.fixture

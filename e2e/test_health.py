@@ -12,7 +12,6 @@ with ``ResourceHealthStatusMessage`` in the kubelet (`e2e.cluster.versions`)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -23,7 +22,6 @@ from e2e.health import (
     HEALTH_ARGS,
     XID_KEY,
     inject,
-    recover_all,
     taints,
     wait_resource_health,
     wait_tainted,
@@ -32,20 +30,11 @@ from e2e.health import (
 from e2e.kube import Kube, wait_for
 from e2e.workloads import allocated_devices, wait_event, wait_running
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("healthy_node")]
 
 SIMULATED_PROFILE = "hgx-h100"
 PLUGIN_ARGS = HEALTH_ARGS
 TOLERATE_XID = {"key": XID_KEY, "operator": "Exists", "effect": "NoExecute"}
-
-
-@pytest.fixture(autouse=True)
-def healthy_node(driver: Driver) -> Iterator[None]:
-    """Each test starts and ends with no device tainted (every GPU recovered afterwards)."""
-    assert not taints(driver), "device taints left by an earlier test"
-    yield
-    recover_all(driver)
-    wait_untainted(driver)
 
 
 def request(*, tolerate: bool = False, selectors: list[str] | None = None) -> dict[str, Any]:

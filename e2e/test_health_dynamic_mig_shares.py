@@ -10,8 +10,6 @@ run as pods of the TEST DOUBLE."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 
 from e2e import manifests as m
@@ -19,7 +17,6 @@ from e2e.driver import MPS_DAEMON_NAMESPACE, Driver
 from e2e.health import (
     HEALTH_ARGS,
     MPS_DAEMON_KEY,
-    recover_all,
     taints,
     wait_resource_health,
     wait_tainted,
@@ -29,7 +26,10 @@ from e2e.kube import Kube, wait_for
 from e2e.mig import mig_instances
 from e2e.workloads import claim_uid, delete_pods, wait_running
 
-pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("no_mps_daemon_left", "no_mig_left")]
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.usefixtures("healthy_node", "no_mps_daemon_left", "no_mig_left"),
+]
 
 SIMULATED_PROFILE = "hgx-h100"
 DYNAMIC_MIG = True
@@ -39,15 +39,6 @@ PLUGIN_ARGS = (
     "--mps-daemon-check-interval=0",
 )
 PARTITION = "gpu-0-mig-7g80gb-0-0"
-
-
-@pytest.fixture(autouse=True)
-def healthy_node(driver: Driver) -> Iterator[None]:
-    """Each test starts and ends with no device tainted."""
-    assert not taints(driver), "device taints left by an earlier test"
-    yield
-    recover_all(driver)
-    wait_untainted(driver)
 
 
 def test_a_dead_daemon_of_a_partitions_mig_device_taints_that_partition_only(

@@ -8,8 +8,6 @@ shares) with ``--health-monitor=true``; MPS daemons run as pods of the TEST DOUB
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 
 from e2e import manifests as m
@@ -20,7 +18,6 @@ from e2e.health import (
     MPS_DAEMON_KEY,
     XID_KEY,
     inject,
-    recover_all,
     taints,
     wait_resource_health,
     wait_tainted,
@@ -32,7 +29,7 @@ from gpu_dra.driver.discovery import discover_devices
 from gpu_dra.driver.model import MigDevice
 from gpu_dra.driver.nvml.simulated import SimulatedHost
 
-pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("no_mps_daemon_left")]
+pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("healthy_node", "no_mps_daemon_left")]
 
 SIMULATED_PROFILE = "hgx-h100-mig"
 SHARED = "gpu-7"
@@ -46,15 +43,6 @@ PLUGIN_ARGS = (
     "--mps-daemon-check-interval=0",
     "--mps-share-daemon-warm=off",
 )
-
-
-@pytest.fixture(autouse=True)
-def healthy_node(driver: Driver) -> Iterator[None]:
-    """Each test starts and ends with no device tainted (every GPU recovered afterwards)."""
-    assert not taints(driver), "device taints left by an earlier test"
-    yield
-    recover_all(driver)
-    wait_untainted(driver)
 
 
 def mig_devices_of(driver: Driver, parent_uuid: str) -> set[str]:
