@@ -267,11 +267,6 @@ class DynamicMig:
         listed: dict[str, set[tuple[int, int, int]]] = {}
         for intent in intents:
             parent = self._gpu(intent)
-            if parent.uuid not in listed:
-                listed[parent.uuid] = {
-                    (i.gi_profile_id, i.placement_start, i.gi_id)
-                    for i in self._lifecycle.instances(parent)
-                }
             here = (intent.gi_profile_id, intent.placement_start)
             if intent.shared and intent.uuid is not None:
                 # Shared devices are made again by whichever claim comes first, maybe with the
@@ -281,6 +276,11 @@ class DynamicMig:
                     gone.append(f"MIG device {intent.device} ({intent.uuid}) on "
                                 f"{gpu_label(parent)} is gone")  # fmt: skip
                 continue
+            if parent.uuid not in listed:
+                listed[parent.uuid] = {
+                    (i.gi_profile_id, i.placement_start, i.gi_id)
+                    for i in self._lifecycle.instances(parent)
+                }
             if not any(
                 found[:2] == here and intent.gi_id in (None, found[2])
                 for found in listed[parent.uuid]

@@ -26,6 +26,7 @@ from gpu_dra.driver.nvml.interface import (
     NVML_DEVICE_MIG_ENABLE,
     NVML_ERROR_IN_USE,
     NVML_ERROR_INSUFFICIENT_RESOURCES,
+    ComputeInstanceHandle,
     DeviceHandle,
     GpuInstanceHandle,
     GpuInstancePlacement,
@@ -191,16 +192,8 @@ class MigLifecycle(MigState):
             f"create the compute instance of GPU instance {gi_id} ({where})",
             lambda: self._nvml.gpu_instance_create_compute_instance(gi, ci_profile),
         )
-        mig = self._call(
-            parent,
-            "read the new compute instance",
-            lambda: self._nvml.compute_instance_get_info(ci).device,
-        )
         self._crash_point(MIG_AFTER_COMPUTE_INSTANCE)
-        try:
-            return describe_mig_device(self._nvml, handle, parent, mig)
-        except DiscoveryError as error:
-            raise MigError(f"cannot describe the new MIG device: {error}") from error
+        return self._mig_device(parent, handle, ci, "the new compute instance")
 
     def _enable_mig(self, parent: Gpu, handle: DeviceHandle) -> None:
         current, pending = self._call(
@@ -311,16 +304,22 @@ class MigLifecycle(MigState):
                 cis = self._compute_instances(parent, gi)
                 if not cis:
                     return None
-                mig = self._call(
-                    parent,
-                    f"read the compute instance of GPU instance {instance.gi_id}",
-                    partial(self._nvml.compute_instance_get_info, cis[0]),
-                ).device
-                try:
-                    return describe_mig_device(self._nvml, handle, parent, mig)
-                except DiscoveryError as error:
-                    raise MigError(f"cannot describe MIG device: {error}") from error
+                what = f"the compute instance of GPU instance {instance.gi_id}"
+                return self._mig_device(parent, handle, cis[0], what)
             return None
+
+    def _mig_device(
+        self, parent: Gpu, handle: DeviceHandle, ci: ComputeInstanceHandle, what: str
+    ) -> MigDevice:
+        """The MIG device of compute instance `ci` (`what`, for messages), as discovery
+        describes static ones."""
+        mig = self._call(
+            parent, f"read {what}", partial(self._nvml.compute_instance_get_info, ci)
+        ).device
+        try:
+            return describe_mig_device(self._nvml, handle, parent, mig)
+        except DiscoveryError as error:
+            raise MigError(f"cannot describe the MIG device of {what}: {error}") from error
 
     # ---- destroy ---------------------------------------------------------------------------------
     def destroy(
