@@ -334,10 +334,13 @@ class NodeClaimPreparer:
         others = self._records.others(request.claim.uid)
         for plan in plans:
             plan.check(others)
-        return self._commit(request, plans)
+        return self._commit(request, plans, others)
 
     def _commit(
-        self, request: ClaimRequest, plans: Sequence[TierPlan]
+        self,
+        request: ClaimRequest,
+        plans: Sequence[TierPlan],
+        others: Mapping[str, CheckpointEntry],
     ) -> tuple[PreparedDevice, ...]:
         claim = request.claim
         # Before any change: a driver that cannot be found fails the claim with nothing to undo.
@@ -345,7 +348,9 @@ class NodeClaimPreparer:
         intents: dict[str, JsonValue] = {}
         for plan in plans:
             intents.update(plan.intents())
-        run = PrepareRun(claim, self._records, self._inventory, intents, self._devices(request))
+        run = PrepareRun(
+            claim, self._records, self._inventory, intents, self._devices(request), others=others
+        )
         # On disk before any tier changes anything: a crash from here on is rolled back from it.
         run.record()
         crash_points.reached(crash_points.PREPARE_AFTER_STARTED)

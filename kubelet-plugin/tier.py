@@ -79,6 +79,9 @@ class PrepareRun:
     made: dict[str, MigDevice] = field(default_factory=dict)
     """Devices made for the claim (dynamic MIG), by name; they stand in for the published
     partition device."""
+    others: Mapping[str, CheckpointEntry] = field(default_factory=dict)
+    """The other claims' records as `TierPlan.check` got them: read once, under the claim's
+    device locks, which the run still holds (a shared MIG device is joined from them)."""
 
     def record(self) -> None:
         """Write ``state`` as the claim's `PrepareStarted` entry; returns once it is on disk."""

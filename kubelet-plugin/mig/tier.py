@@ -66,8 +66,7 @@ class MigPlan(TierPlan):
         if not self.to_make:
             return
         assert self.dynamic_mig is not None  # checked in plan
-        others = run.records.others(run.claim.uid) if any(i.shared for i in self.to_make) else None
-        created, made = self.dynamic_mig.create(self.to_make, others)
+        created, made = self.dynamic_mig.create(self.to_make, run.others)
         run.state[DYNAMIC_MIG_STATE_KEY] = intents_to_state(created)
         run.completed[DYNAMIC_MIG_STATE_KEY] = intents_to_state(created)
         run.made.update(made)
