@@ -19,7 +19,7 @@ from e2e.driver import Driver
 from e2e.kube import Kube, wait_for
 from e2e.mig import mig_instances, mig_request
 from e2e.mps import PIPE, daemon_pid, daemons, mps_output
-from e2e.workloads import allocated_devices, delete_pods, wait_event, wait_running
+from e2e.workloads import allocated_devices, delete_pods, share_claim_uid, wait_event, wait_running
 from gpu_dra.kubelet_plugin.mps import shared_daemon_id
 from tests.doubles.nvidia_cuda_mps_control import read_state
 
@@ -79,12 +79,7 @@ def test_two_shares_of_a_partition_share_the_mig_device_it_made_and_block_overla
     [mig_uuid] = made_mig_uuids(driver)
     uids = {}
     for name, (ns, amount, _, compute) in shares.items():
-        claim = kube.get("resource.k8s.io/v1", "ResourceClaim", name, ns)
-        uids[name] = claim["metadata"]["uid"]
-        (result,) = claim["status"]["allocation"]["devices"]["results"]
-        assert result["device"] == PARTITION
-        assert result["shareID"]
-        assert result["consumedCapacity"] == {"memory": amount, "compute": str(compute)}
+        uids[name] = share_claim_uid(kube, name, ns, PARTITION, amount, compute)
         state = driver.checkpoint_entry(uids[name])["state"]
         [intent] = state["dynamicMig"]
         assert intent["uuid"] == mig_uuid

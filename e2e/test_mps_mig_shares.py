@@ -15,7 +15,7 @@ from e2e import manifests as m
 from e2e.driver import Driver
 from e2e.kube import Kube, wait_for
 from e2e.mps import PIPE, daemon_pid, daemons, mps_output
-from e2e.workloads import delete_pods, wait_running
+from e2e.workloads import delete_pods, share_claim_uid, wait_running
 from gpu_dra.kubelet_plugin.mps import shared_daemon_id
 from tests.doubles.nvidia_cuda_mps_control import read_state
 
@@ -60,14 +60,10 @@ def test_two_shares_of_one_mig_device_run_on_its_daemon_with_their_own_caps(
     for name, (ns, *_) in shares.items():
         wait_running(kube, name, ns)
 
-    uids = {}
-    for name, (ns, memory, _, compute) in shares.items():
-        claim = kube.get("resource.k8s.io/v1", "ResourceClaim", name, ns)
-        uids[name] = claim["metadata"]["uid"]
-        (result,) = claim["status"]["allocation"]["devices"]["results"]
-        assert result["device"] == SLICE
-        assert result["shareID"]
-        assert result["consumedCapacity"] == {"memory": memory, "compute": str(compute)}
+    uids = {
+        name: share_claim_uid(kube, name, ns, SLICE, memory, compute)
+        for name, (ns, memory, _, compute) in shares.items()
+    }
 
     # One daemon for the MIG device, named after its MIG UUID, serving both claims.
     daemon_id = shared_daemon_id(mig_uuid)

@@ -15,7 +15,7 @@ from e2e import manifests as m
 from e2e.driver import Driver
 from e2e.kube import Kube, wait_for
 from e2e.mps import PIPE, daemon_pid, daemons, mps_output
-from e2e.workloads import delete_pods, wait_event, wait_running
+from e2e.workloads import delete_pods, share_claim_uid, wait_event, wait_running
 from gpu_dra.kubelet_plugin.mps import shared_daemon_id
 from tests.doubles.nvidia_cuda_mps_control import PID_FILE, SOCKET, read_state
 
@@ -47,14 +47,10 @@ def test_three_shares_from_two_namespaces_run_on_one_daemon_with_their_own_caps(
         wait_running(kube, name, ns)
 
     # The scheduler accounted each share on gpu-0: its shareID and consumed capacity.
-    uids = {}
-    for name, (ns, memory, _, compute) in shares.items():
-        claim = kube.get("resource.k8s.io/v1", "ResourceClaim", name, ns)
-        uids[name] = claim["metadata"]["uid"]
-        (result,) = claim["status"]["allocation"]["devices"]["results"]
-        assert result["device"] == "gpu-0"
-        assert result["shareID"]
-        assert result["consumedCapacity"] == {"memory": memory, "compute": str(compute)}
+    uids = {
+        name: share_claim_uid(kube, name, ns, "gpu-0", memory, compute)
+        for name, (ns, memory, _, compute) in shares.items()
+    }
 
     # One daemon for the GPU, named after it, serving all three claims.
     daemon_id = shared_daemon_id(uuid)

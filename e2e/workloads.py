@@ -48,6 +48,19 @@ def allocated_devices(kube: Kube, claim: str, namespace: str) -> list[str]:
     return [r["device"] for r in status["allocation"]["devices"]["results"]]
 
 
+def share_claim_uid(
+    kube: Kube, name: str, namespace: str, device: str, memory: str, compute: int
+) -> str:
+    """The UID of claim ``name``, once checked to hold one share of ``device``: the scheduler
+    gave it a ``shareID`` and accounted ``memory`` and ``compute`` as its consumed capacity."""
+    claim = kube.get("resource.k8s.io/v1", "ResourceClaim", name, namespace)
+    (result,) = claim["status"]["allocation"]["devices"]["results"]
+    assert result["device"] == device, (name, result)
+    assert result["shareID"], (name, result)
+    assert result["consumedCapacity"] == {"memory": memory, "compute": str(compute)}, result
+    return str(claim["metadata"]["uid"])
+
+
 def claim_uid(kube: Kube, name: str, namespace: str) -> str:
     return str(kube.get("resource.k8s.io/v1", "ResourceClaim", name, namespace)["metadata"]["uid"])
 
