@@ -467,6 +467,20 @@ _ACTION_WORD: Final = {
 }
 
 
+def unenforced_devices(inventory: NodeInventory, support: MemoryLimitSupport) -> list[str]:
+    """What the watchdog would watch, as its start-up log names it: the UUIDs of the GPUs and
+    static MIG devices offered as MPS shares whose memory the driver does not cap, then, per
+    profile of the dynamic MIG partitions offered, their MIG devices (made while shares hold
+    them; the driver caps no MIG device)."""
+    unenforced = [
+        device.uuid
+        for device in inventory.shared_devices
+        if support.enforcement(device.uuid) is not Enforcement.DRIVER
+    ]
+    profiles = sorted({p.profile_name for p in inventory.partition_shares})
+    return unenforced + [f"the MIG devices made from {name} partitions" for name in profiles]
+
+
 def start_memory_watchdog(
     settings: KubeletPluginSettings,
     nvml: NvmlLibrary,
@@ -485,17 +499,7 @@ def start_memory_watchdog(
     the driver caps every GPU offered as MPS shares and no static MIG device or dynamic MIG
     partition is offered (MIG shares are never capped by the driver: always watched)."""
     policy = Policy(settings.mps_memory_watchdog)
-    unenforced = [
-        device.uuid
-        for device in inventory.shared_devices
-        if support.enforcement(device.uuid) is not Enforcement.DRIVER
-    ]
-    unenforced += sorted(
-        {
-            f"the MIG devices made from {p.profile_name} partitions"
-            for p in inventory.partition_shares
-        }
-    )
+    unenforced = unenforced_devices(inventory, support)
     if policy is Policy.OFF or not unenforced:
         why = "turned off" if policy is Policy.OFF else "the driver caps every share's memory"
         log.info("MPS memory watchdog not started: %s", why)

@@ -20,9 +20,12 @@ from gpu_dra.driver.shares import PartitionShareSelection, ShareSelectionError
 from gpu_dra.kubelet_plugin import crash_points
 from gpu_dra.kubelet_plugin.mig.claims import intents_from_state
 from gpu_dra.kubelet_plugin.mps import handles_from_state, shared_daemon_id
+from gpu_dra.kubelet_plugin.mps.memory_limits import MemoryLimitSupport
+from gpu_dra.kubelet_plugin.mps.memory_watchdog import unenforced_devices
 from gpu_dra.kubelet_plugin.mps.shared_daemons import SHARES_STATE_KEY
 from gpu_dra.kubelet_plugin.node_devices import NodeInventory
 from gpu_dra.kubelet_plugin.prepare_protocol import ClaimRef
+from gpu_dra.kubelet_plugin.utilization.claims import claim_devices
 from tests.doubles import nvidia_cuda_mps_control as double
 from tests.doubles.mps_helpers import processes_under
 from tests.fakes.claim_reader import allocation_result, resource_claim
@@ -179,6 +182,27 @@ def test_two_shares_of_a_partition_share_its_mig_device_and_daemon_until_the_las
     assert node.daemon_dirs() == []
     for uid in (UID_A, UID_B):
         node.assert_nothing_left(uid)  # MIG device destroyed, MIG mode off
+
+
+def test_the_memory_watchdog_reads_a_partition_share_on_the_mig_device_made(
+    node: PartitionSharesNode,
+) -> None:
+    """The driver caps no MIG device, so the watchdog checks partition shares after the fact:
+    it reads each from the MIG device the claim's record names, with the share's size."""
+    share = node.add_share(UID_A, "2Gi", "25")
+    ok(node.prepare(share))
+    [made] = node.mig_uuids()
+
+    [device] = claim_devices(node.checkpoint.all(), node.inventory, lambda ns, name: ())
+
+    assert (device.device, device.tier, device.uuid) == (SLICE, "mps-share", made)
+    assert (device.share_memory_bytes, device.share_compute_percent) == (2 * 2**30, 25)
+    assert device.share_memory_enforcement == "mps-client"
+    assert unenforced_devices(node.inventory, MemoryLimitSupport()) == [
+        "the MIG devices made from 1g.10gb partitions"
+    ]
+    assert node.unprepare(share) is None
+    node.assert_nothing_left(UID_A)
 
 
 def test_a_claim_of_all_of_a_shared_partition_holds_its_device_as_any_mig_device(
