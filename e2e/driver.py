@@ -211,6 +211,13 @@ class Driver:
                 return b"kubelet registration succeeded" in text.read()
 
         wait_for("the kubelet to register the plugin", registered, 60)
+        # Slices of an earlier plugin run (other flags) stay until this one reconciled its pool:
+        # with the same device names, only its first reconcile says they are this run's.
+        wait_for(
+            "the plugin to reconcile its ResourceSlices",
+            lambda: self._reconciles() >= 1,
+            60,
+        )
         # Slices of an earlier plugin run (another profile) stay until the new one republishes.
         expected = self.expected_device_names()
         wait_for(
@@ -421,6 +428,13 @@ class Driver:
     def forget_simulated_mig(self) -> None:
         """Remove the simulated GPUs' MIG state: the next plugin starts them without MIG."""
         (self.state_dir / SIMULATED_STATE_FILE).unlink(missing_ok=True)
+
+    def _reconciles(self) -> float:
+        """Pool reconciles of the running plugin process (0 while its /metrics is not up)."""
+        try:
+            return self.metric("gpu_dra_resourceslice_reconciles_total")
+        except (OSError, KeyError):
+            return 0
 
     def metric(self, name: str, **labels: str) -> float:
         """A sample from the plugin's /metrics endpoint (`metrics_url`)."""
