@@ -20,7 +20,7 @@ from typing import Any, Final
 from e2e import helm
 from e2e.cluster import Cluster, driverimage, images, netns, versions
 from e2e.cluster.paths import REPO_ROOT
-from e2e.driver import DATA_DIR_LINK
+from e2e.driver import DATA_DIR_LINK, pool_reconciles
 from e2e.kube import Kube, wait_for
 
 CHART: Final = REPO_ROOT / "deployments" / "helm" / "gpu-dra"
@@ -122,8 +122,9 @@ def ready(pod: dict[str, Any]) -> bool:
 
 
 def wait_plugin_ready(kube: Kube, cluster: Cluster, namespace: str = NAMESPACE) -> None:
-    """Wait until the node has exactly one plugin pod and it is ready (a rolling update with
-    maxSurge 1 runs two for a while); on time-out, fail with the containers' last log lines."""
+    """Wait until the node has exactly one plugin pod, it is ready (a rolling update with
+    maxSurge 1 runs two for a while) and it reconciled the node's pool (`pool_reconciles`); on
+    time-out of the first two, fail with the containers' last log lines."""
 
     def settled() -> bool:
         (daemonset,) = kube.list("apps/v1", "DaemonSet", namespace=namespace,
@@ -147,6 +148,9 @@ def wait_plugin_ready(kube: Kube, cluster: Cluster, namespace: str = NAMESPACE) 
             for extra in ((), ("--previous",))
         )  # fmt: skip
         raise AssertionError(f"{error}; plugin log:\n{logs}") from error
+    # Slices of an earlier plugin (same names, other flags) stay until this one reconciled.
+    url = plugin_metrics_url(kube, namespace)
+    wait_for("the plugin pod to reconcile its pool", lambda: pool_reconciles(url) >= 1, 60)
 
 
 def plugin_metrics_url(kube: Kube, namespace: str = NAMESPACE) -> str:

@@ -173,7 +173,8 @@ class Driver:
 
     def start_plugin(self, env: Mapping[str, str] | None = None) -> None:
         """Start the plugin (with `env` added to its environment) and wait until the kubelet
-        registered it: a pod that needs the driver before that backs off for over a minute."""
+        registered it (a pod that needs the driver before that backs off for over a minute) and
+        it reconciled the node's pool (`pool_reconciles`)."""
         paths = self.cluster.paths
         log = paths.logs / f"{PLUGIN}.log"
         offset = log.stat().st_size if log.exists() else 0
@@ -211,11 +212,9 @@ class Driver:
                 return b"kubelet registration succeeded" in text.read()
 
         wait_for("the kubelet to register the plugin", registered, 60)
-        # Slices of an earlier plugin run (other flags) stay until this one reconciled its pool:
-        # with the same device names, only its first reconcile says they are this run's.
         wait_for(
             "the plugin to reconcile its ResourceSlices",
-            lambda: self._reconciles() >= 1,
+            lambda: pool_reconciles(self.metrics_url) >= 1,
             60,
         )
         # Slices of an earlier plugin run (another profile) stay until the new one republishes.
@@ -429,24 +428,9 @@ class Driver:
         """Remove the simulated GPUs' MIG state: the next plugin starts them without MIG."""
         (self.state_dir / SIMULATED_STATE_FILE).unlink(missing_ok=True)
 
-    def _reconciles(self) -> float:
-        """Pool reconciles of the running plugin process (0 while its /metrics is not up)."""
-        try:
-            return self.metric("gpu_dra_resourceslice_reconciles_total")
-        except (OSError, KeyError):
-            return 0
-
     def metric(self, name: str, **labels: str) -> float:
         """A sample from the plugin's /metrics endpoint (`metrics_url`)."""
-        with urllib.request.urlopen(self.metrics_url, timeout=5) as r:
-            text = r.read().decode()
-        for family in text_string_to_metric_families(text):
-            for sample in family.samples:
-                if sample.name == name and all(
-                    sample.labels.get(k) == v for k, v in labels.items()
-                ):
-                    return float(sample.value)
-        raise KeyError(f"no sample {name}{labels} in the plugin's metrics")
+        return read_metric(self.metrics_url, name, **labels)
 
     def cdi_spec_claims(self) -> set[str]:
         prefix = "k8s.gpu.nvidia.com-claim_"
@@ -455,3 +439,24 @@ class Driver:
             for p in CDI_ROOT.glob(f"{prefix}*")
             if p.is_file()
         }
+
+
+def read_metric(url: str, name: str, **labels: str) -> float:
+    """A sample from the /metrics endpoint at `url`; KeyError when it has none such."""
+    with urllib.request.urlopen(url, timeout=5) as r:
+        text = r.read().decode()
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                return float(sample.value)
+    raise KeyError(f"no sample {name}{labels} in the plugin's metrics")
+
+
+def pool_reconciles(metrics_url: str) -> float:
+    """Pool reconciles (with or without writes) of the plugin process serving `metrics_url`; 0
+    while it does not answer. A plugin started beside slices of an earlier run (same device
+    names, other flags) owns what is published once this is 1 or more."""
+    try:
+        return read_metric(metrics_url, "gpu_dra_resourceslice_reconciles_total")
+    except (OSError, KeyError):
+        return 0
