@@ -50,8 +50,8 @@ PLUGIN_ARGS = (f"--healthcheck-port={HEALTH_PORT}",)
 OUTAGE_S = float(os.environ.get("GPU_DRA_E2E_OUTAGE_S", "60"))
 """How long the apiserver stays down (20 s or more: the finishing pod must end within it)."""
 FINISH_AFTER_S = max(OUTAGE_S / 2, 10.0)
-"""How long the finishing pod runs: it must outlive stopping the apiserver (seconds under load)."""
-"""How long the finishing pod's container runs: it ends early in the outage."""
+"""How long the finishing pod's container runs: it must outlive stopping the apiserver (seconds
+under load) and end early in the outage."""
 PREPARE_DELAY_S = 15
 """How long the plugin holds a prepare after PrepareStarted: the kubelet restarts meanwhile."""
 
