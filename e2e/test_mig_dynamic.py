@@ -213,7 +213,9 @@ def test_plugin_crash_between_gpu_and_compute_instance_leaves_nothing_behind(
     log = (cluster.paths.logs / f"{PLUGIN}.log").read_text()
     assert f"rolling back an interrupted prepare claim_uid={uid}" in log
     # The kubelet retries the prepare, which now succeeds: the claim's one MIG device exists,
-    # nothing else does.
+    # nothing else does. On its own the kubelet retries a failed pod sync at its next resync
+    # (60 to 90 s); a pod update makes it sync at once.
+    cluster.kubectl("annotate", "pod", "pod", f"--namespace={namespace}", "gpu-dra.e2e/retry=1")
     wait_running(kube, "pod", namespace, timeout=300)
     (device,) = allocated_devices(kube, "slice", namespace)
     held = mig_instances(driver)
