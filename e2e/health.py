@@ -7,8 +7,10 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
-from e2e.driver import Driver
+from e2e import manifests as m
+from e2e.driver import MPS_DAEMON_NAMESPACE, Driver
 from e2e.kube import Kube, wait_for
+from e2e.workloads import claim_uid, wait_running
 from gpu_dra.kubelet_plugin.device_health.inbox import SIMULATED_EVENTS_DIR, write_event
 
 HEALTH_ARGS = ("--health-monitor=true",)
@@ -89,3 +91,25 @@ def wait_resource_health(
 
     wait_for(f"pod {namespace}/{pod} to show a {health} device ({message_part!r})", shown, timeout)
     return found
+
+
+def kill_a_shares_daemon(
+    driver: Driver, kube: Kube, share: m.Obj, namespace: str, device: str
+) -> str:
+    """Create the share claim `share` and a pod on it (both named as the claim), delete the pod
+    of its MPS daemon (the node's only one) and wait until `device` is tainted
+    ``mps-daemon=not-running:NoSchedule`` and the pod's status shows the device unhealthy;
+    the claim's UID."""
+    name = share["metadata"]["name"]
+    kube.create(share)
+    kube.create(m.gpu_pod(name, namespace, claim=name, command=m.SHOW_MPS))
+    wait_running(kube, name, namespace)
+    uid = claim_uid(kube, name, namespace)
+    (daemon_pod,) = driver.mps_daemon_pods()
+
+    kube.delete("v1", "Pod", daemon_pod, MPS_DAEMON_NAMESPACE)  # the daemon dies
+    wait_tainted(driver, {device}, MPS_DAEMON_KEY, timeout=90)
+    (taint,) = taints(driver)[device]
+    assert (taint["value"], taint["effect"]) == ("not-running", "NoSchedule")
+    wait_resource_health(kube, name, namespace, "Unhealthy", "MPS daemon not running")
+    return uid

@@ -13,18 +13,16 @@ from __future__ import annotations
 import pytest
 
 from e2e import manifests as m
-from e2e.driver import MPS_DAEMON_NAMESPACE, Driver
+from e2e.driver import Driver
 from e2e.health import (
     HEALTH_ARGS,
-    MPS_DAEMON_KEY,
+    kill_a_shares_daemon,
     taints,
-    wait_resource_health,
-    wait_tainted,
     wait_untainted,
 )
 from e2e.kube import Kube, wait_for
 from e2e.mig import mig_instances
-from e2e.workloads import claim_uid, delete_pods, wait_running
+from e2e.workloads import delete_pods
 
 pytestmark = [
     pytest.mark.e2e,
@@ -52,18 +50,8 @@ def test_a_dead_daemon_of_a_partitions_mig_device_taints_that_partition_only(
     share = m.share_claim(
         "share", namespace, "10Gi", 10, device_class="mps.mig.nvidia.com", selectors=on_partition
     )
-    kube.create(share)
-    kube.create(m.gpu_pod("share", namespace, claim="share", command=m.SHOW_MPS))
-    wait_running(kube, "share", namespace)
-    uid = claim_uid(kube, "share", namespace)
-    (daemon_pod,) = driver.mps_daemon_pods()
-
-    kube.delete("v1", "Pod", daemon_pod, MPS_DAEMON_NAMESPACE)  # the daemon dies
-    wait_tainted(driver, {PARTITION}, MPS_DAEMON_KEY, timeout=90)
+    uid = kill_a_shares_daemon(driver, kube, share, namespace, PARTITION)
     assert sorted(taints(driver)) == [PARTITION]  # not gpu-0, not its other partitions
-    (taint,) = taints(driver)[PARTITION]
-    assert (taint["value"], taint["effect"]) == ("not-running", "NoSchedule")
-    wait_resource_health(kube, "share", namespace, "Unhealthy", "MPS daemon not running")
 
     delete_pods(kube, namespace, ["share"])  # the last share goes: no daemon, no MIG device
     driver.wait_unprepared(uid)

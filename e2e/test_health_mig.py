@@ -12,14 +12,13 @@ import pytest
 
 from e2e import manifests as m
 from e2e.cluster import versions
-from e2e.driver import MPS_DAEMON_NAMESPACE, Driver
+from e2e.driver import Driver
 from e2e.health import (
     HEALTH_ARGS,
-    MPS_DAEMON_KEY,
     XID_KEY,
     inject,
+    kill_a_shares_daemon,
     taints,
-    wait_resource_health,
     wait_tainted,
     wait_untainted,
 )
@@ -123,17 +122,9 @@ def test_the_share_device_takes_its_gpus_taint_and_new_shares_wait(
 def test_a_dead_share_daemon_marks_the_share_device_until_no_claim_needs_it(
     driver: Driver, kube: Kube, namespace: str
 ) -> None:
-    kube.create(m.share_claim("share", namespace, "10Gi", 10))
-    kube.create(m.gpu_pod("share", namespace, claim="share", command=m.SHOW_MPS))
-    wait_running(kube, "share", namespace)
-    uid = claim_uid(kube, "share", namespace)
-    (daemon_pod,) = driver.mps_daemon_pods()
-
-    kube.delete("v1", "Pod", daemon_pod, MPS_DAEMON_NAMESPACE)  # the daemon dies
-    wait_tainted(driver, {SHARED}, MPS_DAEMON_KEY, timeout=90)
-    (taint,) = taints(driver)[SHARED]
-    assert (taint["value"], taint["effect"]) == ("not-running", "NoSchedule")
-    wait_resource_health(kube, "share", namespace, "Unhealthy", "MPS daemon not running")
+    uid = kill_a_shares_daemon(
+        driver, kube, m.share_claim("share", namespace, "10Gi", 10), namespace, SHARED
+    )
 
     delete_pods(kube, namespace, ["share"])  # the last share goes: no daemon is needed
     driver.wait_unprepared(uid)
