@@ -57,6 +57,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import signal
 import socket
 import sys
 from types import ModuleType
@@ -135,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if args == [SERVER_FLAG]:  # a simulated MPS server: idles until killed
         while True:
-            os.pause()
+            signal.pause()
     if "-v" in args:
         print("nvidia-cuda-mps-control test double (gpu-dra)")
         return 0
