@@ -79,7 +79,7 @@ def run_real_stage(cluster: Cluster, kube: Kube, say: Callable[[str], None]) -> 
     say(f"==> kubelet plugin: {' '.join(real.plugin_args())} --dynamic-mig")
     driver.start_plugin()
     image = driver.ensure_glibc_image()
-    kube.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})
+    kube.create_namespace(NAMESPACE)
     for name, spec in CLAIMS.items():
         kube.create(m.claim(name, NAMESPACE, spec))
         kube.create(real.pod(name, NAMESPACE, name, image, COMMAND))

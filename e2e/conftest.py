@@ -106,14 +106,14 @@ def deleted_namespaces(kube: Kube) -> Iterator[list[str]]:
 def namespace(
     kube: Kube, deleted_namespaces: list[str], request: pytest.FixtureRequest
 ) -> Iterator[str]:
-    """A fresh namespace per test, deleted afterwards: the test ends once its pods and
-    ResourceClaims are gone (a pod leaves the API only after the kubelet unprepared its claims;
-    a claim once deallocated). The namespace object itself takes the namespace controller ~5 s
-    more (passes over every resource type) that no later test depends on: the session waits for
-    every deleted namespace at its end."""
+    """A fresh namespace per test (with its default ServiceAccount), deleted afterwards: the
+    test ends once its pods and ResourceClaims are gone (a pod leaves the API only after the
+    kubelet unprepared its claims; a claim once deallocated). The namespace object itself takes
+    the namespace controller ~5 s more (passes over every resource type) that no later test
+    depends on: the session waits for every deleted namespace at its end."""
     name = f"e2e-{request.node.name[:40].lower().replace('_', '-')}-{uuid.uuid4().hex[:5]}"
     name = name.replace("[", "-").replace("]", "")
-    kube.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+    kube.create_namespace(name)
     yield name
     kube.delete("v1", "Namespace", name)
     deleted_namespaces.append(name)
@@ -143,7 +143,7 @@ def other_namespace(kube: Kube, namespace: str) -> Iterator[str]:
     """A second namespace for the test, beside `namespace` (MPS shares come from any
     namespace); deleted afterwards, waiting until it is gone."""
     name = f"{namespace[:55]}-b"
-    kube.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+    kube.create_namespace(name)
     yield name
     kube.delete("v1", "Namespace", name)
     kube.wait_gone("v1", "Namespace", name, None, timeout=180)

@@ -30,6 +30,21 @@ class Kube:
         namespace = manifest.get("metadata", {}).get("namespace")
         return dict(resource.create(body=manifest, namespace=namespace).to_dict())
 
+    def create_namespace(self, name: str, timeout: float = 120) -> None:
+        """Create Namespace `name` and wait for its ``default`` ServiceAccount: the apiserver
+        refuses pods in the namespace until kube-controller-manager made it, which after an
+        apiserver outage waits for that manager's watches to resume (tens of seconds)."""
+        self.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+
+        def made() -> bool:
+            try:
+                self.get("v1", "ServiceAccount", "default", name)
+            except NotFoundError:
+                return False
+            return True
+
+        wait_for(f"the default ServiceAccount of namespace {name}", made, timeout)
+
     def get(self, api_version: str, kind: str, name: str, namespace: str | None = None) -> Obj:
         resource = self._resource(api_version, kind)
         return dict(resource.get(name=name, namespace=namespace).to_dict())

@@ -94,7 +94,7 @@ NOT_INSTALLED_KINDS = {"ServiceMonitor"}
 
 @pytest.fixture(scope="module")
 def openapi_namespace(kube: Kube) -> Iterator[str]:
-    kube.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": OPENAPI_NAMESPACE}})
+    kube.create_namespace(OPENAPI_NAMESPACE)
     yield OPENAPI_NAMESPACE
     kube.delete("v1", "Namespace", OPENAPI_NAMESPACE)
     kube.wait_gone("v1", "Namespace", OPENAPI_NAMESPACE, None, timeout=180)
