@@ -35,19 +35,22 @@ class Kube:
         refuses pods in the namespace until kube-controller-manager made it, which after an
         apiserver outage waits for that manager's watches to resume (tens of seconds)."""
         self.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
-
-        def made() -> bool:
-            try:
-                self.get("v1", "ServiceAccount", "default", name)
-            except NotFoundError:
-                return False
-            return True
-
-        wait_for(f"the default ServiceAccount of namespace {name}", made, timeout)
+        wait_for(
+            f"the default ServiceAccount of namespace {name}",
+            lambda: self.exists("v1", "ServiceAccount", "default", name),
+            timeout,
+        )
 
     def get(self, api_version: str, kind: str, name: str, namespace: str | None = None) -> Obj:
         resource = self._resource(api_version, kind)
         return dict(resource.get(name=name, namespace=namespace).to_dict())
+
+    def exists(self, api_version: str, kind: str, name: str, namespace: str | None) -> bool:
+        try:
+            self.get(api_version, kind, name, namespace)
+        except NotFoundError:
+            return False
+        return True
 
     def list(
         self,
@@ -83,14 +86,11 @@ class Kube:
     def wait_gone(
         self, api_version: str, kind: str, name: str, namespace: str | None, timeout: float = 120
     ) -> None:
-        def gone() -> bool:
-            try:
-                self.get(api_version, kind, name, namespace)
-            except NotFoundError:
-                return True
-            return False
-
-        wait_for(f"{kind} {name} to be deleted", gone, timeout)
+        wait_for(
+            f"{kind} {name} to be deleted",
+            lambda: not self.exists(api_version, kind, name, namespace),
+            timeout,
+        )
 
     def pod_log(self, name: str, namespace: str, container: str | None = None) -> str:
         core = CoreV1Api(self.api_client)
