@@ -8,7 +8,7 @@ import stat
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -40,6 +40,13 @@ def no_process_outlives_the_module() -> Iterator[None]:
     assert not any(leftovers.values()), f"MPS double processes left running: {leftovers}"
 
 
+def settle(condition: Callable[[], bool], seconds: float = 5.0) -> None:
+    """Poll `condition` until it holds or `seconds` passed; the caller's assertions follow."""
+    deadline = time.monotonic() + seconds
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
 class Daemon:
     """One double daemon in a scratch dir, driven through the double's own client."""
 
@@ -61,9 +68,7 @@ class Daemon:
     def start(self, *flags: str, **knobs: str) -> subprocess.CompletedProcess[str]:
         done = self.run([str(DOUBLE_BINARY), "-d", *flags], "", **knobs)
         if done.returncode == 0:
-            deadline = time.monotonic() + 5
-            while not (self.pipe / double.SOCKET).exists() and time.monotonic() < deadline:
-                time.sleep(0.01)
+            settle((self.pipe / double.SOCKET).exists)
         return done
 
     def send(self, *commands: str) -> subprocess.CompletedProcess[str]:
@@ -120,9 +125,7 @@ def test_daemon_mode_returns_at_once_and_leaves_a_daemon_in_its_own_session(
     assert start_time(pid) is not None
     assert os.getsid(pid) != os.getsid(0)
     # The double logs its second line just after listen(); the socket file exists from bind().
-    deadline = time.monotonic() + 5
-    while len(log_lines(daemon)) < 2 and time.monotonic() < deadline:
-        time.sleep(0.01)
+    settle(lambda: len(log_lines(daemon)) >= 2)
     assert log_lines(daemon)[:2] == [
         f"Starting control daemon using socket {daemon.pipe}/control",
         f"To connect CUDA applications to this daemon, set env "
@@ -193,9 +196,7 @@ def test_quit_stops_servers_removes_socket_and_pid_file_and_loses_settings(
     assert pid is not None
 
     assert daemon.send("quit").returncode == 0
-    deadline = time.monotonic() + 5
-    while processes_under(daemon.root) and time.monotonic() < deadline:
-        time.sleep(0.01)
+    settle(lambda: not processes_under(daemon.root))
 
     assert processes_under(daemon.root) == []
     assert not (daemon.pipe / double.SOCKET).exists()
@@ -307,9 +308,7 @@ def test_a_control_client_in_flight_is_no_daemon_process(daemon: Daemon) -> None
         client.stdin.flush()
         # The client starts as the double's sh wrapper, whose path helpers (a subshell,
         # readlink, dirname) carry the same environment until it execs the double.
-        deadline = time.monotonic() + 5
-        while not client_execd(client.pid) and time.monotonic() < deadline:
-            time.sleep(0.01)
+        settle(lambda: client_execd(client.pid))
 
         assert sorted(processes_under(daemon.root)) == sorted([pid, client.pid])
         assert is_control_client(client.pid)
