@@ -48,7 +48,7 @@ from e2e.cluster.paths import REPO_ROOT
 from e2e.driver import MPS_DAEMON_NAMESPACE, PLUGIN, Driver
 from e2e.kube import Kube, wait_for
 from gpu_dra.driver.naming import GpuDeviceName, parse_device_name
-from gpu_dra.kubelet_plugin.timeslicing import interval_name
+from gpu_dra.kubelet_plugin.time_slicer import interval_name
 
 
 def say(text: str = "") -> None:

@@ -17,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from e2e.driver import Driver
 from e2e.kube import Kube
 from gpu_dra.kubelet_plugin.mig import SIMULATED_STATE_FILE
-from gpu_dra.kubelet_plugin.timeslicing import DEFAULT_INTERVAL, RECORD_FILE
+from gpu_dra.kubelet_plugin.time_slicer import DEFAULT_INTERVAL, RECORD_FILE
 
 _ENV_LINE = re.compile(r"^([A-Z][A-Z0-9_]*)=(.*)$", re.M)
 _DEVICE_KEY = re.compile(r"^GPU_DRA_(\w+?)_(UUID|PARENT_UUID|PROFILE|PRODUCT|SIMULATED)$")

@@ -48,7 +48,7 @@ from e2e.kube import Kube, wait_for
 from gpu_dra.driver.config.limits import render_pinned_limit
 from gpu_dra.driver.config.quantity import quantity_value
 from gpu_dra.driver.naming import MigDeviceName, gpu_device_name, parse_device_name
-from gpu_dra.kubelet_plugin.timeslicing import TIME_SLICE_VALUES
+from gpu_dra.kubelet_plugin.time_slicer import TIME_SLICE_VALUES
 from gpu_dra.kubelet_plugin.utilization.simulated_file import SIMULATED_UTILIZATION_FILE
 
 pytestmark = pytest.mark.e2e

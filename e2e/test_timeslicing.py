@@ -14,7 +14,7 @@ from e2e import manifests as m
 from e2e.driver import Driver
 from e2e.kube import Kube, wait_for
 from e2e.workloads import allocated_devices, gpus_seen, wait_running
-from gpu_dra.kubelet_plugin.timeslicing import DEFAULT_INTERVAL, INTERVAL_NAMES, RECORD_FILE
+from gpu_dra.kubelet_plugin.time_slicer import DEFAULT_INTERVAL, INTERVAL_NAMES, RECORD_FILE
 
 pytestmark = pytest.mark.e2e
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from gpu_dra.kubelet_plugin.kubeapi import ClaimNotFoundError, ClaimReader, ResourceClaim
 from gpu_dra.kubelet_plugin.prepare_protocol import ClaimRef
-from gpu_dra.kubelet_plugin.tier import AllocatedResult, PrepareError
+from gpu_dra.kubelet_plugin.tiers.protocol import AllocatedResult, PrepareError
 
 
 def allocated_devices(resource_claim: ResourceClaim) -> dict[str, list[Mapping[str, Any]]]:

@@ -19,19 +19,20 @@ from prometheus_client.registry import Collector
 from gpu_dra.driver.model import GpuProblem
 from gpu_dra.driver.shares import FULL_COMPUTE
 from gpu_dra.kubelet_plugin.checkpoint import CheckpointEntry, CheckpointError, JsonValue
-from gpu_dra.kubelet_plugin.mig.claims import DYNAMIC_MIG_STATE_KEY, intents_from_state
 from gpu_dra.kubelet_plugin.mig.instances import MigError
 from gpu_dra.kubelet_plugin.mps.daemon import current_handle
-from gpu_dra.kubelet_plugin.mps.daemon_model import (
-    MPS_STATE_KEY,
-    DaemonHandle,
-    MpsError,
-    handles_from_state,
-)
+from gpu_dra.kubelet_plugin.mps.daemon_model import DaemonHandle, MpsError
 from gpu_dra.kubelet_plugin.mps.ids import is_shared_daemon
 from gpu_dra.kubelet_plugin.mps.process import ProcessIdentity, is_alive
-from gpu_dra.kubelet_plugin.mps.share_tier import MEMORY_ENFORCEMENT_KEY
-from gpu_dra.kubelet_plugin.mps.shared_daemons import SHARES_STATE_KEY, shares_from_state
+from gpu_dra.kubelet_plugin.tiers.state import (
+    DYNAMIC_MIG_STATE_KEY,
+    MEMORY_ENFORCEMENT_KEY,
+    MPS_STATE_KEY,
+    SHARES_STATE_KEY,
+    handles_from_state,
+    intents_from_state,
+    shares_from_state,
+)
 
 log = logging.getLogger(__name__)
 

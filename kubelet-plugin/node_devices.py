@@ -158,7 +158,7 @@ class NodeInventory:
     GPUs it does not partition."""
     capped_shares: tuple[Gpu, ...] = ()
     """Whole GPUs offered as capped time-sliced shares (``--capped-shares``, only where the
-    driver caps memory per container: `capped_share_tier`); never also in `mps_shares`."""
+    driver caps memory per container: `tiers.capped_shares`); never also in `mps_shares`."""
     mig_mps_shares: tuple[MigDevice, ...] = ()
     """Static MIG devices offered as MPS shares (`shares.MigShareSelection.select`); with
     dynamic MIG only those of GPUs it does not partition."""

@@ -39,7 +39,6 @@ from gpu_dra.driver.naming import (
 )
 from gpu_dra.kubelet_plugin import crash_points
 from gpu_dra.kubelet_plugin.blocking import in_thread_to_completion
-from gpu_dra.kubelet_plugin.capped_share_tier import CappedShareTier
 from gpu_dra.kubelet_plugin.cdi import (
     CdiDevice,
     ClaimSpecStore,
@@ -68,17 +67,18 @@ from gpu_dra.kubelet_plugin.claim_records import (
 )
 from gpu_dra.kubelet_plugin.instances import PluginInstance
 from gpu_dra.kubelet_plugin.kubeapi import ClaimReader, ClaimReadError, ResourceClaim
-from gpu_dra.kubelet_plugin.mig import DynamicMig
-from gpu_dra.kubelet_plugin.mig.tier import DynamicMigTier
+from gpu_dra.kubelet_plugin.mig.claims import DynamicMig
 from gpu_dra.kubelet_plugin.mps import MpsControl
-from gpu_dra.kubelet_plugin.mps.claim_tier import ClaimMpsTier
 from gpu_dra.kubelet_plugin.mps.memory_limits import ShareMemory
-from gpu_dra.kubelet_plugin.mps.share_tier import MpsShareTier
 from gpu_dra.kubelet_plugin.mps.warm_policy import OFF, WarmPolicy
 from gpu_dra.kubelet_plugin.node_devices import NodeInventory
 from gpu_dra.kubelet_plugin.prepare_protocol import ClaimRef, PreparedDevice, PrepareResult
 from gpu_dra.kubelet_plugin.recovery import TIER_ERRORS, UNDOING, missing_parts, recover_claims
-from gpu_dra.kubelet_plugin.tier import (
+from gpu_dra.kubelet_plugin.tiers.capped_shares import CappedShareTier
+from gpu_dra.kubelet_plugin.tiers.claim_mps import ClaimMpsTier
+from gpu_dra.kubelet_plugin.tiers.dynamic_mig import DynamicMigTier
+from gpu_dra.kubelet_plugin.tiers.mps_shares import MpsShareTier
+from gpu_dra.kubelet_plugin.tiers.protocol import (
     AllocatedResult,
     ClaimRequest,
     Planned,
@@ -87,9 +87,9 @@ from gpu_dra.kubelet_plugin.tier import (
     Tier,
     TierPlan,
 )
-from gpu_dra.kubelet_plugin.timeslicing import TimeSlicer
-from gpu_dra.kubelet_plugin.timeslicing_tier import TimeSlicingTier
-from gpu_dra.kubelet_plugin.whole_gpu_tier import WholeGpuTier
+from gpu_dra.kubelet_plugin.tiers.timeslicing import TimeSlicingTier
+from gpu_dra.kubelet_plugin.tiers.whole_gpu import WholeGpuTier
+from gpu_dra.kubelet_plugin.time_slicer import TimeSlicer
 
 log = logging.getLogger(__name__)
 
@@ -129,7 +129,7 @@ class NodeClaimPreparer:
         `time_slicer` sets time-slice intervals; without it, claims asking for TimeSlicing on
         full GPUs fail. `dynamic_mig` makes the MIG devices of partition devices; without it,
         claims with partition devices fail. `mps_share_max_percent` is the largest MPS share
-        (`mps.share_tier`). `common_edits` gives the edits every container of a claim gets (the
+        (`tiers.mps_shares`). `common_edits` gives the edits every container of a claim gets (the
         driver's userspace on real nodes, `driver_userspace.CommonEdits.current`; None on
         simulated ones), asked once per prepare before anything changes. `instance` is this
         plugin instance on the node: its token goes into the records, its node-wide locks are

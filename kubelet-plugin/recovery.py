@@ -24,8 +24,8 @@ from gpu_dra.kubelet_plugin.checkpoint import CHECKPOINT_FILE, CheckpointEntry, 
 from gpu_dra.kubelet_plugin.claim_records import ClaimRecords
 from gpu_dra.kubelet_plugin.mig import MigError
 from gpu_dra.kubelet_plugin.mps import MpsError
-from gpu_dra.kubelet_plugin.tier import Tier
-from gpu_dra.kubelet_plugin.timeslicing import TimeSlicingError
+from gpu_dra.kubelet_plugin.tiers.protocol import Tier
+from gpu_dra.kubelet_plugin.time_slicer import TimeSlicingError
 
 log = logging.getLogger(__name__)
 

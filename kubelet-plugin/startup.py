@@ -38,7 +38,6 @@ from gpu_dra.driver.nvml.sysfs import SysfsPciTopology
 from gpu_dra.kube.client import new_api_client, read_server_version
 from gpu_dra.kube.errors import ApiError
 from gpu_dra.kubelet_plugin import crash_points
-from gpu_dra.kubelet_plugin.capped_share_tier import offer_capped
 from gpu_dra.kubelet_plugin.checkpoint import Checkpoint
 from gpu_dra.kubelet_plugin.driver_root import DriverRoot, DriverUserspaceError
 from gpu_dra.kubelet_plugin.driver_userspace import CommonEdits
@@ -52,12 +51,8 @@ from gpu_dra.kubelet_plugin.guard import (
 from gpu_dra.kubelet_plugin.instances import InstanceRegistry, PluginInstance
 from gpu_dra.kubelet_plugin.kubeapi import KubernetesPodApi
 from gpu_dra.kubelet_plugin.metrics import DiscoveryMetrics
-from gpu_dra.kubelet_plugin.mig import (
-    SIMULATED_STATE_FILE,
-    DynamicMig,
-    MigLifecycle,
-    SimulatedMigStateFile,
-)
+from gpu_dra.kubelet_plugin.mig import SIMULATED_STATE_FILE, MigLifecycle, SimulatedMigStateFile
+from gpu_dra.kubelet_plugin.mig.claims import DynamicMig
 from gpu_dra.kubelet_plugin.mps import (
     DaemonRunner,
     MpsDaemonManager,
@@ -87,7 +82,8 @@ from gpu_dra.kubelet_plugin.settings import KubeletPluginSettings
 from gpu_dra.kubelet_plugin.slices.kubeapi import KubernetesSliceApi
 from gpu_dra.kubelet_plugin.slices.metrics import SliceMetrics
 from gpu_dra.kubelet_plugin.slices.publisher import SlicePublisher
-from gpu_dra.kubelet_plugin.timeslicing import (
+from gpu_dra.kubelet_plugin.tiers.capped_shares import offer_capped
+from gpu_dra.kubelet_plugin.time_slicer import (
     RECORD_FILE,
     NvidiaSmiTimeSlicer,
     RecordedTimeSlicer,

@@ -4,9 +4,9 @@
   mode on Hopper and later;
 * :mod:`.instances` - `MigState`: listing what exists, the per-GPU lock and NVML session, clear
   `MigError` messages;
-* :mod:`.claims` - `DynamicMig`: the claim side (checkpoint intents, create, release, the
-  start-up sweep of instances no prepared claim owns);
-* :mod:`.tier` - `DynamicMigTier`, the prepare path's tier over `DynamicMig`;
+* :mod:`.intents` - `MigIntent`: one MIG device a claim makes, as its record keeps it;
+* :mod:`.claims` - `DynamicMig`: the claim side (create, release, the start-up sweep of
+  instances no prepared claim owns), which the dynamic-MIG tier (`tiers.dynamic_mig`) runs;
 * :mod:`.simulated_state` - the simulated node's MIG state file, so simulated MIG instances
   outlive a plugin restart as real ones do.
 """
@@ -16,13 +16,6 @@ from gpu_dra.kubelet_plugin.crash_points import (
     TEST_CRASH_ENV,
     CrashPoint,
     crash_point_from_env,
-)
-from gpu_dra.kubelet_plugin.mig.claims import (
-    DYNAMIC_MIG_STATE_KEY,
-    DynamicMig,
-    MigIntent,
-    intents_from_state,
-    intents_to_state,
 )
 from gpu_dra.kubelet_plugin.mig.instances import MigError, MigInstance
 from gpu_dra.kubelet_plugin.mig.lifecycle import MigLifecycle
@@ -34,18 +27,13 @@ from gpu_dra.kubelet_plugin.mig.simulated_state import (
 
 __all__ = [
     "CRASH_AFTER_GPU_INSTANCE",
-    "DYNAMIC_MIG_STATE_KEY",
     "SIMULATED_STATE_FILE",
     "TEST_CRASH_ENV",
     "CrashPoint",
-    "DynamicMig",
     "MigError",
     "MigInstance",
-    "MigIntent",
     "MigLifecycle",
     "SimulatedMigStateFile",
     "SimulatedStateError",
     "crash_point_from_env",
-    "intents_from_state",
-    "intents_to_state",
 ]

@@ -1,24 +1,23 @@
 """Dynamic MIG devices of prepared claims: what the checkpoint records, create, release, sweep.
 
-`DynamicMig` does the dynamic-MIG tier's work (`mig.tier`): `plan` turns partition devices into
-`MigIntent`s (recorded before any NVML call); `create` makes them, destroying what it made on a
-failure; `release` destroys a claim's (an intent without a GI id is found by its placement,
-unless another claim records it). A partition offered as MPS shares (`MigIntent.shared`) has
-one MIG device for all its claims: the first makes it, the others join it (`joinable`: the
-device at the placement whose UUID another claim records), the last to release destroys it.
-`remove_unowned` destroys at start-up every instance on a dynamic-MIG GPU that no
-``PrepareCompleted`` claim records (nor any entry of a plugin instance that still runs), MIG
-mode off on Hopper-or-later GPUs left empty (a GPU whose instances cannot
-be read, or that a claim with unreadable MIG state may use, is left as it is). Ownership is by
-(parent UUID, GI profile ID, placement start). See docs/mig.md, "Dynamic MIG: lifecycle".
+`DynamicMig` does the dynamic-MIG tier's work (`tiers.dynamic_mig`): `plan` turns partition devices
+into `MigIntent`s (recorded before any NVML call); `create` makes them, destroying what it made on
+a failure; `release` destroys a claim's (an intent without a GI id is found by its placement,
+unless another claim records it). A partition offered as MPS shares (`MigIntent.shared`) has one
+MIG device for all its claims: the first makes it, the others join it (`joinable`: the device at
+the placement whose UUID another claim records), the last to release destroys it. `remove_unowned`
+destroys at start-up every instance on a dynamic-MIG GPU that no ``PrepareCompleted`` claim records
+(nor any entry of a plugin instance that still runs), MIG mode off on Hopper-or-later GPUs left
+empty (a GPU whose instances cannot be read, or that a claim with unreadable MIG state may use, is
+left as it is). Ownership is by (parent UUID, GI profile ID, placement start). See docs/mig.md,
+"Dynamic MIG: lifecycle".
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence, Set
-from dataclasses import dataclass, replace
-from typing import Final
+from dataclasses import replace
 
 from gpu_dra.driver.model import Gpu, MigDevice, MigPartition
 from gpu_dra.driver.naming import (
@@ -28,87 +27,13 @@ from gpu_dra.driver.naming import (
     mig_device_name,
     parse_device_name,
 )
-from gpu_dra.kubelet_plugin.checkpoint import CheckpointEntry, ClaimPhase, JsonValue
+from gpu_dra.kubelet_plugin.checkpoint import CheckpointEntry, ClaimPhase
 from gpu_dra.kubelet_plugin.mig.instances import MigError, gpu_label
+from gpu_dra.kubelet_plugin.mig.intents import MigIntent
 from gpu_dra.kubelet_plugin.mig.lifecycle import MigLifecycle
+from gpu_dra.kubelet_plugin.tiers.state import intents_from_state
 
 log = logging.getLogger(__name__)
-
-DYNAMIC_MIG_STATE_KEY: Final = "dynamicMig"
-"""Checkpoint `state` key: the claim's `MigIntent`s, as a list of objects."""
-
-
-@dataclass(frozen=True)
-class MigIntent:
-    """One MIG device a claim makes: where, and (once made) its ids and UUID."""
-
-    device: str
-    parent_uuid: str
-    gi_profile_id: int
-    placement_start: int
-    gi_id: int | None = None
-    ci_id: int | None = None
-    uuid: str | None = None
-    shared: bool = False
-    """The partition is offered as MPS shares: the claims holding it share one MIG device,
-    made by the first, joined by the others, destroyed after the last."""
-
-    @property
-    def key(self) -> tuple[str, int, int]:
-        """(parent UUID, GI profile ID, placement start): what identifies the GPU instance."""
-        return (self.parent_uuid, self.gi_profile_id, self.placement_start)
-
-    def to_json(self) -> dict[str, JsonValue]:
-        value: dict[str, JsonValue] = {
-            "device": self.device,
-            "parentUUID": self.parent_uuid,
-            "giProfileID": self.gi_profile_id,
-            "placementStart": self.placement_start,
-        }
-        if self.gi_id is not None:
-            value["giID"] = self.gi_id
-        if self.ci_id is not None:
-            value["ciID"] = self.ci_id
-        if self.uuid is not None:
-            value["uuid"] = self.uuid
-        if self.shared:
-            value["shared"] = True
-        return value
-
-
-def intents_to_state(intents: Iterable[MigIntent]) -> JsonValue:
-    return [intent.to_json() for intent in intents]
-
-
-def intents_from_state(state: Mapping[str, JsonValue]) -> list[MigIntent]:
-    """The intents recorded in a checkpoint `state`; raises `MigError` when they are unusable."""
-    raw = state.get(DYNAMIC_MIG_STATE_KEY)
-    if raw is None:
-        return []
-    if not isinstance(raw, list):
-        raise MigError(f"checkpoint state {DYNAMIC_MIG_STATE_KEY} is not a list: {raw!r}")
-    intents = []
-    for item in raw:
-        if not isinstance(item, dict):
-            raise MigError(f"checkpoint state {DYNAMIC_MIG_STATE_KEY} entry {item!r} is no object")
-        try:
-            intents.append(
-                MigIntent(
-                    device=_str(item, "device"),
-                    parent_uuid=_str(item, "parentUUID"),
-                    gi_profile_id=_int(item, "giProfileID"),
-                    placement_start=_int(item, "placementStart"),
-                    gi_id=_optional_int(item, "giID"),
-                    ci_id=_optional_int(item, "ciID"),
-                    uuid=_optional_str(item, "uuid"),
-                    shared=item.get("shared") is True,
-                )
-            )
-        except (KeyError, TypeError) as error:
-            raise MigError(
-                f"checkpoint state {DYNAMIC_MIG_STATE_KEY} entry {item!r} is unusable: {error}"
-            ) from error
-    return intents
 
 
 class DynamicMig:
@@ -404,28 +329,6 @@ def _recorded(uid: str, entry: CheckpointEntry) -> list[MigIntent]:
     except MigError as error:
         log.error("dynamic MIG state of claim_uid=%s unusable: %s", uid, error)
         return []
-
-
-def _str(raw: Mapping[str, JsonValue], key: str) -> str:
-    value = raw[key]
-    if not isinstance(value, str):
-        raise TypeError(f"{key} must be a string, got {value!r}")
-    return value
-
-
-def _int(raw: Mapping[str, JsonValue], key: str) -> int:
-    value = raw[key]
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise TypeError(f"{key} must be a non-negative integer, got {value!r}")
-    return value
-
-
-def _optional_int(raw: Mapping[str, JsonValue], key: str) -> int | None:
-    return None if raw.get(key) is None else _int(raw, key)
-
-
-def _optional_str(raw: Mapping[str, JsonValue], key: str) -> str | None:
-    return None if raw.get(key) is None else _str(raw, key)
 
 
 def _whole_gpu_minor(device_name: str) -> int:

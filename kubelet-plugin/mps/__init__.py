@@ -13,7 +13,6 @@ from gpu_dra.kubelet_plugin.mps.computemode import (
 from gpu_dra.kubelet_plugin.mps.control import ControlClient
 from gpu_dra.kubelet_plugin.mps.daemon import MpsDaemonManager
 from gpu_dra.kubelet_plugin.mps.daemon_model import (
-    MPS_STATE_KEY,
     DaemonHandle,
     DaemonObserver,
     DaemonPaths,
@@ -28,9 +27,6 @@ from gpu_dra.kubelet_plugin.mps.daemon_model import (
     MpsStartError,
     MpsStateError,
     MpsStopError,
-    claims_using,
-    handles_from_state,
-    handles_to_state,
 )
 from gpu_dra.kubelet_plugin.mps.edits import (
     CONTAINER_PIPE_DIRECTORY,
@@ -44,7 +40,6 @@ from gpu_dra.kubelet_plugin.mps.shm import PlainDirectoryShm, ShmMounter, TmpfsS
 
 __all__ = [
     "CONTAINER_PIPE_DIRECTORY",
-    "MPS_STATE_KEY",
     "ClientCaps",
     "ComputeModeControl",
     "ComputeModeError",
@@ -73,9 +68,6 @@ __all__ = [
     "ShmMounter",
     "TmpfsShmMounter",
     "claim_daemon_id",
-    "claims_using",
-    "handles_from_state",
-    "handles_to_state",
     "shared_daemon_id",
     "workload_edits",
 ]

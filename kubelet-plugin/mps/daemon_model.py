@@ -2,8 +2,8 @@
 
 A daemon is started for a set of devices (full-GPU or MIG UUIDs) with `MpsSettings`; the
 returned `DaemonHandle` is all that is needed to find, check and stop it later, also from a
-restarted plugin: it goes into the checkpoint's per-claim ``state`` under `MPS_STATE_KEY`
-(:func:`handles_to_state`, :func:`handles_from_state`).
+restarted plugin: it goes into the checkpoint's per-claim ``state`` under
+`tiers.state.MPS_STATE_KEY` (`tiers.state.handles_from_state`).
 """
 
 from __future__ import annotations
@@ -19,8 +19,6 @@ from gpu_dra.driver.naming import InvalidNameError
 from gpu_dra.kubelet_plugin.checkpoint import JsonObject, JsonValue
 from gpu_dra.kubelet_plugin.mps.ids import checked_daemon_id, checked_device_uuid
 
-MPS_STATE_KEY: Final = "mpsDaemons"
-"""Checkpoint ``state`` key of a claim: the list of its daemons' handles."""
 STATE_VERSION: Final = 1
 """Version of one handle's serialized form; a reader refuses a newer one."""
 
@@ -169,7 +167,7 @@ class DaemonHandle:
         return DaemonPaths(self.root)
 
     def to_state(self) -> JsonObject:
-        """JSON for the checkpoint (see `handles_to_state`)."""
+        """JSON for the checkpoint (see `tiers.state.handles_to_state`)."""
         return {
             "version": STATE_VERSION,
             "daemonId": self.daemon_id,
@@ -217,35 +215,6 @@ class DaemonHandle:
             )
         except (KeyError, TypeError, ValueError, InvalidNameError) as error:
             raise MpsStateError(f"MPS daemon state is incomplete or invalid: {error}") from error
-
-
-def handles_to_state(handles: Sequence[DaemonHandle]) -> JsonValue:
-    """The value to keep under `MPS_STATE_KEY` in a claim's checkpoint ``state``."""
-    return [handle.to_state() for handle in handles]
-
-
-def handles_from_state(state: Mapping[str, JsonValue]) -> list[DaemonHandle]:
-    """The handles a claim's checkpoint ``state`` records (none without `MPS_STATE_KEY`)."""
-    value = state.get(MPS_STATE_KEY)
-    if value is None:
-        return []
-    if not isinstance(value, list):
-        raise MpsStateError(f"checkpoint state {MPS_STATE_KEY!r} is not a list")
-    return [DaemonHandle.from_state(item) for item in value]
-
-
-def claims_using(states: Mapping[str, Mapping[str, JsonValue]], daemon_id: str) -> list[str]:
-    """UIDs of the claims whose checkpoint ``state`` records daemon ``daemon_id``, sorted.
-
-    The reference count of a shared (per-device) daemon: derived from the checkpoint, so it
-    cannot drift from the claims after a crash. Unprepare stops the daemon when the claim being
-    removed is the last one listed. ``states`` maps claim UID -> that claim's ``state``.
-    """
-    return sorted(
-        uid
-        for uid, state in states.items()
-        if any(handle.daemon_id == daemon_id for handle in handles_from_state(state))
-    )
 
 
 @dataclass(frozen=True)

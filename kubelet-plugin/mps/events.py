@@ -29,13 +29,9 @@ from gpu_dra.kube import errors
 from gpu_dra.kube.client import translated_errors
 from gpu_dra.kubelet_plugin.checkpoint import CheckpointEntry
 from gpu_dra.kubelet_plugin.kubeapi import ClaimReader, ClaimReadError
-from gpu_dra.kubelet_plugin.mps.daemon_model import (
-    DaemonHandle,
-    DaemonRepair,
-    MpsError,
-    handles_from_state,
-)
+from gpu_dra.kubelet_plugin.mps.daemon_model import DaemonHandle, DaemonRepair, MpsError
 from gpu_dra.kubelet_plugin.prepare_protocol import ClaimRef
+from gpu_dra.kubelet_plugin.tiers.state import handles_from_state
 
 log = logging.getLogger(__name__)
 
@@ -207,7 +203,7 @@ class MpsEvents:
         self._submit(post_all)
 
     def capped_share_prepared(self, claim: ClaimRef, message: str) -> None:
-        """A Normal Event on a capped share's claim: its memory cap (``capped_share_tier``)."""
+        """A Normal Event on a capped share's claim: its memory cap (`tiers.capped_shares`)."""
         target = claim_object(claim)
         self._submit(lambda: self._post(target, REASON_CAPPED_SHARE, message, warning=False))
 

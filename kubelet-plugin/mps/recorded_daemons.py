@@ -3,7 +3,7 @@ start-up, and the start-up sweep of daemons no record names.
 
 Both MPS tiers record their daemons' handles in one list (checkpoint state `MPS_STATE_KEY`, in
 the order they started); each tier handles its own kind: per-claim daemons
-(`mps.claim_tier`) or per-GPU shared ones (`mps.share_tier`, told apart by id). See
+(`tiers.claim_mps`) or per-GPU shared ones (`tiers.mps_shares`, told apart by id). See
 docs/mps.md, "Lifecycle".
 """
 
@@ -18,10 +18,10 @@ from gpu_dra.kubelet_plugin.mps.daemon_model import (
     MpsControl,
     MpsDaemonGoneError,
     MpsError,
-    handles_from_state,
 )
 from gpu_dra.kubelet_plugin.mps.ids import is_shared_daemon
 from gpu_dra.kubelet_plugin.mps.process import ProcessIdentity, is_alive
+from gpu_dra.kubelet_plugin.tiers.state import handles_from_state
 
 log = logging.getLogger(__name__)
 

@@ -25,14 +25,14 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
-from typing import Final, Protocol
+from typing import Protocol
 
 from gpu_dra.driver.model import MigDevice, MigPartition
 from gpu_dra.driver.shares import OfferedDevice, SharedDevice, ShareSize, ceiling
 from gpu_dra.kubelet_plugin import crash_points
-from gpu_dra.kubelet_plugin.checkpoint import JsonObject, JsonValue
+from gpu_dra.kubelet_plugin.checkpoint import JsonObject
 from gpu_dra.kubelet_plugin.claim_records import ClaimRecords
 from gpu_dra.kubelet_plugin.mps.daemon_model import (
     DaemonHandle,
@@ -42,12 +42,11 @@ from gpu_dra.kubelet_plugin.mps.daemon_model import (
     MpsError,
     MpsSettings,
     MpsStartError,
-    claims_using,
-    handles_from_state,
 )
 from gpu_dra.kubelet_plugin.mps.edits import ClientCaps
 from gpu_dra.kubelet_plugin.mps.ids import shared_daemon_id
 from gpu_dra.kubelet_plugin.node_locks import NodeLocks
+from gpu_dra.kubelet_plugin.tiers.state import claims_using, handles_from_state
 
 log = logging.getLogger(__name__)
 
@@ -63,10 +62,6 @@ class DaemonChecker(Protocol):
         """Check the daemon at once, beside the caller (which may hold its lock); False when
         nothing was started (the checker does not repair)."""
         ...
-
-
-SHARES_STATE_KEY: Final = "mpsShares"
-"""Checkpoint ``state`` key of a claim: ``{device name: share}`` of its MPS shares."""
 
 
 @dataclass(frozen=True)
@@ -135,27 +130,6 @@ def warm_mismatch(warm: DaemonHandle, gpu: SharedDevice, settings: MpsSettings) 
     if warm.settings.multi_user != settings.multi_user:
         differences.append(f"multi-user {warm.settings.multi_user}, not {settings.multi_user}")
     return "; ".join(differences) or None
-
-
-def share_devices(state: Mapping[str, JsonValue]) -> set[str]:
-    """Device names a claim's checkpoint ``state`` holds as MPS shares."""
-    value = state.get(SHARES_STATE_KEY)
-    return {str(name) for name in value} if isinstance(value, dict) else set()
-
-
-def shares_from_state(state: Mapping[str, JsonValue]) -> dict[str, ShareSize]:
-    """``{device name: size}`` of the shares a claim's ``state`` records (bad entries skipped)."""
-    value = state.get(SHARES_STATE_KEY)
-    if not isinstance(value, dict):
-        return {}
-    sizes = {}
-    for name, share in value.items():
-        if not isinstance(share, dict):
-            continue
-        memory, compute = share.get("memoryBytes"), share.get("computePercent")
-        if isinstance(memory, int) and isinstance(compute, int):
-            sizes[str(name)] = ShareSize(memory, compute)
-    return sizes
 
 
 class SharedDaemons:

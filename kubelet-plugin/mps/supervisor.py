@@ -31,9 +31,9 @@ from gpu_dra.kubelet_plugin.mps.daemon_model import (
     MpsDaemonGoneError,
     MpsError,
     MpsStartError,
-    handles_from_state,
 )
 from gpu_dra.kubelet_plugin.mps.ids import is_shared_daemon
+from gpu_dra.kubelet_plugin.tiers.state import handles_from_state
 
 log = logging.getLogger(__name__)
 

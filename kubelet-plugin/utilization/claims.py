@@ -17,15 +17,18 @@ from typing import Final
 
 from gpu_dra.driver.model import Gpu, MigDevice
 from gpu_dra.kubelet_plugin.checkpoint import CheckpointEntry, ClaimPhase, JsonValue
-from gpu_dra.kubelet_plugin.mig.claims import intents_from_state
 from gpu_dra.kubelet_plugin.mig.instances import MigError
-from gpu_dra.kubelet_plugin.mps.daemon_model import MpsError, handles_from_state
+from gpu_dra.kubelet_plugin.mps.daemon_model import MpsError
 from gpu_dra.kubelet_plugin.mps.ids import is_shared_daemon
-from gpu_dra.kubelet_plugin.mps.share_tier import MEMORY_ENFORCEMENT_KEY
-from gpu_dra.kubelet_plugin.mps.shared_daemons import SHARES_STATE_KEY
 from gpu_dra.kubelet_plugin.node_devices import NodeInventory
 from gpu_dra.kubelet_plugin.prepare_protocol import ClaimRef
-from gpu_dra.kubelet_plugin.timeslicing import TIME_SLICE_STATE_KEY
+from gpu_dra.kubelet_plugin.tiers.state import (
+    MEMORY_ENFORCEMENT_KEY,
+    SHARES_STATE_KEY,
+    TIME_SLICE_STATE_KEY,
+    handles_from_state,
+    intents_from_state,
+)
 
 TIERS: Final = ("gpu", "mig", "mps", "mps-share", "timeslicing")
 

@@ -25,11 +25,14 @@ from gpu_dra.driver.nvml.simulated import SimulatedHost
 from gpu_dra.kubelet_plugin.cdi import ClaimSpecStore
 from gpu_dra.kubelet_plugin.checkpoint import CHECKPOINT_FILE
 from gpu_dra.kubelet_plugin.mig import SIMULATED_STATE_FILE, MigLifecycle, SimulatedMigStateFile
-from gpu_dra.kubelet_plugin.mig.claims import intents_from_state
-from gpu_dra.kubelet_plugin.mps import handles_from_state
 from gpu_dra.kubelet_plugin.mps.process import start_time
 from gpu_dra.kubelet_plugin.node_devices import NodeInventory
-from gpu_dra.kubelet_plugin.timeslicing import DEFAULT_INTERVAL, RECORD_FILE, time_slices_from_state
+from gpu_dra.kubelet_plugin.tiers.state import (
+    handles_from_state,
+    intents_from_state,
+    time_slices_from_state,
+)
+from gpu_dra.kubelet_plugin.time_slicer import DEFAULT_INTERVAL, RECORD_FILE
 from tests.crash_harness.nodes import NODE_NAME, NodeKind
 from tests.doubles.mps_helpers import processes_under
 

@@ -27,19 +27,19 @@ from gpu_dra.driver.shares import MigShareSelection, ShareSelection
 from gpu_dra.kubelet_plugin.cdi import CdiDevice, ClaimSpecStore, ContainerEdits
 from gpu_dra.kubelet_plugin.checkpoint import Checkpoint, LoadResult
 from gpu_dra.kubelet_plugin.kubeapi import ResourceClaim
-from gpu_dra.kubelet_plugin.mig import DynamicMig, MigLifecycle, SimulatedMigStateFile
+from gpu_dra.kubelet_plugin.mig import MigLifecycle, SimulatedMigStateFile
+from gpu_dra.kubelet_plugin.mig.claims import DynamicMig
 from gpu_dra.kubelet_plugin.mps import (
     DaemonHandle,
     MpsDaemonManager,
     PlainDirectoryShm,
     claim_daemon_id,
-    claims_using,
-    handles_from_state,
 )
 from gpu_dra.kubelet_plugin.mps.process import start_time
 from gpu_dra.kubelet_plugin.node_devices import NodeInventory
 from gpu_dra.kubelet_plugin.prepare import NodeClaimPreparer
 from gpu_dra.kubelet_plugin.prepare_protocol import ClaimRef, PreparedDevice, PrepareResult
+from gpu_dra.kubelet_plugin.tiers.state import claims_using, handles_from_state
 from tests.doubles import nvidia_cuda_mps_control as double
 from tests.doubles.mps_helpers import DOUBLE_BINARY, double_env, processes_under
 from tests.fakes.claim_reader import (

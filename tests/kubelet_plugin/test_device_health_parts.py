@@ -42,11 +42,11 @@ from gpu_dra.kubelet_plugin.mps import (
     claim_daemon_id,
     shared_daemon_id,
 )
-from gpu_dra.kubelet_plugin.mps.daemon_model import handles_to_state
 from gpu_dra.kubelet_plugin.mps.supervisor import DaemonSupervisor
 from gpu_dra.kubelet_plugin.node_devices import NodeInventory
 from gpu_dra.kubelet_plugin.prepare_protocol import ClaimRef
 from gpu_dra.kubelet_plugin.settings import KubeletPluginSettings
+from gpu_dra.kubelet_plugin.tiers.state import handles_to_state
 
 NODE = "node-a"
 GPU0 = "GPU-00000000-0000-4000-8000-000000000000"

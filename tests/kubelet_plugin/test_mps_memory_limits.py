@@ -25,9 +25,8 @@ from gpu_dra.kubelet_plugin.mps.memory_limits import (
     hook_version,
     own_cgroup,
 )
-from gpu_dra.kubelet_plugin.mps.share_tier import MEMORY_ENFORCEMENT_KEY
-from gpu_dra.kubelet_plugin.mps.shared_daemons import SHARES_STATE_KEY
 from gpu_dra.kubelet_plugin.prepare_protocol import ClaimRef
+from gpu_dra.kubelet_plugin.tiers.state import MEMORY_ENFORCEMENT_KEY, SHARES_STATE_KEY
 from tests.kubelet_plugin.nodes import UID_A, UID_B, SharesNode, device_env, ok
 
 HOOK = "/usr/bin/nvidia-cdi-hook"

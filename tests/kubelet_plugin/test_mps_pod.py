@@ -26,11 +26,10 @@ from gpu_dra.kubelet_plugin.mps import (
     PodRunner,
     ProcessRunner,
     claim_daemon_id,
-    handles_from_state,
-    handles_to_state,
 )
 from gpu_dra.kubelet_plugin.mps.pod import DAEMON_ID_LABEL, pod_name
 from gpu_dra.kubelet_plugin.mps.process import start_time
+from gpu_dra.kubelet_plugin.tiers.state import handles_from_state, handles_to_state
 from tests.doubles import nvidia_cuda_mps_control as double
 from tests.doubles.mps_helpers import (
     DOUBLE_BINARY,

@@ -13,18 +13,20 @@ from gpu_dra.driver.naming import InvalidNameError
 from gpu_dra.kubelet_plugin.cdi import CdiDevice, build_claim_spec
 from gpu_dra.kubelet_plugin.mps import (
     CONTAINER_PIPE_DIRECTORY,
-    MPS_STATE_KEY,
     ClientCaps,
     DaemonHandle,
     DaemonPaths,
     MpsSettings,
     MpsStateError,
     claim_daemon_id,
+    shared_daemon_id,
+    workload_edits,
+)
+from gpu_dra.kubelet_plugin.tiers.state import (
+    MPS_STATE_KEY,
     claims_using,
     handles_from_state,
     handles_to_state,
-    shared_daemon_id,
-    workload_edits,
 )
 
 CLAIM = "0f6c2c6e-8a3c-4d0e-9a63-8e2b5e0c1d11"

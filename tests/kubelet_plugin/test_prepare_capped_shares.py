@@ -19,12 +19,13 @@ from gpu_dra.driver.discovery import discover_devices, discover_gpus
 from gpu_dra.driver.nvml.simulated import SimulatedHost
 from gpu_dra.driver.shares import CAPPED, ShareSelection, ShareSelectionError
 from gpu_dra.kubelet_plugin import startup
-from gpu_dra.kubelet_plugin.capped_share_tier import CAPPED_SHARES_STATE_KEY, offer_capped
 from gpu_dra.kubelet_plugin.mps.memory_limits import MemoryLimitSupport, ShareMemory
 from gpu_dra.kubelet_plugin.node_devices import NodeInventory
 from gpu_dra.kubelet_plugin.prepare_protocol import ClaimRef
 from gpu_dra.kubelet_plugin.settings import KubeletPluginSettings
-from gpu_dra.kubelet_plugin.timeslicing import TIME_SLICE_STATE_KEY, RecordedTimeSlicer
+from gpu_dra.kubelet_plugin.tiers.capped_shares import offer_capped
+from gpu_dra.kubelet_plugin.tiers.state import CAPPED_SHARES_STATE_KEY, TIME_SLICE_STATE_KEY
+from gpu_dra.kubelet_plugin.time_slicer import RecordedTimeSlicer
 from tests.fakes.claim_reader import allocation_result, gpu_config, resource_claim
 from tests.kubelet_plugin.nodes import (
     MPS_CLASS_CONFIG,

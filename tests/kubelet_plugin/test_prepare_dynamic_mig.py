@@ -19,11 +19,9 @@ from prometheus_client import CollectorRegistry
 from gpu_dra.kubelet_plugin.cdi import CdiDevice
 from gpu_dra.kubelet_plugin.checkpoint import CheckpointEntry, ClaimPhase
 from gpu_dra.kubelet_plugin.metrics import ClaimStateCollector
-from gpu_dra.kubelet_plugin.mig import (
-    CRASH_AFTER_GPU_INSTANCE,
-    DYNAMIC_MIG_STATE_KEY,
-)
+from gpu_dra.kubelet_plugin.mig import CRASH_AFTER_GPU_INSTANCE
 from gpu_dra.kubelet_plugin.prepare_protocol import PrepareResult
+from gpu_dra.kubelet_plugin.tiers.state import DYNAMIC_MIG_STATE_KEY
 from tests.fakes.claim_reader import (
     opaque_config,
 )

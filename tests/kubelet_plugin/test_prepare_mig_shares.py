@@ -20,8 +20,8 @@ from gpu_dra.kubelet_plugin.mps.memory_limits import (
     ShareMemory,
     watchdog_note,
 )
-from gpu_dra.kubelet_plugin.mps.shared_daemons import SHARES_STATE_KEY
 from gpu_dra.kubelet_plugin.prepare_protocol import ClaimRef
+from gpu_dra.kubelet_plugin.tiers.state import SHARES_STATE_KEY
 from tests.doubles import nvidia_cuda_mps_control as double
 from tests.kubelet_plugin.nodes import (
     MPS_CLASS_CONFIG,

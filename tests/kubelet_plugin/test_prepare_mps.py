@@ -19,15 +19,9 @@ import pytest
 from gpu_dra.driver.discovery import discover_devices
 from gpu_dra.driver.nvml.simulated import SimulatedHost
 from gpu_dra.kubelet_plugin.checkpoint import CheckpointEntry, ClaimPhase
-from gpu_dra.kubelet_plugin.mps import (
-    MPS_STATE_KEY,
-    DaemonHandle,
-    DaemonState,
-    MpsSettings,
-    claim_daemon_id,
-    handles_from_state,
-)
+from gpu_dra.kubelet_plugin.mps import DaemonHandle, DaemonState, MpsSettings, claim_daemon_id
 from gpu_dra.kubelet_plugin.node_devices import NodeInventory
+from gpu_dra.kubelet_plugin.tiers.state import MPS_STATE_KEY, handles_from_state
 from tests.doubles import nvidia_cuda_mps_control as double
 from tests.fakes.claim_reader import allocation_result, gpu_config, opaque_config, resource_claim
 from tests.kubelet_plugin.nodes import (

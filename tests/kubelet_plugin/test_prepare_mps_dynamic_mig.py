@@ -10,8 +10,9 @@ from typing import Any
 
 import pytest
 
-from gpu_dra.kubelet_plugin.mig import CRASH_AFTER_GPU_INSTANCE, DYNAMIC_MIG_STATE_KEY
-from gpu_dra.kubelet_plugin.mps import (
+from gpu_dra.kubelet_plugin.mig import CRASH_AFTER_GPU_INSTANCE
+from gpu_dra.kubelet_plugin.tiers.state import (
+    DYNAMIC_MIG_STATE_KEY,
     MPS_STATE_KEY,
     handles_from_state,
 )

@@ -18,13 +18,16 @@ from gpu_dra.driver.model import MigPartition
 from gpu_dra.driver.nvml.simulated import SimulatedHost
 from gpu_dra.driver.shares import PartitionShareSelection, ShareSelectionError
 from gpu_dra.kubelet_plugin import crash_points
-from gpu_dra.kubelet_plugin.mig.claims import intents_from_state
-from gpu_dra.kubelet_plugin.mps import handles_from_state, shared_daemon_id
+from gpu_dra.kubelet_plugin.mps import shared_daemon_id
 from gpu_dra.kubelet_plugin.mps.memory_limits import MemoryLimitSupport
 from gpu_dra.kubelet_plugin.mps.memory_watchdog import unenforced_devices
-from gpu_dra.kubelet_plugin.mps.shared_daemons import SHARES_STATE_KEY
 from gpu_dra.kubelet_plugin.node_devices import NodeInventory
 from gpu_dra.kubelet_plugin.prepare_protocol import ClaimRef
+from gpu_dra.kubelet_plugin.tiers.state import (
+    SHARES_STATE_KEY,
+    handles_from_state,
+    intents_from_state,
+)
 from gpu_dra.kubelet_plugin.utilization.claims import claim_devices
 from tests.doubles import nvidia_cuda_mps_control as double
 from tests.doubles.mps_helpers import processes_under

@@ -19,8 +19,8 @@ from gpu_dra.kubelet_plugin.mps import (
     DaemonHandle,
     shared_daemon_id,
 )
-from gpu_dra.kubelet_plugin.mps.shared_daemons import SHARES_STATE_KEY
 from gpu_dra.kubelet_plugin.prepare_protocol import ClaimRef
+from gpu_dra.kubelet_plugin.tiers.state import SHARES_STATE_KEY
 from tests.doubles import nvidia_cuda_mps_control as double
 from tests.fakes.claim_reader import allocation_result, gpu_config, opaque_config, resource_claim
 from tests.kubelet_plugin.nodes import (

@@ -21,7 +21,7 @@ from gpu_dra.kubelet_plugin.cdi import CdiDevice, ContainerEdits, build_claim_sp
 from gpu_dra.kubelet_plugin.driver_root import DriverRoot, DriverUserspaceError
 from gpu_dra.kubelet_plugin.driver_userspace import CommonEdits
 from gpu_dra.kubelet_plugin.node_devices import NodeInventory
-from gpu_dra.kubelet_plugin.timeslicing import RecordedTimeSlicer
+from gpu_dra.kubelet_plugin.time_slicer import RecordedTimeSlicer
 from tests.fakes.claim_reader import allocation_result as result
 from tests.fakes.claim_reader import gpu_config, opaque_config, resource_claim
 from tests.kubelet_plugin.fake_driver_root import (

@@ -9,7 +9,7 @@ from gpu_dra.kubelet_plugin.checkpoint import Checkpoint, ClaimPhase, JsonValue
 from gpu_dra.kubelet_plugin.claim_records import ClaimRecords
 from gpu_dra.kubelet_plugin.node_devices import NodeInventory
 from gpu_dra.kubelet_plugin.prepare_protocol import ClaimRef
-from gpu_dra.kubelet_plugin.tier import ClaimRequest, Planned, PrepareRun, Tier, TierPlan
+from gpu_dra.kubelet_plugin.tiers.protocol import ClaimRequest, Planned, PrepareRun, Tier, TierPlan
 from tests.kubelet_plugin.nodes import hgx_h100_inventory
 
 CLAIM = ClaimRef("default", "0b6a1e3c-8f43-4a55-9a0e-2f7d1c9b8a01", "claim-a")

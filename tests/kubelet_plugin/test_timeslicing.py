@@ -11,8 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from gpu_dra.kubelet_plugin.timeslicing import (
+from gpu_dra.kubelet_plugin.tiers.state import (
     TIME_SLICE_STATE_KEY,
+    time_slices_from_state,
+    time_slices_to_state,
+)
+from gpu_dra.kubelet_plugin.time_slicer import (
     NvidiaSmiTimeSlicer,
     RecordedTimeSlicer,
     TimeSlicingError,
@@ -20,8 +24,6 @@ from gpu_dra.kubelet_plugin.timeslicing import (
     TimeSlicingStateError,
     driver_tool_env,
     interval_name,
-    time_slices_from_state,
-    time_slices_to_state,
 )
 
 UUID = "GPU-11111111-2222-3333-4444-555555555555"

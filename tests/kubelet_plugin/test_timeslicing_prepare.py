@@ -17,12 +17,8 @@ from gpu_dra.driver.nvml.simulated import SimulatedHost
 from gpu_dra.kubelet_plugin.checkpoint import CheckpointEntry, ClaimPhase
 from gpu_dra.kubelet_plugin.node_devices import NodeInventory
 from gpu_dra.kubelet_plugin.prepare_protocol import ClaimRef
-from gpu_dra.kubelet_plugin.timeslicing import (
-    TIME_SLICE_STATE_KEY,
-    RecordedTimeSlicer,
-    TimeSlicingError,
-    time_slices_from_state,
-)
+from gpu_dra.kubelet_plugin.tiers.state import TIME_SLICE_STATE_KEY, time_slices_from_state
+from gpu_dra.kubelet_plugin.time_slicer import RecordedTimeSlicer, TimeSlicingError
 from tests.fakes.claim_reader import allocation_result, gpu_config, opaque_config, resource_claim
 from tests.kubelet_plugin.nodes import (
     NODE,

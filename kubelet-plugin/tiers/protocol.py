@@ -1,20 +1,21 @@
-"""The tiers of the prepare path: one handler per way of handing out devices, one interface.
+"""The `Tier` protocol of the prepare path: one handler per way of handing out devices.
 
-A `Tier` (whole GPUs, time-slicing, per-claim MPS, MPS shares, dynamic MIG) plans its part of a
-claim (a `TierPlan`; pure, before any lock), which is checked against the other claims' records
-(under the device locks) and applied: each side effect recorded in the claim's `PrepareStarted`
-entry (`PrepareRun.record`) before the next. It undoes its part from the record alone, says what
-of a prepared claim is gone, adopts what prepared claims hold at start-up, and sweeps what no
-record owns. `NodeClaimPreparer`
-(prepare.py) runs the tiers; adding a tier means adding a handler. See docs/architecture.md,
-"Prepare and unprepare".
+A `Tier` (`.whole_gpu`, `.dynamic_mig`, `.claim_mps`, `.mps_shares`, `.capped_shares`,
+`.timeslicing`) plans its part of a claim (a `TierPlan`; pure, before any lock), which is
+checked against the other claims' records (under the device locks) and applied: each side effect
+recorded in the claim's `PrepareStarted` entry (`PrepareRun.record`, keys in `.state`) before the
+next. It undoes its part from the record alone, says what of a prepared claim is gone, adopts
+what prepared claims hold at start-up, and sweeps what no record owns. A tier reads the plans of
+the tiers planned before it only through `TierPlan`'s facts (`shared_devices`, `mps_daemons`),
+never their types. `NodeClaimPreparer` (prepare.py) runs the tiers `.assembly` builds. See
+docs/architecture.md, "Prepare and unprepare".
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, TypeVar
+from typing import Protocol
 
 from gpu_dra.driver.config import ConfigGroup
 from gpu_dra.driver.model import Gpu, MigDevice
@@ -121,8 +122,32 @@ def share_intents(key: str, shares: Sequence[RecordedShare]) -> Mapping[str, Jso
     return {key: {share.device_name: share.to_state() for share in shares}}
 
 
+class PlannedDaemon(Protocol):
+    """A per-claim MPS daemon a plan starts: the devices it serves cannot be time-sliced."""
+
+    @property
+    def daemon_id(self) -> str: ...
+
+    @property
+    def device_names(self) -> tuple[str, ...]: ...
+
+    @property
+    def uuids(self) -> tuple[str, ...]: ...
+
+
 class TierPlan(Protocol):
     """One tier's part of one claim. Subclass it to keep the defaults (nothing to do)."""
+
+    @property
+    def shared_devices(self) -> frozenset[str]:
+        """Devices this plan hands out as shares (MPS or capped): the claim does not hold them
+        whole, and other claims' shares of them do not exclude it."""
+        return frozenset()
+
+    @property
+    def mps_daemons(self) -> Sequence[PlannedDaemon]:
+        """The per-claim MPS daemons this plan starts."""
+        return ()
 
     def check(self, others: Mapping[str, CheckpointEntry]) -> None:
         """Raise `PrepareError` when what other claims hold (their entries, read once under
@@ -184,11 +209,9 @@ class Tier(Protocol):
         return None
 
 
-_P = TypeVar("_P", bound=TierPlan)
-
-
 class Planned:
-    """The plans of one claim made so far, in planning order."""
+    """The plans of one claim made so far, in planning order; a tier reads what the earlier
+    ones planned through their facts."""
 
     def __init__(self) -> None:
         self._plans: dict[int, TierPlan] = {}
@@ -196,9 +219,15 @@ class Planned:
     def add(self, tier: Tier, plan: TierPlan) -> None:
         self._plans[id(tier)] = plan
 
-    def of(self, kind: type[_P]) -> _P | None:
-        """The plan of type ``kind``, if its tier planned already."""
-        return next((p for p in self._plans.values() if isinstance(p, kind)), None)
-
     def of_tier(self, tier: Tier) -> TierPlan:
         return self._plans[id(tier)]
+
+    @property
+    def shared_devices(self) -> frozenset[str]:
+        """The devices the plans so far hand out as shares."""
+        return frozenset().union(*(plan.shared_devices for plan in self._plans.values()))
+
+    @property
+    def mps_daemons(self) -> tuple[PlannedDaemon, ...]:
+        """The per-claim MPS daemons the plans so far start."""
+        return tuple(d for plan in self._plans.values() for d in plan.mps_daemons)

@@ -7,7 +7,7 @@ Undo destroys them once the CDI spec is gone; start-up destroys every MIG instan
 dynamic-MIG GPU that no prepared claim, nor a prepare of another running plugin instance,
 records. The claims of a partition offered as MPS shares share its MIG device (made by the
 first, destroyed after the last). A whole GPU another claim has MIG devices on,
-and the reverse, are refused. The work is `DynamicMig`'s (`claims`); see docs/mig.md, "Dynamic
+and the reverse, are refused. The work is `DynamicMig`'s (`mig.claims`); see docs/mig.md, "Dynamic
 MIG: lifecycle".
 """
 
@@ -20,22 +20,22 @@ from gpu_dra.driver.model import Gpu, MigPartition
 from gpu_dra.kubelet_plugin import crash_points
 from gpu_dra.kubelet_plugin.checkpoint import CheckpointEntry, JsonValue
 from gpu_dra.kubelet_plugin.claim_records import ClaimRecords
-from gpu_dra.kubelet_plugin.mig.claims import (
-    DYNAMIC_MIG_STATE_KEY,
-    DynamicMig,
-    MigIntent,
-    intents_from_state,
-    intents_to_state,
-)
+from gpu_dra.kubelet_plugin.mig.claims import DynamicMig
 from gpu_dra.kubelet_plugin.mig.instances import MigError
+from gpu_dra.kubelet_plugin.mig.intents import MigIntent
 from gpu_dra.kubelet_plugin.node_devices import NodeInventory
-from gpu_dra.kubelet_plugin.tier import (
+from gpu_dra.kubelet_plugin.tiers.protocol import (
     ClaimRequest,
     Planned,
     PrepareError,
     PrepareRun,
     Tier,
     TierPlan,
+)
+from gpu_dra.kubelet_plugin.tiers.state import (
+    DYNAMIC_MIG_STATE_KEY,
+    intents_from_state,
+    intents_to_state,
 )
 
 

@@ -7,7 +7,7 @@ of both is a **capped share**: its config must have ``sharing.strategy: TimeSlic
 time-slicing tier sets the GPU's interval, reset when the last claim on it goes); its CDI
 device gets ``NVIDIA_GPU_MEMORY_LIMIT``/``_REQUEST`` (its memory, MiB) and the
 ``apply-cuda-memory-limits`` hook, and no MPS daemon, pipe or variables. ``compute`` is
-accounted by the scheduler only. Its record keeps the share (`CAPPED_SHARES_STATE_KEY`), so
+accounted by the scheduler only. Its record keeps the share (`state.CAPPED_SHARES_STATE_KEY`), so
 shares of one GPU do not exclude each other. See docs/shares.md, "Capped shares".
 """
 
@@ -26,7 +26,7 @@ from gpu_dra.kubelet_plugin.checkpoint import JsonValue
 from gpu_dra.kubelet_plugin.mps.memory_limits import Enforcement, MemoryLimitSupport
 from gpu_dra.kubelet_plugin.node_devices import NodeInventory
 from gpu_dra.kubelet_plugin.prepare_protocol import ClaimRef
-from gpu_dra.kubelet_plugin.tier import (
+from gpu_dra.kubelet_plugin.tiers.protocol import (
     AllocatedResult,
     ClaimRequest,
     Planned,
@@ -36,11 +36,10 @@ from gpu_dra.kubelet_plugin.tier import (
     TierPlan,
     share_intents,
 )
+from gpu_dra.kubelet_plugin.tiers.state import CAPPED_SHARES_STATE_KEY
 
 log = logging.getLogger(__name__)
 
-CAPPED_SHARES_STATE_KEY: Final = "cappedShares"
-"""Checkpoint ``state`` key of a claim: ``{device name: share}`` of its capped shares."""
 TIME_SLICING: Final = "TimeSlicing"
 
 
@@ -62,12 +61,6 @@ class CappedShare:
         }
 
 
-def capped_share_devices(state: Mapping[str, JsonValue]) -> set[str]:
-    """Device names a claim's checkpoint ``state`` holds as capped shares."""
-    value = state.get(CAPPED_SHARES_STATE_KEY)
-    return {name for name in value if isinstance(name, str)} if isinstance(value, dict) else set()
-
-
 @dataclass(frozen=True)
 class CappedSharePlan(TierPlan):
     """The capped shares of one claim, by device name."""
@@ -77,7 +70,7 @@ class CappedSharePlan(TierPlan):
     report: Callable[[ClaimRef, str], None] | None = None
 
     @property
-    def devices(self) -> frozenset[str]:
+    def shared_devices(self) -> frozenset[str]:
         return frozenset(share.device_name for share in self.shares)
 
     def intents(self) -> Mapping[str, JsonValue]:

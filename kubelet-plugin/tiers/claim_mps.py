@@ -6,7 +6,7 @@ UUIDs)`, defaults from ``mpsConfig``, config errors raised before anything start
 published devices start in `apply`; those of MIG devices made at prepare start once the devices
 exist (`apply_to_made`), keyed by their new UUIDs. Each handle is recorded the moment its daemon
 answers. Undo stops them; start-up adopts those of prepared claims and removes those no record
-names. MPS shares are left to `share_tier`. See docs/mps.md.
+names. MPS shares are left to `.mps_shares`. See docs/mps.md.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from gpu_dra.driver.config import ConfigGroup, mps_config, pinned_memory_limits
 from gpu_dra.driver.model import Gpu, MigDevice, MigPartition
 from gpu_dra.kubelet_plugin import crash_points
 from gpu_dra.kubelet_plugin.checkpoint import CheckpointEntry, JsonValue
-from gpu_dra.kubelet_plugin.mps.daemon_model import MPS_STATE_KEY, MpsControl, MpsError, MpsSettings
+from gpu_dra.kubelet_plugin.mps.daemon_model import MpsControl, MpsError, MpsSettings
 from gpu_dra.kubelet_plugin.mps.edits import workload_edits
 from gpu_dra.kubelet_plugin.mps.ids import claim_daemon_id
 from gpu_dra.kubelet_plugin.mps.recorded_daemons import (
@@ -29,10 +29,9 @@ from gpu_dra.kubelet_plugin.mps.recorded_daemons import (
     dead_phrase,
     remove_unrecorded,
 )
-from gpu_dra.kubelet_plugin.mps.share_tier import SharePlan
 from gpu_dra.kubelet_plugin.node_devices import NodeInventory
 from gpu_dra.kubelet_plugin.node_locks import NodeLocks
-from gpu_dra.kubelet_plugin.tier import (
+from gpu_dra.kubelet_plugin.tiers.protocol import (
     ClaimRequest,
     Planned,
     PrepareError,
@@ -40,6 +39,7 @@ from gpu_dra.kubelet_plugin.tier import (
     Tier,
     TierPlan,
 )
+from gpu_dra.kubelet_plugin.tiers.state import MPS_STATE_KEY
 
 
 @dataclass(frozen=True)
@@ -63,6 +63,10 @@ class ClaimMpsPlan(TierPlan):
     daemons: tuple[DaemonPlan, ...]
     tier: ClaimMpsTier
 
+    @property
+    def mps_daemons(self) -> tuple[DaemonPlan, ...]:
+        return self.daemons
+
     def apply(self, run: PrepareRun) -> None:
         for daemon in self.daemons:
             if daemon.deferred is None:
@@ -84,7 +88,7 @@ class ClaimMpsPlan(TierPlan):
 
 
 class ClaimMpsTier(Tier):
-    """`Tier` of per-claim MPS; plan it after the share tier (its devices are left out).
+    """`Tier` of per-claim MPS; plan it after the share tiers (their devices are left out).
     Without an MPS control daemon manager, claims asking for MPS fail."""
 
     def __init__(
@@ -105,14 +109,13 @@ class ClaimMpsTier(Tier):
     def plan(self, request: ClaimRequest, planned: Planned) -> ClaimMpsPlan:
         """One daemon per config group with strategy MPS (per MIG device in it), leaving out MPS
         shares. Config errors that need the group's UUIDs are raised here."""
-        shares = planned.of(SharePlan)
-        skip: Collection[str] = shares.devices if shares is not None else ()
+        skip = planned.shared_devices
         admin = {r.device for r in request.results if r.admin_access}
         daemons: list[DaemonPlan] = []
         taken: dict[str, str] = {}
         for group in request.groups:
             if getattr(group.config, "sharing", None) is None or mps_config(group.config) is None:
-                continue  # no sharing, or TimeSlicing (`timeslicing_tier`)
+                continue  # no sharing, or TimeSlicing (`.timeslicing`)
             names = tuple(sorted({d.device for d in group.devices}.difference(skip)))
             if not names:
                 continue

@@ -4,8 +4,8 @@ NVIDIA-compatible (``nvidia-compat.md`` §8): `NvidiaSmiTimeSlicer` runs ``nvidi
 GPUs (there is no NVML API for it); `RecordedTimeSlicer` changes nothing and records every call
 in a JSON file (``<data-dir>/time-slicing.json`` on simulated nodes). "Not Supported" (exit
 status 3) is `TimeSlicingNotSupportedError`, never retried; other failures are
-`TimeSlicingError`, retryable. The preparer records the applied intervals in the claim's
-checkpoint ``state`` under `TIME_SLICE_STATE_KEY` before running the commands.
+`TimeSlicingError`, retryable. The time-slicing tier records the applied intervals in the claim's
+checkpoint ``state`` (`tiers.state.TIME_SLICE_STATE_KEY`) before running the commands.
 See docs/config.md#time-slicing.
 """
 
@@ -23,13 +23,9 @@ from typing import Any, Final, Protocol
 from gpu_dra.driver.config.sharing import TIME_SLICE_VALUES
 from gpu_dra.driver.nvml.real import LIBRARY_DIRS, NVML_LIBRARY_NAME, find_nvml_library
 from gpu_dra.kubelet_plugin.atomic_file import write_atomically
-from gpu_dra.kubelet_plugin.checkpoint import JsonValue
 from gpu_dra.kubelet_plugin.node_locks import acquire_blocking
 
 log = logging.getLogger(__name__)
-
-TIME_SLICE_STATE_KEY: Final = "timeSliceApplied"
-"""Checkpoint `state` key: ``{GPU UUID: --set-timeslice value}`` a claim applied (or applies)."""
 
 DEFAULT_INTERVAL: Final = 0
 NOT_SUPPORTED_EXIT_STATUS: Final = 3
@@ -235,24 +231,3 @@ class RecordedTimeSlicer:
         if refused:
             raise TimeSlicingNotSupportedError(uuid, detail="Not Supported")
         log.info("time-slice recorded %s uuid=%s interval=%s", call["call"], uuid, interval)
-
-
-def time_slices_to_state(applied: Mapping[str, int]) -> dict[str, JsonValue]:
-    return {uuid: applied[uuid] for uuid in sorted(applied)}
-
-
-def time_slices_from_state(state: Mapping[str, JsonValue]) -> dict[str, int]:
-    """The ``{uuid: value}`` an entry's ``state`` records; `TimeSlicingStateError` if unusable."""
-    raw = state.get(TIME_SLICE_STATE_KEY)
-    if raw is None:
-        return {}
-    if not isinstance(raw, dict):
-        raise TimeSlicingStateError(f"{TIME_SLICE_STATE_KEY} is not an object: {raw!r}"[:200])
-    slices: dict[str, int] = {}
-    for uuid, value in raw.items():
-        if isinstance(value, bool) or not isinstance(value, int) or value not in INTERVAL_NAMES:
-            raise TimeSlicingStateError(
-                f"{TIME_SLICE_STATE_KEY}[{uuid}] is not a time-slice value 0-3: {value!r}"[:200]
-            )
-        slices[uuid] = value
-    return slices

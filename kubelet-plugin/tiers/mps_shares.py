@@ -11,7 +11,7 @@ serves other tenants) and shm and the share's caps as client environment, plus -
 driver enforces it (`memory_limits`; never on MIG devices) - its memory as
 ``NVIDIA_GPU_MEMORY_LIMIT``/``_REQUEST`` and the ``apply-cuda-memory-limits`` hook, which caps
 each container's cgroup; its record keeps the daemon's handle and the share
-(`SHARES_STATE_KEY`). A share of a dynamic MIG partition joins its daemon once the dynamic-MIG
+(`state.SHARES_STATE_KEY`). A share of a dynamic MIG partition joins its daemon once the dynamic-MIG
 tier has made (or found) the MIG device (`SharePlan.apply_to_made`). See docs/mps.md, "MPS
 shares".
 """
@@ -28,7 +28,7 @@ from gpu_dra.driver.shares import OfferedDevice, ShareError, ceiling, consumed_s
 from gpu_dra.kubelet_plugin.cdi import ClaimSpecStore, ContainerEdits
 from gpu_dra.kubelet_plugin.checkpoint import CheckpointEntry, JsonValue
 from gpu_dra.kubelet_plugin.claim_records import ClaimRecords
-from gpu_dra.kubelet_plugin.mps.daemon_model import MPS_STATE_KEY, MpsControl, MpsError
+from gpu_dra.kubelet_plugin.mps.daemon_model import MpsControl, MpsError
 from gpu_dra.kubelet_plugin.mps.edits import workload_edits
 from gpu_dra.kubelet_plugin.mps.ids import shared_daemon_id
 from gpu_dra.kubelet_plugin.mps.memory_limits import Enforcement, MemoryLimitSupport, ShareMemory
@@ -39,11 +39,11 @@ from gpu_dra.kubelet_plugin.mps.recorded_daemons import (
     dead_phrase,
     remove_unrecorded,
 )
-from gpu_dra.kubelet_plugin.mps.shared_daemons import SHARES_STATE_KEY, PlannedShare, SharedDaemons
+from gpu_dra.kubelet_plugin.mps.shared_daemons import PlannedShare, SharedDaemons
 from gpu_dra.kubelet_plugin.mps.warm_policy import OFF, WarmPolicy
 from gpu_dra.kubelet_plugin.node_devices import NodeInventory
 from gpu_dra.kubelet_plugin.node_locks import NodeLocks
-from gpu_dra.kubelet_plugin.tier import (
+from gpu_dra.kubelet_plugin.tiers.protocol import (
     AllocatedResult,
     ClaimRequest,
     Planned,
@@ -53,11 +53,13 @@ from gpu_dra.kubelet_plugin.tier import (
     TierPlan,
     share_intents,
 )
+from gpu_dra.kubelet_plugin.tiers.state import (
+    MEMORY_ENFORCEMENT_KEY,
+    MPS_STATE_KEY,
+    SHARES_STATE_KEY,
+)
 
 log = logging.getLogger(__name__)
-
-MEMORY_ENFORCEMENT_KEY = "memoryEnforcement"
-"""Key of a share's record (`SHARES_STATE_KEY`) naming its `memory_limits.Enforcement`."""
 
 
 @dataclass(frozen=True)
@@ -69,7 +71,7 @@ class SharePlan(TierPlan):
     memory: ShareMemory | None = None
 
     @property
-    def devices(self) -> frozenset[str]:
+    def shared_devices(self) -> frozenset[str]:
         return frozenset(share.device_name for share in self.shares)
 
     def intents(self) -> Mapping[str, JsonValue]:

@@ -2,7 +2,7 @@
 
 NVIDIA-compatible (``nvidia-compat.md`` §8): each full GPU of the group gets its interval through
 the `TimeSlicer` seam; ``MigDeviceConfig`` TimeSlicing on MIG devices is accepted and changes
-nothing. The intervals are recorded before they are set (`TIME_SLICE_STATE_KEY`); "Not
+nothing. The intervals are recorded before they are set (`state.TIME_SLICE_STATE_KEY`); "Not
 Supported" fails the claim, except for interval Default, which needs no change. Undo resets them
 to Default unless another claim still records the GPU. MPS and TimeSlicing on one GPU, or two
 claims asking one GPU (adminAccess) for different intervals, are refused here. See
@@ -21,25 +21,28 @@ from gpu_dra.driver.model import Gpu, MigDevice, MigPartition
 from gpu_dra.kubelet_plugin import crash_points
 from gpu_dra.kubelet_plugin.checkpoint import CheckpointEntry, JsonValue
 from gpu_dra.kubelet_plugin.claim_records import ClaimRecords
-from gpu_dra.kubelet_plugin.mps import MpsError, handles_from_state
-from gpu_dra.kubelet_plugin.mps.claim_tier import ClaimMpsPlan, DaemonPlan
+from gpu_dra.kubelet_plugin.mps import MpsError
 from gpu_dra.kubelet_plugin.node_devices import NodeInventory
-from gpu_dra.kubelet_plugin.tier import (
+from gpu_dra.kubelet_plugin.tiers.protocol import (
     ClaimRequest,
     Planned,
+    PlannedDaemon,
     PrepareError,
     PrepareRun,
     Tier,
     TierPlan,
 )
-from gpu_dra.kubelet_plugin.timeslicing import (
+from gpu_dra.kubelet_plugin.tiers.state import (
     TIME_SLICE_STATE_KEY,
+    handles_from_state,
+    time_slices_from_state,
+    time_slices_to_state,
+)
+from gpu_dra.kubelet_plugin.time_slicer import (
     TimeSlicer,
     TimeSlicingError,
     TimeSlicingNotSupportedError,
     interval_name,
-    time_slices_from_state,
-    time_slices_to_state,
 )
 
 log = logging.getLogger(__name__)
@@ -62,17 +65,18 @@ class TimeSlicePlan(TierPlan):
     """The intervals one claim sets, one per GPU, and its MPS daemons (which exclude them)."""
 
     slices: tuple[TimeSlice, ...]
-    mps_daemons: tuple[DaemonPlan, ...]
+    daemons: tuple[PlannedDaemon, ...]
+    """The claim's per-claim MPS daemons (`PlannedDaemon`), planned before."""
     slicer: TimeSlicer | None
 
     def check(self, others: Mapping[str, CheckpointEntry]) -> None:
         """Refuse what other prepared claims make impossible on the same GPUs: a different
         interval, or MPS beside TimeSlicing (possible where adminAccess lets two claims hold one
         GPU), in either direction."""
-        if not self.slices and not self.mps_daemons:
+        if not self.slices and not self.daemons:
             return
         mine = {ts.uuid: ts for ts in self.slices}
-        mps_uuids = {uuid: daemon for daemon in self.mps_daemons for uuid in daemon.uuids}
+        mps_uuids = {uuid: daemon for daemon in self.daemons for uuid in daemon.uuids}
         for entry in others.values():
             other = entry.claim
             owner = f"claim {other.namespace}/{other.name} ({other.uid})"
@@ -156,8 +160,7 @@ class TimeSlicingTier(Tier):
         """The full GPUs whose interval the claim sets, one per GPU, by device name. MIG devices
         of a TimeSlicing group are a no-op (logged); a GPU asked for two intervals, or for MPS
         and TimeSlicing, is an error."""
-        mps = planned.of(ClaimMpsPlan)
-        daemons = mps.daemons if mps is not None else ()
+        daemons = planned.mps_daemons
         slices: dict[str, TimeSlice] = {}
         for group in request.groups:
             for wanted in self._group_slices(group):
