@@ -44,10 +44,12 @@ from gpu_dra.driver.naming import gpu_device_name
 from gpu_dra.driver.nvml.simulated import SimulatedHost
 from gpu_dra.kubelet_plugin.cdi import ClaimSpecStore
 from gpu_dra.kubelet_plugin.checkpoint import Checkpoint
+from gpu_dra.kubelet_plugin.claim_records import ClaimRecords
 from gpu_dra.kubelet_plugin.instances import InstanceRegistry
 from gpu_dra.kubelet_plugin.node_devices import NodeInventory
 from gpu_dra.kubelet_plugin.prepare import NodeClaimPreparer
 from gpu_dra.kubelet_plugin.server import PluginServer
+from gpu_dra.kubelet_plugin.tiers.assembly import node_tiers
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 NODE_NAME = "bench-node"
@@ -226,6 +228,8 @@ async def _serve(
     checkpoint = Checkpoint(state_dir)
     checkpoint.load()
     instance = InstanceRegistry(state_dir).register("")  # its node-wide locks, as in production
+    records = ClaimRecords(checkpoint, owner=instance.token)
+    cdi = ClaimSpecStore(cdi_root, driver_name=DRIVER)
     preparer = NodeClaimPreparer(
         driver_name=DRIVER,
         node_name=NODE_NAME,
@@ -233,9 +237,10 @@ async def _serve(
         claims=InMemoryClaimReader(
             allocated_claims(claim_count, node_name=NODE_NAME, device_names=devices)
         ),
-        checkpoint=checkpoint,
-        cdi=ClaimSpecStore(cdi_root, driver_name=DRIVER),
+        records=records,
+        cdi=cdi,
         claims_dir=state_dir / "claims",
+        tiers=node_tiers(records, inventory, node_name=NODE_NAME, cdi=cdi, instance=instance),
         instance=instance,
     )
     await preparer.recover()

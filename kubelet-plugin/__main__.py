@@ -28,6 +28,7 @@ from gpu_dra.driver.shares import ShareSelectionError
 from gpu_dra.kubelet_plugin import startup
 from gpu_dra.kubelet_plugin.cdi import ClaimSpecStore
 from gpu_dra.kubelet_plugin.checkpoint import Checkpoint
+from gpu_dra.kubelet_plugin.claim_records import ClaimRecords
 from gpu_dra.kubelet_plugin.claimcache import CachedClaimReader
 from gpu_dra.kubelet_plugin.device_health.runtime import (
     HealthRuntime,
@@ -53,6 +54,7 @@ from gpu_dra.kubelet_plugin.publishing import PublisherTurn
 from gpu_dra.kubelet_plugin.server import PluginServer
 from gpu_dra.kubelet_plugin.settings import KubeletPluginSettings
 from gpu_dra.kubelet_plugin.startup import StartupError
+from gpu_dra.kubelet_plugin.tiers.assembly import node_tiers
 from gpu_dra.kubelet_plugin.utilization.runtime import start_utilization
 
 log = logging.getLogger("gpu_dra.kubelet_plugin")
@@ -133,24 +135,34 @@ async def _serve_instance(
     mps = startup.mps_manager(settings, api_client, nvml, mps_events)
     inventory, capped_memory = startup.capped_shares(settings, nvml, inventory, mps_events)
     share_memory = startup.share_memory(settings, nvml, inventory, mps_events)
+    records = ClaimRecords(checkpoint, owner=instance.token)
+    cdi = ClaimSpecStore(settings.cdi_root, driver_name=settings.driver_name)
+    tiers = node_tiers(
+        records,
+        inventory,
+        node_name=settings.node_name,
+        cdi=cdi,
+        instance=instance,
+        mps=mps,
+        time_slicer=startup.time_slicer(settings, devices),
+        dynamic_mig=startup.dynamic_mig(settings, nvml, inventory, instance.locks, simulated_mig),
+        mps_share_max_percent=settings.mps_share_max_percent,
+        mps_share_memory=share_memory,
+        mps_share_warm=settings.mps_share_daemon_warm,
+        capped_share_memory=capped_memory,
+    )
     preparer = NodeClaimPreparer(
         driver_name=settings.driver_name,
         node_name=settings.node_name,
         inventory=inventory,
         claims=claims,
         uncached_claims=claim_api,
-        checkpoint=checkpoint,
-        cdi=ClaimSpecStore(settings.cdi_root, driver_name=settings.driver_name),
+        records=records,
+        cdi=cdi,
         claims_dir=settings.state_dir / "claims",
-        mps=mps,
-        time_slicer=startup.time_slicer(settings, devices),
-        mps_share_max_percent=settings.mps_share_max_percent,
-        dynamic_mig=startup.dynamic_mig(settings, nvml, inventory, instance.locks, simulated_mig),
+        tiers=tiers,
         common_edits=None if common_edits is None else common_edits.current,
         instance=instance,
-        mps_share_memory=share_memory,
-        mps_share_warm=settings.mps_share_daemon_warm,
-        capped_share_memory=capped_memory,
         test_prepare_delay_s=prepare_delay_from_env(
             os.environ, simulated=settings.simulate is not None
         ),
@@ -180,12 +192,12 @@ async def _serve_instance(
     supervising = (
         [] if supervisor is None else [asyncio.create_task(supervisor.run(), name="mps-supervisor")]
     )
-    if supervisor is not None and preparer.shared_daemons is not None:
+    if supervisor is not None and tiers.shared_daemons is not None:
         # A share joining a live daemon leaves the settings check to the supervisor.
-        preparer.shared_daemons.set_checker(supervisor)
+        tiers.shared_daemons.set_checker(supervisor)
     # The shared daemons of MPS shares start ahead of their first share (docs/mps.md, "Warm
     # daemons"); the first pass is waited for, so the first share finds its daemon running.
-    warmer = startup.mps_warmer(settings, mps, preparer.shared_daemons, instance, inventory)
+    warmer = startup.mps_warmer(settings, mps, tiers.shared_daemons, instance, inventory)
     if warmer is not None:
         supervising.append(asyncio.create_task(warmer.run(), name="mps-warm-daemons"))
         try:

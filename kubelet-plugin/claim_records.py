@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
+from pathlib import Path
 
 from gpu_dra.kubelet_plugin.checkpoint import (
     Checkpoint,
@@ -34,6 +35,11 @@ class ClaimRecords:
         into every entry; None writes none."""
         self._checkpoint = checkpoint
         self.owner = owner
+
+    @property
+    def data_dir(self) -> Path:
+        """The checkpoint's directory."""
+        return self._checkpoint.data_dir
 
     def get(self, claim_uid: str) -> CheckpointEntry | None:
         return self._checkpoint.get(claim_uid)

@@ -47,7 +47,6 @@ from gpu_dra.kubelet_plugin.cdi import (
     qualified_device_id,
 )
 from gpu_dra.kubelet_plugin.checkpoint import (
-    Checkpoint,
     CheckpointEntry,
     CheckpointError,
     ClaimPhase,
@@ -67,29 +66,18 @@ from gpu_dra.kubelet_plugin.claim_records import (
 )
 from gpu_dra.kubelet_plugin.instances import PluginInstance
 from gpu_dra.kubelet_plugin.kubeapi import ClaimReader, ClaimReadError, ResourceClaim
-from gpu_dra.kubelet_plugin.mig.claims import DynamicMig
-from gpu_dra.kubelet_plugin.mps import MpsControl
-from gpu_dra.kubelet_plugin.mps.memory_limits import ShareMemory
-from gpu_dra.kubelet_plugin.mps.warm_policy import OFF, WarmPolicy
 from gpu_dra.kubelet_plugin.node_devices import NodeInventory
 from gpu_dra.kubelet_plugin.prepare_protocol import ClaimRef, PreparedDevice, PrepareResult
 from gpu_dra.kubelet_plugin.recovery import TIER_ERRORS, UNDOING, missing_parts, recover_claims
-from gpu_dra.kubelet_plugin.tiers.capped_shares import CappedShareTier
-from gpu_dra.kubelet_plugin.tiers.claim_mps import ClaimMpsTier
-from gpu_dra.kubelet_plugin.tiers.dynamic_mig import DynamicMigTier
-from gpu_dra.kubelet_plugin.tiers.mps_shares import MpsShareTier
+from gpu_dra.kubelet_plugin.tiers.assembly import NodeTiers
 from gpu_dra.kubelet_plugin.tiers.protocol import (
     AllocatedResult,
     ClaimRequest,
     Planned,
     PrepareError,
     PrepareRun,
-    Tier,
     TierPlan,
 )
-from gpu_dra.kubelet_plugin.tiers.timeslicing import TimeSlicingTier
-from gpu_dra.kubelet_plugin.tiers.whole_gpu import WholeGpuTier
-from gpu_dra.kubelet_plugin.time_slicer import TimeSlicer
 
 log = logging.getLogger(__name__)
 
@@ -105,43 +93,30 @@ class NodeClaimPreparer:
         node_name: str,
         inventory: NodeInventory,
         claims: ClaimReader,
-        checkpoint: Checkpoint,
+        records: ClaimRecords,
         cdi: ClaimSpecStore,
         claims_dir: Path,
+        tiers: NodeTiers,
         uncached_claims: ClaimReader | None = None,
-        mps: MpsControl | None = None,
-        time_slicer: TimeSlicer | None = None,
-        dynamic_mig: DynamicMig | None = None,
-        mps_share_max_percent: int = 100,
         common_edits: Callable[[], ContainerEdits] | None = None,
         instance: PluginInstance | None = None,
         recovery_wait_s: float = 300.0,
-        mps_share_memory: ShareMemory | None = None,
-        mps_share_warm: WarmPolicy = OFF,
-        capped_share_memory: ShareMemory | None = None,
         test_prepare_delay_s: float = 0.0,
     ) -> None:
-        """`uncached_claims` reads the API server directly; give it when `claims` is a cache, which
-        may not have seen a claim replaced under the same name yet: a claim whose UID does not
-        match is read once more from there before it is reported replaced.
+        """``records`` and ``tiers`` (`tiers.assembly.node_tiers`, given the same records and
+        ``cdi``) are this instance's: the records name ``instance`` as their owner.
 
-        `mps` starts and stops MPS control daemons; without it, claims asking for MPS fail.
-        `time_slicer` sets time-slice intervals; without it, claims asking for TimeSlicing on
-        full GPUs fail. `dynamic_mig` makes the MIG devices of partition devices; without it,
-        claims with partition devices fail. `mps_share_max_percent` is the largest MPS share
-        (`tiers.mps_shares`). `common_edits` gives the edits every container of a claim gets (the
-        driver's userspace on real nodes, `driver_userspace.CommonEdits.current`; None on
-        simulated ones), asked once per prepare before anything changes. `instance` is this
-        plugin instance on the node: its token goes into the records, its node-wide locks are
-        taken beside the in-process ones, and `recover` waits up to `recovery_wait_s` for the
-        other instances' calls under way; without it, every record is this process's.
-        `mps_share_memory` says which GPUs' MPS shares the driver caps per container
-        (`mps.memory_limits`); `capped_share_memory` the same for capped shares (without it,
-        claims with capped shares fail). `mps_share_warm`: whether the shared daemons of the
-        offered GPUs are kept warm (`mps.warm_daemons`; recovery then keeps those no claim
-        records). `test_prepare_delay_s` (tests only,
-        `fault_injection`) holds each new prepare that long in its worker thread right after
-        `PrepareStarted` is recorded."""
+        `uncached_claims` reads the API server directly; give it when `claims` is a cache, which
+        may not have seen a claim replaced under the same name yet: a claim whose UID does not
+        match is read once more from there before it is reported replaced. `common_edits` gives
+        the edits every container of a claim gets (the driver's userspace on real nodes,
+        `driver_userspace.CommonEdits.current`; None on simulated ones), asked once per prepare
+        before anything changes. `instance` is this plugin instance on the node: its node-wide
+        locks are taken beside the in-process ones, and `recover` waits up to `recovery_wait_s`
+        for the other instances' calls under way; without it, every record is this process's.
+        `test_prepare_delay_s` (tests only, `fault_injection`) holds each new prepare that long
+        in its worker thread right after `PrepareStarted` is recorded."""
+        assert records.owner == (None if instance is None else instance.token)
         self._driver = driver_name
         self._pool = node_name
         self._inventory = inventory
@@ -149,41 +124,16 @@ class NodeClaimPreparer:
         self._uncached_claims = uncached_claims
         self._instance = instance
         self._recovery_wait_s = recovery_wait_s
-        self._records = ClaimRecords(checkpoint, owner=None if instance is None else instance.token)
+        self._records = records
         self._cdi = cdi
-        self._data_dir = checkpoint.data_dir
+        self._data_dir = records.data_dir
         self._claims_dir = claims_dir
         self._common_edits = common_edits
         self._test_prepare_delay_s = test_prepare_delay_s
-        records, node = self._records, node_name
-        locks = None if instance is None else instance.locks
-        shares = MpsShareTier(
-            mps,
-            records,
-            inventory,
-            node_name=node,
-            max_percent=mps_share_max_percent,
-            locks=locks,
-            memory=mps_share_memory,
-            cdi=cdi,
-            warm=mps_share_warm,
-        )
-        capped = CappedShareTier(
-            inventory,
-            None if capped_share_memory is None else capped_share_memory.support,
-            report=None if capped_share_memory is None else capped_share_memory.report,
-        )
-        self.shared_daemons = shares.shared
+        self._tiers = tiers.acting
+        self._planning = tiers.planning
+        self.shared_daemons = tiers.shared_daemons
         """The shared MPS daemons of the share tier (None without MPS), for the warmer."""
-        claim_mps = ClaimMpsTier(mps, inventory, node_name=node, locks=locks)
-        time_slicing = TimeSlicingTier(time_slicer, records, inventory, node_name=node)
-        mig = DynamicMigTier(dynamic_mig, records, inventory, owner_alive=self._owner_alive)
-        whole = WholeGpuTier()
-        # The order the tiers act in on a claim: checks, then changes (time slices, MPS
-        # daemons, shares, MIG devices; docs/architecture.md); undo runs in reverse.
-        self._tiers: tuple[Tier, ...] = (whole, time_slicing, claim_mps, shares, capped, mig)
-        # The order they plan in: a tier may read the plans made before its own.
-        self._planning: tuple[Tier, ...] = (shares, capped, claim_mps, time_slicing, mig, whole)
         # Locks live while someone holds them: no growth with the number of claims ever seen.
         self._device_locks: weakref.WeakValueDictionary[str, asyncio.Lock] = (
             weakref.WeakValueDictionary()

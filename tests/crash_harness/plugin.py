@@ -30,11 +30,11 @@ from gpu_dra.kubelet_plugin import crash_points, startup
 from gpu_dra.kubelet_plugin.cdi import ClaimSpecStore
 from gpu_dra.kubelet_plugin.checkpoint import Checkpoint
 from gpu_dra.kubelet_plugin.mps import MpsDaemonManager, PlainDirectoryShm
-from gpu_dra.kubelet_plugin.prepare import NodeClaimPreparer
 from gpu_dra.kubelet_plugin.prepare_protocol import ClaimRef
 from tests.crash_harness.nodes import NodeKind
 from tests.doubles.mps_helpers import DOUBLE_BINARY, double_env
 from tests.fakes.claim_reader import InMemoryClaimReader
+from tests.kubelet_plugin.nodes import new_preparer
 
 
 class PluginDiedError(Exception):
@@ -174,7 +174,7 @@ async def _serve(
     checkpoint = Checkpoint(settings.state_dir)
     checkpoint.load()
     claims = InMemoryClaimReader()
-    preparer = NodeClaimPreparer(
+    preparer = new_preparer(
         driver_name=settings.driver_name,
         node_name=settings.node_name,
         inventory=inventory,

@@ -11,6 +11,7 @@ builds the preparer."""
 from __future__ import annotations
 
 import asyncio
+import inspect
 import shutil
 import threading
 import time
@@ -26,6 +27,8 @@ from gpu_dra.driver.nvml.simulated import SimulatedHost
 from gpu_dra.driver.shares import MigShareSelection, ShareSelection
 from gpu_dra.kubelet_plugin.cdi import CdiDevice, ClaimSpecStore, ContainerEdits
 from gpu_dra.kubelet_plugin.checkpoint import Checkpoint, LoadResult
+from gpu_dra.kubelet_plugin.claim_records import ClaimRecords
+from gpu_dra.kubelet_plugin.instances import PluginInstance
 from gpu_dra.kubelet_plugin.kubeapi import ResourceClaim
 from gpu_dra.kubelet_plugin.mig import MigLifecycle, SimulatedMigStateFile
 from gpu_dra.kubelet_plugin.mig.claims import DynamicMig
@@ -39,6 +42,7 @@ from gpu_dra.kubelet_plugin.mps.process import start_time
 from gpu_dra.kubelet_plugin.node_devices import NodeInventory
 from gpu_dra.kubelet_plugin.prepare import NodeClaimPreparer
 from gpu_dra.kubelet_plugin.prepare_protocol import ClaimRef, PreparedDevice, PrepareResult
+from gpu_dra.kubelet_plugin.tiers.assembly import node_tiers
 from gpu_dra.kubelet_plugin.tiers.state import claims_using, handles_from_state
 from tests.doubles import nvidia_cuda_mps_control as double
 from tests.doubles.mps_helpers import DOUBLE_BINARY, double_env, processes_under
@@ -52,6 +56,47 @@ from tests.fakes.claim_reader import (
 
 DRIVER = "gpu.nvidia.com"
 NODE = "node-a"
+
+TIER_PARTS = frozenset(inspect.signature(node_tiers).parameters) - {
+    "records",
+    "inventory",
+    "node_name",
+    "cdi",
+    "instance",
+}
+"""The `node_tiers` arguments `new_preparer` takes beside the preparer's."""
+
+
+def new_preparer(
+    *,
+    checkpoint: Checkpoint,
+    inventory: NodeInventory,
+    cdi: ClaimSpecStore,
+    claims_dir: Path,
+    node_name: str = NODE,
+    driver_name: str = DRIVER,
+    instance: PluginInstance | None = None,
+    **options: Any,
+) -> NodeClaimPreparer:
+    """A `NodeClaimPreparer` over ``checkpoint`` with the tiers `node_tiers` builds, as the
+    plugin wires them: ``options`` naming a tier part (`TIER_PARTS`: ``mps``, ``dynamic_mig``,
+    ...) go to `node_tiers`, the others to the preparer."""
+    records = ClaimRecords(checkpoint, owner=None if instance is None else instance.token)
+    parts = {name: options.pop(name) for name in list(options) if name in TIER_PARTS}
+    tiers = node_tiers(records, inventory, node_name=node_name, cdi=cdi, instance=instance, **parts)
+    return NodeClaimPreparer(
+        driver_name=driver_name,
+        node_name=node_name,
+        inventory=inventory,
+        records=records,
+        cdi=cdi,
+        claims_dir=claims_dir,
+        tiers=tiers,
+        instance=instance,
+        **options,
+    )
+
+
 UID_A = "0b6a1e3c-8f43-4a55-9a0e-2f7d1c9b8a01"
 UID_B = "5d2c9f71-3e8a-4b6d-8c1f-6a4e2b0d9c02"
 UID_C = "9e4f2a10-6b3d-4c8e-a1f7-0d5b3c2e1f03"
@@ -115,15 +160,13 @@ class PluginOnNode:
     preparer: NodeClaimPreparer
 
     def preparer_options(self) -> dict[str, Any]:
-        """Further `NodeClaimPreparer` arguments (MPS, time slicing, ...); built at each restart."""
+        """Further `new_preparer` arguments (MPS, time slicing, ...); built at each restart."""
         return {}
 
     def build_preparer(self, **options: Any) -> NodeClaimPreparer:
         """The preparer of driver `DRIVER` on node `NODE`, claim files in ``<data_dir>/claims``,
         with `preparer_options` and `options`."""
-        return NodeClaimPreparer(
-            driver_name=DRIVER,
-            node_name=NODE,
+        return new_preparer(
             inventory=self.inventory,
             claims=self.api,
             checkpoint=self.checkpoint,

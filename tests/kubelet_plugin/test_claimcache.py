@@ -35,6 +35,7 @@ from gpu_dra.kubelet_plugin.prepare_protocol import ClaimRef
 from tests.fakes.claim_api import InMemoryClaimApi, Verb
 from tests.fakes.claim_reader import allocation_result, resource_claim
 from tests.fakes.stub_apiserver import Answer, Query, StubApiserver, status
+from tests.kubelet_plugin.nodes import new_preparer
 
 DRIVER = "gpu.nvidia.com"
 NODE = "node-a"
@@ -366,9 +367,7 @@ def preparer(
 ) -> NodeClaimPreparer:
     checkpoint = Checkpoint(tmp_path / "data", boot_id=lambda: "boot-1")
     checkpoint.load()
-    return NodeClaimPreparer(
-        driver_name=DRIVER,
-        node_name=NODE,
+    return new_preparer(
         inventory=inventory,
         claims=cache,
         uncached_claims=api,

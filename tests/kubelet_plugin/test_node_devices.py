@@ -31,9 +31,9 @@ from gpu_dra.kubelet_plugin.node_devices import (
     ProcMigCapabilities,
     device_env_prefix,
 )
-from gpu_dra.kubelet_plugin.prepare import NodeClaimPreparer
 from gpu_dra.kubelet_plugin.prepare_protocol import ClaimRef
 from tests.fakes.claim_reader import InMemoryClaimReader, allocation_result, resource_claim
+from tests.kubelet_plugin.nodes import new_preparer
 
 NODE = "node-a"
 DEMO_NODE = Path(__file__).resolve().parents[2] / "demo" / "node.yaml"
@@ -470,9 +470,7 @@ def test_the_preparer_hands_out_mig_devices_through_by_name_and_container_edits(
     cdi = ClaimSpecStore(tmp_path / "cdi", driver_name=DRIVER)
     checkpoint = Checkpoint(tmp_path / "data", boot_id=lambda: "boot-1")
     checkpoint.load()
-    preparer = NodeClaimPreparer(
-        driver_name=DRIVER,
-        node_name=NODE,
+    preparer = new_preparer(
         inventory=inventory,
         claims=api,
         checkpoint=checkpoint,

@@ -3,6 +3,7 @@ and `Planned` (the plans made so far)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 from gpu_dra.kubelet_plugin.checkpoint import Checkpoint, ClaimPhase, JsonValue
@@ -48,26 +49,46 @@ def test_a_device_made_for_the_claim_stands_in_for_the_published_one(tmp_path: P
     assert run.device("gpu-0") is gpu_1
 
 
-class _PlanA(TierPlan):
+@dataclass(frozen=True)
+class _Daemon:
+    daemon_id: str
+    device_names: tuple[str, ...]
+    uuids: tuple[str, ...]
+
+
+class _SharePlan(TierPlan):
+    @property
+    def shared_devices(self) -> frozenset[str]:
+        return frozenset({"gpu-0", "gpu-1"})
+
+
+class _DaemonPlan(TierPlan):
+    @property
+    def mps_daemons(self) -> tuple[_Daemon, ...]:
+        return (_Daemon("mps-a", ("gpu-2",), ("GPU-2",)),)
+
+
+class _PlainPlan(TierPlan):
     pass
 
 
-class _PlanB(TierPlan):
-    pass
-
-
-class _TierA(Tier):
+class _Tier(Tier):
     def plan(self, request: ClaimRequest, planned: Planned) -> TierPlan:
-        return _PlanA()
+        return _PlainPlan()
 
 
-def test_planned_finds_plans_by_kind_and_by_tier() -> None:
+def test_planned_gathers_the_facts_of_every_plan_so_far_and_finds_a_plan_by_tier() -> None:
     planned = Planned()
-    tier = _TierA()
-    plan = _PlanA()
+    share_tier, daemon_tier, plain_tier = _Tier(), _Tier(), _Tier()
+    shares, daemons, plain = _SharePlan(), _DaemonPlan(), _PlainPlan()
+    assert planned.shared_devices == frozenset()
+    assert planned.mps_daemons == ()
 
-    planned.add(tier, plan)
+    planned.add(share_tier, shares)
+    planned.add(daemon_tier, daemons)
+    planned.add(plain_tier, plain)
 
-    assert planned.of(_PlanA) is plan
-    assert planned.of(_PlanB) is None
-    assert planned.of_tier(tier) is plan
+    assert planned.shared_devices == {"gpu-0", "gpu-1"}
+    assert planned.mps_daemons == (_Daemon("mps-a", ("gpu-2",), ("GPU-2",)),)
+    assert planned.of_tier(daemon_tier) is daemons
+    assert planned.of_tier(plain_tier) is plain

@@ -29,13 +29,11 @@ from gpu_dra.kubelet_plugin.mig import MigLifecycle, SimulatedMigStateFile
 from gpu_dra.kubelet_plugin.mig.claims import DynamicMig
 from gpu_dra.kubelet_plugin.node_devices import NodeInventory
 from gpu_dra.kubelet_plugin.node_locks import NodeLocks
-from gpu_dra.kubelet_plugin.prepare import NodeClaimPreparer
 from gpu_dra.kubelet_plugin.prepare_protocol import ClaimRef, PrepareResult
 from gpu_dra.kubelet_plugin.service import ClaimCallHandler
 from gpu_dra.kubelet_plugin.tiers.state import DYNAMIC_MIG_STATE_KEY, intents_to_state
 from tests.fakes.claim_reader import InMemoryClaimReader, allocation_result, resource_claim
 from tests.kubelet_plugin.nodes import (
-    DRIVER,
     DYNAMIC_MIG_PROFILE,
     NODE,
     UID_A,
@@ -43,6 +41,7 @@ from tests.kubelet_plugin.nodes import (
     UID_C,
     RecordingSpecStore,
     failed,
+    new_preparer,
     ok,
 )
 
@@ -103,9 +102,7 @@ class Instance:
             self.host.nvml, locks=NodeLocks(shared.data_dir), refresh=state.refresh
         )
         self.dynamic_mig = DynamicMig(lifecycle, self.inventory.partitionable_gpus())
-        self.preparer = NodeClaimPreparer(
-            driver_name=DRIVER,
-            node_name=NODE,
+        self.preparer = new_preparer(
             inventory=self.inventory,
             claims=shared.api,
             checkpoint=self.checkpoint,
