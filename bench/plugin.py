@@ -45,10 +45,10 @@ from gpu_dra.driver.nvml.simulated import SimulatedHost
 from gpu_dra.kubelet_plugin.cdi import ClaimSpecStore
 from gpu_dra.kubelet_plugin.checkpoint import Checkpoint
 from gpu_dra.kubelet_plugin.claim_records import ClaimRecords
-from gpu_dra.kubelet_plugin.instances import InstanceRegistry
 from gpu_dra.kubelet_plugin.node_devices import NodeInventory
+from gpu_dra.kubelet_plugin.plugin_instances import InstanceRegistry
+from gpu_dra.kubelet_plugin.plugin_sockets import PluginServer
 from gpu_dra.kubelet_plugin.prepare import NodeClaimPreparer
-from gpu_dra.kubelet_plugin.server import PluginServer
 from gpu_dra.kubelet_plugin.tiers.assembly import node_tiers
 
 REPO_ROOT = Path(__file__).resolve().parents[1]

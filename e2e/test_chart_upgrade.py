@@ -46,7 +46,7 @@ from e2e.driver import DRIVER, MPS_DAEMON_SELECTOR, Driver
 from e2e.kube import Kube, wait_for
 from e2e.mig import mig_instances, mig_modes, mig_request
 from e2e.workloads import claim_uid, delete_pods, wait_running
-from gpu_dra.kubelet_plugin.server import socket_paths
+from gpu_dra.kubelet_plugin.plugin_sockets import socket_paths
 
 pytestmark = pytest.mark.e2e
 

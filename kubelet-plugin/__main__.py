@@ -38,7 +38,6 @@ from gpu_dra.kubelet_plugin.device_health.runtime import (
 )
 from gpu_dra.kubelet_plugin.fault_injection import boot_id_from_env, prepare_delay_from_env
 from gpu_dra.kubelet_plugin.health import HealthServer, PluginHealth
-from gpu_dra.kubelet_plugin.instances import PluginInstance
 from gpu_dra.kubelet_plugin.kubeapi import KubernetesClaimReader, KubernetesEvictionApi
 from gpu_dra.kubelet_plugin.metrics import (
     DiscoveryMetrics,
@@ -49,9 +48,10 @@ from gpu_dra.kubelet_plugin.mig import SimulatedMigStateFile
 from gpu_dra.kubelet_plugin.mps.events import KubernetesEventApi, MpsEvents
 from gpu_dra.kubelet_plugin.mps.memory_watchdog import start_memory_watchdog
 from gpu_dra.kubelet_plugin.node_devices import NodeInventory
+from gpu_dra.kubelet_plugin.plugin_instances import PluginInstance
+from gpu_dra.kubelet_plugin.plugin_sockets import PluginServer
 from gpu_dra.kubelet_plugin.prepare import NodeClaimPreparer
 from gpu_dra.kubelet_plugin.publishing import PublisherTurn
-from gpu_dra.kubelet_plugin.server import PluginServer
 from gpu_dra.kubelet_plugin.settings import KubeletPluginSettings
 from gpu_dra.kubelet_plugin.startup import StartupError
 from gpu_dra.kubelet_plugin.tiers.assembly import node_tiers

@@ -56,7 +56,7 @@ class CheckpointEntry:
     devices: tuple[PreparedDevice, ...] = ()
     state: Mapping[str, JsonValue] = field(default_factory=dict)
     owner: str | None = None
-    """Token of the plugin instance that wrote the entry (`instances`); None: written before
+    """Token of the plugin instance that wrote the entry (`plugin_instances`); None: written before
     plugins had tokens."""
     unknown_fields: Mapping[str, JsonValue] = field(default_factory=dict, compare=False)
     """Fields from a newer writer, kept so that rewriting this entry does not lose them."""

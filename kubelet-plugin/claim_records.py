@@ -31,7 +31,7 @@ class ClaimRecords:
     checkpoint's lock): call it from a worker thread."""
 
     def __init__(self, checkpoint: Checkpoint, *, owner: str | None = None) -> None:
-        """``owner``: the token of this plugin instance (`instances.PluginInstance`), written
+        """``owner``: the token of this plugin instance (`plugin_instances.PluginInstance`), written
         into every entry; None writes none."""
         self._checkpoint = checkpoint
         self.owner = owner

@@ -143,8 +143,9 @@ class NodeCheck:
     registry_dir: Path
     device_plugins_dir: Path
     gpu_dra_sockets: frozenset[Path] = frozenset()
-    """Sockets of gpu-dra instances that run on this node (`instances.InstanceRegistry.live`):
-    the old instance of a rolling update, not a conflict."""
+    """Sockets of gpu-dra instances that run on this node
+    (`plugin_instances.InstanceRegistry.live`): the old instance of a rolling update, not a
+    conflict."""
 
 
 def check_node(api: GuardApi, check: NodeCheck) -> tuple[dict[str, Any], list[Finding]]:

@@ -3,7 +3,7 @@
 Pure parsing, no ``ldconfig -p``: the cache of a driver root (``<root>/etc/ld.so.cache``) is read
 from the plugin's side, whatever libc the plugin's image has, in all three layouts (new, old,
 compat). Entries map a soname to its path as the root sees it; a malformed file raises
-`LdCacheError` naming the file and the fault. Used by `driver_userspace`.
+`LdCacheError` naming the file and the fault. Used by `nvidia_userspace`.
 See docs/real-nodes.md#host-driver-root-and-the-plugins-view-of-it.
 """
 

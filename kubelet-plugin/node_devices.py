@@ -3,7 +3,7 @@
 Devices are whole GPUs (MIG mode off) and static MIG devices, or with dynamic MIG
 (`dynamic_mig`) partitionable GPUs in partitionable form (`gpu_dra.driver.partitions`), whose
 `MigPartition`s prepare makes into MIG devices. A real GPU or MIG device gets the device nodes
-that let a process open it (common edits: `driver_userspace.CommonEdits`); a simulated one gets
+that let a process open it (common edits: `nvidia_userspace.CommonEdits`); a simulated one gets
 per-device environment variables and a read-only fact file instead. Both carry the per-device
 environment, so workloads and tests see which GPU or slice they got.
 See docs/architecture.md#what-a-container-gets and docs/real-nodes.md#what-a-container-gets.
@@ -26,8 +26,8 @@ from gpu_dra.driver.model import Gpu, MigCapableGpu, MigDevice, MigPartition, No
 from gpu_dra.driver.naming import gpu_device_name, mig_device_name
 from gpu_dra.driver.resourceapi import CounterSet, Device, DeviceTaint
 from gpu_dra.kubelet_plugin.cdi import ContainerEdits, DeviceNode, Mount
-from gpu_dra.kubelet_plugin.driver_root import HOST_INSTALLED_DRIVER, DriverRoot
-from gpu_dra.kubelet_plugin.driver_userspace import (
+from gpu_dra.kubelet_plugin.nvidia_driver_root import HOST_INSTALLED_DRIVER, DriverRoot
+from gpu_dra.kubelet_plugin.nvidia_userspace import (
     DEFAULT_CDI_HOOK_PATH,
     gpu_device_edits,
     mig_capability_nodes,
@@ -380,9 +380,9 @@ class NodeInventory:
         """Edits for one device; simulated ones write their fact file under `claim_dir`.
 
         Real devices get their own device nodes only (those missing under the ``/dev`` root are
-        left out and logged); the driver's common edits are `driver_userspace.CommonEdits`.
+        left out and logged); the driver's common edits are `nvidia_userspace.CommonEdits`.
         Raises `MigCapabilityError` for a real MIG device whose capability nodes are not found,
-        `driver_root.DriverUserspaceError` when the ``nvidia-caps`` major is unknown.
+        `nvidia_driver_root.DriverUserspaceError` when the ``nvidia-caps`` major is unknown.
         """
         name = device_name(device)
         prefix = device_env_prefix(name)

@@ -64,9 +64,9 @@ from gpu_dra.kubelet_plugin.claim_records import (
     removed,
     unprepare_started,
 )
-from gpu_dra.kubelet_plugin.instances import PluginInstance
 from gpu_dra.kubelet_plugin.kubeapi import ClaimReader, ClaimReadError, ResourceClaim
 from gpu_dra.kubelet_plugin.node_devices import NodeInventory
+from gpu_dra.kubelet_plugin.plugin_instances import PluginInstance
 from gpu_dra.kubelet_plugin.prepare_protocol import ClaimRef, PreparedDevice, PrepareResult
 from gpu_dra.kubelet_plugin.recovery import TIER_ERRORS, UNDOING, missing_parts, recover_claims
 from gpu_dra.kubelet_plugin.tiers.assembly import NodeTiers
@@ -110,7 +110,7 @@ class NodeClaimPreparer:
         may not have seen a claim replaced under the same name yet: a claim whose UID does not
         match is read once more from there before it is reported replaced. `common_edits` gives
         the edits every container of a claim gets (the driver's userspace on real nodes,
-        `driver_userspace.CommonEdits.current`; None on simulated ones), asked once per prepare
+        `nvidia_userspace.CommonEdits.current`; None on simulated ones), asked once per prepare
         before anything changes. `instance` is this plugin instance on the node: its node-wide
         locks are taken beside the in-process ones, and `recover` waits up to `recovery_wait_s`
         for the other instances' calls under way; without it, every record is this process's.

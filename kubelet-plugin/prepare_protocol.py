@@ -1,6 +1,6 @@
 """The seam between the kubelet-facing gRPC service and the prepare/unprepare logic.
 
-The servicer (``service.py``) translates protobuf messages into these values and calls a
+The servicer (``dra_service.py``) translates protobuf messages into these values and calls a
 :class:`ClaimPreparer`, which never sees protobuf or gRPC. Implementations return an entry per
 claim UID, report per-claim failures as values (an exception fails the batch), are idempotent
 and cancellation-safe, expect concurrent calls (serialize per claim / device), and run blocking

@@ -3,7 +3,7 @@
 During a rolling update two instances run on a node; two `SlicePublisher`s of different
 versions would each see the other's writes as foreign and write their own content back, without
 end. `PublisherTurn` runs a publisher only while its instance is the live, ready instance that
-started last (`instances.PluginInstance.newest_ready`, checked every `interval_s`): a new
+started last (`plugin_instances.PluginInstance.newest_ready`, checked every `interval_s`): a new
 instance takes over once its start-up recovery is done, the old one stops writing (its slices
 stay: the new one adopts them by content), and the old one takes over again if the new one goes
 away. `set_desired` (the health monitor's taints) goes to the running publisher and to every

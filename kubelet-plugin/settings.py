@@ -33,10 +33,10 @@ from gpu_dra.driver.shares import (
 )
 from gpu_dra.driver.slices import SliceLayout
 from gpu_dra.kube.logs import LOG_LEVELS, parse_log_level
-from gpu_dra.kubelet_plugin.driver_userspace import ALL_HOOKS, DEFAULT_CDI_HOOK_PATH, HOOK_NAMES
-from gpu_dra.kubelet_plugin.instances import check_instance_id
 from gpu_dra.kubelet_plugin.mps.warm_policy import DEFAULT as DEFAULT_WARM
 from gpu_dra.kubelet_plugin.mps.warm_policy import WarmPolicy, WarmPolicyError
+from gpu_dra.kubelet_plugin.nvidia_userspace import ALL_HOOKS, DEFAULT_CDI_HOOK_PATH, HOOK_NAMES
+from gpu_dra.kubelet_plugin.plugin_instances import check_instance_id
 
 DEFAULT_MPS_CONTROL_BINARY = "nvidia-cuda-mps-control"
 DEFAULT_NVIDIA_SMI = "nvidia-smi"

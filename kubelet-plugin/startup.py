@@ -39,8 +39,6 @@ from gpu_dra.kube.client import new_api_client, read_server_version
 from gpu_dra.kube.errors import ApiError
 from gpu_dra.kubelet_plugin import crash_points
 from gpu_dra.kubelet_plugin.checkpoint import Checkpoint
-from gpu_dra.kubelet_plugin.driver_root import DriverRoot, DriverUserspaceError
-from gpu_dra.kubelet_plugin.driver_userspace import CommonEdits
 from gpu_dra.kubelet_plugin.guard import (
     GuardApi,
     KubernetesGuardApi,
@@ -48,7 +46,6 @@ from gpu_dra.kubelet_plugin.guard import (
     NodeConflictError,
     guard,
 )
-from gpu_dra.kubelet_plugin.instances import InstanceRegistry, PluginInstance
 from gpu_dra.kubelet_plugin.kubeapi import KubernetesPodApi
 from gpu_dra.kubelet_plugin.metrics import DiscoveryMetrics
 from gpu_dra.kubelet_plugin.mig import SIMULATED_STATE_FILE, MigLifecycle, SimulatedMigStateFile
@@ -76,8 +73,15 @@ from gpu_dra.kubelet_plugin.mps.supervisor import DaemonSupervisor
 from gpu_dra.kubelet_plugin.mps.warm_daemons import WarmDaemons
 from gpu_dra.kubelet_plugin.node_devices import NodeInventory
 from gpu_dra.kubelet_plugin.node_locks import NodeLocks
+from gpu_dra.kubelet_plugin.nvidia_driver_root import DriverRoot, DriverUserspaceError
+from gpu_dra.kubelet_plugin.nvidia_userspace import CommonEdits
+from gpu_dra.kubelet_plugin.plugin_instances import InstanceRegistry, PluginInstance
+from gpu_dra.kubelet_plugin.plugin_sockets import (
+    MAX_SOCKET_PATH_BYTES,
+    remove_stale_sockets,
+    socket_paths,
+)
 from gpu_dra.kubelet_plugin.publishing import PublisherTurn
-from gpu_dra.kubelet_plugin.server import MAX_SOCKET_PATH_BYTES, remove_stale_sockets, socket_paths
 from gpu_dra.kubelet_plugin.settings import KubeletPluginSettings
 from gpu_dra.kubelet_plugin.slices.kubeapi import KubernetesSliceApi
 from gpu_dra.kubelet_plugin.slices.metrics import SliceMetrics

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import tomllib
 from collections.abc import Iterator
 from dataclasses import fields
 from pathlib import Path
@@ -464,3 +465,15 @@ def test_a_missing_hostile_tenant_section_is_reported() -> None:
     assert misstated_workload_mounts(
         doc, workload_mounts(share=False), workload_mounts(share=True)
     ) == [f"no section {HOSTILE_TENANT_HEADING!r}"]
+
+
+def import_path_rows() -> dict[str, str]:
+    """``{import path prefix: folder}`` of the table in docs/development.md."""
+    text = (REPO / "docs" / "development.md").read_text()
+    return dict(re.findall(r"^\| `(gpu_dra\.[a-z_]+)` \| `([a-z-]+)/` \|", text, re.MULTILINE))
+
+
+def test_the_import_path_table_maps_exactly_the_package_dirs_of_pyproject() -> None:
+    pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
+
+    assert import_path_rows() == pyproject["tool"]["setuptools"]["package-dir"]

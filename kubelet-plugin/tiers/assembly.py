@@ -16,13 +16,13 @@ from dataclasses import dataclass
 
 from gpu_dra.kubelet_plugin.cdi import ClaimSpecStore
 from gpu_dra.kubelet_plugin.claim_records import ClaimRecords
-from gpu_dra.kubelet_plugin.instances import PluginInstance
 from gpu_dra.kubelet_plugin.mig.claims import DynamicMig
 from gpu_dra.kubelet_plugin.mps.daemon_model import MpsControl
 from gpu_dra.kubelet_plugin.mps.memory_limits import ShareMemory
 from gpu_dra.kubelet_plugin.mps.shared_daemons import SharedDaemons
 from gpu_dra.kubelet_plugin.mps.warm_policy import OFF, WarmPolicy
 from gpu_dra.kubelet_plugin.node_devices import NodeInventory
+from gpu_dra.kubelet_plugin.plugin_instances import PluginInstance
 from gpu_dra.kubelet_plugin.tiers.capped_shares import CappedShareTier
 from gpu_dra.kubelet_plugin.tiers.claim_mps import ClaimMpsTier
 from gpu_dra.kubelet_plugin.tiers.dynamic_mig import DynamicMigTier

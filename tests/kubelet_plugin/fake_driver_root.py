@@ -4,7 +4,7 @@
 and sonames, lets ``ldconfig -r`` make their soname links and the cache, and adds binaries,
 firmware, an IPC socket, device nodes (``os.mknod``; the tests run as root), a DRM sysfs entry
 and ``/proc/devices``. The full e2e driver root lives in e2e/; this one is just big enough to
-check each rule of `driver_userspace`.
+check each rule of `nvidia_userspace`.
 """
 
 from __future__ import annotations

@@ -28,7 +28,6 @@ from gpu_dra.driver.shares import MigShareSelection, ShareSelection
 from gpu_dra.kubelet_plugin.cdi import CdiDevice, ClaimSpecStore, ContainerEdits
 from gpu_dra.kubelet_plugin.checkpoint import Checkpoint, LoadResult
 from gpu_dra.kubelet_plugin.claim_records import ClaimRecords
-from gpu_dra.kubelet_plugin.instances import PluginInstance
 from gpu_dra.kubelet_plugin.kubeapi import ResourceClaim
 from gpu_dra.kubelet_plugin.mig import MigLifecycle, SimulatedMigStateFile
 from gpu_dra.kubelet_plugin.mig.claims import DynamicMig
@@ -40,6 +39,7 @@ from gpu_dra.kubelet_plugin.mps import (
 )
 from gpu_dra.kubelet_plugin.mps.process import start_time
 from gpu_dra.kubelet_plugin.node_devices import NodeInventory
+from gpu_dra.kubelet_plugin.plugin_instances import PluginInstance
 from gpu_dra.kubelet_plugin.prepare import NodeClaimPreparer
 from gpu_dra.kubelet_plugin.prepare_protocol import ClaimRef, PreparedDevice, PrepareResult
 from gpu_dra.kubelet_plugin.tiers.assembly import node_tiers

@@ -26,7 +26,7 @@ from gpu_dra.kubelet_plugin._generated.pluginregistration import api_pb2_grpc as
 from gpu_dra.kubelet_plugin.device_health.monitor import HealthMonitor, MonitorTiming
 from gpu_dra.kubelet_plugin.device_health.service import DeviceHealthService
 from gpu_dra.kubelet_plugin.node_devices import NodeInventory
-from gpu_dra.kubelet_plugin.server import PluginServer
+from gpu_dra.kubelet_plugin.plugin_sockets import PluginServer
 from tests.fakes.claim_preparer import InMemoryClaimPreparer
 
 DRIVER = "gpu.nvidia.com"

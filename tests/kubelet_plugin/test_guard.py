@@ -32,8 +32,8 @@ from gpu_dra.kubelet_plugin.guard import (
     foreign_slices,
     guard,
 )
-from gpu_dra.kubelet_plugin.instances import InstanceRegistry
-from gpu_dra.kubelet_plugin.server import socket_paths
+from gpu_dra.kubelet_plugin.plugin_instances import InstanceRegistry
+from gpu_dra.kubelet_plugin.plugin_sockets import socket_paths
 from gpu_dra.kubelet_plugin.settings import KubeletPluginSettings
 from gpu_dra.kubelet_plugin.slices.kubeapi import ResourceSlice
 from gpu_dra.kubelet_plugin.startup import StartupError, guard_node

@@ -18,7 +18,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from gpu_dra.kubelet_plugin._generated.pluginregistration import api_pb2 as reg
 from gpu_dra.kubelet_plugin._generated.pluginregistration import api_pb2_grpc as reg_grpc
 from gpu_dra.kubelet_plugin.health import HealthServer, PluginHealth
-from gpu_dra.kubelet_plugin.server import PluginServer
+from gpu_dra.kubelet_plugin.plugin_sockets import PluginServer
 from gpu_dra.kubelet_plugin.settings import KubeletPluginSettings
 from tests.fakes.claim_preparer import InMemoryClaimPreparer
 

@@ -16,7 +16,6 @@ from gpu_dra.driver.nvml.simulated import SimulatedHost
 from gpu_dra.driver.shares import ShareSelectionError
 from gpu_dra.kubelet_plugin.checkpoint import Checkpoint
 from gpu_dra.kubelet_plugin.claim_records import ClaimRecords
-from gpu_dra.kubelet_plugin.instances import InstanceRegistry, PluginInstance
 from gpu_dra.kubelet_plugin.mps import (
     NvmlComputeMode,
     PodRunner,
@@ -28,6 +27,7 @@ from gpu_dra.kubelet_plugin.mps.events import MpsEvents
 from gpu_dra.kubelet_plugin.mps.shared_daemons import SharedDaemons
 from gpu_dra.kubelet_plugin.mps.supervisor import DaemonSupervisor
 from gpu_dra.kubelet_plugin.mps.warm_daemons import KEPT, STARTED, WarmDaemons
+from gpu_dra.kubelet_plugin.plugin_instances import InstanceRegistry, PluginInstance
 from gpu_dra.kubelet_plugin.settings import KubeletPluginSettings
 from gpu_dra.kubelet_plugin.startup import (
     HEALTH_MPS_INTERVAL_S,

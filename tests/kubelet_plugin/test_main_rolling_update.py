@@ -26,8 +26,8 @@ import yaml
 
 from gpu_dra.kubelet_plugin._generated.pluginregistration import api_pb2 as reg
 from gpu_dra.kubelet_plugin._generated.pluginregistration import api_pb2_grpc as reg_grpc
-from gpu_dra.kubelet_plugin.instances import InstanceRegistry
-from gpu_dra.kubelet_plugin.server import served, socket_paths
+from gpu_dra.kubelet_plugin.plugin_instances import InstanceRegistry
+from gpu_dra.kubelet_plugin.plugin_sockets import served, socket_paths
 from gpu_dra.kubelet_plugin.settings import KubeletPluginSettings
 from gpu_dra.kubelet_plugin.startup import StartupError, register_instance
 

@@ -21,7 +21,6 @@ from gpu_dra.driver.model import MigDevice
 from gpu_dra.driver.nvml.simulated import SimulatedHost, SimulatedNvml
 from gpu_dra.driver.nvml.simulated_utilization import DeviceActivity, SimulatedProcess
 from gpu_dra.kube import errors
-from gpu_dra.kubelet_plugin.instances import InstanceRegistry
 from gpu_dra.kubelet_plugin.mps.events import InvolvedObject
 from gpu_dra.kubelet_plugin.mps.memory_limits import MemoryLimitSupport
 from gpu_dra.kubelet_plugin.mps.memory_watchdog import (
@@ -37,6 +36,7 @@ from gpu_dra.kubelet_plugin.mps.memory_watchdog import (
     start_time,
     watched,
 )
+from gpu_dra.kubelet_plugin.plugin_instances import InstanceRegistry
 from gpu_dra.kubelet_plugin.prepare_protocol import ClaimRef
 from gpu_dra.kubelet_plugin.settings import KubeletPluginSettings
 from gpu_dra.kubelet_plugin.utilization.claims import ClaimDevice, PodRef, claim_devices

@@ -7,9 +7,9 @@ import asyncio
 from prometheus_client import CollectorRegistry
 
 from gpu_dra.kubelet_plugin.checkpoint import CheckpointEntry, ClaimPhase, JsonValue
+from gpu_dra.kubelet_plugin.dra_service import ClaimCallHandler
 from gpu_dra.kubelet_plugin.metrics import ClaimStateCollector, PluginMetrics
 from gpu_dra.kubelet_plugin.prepare_protocol import ClaimRef
-from gpu_dra.kubelet_plugin.service import ClaimCallHandler
 from tests.fakes.claim_preparer import InMemoryClaimPreparer
 
 OK = ClaimRef("ns", "0b6a1e3c-8f43-4a55-9a0e-2f7d1c9b8a01", "ok")

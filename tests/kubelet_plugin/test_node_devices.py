@@ -24,13 +24,13 @@ from gpu_dra.driver.nvml.simulated import SimulatedHost
 from gpu_dra.driver.shares import MigShareSelection, ShareSelection, ShareSelectionError
 from gpu_dra.kubelet_plugin.cdi import CdiDevice, ClaimSpecStore, DeviceNode, build_claim_spec
 from gpu_dra.kubelet_plugin.checkpoint import Checkpoint
-from gpu_dra.kubelet_plugin.driver_root import DriverRoot, DriverUserspaceError
 from gpu_dra.kubelet_plugin.node_devices import (
     MigCapabilityError,
     NodeInventory,
     ProcMigCapabilities,
     device_env_prefix,
 )
+from gpu_dra.kubelet_plugin.nvidia_driver_root import DriverRoot, DriverUserspaceError
 from gpu_dra.kubelet_plugin.prepare_protocol import ClaimRef
 from tests.fakes.claim_reader import InMemoryClaimReader, allocation_result, resource_claim
 from tests.kubelet_plugin.nodes import new_preparer

@@ -20,9 +20,9 @@ import pytest
 from gpu_dra.kubelet_plugin import checkpoint as checkpoint_module
 from gpu_dra.kubelet_plugin.cdi import CdiDevice, ContainerEdits
 from gpu_dra.kubelet_plugin.checkpoint import CheckpointEntry, ClaimPhase
+from gpu_dra.kubelet_plugin.dra_service import ClaimCallHandler
 from gpu_dra.kubelet_plugin.node_devices import NodeInventory
 from gpu_dra.kubelet_plugin.prepare_protocol import ClaimRef, PreparedDevice, PrepareResult
-from gpu_dra.kubelet_plugin.service import ClaimCallHandler
 from tests.fakes.claim_reader import (
     allocation_result,
     gpu_config,

@@ -18,9 +18,9 @@ import pytest
 from gpu_dra.driver.discovery import discover_devices, discover_gpus
 from gpu_dra.driver.nvml.simulated import SimulatedHost
 from gpu_dra.kubelet_plugin.cdi import CdiDevice, ContainerEdits, build_claim_spec
-from gpu_dra.kubelet_plugin.driver_root import DriverRoot, DriverUserspaceError
-from gpu_dra.kubelet_plugin.driver_userspace import CommonEdits
 from gpu_dra.kubelet_plugin.node_devices import NodeInventory
+from gpu_dra.kubelet_plugin.nvidia_driver_root import DriverRoot, DriverUserspaceError
+from gpu_dra.kubelet_plugin.nvidia_userspace import CommonEdits
 from gpu_dra.kubelet_plugin.time_slicer import RecordedTimeSlicer
 from tests.fakes.claim_reader import allocation_result as result
 from tests.fakes.claim_reader import gpu_config, opaque_config, resource_claim

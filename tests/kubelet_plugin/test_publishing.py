@@ -12,7 +12,7 @@ from prometheus_client import CollectorRegistry
 
 from gpu_dra.driver.resourceapi import Device
 from gpu_dra.driver.slices import DesiredPool, DeviceOrder, build_pool
-from gpu_dra.kubelet_plugin.instances import InstanceRegistry, PluginInstance
+from gpu_dra.kubelet_plugin.plugin_instances import InstanceRegistry, PluginInstance
 from gpu_dra.kubelet_plugin.publishing import PublisherTurn
 from gpu_dra.kubelet_plugin.slices.kubeapi import ResourceSlice, SliceSelector
 from gpu_dra.kubelet_plugin.slices.metrics import SliceMetrics

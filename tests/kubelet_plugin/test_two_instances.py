@@ -24,13 +24,13 @@ from gpu_dra.driver.model import MigPartition
 from gpu_dra.driver.nvml.simulated import SimulatedHost
 from gpu_dra.kubelet_plugin.checkpoint import Checkpoint, ClaimPhase
 from gpu_dra.kubelet_plugin.claim_records import ClaimRecords, started
-from gpu_dra.kubelet_plugin.instances import InstanceRegistry, PluginInstance
+from gpu_dra.kubelet_plugin.dra_service import ClaimCallHandler
 from gpu_dra.kubelet_plugin.mig import MigLifecycle, SimulatedMigStateFile
 from gpu_dra.kubelet_plugin.mig.claims import DynamicMig
 from gpu_dra.kubelet_plugin.node_devices import NodeInventory
 from gpu_dra.kubelet_plugin.node_locks import NodeLocks
+from gpu_dra.kubelet_plugin.plugin_instances import InstanceRegistry, PluginInstance
 from gpu_dra.kubelet_plugin.prepare_protocol import ClaimRef, PrepareResult
-from gpu_dra.kubelet_plugin.service import ClaimCallHandler
 from gpu_dra.kubelet_plugin.tiers.state import DYNAMIC_MIG_STATE_KEY, intents_to_state
 from tests.fakes.claim_reader import InMemoryClaimReader, allocation_result, resource_claim
 from tests.kubelet_plugin.nodes import (

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from gpu_dra.kubelet_plugin.instances import (
+from gpu_dra.kubelet_plugin.plugin_instances import (
     InstanceRegistry,
     PluginInstance,
     check_instance_id,
@@ -26,7 +26,7 @@ def registered_in_a_process(data_dir: Path) -> tuple[subprocess.Popen[str], str]
         [sys.executable, "-c",
          "import sys, time\n"
          "from pathlib import Path\n"
-         "from gpu_dra.kubelet_plugin.instances import InstanceRegistry\n"
+         "from gpu_dra.kubelet_plugin.plugin_instances import InstanceRegistry\n"
          f"instance = InstanceRegistry(Path({str(data_dir)!r})).register({POD_A!r}, "
          "[Path('/sockets/dra-a.sock')])\n"
          "print(instance.token, flush=True)\n"

@@ -28,17 +28,17 @@ from typing import Protocol
 import grpc
 
 from gpu_dra.kubelet_plugin._generated.pluginregistration import api_pb2_grpc as reg_grpc
+from gpu_dra.kubelet_plugin.dra_service import (
+    DEFAULT_CALL_TIMEOUT_S,
+    ClaimCallHandler,
+    add_dra_services,
+)
 from gpu_dra.kubelet_plugin.metrics import PluginMetrics
 from gpu_dra.kubelet_plugin.prepare_protocol import ClaimPreparer
 from gpu_dra.kubelet_plugin.registration import (
     SUPPORTED_SERVICES,
     RegisteredCallback,
     RegistrationServicer,
-)
-from gpu_dra.kubelet_plugin.service import (
-    DEFAULT_CALL_TIMEOUT_S,
-    ClaimCallHandler,
-    add_dra_services,
 )
 
 log = logging.getLogger(__name__)

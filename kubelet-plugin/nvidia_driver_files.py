@@ -19,7 +19,9 @@ from pathlib import PurePosixPath
 from typing import Final
 
 from gpu_dra.kubelet_plugin.cdi import Mount
-from gpu_dra.kubelet_plugin.driver_root import (
+from gpu_dra.kubelet_plugin.elf import ElfError, is_elf, read_sonames
+from gpu_dra.kubelet_plugin.ldcache import LdCacheError, read_ld_cache
+from gpu_dra.kubelet_plugin.nvidia_driver_root import (
     DriverRoot,
     DriverUserspaceError,
     glob_in_root,
@@ -28,8 +30,6 @@ from gpu_dra.kubelet_plugin.driver_root import (
     regular_file,
     symlink_chain,
 )
-from gpu_dra.kubelet_plugin.elf import ElfError, is_elf, read_sonames
-from gpu_dra.kubelet_plugin.ldcache import LdCacheError, read_ld_cache
 
 log = logging.getLogger(__name__)
 

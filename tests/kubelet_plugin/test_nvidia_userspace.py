@@ -17,8 +17,12 @@ from pathlib import Path, PurePosixPath
 import pytest
 
 from gpu_dra.kubelet_plugin.cdi import CdiDevice, DeviceNode, build_claim_spec
-from gpu_dra.kubelet_plugin.driver_root import DriverRoot, DriverUserspaceError, resolve_in_root
-from gpu_dra.kubelet_plugin.driver_userspace import (
+from gpu_dra.kubelet_plugin.nvidia_driver_root import (
+    DriverRoot,
+    DriverUserspaceError,
+    resolve_in_root,
+)
+from gpu_dra.kubelet_plugin.nvidia_userspace import (
     CommonEdits,
     DriverUserspace,
     discover_userspace,

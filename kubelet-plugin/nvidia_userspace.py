@@ -1,8 +1,8 @@
 """The NVIDIA driver's userspace in CDI edits: what NVIDIA's ``nvidia-ctk cdi generate`` injects.
 
 `discover_userspace` finds, in a `DriverRoot` and for the driver version NVML reports (passed
-in), what every GPU container of the node gets: the driver's files (`driver_files`), the control
-device nodes, ``nvidia-cdi-hook`` createContainer hooks in NVIDIA's order with its arguments
+in), what every GPU container of the node gets: the driver's files (`nvidia_driver_files`), the
+control device nodes, ``nvidia-cdi-hook`` createContainer hooks in NVIDIA's order with its arguments
 (``create-symlinks``, ``enable-cuda-compat``, ``update-ldcache``,
 ``disable-device-node-modification``, ``update-application-profile``) and
 ``NVIDIA_CTK_LIBCUDA_DIR``, ``NVIDIA_VISIBLE_DEVICES=void``. Per device: `gpu_device_edits` and
@@ -22,7 +22,7 @@ from pathlib import Path, PurePosixPath
 from typing import Final
 
 from gpu_dra.kubelet_plugin.cdi import ContainerEdits, DeviceNode, Hook, Mount
-from gpu_dra.kubelet_plugin.driver_files import (
+from gpu_dra.kubelet_plugin.nvidia_driver_files import (
     LD_CACHE,
     LIBRARY_MOUNT_OPTIONS,
     binaries,
@@ -33,7 +33,7 @@ from gpu_dra.kubelet_plugin.driver_files import (
     library_dirs,
     library_links,
 )
-from gpu_dra.kubelet_plugin.driver_root import (
+from gpu_dra.kubelet_plugin.nvidia_driver_root import (
     HOST_ROOT,
     DriverRoot,
     DriverUserspaceError,

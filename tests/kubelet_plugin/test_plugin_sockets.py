@@ -26,13 +26,13 @@ from gpu_dra.kubelet_plugin._generated.dra.v1beta1 import api_pb2 as v1beta1
 from gpu_dra.kubelet_plugin._generated.dra.v1beta1 import api_pb2_grpc as v1beta1_grpc
 from gpu_dra.kubelet_plugin._generated.pluginregistration import api_pb2 as reg
 from gpu_dra.kubelet_plugin._generated.pluginregistration import api_pb2_grpc as reg_grpc
-from gpu_dra.kubelet_plugin.prepare_protocol import PreparedDevice
-from gpu_dra.kubelet_plugin.server import (
+from gpu_dra.kubelet_plugin.plugin_sockets import (
     PluginServer,
     registration_socket_name,
     remove_stale_sockets,
     socket_paths,
 )
+from gpu_dra.kubelet_plugin.prepare_protocol import PreparedDevice
 from tests.fakes.claim_preparer import InMemoryClaimPreparer
 
 DRIVER = "gpu.nvidia.com"
@@ -528,7 +528,7 @@ def test_registration_socket_is_absent_while_dra_socket_becomes_ready(sock_root:
             client.connect(str(dra_sock))
 
     handler = _CheckWhenLogged("dra service serving", dra_is_serving_and_not_registered_yet)
-    server_log = logging.getLogger("gpu_dra.kubelet_plugin.server")
+    server_log = logging.getLogger("gpu_dra.kubelet_plugin.plugin_sockets")
     server_log.addHandler(handler)
     level = server_log.level
     server_log.setLevel(logging.INFO)
