@@ -6,7 +6,7 @@ before recovery, which uses them), mark the instance ready, publish the Resource
 newest ready instance), start the MPS daemon supervision and the device health monitor, then
 serve the DRA socket and only then the registration socket. The gRPC health service listens from
 the start and reports SERVING once recovery is done and both sockets answer. A `StartupError` is
-exit status 1. The parts are built in `startup.py`. See docs/architecture.md, "Start-up of the
+exit status 1. The parts are built in `startup/`. See docs/architecture.md, "Start-up of the
 kubelet plugin".
 """
 
@@ -53,7 +53,15 @@ from gpu_dra.kubelet_plugin.plugin_sockets import PluginServer
 from gpu_dra.kubelet_plugin.prepare import NodeClaimPreparer
 from gpu_dra.kubelet_plugin.publishing import PublisherTurn
 from gpu_dra.kubelet_plugin.settings import KubeletPluginSettings
-from gpu_dra.kubelet_plugin.startup import StartupError
+from gpu_dra.kubelet_plugin.startup import (
+    StartupError,
+    discovery,
+    memory_caps,
+    mps_daemons,
+    node_guard,
+    slice_publishing,
+    userspace,
+)
 from gpu_dra.kubelet_plugin.tiers.assembly import node_tiers
 from gpu_dra.kubelet_plugin.utilization.runtime import start_utilization
 
@@ -78,15 +86,15 @@ async def run(settings: KubeletPluginSettings) -> None:
 
 async def serve(settings: KubeletPluginSettings, health: PluginHealth) -> None:
     startup.arm_test_crash_point(settings)
-    nvml, pci, simulated_mig = startup.node_nvml_and_state(settings)
+    nvml, pci, simulated_mig = discovery.node_nvml_and_state(settings)
     registry = CollectorRegistry()
     discovery_metrics = DiscoveryMetrics(registry, settings.node_name)
-    devices = await asyncio.to_thread(startup.discover, settings, nvml, pci, discovery_metrics)
-    inventory = startup.node_inventory(settings, devices)
+    devices = await asyncio.to_thread(discovery.discover, settings, nvml, pci, discovery_metrics)
+    inventory = discovery.node_inventory(settings, devices)
     # Discovery only reads; nothing is written (checkpoint, CDI specs, MIG) before the guard.
-    api_client = await startup.guarded_api_client(settings)
+    api_client = await node_guard.guarded_api_client(settings)
     settings.state_dir.mkdir(parents=True, exist_ok=True, mode=0o750)
-    instance = await asyncio.to_thread(startup.register_instance, settings)
+    instance = await asyncio.to_thread(node_guard.register_instance, settings)
     try:
         await _serve_instance(
             settings, health=health, instance=instance, api_client=api_client, nvml=nvml,
@@ -126,15 +134,15 @@ async def _serve_instance(
     simulated_mig: SimulatedMigStateFile | None,
 ) -> None:
     checkpoint = await _load_checkpoint(settings)
-    common_edits = await startup.common_edits(settings, nvml)
+    common_edits = await userspace.common_edits(settings, nvml)
     claim_api = KubernetesClaimReader(api_client)
     claims = CachedClaimReader(claim_api)
     mps_events = MpsEvents(
         KubernetesEventApi(api_client), claim_api, checkpoint.all, node_name=settings.node_name
     )
-    mps = startup.mps_manager(settings, api_client, nvml, mps_events)
-    inventory, capped_memory = startup.capped_shares(settings, nvml, inventory, mps_events)
-    share_memory = startup.share_memory(settings, nvml, inventory, mps_events)
+    mps = mps_daemons.mps_manager(settings, api_client, nvml, mps_events)
+    inventory, capped_memory = memory_caps.capped_shares(settings, nvml, inventory, mps_events)
+    share_memory = memory_caps.share_memory(settings, nvml, inventory, mps_events)
     records = ClaimRecords(checkpoint, owner=instance.token)
     cdi = ClaimSpecStore(settings.cdi_root, driver_name=settings.driver_name)
     tiers = node_tiers(
@@ -144,8 +152,8 @@ async def _serve_instance(
         cdi=cdi,
         instance=instance,
         mps=mps,
-        time_slicer=startup.time_slicer(settings, devices),
-        dynamic_mig=startup.dynamic_mig(settings, nvml, inventory, instance.locks, simulated_mig),
+        time_slicer=userspace.time_slicer(settings, devices),
+        dynamic_mig=discovery.dynamic_mig(settings, nvml, inventory, instance.locks, simulated_mig),
         mps_share_max_percent=settings.mps_share_max_percent,
         mps_share_memory=share_memory,
         mps_share_warm=settings.mps_share_daemon_warm,
@@ -182,13 +190,13 @@ async def _serve_instance(
         start_http_server(settings.metrics_port, registry=registry)
         log.info("metrics on :%d/metrics", settings.metrics_port)
     # The newest ready instance publishes: two versions never write the pool in turn.
-    publisher, layout = await startup.publisher_turn(
+    publisher, layout = await slice_publishing.publisher_turn(
         settings, api_client, inventory, registry, instance
     )
     publishing = asyncio.create_task(publisher.run(), name="publisher-turn")
     # One checker of the MPS daemons: it repairs them while this instance publishes, and the
     # health monitor takes its verdicts (docs/mps.md, "Daemon supervision").
-    supervisor = startup.mps_supervisor(settings, mps, checkpoint, instance, inventory)
+    supervisor = mps_daemons.mps_supervisor(settings, mps, checkpoint, instance, inventory)
     supervising = (
         [] if supervisor is None else [asyncio.create_task(supervisor.run(), name="mps-supervisor")]
     )
@@ -197,14 +205,14 @@ async def _serve_instance(
         tiers.shared_daemons.set_checker(supervisor)
     # The shared daemons of MPS shares start ahead of their first share (docs/mps.md, "Warm
     # daemons"); the first pass is waited for, so the first share finds its daemon running.
-    warmer = startup.mps_warmer(settings, mps, tiers.shared_daemons, instance, inventory)
+    warmer = mps_daemons.mps_warmer(settings, mps, tiers.shared_daemons, instance, inventory)
     if warmer is not None:
         supervising.append(asyncio.create_task(warmer.run(), name="mps-warm-daemons"))
         try:
-            await asyncio.wait_for(warmer.first_pass.wait(), startup.WARM_FIRST_PASS_WAIT_S)
+            await asyncio.wait_for(warmer.first_pass.wait(), mps_daemons.WARM_FIRST_PASS_WAIT_S)
         except TimeoutError:
             log.warning("mps warm daemons not all started after %gs, serving meanwhile",
-                        startup.WARM_FIRST_PASS_WAIT_S)  # fmt: skip
+                        mps_daemons.WARM_FIRST_PASS_WAIT_S)  # fmt: skip
     # Shares the driver does not cap: checked from NVML; only the publishing instance acts.
     watchdog = start_memory_watchdog(
         settings, nvml, inventory, share_memory.support, entries=checkpoint.all,

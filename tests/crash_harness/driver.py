@@ -28,9 +28,10 @@ from typing import Any
 
 from gpu_dra.driver.model import Gpu, MigDevice, MigPartition
 from gpu_dra.driver.shares import shared_device_name
-from gpu_dra.kubelet_plugin import crash_points, startup
+from gpu_dra.kubelet_plugin import crash_points
 from gpu_dra.kubelet_plugin.cdi import ClaimSpecStore
 from gpu_dra.kubelet_plugin.node_devices import NodeInventory
+from gpu_dra.kubelet_plugin.startup import discovery
 from tests.crash_harness.invariants import Belief, check
 from tests.crash_harness.nodes import KINDS, NODE_NAME, NodeKind
 from tests.crash_harness.plugin import PluginDiedError, PluginProcess
@@ -111,9 +112,9 @@ class NodeRun:
         self.result = result
         root.mkdir()
         settings = kind.settings(root)
-        nvml, pci, _ = startup.node_nvml_and_state(settings)
-        self.inventory: NodeInventory = startup.node_inventory(
-            settings, startup.discover(settings, nvml, pci)
+        nvml, pci, _ = discovery.node_nvml_and_state(settings)
+        self.inventory: NodeInventory = discovery.node_inventory(
+            settings, discovery.discover(settings, nvml, pci)
         )
         shutil.rmtree(root / "data", ignore_errors=True)  # discovery wrote nothing that stays
         self.offers = _offers(kind, self.inventory)

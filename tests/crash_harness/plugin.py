@@ -26,11 +26,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from gpu_dra.kubelet_plugin import crash_points, startup
+from gpu_dra.kubelet_plugin import crash_points
 from gpu_dra.kubelet_plugin.cdi import ClaimSpecStore
 from gpu_dra.kubelet_plugin.checkpoint import Checkpoint
 from gpu_dra.kubelet_plugin.mps import MpsDaemonManager, PlainDirectoryShm
 from gpu_dra.kubelet_plugin.prepare_protocol import ClaimRef
+from gpu_dra.kubelet_plugin.startup import discovery, node_guard, userspace
 from tests.crash_harness.nodes import NodeKind
 from tests.doubles.mps_helpers import DOUBLE_BINARY, double_env
 from tests.fakes.claim_reader import InMemoryClaimReader
@@ -167,10 +168,10 @@ async def _serve(
     kind: NodeKind, root: Path, point: str | None, nth: int, command_read: int, reply_write: int
 ) -> None:
     settings = kind.settings(root)
-    nvml, pci, simulated = startup.node_nvml_and_state(settings)
-    devices = await asyncio.to_thread(startup.discover, settings, nvml, pci)
-    inventory = startup.node_inventory(settings, devices)
-    instance = startup.register_instance(settings)
+    nvml, pci, simulated = discovery.node_nvml_and_state(settings)
+    devices = await asyncio.to_thread(discovery.discover, settings, nvml, pci)
+    inventory = discovery.node_inventory(settings, devices)
+    instance = node_guard.register_instance(settings)
     checkpoint = Checkpoint(settings.state_dir)
     checkpoint.load()
     claims = InMemoryClaimReader()
@@ -188,9 +189,9 @@ async def _serve(
             base_env=double_env(),
             shm=PlainDirectoryShm(),
         ),
-        time_slicer=startup.time_slicer(settings, devices),
+        time_slicer=userspace.time_slicer(settings, devices),
         mps_share_max_percent=settings.mps_share_max_percent,
-        dynamic_mig=startup.dynamic_mig(settings, nvml, inventory, instance.locks, simulated),
+        dynamic_mig=discovery.dynamic_mig(settings, nvml, inventory, instance.locks, simulated),
         instance=instance,
     )
     lock = threading.Lock()

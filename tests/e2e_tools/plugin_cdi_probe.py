@@ -29,7 +29,8 @@ from gpu_dra.driver.nvml.sysfs import SysfsPciTopology
 from gpu_dra.kubelet_plugin.cdi import ContainerEdits
 from gpu_dra.kubelet_plugin.node_devices import NodeInventory
 from gpu_dra.kubelet_plugin.settings import KubeletPluginSettings
-from gpu_dra.kubelet_plugin.startup import common_edits, discover, node_inventory
+from gpu_dra.kubelet_plugin.startup.discovery import discover, node_inventory
+from gpu_dra.kubelet_plugin.startup.userspace import common_edits
 from gpu_dra.kubelet_plugin.time_slicer import RecordedTimeSlicer
 from tests.doubles.mps_helpers import kill_processes_under, scratch_root
 from tests.fakes.claim_reader import allocation_result, gpu_config, opaque_config, resource_claim

@@ -14,7 +14,7 @@ Commands (``--sysfs DIR`` reads PCIe roots and NUMA nodes from a sysfs tree ther
 - ``lifecycle <scenario>``: `MigLifecycle` (the plugin's dynamic MIG) on GPUs found by that
   start-up discovery with ``--dynamic-mig``; scenarios in `SCENARIOS`.
 - ``capped-shares <hook path> <GPU indexes> <MiB>``: the start-up with ``--capped-shares=<GPU
-  indexes>`` and ``--nvidia-cdi-hook-path=<hook path>``, then `startup.capped_shares` (the
+  indexes>`` and ``--nvidia-cdi-hook-path=<hook path>``, then `memory_caps.capped_shares` (the
   driver's memory-limit detection): per GPU its enforcement and why, the GPUs offered as capped
   shares, and the CDI edits of a share of ``<MiB>`` on the first.
 """
@@ -40,7 +40,8 @@ from gpu_dra.driver.nvml.sysfs import SysfsPciTopology
 from gpu_dra.kubelet_plugin.mig import MigError, MigLifecycle
 from gpu_dra.kubelet_plugin.node_devices import NodeInventory
 from gpu_dra.kubelet_plugin.settings import KubeletPluginSettings
-from gpu_dra.kubelet_plugin.startup import capped_shares, discover, node_inventory, node_nvml
+from gpu_dra.kubelet_plugin.startup.discovery import discover, node_inventory, node_nvml
+from gpu_dra.kubelet_plugin.startup.memory_caps import capped_shares
 
 
 def main(argv: list[str]) -> int:

@@ -29,7 +29,7 @@ import yaml
 from e2e import nvmlmock
 from gpu_dra.driver.nvml.simulated_profiles import builtin_models, load_profile
 from gpu_dra.kubelet_plugin.settings import KubeletPluginSettings
-from gpu_dra.kubelet_plugin.startup import discover, node_inventory, node_nvml
+from gpu_dra.kubelet_plugin.startup.discovery import discover, node_inventory, node_nvml
 from tests.e2e_tools.plugin_probe import publication
 from tests.e2e_tools.published_diff import DEVICE, Difference, differences
 from tests.e2e_tools.support import gpu_nodes, library_env, mock_server, plugin_probe

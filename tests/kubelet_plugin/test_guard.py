@@ -36,7 +36,8 @@ from gpu_dra.kubelet_plugin.plugin_instances import InstanceRegistry
 from gpu_dra.kubelet_plugin.plugin_sockets import socket_paths
 from gpu_dra.kubelet_plugin.settings import KubeletPluginSettings
 from gpu_dra.kubelet_plugin.slices.kubeapi import ResourceSlice
-from gpu_dra.kubelet_plugin.startup import StartupError, guard_node
+from gpu_dra.kubelet_plugin.startup import StartupError
+from gpu_dra.kubelet_plugin.startup.node_guard import guard_node
 
 NODE = "gpu-node-1"
 DRIVER = "gpu.nvidia.com"

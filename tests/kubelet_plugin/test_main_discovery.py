@@ -14,7 +14,8 @@ from prometheus_client import CollectorRegistry
 from gpu_dra.kubelet_plugin.__main__ import main
 from gpu_dra.kubelet_plugin.metrics import DiscoveryMetrics
 from gpu_dra.kubelet_plugin.settings import KubeletPluginSettings
-from gpu_dra.kubelet_plugin.startup import StartupError, discover, node_inventory, node_nvml
+from gpu_dra.kubelet_plugin.startup import StartupError
+from gpu_dra.kubelet_plugin.startup.discovery import discover, node_inventory, node_nvml
 
 ISSUE_10_PROFILE = Path(__file__).resolve().parents[1] / "fakes" / "profiles"
 ISSUE_10_PROFILE /= "hgx-h100-mig-unreadable.yaml"

@@ -14,12 +14,8 @@ from gpu_dra.driver.nvml.interface import NvmlLibrary
 from gpu_dra.kubelet_plugin.mig import SIMULATED_STATE_FILE, TEST_CRASH_ENV, MigLifecycle
 from gpu_dra.kubelet_plugin.node_devices import NodeInventory
 from gpu_dra.kubelet_plugin.settings import KubeletPluginSettings
-from gpu_dra.kubelet_plugin.startup import (
-    StartupError,
-    arm_test_crash_point,
-    dynamic_mig,
-    node_nvml,
-)
+from gpu_dra.kubelet_plugin.startup import StartupError, arm_test_crash_point
+from gpu_dra.kubelet_plugin.startup.discovery import dynamic_mig, node_nvml
 
 
 def settings(data_dir: Path, *flags: str) -> KubeletPluginSettings:

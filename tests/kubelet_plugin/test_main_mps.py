@@ -29,14 +29,13 @@ from gpu_dra.kubelet_plugin.mps.supervisor import DaemonSupervisor
 from gpu_dra.kubelet_plugin.mps.warm_daemons import KEPT, STARTED, WarmDaemons
 from gpu_dra.kubelet_plugin.plugin_instances import InstanceRegistry, PluginInstance
 from gpu_dra.kubelet_plugin.settings import KubeletPluginSettings
-from gpu_dra.kubelet_plugin.startup import (
+from gpu_dra.kubelet_plugin.startup.discovery import discover, node_inventory
+from gpu_dra.kubelet_plugin.startup.memory_caps import share_memory
+from gpu_dra.kubelet_plugin.startup.mps_daemons import (
     HEALTH_MPS_INTERVAL_S,
-    discover,
     mps_manager,
     mps_supervisor,
     mps_warmer,
-    node_inventory,
-    share_memory,
 )
 from tests.doubles.mps_helpers import (
     DOUBLE_BINARY,

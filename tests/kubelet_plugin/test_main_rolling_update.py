@@ -29,7 +29,8 @@ from gpu_dra.kubelet_plugin._generated.pluginregistration import api_pb2_grpc as
 from gpu_dra.kubelet_plugin.plugin_instances import InstanceRegistry
 from gpu_dra.kubelet_plugin.plugin_sockets import served, socket_paths
 from gpu_dra.kubelet_plugin.settings import KubeletPluginSettings
-from gpu_dra.kubelet_plugin.startup import StartupError, register_instance
+from gpu_dra.kubelet_plugin.startup import StartupError
+from gpu_dra.kubelet_plugin.startup.node_guard import register_instance
 
 NODE = "gpu-node-1"
 DRIVER = "gpu.nvidia.com"

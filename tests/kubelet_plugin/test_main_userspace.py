@@ -14,7 +14,7 @@ from gpu_dra.driver.nvml.interface import nvml_error
 from gpu_dra.driver.nvml.simulated import SimulatedHost
 from gpu_dra.kubelet_plugin.nvidia_driver_root import DriverUserspaceError
 from gpu_dra.kubelet_plugin.settings import KubeletPluginSettings
-from gpu_dra.kubelet_plugin.startup import common_edits, driver_root, nvml_driver_version
+from gpu_dra.kubelet_plugin.startup.userspace import common_edits, driver_root, nvml_driver_version
 from tests.kubelet_plugin.fake_driver_root import VERSION, build_driver_root
 
 

@@ -18,11 +18,11 @@ from gpu_dra.driver import shares
 from gpu_dra.driver.discovery import discover_devices, discover_gpus
 from gpu_dra.driver.nvml.simulated import SimulatedHost
 from gpu_dra.driver.shares import CAPPED, ShareSelection, ShareSelectionError
-from gpu_dra.kubelet_plugin import startup
 from gpu_dra.kubelet_plugin.mps.memory_limits import MemoryLimitSupport, ShareMemory
 from gpu_dra.kubelet_plugin.node_devices import NodeInventory
 from gpu_dra.kubelet_plugin.prepare_protocol import ClaimRef
 from gpu_dra.kubelet_plugin.settings import KubeletPluginSettings
+from gpu_dra.kubelet_plugin.startup import discovery, memory_caps
 from gpu_dra.kubelet_plugin.tiers.capped_shares import offer_capped
 from gpu_dra.kubelet_plugin.tiers.state import CAPPED_SHARES_STATE_KEY, TIME_SLICE_STATE_KEY
 from gpu_dra.kubelet_plugin.time_slicer import RecordedTimeSlicer
@@ -328,10 +328,10 @@ def test_the_plugins_start_up_offers_nothing_on_a_simulated_node(
     )
     host = SimulatedHost.load("hgx-h100", NODE)
     devices = discover_devices(host.nvml, host.pci)
-    inventory = startup.node_inventory(settings, devices)
+    inventory = discovery.node_inventory(settings, devices)
     assert [gpu.index for gpu in inventory.capped_shares] == [0]  # selected, not yet checked
     with caplog.at_level(logging.WARNING):
-        offered, memory = startup.capped_shares(settings, host.nvml, inventory, None)
+        offered, memory = memory_caps.capped_shares(settings, host.nvml, inventory, None)
     assert offered.capped_shares == ()
     assert memory.support.enforced == frozenset()
     assert "simulated GPUs: no driver to apply a cgroup limit" in caplog.text

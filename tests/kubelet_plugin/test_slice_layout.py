@@ -10,7 +10,7 @@ import pytest
 from gpu_dra.driver.slices import SliceLayout
 from gpu_dra.kube.errors import ApiError
 from gpu_dra.kubelet_plugin.settings import KubeletPluginSettings
-from gpu_dra.kubelet_plugin.startup import slice_layout
+from gpu_dra.kubelet_plugin.startup.slice_publishing import slice_layout
 
 AUTO = KubeletPluginSettings(node_name="node-a")
 

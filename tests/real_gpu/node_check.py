@@ -39,7 +39,7 @@ from gpu_dra.driver.nvml.real import RealNvml, find_nvml_library
 from gpu_dra.driver.nvml.simulated_profiles import builtin_models
 from gpu_dra.kubelet_plugin.prepare_protocol import ClaimRef
 from gpu_dra.kubelet_plugin.settings import KubeletPluginSettings
-from gpu_dra.kubelet_plugin.startup import discover, node_inventory, node_nvml
+from gpu_dra.kubelet_plugin.startup.discovery import discover, node_inventory, node_nvml
 from gpu_dra.kubelet_plugin.utilization.claims import ClaimDevice
 from gpu_dra.kubelet_plugin.utilization.sampler import UtilizationSampler
 from tests.e2e_tools import published_diff
