@@ -7,7 +7,9 @@ reads them back; any failure removes whatever was made and raises `MpsStartError
 restarts a dead daemon **in place** (same id, directories, shm and settings) and records the new
 instance in ``<root>/daemon.json`` (`current_handle`); liveness is the runner's object and the
 process (PID + start time, its environment), never the pid file workloads see. Stop and status
-undo and check all of it. The manager's calls block; run them in a worker thread. See
+undo and check all of it. The manager's calls block; run them in a worker thread. Three groups
+of its steps are base classes in modules of their own: launching (`daemon_launch`), the compute
+mode of its GPUs (`daemon_compute_mode`) and removal (`daemon_removal`). See
 docs/mps.md#the-daemon, docs/mps.md#compute-mode and docs/mps.md#lifecycle.
 """
 
@@ -18,7 +20,6 @@ import hashlib
 import json
 import logging
 import os
-import shutil
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -30,15 +31,9 @@ from typing import Final
 from gpu_dra.driver.naming import InvalidNameError
 from gpu_dra.kubelet_plugin import crash_points
 from gpu_dra.kubelet_plugin.atomic_file import write_atomically
-from gpu_dra.kubelet_plugin.mps.computemode import (
-    DEFAULT,
-    EXCLUSIVE_PROCESS,
-    ComputeModeControl,
-    ComputeModeError,
-    is_full_gpu,
-    mode_name,
-)
+from gpu_dra.kubelet_plugin.mps.computemode import ComputeModeControl, ComputeModeError, is_full_gpu
 from gpu_dra.kubelet_plugin.mps.control import ControlClient
+from gpu_dra.kubelet_plugin.mps.daemon_launch import SOCKET, DaemonLaunch
 from gpu_dra.kubelet_plugin.mps.daemon_model import (
     DaemonHandle,
     DaemonObserver,
@@ -54,6 +49,7 @@ from gpu_dra.kubelet_plugin.mps.daemon_model import (
     MpsStateError,
     MpsStopError,
 )
+from gpu_dra.kubelet_plugin.mps.daemon_removal import DaemonRemoval
 from gpu_dra.kubelet_plugin.mps.ids import checked_daemon_id, checked_device_uuid
 from gpu_dra.kubelet_plugin.mps.process import (
     PID_FILE,
@@ -70,20 +66,13 @@ from gpu_dra.kubelet_plugin.mps.shm import ShmMounter, TmpfsShmMounter, is_mount
 
 log = logging.getLogger(__name__)
 
-_KILL_ROUNDS = 10
-"""How often `_remove` scans for and kills a daemon's processes before it gives up."""
-
 DEFAULT_BINARY: Final = "nvidia-cuda-mps-control"
-SOCKET: Final = "control"
 MAX_SOCKET_PATH: Final = 107
 """``sun_path`` holds 108 bytes including the terminating NUL."""
 _LONGEST_ID: Final = "x" * 44
-_LOG_TAIL: Final = 600
 _LOCK_STRIPES: Final = 64
 DIR_MODE: Final = 0o755
 SHM_MODE: Final = 0o1777
-COMPUTE_MODE_RECORD: Final = "compute-mode"
-"""``<root>/compute-mode``: the full GPUs set to EXCLUSIVE_PROCESS for this daemon, one a line."""
 INSTANCE_RECORD: Final = "daemon.json"
 """``<root>/daemon.json``: the handle of the daemon's current instance (`current_handle`)."""
 
@@ -104,7 +93,7 @@ def current_handle(handle: DaemonHandle) -> DaemonHandle:
     return current
 
 
-class MpsDaemonManager:
+class MpsDaemonManager(DaemonLaunch, DaemonRemoval):
     """Starts, checks, adopts and stops MPS control daemons under ``<data_dir>/mps``."""
 
     def __init__(
@@ -397,42 +386,6 @@ class MpsDaemonManager:
 
     # -- steps -----------------------------------------------------------------------------
 
-    def _command(self, settings: MpsSettings) -> list[str]:
-        return [self.binary, "-d", *(["-M"] if settings.multi_user else [])]
-
-    def _daemon_env(self, paths: DaemonPaths, uuids: Sequence[str]) -> dict[str, str]:
-        return {
-            **self.base_env,
-            "CUDA_VISIBLE_DEVICES": ",".join(uuids),
-            "CUDA_MPS_PIPE_DIRECTORY": str(paths.pipe),
-            "CUDA_MPS_LOG_DIRECTORY": str(paths.log),
-        }
-
-    def _wait_ready(self, paths: DaemonPaths, identity: ProcessIdentity, deadline: float) -> None:
-        """Until the daemon answers on its socket; it dying or the deadline is an error."""
-        delay = 0.005
-        last: MpsCommandError | None = None
-        while True:
-            if not is_alive(identity):
-                raise MpsStartError(
-                    f"the daemon (pid {identity.pid}) exited during start-up{self._log_tail(paths)}"
-                )
-            if (paths.pipe / SOCKET).exists():
-                remaining = max(deadline - time.monotonic(), 0.1)
-                try:
-                    self.client.active_thread_percentage(paths.pipe, timeout_s=remaining)
-                    return
-                except MpsCommandError as error:
-                    last = error
-            if time.monotonic() >= deadline:
-                why = f" (last probe: {last.reason})" if last else f" (no socket {SOCKET})"
-                raise MpsStartError(
-                    f"the daemon (pid {identity.pid}) did not answer within "
-                    f"{self.start_timeout_s}s{why}{self._log_tail(paths)}"
-                )
-            time.sleep(delay)
-            delay = min(delay * 2, 0.1)
-
     def _dead(self, handle: DaemonHandle) -> str | None:
         """Why the daemon of ``handle`` is not running, or None while it runs: the runner's
         object (the pod, by UID), the process (PID + start time) and its environment naming the
@@ -500,21 +453,6 @@ class MpsDaemonManager:
                     new.daemon_id, new.pid, old.pid)  # fmt: skip
         return new
 
-    def _kill_launched(
-        self, daemon_id: str, paths: DaemonPaths, identity: ProcessIdentity | None, ref: str | None
-    ) -> None:
-        """After a failed restart in place: remove the runner's object and kill the processes,
-        leaving the directories (running workloads have them mounted)."""
-        try:
-            if ref is not None:
-                self.runner.remove(daemon_id, ref, self.remove_timeout_s)
-            survivors = [identity] if identity is not None and is_alive(identity) else []
-            for process in [*survivors, *processes_using_pipe(paths.pipe)]:
-                kill(process, grace_s=min(1.0, self.stop_timeout_s))
-        except MpsError as error:
-            log.error("mps cleanup after failed restart incomplete daemon_id=%s: %s",
-                      daemon_id, error)  # fmt: skip
-
     def _record_instance(self, handle: DaemonHandle) -> None:
         """``<root>/daemon.json`` := ``handle`` (`current_handle`), atomically."""
         data = json.dumps(handle.to_state(), sort_keys=True).encode()
@@ -540,146 +478,6 @@ class MpsDaemonManager:
                 wrong.append(f"pinned memory limit of {uuid} {mib}M, not {limit}")
         return wrong
 
-    def _set_exclusive(self, paths: DaemonPaths, uuids: Sequence[str]) -> None:
-        """EXCLUSIVE_PROCESS on the full GPUs of ``uuids``, each recorded before it is set (a
-        GPU NVML refuses is unchanged and dropped from the record again)."""
-        gpus = [uuid for uuid in uuids if is_full_gpu(uuid)]
-        if self.compute_mode is None or not gpus or not self.exclusive(paths.root.name):
-            return
-        record = paths.root / COMPUTE_MODE_RECORD
-        done: list[str] = []
-        for uuid in gpus:
-            record.write_text("".join(f"{u}\n" for u in [*done, uuid]))  # before NVML runs
-            try:
-                self.compute_mode.set_mode(uuid, EXCLUSIVE_PROCESS)
-            except ComputeModeError:
-                record.write_text("".join(f"{u}\n" for u in done))  # refused: unchanged
-                raise
-            done.append(uuid)
-        log.info("mps compute mode EXCLUSIVE_PROCESS set daemon_id=%s gpus=%s",
-                 paths.root.name, ",".join(gpus))  # fmt: skip
-
-    @staticmethod
-    def _exclusive_gpus(paths: DaemonPaths) -> list[str]:
-        """The GPUs ``<root>/compute-mode`` records as set EXCLUSIVE_PROCESS for the daemon."""
-        try:
-            return (paths.root / COMPUTE_MODE_RECORD).read_text().split()
-        except (FileNotFoundError, NotADirectoryError):
-            return []
-
-    def _restore_exclusive(self, paths: DaemonPaths) -> list[str]:
-        """EXCLUSIVE_PROCESS again on the GPUs ``<root>/compute-mode`` records that lost it (a
-        GPU reset, an administrator, a process allowed to change it); what was found."""
-        if self.compute_mode is None:
-            return []
-        try:
-            recorded = (paths.root / COMPUTE_MODE_RECORD).read_text().split()
-        except (FileNotFoundError, NotADirectoryError):
-            return []
-        changed = []
-        for uuid in recorded:
-            mode = self.compute_mode.get_mode(uuid)
-            if mode != EXCLUSIVE_PROCESS:
-                log.warning("mps compute mode of %s is %s, setting EXCLUSIVE_PROCESS again",
-                            uuid, mode_name(mode))  # fmt: skip
-                self.compute_mode.set_mode(uuid, EXCLUSIVE_PROCESS)
-                changed.append(f"compute mode of {uuid} {mode_name(mode)}, not EXCLUSIVE_PROCESS")
-        return changed
-
-    def _reset_compute_mode(self, paths: DaemonPaths) -> None:
-        """DEFAULT on the GPUs ``<root>/compute-mode`` records (every one is tried)."""
-        try:
-            recorded = (paths.root / COMPUTE_MODE_RECORD).read_text().split()
-        except (FileNotFoundError, NotADirectoryError):
-            return
-        if self.compute_mode is None:
-            raise MpsStopError(
-                f"{paths.root} recorded EXCLUSIVE_PROCESS on {', '.join(recorded)} but this "
-                "plugin has no compute-mode control to reset it (--mps-exclusive-compute-mode)"
-            )
-        failures: list[str] = []
-        for uuid in recorded:
-            try:
-                self.compute_mode.set_mode(uuid, DEFAULT)
-            except ComputeModeError as error:
-                if error.not_supported:
-                    log.info("compute mode reset of %s not supported: %s", uuid, error)
-                    continue
-                failures.append(str(error))
-        if failures:
-            raise MpsStopError("; ".join(failures))
-        (paths.root / COMPUTE_MODE_RECORD).unlink()
-
-    def _remove(
-        self,
-        paths: DaemonPaths,
-        identity: ProcessIdentity | None,
-        mounted: bool,
-        ref: str | None = None,
-        runner: DaemonRunner | None = None,
-    ) -> None:
-        """Remove the runner's object (``ref``: the pod; None: any of this id; ``runner`` None:
-        this manager's runner, then the other runners' best-effort), kill what still runs for
-        ``paths``, reset the compute mode, unmount shm, remove the directories. When the
-        runner's object does not go, the processes are still killed and the compute mode reset
-        (a failed start recorded nowhere would leave them running); shm and the directories
-        stay for a retry, and the runner's `MpsStopError` is raised."""
-        runner_error: MpsStopError | None = None
-        try:
-            (runner or self.runner).remove(paths.root.name, ref, self.remove_timeout_s)
-        except MpsStopError as error:
-            runner_error = error
-        if runner is None:
-            for other in self._runners.values():
-                if other is self.runner:
-                    continue
-                try:
-                    other.remove(paths.root.name, ref, self.remove_timeout_s)
-                except MpsStopError as error:
-                    log.warning("mps %s runner left %s: %s", other.name, paths.root.name, error)
-        survivors = [identity] if identity is not None and is_alive(identity) else []
-        survivors += [p for p in processes_using_pipe(paths.pipe) if p not in survivors]
-        grace_s = min(1.0, self.stop_timeout_s)
-        # A daemon being launched (``-d`` forks it, the fork forks again) may fork while it is
-        # killed: one more scan after any kill, until one finds nothing (a crashed plugin's
-        # launch still under way at start-up left MPS daemons running nobody recorded).
-        for _ in range(_KILL_ROUNDS):
-            stuck = [p.pid for p in survivors if not kill(p, grace_s=grace_s)]
-            if stuck:
-                raise MpsStopError(
-                    f"MPS daemon processes {stuck} of {paths.root} do not exit"
-                ) from runner_error
-            if not survivors:
-                break
-            survivors = list(processes_using_pipe(paths.pipe))
-        else:
-            raise MpsStopError(
-                f"MPS daemon processes of {paths.root} keep appearing: {[p.pid for p in survivors]}"
-            ) from runner_error
-        self._reset_compute_mode(paths)
-        if runner_error is not None:
-            raise runner_error
-        try:
-            if mounted:
-                self.shm.unmount(paths.shm)
-            shutil.rmtree(paths.root, ignore_errors=False)
-        except FileNotFoundError:
-            pass
-        except OSError as error:
-            raise MpsStopError(f"cannot remove MPS directory {paths.root}: {error}") from error
-
-    def _remove_quietly(
-        self,
-        paths: DaemonPaths,
-        identity: ProcessIdentity | None,
-        mounted: bool,
-        ref: str | None,
-    ) -> None:
-        try:
-            self._remove(paths, identity, mounted, ref)
-        except MpsError as error:
-            log.error("mps cleanup after failed start incomplete root=%s: %s", paths.root, error)
-
     def _runner_of(self, handle: DaemonHandle) -> DaemonRunner:
         runner = self._runners.get(handle.runner)
         if runner is None:
@@ -688,14 +486,6 @@ class MpsDaemonManager:
                 f"this plugin uses {self.runner.name!r}"
             )
         return runner
-
-    @staticmethod
-    def _log_tail(paths: DaemonPaths) -> str:
-        try:
-            text = (paths.log / "control.log").read_text(errors="replace").strip()
-        except OSError:
-            return ""
-        return f"; control.log: {text[-_LOG_TAIL:]}" if text else ""
 
     @contextmanager
     def _lock(self, daemon_id: str) -> Iterator[None]:
