@@ -15,7 +15,7 @@ import pytest
 
 from e2e.driver import PLUGIN, Driver
 from gpu_dra.driver.shares import CAPPED
-from gpu_dra.kubelet_plugin.mps.memory_limits import MIN_DRIVER_BRANCH
+from gpu_dra.kubelet_plugin.memory_limits import MIN_DRIVER_BRANCH
 
 pytestmark = pytest.mark.e2e
 

@@ -10,9 +10,9 @@ import logging
 from pathlib import Path
 
 from gpu_dra.driver.nvml.interface import NvmlLibrary
+from gpu_dra.kubelet_plugin.memory_limits import MemoryLimitSupport, ShareMemory, watchdog_note
+from gpu_dra.kubelet_plugin.memory_limits import detect as detect_memory_limits
 from gpu_dra.kubelet_plugin.mps.events import MpsEvents
-from gpu_dra.kubelet_plugin.mps.memory_limits import MemoryLimitSupport, ShareMemory, watchdog_note
-from gpu_dra.kubelet_plugin.mps.memory_limits import detect as detect_memory_limits
 from gpu_dra.kubelet_plugin.node_devices import NodeInventory
 from gpu_dra.kubelet_plugin.settings import KubeletPluginSettings
 from gpu_dra.kubelet_plugin.tiers.capped_shares import offer_capped

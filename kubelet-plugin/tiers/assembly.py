@@ -16,9 +16,9 @@ from dataclasses import dataclass
 
 from gpu_dra.kubelet_plugin.cdi import ClaimSpecStore
 from gpu_dra.kubelet_plugin.claim_records import ClaimRecords
+from gpu_dra.kubelet_plugin.memory_limits import ShareMemory
 from gpu_dra.kubelet_plugin.mig.claims import DynamicMig
 from gpu_dra.kubelet_plugin.mps.daemon_model import MpsControl
-from gpu_dra.kubelet_plugin.mps.memory_limits import ShareMemory
 from gpu_dra.kubelet_plugin.mps.shared_daemons import SharedDaemons
 from gpu_dra.kubelet_plugin.mps.warm_policy import OFF, WarmPolicy
 from gpu_dra.kubelet_plugin.node_devices import NodeInventory
@@ -98,7 +98,7 @@ def node_tiers(
     GPUs fail. `dynamic_mig` makes the MIG devices of partition devices; without it, claims with
     partition devices fail. `mps_share_max_percent` is the largest MPS share (`.mps_shares`).
     `mps_share_memory` says which GPUs' MPS shares the driver caps per container
-    (`mps.memory_limits`); `capped_share_memory` the same for capped shares (without it, claims
+    (`memory_limits`); `capped_share_memory` the same for capped shares (without it, claims
     with capped shares fail). `mps_share_warm`: whether the shared daemons of the offered GPUs
     are kept warm (`mps.warm_daemons`; the sweep then keeps those no claim records). `cdi`: the
     claims' specs (the preparer's), whose share pipe mounts an older plugin wrote read-write are

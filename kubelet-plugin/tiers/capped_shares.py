@@ -23,7 +23,7 @@ from gpu_dra.driver.config import ConfigGroup
 from gpu_dra.driver.model import Gpu
 from gpu_dra.driver.shares import ShareError, ShareSize, consumed_share, is_partial
 from gpu_dra.kubelet_plugin.checkpoint import JsonValue
-from gpu_dra.kubelet_plugin.mps.memory_limits import Enforcement, MemoryLimitSupport
+from gpu_dra.kubelet_plugin.memory_limits import Enforcement, MemoryLimitSupport
 from gpu_dra.kubelet_plugin.node_devices import NodeInventory
 from gpu_dra.kubelet_plugin.prepare_protocol import ClaimRef
 from gpu_dra.kubelet_plugin.tiers.protocol import (

@@ -28,10 +28,10 @@ from gpu_dra.driver.shares import OfferedDevice, ShareError, ceiling, consumed_s
 from gpu_dra.kubelet_plugin.cdi import ClaimSpecStore, ContainerEdits
 from gpu_dra.kubelet_plugin.checkpoint import CheckpointEntry, JsonValue
 from gpu_dra.kubelet_plugin.claim_records import ClaimRecords
+from gpu_dra.kubelet_plugin.memory_limits import Enforcement, MemoryLimitSupport, ShareMemory
 from gpu_dra.kubelet_plugin.mps.daemon_model import MpsControl, MpsError
 from gpu_dra.kubelet_plugin.mps.edits import workload_edits
 from gpu_dra.kubelet_plugin.mps.ids import shared_daemon_id
-from gpu_dra.kubelet_plugin.mps.memory_limits import Enforcement, MemoryLimitSupport, ShareMemory
 from gpu_dra.kubelet_plugin.mps.recorded_daemons import (
     adopt_daemons,
     claim_handles,

@@ -58,7 +58,7 @@ class ClaimDevice:
     share_memory_bytes: int | None = None
     share_compute_percent: int | None = None
     share_memory_enforcement: str | None = None
-    """What caps an MPS share's memory (`mps.memory_limits.Enforcement` value: ``driver`` or
+    """What caps an MPS share's memory (`memory_limits.Enforcement` value: ``driver`` or
     ``mps-client``); None for other tiers and shares recorded without it."""
 
     @property

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from e2e import nvidiactk, nvmlmock
-from gpu_dra.kubelet_plugin.mps.memory_limits import MemoryLimitSupport
+from gpu_dra.kubelet_plugin.memory_limits import MemoryLimitSupport
 from tests.e2e_tools.support import LIBRARY_DIR, REPO, gpu_nodes, library_env
 
 MIB = 1024 * 1024

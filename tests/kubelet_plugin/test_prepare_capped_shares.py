@@ -18,7 +18,7 @@ from gpu_dra.driver import shares
 from gpu_dra.driver.discovery import discover_devices, discover_gpus
 from gpu_dra.driver.nvml.simulated import SimulatedHost
 from gpu_dra.driver.shares import CAPPED, ShareSelection, ShareSelectionError
-from gpu_dra.kubelet_plugin.mps.memory_limits import MemoryLimitSupport, ShareMemory
+from gpu_dra.kubelet_plugin.memory_limits import MemoryLimitSupport, ShareMemory
 from gpu_dra.kubelet_plugin.node_devices import NodeInventory
 from gpu_dra.kubelet_plugin.prepare_protocol import ClaimRef
 from gpu_dra.kubelet_plugin.settings import KubeletPluginSettings

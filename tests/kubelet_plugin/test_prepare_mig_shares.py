@@ -12,14 +12,14 @@ import pytest
 
 from gpu_dra.driver.model import MigDevice
 from gpu_dra.kubelet_plugin.cdi import ContainerEdits
-from gpu_dra.kubelet_plugin.mps import shared_daemon_id
-from gpu_dra.kubelet_plugin.mps.memory_limits import (
+from gpu_dra.kubelet_plugin.memory_limits import (
     MIG_REASON,
     Enforcement,
     MemoryLimitSupport,
     ShareMemory,
     watchdog_note,
 )
+from gpu_dra.kubelet_plugin.mps import shared_daemon_id
 from gpu_dra.kubelet_plugin.prepare_protocol import ClaimRef
 from gpu_dra.kubelet_plugin.tiers.state import SHARES_STATE_KEY
 from tests.doubles import nvidia_cuda_mps_control as double

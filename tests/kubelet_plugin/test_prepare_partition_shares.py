@@ -18,8 +18,8 @@ from gpu_dra.driver.model import MigPartition
 from gpu_dra.driver.nvml.simulated import SimulatedHost
 from gpu_dra.driver.shares import PartitionShareSelection, ShareSelectionError
 from gpu_dra.kubelet_plugin import crash_points
+from gpu_dra.kubelet_plugin.memory_limits import MemoryLimitSupport
 from gpu_dra.kubelet_plugin.mps import shared_daemon_id
-from gpu_dra.kubelet_plugin.mps.memory_limits import MemoryLimitSupport
 from gpu_dra.kubelet_plugin.mps.memory_watchdog import unenforced_devices
 from gpu_dra.kubelet_plugin.node_devices import NodeInventory
 from gpu_dra.kubelet_plugin.prepare_protocol import ClaimRef

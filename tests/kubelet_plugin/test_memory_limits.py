@@ -16,8 +16,7 @@ from prometheus_client import CollectorRegistry
 from gpu_dra.driver.nvml.interface import NVML_ERROR_FUNCTION_NOT_FOUND, NVML_ERROR_NOT_SUPPORTED
 from gpu_dra.driver.nvml.simulated import SimulatedNvml
 from gpu_dra.driver.nvml.simulated_profiles import load_profile, parse_profile
-from gpu_dra.kubelet_plugin.metrics import MpsCollector
-from gpu_dra.kubelet_plugin.mps.memory_limits import (
+from gpu_dra.kubelet_plugin.memory_limits import (
     Enforcement,
     MemoryLimitSupport,
     ShareMemory,
@@ -25,6 +24,7 @@ from gpu_dra.kubelet_plugin.mps.memory_limits import (
     hook_version,
     own_cgroup,
 )
+from gpu_dra.kubelet_plugin.metrics import MpsCollector
 from gpu_dra.kubelet_plugin.prepare_protocol import ClaimRef
 from gpu_dra.kubelet_plugin.tiers.state import MEMORY_ENFORCEMENT_KEY, SHARES_STATE_KEY
 from tests.kubelet_plugin.nodes import UID_A, UID_B, SharesNode, device_env, ok

@@ -1,6 +1,8 @@
-"""GPU memory caps of MPS shares enforced by the driver, per container (issue 16, item 3).
+"""GPU memory caps of shares enforced by the driver, per container (issue 16, item 3).
 
-Drivers of the 615 branch limit the GPU memory of a cgroup (``nvmlDeviceSetMemoryLimits_v1``);
+Both share tiers use it: MPS shares (`tiers.mps_shares`, where the cap comes on top of MPS's own
+pinned limit) and capped shares (`tiers.capped_shares`, published only where it holds). Drivers
+of the 615 branch limit the GPU memory of a cgroup (``nvmlDeviceSetMemoryLimits_v1``);
 NVIDIA's container toolkit (v1.20.1+) applies ``NVIDIA_GPU_MEMORY_LIMIT`` /
 ``NVIDIA_GPU_MEMORY_REQUEST`` (MiB) of a container to its own cgroup with the ``createRuntime``
 hook ``nvidia-cdi-hook apply-cuda-memory-limits``. The hook fails the container wherever the
@@ -8,9 +10,10 @@ driver cannot apply the limit, so `detect` decides once, at start, per offered G
 setting (``--mps-share-memory-limits``), a real node, the driver version, cgroup v2, the hook's
 version, and NVML answering ``nvmlDeviceGetMemoryLimits_v1`` for the plugin's own cgroup with
 anything but NOT_SUPPORTED / FUNCTION_NOT_FOUND. `MemoryLimitSupport.edits` are the CDI edits of
-one share: both variables and the hook where enforced, nothing elsewhere (the MPS pinned limit,
-per process and cooperative, stays the only cap). MIG devices offered as shares are never enforced
-(a ``MIG-`` UUID, whatever `detect` said: NVML takes no MIG handles). See docs/shares.md.
+one share: both variables and the hook where enforced, nothing elsewhere (for an MPS share the
+MPS pinned limit, per process and cooperative, stays the only cap). MIG devices offered as
+shares are never enforced (a ``MIG-`` UUID, whatever `detect` said: NVML takes no MIG handles).
+See docs/shares.md.
 """
 
 from __future__ import annotations
