@@ -35,7 +35,10 @@ DEFAULT_CALL_TIMEOUT_S = 40.0
 """Default time the preparer gets per call; must stay below :data:`KUBELET_CALL_TIMEOUT_S`."""
 
 DEADLINE_MARGIN_S = 1.0
-"""Time kept back from the client's own deadline to build and send the response."""
+"""Time kept back from the client's own deadline to build and send the response; at most a
+quarter of a shorter deadline (`DEADLINE_MARGIN_SHARE`), so that a call with a deadline of 1 s or
+less still gets time to answer (an already-prepared claim takes milliseconds)."""
+DEADLINE_MARGIN_SHARE = 0.25
 
 _Result = TypeVar("_Result")
 _PreparerMethod: TypeAlias = Callable[[Sequence[ClaimRef]], Awaitable[Mapping[str, _Result]]]
@@ -66,7 +69,8 @@ class ClaimCallHandler:
     def _budget(self, client_time_remaining: float | None) -> float:
         if client_time_remaining is None:
             return self._call_timeout_s
-        return max(0.0, min(self._call_timeout_s, client_time_remaining - DEADLINE_MARGIN_S))
+        margin = min(DEADLINE_MARGIN_S, client_time_remaining * DEADLINE_MARGIN_SHARE)
+        return max(0.0, min(self._call_timeout_s, client_time_remaining - margin))
 
     async def prepare(
         self, claims: Sequence[ClaimRef], *, client_time_remaining: float | None = None

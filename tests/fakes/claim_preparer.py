@@ -16,7 +16,8 @@ class InMemoryClaimPreparer:
     Claims listed in ``devices`` prepare to those devices (others to no devices), claims in
     ``prepare_errors`` / ``unprepare_errors`` fail with that message, claims in ``forget`` are
     left out of the result (a driver bug), ``extra_results`` adds unrequested UIDs,
-    ``raise_error`` makes the whole call raise, and ``hang`` makes it block until cancelled.
+    ``raise_error`` makes the whole call raise, ``hang`` makes it block until cancelled, and
+    ``delay_s`` makes every call take that long (a thread hop and a checkpoint read, say).
     Every call is recorded in ``calls``; prepared claims are tracked in ``prepared``.
     """
 
@@ -27,6 +28,7 @@ class InMemoryClaimPreparer:
     extra_results: set[str] = field(default_factory=set)
     raise_error: Exception | None = None
     hang: bool = False
+    delay_s: float = 0.0
     calls: list[tuple[str, tuple[ClaimRef, ...]]] = field(default_factory=list)
     prepared: dict[str, ClaimRef] = field(default_factory=dict)
     cancelled: int = 0
@@ -35,6 +37,8 @@ class InMemoryClaimPreparer:
         self.calls.append((operation, tuple(claims)))
         if self.raise_error is not None:
             raise self.raise_error
+        if self.delay_s:
+            await asyncio.sleep(self.delay_s)
         if self.hang:
             try:
                 await asyncio.Event().wait()

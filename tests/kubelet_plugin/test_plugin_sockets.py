@@ -397,6 +397,28 @@ def test_short_client_deadline_still_gets_a_response_with_per_claim_errors(
     run(scenario())
 
 
+@pytest.mark.parametrize("deadline_s", [1.0, 0.5])
+def test_a_deadline_of_a_second_or_less_still_leaves_time_to_answer(
+    sock_root: Path, deadline_s: float
+) -> None:
+    # An already-prepared claim: answered after a thread hop and a checkpoint read.
+    preparer = InMemoryClaimPreparer(delay_s=0.02)
+
+    async def scenario() -> None:
+        async with serving(sock_root, preparer) as server, channel(server.dra_socket) as ch:
+            stub = v1_grpc.DRAPluginStub(ch)
+            response = await stub.NodePrepareResources(
+                v1.NodePrepareResourcesRequest(claims=[claim(UID_A)]), timeout=deadline_s
+            )
+            assert response.claims[UID_A].error == ""
+            unprepared = await stub.NodeUnprepareResources(
+                v1.NodeUnprepareResourcesRequest(claims=[claim(UID_A)]), timeout=deadline_s
+            )
+            assert unprepared.claims[UID_A].error == ""
+
+    run(scenario())
+
+
 def test_preparer_exception_becomes_a_per_claim_error_not_a_grpc_error(sock_root: Path) -> None:
     preparer = InMemoryClaimPreparer(raise_error=RuntimeError("nvml exploded"))
 
