@@ -10,19 +10,44 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from gpu_dra.driver.jsonbounds import describe
 from gpu_dra.kubelet_plugin.kubeapi import ClaimNotFoundError, ClaimReader, ResourceClaim
 from gpu_dra.kubelet_plugin.prepare_protocol import ClaimRef
 from gpu_dra.kubelet_plugin.tiers.protocol import AllocatedResult, PrepareError
 
 
+def _object(value: object, where: str) -> Mapping[str, Any]:
+    if not isinstance(value, Mapping):
+        raise PrepareError(f"the claim's {where} is not an object: {describe(value)}")
+    return value
+
+
+def claim_uid(resource_claim: ResourceClaim) -> object:
+    """``metadata.uid`` (None when absent); `PrepareError` when metadata is not an object."""
+    return _object(resource_claim.get("metadata", {}), "metadata").get("uid")
+
+
+def allocation_of(resource_claim: ResourceClaim) -> Mapping[str, Any] | None:
+    """``status.allocation``; None when the claim is not allocated (no status, no or an empty
+    allocation), `PrepareError` naming the field that is not an object. A malformation stays
+    with the claim: retrying does not help, so the message says what is wrong, not "retry"."""
+    status = resource_claim.get("status")
+    if status is None:
+        return None
+    allocation = _object(status, "status").get("allocation")
+    if allocation is None:
+        return None
+    return _object(allocation, "status.allocation") or None
+
+
 def allocated_devices(resource_claim: ResourceClaim) -> dict[str, list[Mapping[str, Any]]]:
     """``status.allocation.devices``: its ``results`` and ``config`` (lists of objects, empty
     when absent); `PrepareError` naming what is malformed."""
-    allocation = resource_claim["status"]["allocation"]
-    devices = allocation.get("devices") if isinstance(allocation, Mapping) else None
+    allocation = allocation_of(resource_claim)
+    devices = allocation.get("devices") if allocation is not None else None
     where = "status.allocation.devices"
     if not isinstance(devices, Mapping):
-        raise PrepareError(f"the claim's {where} is not an object: {devices!r:.100}")
+        raise PrepareError(f"the claim's {where} is not an object: {describe(devices)}")
     found: dict[str, list[Mapping[str, Any]]] = {}
     for key in ("results", "config"):
         items = devices.get(key)
@@ -50,15 +75,16 @@ def allocated_result(index: int, item: Mapping[str, Any]) -> AllocatedResult:
         value = item.get(key)
         if (value is None and required) or (value is not None and not isinstance(value, kind)):
             raise PrepareError(
-                f"allocation result {index} of the claim is malformed: {key} is {value!r:.100}"
+                f"allocation result {index} of the claim is malformed: {key} is {describe(value)}"
             )
         return value
 
     consumed = field("consumedCapacity", Mapping)
-    if consumed is not None and not all(isinstance(v, str) for v in consumed.values()):
+    bad = [value for value in (consumed or {}).values() if not isinstance(value, str)]
+    if bad:
         raise PrepareError(
-            f"allocation result {index} of the claim is malformed: consumedCapacity is "
-            f"{consumed!r:.100}"
+            f"allocation result {index} of the claim is malformed: consumedCapacity is not a "
+            f"map of quantity strings (it holds {describe(bad[0])})"
         )
     return AllocatedResult(
         request=field("request", str, required=True),

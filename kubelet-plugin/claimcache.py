@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import logging
 import threading
+from collections.abc import Mapping
 
 from gpu_dra.kube.reflector import Reflector, ReflectorSettings
 from gpu_dra.kubelet_plugin.kubeapi import ClaimApi, ClaimEvent, ClaimList, ResourceClaim
@@ -48,7 +49,7 @@ class CachedClaimReader:
         """A copy of the cached claim when it can be trusted (see the module docs), else a GET."""
         with self._lock:
             cached = self._claims.get((namespace, name)) if self._serving else None
-        if cached is not None and cached.get("status", {}).get("allocation"):
+        if cached is not None and _allocated(cached):
             return copy.deepcopy(cached)  # stored claims are replaced, never changed in place
         return self._api.get_claim(namespace, name)
 
@@ -133,3 +134,9 @@ def _trimmed(claim: ResourceClaim) -> ResourceClaim:
         **claim,
         "metadata": {key: value for key, value in metadata.items() if key != "managedFields"},
     }
+
+
+def _allocated(claim: ResourceClaim) -> bool:
+    """Whether ``claim`` has an allocation (a malformed status counts as none: read it anew)."""
+    status = claim.get("status")
+    return isinstance(status, Mapping) and bool(status.get("allocation"))

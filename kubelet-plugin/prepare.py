@@ -55,6 +55,8 @@ from gpu_dra.kubelet_plugin.checkpoint import (
 from gpu_dra.kubelet_plugin.claim_allocation import (
     allocated_devices,
     allocated_result,
+    allocation_of,
+    claim_uid,
     get_claim,
     spec_configs,
 )
@@ -412,7 +414,7 @@ class NodeClaimPreparer:
 
     def _read_claim(self, claim: ClaimRef) -> ResourceClaim:
         resource_claim = get_claim(self._claims, claim)
-        uid = resource_claim.get("metadata", {}).get("uid")
+        uid = claim_uid(resource_claim)
         if uid != claim.uid and self._uncached_claims is not None:
             log.info(
                 "cached claim has UID %s; reading it from the API server claim_uid=%s",
@@ -420,13 +422,13 @@ class NodeClaimPreparer:
                 claim.uid,
             )
             resource_claim = get_claim(self._uncached_claims, claim)
-            uid = resource_claim.get("metadata", {}).get("uid")
+            uid = claim_uid(resource_claim)
         if uid != claim.uid:
             raise PrepareError(
                 f"the claim was replaced: the API server has UID {uid}, the kubelet asked for "
                 f"{claim.uid}"
             )
-        if not resource_claim.get("status", {}).get("allocation"):
+        if allocation_of(resource_claim) is None:
             raise PrepareError("the claim is not allocated")
         return resource_claim
 

@@ -351,11 +351,11 @@ def _devices(value: Any) -> Callable[[dict[str, Any]], None]:
 @pytest.mark.parametrize(
     ("malform", "expected"),
     [
-        pytest.param(_result(device=None), "device is None", id="no-device"),
-        pytest.param(_result(device=7), "device is 7", id="device-number"),
-        pytest.param(_result(request=None), "request is None", id="no-request"),
-        pytest.param(_result(request=["gpu"]), "request is ['gpu']", id="request-list"),
-        pytest.param(_result(shareID=5), "shareID is 5", id="share-id-number"),
+        pytest.param(_result(device=None), "device is null", id="no-device"),
+        pytest.param(_result(device=7), "device is number 7", id="device-number"),
+        pytest.param(_result(request=None), "request is null", id="no-request"),
+        pytest.param(_result(request=["gpu"]), "request is an array", id="request-list"),
+        pytest.param(_result(shareID=5), "shareID is number 5", id="share-id-number"),
         pytest.param(_result(adminAccess="yes"), "adminAccess is 'yes'", id="admin-string"),
         pytest.param(
             _result(consumedCapacity={"memory": 5}), "consumedCapacity is", id="capacity-number"

@@ -71,6 +71,7 @@ def test_any_claim_is_prepared_or_refused_naming_the_claim(
     result = node.prepare(REF)[UID_A]
     if result.error is not None:
         assert result.error.startswith(f"claim default/claim-a ({UID_A}): ")
+        assert "unexpected" not in result.error, result.error[:500]
         assert "\n" not in result.error, result.error[:500]
         assert len(result.error) <= MAX_MESSAGE_CHARS, result.error[:500]
     else:
@@ -133,15 +134,29 @@ def test_a_malformed_spec_that_prepare_does_not_read_does_not_fail_it(fresh: Nod
 
 
 @pytest.mark.parametrize(
-    ("part", "value"),
-    [("status", []), ("status", {"allocation": {"devices": []}})],
-    ids=["status", "devices"],
+    ("part", "value", "message"),
+    [
+        ("status", [1], "the claim's status is not an object: an array"),
+        ("status", [], "the claim's status is not an object: an array"),
+        (
+            "status",
+            {"allocation": [1]},
+            "the claim's status.allocation is not an object: an array",
+        ),
+        ("status", {"allocation": {"devices": []}}, "status.allocation.devices is not an object"),
+    ],
+    ids=["status", "status-empty-list", "allocation", "devices"],
 )
-def test_a_malformed_allocation_or_spec_fails_only_its_claim_with_a_message(
-    fresh: Node, part: str, value: object
+def test_a_malformed_allocation_fails_only_its_claim_naming_the_field_for_good(
+    fresh: Node, part: str, value: object, message: str
 ) -> None:
+    """A malformation the claim keeps (never fixed by a retry) is reported as such: the field,
+    not an unexpected exception, and no "(will retry)"."""
     claim = allocated([allocation_result("gpu-0")])
     claim[part] = value
     fresh.add(claim)
     result = fresh.prepare(REF)[UID_A]
     assert result.error is not None
+    assert message in result.error
+    assert "unexpected" not in result.error
+    assert not result.error.endswith("(will retry)")
