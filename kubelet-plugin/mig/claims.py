@@ -44,6 +44,10 @@ class DynamicMig:
         published); only their instances are ever destroyed by `remove_unowned`."""
         self._lifecycle = lifecycle
         self._gpus = {gpu.uuid: gpu for gpu in gpus}
+        self._unswept: dict[str, str] = {}
+        """GPUs whose start-up sweep failed, by UUID, with why: they may hold instances no
+        claim owns (and MIG mode on), so they are not handed out whole until a sweep of them
+        succeeds (`conflict` tries again)."""
 
     @property
     def gpus(self) -> tuple[Gpu, ...]:
@@ -222,16 +226,34 @@ class DynamicMig:
     ) -> str | None:
         """Why the claim cannot have its MIG devices and whole GPUs beside what other claims
         hold: a whole GPU another claim has MIG devices on, or a MIG device on a GPU another
-        claim holds whole (the scheduler's counters prevent both; this guards races). None when
+        claim holds whole (the scheduler's counters prevent both; this guards races). Fails
+        closed: a whole GPU an unreadable record may have MIG devices on is refused, and one
+        whose start-up sweep failed is swept again first (refused if that fails too). None when
         there is no conflict."""
         mine_whole = {gpu.uuid: gpu for gpu in whole_gpus}
         mine_mig = {intent.parent_uuid: intent for intent in intents}
         by_minor = {gpu.minor: gpu for gpu in self._gpus.values()}
+        recorded: list[MigIntent] = []
         for uid, entry in others.items():
             if uid == claim_uid:
                 continue
             owner = f"claim {entry.claim.namespace}/{entry.claim.name} ({uid})"
-            for intent in _recorded(uid, entry):
+            try:
+                theirs = intents_from_state(entry.state)
+            except MigError as error:
+                # Fails closed, as the start-up sweep does: the claim may have MIG devices on
+                # any GPU its devices name (on every one when they name none).
+                used = self._named_gpus(entry) or set(self._gpus)
+                gpu = next((mine_whole[u] for u in sorted(used) if u in mine_whole), None)
+                if gpu is not None:
+                    return (
+                        f"GPU {gpu_label(gpu)} may have MIG devices of {owner}, whose dynamic "
+                        f"MIG state cannot be read ({error}); it is not handed out whole until "
+                        "that claim is unprepared or its record repaired"
+                    )
+                continue
+            recorded += theirs
+            for intent in theirs:
                 gpu = mine_whole.get(intent.parent_uuid)
                 if gpu is not None:
                     return (
@@ -246,6 +268,30 @@ class DynamicMig:
                         f"MIG device {held.device} cannot be made: its GPU {gpu_label(gpu)} is "
                         f"prepared whole for {owner}"
                     )
+        for gpu in mine_whole.values():
+            why = self._sweep_again(gpu, recorded)
+            if why is not None:
+                return why
+        return None
+
+    def _sweep_again(self, gpu: Gpu, recorded: Iterable[MigIntent]) -> str | None:
+        """For a GPU whose start-up sweep failed: sweep it now (under the claim's lock of the
+        GPU, so no prepare or unprepare of it runs beside), keeping every instance a record
+        names; why it still cannot be handed out whole, or None."""
+        failed = self._unswept.get(gpu.uuid)
+        if failed is None:
+            return None
+        keep = {(i.gi_profile_id, i.placement_start) for i in recorded if i.parent_uuid == gpu.uuid}
+        try:
+            self._lifecycle.destroy_all_but(gpu, keep)
+        except MigError as error:
+            return (
+                f"GPU {gpu_label(gpu)} may hold MIG instances no claim owns: the start-up sweep "
+                f"could not remove them ({failed}), nor could this try ({error}); it is not "
+                "handed out whole until a sweep succeeds (each prepare of it tries again)"
+            )
+        del self._unswept[gpu.uuid]
+        log.info("leftover MIG instances of %s removed on a second try", gpu_label(gpu))
         return None
 
     def remove_unowned(
@@ -258,7 +304,9 @@ class DynamicMig:
         records, nor an entry whose writer still runs (``owner_alive``: another plugin instance
         during a rolling update, whose prepare or unprepare is under way); MIG mode off where
         nothing is left (Hopper and later). Errors are logged; a GPU whose instances cannot be
-        listed keeps its instances and its MIG mode. Fails closed: a kept entry whose MIG state
+        listed keeps its instances and its MIG mode, and is not handed out whole until a later
+        sweep of it (`conflict`, at its next whole prepare) succeeds. Fails closed: a kept entry
+        whose MIG state
         cannot be read may own any instance of the GPUs its devices name (of every GPU when
         they name none), so those are left alone."""
         owned: set[tuple[str, int, int]] = set()
@@ -286,7 +334,15 @@ class DynamicMig:
                 keep = {(profile, start) for uuid, profile, start in owned if uuid == gpu.uuid}
                 self._lifecycle.destroy_all_but(gpu, keep)
             except MigError as error:
-                log.error("leftover MIG instances of %s not removed: %s", gpu_label(gpu), error)
+                self._unswept[gpu.uuid] = str(error)
+                log.error(
+                    "leftover MIG instances of %s not removed: %s; the GPU is not handed out "
+                    "whole until a later try succeeds",
+                    gpu_label(gpu),
+                    error,
+                )
+            else:
+                self._unswept.pop(gpu.uuid, None)
 
     def _named_gpus(self, entry: CheckpointEntry) -> set[str]:
         """UUIDs of the dynamic-MIG GPUs whose MIG devices ``entry``'s devices name."""

@@ -28,6 +28,7 @@ from tests.fakes.claim_reader import (
 from tests.kubelet_plugin.nodes import (
     UID_A,
     UID_B,
+    UID_C,
     Crash,
     DynamicMigNode,
     device_var,
@@ -542,3 +543,49 @@ def test_the_sweep_keeps_every_gpu_when_the_unreadable_claim_names_no_mig_device
 
     assert node.layout(4) == [(9, 0, (0,))]
     assert node.layout(5) == [(19, 0, (0,))]
+
+
+# ---- MIG state fails closed at prepare too (issue 25, item 2) ------------------------------------
+
+
+def test_a_whole_gpu_an_unreadable_record_may_have_mig_devices_on_is_refused(
+    node: DynamicMigNode,
+) -> None:
+    slices = node.add(UID_A, "gpu-4-mig-3g40gb-9-0", name="slices")
+    ok(node.prepare(slices))
+    corrupt_mig_state(node, UID_A)
+
+    whole = node.add(UID_B, "gpu-4", name="whole")
+    error = failed(node.prepare(whole))
+
+    assert "GPU gpu-4 (" in error
+    assert f"may have MIG devices of claim default/slices ({UID_A})" in error
+    assert "dynamic MIG state cannot be read" in error
+    assert node.checkpoint.get(UID_B) is None
+    assert node.layout(4) == [(9, 0, (0,))]  # the claim's MIG device is untouched
+    other = node.add(UID_C, "gpu-5", name="other-gpu")
+    ok(node.prepare(other))  # a GPU the unreadable record does not name is not held back
+
+
+def test_a_gpu_whose_start_up_sweep_failed_is_not_prepared_whole_until_a_sweep_succeeds(
+    node: DynamicMigNode, caplog: pytest.LogCaptureFixture
+) -> None:
+    gpu = node.gpu(5)
+    node.lifecycle.create(gpu, 19, 0)  # a leftover no claim owns: MIG mode is on
+    node.restart()
+    node.host.nvml.set_fault(PROFILE_INFO, pynvml.NVML_ERROR_UNKNOWN, gpu=gpu.index)
+    node.recover()  # the sweep of gpu-5 fails
+    assert any("not handed out whole until a later try" in r.getMessage() for r in caplog.records)
+
+    whole = node.add(UID_A, "gpu-5", name="whole")
+    error = failed(node.prepare(whole))
+    assert "GPU gpu-5 (" in error
+    assert "may hold MIG instances no claim owns" in error
+    assert "NVML_ERROR_UNKNOWN" in error
+    assert node.checkpoint.get(UID_A) is None
+
+    node.host.nvml.set_fault(PROFILE_INFO, None, gpu=gpu.index)
+    ok(node.prepare(whole))  # the kubelet's retry: swept now, then handed out whole
+    assert node.layout(5) == []
+    assert node.mig_mode(5) == [OFF, OFF]
+    assert node.unprepare(whole) is None
