@@ -1,10 +1,11 @@
 """Test-only fault injection: the named points at which a plugin can be made to die (SIGKILL).
 
-Prepare, unprepare and recovery call `reached(name)` at each step of every tier (the names are
-`POINTS`); it does nothing unless a test armed a point. The composition root arms the point
-named by ``GPU_DRA_TEST_CRASH_AT`` (`arm_from_env`), on simulated nodes only: the process kills
-itself with SIGKILL when it first gets there. The crash harness (`tests/crash_harness/`) drives
-every point. See docs/architecture.md, "Crash safety" and docs/development.md.
+Prepare, unprepare, recovery and instance registration call `reached(name)` at each step of every
+tier (the names are `POINTS`); it does nothing unless a test armed a point. The composition root
+arms the point named by ``GPU_DRA_TEST_CRASH_AT`` (`arm_from_env`), on simulated nodes only: the
+process kills itself with SIGKILL when it first gets there. The crash harness
+(`tests/crash_harness/`) drives every point. See docs/architecture.md, "Crash safety" and
+docs/development.md.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ MPS_MIG_AFTER_DAEMON_START: Final = "mps-mig-after-daemon-start"
 MPS_AFTER_DAEMON_STOP: Final = "mps-after-daemon-stop"
 MPS_SHARE_AFTER_JOIN: Final = "mps-share-after-join"
 MPS_SHARE_AFTER_LEAVE: Final = "mps-share-after-leave"
+MPS_RECORD_BEFORE_RENAME: Final = "mps-record-before-rename"
 # dynamic MIG
 MIG_AFTER_MODE_ON: Final = "mig-after-mode-on"
 CRASH_AFTER_GPU_INSTANCE: Final = "mig-after-gpu-instance"
@@ -55,6 +57,9 @@ UNPREPARE_AFTER_CLAIM_FILES_REMOVED: Final = "unprepare-after-claim-files-remove
 UNPREPARE_BEFORE_RECORD_REMOVED: Final = "unprepare-before-record-removed"
 # start-up recovery
 RECOVERY_AFTER_UNDO: Final = "recovery-after-undo"
+# plugin instance registration (plugin_instances.py), at every start
+INSTANCE_BEFORE_LOCK_RENAME: Final = "instance-before-lock-rename"
+INSTANCE_INFO_BEFORE_RENAME: Final = "instance-info-before-rename"
 
 POINTS: Final = frozenset(
     {
@@ -72,6 +77,7 @@ POINTS: Final = frozenset(
         MPS_AFTER_DAEMON_STOP,
         MPS_SHARE_AFTER_JOIN,
         MPS_SHARE_AFTER_LEAVE,
+        MPS_RECORD_BEFORE_RENAME,
         MIG_AFTER_MODE_ON,
         CRASH_AFTER_GPU_INSTANCE,
         MIG_AFTER_COMPUTE_INSTANCE,
@@ -83,6 +89,8 @@ POINTS: Final = frozenset(
         UNPREPARE_AFTER_CLAIM_FILES_REMOVED,
         UNPREPARE_BEFORE_RECORD_REMOVED,
         RECOVERY_AFTER_UNDO,
+        INSTANCE_BEFORE_LOCK_RENAME,
+        INSTANCE_INFO_BEFORE_RENAME,
     }
 )
 """Every fault injection point the plugin's code reaches."""

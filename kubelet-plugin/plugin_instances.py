@@ -23,7 +23,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Final
 
-from gpu_dra.kubelet_plugin.atomic_file import write_atomically
+from gpu_dra.kubelet_plugin import crash_points
+from gpu_dra.kubelet_plugin.atomic_file import temporary_target, write_atomically
 from gpu_dra.kubelet_plugin.node_locks import (
     NodeLocks,
     acquire_blocking,
@@ -113,6 +114,7 @@ class InstanceRegistry:
         try:
             if not try_flock(fd, fcntl.LOCK_EX):
                 raise RuntimeError(f"{temporary} is locked by another process")
+            crash_points.reached(crash_points.INSTANCE_BEFORE_LOCK_RENAME)
             os.rename(temporary, self.lock_path(token))
             info = InstanceInfo(
                 token, instance_id, os.getpid(), self._next_sequence(), tuple(map(str, sockets)),
@@ -193,7 +195,35 @@ class InstanceRegistry:
             log.info("forgot dead plugin instance token=%s", token)
             if info is not None:
                 removed.append(info)
+        self._remove_dead_temporaries(names)
         return removed
+
+    def _remove_dead_temporaries(self, names: Sequence[str]) -> None:
+        """The files an instance that died while registering or writing its ``.json`` left:
+        ``.<token>.lock.tmp`` that nobody holds locked (its lock, before the rename) and
+        ``.<token>.json.<random>.tmp`` of an instance that no longer runs (a live one's may be
+        a write under way)."""
+        for name in names:
+            path = self.directory / name
+            if name.startswith(".") and name.endswith(".lock.tmp"):
+                try:
+                    fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+                except FileNotFoundError:
+                    continue
+                try:
+                    if not try_flock(fd, fcntl.LOCK_EX):
+                        continue  # an instance registering right now
+                    path.unlink(missing_ok=True)
+                finally:
+                    os.close(fd)
+            else:
+                target = temporary_target(name)
+                if target is None or not target.endswith(".json"):
+                    continue
+                if self.alive(target.removesuffix(".json")):
+                    continue
+                path.unlink(missing_ok=True)
+            log.info("removed a file of an interrupted registration path=%s", path)
 
     def _next_sequence(self) -> int:
         held = acquire_blocking(self.directory / SEQUENCE_FILE, timeout_s=10.0)
@@ -219,7 +249,12 @@ class InstanceRegistry:
 
     def write_info(self, info: InstanceInfo) -> None:
         data = json.dumps(info.to_json(), sort_keys=True).encode() + b"\n"
-        write_atomically(self.info_path(info.token), data, mode=0o640)
+        write_atomically(
+            self.info_path(info.token),
+            data,
+            mode=0o640,
+            crash_point=crash_points.INSTANCE_INFO_BEFORE_RENAME,
+        )
 
 
 class PluginInstance:

@@ -30,7 +30,7 @@ from typing import Final
 
 from gpu_dra.driver.naming import InvalidNameError
 from gpu_dra.kubelet_plugin import crash_points
-from gpu_dra.kubelet_plugin.atomic_file import write_atomically
+from gpu_dra.kubelet_plugin.atomic_file import remove_temporaries, write_atomically
 from gpu_dra.kubelet_plugin.mps.computemode import ComputeModeControl, ComputeModeError, is_full_gpu
 from gpu_dra.kubelet_plugin.mps.control import ControlClient
 from gpu_dra.kubelet_plugin.mps.daemon_launch import SOCKET, DaemonLaunch
@@ -306,6 +306,9 @@ class MpsDaemonManager(DaemonLaunch, DaemonRemoval):
         return DaemonStatus(DaemonState.READY, f"{len(servers)} server(s)")
 
     def adopt(self, handle: DaemonHandle) -> DaemonHandle:
+        """As `MpsControl.adopt`; also removes what a record write that died before its rename
+        left in the daemon's directory (call it under the daemon's node-wide lock)."""
+        remove_temporaries(handle.root, lambda target: target == INSTANCE_RECORD)
         handle = current_handle(handle)
         dead = self._dead(handle)
         if dead is not None:
@@ -454,9 +457,17 @@ class MpsDaemonManager(DaemonLaunch, DaemonRemoval):
         return new
 
     def _record_instance(self, handle: DaemonHandle) -> None:
-        """``<root>/daemon.json`` := ``handle`` (`current_handle`), atomically."""
+        """``<root>/daemon.json`` := ``handle`` (`current_handle`), atomically; first the
+        temporaries of earlier writes that died before their rename are removed (the callers
+        hold the daemon's lock, node-wide too, so no other write of it is under way)."""
+        remove_temporaries(handle.root, lambda target: target == INSTANCE_RECORD)
         data = json.dumps(handle.to_state(), sort_keys=True).encode()
-        write_atomically(handle.root / INSTANCE_RECORD, data, mode=0o644)
+        write_atomically(
+            handle.root / INSTANCE_RECORD,
+            data,
+            mode=0o644,
+            crash_point=crash_points.MPS_RECORD_BEFORE_RENAME,
+        )
 
     def _verify(self, paths: DaemonPaths, settings: MpsSettings) -> None:
         """Read the defaults back: `MpsError` when the daemon holds other values."""

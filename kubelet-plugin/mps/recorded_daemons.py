@@ -9,8 +9,10 @@ docs/mps.md, "Lifecycle".
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
+from contextlib import AbstractContextManager
 
 from gpu_dra.kubelet_plugin.checkpoint import CheckpointEntry, JsonValue
 from gpu_dra.kubelet_plugin.mps.daemon_model import (
@@ -62,9 +64,17 @@ def dead_phrase(handle: DaemonHandle, why: str) -> str:
     return f"MPS control daemon {handle.daemon_id} is not running ({why})"
 
 
-def adopt_daemons(mps: MpsControl | None, entry: CheckpointEntry, *, shared: bool) -> None:
-    """Re-attach to the daemons of one kind of a prepared claim; a dead or faulty one is logged
-    (the claim stays prepared: its pods keep running, unprepare cleans up)."""
+def adopt_daemons(
+    mps: MpsControl | None,
+    entry: CheckpointEntry,
+    *,
+    shared: bool,
+    lock: Callable[[str], AbstractContextManager[None]] = lambda _: contextlib.nullcontext(),
+) -> None:
+    """Re-attach to the daemons of one kind of a prepared claim, each under ``lock(daemon
+    id)`` (the daemon's node-wide lock, which its starts, stops and repairs hold); a dead or
+    faulty one is logged (the claim stays prepared: its pods keep running, unprepare cleans
+    up)."""
     try:
         handles = [
             h for h in handles_from_state(entry.state) if is_shared_daemon(h.daemon_id) == shared
@@ -81,7 +91,8 @@ def adopt_daemons(mps: MpsControl | None, entry: CheckpointEntry, *, shared: boo
             )
             continue
         try:
-            mps.adopt(handle)
+            with lock(handle.daemon_id):
+                mps.adopt(handle)
             status = mps.status(handle)
         except MpsDaemonGoneError as error:
             log.error(

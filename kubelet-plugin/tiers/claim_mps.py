@@ -196,7 +196,7 @@ class ClaimMpsTier(Tier):
         return [dead_phrase(h, why) for h, why in dead_daemons(self._mps, entry, shared=False)]
 
     def adopt(self, entry: CheckpointEntry) -> None:
-        adopt_daemons(self._mps, entry, shared=False)
+        adopt_daemons(self._mps, entry, shared=False, lock=self._daemon_lock)
 
     def sweep(self, entries: Mapping[str, CheckpointEntry]) -> None:
         if self._mps is not None:

@@ -227,7 +227,10 @@ class MpsShareTier(Tier):
 
     def adopt(self, entry: CheckpointEntry) -> None:
         self.read_only_pipes(entry)
-        adopt_daemons(self._mps, entry, shared=True)
+        if self._shared is None:
+            adopt_daemons(self._mps, entry, shared=True)
+        else:
+            adopt_daemons(self._mps, entry, shared=True, lock=self._shared.lock)
 
     def read_only_pipes(self, entry: CheckpointEntry) -> list[str]:
         """Make the shared daemons' pipe directories read-only in the claim's CDI spec (a

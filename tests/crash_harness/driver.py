@@ -356,7 +356,16 @@ _UNPREPARE = (
     crash_points.UNPREPARE_AFTER_CLAIM_FILES_REMOVED,
     crash_points.UNPREPARE_BEFORE_RECORD_REMOVED, crash_points.CHECKPOINT_BEFORE_RENAME,
 )  # fmt: skip
-_MPS_START = (crash_points.MPS_AFTER_LAUNCH, crash_points.MPS_AFTER_DAEMON_START)
+_MPS_START = (
+    crash_points.MPS_AFTER_LAUNCH, crash_points.MPS_RECORD_BEFORE_RENAME,
+    crash_points.MPS_AFTER_DAEMON_START,
+)  # fmt: skip
+_MPS_SHARE_JOIN = (
+    crash_points.MPS_AFTER_LAUNCH, crash_points.MPS_RECORD_BEFORE_RENAME,
+    crash_points.MPS_SHARE_AFTER_JOIN,
+)  # fmt: skip
+_START = (crash_points.INSTANCE_BEFORE_LOCK_RENAME, crash_points.INSTANCE_INFO_BEFORE_RENAME)
+"""Every start registers its plugin instance."""
 _TIER_POINTS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     # tier: (points its prepare passes, points its unprepare passes)
     "whole": ((), ()),
@@ -365,14 +374,8 @@ _TIER_POINTS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "time-slicing": ((crash_points.TIMESLICE_AFTER_SET,), (crash_points.TIMESLICE_AFTER_RESET,)),
     "mps": (_MPS_START, (crash_points.MPS_AFTER_DAEMON_STOP,)),
     "mps-on-static-mig": (_MPS_START, (crash_points.MPS_AFTER_DAEMON_STOP,)),
-    "mps-share": (
-        (crash_points.MPS_AFTER_LAUNCH, crash_points.MPS_SHARE_AFTER_JOIN),
-        (crash_points.MPS_SHARE_AFTER_LEAVE,),
-    ),
-    "mps-share-static-mig": (
-        (crash_points.MPS_AFTER_LAUNCH, crash_points.MPS_SHARE_AFTER_JOIN),
-        (crash_points.MPS_SHARE_AFTER_LEAVE,),
-    ),
+    "mps-share": (_MPS_SHARE_JOIN, (crash_points.MPS_SHARE_AFTER_LEAVE,)),
+    "mps-share-static-mig": (_MPS_SHARE_JOIN, (crash_points.MPS_SHARE_AFTER_LEAVE,)),
     "dynamic-mig": (
         (
             crash_points.MIG_AFTER_MODE_ON,
@@ -388,7 +391,7 @@ _TIER_POINTS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
 }
 _TIER_POINTS["mps-on-dynamic-mig"] = (
     (*_TIER_POINTS["dynamic-mig"][0], crash_points.MPS_AFTER_LAUNCH,
-     crash_points.MPS_MIG_AFTER_DAEMON_START),
+     crash_points.MPS_RECORD_BEFORE_RENAME, crash_points.MPS_MIG_AFTER_DAEMON_START),
     (*_TIER_POINTS["dynamic-mig"][1], crash_points.MPS_AFTER_DAEMON_STOP),
 )  # fmt: skip
 _TIER_POINTS["mps-share-dynamic-mig"] = (
@@ -400,8 +403,9 @@ _TIER_POINTS["mps-share-dynamic-mig"] = (
 def _points_of(
     prepares: list[Claim], unprepares: list[Claim], *, recovering: bool
 ) -> frozenset[str]:
-    """The crash points a cycle's calls (and recovery, with claims in flight) pass."""
-    points: set[str] = set()
+    """The crash points a cycle's start, its calls (and recovery, with claims in flight)
+    pass."""
+    points: set[str] = set(_START)
     for claim in prepares:
         points.update(_PREPARE, _TIER_POINTS[claim.tier][0])
     for claim in unprepares:

@@ -623,6 +623,31 @@ def test_adopt_of_a_dead_daemon_raises_gone_and_stop_cleans_up(
     assert not handle.root.exists()
 
 
+def test_a_record_write_that_died_before_its_rename_leaves_nothing_after_adopt_or_a_restart(
+    manager: MpsDaemonManager,
+) -> None:
+    """A plugin killed in a daemon record's write (crash point ``mps-record-before-rename``)
+    leaves ``.daemon.json.<random>.tmp``; the adoption at start-up and the next record write
+    (a restart in place) remove it."""
+    handle = manager.start("record", [GPU_A], MpsSettings())
+    left = handle.root / f".{INSTANCE_RECORD}.k1l1ed.tmp"
+    left.write_text('{"half": ')
+
+    assert manager.adopt(handle) == handle
+    assert not left.exists()
+
+    left.write_text('{"half": ')
+    client_command(handle, "quit")
+    deadline = time.monotonic() + 5
+    while alive(handle.pid) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    repair = manager.ensure(handle)  # restarted in place: the record is written anew
+    assert repair.restarted is not None
+    assert not left.exists()
+    assert sorted(p.name for p in handle.root.iterdir() if p.name.startswith(".")) == []
+    manager.stop(repair.handle)
+
+
 def test_handles_of_another_runner_are_refused(manager: MpsDaemonManager, root: Path) -> None:
     handle = DaemonHandle(
         daemon_id="pod",

@@ -3,13 +3,18 @@ its lock is held, whatever ended it (a clean stop, SIGKILL)."""
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from gpu_dra.kubelet_plugin import crash_points
+from gpu_dra.kubelet_plugin.node_locks import open_lock_file, try_flock
 from gpu_dra.kubelet_plugin.plugin_instances import (
     InstanceRegistry,
     PluginInstance,
@@ -74,6 +79,59 @@ def test_an_instance_killed_with_sigkill_is_dead_and_its_files_are_removed(
     assert (dead.token, dead.instance_id, dead.sockets) == (token, POD_A, ("/sockets/dra-a.sock",))
     assert registry.instances() == []
     assert not registry.alive(token)
+
+
+def died_while_registering(data_dir: Path, point: str) -> None:
+    """A process that registers with crash point ``point`` armed, killed there (SIGKILL)."""
+    script = (
+        "from pathlib import Path\n"
+        "from gpu_dra.kubelet_plugin import crash_points\n"
+        "from gpu_dra.kubelet_plugin.plugin_instances import InstanceRegistry\n"
+        f"crash_points.arm(lambda p: crash_points.kill_self(p) if p == {point!r} else None)\n"
+        f"InstanceRegistry(Path({str(data_dir)!r})).register({POD_B!r})\n"
+    )
+    process = subprocess.run([sys.executable, "-c", script], check=False, capture_output=True)
+    assert process.returncode == -9, process.stderr
+
+
+@pytest.mark.parametrize(
+    ("point", "left"),
+    [
+        (crash_points.INSTANCE_BEFORE_LOCK_RENAME, r"\.{pod}-[0-9a-f]{{8}}\.lock\.tmp"),
+        (crash_points.INSTANCE_INFO_BEFORE_RENAME, r"\.{pod}-[0-9a-f]{{8}}\.json\..+\.tmp"),
+    ],
+)
+def test_what_a_registration_killed_halfway_left_is_removed_by_the_next_start(
+    tmp_path: Path, point: str, left: str
+) -> None:
+    died_while_registering(tmp_path, point)
+    leftovers = [p.name for p in (tmp_path / "instances").iterdir() if p.name.endswith(".tmp")]
+    assert [re.fullmatch(left.format(pod=POD_B), name) is not None for name in leftovers] == [True]
+
+    registry = InstanceRegistry(tmp_path)
+    registry.remove_dead()  # as the next start does, before it registers
+
+    assert [p.name for p in (tmp_path / "instances").iterdir() if p.name.endswith(".tmp")] == []
+
+
+def test_a_live_instances_files_and_a_registration_under_way_are_kept(tmp_path: Path) -> None:
+    registry = InstanceRegistry(tmp_path)
+    process, token = registered_in_a_process(tmp_path)
+    with process:
+        try:
+            writing = tmp_path / "instances" / f".{token}.json.abc123.tmp"  # its write under way
+            writing.write_text("{")
+            registering = tmp_path / "instances" / f".{POD_B}-0123abcd.lock.tmp"
+            fd = open_lock_file(registering)
+            assert try_flock(fd, fcntl.LOCK_EX)  # locked, not renamed yet
+            try:
+                registry.remove_dead()
+                assert writing.exists()
+                assert registering.exists()
+            finally:
+                os.close(fd)
+        finally:
+            process.kill()
 
 
 def test_probing_an_instance_does_not_make_it_look_dead_to_another_probe(
