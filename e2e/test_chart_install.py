@@ -231,7 +231,9 @@ def plugin_identity(cluster: Cluster, kube: Kube, tmp_path: Path) -> Kube:
     return Kube(path)
 
 
-def slice_for(node: str) -> dict[str, Any]:
+def slice_for(node: str, pool: str | None = None) -> dict[str, Any]:
+    """An empty slice of ``node`` in ``pool`` (default: the node's own, at generation 0, below
+    the plugin's, so the scheduler never reads it)."""
     return {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceSlice",
@@ -239,7 +241,7 @@ def slice_for(node: str) -> dict[str, Any]:
         "spec": {
             "driver": DRIVER,
             "nodeName": node,
-            "pool": {"name": f"{node}-policy-test", "generation": 1, "resourceSliceCount": 1},
+            "pool": {"name": pool or node, "generation": 0, "resourceSliceCount": 1},
             "devices": [],
         },
     }
@@ -258,7 +260,15 @@ def test_the_plugins_identity_may_write_only_its_own_nodes_slices(
         f"gpu-dra kubelet plugin on node {versions.NODE_NAME} may only create a ResourceSlice "
         "of its own node, not one of node other-node" in str(denied.value.body)
     )
-    own = plugin.create(slice_for(versions.NODE_NAME))  # its own node: allowed
+    with pytest.raises(ApiException) as shadowing:  # its node, another node's pool
+        plugin.create(slice_for(versions.NODE_NAME, pool="other-node"))
+    assert shadowing.value.status == 403
+    assert (
+        f"gpu-dra kubelet plugin on node {versions.NODE_NAME} may only create ResourceSlices "
+        f"of pool {versions.NODE_NAME} (its node), not of pool other-node"
+        in str(shadowing.value.body)
+    )
+    own = plugin.create(slice_for(versions.NODE_NAME))  # its own node and pool: allowed
     kube.delete("resource.k8s.io/v1", "ResourceSlice", own["metadata"]["name"])
 
     with pytest.raises(ApiException) as forbidden:  # RBAC: DeviceClasses are the controller's

@@ -764,6 +764,31 @@ def test_the_plugin_writes_objects_of_its_own_node_only(
     assert unbound.message.endswith("not one without spec.nodeName")
 
 
+@pytest.mark.parametrize("operation", ["CREATE", "UPDATE", "DELETE"])
+def test_the_plugin_writes_slices_of_its_own_nodes_pool_only(
+    policy: AdmissionPolicy, operation: str
+) -> None:
+    """A pool is identified by driver and name, and the scheduler reads its newest generation
+    only: a slice of node A in pool B (generation above B's) would hide node B's devices."""
+    shadow = slice_of(NODE)
+    shadow["spec"]["pool"] = {"name": "gpu-node-2", "generation": 99, "resourceSliceCount": 1}
+
+    decision = policy.decide(
+        user=PLUGIN_USER,
+        node=NODE,
+        operation=operation,
+        resource="resourceslices",
+        obj=None if operation == "DELETE" else shadow,
+        old=shadow if operation != "CREATE" else None,
+    )
+
+    assert not decision.allowed
+    assert decision.message == (
+        f"gpu-dra kubelet plugin on node {NODE} may only {operation.lower()} ResourceSlices of "
+        f"pool {NODE} (its node), not of pool gpu-node-2"
+    )
+
+
 def test_a_plugin_token_without_a_node_is_denied_and_other_users_are_not_judged(
     policy: AdmissionPolicy,
 ) -> None:
