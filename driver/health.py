@@ -374,3 +374,105 @@ def _worst_per_key(problems: Iterable[Problem]) -> tuple[Problem, ...]:
 def rfc3339(moment: datetime) -> str:
     """``2026-07-22T02:24:46Z``: whole seconds in UTC, as the apiserver writes times."""
     return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+# ---- the persisted part of the state (the plugin's health record) ------------------------------
+HEALTH_RECORD_VERSION: Final = 1
+"""Version of `persisted_to_json`'s document; a reader refuses a newer one."""
+
+
+class HealthRecordError(ValueError):
+    """A health record that cannot be read (what is wrong, for the message)."""
+
+
+def persisted(state: HealthState) -> HealthState:
+    """The part of ``state`` that outlives the process: NVML's problems (XIDs, ECC errors, a
+    lost GPU), which only evidence clears. Liveness verdicts (a dead MPS daemon, an unwatched
+    GPU) are found again by the next process and are left out."""
+    kept: dict[Target, Mapping[str, Problem]] = {}
+    for target, problems in state.problems.items():
+        nvml = {key: p for key, p in problems.items() if key in NVML_KEYS}
+        if nvml:
+            kept[target] = nvml
+    return HealthState(kept)
+
+
+def persisted_to_json(state: HealthState) -> dict[str, object]:
+    """The document of ``persisted(state)``: ``{"version": 1, "problems": [...]}``, one entry
+    per target and key, sorted."""
+    entries: list[dict[str, object]] = []
+    for target, problems in persisted(state).problems.items():
+        for problem in problems.values():
+            entry: dict[str, object] = {
+                "gpuUUID": target.gpu_uuid,
+                "key": problem.key,
+                "value": problem.value,
+                "severity": problem.severity.name.lower(),
+                "message": problem.message,
+                "since": problem.since.astimezone(UTC).isoformat(),
+            }
+            if target.mig is not None:
+                entry["mig"] = list(target.mig)
+            if target.placement is not None:
+                entry["placement"] = list(target.placement)
+            entries.append(entry)
+    entries.sort(key=lambda e: (str(e["gpuUUID"]), str(e.get("mig")), str(e["key"])))
+    return {"version": HEALTH_RECORD_VERSION, "problems": entries}
+
+
+def persisted_from_json(document: object) -> HealthState:
+    """The state `persisted_to_json` wrote; `HealthRecordError` naming what is wrong (a newer
+    version included: never read as "no problems")."""
+    if not isinstance(document, Mapping):
+        raise HealthRecordError("not a JSON object")
+    version = document.get("version")
+    if not isinstance(version, int) or isinstance(version, bool):
+        raise HealthRecordError(f"no version number (version: {version!r:.40})")
+    if version > HEALTH_RECORD_VERSION:
+        raise HealthRecordError(
+            f"version {version} is newer than this plugin's {HEALTH_RECORD_VERSION} (a downgrade?)"
+        )
+    entries = document.get("problems")
+    if not isinstance(entries, list):
+        raise HealthRecordError("problems is not a list")
+    state = HealthState()
+    for index, entry in enumerate(entries):
+        try:
+            target, problem = _persisted_entry(entry)
+        except (KeyError, TypeError, ValueError) as error:
+            raise HealthRecordError(f"problems[{index}] is unusable: {error}") from error
+        state = state.with_problem(target, problem)
+    return state
+
+
+def _persisted_entry(entry: object) -> tuple[Target, Problem]:
+    if not isinstance(entry, Mapping):
+        raise TypeError("not an object")
+
+    def text(key: str) -> str:
+        value = entry[key]
+        if not isinstance(value, str):
+            raise TypeError(f"{key} is not a string")
+        return value
+
+    def pair(key: str) -> tuple[int, int] | None:
+        value = entry.get(key)
+        if value is None:
+            return None
+        if (
+            not isinstance(value, list)
+            or len(value) != 2
+            or not all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+        ):
+            raise TypeError(f"{key} is not two integers")
+        return (value[0], value[1])
+
+    key = text("key")
+    if key not in NVML_KEYS:
+        raise ValueError(f"key {key!r:.40} is not one that is recorded")
+    severity = Severity[text("severity").upper()]
+    since = datetime.fromisoformat(text("since"))
+    if since.tzinfo is None:
+        raise ValueError("since has no time zone")
+    target = Target(text("gpuUUID"), pair("mig"), pair("placement"))
+    return target, Problem(key, text("value"), severity, text("message"), since)

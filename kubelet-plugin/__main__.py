@@ -22,18 +22,21 @@ from collections.abc import Sequence
 from kubernetes.client import ApiClient
 from prometheus_client import CollectorRegistry, start_http_server
 
+from gpu_dra.driver.health import HealthRecordError
 from gpu_dra.driver.model import NodeDevices
 from gpu_dra.driver.nvml.interface import NvmlLibrary
 from gpu_dra.driver.shares import ShareSelectionError
-from gpu_dra.kubelet_plugin import startup
+from gpu_dra.kubelet_plugin import health_command, startup
 from gpu_dra.kubelet_plugin.cdi import ClaimSpecStore
 from gpu_dra.kubelet_plugin.checkpoint import Checkpoint
 from gpu_dra.kubelet_plugin.claim_records import ClaimRecords
 from gpu_dra.kubelet_plugin.claimcache import CachedClaimReader
 from gpu_dra.kubelet_plugin.device_health.runtime import (
     HealthRuntime,
+    RecordedHealth,
     close_health,
     health_services,
+    recorded_health,
     start_health,
 )
 from gpu_dra.kubelet_plugin.fault_injection import boot_id_from_env, prepare_delay_from_env
@@ -121,6 +124,18 @@ async def _load_checkpoint(settings: KubeletPluginSettings) -> Checkpoint:
     return checkpoint
 
 
+async def _health_record(
+    settings: KubeletPluginSettings, inventory: NodeInventory
+) -> RecordedHealth | None:
+    """The health record (None with the monitor off); an unusable one stops the plugin."""
+    if not settings.health_monitor_enabled:
+        return None
+    try:
+        return await asyncio.to_thread(recorded_health, settings, inventory)
+    except HealthRecordError as error:
+        raise StartupError(str(error)) from error
+
+
 async def _serve_instance(
     settings: KubeletPluginSettings,
     *,
@@ -189,9 +204,16 @@ async def _serve_instance(
     if settings.metrics_port:
         start_http_server(settings.metrics_port, registry=registry)
         log.info("metrics on :%d/metrics", settings.metrics_port)
+    # A GPU the health record says is faulty is published tainted from the first slice on.
+    recorded = await _health_record(settings, inventory)
     # The newest ready instance publishes: two versions never write the pool in turn.
     publisher, layout = await slice_publishing.publisher_turn(
-        settings, api_client, inventory, registry, instance
+        settings,
+        api_client,
+        inventory,
+        registry,
+        instance,
+        taints=None if recorded is None else recorded.taints,
     )
     publishing = asyncio.create_task(publisher.run(), name="publisher-turn")
     # One checker of the MPS daemons: it repairs them while this instance publishes, and the
@@ -228,6 +250,7 @@ async def _serve_instance(
             inventory.desired_pool(settings.driver_name, settings.node_name, layout, taints)
         ),
         entries=checkpoint.all,
+        recorded=recorded,
     )
     try:
         await _serve_sockets(
@@ -301,7 +324,10 @@ async def _serve_sockets(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    settings = KubeletPluginSettings.parse(argv)
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] == [health_command.COMMAND]:
+        return health_command.clear_health(args[1:])
+    settings = KubeletPluginSettings.parse(args)
     logging.basicConfig(
         level=settings.log_level,
         format="%(asctime)s %(levelname)s %(name)s %(message)s",

@@ -60,6 +60,8 @@ RECOVERY_AFTER_UNDO: Final = "recovery-after-undo"
 # plugin instance registration (plugin_instances.py), at every start
 INSTANCE_BEFORE_LOCK_RENAME: Final = "instance-before-lock-rename"
 INSTANCE_INFO_BEFORE_RENAME: Final = "instance-info-before-rename"
+# the health record (device_health/record.py)
+HEALTH_RECORD_BEFORE_RENAME: Final = "health-record-before-rename"
 
 POINTS: Final = frozenset(
     {
@@ -91,6 +93,7 @@ POINTS: Final = frozenset(
         RECOVERY_AFTER_UNDO,
         INSTANCE_BEFORE_LOCK_RENAME,
         INSTANCE_INFO_BEFORE_RENAME,
+        HEALTH_RECORD_BEFORE_RENAME,
     }
 )
 """Every fault injection point the plugin's code reaches."""

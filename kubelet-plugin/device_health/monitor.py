@@ -9,8 +9,10 @@ and marks the ones that answer so as lost. A GPU that cannot be registered is "u
 With MPS shares, every ``mps_interval_s`` and at once on `mps_changed`, the `MpsLiveness`
 verdicts (the MPS daemon supervisor's) mark the share device of a GPU whose shared daemon is
 down. Listeners (`add_listener`) get every new per-device snapshot: `__main__` republishes the
-slices with taints, the DRA health service streams it. The state lives in memory: a restarted
-plugin starts healthy. See docs/architecture.md, "Health monitor".
+slices with taints, the DRA health service streams it. With a `HealthRecord`, NVML's problems
+are kept on disk: the monitor starts from the recorded ones (a restarted plugin keeps a GPU's
+taints), writes every change of them, and applies the operator's clear requests
+(`record.request_clear`). See docs/architecture.md, "Health monitor".
 """
 
 from __future__ import annotations
@@ -38,6 +40,8 @@ from gpu_dra.driver.health import (
     classify_event,
     device_health,
     gpu_lost,
+    persisted,
+    rfc3339,
     unmonitored,
 )
 from gpu_dra.driver.model import Gpu
@@ -54,6 +58,7 @@ from gpu_dra.driver.nvml.interface import (
     return_code,
     return_code_name,
 )
+from gpu_dra.kubelet_plugin.device_health.record import HealthRecord
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +91,8 @@ class MonitorTiming:
     backoff_initial_s: float = 1.0
     """After a failed wait; doubled per further failure."""
     backoff_max_s: float = 30.0
+    clear_poll_s: float = 2.0
+    """Between two looks for the operator's clear request (with a health record)."""
 
 
 def _utc_now() -> datetime:
@@ -118,7 +125,13 @@ class HealthMonitor:
         mps: MpsLiveness | None = None,
         timing: MonitorTiming | None = None,
         clock: Callable[[], datetime] = _utc_now,
+        record: HealthRecord | None = None,
+        recorded: HealthState | None = None,
     ) -> None:
+        """``record``: where NVML's problems are kept (None: in memory only); ``recorded``:
+        what it held at start (`HealthRecord.load`), the monitor's first state. Problems of GPUs
+        not in ``gpus`` (one that fell off the bus and was not discovered) are kept in the
+        record, not applied."""
         self._nvml = nvml
         self._gpus = {gpu.uuid: gpu for gpu in gpus}
         self._scopes = tuple(scopes)
@@ -129,7 +142,15 @@ class HealthMonitor:
         self._mps = mps
         self._timing = timing or MonitorTiming()
         self._clock = clock
-        self._state = HealthState()
+        self._record = record
+        present, absent = _split(recorded or HealthState(), set(self._gpus))
+        self._absent = absent
+        """Recorded problems of GPUs this node does not have now: written back unchanged."""
+        self._state = present
+        for target, problems in present.problems.items():
+            for problem in problems.values():
+                log.warning("health: GPU %s: %s (recorded %s; kept until cleared)",
+                            target.gpu_uuid, problem.message, rfc3339(problem.since))  # fmt: skip
         self._snapshot: Snapshot = device_health(self._state, self._scopes)
         self._version = 0
         self._changed = asyncio.Event()
@@ -203,7 +224,10 @@ class HealthMonitor:
         state = self._state
         for target, problem in problems:
             state = state.with_problem(target, problem)
+        version = self._version
         self._set_state(state)
+        if self._version == version and self._state.problems:
+            self._notify()  # the recorded problems: the listeners have not had them yet
         workers = []
         if event_set is not None:
             self._beat("nvml")
@@ -212,6 +236,9 @@ class HealthMonitor:
         if self._mps is not None and watched:
             self._beat("mps")
             workers.append(asyncio.create_task(self._watch_mps(), name="health-mps"))
+        if self._record is not None:
+            await self._apply_clear()
+            workers.append(asyncio.create_task(self._watch_clears(), name="health-clears"))
         self._started.set()
         try:
             await self._stopping.wait()
@@ -440,6 +467,51 @@ class HealthMonitor:
                 wait.cancel()
         self._mps_poke.clear()
 
+    # ---- the record ---------------------------------------------------------------------------
+    async def _watch_clears(self) -> None:
+        while not self._stopping.is_set():
+            await self._pause(self._timing.clear_poll_s)
+            try:
+                await self._apply_clear()
+            except Exception:
+                log.exception("health: applying a clear request failed")
+
+    async def _apply_clear(self) -> None:
+        """Apply the operator's clear request, if one waits: the GPUs' recorded problems go
+        (the record is written), then the request."""
+        assert self._record is not None
+        request = await asyncio.to_thread(self._record.pending_clear)
+        if request is None:
+            return
+        state = self._state
+        for uuid in sorted(self._gpus):
+            if request.covers(uuid) and persisted(state.recovered(uuid)) != persisted(state):
+                log.warning("health: GPU %s recorded problems cleared by the operator", uuid)
+                state = state.recovered(uuid)
+        absent = self._absent
+        for uuid in sorted({t.gpu_uuid for t in absent.problems}):
+            if request.covers(uuid):
+                log.warning("health: GPU %s (not on the node) recorded problems cleared", uuid)
+                absent = absent.recovered(uuid)
+        self._absent = absent
+        self._set_state(state, force_save=True)
+        await asyncio.to_thread(self._record.done_clearing)
+
+    def _save(self, state: HealthState) -> None:
+        """Write the record when NVML's problems changed (in the event loop: a small file, and
+        the order of changes is kept). A failed write is logged; the next change retries."""
+        if self._record is None:
+            return
+        whole = state
+        for target, problems in self._absent.problems.items():
+            for problem in problems.values():
+                whole = whole.with_problem(target, problem)
+        try:
+            self._record.save(whole)
+        except OSError as error:
+            log.error("health: the record %s could not be written: %s (a restarted plugin "
+                      "would not know the latest problems)", self._record.path, error)  # fmt: skip
+
     # ---- state --------------------------------------------------------------------------------
     def _beat(self, worker: str) -> None:
         self._beats[worker] = time.monotonic()
@@ -448,18 +520,29 @@ class HealthMonitor:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._stopping.wait(), seconds)
 
-    def _set_state(self, state: HealthState) -> None:
-        if state is self._state:
+    def _set_state(self, state: HealthState, *, force_save: bool = False) -> None:
+        if state is self._state and not force_save:
             return
         self._state = state
+        self._save(state)
         snapshot = device_health(state, self._scopes)
         if snapshot == self._snapshot:
             return
         self._snapshot = snapshot
+        self._notify()
+
+    def _notify(self) -> None:
         self._version += 1
         self._changed.set()
         for listener in self._listeners:
             try:
-                listener(snapshot)
+                listener(self._snapshot)
             except Exception:
                 log.exception("health: a listener failed")
+
+
+def _split(state: HealthState, gpus: set[str]) -> tuple[HealthState, HealthState]:
+    """``state``'s problems of ``gpus``, and the others'."""
+    present = {t: p for t, p in state.problems.items() if t.gpu_uuid in gpus}
+    absent = {t: p for t, p in state.problems.items() if t.gpu_uuid not in gpus}
+    return HealthState(present), HealthState(absent)

@@ -17,12 +17,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
-from gpu_dra.driver.health import Target, device_taints
+from gpu_dra.driver.health import HealthState, Target, device_health, device_taints
 from gpu_dra.driver.nvml.interface import NvmlLibrary
 from gpu_dra.driver.nvml.simulated import SimulatedNvml
 from gpu_dra.driver.resourceapi import DeviceTaint
 from gpu_dra.kubelet_plugin.device_health.inbox import SIMULATED_EVENTS_DIR, SimulatedEventInbox
 from gpu_dra.kubelet_plugin.device_health.monitor import HealthMonitor, MpsLiveness, Snapshot
+from gpu_dra.kubelet_plugin.device_health.record import HealthRecord
 from gpu_dra.kubelet_plugin.device_health.service import DeviceHealthService
 from gpu_dra.kubelet_plugin.mig.claims import shared_mig_devices
 from gpu_dra.kubelet_plugin.mps.supervisor import DaemonSupervisor, Entries
@@ -81,6 +82,29 @@ class HealthRuntime:
                 await asyncio.wait_for(self._stopping.wait(), INBOX_POLL_S)
 
 
+@dataclass(frozen=True)
+class RecordedHealth:
+    """The node's health record as the plugin found it at start (`recorded_health`)."""
+
+    record: HealthRecord
+    state: HealthState
+    taints: Mapping[str, Sequence[DeviceTaint]]
+    """The published devices' taints from the recorded problems: the first pool has them."""
+
+
+def recorded_health(settings: KubeletPluginSettings, inventory: NodeInventory) -> RecordedHealth:
+    """Read ``<data-dir>/device-health.json`` (`HealthRecordError` when it is unusable) and
+    the taints its problems give the published devices."""
+    record = HealthRecord(settings.state_dir)
+    state = record.load()
+    snapshot = device_health(state, inventory.health_scopes())
+    taints = device_taints(snapshot, settings.health_policy, settings.driver_name)
+    for name in sorted(taints):
+        log.warning("health: device %s starts tainted from the health record: %s",
+                    name, snapshot[name].message)  # fmt: skip
+    return RecordedHealth(record, state, taints)
+
+
 def start_health(
     settings: KubeletPluginSettings,
     nvml: NvmlLibrary,
@@ -89,10 +113,17 @@ def start_health(
     supervisor: DaemonSupervisor | None,
     republish: Republish,
     entries: Entries | None = None,
+    recorded: RecordedHealth | None = None,
 ) -> HealthRuntime | None:
     """`health_runtime`, started in the running event loop; None when the monitor is off."""
     runtime = health_runtime(
-        settings, nvml, inventory, supervisor=supervisor, republish=republish, entries=entries
+        settings,
+        nvml,
+        inventory,
+        supervisor=supervisor,
+        republish=republish,
+        entries=entries,
+        recorded=recorded,
     )
     if runtime is not None:
         runtime.start()
@@ -118,11 +149,13 @@ def health_runtime(
     supervisor: DaemonSupervisor | None,
     republish: Republish,
     entries: Entries | None = None,
+    recorded: RecordedHealth | None = None,
 ) -> HealthRuntime | None:
     """The monitor of this node's published devices, or None when it is off. The MPS share
     daemons' liveness is ``supervisor``'s verdict (it alone probes them), pushed on change;
     ``entries`` (the claims' records) tell which MIG devices were made from partitions offered
-    as shares."""
+    as shares; ``recorded``: the health record read at start (None: the problems stay in
+    memory)."""
     if not settings.health_monitor_enabled:
         log.info("health monitor off (--health-monitor)")
         return None
@@ -151,6 +184,8 @@ def health_runtime(
         shared_migs=migs,
         partition_daemons=partition_daemons,
         mps=liveness,
+        record=None if recorded is None else recorded.record,
+        recorded=None if recorded is None else recorded.state,
     )
 
     def changed(snapshot: Snapshot) -> None:

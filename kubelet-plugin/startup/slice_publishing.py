@@ -8,12 +8,13 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 
 from kubernetes.client import ApiClient
 from prometheus_client import CollectorRegistry
 
 from gpu_dra.driver import slices
+from gpu_dra.driver.resourceapi import DeviceTaint
 from gpu_dra.kube.client import read_server_version
 from gpu_dra.kube.errors import ApiError
 from gpu_dra.kubelet_plugin.node_devices import NodeInventory
@@ -51,16 +52,20 @@ async def publisher_turn(
     inventory: NodeInventory,
     registry: CollectorRegistry,
     instance: PluginInstance,
+    *,
+    taints: Mapping[str, Sequence[DeviceTaint]] | None = None,
 ) -> tuple[PublisherTurn, slices.SliceLayout]:
     """Publishing of the node's pool (in the layout the apiserver takes, read only when there
-    are counter sets), while this instance is the newest ready one; the layout."""
+    are counter sets), while this instance is the newest ready one; the layout. ``taints``: the
+    devices' taints from the start (the health record's), so that a tainted GPU is never
+    published untainted while the health monitor starts."""
     slice_metrics = SliceMetrics(registry)
     layout = slices.SliceLayout.SPLIT
     if inventory.counter_sets():
         layout = await asyncio.to_thread(
             slice_layout, settings, functools.partial(read_server_version, api_client)
         )
-    pool = inventory.desired_pool(settings.driver_name, settings.node_name, layout)
+    pool = inventory.desired_pool(settings.driver_name, settings.node_name, layout, taints)
 
     def new_publisher() -> SlicePublisher:
         return SlicePublisher(
