@@ -39,7 +39,9 @@ from e2e.chart import (
 )
 from e2e.cluster import Cluster, versions
 from e2e.driver import Driver
+from e2e.health import XID_KEY, inject, taints, wait_tainted, wait_untainted
 from e2e.kube import Kube, wait_for
+from gpu_dra.kubelet_plugin.device_health.record import HEALTH_RECORD_FILE
 
 pytestmark = pytest.mark.e2e
 
@@ -358,3 +360,64 @@ def test_the_plugin_refuses_a_node_with_nvidias_device_plugin_resource(
     for stuck in pods(kube, PLUGIN_SELECTOR):  # skip the crash-loop back-off
         kube.delete("v1", "Pod", stuck["metadata"]["name"], NAMESPACE)
     wait_plugin_ready(kube, cluster)
+
+
+# ---- device health across a rollout of the chart-installed plugin (issue 25, item 1) ----------
+def plugin_daemonset(kube: Kube) -> str:
+    (daemonset,) = kube.list("apps/v1", "DaemonSet", namespace=NAMESPACE,
+                             label_selector=PLUGIN_SELECTOR)  # fmt: skip
+    return str(daemonset["metadata"]["name"])
+
+
+def plugin_pod_name(kube: Kube) -> str:
+    (pod,) = pods(kube, PLUGIN_SELECTOR)
+    return str(pod["metadata"]["name"])
+
+
+def test_a_gpu_tainted_for_xid_48_stays_tainted_across_a_rollout_until_cleared(
+    installed: str, kube: Kube, cluster: Cluster, tmp_path: Path
+) -> None:
+    # The health monitor is off on simulated nodes by default: turn it on (a rollout).
+    values = merged(
+        chart_values(cluster, installed),
+        {"controller": {"replicas": 2, "resyncInterval": RESYNC_S}},
+    )
+    gpus = values["kubeletPlugin"]["containers"]["gpus"]
+    gpus["env"] = [*gpus["env"], {"name": "GPU_DRA_HEALTH_MONITOR", "value": "true"}]
+    path = tmp_path / "values.yaml"
+    path.write_text(yaml.safe_dump(values))
+    run_helm(cluster, "upgrade", RELEASE, str(CHART), f"--namespace={NAMESPACE}",
+             f"--values={path}")  # fmt: skip
+    wait_plugin_ready(kube, cluster)
+    driver = Driver(cluster, kube, PROFILE)
+    try:
+        xid_48_across_a_rollout(kube, cluster, driver)
+    finally:  # the record outlives the release; the modules after this one start healthy
+        (driver.data_dir / HEALTH_RECORD_FILE).unlink(missing_ok=True)
+
+
+def xid_48_across_a_rollout(kube: Kube, cluster: Cluster, driver: Driver) -> None:
+    uuid = driver.uuid_of("gpu-3")
+    inject(driver, {"gpu": uuid, "event": "xid", "xid": 48})
+    wait_tainted(driver, {"gpu-3"}, XID_KEY)
+    (before,) = taints(driver)["gpu-3"]
+    old_pod = plugin_pod_name(kube)
+
+    # The DaemonSet replaces the plugin pod; the new one knows the fault from its record only.
+    cluster.kubectl("rollout", "restart", f"daemonset/{plugin_daemonset(kube)}", "-n", NAMESPACE)
+    wait_for("the old plugin pod to be gone", lambda: old_pod not in
+             {p["metadata"]["name"] for p in pods(kube, PLUGIN_SELECTOR)}, 180)  # fmt: skip
+    wait_plugin_ready(kube, cluster)
+    new_pod = plugin_pod_name(kube)
+    assert new_pod != old_pod
+    log = kube.pod_log(new_pod, NAMESPACE, "gpus")
+    assert "device gpu-3 starts tainted from the health record" in log
+    assert taints(driver)["gpu-3"] == [before]  # same taint, same timeAdded
+    assert sorted(taints(driver)) == ["gpu-3"]
+
+    # The operator's clear, through the plugin pod, untaints it.
+    out = cluster.kubectl("exec", "-n", NAMESPACE, new_pod, "-c", "gpus", "--",
+                          "gpu-dra-kubelet-plugin", "clear-health", "--gpu", uuid)  # fmt: skip
+    assert f"clear requested for {uuid}" in out
+    wait_untainted(driver)
+    assert "recorded problems cleared by the operator" in kube.pod_log(new_pod, NAMESPACE, "gpus")

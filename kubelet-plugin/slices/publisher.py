@@ -48,8 +48,11 @@ class PublisherSettings:
     backoff_initial_s: float = 0.2
     """First delay after a failed attempt; doubled after each further failure."""
 
-    backoff_max_s: float = 30.0
-    """Upper bound of the retry delay."""
+    backoff_max_s: float = 5.0
+    """Upper bound of the retry delay (of the reconciles and of the watch): a change waiting
+    through an apiserver outage (a device's new taint) is published at most this long, plus a
+    debounce and the request, after the apiserver answers again; a new desired pool ends the
+    wait at once."""
 
     debounce_s: float = 0.2
     """Wait after a trigger so that a burst of events (a wipe) costs one reconcile."""
@@ -117,6 +120,8 @@ class SlicePublisher:
         self._desired: DesiredPool | None = None
         self._generation = 0
         self._dirty = asyncio.Event()
+        self._new_desired = asyncio.Event()
+        """Set by `set_desired`: ends a retry's back-off early (the apiserver may be back)."""
         self._stopping = asyncio.Event()
         self._sync_lock = asyncio.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -152,6 +157,7 @@ class SlicePublisher:
                 f"{self._selector.node_name!r}"
             )
         self._desired = pool
+        self._call_in_loop(self._new_desired.set)
         self._trigger()
 
     def republish(self) -> None:
@@ -295,7 +301,9 @@ class SlicePublisher:
             else:
                 delay = settings.backoff_initial_s
                 continue
-            await asyncio.sleep(delay)
+            self._new_desired.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._new_desired.wait(), delay)
             delay = min(delay * 2, settings.backoff_max_s)
             self._dirty.set()
 

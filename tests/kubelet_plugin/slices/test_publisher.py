@@ -467,6 +467,28 @@ def test_failed_reconcile_is_retried_by_the_run_loop(
     assert sample(registry, "gpu_dra_resourceslice_reconcile_errors_total", reason="api") == 2
 
 
+def test_a_new_desired_pool_ends_a_retrys_back_off_at_once(
+    slice_api: InMemorySliceApi, metrics: SliceMetrics
+) -> None:
+    """A taint set while the publisher backs off after a failure (the apiserver was down) is
+    published when it is set, not when the back-off (here a minute) ends."""
+    slow = PublisherSettings(backoff_initial_s=60, backoff_max_s=60, debounce_s=0.0)
+    slice_api.fail_next("node", errors.ApiError("connection refused"), times=1)
+    publisher = SlicePublisher(slice_api, driver=DRIVER, node_name=NODE, metrics=metrics,
+                               settings=slow)  # fmt: skip
+    publisher.set_desired(pool(gpus(1)))
+
+    async def scenario() -> None:
+        async with running(publisher):
+            await eventually(lambda: slice_api.calls["node"] >= 1)  # the first sync failed
+            await asyncio.sleep(0.05)
+            assert slice_api.slices(SELECTOR) == []  # backing off
+            publisher.set_desired(pool(gpus(2)))
+            await eventually(lambda: device_names(slice_api.slices(SELECTOR)) == ["gpu-0", "gpu-1"])
+
+    asyncio.run(scenario())
+
+
 def test_watch_errors_are_retried(
     slice_api: InMemorySliceApi, metrics: SliceMetrics, registry: CollectorRegistry
 ) -> None:
