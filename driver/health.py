@@ -115,6 +115,9 @@ class HealthPolicy:
     ignored_xids: frozenset[int] = DEFAULT_IGNORED_XIDS
     degraded_effect: TaintEffect = TaintEffect.NO_SCHEDULE
     lost_effect: TaintEffect = TaintEffect.NO_EXECUTE
+    unmonitored_effect: TaintEffect | None = None
+    """A GPU NVML cannot watch (health Unknown): no taint by default, as NVIDIA's driver; a
+    platform that would rather not schedule onto unwatched GPUs sets an effect."""
 
     def effect(self, severity: Severity) -> TaintEffect | None:
         """The taint effect of a problem of `severity`; None: no taint."""
@@ -122,7 +125,7 @@ class HealthPolicy:
             return self.lost_effect
         if severity is Severity.DEGRADED:
             return self.degraded_effect
-        return None
+        return self.unmonitored_effect
 
 
 @dataclass(frozen=True)

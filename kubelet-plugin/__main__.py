@@ -251,6 +251,7 @@ async def _serve_instance(
         ),
         entries=checkpoint.all,
         recorded=recorded,
+        events=KubernetesEventApi(api_client),
     )
     try:
         await _serve_sockets(

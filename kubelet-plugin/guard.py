@@ -209,22 +209,30 @@ def node_event(
 ) -> dict[str, Any]:
     """A Warning Event about `node` (as `kubectl describe node` lists them)."""
     metadata = node.get("metadata") or {}
-    name = str(metadata.get("name", ""))
+    return node_warning(
+        str(metadata.get("name", "")),
+        namespace,
+        finding.reason,
+        f"gpu-dra kubelet plugin refuses to start: {finding.message}",
+        now,
+        uid=str(metadata.get("uid", "")),
+    )
+
+
+def node_warning(
+    name: str, namespace: str, reason: str, message: str, now: datetime, *, uid: str = ""
+) -> dict[str, Any]:
+    """A Warning Event about Node `name` (``uid`` when known), its message cut to the API's
+    limit."""
     stamp = now.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    message = f"gpu-dra kubelet plugin refuses to start: {finding.message}"
     if len(message) > EVENT_MESSAGE_LIMIT:
         message = message[: EVENT_MESSAGE_LIMIT - 1] + "…"
     return {
         "apiVersion": "v1",
         "kind": "Event",
         "metadata": {"generateName": f"{name}.gpu-dra-", "namespace": namespace},
-        "involvedObject": {
-            "apiVersion": "v1",
-            "kind": "Node",
-            "name": name,
-            "uid": str(metadata.get("uid", "")),
-        },
-        "reason": finding.reason,
+        "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": name, "uid": uid},
+        "reason": reason,
         "message": message,
         "type": "Warning",
         "source": {"component": COMPONENT, "host": name},

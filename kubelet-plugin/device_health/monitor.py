@@ -22,9 +22,8 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Final, Protocol
+from typing import Final
 
 from gpu_dra.driver.health import (
     KEY_UNMONITORED,
@@ -58,6 +57,7 @@ from gpu_dra.driver.nvml.interface import (
     return_code,
     return_code_name,
 )
+from gpu_dra.kubelet_plugin.device_health.monitor_inputs import MonitorTiming, MpsLiveness
 from gpu_dra.kubelet_plugin.device_health.record import HealthRecord
 
 log = logging.getLogger(__name__)
@@ -70,29 +70,6 @@ WAIT_FAILURES_BEFORE_UNMONITORED: Final = 3
 Snapshot = Mapping[str, DeviceHealth]
 """Device name -> its health, for every published device."""
 Listener = Callable[[Snapshot], None]
-
-
-class MpsLiveness(Protocol):
-    """Which GPUs offered as MPS shares have a shared daemon that prepared claims record but
-    that is not running (`mps.supervisor.DaemonSupervisor`, which probes the daemons; this only
-    reads its verdicts). Blocking (called in a worker thread)."""
-
-    def dead_shared_daemons(self) -> dict[str, str]:
-        """GPU UUID -> why its shared daemon is judged dead."""
-        ...
-
-
-@dataclass(frozen=True)
-class MonitorTiming:
-    wait_timeout_ms: int = 1000
-    """One ``event_set_wait``; also how long `HealthMonitor.stop` may take."""
-    mps_interval_s: float = 10.0
-    """Between two MPS daemon checks."""
-    backoff_initial_s: float = 1.0
-    """After a failed wait; doubled per further failure."""
-    backoff_max_s: float = 30.0
-    clear_poll_s: float = 2.0
-    """Between two looks for the operator's clear request (with a health record)."""
 
 
 def _utc_now() -> datetime:
@@ -127,11 +104,13 @@ class HealthMonitor:
         clock: Callable[[], datetime] = _utc_now,
         record: HealthRecord | None = None,
         recorded: HealthState | None = None,
+        report_unwatched: Callable[[Mapping[str, str]], None] | None = None,
     ) -> None:
         """``record``: where NVML's problems are kept (None: in memory only); ``recorded``:
         what it held at start (`HealthRecord.load`), the monitor's first state. Problems of GPUs
         not in ``gpus`` (one that fell off the bus and was not discovered) are kept in the
-        record, not applied."""
+        record, not applied. ``report_unwatched`` gets the GPUs NVML cannot watch, with why,
+        once registration is done (in a worker thread: a Kubernetes Event, say)."""
         self._nvml = nvml
         self._gpus = {gpu.uuid: gpu for gpu in gpus}
         self._scopes = tuple(scopes)
@@ -161,6 +140,9 @@ class HealthMonitor:
         self._mps_poke = asyncio.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._registration_problems: set[str] = set()
+        self._report_unwatched = report_unwatched
+        self._unwatched: dict[str, str] = {}
+        """GPU UUID -> why NVML cannot watch it (registration), for `report_unwatched`."""
         self._wait_failures = 0
         self._beats: dict[str, float] = {}
         """Worker -> when it last completed a check (the NVML waiter, the MPS checker)."""
@@ -236,6 +218,11 @@ class HealthMonitor:
         if self._mps is not None and watched:
             self._beat("mps")
             workers.append(asyncio.create_task(self._watch_mps(), name="health-mps"))
+        if self._unwatched and self._report_unwatched is not None:
+            try:
+                await asyncio.to_thread(self._report_unwatched, dict(self._unwatched))
+            except Exception:
+                log.exception("health: reporting the GPUs NVML cannot watch failed")
         if self._record is not None:
             await self._apply_clear()
             workers.append(asyncio.create_task(self._watch_clears(), name="health-clears"))
@@ -279,7 +266,8 @@ class HealthMonitor:
             if not types:
                 log.warning("health: GPU %s reports no XID or ECC events: not watched", uuid)
                 self._registration_problems.add(uuid)
-                return unmonitored("the GPU reports no XID or ECC events", now)
+                self._unwatched[uuid] = "the GPU reports no XID or ECC events"
+                return unmonitored(self._unwatched[uuid], now)
             call = "nvmlDeviceRegisterEvents"
             self._nvml.device_register_events(handle, types, event_set)
         except NVMLError as error:
@@ -287,13 +275,15 @@ class HealthMonitor:
             if return_code(error) == NVML_ERROR_GPU_IS_LOST:
                 return gpu_lost(f"{call} answered GPU_IS_LOST", now)
             self._registration_problems.add(uuid)
-            return unmonitored(_nvml_reason(call, error), now)
+            self._unwatched[uuid] = _nvml_reason(call, error)
+            return unmonitored(self._unwatched[uuid], now)
         log.info("health: watching GPU %s for NVML events 0x%x", uuid, types)
         return None
 
     def _all_unmonitored(self, reason: str, now: datetime) -> list[tuple[Target, Problem]]:
         log.error("health: NVML events unavailable, device health is unknown: %s", reason)
         self._registration_problems.update(self._gpus)
+        self._unwatched.update(dict.fromkeys(self._gpus, reason))
         return [(Target(uuid), unmonitored(reason, now)) for uuid in self._gpus]
 
     def _stop_nvml(self, event_set: EventSetHandle | None) -> None:

@@ -15,17 +15,22 @@ import contextlib
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Final
 
 from gpu_dra.driver.health import HealthState, Target, device_health, device_taints
 from gpu_dra.driver.nvml.interface import NvmlLibrary
 from gpu_dra.driver.nvml.simulated import SimulatedNvml
 from gpu_dra.driver.resourceapi import DeviceTaint
+from gpu_dra.kube.errors import ApiError
 from gpu_dra.kubelet_plugin.device_health.inbox import SIMULATED_EVENTS_DIR, SimulatedEventInbox
-from gpu_dra.kubelet_plugin.device_health.monitor import HealthMonitor, MpsLiveness, Snapshot
+from gpu_dra.kubelet_plugin.device_health.monitor import HealthMonitor, Snapshot
+from gpu_dra.kubelet_plugin.device_health.monitor_inputs import MpsLiveness
 from gpu_dra.kubelet_plugin.device_health.record import HealthRecord
 from gpu_dra.kubelet_plugin.device_health.service import DeviceHealthService
+from gpu_dra.kubelet_plugin.guard import node_warning
 from gpu_dra.kubelet_plugin.mig.claims import shared_mig_devices
+from gpu_dra.kubelet_plugin.mps.events import EventApi
 from gpu_dra.kubelet_plugin.mps.supervisor import DaemonSupervisor, Entries
 from gpu_dra.kubelet_plugin.node_devices import NodeInventory
 from gpu_dra.kubelet_plugin.settings import KubeletPluginSettings
@@ -114,6 +119,7 @@ def start_health(
     republish: Republish,
     entries: Entries | None = None,
     recorded: RecordedHealth | None = None,
+    events: EventApi | None = None,
 ) -> HealthRuntime | None:
     """`health_runtime`, started in the running event loop; None when the monitor is off."""
     runtime = health_runtime(
@@ -124,6 +130,7 @@ def start_health(
         republish=republish,
         entries=entries,
         recorded=recorded,
+        events=events,
     )
     if runtime is not None:
         runtime.start()
@@ -150,8 +157,10 @@ def health_runtime(
     republish: Republish,
     entries: Entries | None = None,
     recorded: RecordedHealth | None = None,
+    events: EventApi | None = None,
 ) -> HealthRuntime | None:
-    """The monitor of this node's published devices, or None when it is off. The MPS share
+    """The monitor of this node's published devices, or None when it is off. ``events``
+    records a Warning Event on the Node for the GPUs NVML cannot watch. The MPS share
     daemons' liveness is ``supervisor``'s verdict (it alone probes them), pushed on change;
     ``entries`` (the claims' records) tell which MIG devices were made from partitions offered
     as shares; ``recorded``: the health record read at start (None: the problems stay in
@@ -186,6 +195,7 @@ def health_runtime(
         mps=liveness,
         record=None if recorded is None else recorded.record,
         recorded=None if recorded is None else recorded.state,
+        report_unwatched=None if events is None else _node_events(settings, events),
     )
 
     def changed(snapshot: Snapshot) -> None:
@@ -208,3 +218,31 @@ def health_runtime(
     )
     service = DeviceHealthService(monitor, pool=settings.node_name)
     return HealthRuntime(monitor, service, inbox)
+
+
+UNWATCHED_REASON: Final = "GPUHealthNotMonitored"
+
+
+def _node_events(
+    settings: KubeletPluginSettings, events: EventApi
+) -> Callable[[Mapping[str, str]], None]:
+    """A Warning Event on the Node per GPU that NVML cannot watch (blocking; errors logged)."""
+    effect = settings.health_policy.unmonitored_effect
+
+    def report(unwatched: Mapping[str, str]) -> None:
+        taint = "not tainted" if effect is None else f"tainted {effect.value}"
+        for uuid, why in sorted(unwatched.items()):
+            message = (
+                f"gpu-dra kubelet plugin cannot watch GPU {uuid} for XIDs and ECC errors ({why}):"
+                f" its health is Unknown and a fault would go unseen; its devices are {taint} "
+                "(--health-taint-effect-unmonitored)"
+            )
+            event = node_warning(settings.node_name, settings.event_namespace,
+                                 UNWATCHED_REASON, message, datetime.now(UTC))  # fmt: skip
+            try:
+                events.create_event(settings.event_namespace, event)
+            except ApiError as error:
+                log.warning("could not record that GPU %s is not watched as an Event: %s",
+                            uuid, error)  # fmt: skip
+
+    return report

@@ -219,6 +219,8 @@ class KubeletPluginSettings:
     share daemon)."""
     health_taint_effect_lost: TaintEffect = TaintEffect.NO_EXECUTE
     """Taint effect of a lost GPU's devices (XID 79, NVML answering GPU_IS_LOST)."""
+    health_taint_effect_unmonitored: TaintEffect | None = None
+    """Taint effect of the devices of a GPU NVML cannot watch; None: no taint."""
 
     @property
     def health_monitor_enabled(self) -> bool:
@@ -234,6 +236,7 @@ class KubeletPluginSettings:
             ignored_xids=self.health_ignored_xids | self.additional_xids_to_ignore,
             degraded_effect=self.health_taint_effect_degraded,
             lost_effect=self.health_taint_effect_lost,
+            unmonitored_effect=self.health_taint_effect_unmonitored,
         )
 
     @property

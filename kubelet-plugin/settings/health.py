@@ -52,6 +52,12 @@ def add_health_options(option: Callable[..., None], environ: Mapping[str, str]) 
         "NoSchedule or NoExecute",
         TaintEffect.NO_EXECUTE.value,
     )
+    option(
+        "--health-taint-effect-unmonitored",
+        "taint of the devices of a GPU NVML cannot watch for XIDs (health Unknown): off (no "
+        "taint), None, NoSchedule or NoExecute",
+        "off",
+    )
 
 
 def health_settings(parser: argparse.ArgumentParser, args: argparse.Namespace) -> dict[str, Any]:
@@ -67,6 +73,12 @@ def health_settings(parser: argparse.ArgumentParser, args: argparse.Namespace) -
         lost = parse_taint_effect(
             args.health_taint_effect_lost or "NoExecute", "--health-taint-effect-lost"
         )
+        text = (args.health_taint_effect_unmonitored or "off").strip()
+        unwatched = (
+            None
+            if text.lower() == "off"
+            else parse_taint_effect(text, "--health-taint-effect-unmonitored (or off)")
+        )
     except ValueError as error:
         parser.error(str(error))
     return {
@@ -75,4 +87,5 @@ def health_settings(parser: argparse.ArgumentParser, args: argparse.Namespace) -
         "additional_xids_to_ignore": additional,
         "health_taint_effect_degraded": degraded,
         "health_taint_effect_lost": lost,
+        "health_taint_effect_unmonitored": unwatched,
     }

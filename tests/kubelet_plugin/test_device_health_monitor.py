@@ -15,11 +15,12 @@ import pynvml
 import pytest
 
 from gpu_dra.driver.discovery import discover_devices
-from gpu_dra.driver.health import HealthPolicy, HealthStatus, Target, device_taints
+from gpu_dra.driver.health import HealthPolicy, HealthStatus, TaintEffect, Target, device_taints
 from gpu_dra.driver.nvml.interface import NVML_EVENT_TYPE_XID_CRITICAL_ERROR
 from gpu_dra.driver.nvml.simulated import SimulatedHost, SimulatedNvml
 from gpu_dra.driver.shares import MigShareSelection, PartitionShareSelection, ShareSelection
-from gpu_dra.kubelet_plugin.device_health.monitor import HealthMonitor, MonitorTiming, MpsLiveness
+from gpu_dra.kubelet_plugin.device_health.monitor import HealthMonitor
+from gpu_dra.kubelet_plugin.device_health.monitor_inputs import MonitorTiming, MpsLiveness
 from gpu_dra.kubelet_plugin.node_devices import NodeInventory
 
 NODE = "node-a"
@@ -202,6 +203,36 @@ def test_a_gpu_that_cannot_be_registered_is_unknown_and_untainted() -> None:
             assert node.taints() == {}
 
     asyncio.run(scenario())
+
+
+def test_a_gpu_that_cannot_be_registered_is_reported_and_tainted_as_the_policy_says() -> None:
+    """Registration failure is a health state with a policy: an unwatched GPU's devices get the
+    ``unmonitored`` taint of `HealthPolicy.unmonitored_effect`, and it is reported once."""
+    reported: list[dict[str, str]] = []
+    host = SimulatedHost.load("hgx-h100", NODE)
+    host.nvml.set_fault("device_register_events", pynvml.NVML_ERROR_NOT_SUPPORTED, gpu=3)
+    inventory = NodeInventory.from_discovery(discover_devices(host.nvml, host.pci), simulated=True)
+    strict = HealthPolicy(unmonitored_effect=TaintEffect.NO_SCHEDULE)
+    monitor = HealthMonitor(
+        host.nvml, inventory.gpus, inventory.health_scopes(), policy=strict, timing=FAST,
+        clock=lambda: NOW, report_unwatched=lambda gpus: reported.append(dict(gpus)),
+    )  # fmt: skip
+    gpu_3 = inventory.by_name("gpu-3")
+    assert gpu_3 is not None
+
+    async def scenario() -> None:
+        task = asyncio.create_task(monitor.run())
+        await asyncio.wait_for(monitor.started(), 2)
+        await until(lambda: bool(reported), "the report")
+        monitor.stop()
+        await asyncio.wait_for(task, 2)
+
+    asyncio.run(scenario())
+    assert reported == [{gpu_3.uuid: "nvmlDeviceRegisterEvents: NVML_ERROR_NOT_SUPPORTED"}]
+    assert device_taints(monitor.snapshot(), strict, DRIVER) == {
+        "gpu-3": [{"key": f"{DRIVER}/unmonitored", "effect": "NoSchedule",
+                   "timeAdded": "2026-07-22T12:00:00Z"}]
+    }  # fmt: skip
 
 
 def test_without_nvml_events_every_device_is_unknown() -> None:

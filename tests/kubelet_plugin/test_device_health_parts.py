@@ -10,7 +10,9 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
+import pynvml
 import pytest
 
 from gpu_dra.driver.discovery import discover_devices
@@ -445,3 +447,47 @@ def test_a_share_daemon_is_tainted_while_it_is_restarted_and_untainted_once_it_r
         await runtime.close()
 
     asyncio.run(scenario())
+
+
+class NodeEvents:
+    """Events the runtime records about the Node (cluster-scoped: no namespace of their own)."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, dict[str, Any]]] = []
+
+    def create_event(self, namespace: str, event: dict[str, Any]) -> None:
+        self.events.append((namespace, event))
+
+
+def test_a_gpu_nvml_cannot_watch_gets_a_warning_event_on_the_node(tmp_path: Path) -> None:
+    host, inventory = inventory_of("hgx-h100")
+    host.nvml.set_fault("device_register_events", pynvml.NVML_ERROR_NOT_SUPPORTED, gpu=5)
+    settings = parse("--simulate=hgx-h100", f"--data-dir={tmp_path}", "--health-monitor",
+                     "--node-name=gpu-node-1", "--event-namespace=gpu-dra")  # fmt: skip
+    events = NodeEvents()
+    runtime = health_runtime(settings, host.nvml, inventory, supervisor=None,
+                             republish=print, events=events)  # fmt: skip
+    assert runtime is not None
+    gpu_5 = inventory.by_name("gpu-5")
+    assert gpu_5 is not None
+
+    async def scenario() -> None:
+        runtime.start()
+        deadline = time.monotonic() + 5
+        while not events.events:
+            assert time.monotonic() < deadline, "no Event"
+            await asyncio.sleep(0.02)
+        await runtime.close()
+
+    asyncio.run(scenario())
+    ((namespace, event),) = events.events
+    assert namespace == "gpu-dra"
+    assert event["involvedObject"] == {
+        "apiVersion": "v1", "kind": "Node", "name": "gpu-node-1", "uid": ""
+    }  # fmt: skip
+    assert (event["type"], event["reason"]) == ("Warning", "GPUHealthNotMonitored")
+    assert event["message"] == (
+        f"gpu-dra kubelet plugin cannot watch GPU {gpu_5.uuid} for XIDs and ECC errors "
+        "(nvmlDeviceRegisterEvents: NVML_ERROR_NOT_SUPPORTED): its health is Unknown and a "
+        "fault would go unseen; its devices are not tainted (--health-taint-effect-unmonitored)"
+    )

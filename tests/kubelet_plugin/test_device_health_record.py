@@ -35,7 +35,8 @@ from gpu_dra.driver.health import (
 )
 from gpu_dra.driver.nvml.interface import NVML_EVENT_TYPE_XID_CRITICAL_ERROR
 from gpu_dra.driver.nvml.simulated import SimulatedHost, SimulatedNvml
-from gpu_dra.kubelet_plugin.device_health.monitor import HealthMonitor, MonitorTiming
+from gpu_dra.kubelet_plugin.device_health.monitor import HealthMonitor
+from gpu_dra.kubelet_plugin.device_health.monitor_inputs import MonitorTiming
 from gpu_dra.kubelet_plugin.device_health.record import (
     CLEAR_REQUEST_FILE,
     HEALTH_RECORD_FILE,

@@ -23,7 +23,8 @@ from gpu_dra.driver.nvml.interface import NVML_EVENT_TYPE_XID_CRITICAL_ERROR
 from gpu_dra.driver.nvml.simulated import SimulatedHost
 from gpu_dra.kubelet_plugin._generated.pluginregistration import api_pb2 as reg
 from gpu_dra.kubelet_plugin._generated.pluginregistration import api_pb2_grpc as reg_grpc
-from gpu_dra.kubelet_plugin.device_health.monitor import HealthMonitor, MonitorTiming
+from gpu_dra.kubelet_plugin.device_health.monitor import HealthMonitor
+from gpu_dra.kubelet_plugin.device_health.monitor_inputs import MonitorTiming
 from gpu_dra.kubelet_plugin.device_health.service import DeviceHealthService
 from gpu_dra.kubelet_plugin.node_devices import NodeInventory
 from gpu_dra.kubelet_plugin.plugin_sockets import PluginServer

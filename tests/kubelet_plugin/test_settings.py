@@ -63,6 +63,7 @@ ALL_FLAGS = [
     "--additional-xids-to-ignore=48",
     "--health-taint-effect-degraded=None",
     "--health-taint-effect-lost=NoSchedule",
+    "--health-taint-effect-unmonitored=NoSchedule",
     "--utilization-interval=2.5",
     "--utilization-idle-threshold=10",
 ]
@@ -117,6 +118,7 @@ EXPECTED = KubeletPluginSettings(
     additional_xids_to_ignore=frozenset({48}),
     health_taint_effect_degraded=TaintEffect.NONE,
     health_taint_effect_lost=TaintEffect.NO_SCHEDULE,
+    health_taint_effect_unmonitored=TaintEffect.NO_SCHEDULE,
     utilization_interval_s=2.5,
     utilization_idle_threshold=10.0,
 )
