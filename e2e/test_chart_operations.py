@@ -3,8 +3,9 @@ value sets, passes the apiserver's own OpenAPI validation (`kubectl apply --dry-
 --validate=strict`); with two controller replicas exactly one holds the Lease and applies the
 catalog, and when its pod is deleted the other takes over within the lease duration and keeps the
 catalog reconciled; the plugin pod becomes Ready through the kubelet's gRPC probes of its health
-service; and the plugin refuses a node that advertises NVIDIA's device plugin resource, with an
-Event on the Node, until the resource is gone.
+service; the plugin refuses a node that advertises NVIDIA's device plugin resource, with an
+Event on the Node, until the resource is gone; and a GPU tainted for XID 48 stays tainted when
+the DaemonSet replaces the plugin pod, until the operator clears it through the new pod.
 
 Uses `e2e.chart`'s image, values and helm helpers; installs its own release in
 the same namespace (modules run one after the other)."""
