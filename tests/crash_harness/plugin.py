@@ -167,6 +167,15 @@ def _arm(point: str | None, nth: int, reply: Callable[[dict[str, Any]], None]) -
 async def _serve(
     kind: NodeKind, root: Path, point: str | None, nth: int, command_read: int, reply_write: int
 ) -> None:
+    lock = threading.Lock()
+
+    def reply(message: dict[str, Any]) -> None:
+        data = (json.dumps(message) + "\n").encode()
+        with lock:  # from the event loop and from worker threads (`_arm`)
+            while data:
+                data = data[os.write(reply_write, data) :]
+
+    _arm(point, nth, reply)  # before the instance registers, as `__main__` arms it
     settings = kind.settings(root)
     nvml, pci, simulated = discovery.node_nvml_and_state(settings)
     devices = await asyncio.to_thread(discovery.discover, settings, nvml, pci)
@@ -194,16 +203,6 @@ async def _serve(
         dynamic_mig=discovery.dynamic_mig(settings, nvml, inventory, instance.locks, simulated),
         instance=instance,
     )
-    lock = threading.Lock()
-
-    def reply(message: dict[str, Any]) -> None:
-        data = (json.dumps(message) + "\n").encode()
-        with lock:  # from the event loop and from worker threads (`_arm`)
-            while data:
-                data = data[os.write(reply_write, data) :]
-
-    _arm(point, nth, reply)
-
     await preparer.recover()
     await asyncio.to_thread(instance.mark_ready)
     reply({"ready": True})
