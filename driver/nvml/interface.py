@@ -77,6 +77,13 @@ NVML_EVENT_TYPE_SINGLE_BIT_ECC_ERROR: Final[int] = pynvml.nvmlEventTypeSingleBit
 NVML_EVENT_TYPE_DOUBLE_BIT_ECC_ERROR: Final[int] = pynvml.nvmlEventTypeDoubleBitEccError
 NVML_EVENT_TYPE_XID_CRITICAL_ERROR: Final[int] = pynvml.nvmlEventTypeXidCriticalError
 """``eventData`` is the XID."""
+# ECC error counters (``nvmlDeviceGetTotalEccErrors``): which errors, since when.
+NVML_MEMORY_ERROR_TYPE_CORRECTED: Final[int] = pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED
+"""Single-bit errors ECC corrected."""
+NVML_MEMORY_ERROR_TYPE_UNCORRECTED: Final[int] = pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED
+"""Double-bit errors ECC could not correct."""
+NVML_VOLATILE_ECC: Final[int] = pynvml.NVML_VOLATILE_ECC
+"""Counted since the driver last loaded or the GPU was last reset."""
 NVML_NO_INSTANCE_ID: Final[int] = 0xFFFFFFFF
 """``gpuInstanceId`` / ``computeInstanceId`` of an event that concerns the whole GPU."""
 EVENT_TYPE_SIMULATED_RECOVERY: Final[int] = 1 << 63
@@ -470,6 +477,14 @@ class NvmlLibrary(Protocol):
 
     def device_get_supported_event_types(self, handle: DeviceHandle) -> int:
         """The ``nvmlEventType*`` bits the GPU can report."""
+        ...
+
+    def device_get_total_ecc_errors(
+        self, handle: DeviceHandle, error_type: int, counter_type: int
+    ) -> int:
+        """ECC errors of ``error_type`` (``NVML_MEMORY_ERROR_TYPE_*``) counted since
+        ``counter_type`` (``NVML_VOLATILE_ECC``: the last driver load or GPU reset);
+        NotSupported where the GPU has no ECC or it is off."""
         ...
 
     def device_register_events(

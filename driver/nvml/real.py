@@ -332,6 +332,11 @@ class RealNvml:
     def device_get_supported_event_types(self, handle: DeviceHandle) -> int:
         return int(pynvml.nvmlDeviceGetSupportedEventTypes(handle))
 
+    def device_get_total_ecc_errors(
+        self, handle: DeviceHandle, error_type: int, counter_type: int
+    ) -> int:
+        return int(pynvml.nvmlDeviceGetTotalEccErrors(handle, error_type, counter_type))
+
     def device_register_events(
         self, handle: DeviceHandle, event_types: int, event_set: EventSetHandle
     ) -> None:

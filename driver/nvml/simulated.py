@@ -40,7 +40,10 @@ from gpu_dra.driver.nvml.interface import (
     NVML_EVENT_TYPE_SINGLE_BIT_ECC_ERROR,
     NVML_EVENT_TYPE_XID_CRITICAL_ERROR,
     NVML_GPU_INSTANCE_PROFILE_COUNT,
+    NVML_MEMORY_ERROR_TYPE_CORRECTED,
+    NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
     NVML_NO_INSTANCE_ID,
+    NVML_VOLATILE_ECC,
     ComputeInstanceHandle,
     ComputeInstanceInfo,
     ComputeInstanceProfileInfo,
@@ -246,6 +249,8 @@ class SimulatedNvml:
         self._events = threading.Condition()  # guards event sets and lost GPUs
         self._event_sets: list[SimulatedEventSet] = []
         self._lost: set[int] = set()
+        self._ecc: dict[tuple[int, int], int] = {}
+        """(GPU index, NVML_MEMORY_ERROR_TYPE_*) -> volatile ECC error count (`add_ecc_errors`)."""
         self.utilization = UtilizationModel()
         """What the devices do (utilization, processes, memory used), by UUID."""
 
@@ -347,6 +352,15 @@ class SimulatedNvml:
                 event_set.queue.append(event)
             self._events.notify_all()
         return len(reached)
+
+    def add_ecc_errors(self, gpu: int | str, *, corrected: int = 0, uncorrected: int = 0) -> None:
+        """GPU `gpu` (index or UUID) counts that many more corrected (single-bit) and uncorrected
+        (double-bit) ECC errors; no event is sent (`inject_event` sends one)."""
+        index = self.gpu_index(gpu)
+        with self._events:
+            for kind, added in ((NVML_MEMORY_ERROR_TYPE_CORRECTED, corrected),
+                                (NVML_MEMORY_ERROR_TYPE_UNCORRECTED, uncorrected)):  # fmt: skip
+                self._ecc[index, kind] = self._ecc.get((index, kind), 0) + added
 
     def lose_gpu(self, gpu: int | str) -> None:
         """GPU `gpu` falls off the bus: calls on it raise ``NVMLError_GpuIsLost`` (lookups of it
@@ -452,6 +466,18 @@ class SimulatedNvml:
     def device_get_supported_event_types(self, handle: DeviceHandle) -> int:
         self._gpu(handle, "device_get_supported_event_types")
         return SUPPORTED_EVENT_TYPES
+
+    def device_get_total_ecc_errors(
+        self, handle: DeviceHandle, error_type: int, counter_type: int
+    ) -> int:
+        gpu = self._gpu(handle, "device_get_total_ecc_errors")
+        if counter_type != NVML_VOLATILE_ECC or error_type not in (
+            NVML_MEMORY_ERROR_TYPE_CORRECTED,
+            NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
+        ):
+            raise nvml_error(NVML_ERROR_NOT_SUPPORTED)  # only volatile counts are simulated
+        with self._events:
+            return self._ecc.get((gpu.index, error_type), 0)
 
     def device_register_events(
         self, handle: DeviceHandle, event_types: int, event_set: EventSetHandle

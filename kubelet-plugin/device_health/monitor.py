@@ -2,7 +2,8 @@
 
 `HealthMonitor.run` initialises NVML, registers every GPU for XID critical errors and
 double-bit ECC errors (as far as each supports them) in one event set and waits on it in a
-worker thread (``wait_timeout_ms`` at a time). Each event is classified by
+worker thread (``wait_timeout_ms`` at a time); it reads the GPUs' ECC counters too
+(`ecc.EccWatch`). Each event is classified by
 `gpu_dra.driver.health.classify_event`; a wait or lookup answering GPU_IS_LOST probes the GPUs
 and marks the ones that answer so as lost. A GPU that cannot be registered is "unmonitored"
 (health Unknown, no taint); repeated wait failures make every GPU so until a wait works again.
@@ -57,8 +58,9 @@ from gpu_dra.driver.nvml.interface import (
     return_code,
     return_code_name,
 )
+from gpu_dra.kubelet_plugin.device_health.ecc import EccWatch
 from gpu_dra.kubelet_plugin.device_health.monitor_inputs import MonitorTiming, MpsLiveness
-from gpu_dra.kubelet_plugin.device_health.record import HealthRecord
+from gpu_dra.kubelet_plugin.device_health.record import HealthRecord, split_by_gpu
 
 log = logging.getLogger(__name__)
 
@@ -113,6 +115,7 @@ class HealthMonitor:
         once registration is done (in a worker thread: a Kubernetes Event, say)."""
         self._nvml = nvml
         self._gpus = {gpu.uuid: gpu for gpu in gpus}
+        self._ecc = EccWatch(nvml, list(self._gpus))
         self._scopes = tuple(scopes)
         self._policy = policy
         self._shared_gpus = tuple(shared_gpus)
@@ -122,7 +125,7 @@ class HealthMonitor:
         self._timing = timing or MonitorTiming()
         self._clock = clock
         self._record = record
-        present, absent = _split(recorded or HealthState(), set(self._gpus))
+        present, absent = split_by_gpu(recorded or HealthState(), set(self._gpus))
         self._absent = absent
         """Recorded problems of GPUs this node does not have now: written back unchanged."""
         self._state = present
@@ -218,6 +221,8 @@ class HealthMonitor:
         if self._mps is not None and watched:
             self._beat("mps")
             workers.append(asyncio.create_task(self._watch_mps(), name="health-mps"))
+        if event_set is not None:
+            workers.append(asyncio.create_task(self._watch_ecc(), name="health-ecc"))
         if self._unwatched and self._report_unwatched is not None:
             try:
                 await asyncio.to_thread(self._report_unwatched, dict(self._unwatched))
@@ -457,6 +462,20 @@ class HealthMonitor:
                 wait.cancel()
         self._mps_poke.clear()
 
+    async def _watch_ecc(self) -> None:
+        """Read the ECC counters at once and every ``ecc_interval_s`` (`ecc.EccWatch`)."""
+        while not self._stopping.is_set():
+            try:
+                found = await asyncio.to_thread(self._ecc.poll, self._clock())
+            except Exception:
+                log.exception("health: reading the ECC counters failed")
+            else:
+                state = self._state
+                for target, problem in found:
+                    state = state.with_problem(target, problem)
+                self._set_state(state)
+            await self._pause(self._timing.ecc_interval_s)
+
     # ---- the record ---------------------------------------------------------------------------
     async def _watch_clears(self) -> None:
         while not self._stopping.is_set():
@@ -492,12 +511,8 @@ class HealthMonitor:
         the order of changes is kept). A failed write is logged; the next change retries."""
         if self._record is None:
             return
-        whole = state
-        for target, problems in self._absent.problems.items():
-            for problem in problems.values():
-                whole = whole.with_problem(target, problem)
         try:
-            self._record.save(whole)
+            self._record.save(state, also=self._absent)
         except OSError as error:
             log.error("health: the record %s could not be written: %s (a restarted plugin "
                       "would not know the latest problems)", self._record.path, error)  # fmt: skip
@@ -529,10 +544,3 @@ class HealthMonitor:
                 listener(self._snapshot)
             except Exception:
                 log.exception("health: a listener failed")
-
-
-def _split(state: HealthState, gpus: set[str]) -> tuple[HealthState, HealthState]:
-    """``state``'s problems of ``gpus``, and the others'."""
-    present = {t: p for t, p in state.problems.items() if t.gpu_uuid in gpus}
-    absent = {t: p for t, p in state.problems.items() if t.gpu_uuid not in gpus}
-    return HealthState(present), HealthState(absent)

@@ -29,6 +29,8 @@ class MonitorTiming:
     """Between two MPS daemon checks."""
     backoff_initial_s: float = 1.0
     """After a failed wait; doubled per further failure."""
+    ecc_interval_s: float = 60.0
+    """Between two reads of the GPUs' ECC error counters."""
     backoff_max_s: float = 30.0
     clear_poll_s: float = 2.0
     """Between two looks for the operator's clear request (with a health record)."""

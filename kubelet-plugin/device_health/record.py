@@ -77,9 +77,13 @@ class HealthRecord:
         self._written = persisted_to_json(state)
         return state
 
-    def save(self, state: HealthState) -> bool:
-        """Write ``persisted(state)`` when it differs from what is on disk; whether it wrote.
-        Returns once the change is on disk."""
+    def save(self, state: HealthState, *, also: HealthState | None = None) -> bool:
+        """Write ``persisted(state)`` (and ``also``'s problems: those of GPUs the node does
+        not have now) when it differs from what is on disk; whether it wrote. Returns once the
+        change is on disk."""
+        for target, problems in (also or HealthState()).problems.items():
+            for problem in problems.values():
+                state = state.with_problem(target, problem)
         document = persisted_to_json(persisted(state))
         if document == self._written:
             return False
@@ -110,6 +114,13 @@ class HealthRecord:
     def done_clearing(self) -> None:
         """The request was applied (and the record written): remove it."""
         remove_durably(self.clear_path)
+
+
+def split_by_gpu(state: HealthState, gpus: set[str]) -> tuple[HealthState, HealthState]:
+    """``state``'s problems of ``gpus``, and the others'."""
+    present = {t: p for t, p in state.problems.items() if t.gpu_uuid in gpus}
+    absent = {t: p for t, p in state.problems.items() if t.gpu_uuid not in gpus}
+    return HealthState(present), HealthState(absent)
 
 
 def request_clear(data_dir: Path, gpus: Iterable[str]) -> ClearRequest:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
@@ -63,6 +64,7 @@ def build(
     mig_shares: str = "none",
     liveness: MpsLiveness | None = None,
     prepare: Callable[[SimulatedNvml], None] | None = None,
+    timing: MonitorTiming = FAST,
 ) -> Node:
     host = SimulatedHost.load(profile, NODE)
     found = discover_devices(host.nvml, host.pci)
@@ -84,7 +86,7 @@ def build(
             m.uuid: Target(m.parent.uuid, (m.gi_id, m.ci_id)) for m in inventory.mig_mps_shares
         },
         mps=liveness,
-        timing=FAST,
+        timing=timing,
         clock=lambda: NOW,
     )
     node = Node(host.nvml, inventory, monitor)
@@ -398,3 +400,55 @@ def test_a_dead_share_daemon_of_a_mig_device_marks_that_mig_device_only() -> Non
             await until(lambda: node.health(slice_name) is HealthStatus.HEALTHY, "healthy")
 
     asyncio.run(scenario())
+
+
+def test_ecc_counters_show_a_double_bit_error_no_event_reported_and_log_single_bit_ones(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """An uncorrected error counted since the GPU's last reset (one that happened while no
+    plugin watched: no event comes) degrades the GPU; more corrected errors are logged."""
+    ticking = MonitorTiming(wait_timeout_ms=50, mps_interval_s=0.05, backoff_initial_s=0.01,
+                            ecc_interval_s=0.05)  # fmt: skip
+
+    def counted(nvml: SimulatedNvml) -> None:
+        nvml.add_ecc_errors(4, uncorrected=2)
+
+    async def scenario() -> None:
+        node = build(prepare=counted)
+        node.monitor._timing = ticking
+        async with running(node):
+            await until(lambda: node.health("gpu-4") is HealthStatus.UNHEALTHY, "gpu-4 degraded")
+            assert node.monitor.snapshot()["gpu-4"].message == (
+                "2 uncorrected (double-bit) ECC error(s) counted by NVML since the GPU's last reset"
+            )
+            assert node.taints()["gpu-4"][0]["key"] == f"{DRIVER}/ecc"  # type: ignore[index]
+            node.nvml.add_ecc_errors(1, corrected=5)
+            await until(lambda: "counted 5 more corrected" in caplog.text, "the log line")
+            assert node.health("gpu-1") is HealthStatus.HEALTHY
+
+    asyncio.run(scenario())
+
+
+def test_a_gpu_whose_ecc_counters_nvml_does_not_offer_is_not_read_again(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    def no_ecc(nvml: SimulatedNvml) -> None:
+        nvml.set_fault("device_get_total_ecc_errors", pynvml.NVML_ERROR_NOT_SUPPORTED, gpu=2)
+
+    caplog.set_level(logging.INFO)
+    node = build(prepare=no_ecc)
+    watch = node.monitor._ecc
+    node.nvml.init()
+    try:
+        assert watch.poll(NOW) == []
+        assert watch.poll(NOW) == []
+    finally:
+        node.nvml.shutdown()
+
+    gpu_2 = node.inventory.gpus[2].uuid
+    assert set(watch.counts) == {g.uuid for g in node.inventory.gpus} - {gpu_2}
+    not_watched = [r.getMessage() for r in caplog.records if "not watched" in r.getMessage()]
+    assert not_watched == [
+        f"health: GPU {gpu_2} ECC counters not watched: nvmlDeviceGetTotalEccErrors answered "
+        "NVML_ERROR_NOT_SUPPORTED"
+    ]
