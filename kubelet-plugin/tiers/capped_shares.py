@@ -34,6 +34,7 @@ from gpu_dra.kubelet_plugin.tiers.protocol import (
     PrepareRun,
     Tier,
     TierPlan,
+    config_group_of,
     share_intents,
 )
 from gpu_dra.kubelet_plugin.tiers.state import CAPPED_SHARES_STATE_KEY
@@ -170,7 +171,7 @@ def plan_capped_shares(
         if not is_partial(size, gpu):
             continue  # the whole GPU: exclusive, prepared as any whole GPU
         where = f"device {result.device} (request {result.request}, {size})"
-        group = next((g for g in groups if _has(g, result)), None)
+        group = config_group_of(result, groups)
         sharing = None if group is None else getattr(group.config, "sharing", None)
         strategy = None if sharing is None else sharing.strategy
         if group is None or strategy != TIME_SLICING:
@@ -186,7 +187,3 @@ def plan_capped_shares(
             )
         planned[result.device] = CappedShare(result.device, gpu, size, result.share_id)
     return [planned[name] for name in sorted(planned)]
-
-
-def _has(group: ConfigGroup, result: AllocatedResult) -> bool:
-    return any(d.request == result.request and d.device == result.device for d in group.devices)

@@ -51,6 +51,7 @@ from gpu_dra.kubelet_plugin.tiers.protocol import (
     PrepareRun,
     Tier,
     TierPlan,
+    config_group_of,
     share_intents,
 )
 from gpu_dra.kubelet_plugin.tiers.state import (
@@ -280,7 +281,7 @@ def plan_shares(
         if not is_partial(size, gpu):
             continue  # the whole GPU: exclusive, prepared as any whole GPU
         where = f"device {result.device} (request {result.request}, {size})"
-        group = next((g for g in groups if _has(g, result)), None)
+        group = config_group_of(result, groups)
         mps = None if group is None else mps_config(group.config)
         if group is None or mps is None:
             mig = isinstance(gpu, MigDevice | MigPartition)
@@ -310,7 +311,3 @@ def plan_shares(
             )
         planned[result.device] = PlannedShare(result.device, gpu, size, result.share_id)
     return [planned[name] for name in sorted(planned)]
-
-
-def _has(group: ConfigGroup, result: AllocatedResult) -> bool:
-    return any(d.request == result.request and d.device == result.device for d in group.devices)

@@ -46,6 +46,18 @@ class AllocatedResult:
         return self.request.split("/", 1)[0]
 
 
+def config_group_of(result: AllocatedResult, groups: Sequence[ConfigGroup]) -> ConfigGroup | None:
+    """The config group ``result`` (its request and device) resolved to, if any."""
+    return next(
+        (
+            group
+            for group in groups
+            if any(d.request == result.request and d.device == result.device for d in group.devices)
+        ),
+        None,
+    )
+
+
 @dataclass(frozen=True)
 class ClaimRequest:
     """What a claim asks of this node: its results here and their resolved config groups."""
