@@ -14,6 +14,7 @@ or name is built from them: a claim UID such as ``../../etc`` never reaches the 
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 import uuid
@@ -54,6 +55,18 @@ DEVICE_NODE_TYPES: Final = frozenset({"c", "b", "u", "p"})
 # libyaml's emitter (about 6x faster than PyYAML's pure-Python one, same output for these specs);
 # PyYAML built without libyaml falls back to the pure-Python SafeDumper.
 _SPEC_DUMPER: Final[type[yaml.SafeDumper]] = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+
+# `_dump_spec` writes a spec itself when every key and string is a plain scalar to the emitter:
+# these characters (single spaces inside values only), no leading indicator, no ': ' and no ':' at
+# the end, read back as a string (`_plain`), on a line the emitter does not fold (`_LINE_WIDTH`).
+# Anything else goes through PyYAML.
+_PLAIN_TEXT: Final = re.compile(r"[A-Za-z0-9_./=+-](?:[A-Za-z0-9_./=+:, -]*[A-Za-z0-9_./=+,-])?")
+_STR_TAG: Final = "tag:yaml.org,2002:str"
+_RESOLVER: Final = yaml.resolver.Resolver()
+_SIMPLE_KEY_MAX: Final = 128
+"""Longest key the emitter writes as a simple key (``key: value``)."""
+_LINE_WIDTH: Final = 80
+"""The emitter's width: it may fold a plain scalar at a space past this column."""
 
 _DNS_LABEL: Final = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 
@@ -298,7 +311,7 @@ class ClaimSpecStore:
             claim_uid, devices, common_edits=common_edits, driver_name=self.driver_name
         )
         path = self.path_for(claim_uid)
-        data = yaml.dump(spec, Dumper=_SPEC_DUMPER, sort_keys=False, default_flow_style=False)
+        data = _dump_spec(spec)
         self.cdi_root.mkdir(mode=CDI_ROOT_MODE, parents=True, exist_ok=True)
         write_atomically(
             path, data.encode(), mode=SPEC_FILE_MODE, crash_point=crash_points.CDI_BEFORE_RENAME
@@ -333,7 +346,7 @@ class ClaimSpecStore:
                     mount["options"] = ["ro" if o == "rw" else o for o in options]
                     changed.append(f"{where}: {mount.get('containerPath')}")
         if changed:
-            data = yaml.dump(spec, Dumper=_SPEC_DUMPER, sort_keys=False, default_flow_style=False)
+            data = _dump_spec(spec)
             write_atomically(path, data.encode(), mode=SPEC_FILE_MODE)
             log.info("cdi spec mounts made read-only claim_uid=%s %s", claim_uid, changed)
         return changed
@@ -371,6 +384,84 @@ class ClaimSpecStore:
             except InvalidNameError:
                 continue  # another vendor's spec, a temporary file, ...
         return sorted(uids)
+
+
+def _dump_spec(spec: dict[str, Any]) -> str:
+    """``yaml.dump(spec, Dumper=_SPEC_DUMPER, sort_keys=False, default_flow_style=False)``, the
+    same text: written here when the spec holds only block mappings and sequences of plain
+    strings and integers (what `build_claim_spec` makes, bar unusual characters), which skips
+    PyYAML's representer (most of the dump's time); dumped by PyYAML otherwise."""
+    lines: list[str] = []
+    if _write_mapping(spec, "", "", lines, set()):
+        return "\n".join(lines) + "\n"
+    return yaml.dump(spec, Dumper=_SPEC_DUMPER, sort_keys=False, default_flow_style=False)
+
+
+@functools.lru_cache(maxsize=4096)
+def _plain(text: str) -> bool:
+    """Whether the emitter writes ``text`` as a plain scalar in block context (on a short line)."""
+    if (
+        _PLAIN_TEXT.fullmatch(text) is None
+        or text == "-"
+        or text.startswith(("- ", "---", "..."))
+        or "  " in text
+        or ": " in text
+    ):
+        return False
+    tag: str = _RESOLVER.resolve(yaml.ScalarNode, text, (True, False))  # type: ignore[no-untyped-call]
+    return tag == _STR_TAG
+
+
+def _scalar_line(head: str, value: object) -> str | None:
+    """``head`` followed by ``value`` as the emitter writes them on one line; None when it would
+    write ``value`` otherwise (quoted, folded) or it is not a string or integer."""
+    if type(value) is int:
+        return f"{head} {value}"
+    if type(value) is not str or not _plain(value):
+        return None
+    line = f"{head} {value}"
+    return line if " " not in value or len(line) <= _LINE_WIDTH else None
+
+
+def _write_mapping(
+    mapping: object, first: str, indent: str, lines: list[str], seen: set[int]
+) -> bool:
+    """Append the block mapping's lines (the first starts with ``first``, the others with
+    ``indent``); False for what `_dump_spec` leaves to PyYAML: an empty or repeated (the
+    emitter would write an alias) container, an odd key or value."""
+    if type(mapping) is not dict or not mapping or id(mapping) in seen:
+        return False
+    seen.add(id(mapping))
+    prefix = first
+    for key, value in mapping.items():
+        if type(key) is not str or len(key) > _SIMPLE_KEY_MAX or " " in key or not _plain(key):
+            return False
+        head = f"{prefix}{key}:"
+        prefix = indent
+        line = _scalar_line(head, value)
+        if line is not None:
+            lines.append(line)
+            continue
+        lines.append(head)
+        if type(value) is list:  # a sequence in a mapping is not indented further
+            if not _write_sequence(value, indent, lines, seen):
+                return False
+        elif not _write_mapping(value, f"{indent}  ", f"{indent}  ", lines, seen):
+            return False
+    return True
+
+
+def _write_sequence(items: list[Any], indent: str, lines: list[str], seen: set[int]) -> bool:
+    if not items or id(items) in seen:
+        return False
+    seen.add(id(items))
+    for item in items:
+        line = _scalar_line(f"{indent}-", item)
+        if line is not None:
+            lines.append(line)
+        elif not _write_mapping(item, f"{indent}- ", f"{indent}  ", lines, seen):
+            return False
+    return True
 
 
 def merged_edits(first: ContainerEdits, second: ContainerEdits) -> ContainerEdits:

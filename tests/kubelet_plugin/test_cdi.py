@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import stat
+import tempfile
 from pathlib import Path
 
 import pytest
 import yaml
+from hypothesis import given
+from hypothesis import strategies as st
 
 from gpu_dra.kubelet_plugin.cdi import (
     CDI_VERSION,
@@ -20,6 +23,7 @@ from gpu_dra.kubelet_plugin.cdi import (
     build_claim_spec,
     qualified_device_id,
 )
+from tests.fuzzing import cases
 
 UID = "0b6a1e3c-8f43-4a55-9a0e-2f7d1c9b8a01"
 OTHER_UID = "5d2c9f71-3e8a-4b6d-8c1f-6a4e2b0d9c02"
@@ -218,6 +222,191 @@ def test_spec_file_is_named_after_vendor_class_and_claim_uid(tmp_path: Path) -> 
     assert path == tmp_path / "cdi" / f"k8s.gpu.nvidia.com-claim_{UID}.yaml"
     assert yaml.safe_load(path.read_text()) == build_claim_spec(UID, [GPU0])
     assert stat.S_IMODE(path.stat().st_mode) == 0o644
+
+
+# What PyYAML writes, with the dumper and options the store uses.
+DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+
+# A real node's spec: the driver's userspace as common edits (library mounts, symlink hooks).
+USERSPACE = ContainerEdits(
+    env={"NVIDIA_DRIVER_CAPABILITIES": "compute,utility", "NVIDIA_CTK_LIBCUDA_DIR": "/usr/lib64"},
+    device_nodes=(
+        DeviceNode("/dev/nvidiactl", type="c", major=195, minor=255, file_mode=0o666),
+        DeviceNode("/dev/nvidia-uvm", type="c", major=507, minor=0, permissions="rwm"),
+    ),
+    mounts=tuple(
+        Mount(
+            f"/run/nvidia/driver/usr/lib64/lib{name}.so.570.86.15",
+            f"/usr/lib64/lib{name}.so.570.86.15",
+            options=("ro", "nosuid", "nodev", "rbind", "rprivate"),
+        )
+        for name in ("cuda", "nvidia-ml", "nvidia-ptxjitcompiler", "nvidia-nvvm")
+    ),
+    hooks=(
+        Hook(
+            "createContainer",
+            "/usr/bin/nvidia-cdi-hook",
+            args=(
+                "nvidia-cdi-hook",
+                "create-symlinks",
+                "--link",
+                "libcuda.so.1::/usr/lib64/libcuda.so",
+            ),
+            env=("NVIDIA_CTK_DEBUG=false",),
+            timeout_s=10,
+        ),
+        Hook(
+            "createContainer",
+            "/usr/bin/nvidia-cdi-hook",
+            args=("nvidia-cdi-hook", "update-ldcache"),
+        ),
+    ),
+)
+
+
+def test_spec_file_holds_what_pyyaml_writes(tmp_path: Path) -> None:
+    store = ClaimSpecStore(tmp_path)
+    for devices, common in (([GPU0], None), ([GPU0, MIG], COMMON), ([GPU0, MIG], USERSPACE)):
+        spec = build_claim_spec(UID, devices, common_edits=common)
+        path = store.write(UID, devices, common_edits=common)
+        assert path.read_text() == yaml.dump(
+            spec, Dumper=DUMPER, sort_keys=False, default_flow_style=False
+        )
+
+
+# Text that a YAML emitter must quote, or that a reader would take for another type.
+TRICKY = [
+    "true",
+    "No",
+    "~",
+    "null",
+    "1",
+    "-1",
+    "0x1F",
+    "1_000",
+    "1:20",
+    "0.5",
+    ".inf",
+    "=",
+    "-",
+    "--link",
+    "a::b",
+    "a:",
+    ":a",
+    "a: b",
+    "a #b",
+    "a#b",
+    "#a",
+    "@a",
+    "a,b",
+    "[a]",
+    "{a}",
+    "'a'",
+    '"a"',
+    "!a",
+    "&a",
+    "*a",
+    "|a",
+    ">a",
+    "%a",
+    "`a",
+    "?a",
+    "---a",
+    "...a",
+    "<<",
+    "2001-12-14",
+    " a",
+    "a ",
+    "a\tb",
+    "é",
+    "a\nb",
+    "x" * 100,
+    "x " * 50,
+    "",
+    "a  b",
+    "- a",
+    "NVIDIA H100 80GB HBM3",
+    *("a" * n + " b" for n in range(66, 80)),  # around the emitter's 80 columns
+]
+
+
+@pytest.mark.parametrize("text", TRICKY)
+def test_spec_file_holds_what_pyyaml_writes_for_text_to_quote(tmp_path: Path, text: str) -> None:
+    edits = ContainerEdits(env={"A": text}, mounts=(Mount("/a", "/b", options=("ro", text)),))
+    spec = build_claim_spec(UID, [CdiDevice("gpu-0", edits)])
+    path = ClaimSpecStore(tmp_path).write(UID, [CdiDevice("gpu-0", edits)])
+    assert path.read_text() == yaml.dump(
+        spec, Dumper=DUMPER, sort_keys=False, default_flow_style=False
+    )
+
+
+# Text the store writes itself (letters, digits, "-_./=+:, "), and any text: half of the specs hold
+# only the former, so that they are written without PyYAML.
+plain = st.text(alphabet=st.sampled_from("aZ09-_./=+:, "), min_size=1, max_size=12) | st.text(
+    alphabet=st.sampled_from("a "), min_size=60, max_size=90
+)
+tricky = st.sampled_from(TRICKY) | st.text(
+    alphabet=st.sampled_from("aZ09-_./=+:,# @'\"!&*?[]{}|>%`~\té"), max_size=12
+)
+
+
+def edits(scalars: st.SearchStrategy[str]) -> st.SearchStrategy[ContainerEdits]:
+    absolute = scalars.map(lambda text: "/" + text)
+    return st.builds(
+        ContainerEdits,
+        env=st.dictionaries(
+            scalars.filter(lambda key: key != "" and "=" not in key), scalars, max_size=3
+        ),
+        device_nodes=st.lists(
+            st.builds(
+                DeviceNode,
+                absolute,
+                host_path=st.none() | absolute,
+                permissions=st.none() | st.sampled_from(["r", "rw", "rwm"]),
+                type=st.none() | st.just("c"),
+                major=st.none() | st.integers(0, 2**32 - 1),
+            ).filter(lambda node: node.major is None or node.type is not None),
+            max_size=2,
+        ).map(tuple),
+        mounts=st.lists(
+            st.builds(Mount, absolute, absolute, options=st.lists(scalars, max_size=3).map(tuple)),
+            max_size=2,
+        ).map(tuple),
+        hooks=st.lists(
+            st.builds(
+                Hook,
+                scalars,
+                absolute,
+                args=st.lists(scalars, max_size=3).map(tuple),
+                env=st.lists(scalars, max_size=2).map(tuple),
+                timeout_s=st.none() | st.integers(1, 60),
+            ),
+            max_size=2,
+        ).map(tuple),
+    ).filter(lambda edits: not edits.is_empty())
+
+
+specs = st.one_of(
+    *(
+        st.tuples(st.lists(edits(text), min_size=1, max_size=2), st.none() | edits(text))
+        for text in (plain, plain | tricky)
+    )
+)
+
+
+@cases(ci=100, full=5_000)
+@given(spec_edits=specs)
+def test_spec_file_holds_what_pyyaml_writes_for_any_text(
+    spec_edits: tuple[list[ContainerEdits], ContainerEdits | None],
+) -> None:
+    device_edits, common = spec_edits
+    devices = [CdiDevice(f"gpu-{i}", e) for i, e in enumerate(device_edits)]
+    spec = build_claim_spec(UID, devices, common_edits=common)
+    with tempfile.TemporaryDirectory() as directory:
+        path = ClaimSpecStore(Path(directory)).write(UID, devices, common_edits=common)
+        assert path.read_text() == yaml.dump(
+            spec, Dumper=DUMPER, sort_keys=False, default_flow_style=False
+        )
 
 
 def test_rewriting_a_spec_replaces_it_atomically(tmp_path: Path) -> None:
