@@ -8,6 +8,8 @@ See docs/architecture.md, "Prepare and unprepare".
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import functools
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -21,11 +23,15 @@ async def in_thread_to_completion(func: Callable[..., _T], /, *args: object) -> 
     locks while it still writes, letting an unprepare (or another claim's prepare) of the same
     devices run beside a half-done prepare and leak its CDI spec and checkpoint entry.
     """
-    task = asyncio.ensure_future(asyncio.to_thread(func, *args))
+    # The executor's future itself, not a task around `asyncio.to_thread`: the same work in the
+    # same context (a copy of the caller's), with two fewer event loop steps per call.
+    loop = asyncio.get_running_loop()
+    call = functools.partial(contextvars.copy_context().run, func, *args)
+    work = loop.run_in_executor(None, call)
     try:
-        return await asyncio.shield(task)
+        return await asyncio.shield(work)
     except asyncio.CancelledError:
-        await asyncio.wait({task})
-        if not task.cancelled():
-            task.exception()  # the caller is gone; the work rolled itself back if it failed
+        await asyncio.wait({work})
+        if not work.cancelled():
+            work.exception()  # the caller is gone; the work rolled itself back if it failed
         raise
