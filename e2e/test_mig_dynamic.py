@@ -5,7 +5,9 @@ prepare and destroys them at unprepare. The simulated GPUs keep their MIG state 
 
 from __future__ import annotations
 
+import json
 import re
+import time
 
 import pytest
 import yaml
@@ -16,7 +18,12 @@ from e2e.driver import CDI_ROOT, PLUGIN, Driver
 from e2e.kube import Kube, wait_for
 from e2e.mig import mig_instances, mig_modes, mig_request
 from e2e.workloads import allocated_devices, claim_uid, delete_pods, wait_event, wait_running
-from gpu_dra.kubelet_plugin.mig import CRASH_AFTER_GPU_INSTANCE, TEST_CRASH_ENV
+from gpu_dra.kubelet_plugin.fault_injection import TEST_NVML_FAULTS_ENV
+from gpu_dra.kubelet_plugin.mig import (
+    CRASH_AFTER_GPU_INSTANCE,
+    SIMULATED_STATE_FILE,
+    TEST_CRASH_ENV,
+)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("no_mig_left")]
 
@@ -29,6 +36,8 @@ FOUR_PROFILES = {
     "mig-2g": "2g.20gb",
     "mig-3g": "3g.40gb",
 }
+LEFTOVERS_KEY = "gpu.nvidia.com/mig-leftovers"
+CLAIM = ("resource.k8s.io/v1", "ResourceClaim")
 _ENV_UUID = re.compile(r"^GPU_DRA_(GPU_\d+_MIG_\w+?)_UUID=(MIG-[0-9a-f-]+)$", re.M)
 
 
@@ -232,3 +241,48 @@ def test_plugin_crash_between_gpu_and_compute_instance_leaves_nothing_behind(
     delete_pod_and_claim(kube, "pod", "slice", namespace)
     wait_for("the claim to be unprepared", lambda: not driver.checkpoint_claims(), 60)
     assert driver.cdi_spec_claims() == set()
+
+
+def test_a_gpu_whose_start_up_sweep_failed_is_not_allocated_whole_until_it_is_swept(
+    driver: Driver, kube: Kube, namespace: str
+) -> None:
+    """Issue 25: a leftover MIG instance the start-up sweep cannot remove (NVML fails on that
+    GPU) keeps the GPU's whole device tainted ``mig-leftovers``: a claim for it stays
+    unallocated. Once a sweep works (here the next start, without the fault) the leftover goes,
+    the taint goes, and the claim gets the GPU."""
+    uuid, name = sorted(whole_gpus(driver).items())[-1]
+    index = int(name.removeprefix("gpu-"))  # the simulated GPUs' NVML index is their minor
+    driver.stop_plugin()
+    path = driver.state_dir / SIMULATED_STATE_FILE
+    saved = (
+        json.loads(path.read_text())
+        if path.exists()
+        else {"version": 1, "profile": SIMULATED_PROFILE, "gpus": {}}
+    )
+    # MIG mode on and a GPU instance without compute instance, as a crashed prepare leaves them.
+    saved["gpus"][uuid] = {
+        "current": 1, "pending": 1, "computeInstancesCreated": 0,
+        "gpuInstances": [{"id": 7, "profileId": 19, "start": 0, "computeInstances": []}],
+    }  # fmt: skip
+    path.write_text(json.dumps(saved))
+    fault = f"device_get_gpu_instance_profile_info@{index}=NVML_ERROR_UNKNOWN"
+    driver.start_plugin(env={TEST_NVML_FAULTS_ENV: fault})
+    try:
+        wait_for(
+            f"{name} tainted mig-leftovers",
+            lambda: LEFTOVERS_KEY in {t["key"] for t in driver.devices()[name].get("taints", [])},
+            60,
+        )
+        kube.create(m.claim("whole", namespace, m.claim_spec([uuid_request("gpu", uuid)])))
+        kube.create(m.gpu_pod("pod", namespace, claim="whole"))
+        time.sleep(15)  # the scheduler tries (and retries) meanwhile
+        assert "allocation" not in (kube.get(*CLAIM, "whole", namespace).get("status") or {})
+        assert [gi["start"] for gi in mig_instances(driver)[uuid]] == [0]  # still there
+    finally:
+        driver.stop_plugin()
+        driver.start_plugin()  # without the fault: the start-up sweep removes the leftover
+    wait_for(f"{name} untainted", lambda: "taints" not in driver.devices()[name], 60)
+    wait_running(kube, "pod", namespace, timeout=180)
+    assert allocated_devices(kube, "whole", namespace) == [name]
+    assert uuid not in mig_instances(driver)
+    delete_pod_and_claim(kube, "pod", "whole", namespace)

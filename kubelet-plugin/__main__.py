@@ -13,6 +13,7 @@ kubelet plugin".
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import signal
@@ -25,6 +26,7 @@ from prometheus_client import CollectorRegistry, start_http_server
 from gpu_dra.driver.health import HealthRecordError
 from gpu_dra.driver.model import NodeDevices
 from gpu_dra.driver.nvml.interface import NvmlLibrary
+from gpu_dra.driver.nvml.simulated import SimulatedNvml
 from gpu_dra.driver.shares import ShareSelectionError
 from gpu_dra.kubelet_plugin import health_command, startup
 from gpu_dra.kubelet_plugin.cdi import ClaimSpecStore
@@ -39,7 +41,11 @@ from gpu_dra.kubelet_plugin.device_health.runtime import (
     recorded_health,
     start_health,
 )
-from gpu_dra.kubelet_plugin.fault_injection import boot_id_from_env, prepare_delay_from_env
+from gpu_dra.kubelet_plugin.fault_injection import (
+    boot_id_from_env,
+    nvml_faults_from_env,
+    prepare_delay_from_env,
+)
 from gpu_dra.kubelet_plugin.health import HealthServer, PluginHealth
 from gpu_dra.kubelet_plugin.kubeapi import KubernetesClaimReader, KubernetesEvictionApi
 from gpu_dra.kubelet_plugin.metrics import (
@@ -94,6 +100,9 @@ async def serve(settings: KubeletPluginSettings, health: PluginHealth) -> None:
     discovery_metrics = DiscoveryMetrics(registry, settings.node_name)
     devices = await asyncio.to_thread(discovery.discover, settings, nvml, pci, discovery_metrics)
     inventory = discovery.node_inventory(settings, devices)
+    if isinstance(nvml, SimulatedNvml):  # tests only: NVML calls that fail from now on
+        for call, gpu, code in nvml_faults_from_env(os.environ, simulated=True):
+            nvml.set_fault(call, code, gpu=gpu)
     # Discovery only reads; nothing is written (checkpoint, CDI specs, MIG) before the guard.
     api_client = await node_guard.guarded_api_client(settings)
     settings.state_dir.mkdir(parents=True, exist_ok=True, mode=0o750)
@@ -204,16 +213,18 @@ async def _serve_instance(
     if settings.metrics_port:
         start_http_server(settings.metrics_port, registry=registry)
         log.info("metrics on :%d/metrics", settings.metrics_port)
-    # A GPU the health record says is faulty is published tainted from the first slice on.
+    # A GPU the health record says is faulty, or whose MIG sweep failed, is published tainted
+    # from the first slice on.
     recorded = await _health_record(settings, inventory)
-    # The newest ready instance publishes: two versions never write the pool in turn.
-    publisher, layout = await slice_publishing.publisher_turn(
+    taints = slice_publishing.node_taints(
         settings,
-        api_client,
         inventory,
-        registry,
-        instance,
-        taints=None if recorded is None else recorded.taints,
+        {} if recorded is None else recorded.taints,
+        tiers.dynamic_mig.unswept(),
+    )
+    # The newest ready instance publishes: two versions never write the pool in turn.
+    publisher, _ = await slice_publishing.publisher_turn(
+        settings, api_client, inventory, registry, instance, taints=taints
     )
     publishing = asyncio.create_task(publisher.run(), name="publisher-turn")
     # One checker of the MPS daemons: it repairs them while this instance publishes, and the
@@ -222,6 +233,10 @@ async def _serve_instance(
     supervising = (
         [] if supervisor is None else [asyncio.create_task(supervisor.run(), name="mps-supervisor")]
     )
+    # GPUs whose MIG sweep failed stay tainted until a sweep succeeds (docs/mig.md).
+    supervising.append(asyncio.create_task(slice_publishing.sweep_until_clean(
+        preparer, taints, inventory, settings.driver_name, tiers.dynamic_mig.unswept()
+    ), name="mig-sweep"))  # fmt: skip
     if supervisor is not None and tiers.shared_daemons is not None:
         # A share joining a live daemon leaves the settings check to the supervisor.
         tiers.shared_daemons.set_checker(supervisor)
@@ -246,9 +261,7 @@ async def _serve_instance(
         nvml,
         inventory,
         supervisor=supervisor,
-        republish=lambda taints: publisher.set_desired(
-            inventory.desired_pool(settings.driver_name, settings.node_name, layout, taints)
-        ),
+        republish=functools.partial(taints.set, slice_publishing.HEALTH),
         entries=checkpoint.all,
         recorded=recorded,
         events=KubernetesEventApi(api_client),

@@ -2,9 +2,11 @@
 
 `GPU_DRA_TEST_BOOT_ID` replaces the kernel's boot ID (`checkpoint.read_boot_id`), so a plugin
 started with a new value takes its checkpoint for one of an earlier boot, as after a reboot.
-`GPU_DRA_TEST_PREPARE_DELAY_S` holds every new prepare that long (in its worker thread) right
-after `PrepareStarted` is recorded, so a test can restart the kubelet while a prepare is under
-way. Both are honoured on simulated nodes only (`--simulate`; logged and ignored otherwise), like
+`GPU_DRA_TEST_PREPARE_DELAY_S` holds every new prepare that long (in its worker thread) right after
+`PrepareStarted` is recorded, so a test can restart the kubelet while a prepare is under way.
+`GPU_DRA_TEST_NVML_FAULTS` (``<call>@<GPU index>=<NVML error>``, comma-separated) makes those
+simulated NVML calls fail from the end of discovery on (`nvml_faults_from_env`). All are honoured
+on simulated nodes only (`--simulate`; logged and ignored otherwise), like
 ``GPU_DRA_TEST_CRASH_AT`` (`mig.crash_points`). See docs/architecture.md, "Outages".
 """
 
@@ -15,6 +17,7 @@ import math
 from collections.abc import Callable, Mapping
 from typing import Final
 
+from gpu_dra.driver.nvml.interface import return_code_by_name
 from gpu_dra.kubelet_plugin.checkpoint import read_boot_id
 
 log = logging.getLogger(__name__)
@@ -73,3 +76,36 @@ def prepare_delay_from_env(env: Mapping[str, str], *, simulated: bool) -> float:
     log.warning("TEST FAULT INJECTION %s=%s: each new prepare waits %g s after PrepareStarted",
                 TEST_PREPARE_DELAY_ENV, raw, delay)  # fmt: skip
     return delay
+
+
+TEST_NVML_FAULTS_ENV: Final = "GPU_DRA_TEST_NVML_FAULTS"
+"""Environment variable naming simulated NVML calls that fail after discovery, e.g.
+``device_get_gpu_instance_profile_info@5=NVML_ERROR_UNKNOWN``. Tests only."""
+
+
+def nvml_faults_from_env(env: Mapping[str, str], *, simulated: bool) -> list[tuple[str, int, int]]:
+    """(call, GPU index, NVML return code) of each fault `TEST_NVML_FAULTS_ENV` names, for a
+    simulated node (logged and ignored on real GPUs); `ValueError` for an unreadable entry."""
+    raw = env.get(TEST_NVML_FAULTS_ENV, "").strip()
+    if not raw:
+        return []
+    if not simulated:
+        log.warning(
+            "%s=%s ignored: fault injection works on simulated nodes only",
+            TEST_NVML_FAULTS_ENV,
+            raw,
+        )
+        return []
+    faults = []
+    for entry in raw.split(","):
+        call, _, rest = entry.strip().partition("@")
+        index, _, code = rest.partition("=")
+        try:
+            faults.append((call, int(index), return_code_by_name(code)))
+        except (ValueError, KeyError) as error:
+            raise ValueError(
+                f"{TEST_NVML_FAULTS_ENV}: {entry!r} is not <call>@<GPU index>=<NVML error>"
+            ) from error
+    log.warning("TEST FAULT INJECTION %s=%s: these simulated NVML calls fail after discovery",
+                TEST_NVML_FAULTS_ENV, raw)  # fmt: skip
+    return faults

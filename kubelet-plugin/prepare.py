@@ -134,6 +134,7 @@ class NodeClaimPreparer:
         self._test_prepare_delay_s = test_prepare_delay_s
         self._tiers = tiers.acting
         self._planning = tiers.planning
+        self._dynamic_mig = tiers.dynamic_mig
         self.shared_daemons = tiers.shared_daemons
         """The shared MPS daemons of the share tier (None without MPS), for the warmer."""
         # Locks live while someone holds them: no growth with the number of claims ever seen.
@@ -174,6 +175,17 @@ class NodeClaimPreparer:
                 owner_alive=self._owner_alive,
                 undo=self._undo,
             )
+
+    async def retry_mig_sweeps(self) -> dict[str, str]:
+        """Sweep again, each under its GPU's locks, the GPUs whose start-up sweep failed; the
+        GPUs still not swept (UUID -> why)."""
+        names = {gpu.uuid: gpu_device_name(gpu.minor) for gpu in self._inventory.gpus}
+        for uuid in sorted(self._dynamic_mig.unswept()):
+            async with self._operation(), self._locked_devices([names[uuid]]):
+                why = await in_thread_to_completion(self._dynamic_mig.sweep_again, uuid)
+            if why is not None:
+                log.warning("mig sweep of gpu_uuid=%s failed again: %s", uuid, why)
+        return self._dynamic_mig.unswept()
 
     def _owner_alive(self, owner: str | None) -> bool:
         """Whether the instance that wrote a record still runs (never, without an instance)."""

@@ -16,8 +16,9 @@ import asyncio
 import contextlib
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 
+from gpu_dra.driver.resourceapi import DeviceTaint
 from gpu_dra.driver.slices import DesiredPool
 from gpu_dra.kubelet_plugin.slices.publisher import SlicePublisher
 
@@ -105,3 +106,32 @@ class PublisherTurn:
         if publisher is not None:
             publisher.stop()
         await asyncio.gather(task, return_exceptions=True)
+
+
+class NodeTaints:
+    """The published devices' taints from several sources (the health monitor, GPUs with MIG
+    leftovers), merged per device; every change of a source republishes through `publish_with`'s
+    callback. Event loop only."""
+
+    def __init__(self, sources: Mapping[str, Mapping[str, Sequence[DeviceTaint]]]) -> None:
+        self._sources = {name: dict(taints) for name, taints in sources.items()}
+        self._publish: Callable[[Mapping[str, Sequence[DeviceTaint]]], None] | None = None
+
+    def merged(self) -> dict[str, list[DeviceTaint]]:
+        """Every source's taints of each device, sources in name order."""
+        merged: dict[str, list[DeviceTaint]] = {}
+        for name in sorted(self._sources):
+            for device, taints in self._sources[name].items():
+                merged.setdefault(device, []).extend(taints)
+        return merged
+
+    def publish_with(self, publish: Callable[[Mapping[str, Sequence[DeviceTaint]]], None]) -> None:
+        self._publish = publish
+
+    def set(self, source: str, taints: Mapping[str, Sequence[DeviceTaint]]) -> None:
+        """``source``'s taints from now on; republished when they changed."""
+        if self._sources.get(source) == dict(taints):
+            return
+        self._sources[source] = dict(taints)
+        if self._publish is not None:
+            self._publish(self.merged())

@@ -274,6 +274,30 @@ class DynamicMig:
                 return why
         return None
 
+    @property
+    def unswept(self) -> dict[str, str]:
+        """The GPUs whose start-up sweep failed and no later one succeeded: UUID -> why."""
+        return dict(self._unswept)
+
+    def sweep_again(self, gpu_uuid: str, entries: Mapping[str, CheckpointEntry]) -> str | None:
+        """Sweep a GPU whose start-up sweep failed, keeping every instance ``entries`` record
+        (call it under the GPU's lock); why it still cannot be handed out whole, or None. Fails
+        closed: a record whose MIG state cannot be read and that may use the GPU keeps it."""
+        gpu = self._gpus.get(gpu_uuid)
+        if gpu is None or gpu_uuid not in self._unswept:
+            return None
+        recorded: list[MigIntent] = []
+        for uid, entry in sorted(entries.items()):
+            try:
+                recorded += intents_from_state(entry.state)
+            except MigError as error:
+                if gpu_uuid in (self._named_gpus(entry) or set(self._gpus)):
+                    return (
+                        f"GPU {gpu_label(gpu)} is not swept: claim_uid={uid} may have MIG "
+                        f"devices on it and its dynamic MIG state cannot be read ({error})"
+                    )
+        return self._sweep_again(gpu, recorded)
+
     def _sweep_again(self, gpu: Gpu, recorded: Iterable[MigIntent]) -> str | None:
         """For a GPU whose start-up sweep failed: sweep it now (under the claim's lock of the
         GPU, so no prepare or unprepare of it runs beside), keeping every instance a record

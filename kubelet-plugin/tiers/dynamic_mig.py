@@ -148,3 +148,14 @@ class DynamicMigTier(Tier):
     def sweep(self, entries: Mapping[str, CheckpointEntry]) -> None:
         if self._dynamic_mig is not None:
             self._dynamic_mig.remove_unowned(entries, owner_alive=self._owner_alive)
+
+    def unswept(self) -> dict[str, str]:
+        """The GPUs (UUID -> why) whose sweep failed: not to be handed out whole until
+        `sweep_again` succeeds."""
+        return {} if self._dynamic_mig is None else self._dynamic_mig.unswept
+
+    def sweep_again(self, gpu_uuid: str) -> str | None:
+        """Sweep an unswept GPU again, keeping what the records name (under its lock)."""
+        if self._dynamic_mig is None:
+            return None
+        return self._dynamic_mig.sweep_again(gpu_uuid, self._records.all())

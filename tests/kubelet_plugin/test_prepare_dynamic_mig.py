@@ -584,8 +584,27 @@ def test_a_gpu_whose_start_up_sweep_failed_is_not_prepared_whole_until_a_sweep_s
     assert "NVML_ERROR_UNKNOWN" in error
     assert node.checkpoint.get(UID_A) is None
 
+    assert set(asyncio.run(node.preparer.retry_mig_sweeps())) == {gpu.uuid}  # still failing
+
     node.host.nvml.set_fault(PROFILE_INFO, None, gpu=gpu.index)
     ok(node.prepare(whole))  # the kubelet's retry: swept now, then handed out whole
     assert node.layout(5) == []
     assert node.mig_mode(5) == [OFF, OFF]
     assert node.unprepare(whole) is None
+
+
+def test_the_periodic_sweep_cleans_a_gpu_whose_start_up_sweep_failed(node: DynamicMigNode) -> None:
+    gpu = node.gpu(5)
+    node.lifecycle.create(gpu, 19, 0)  # a leftover no claim owns
+    slices = node.add(UID_B, "gpu-5-mig-1g10gb-19-2", name="slices")
+    node.restart()
+    node.host.nvml.set_fault(PROFILE_INFO, pynvml.NVML_ERROR_UNKNOWN, gpu=gpu.index)
+    node.recover()
+    node.host.nvml.set_fault(PROFILE_INFO, None, gpu=gpu.index)
+    ok(node.prepare(slices))  # a MIG device of another claim, made meanwhile: kept
+
+    assert asyncio.run(node.preparer.retry_mig_sweeps()) == {}
+
+    assert node.layout(5) == [(19, 2, (0,))]  # the leftover went, the claim's device stayed
+    assert asyncio.run(node.preparer.retry_mig_sweeps()) == {}  # nothing left to sweep
+    assert node.unprepare(slices) is None

@@ -10,13 +10,18 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
-from gpu_dra.driver.resourceapi import Device
+from gpu_dra.driver.discovery import discover_devices
+from gpu_dra.driver.nvml.simulated import SimulatedHost
+from gpu_dra.driver.resourceapi import Device, DeviceTaint
 from gpu_dra.driver.slices import DesiredPool, DeviceOrder, build_pool
+from gpu_dra.kubelet_plugin.node_devices import NodeInventory
 from gpu_dra.kubelet_plugin.plugin_instances import InstanceRegistry, PluginInstance
-from gpu_dra.kubelet_plugin.publishing import PublisherTurn
+from gpu_dra.kubelet_plugin.publishing import NodeTaints, PublisherTurn
+from gpu_dra.kubelet_plugin.settings import KubeletPluginSettings
 from gpu_dra.kubelet_plugin.slices.kubeapi import ResourceSlice, SliceSelector
 from gpu_dra.kubelet_plugin.slices.metrics import SliceMetrics
 from gpu_dra.kubelet_plugin.slices.publisher import PublisherSettings, SlicePublisher
+from gpu_dra.kubelet_plugin.startup.slice_publishing import node_taints, sweep_until_clean
 from tests.fakes.slice_api import InMemorySliceApi
 
 DRIVER = "gpu.nvidia.com"
@@ -150,3 +155,64 @@ def test_a_desired_pool_set_on_the_turn_reaches_the_running_publisher_and_every_
         await old_running
 
     asyncio.run(scenario())
+
+
+# ---- the node's taints from several sources --------------------------------------------------
+XID: DeviceTaint = {"key": "gpu.nvidia.com/xid", "value": "48", "effect": "NoSchedule"}
+LEFTOVERS: DeviceTaint = {"key": "gpu.nvidia.com/mig-leftovers", "effect": "NoSchedule"}
+
+
+def test_node_taints_merge_the_sources_and_republish_only_a_change() -> None:
+    taints = NodeTaints({"health": {"gpu-1": [XID]}, "mig-leftovers": {"gpu-1": [LEFTOVERS]}})
+    published: list[dict[str, list[DeviceTaint]]] = []
+    taints.publish_with(lambda merged: published.append(dict(merged)))
+
+    assert taints.merged() == {"gpu-1": [XID, LEFTOVERS]}
+    taints.set("mig-leftovers", {"gpu-1": [LEFTOVERS]})  # the same: nothing to publish
+    assert published == []
+    taints.set("mig-leftovers", {})
+    taints.set("health", {"gpu-2": [XID]})
+
+    assert published == [{"gpu-1": [XID]}, {"gpu-2": [XID]}]
+
+
+class SweepingPreparer:
+    """`retry_mig_sweeps` answering the GPUs left, one answer per call."""
+
+    def __init__(self, *answers: dict[str, str]) -> None:
+        self.answers = list(answers)
+
+    async def retry_mig_sweeps(self) -> dict[str, str]:
+        return self.answers.pop(0)
+
+
+def test_gpus_whose_mig_sweep_failed_stay_tainted_until_a_sweep_succeeds() -> None:
+    host = SimulatedHost.load("hgx-h100", "node-a")
+    inventory = NodeInventory.from_discovery(
+        discover_devices(host.nvml, host.pci), simulated=True, dynamic_mig=True
+    )
+    gpu_3, gpu_5 = inventory.gpus[3], inventory.gpus[5]
+    unswept = {gpu_3.uuid: "NVML_ERROR_UNKNOWN", gpu_5.uuid: "NVML_ERROR_UNKNOWN"}
+    settings = KubeletPluginSettings.parse(["--node-name=node-a", "--simulate=hgx-h100"], {})
+    taints = node_taints(settings, inventory, {}, unswept)
+    published: list[dict[str, list[DeviceTaint]]] = []
+    taints.publish_with(lambda merged: published.append(dict(merged)))
+    assert {name: [t["key"] for t in found] for name, found in taints.merged().items()} == {
+        "gpu-3": ["gpu.nvidia.com/mig-leftovers"],
+        "gpu-5": ["gpu.nvidia.com/mig-leftovers"],
+    }
+    preparer = SweepingPreparer({gpu_5.uuid: "NVML_ERROR_UNKNOWN"}, {})
+
+    asyncio.run(
+        sweep_until_clean(
+            preparer,  # type: ignore[arg-type]
+            taints,
+            inventory,
+            "gpu.nvidia.com",
+            unswept,
+            interval_s=0.01,
+        )
+    )
+
+    assert [sorted(p) for p in published] == [["gpu-5"], []]
+    assert preparer.answers == []
