@@ -243,7 +243,7 @@ class DynamicMig:
             except MigError as error:
                 # Fails closed, as the start-up sweep does: the claim may have MIG devices on
                 # any GPU its devices name (on every one when they name none).
-                used = self._named_gpus(entry) or set(self._gpus)
+                used = self._gpus_it_may_use(entry)
                 gpu = next((mine_whole[u] for u in sorted(used) if u in mine_whole), None)
                 if gpu is not None:
                     return (
@@ -291,7 +291,7 @@ class DynamicMig:
             try:
                 recorded += intents_from_state(entry.state)
             except MigError as error:
-                if gpu_uuid in (self._named_gpus(entry) or set(self._gpus)):
+                if gpu_uuid in self._gpus_it_may_use(entry):
                     return (
                         f"GPU {gpu_label(gpu)} is not swept: claim_uid={uid} may have MIG "
                         f"devices on it and its dynamic MIG state cannot be read ({error})"
@@ -341,7 +341,7 @@ class DynamicMig:
             try:
                 owned.update(intent.key for intent in intents_from_state(entry.state))
             except MigError as error:
-                gpus = self._named_gpus(entry) or set(self._gpus)
+                gpus = self._gpus_it_may_use(entry)
                 untouchable.update(gpus)
                 log.error(
                     "MIG instances of %s kept at start-up: they may be claim_uid=%s's, whose "
@@ -368,8 +368,10 @@ class DynamicMig:
             else:
                 self._unswept.pop(gpu.uuid, None)
 
-    def _named_gpus(self, entry: CheckpointEntry) -> set[str]:
-        """UUIDs of the dynamic-MIG GPUs whose MIG devices ``entry``'s devices name."""
+    def _gpus_it_may_use(self, entry: CheckpointEntry) -> set[str]:
+        """UUIDs of the dynamic-MIG GPUs a claim whose MIG state cannot be read may have MIG
+        devices on (fail closed): those its MIG device names name, every one when they name
+        none. The sweep, the conflict check and `sweep_again` all keep them."""
         minors = set()
         for device in entry.devices:
             try:
@@ -378,7 +380,8 @@ class DynamicMig:
                 continue
             if isinstance(name, MigDeviceName):
                 minors.add(name.parent_minor)
-        return {gpu.uuid for gpu in self._gpus.values() if gpu.minor in minors}
+        named = {gpu.uuid for gpu in self._gpus.values() if gpu.minor in minors}
+        return named or set(self._gpus)
 
     def _gpu(self, intent: MigIntent) -> Gpu:
         gpu = self._gpus.get(intent.parent_uuid)
