@@ -3,13 +3,14 @@
 ``<data-dir>/device-health.json`` holds `driver.health.persisted` of the monitor's state (a GPU's
 XIDs, ECC errors, a lost GPU), versioned, written atomically (temporary file, fsync, rename,
 directory fsync) whenever that part changes, and read at start: a GPU tainted for XID 48 stays
-tainted across upgrades, crashes and node reboots. The monitor is its only writer. Problems clear
-only on evidence: a recovery NVML reports (the simulator's), or an operator's
-``gpu-dra-kubelet-plugin clear-health`` (`request_clear`), which leaves a request in
-``<data-dir>/device-health-clear.json`` that the running monitor applies within
-``MonitorTiming.clear_poll_s`` (2 s; or the next one at its start). An unreadable record stops the
-plugin with a message (`HealthRecordError`): it is never read as "healthy". See
-docs/architecture.md, "Health monitor".
+tainted across upgrades, crashes and node reboots. The health monitor writes it (during a rolling
+update both instances' monitors do; the newer one starts from what the older wrote, and a clear
+request is applied by whichever sees it first). Problems clear only on evidence: a recovery NVML
+reports (the simulator's), or an operator's ``gpu-dra-kubelet-plugin clear-health``
+(`request_clear`), which leaves a request in ``<data-dir>/device-health-clear.json`` that the
+running monitor applies within ``MonitorTiming.clear_poll_s`` (2 s; or the next one at its start).
+An unreadable record stops the plugin with a message (`HealthRecordError`): it is never read as
+"healthy". See docs/architecture.md, "Health monitor".
 """
 
 from __future__ import annotations
