@@ -83,11 +83,16 @@ def parse_metrics(text: str) -> list[DeviceUse]:
     """The claim devices in one plugin's metrics text; ValueError when it is not the format."""
     uses: dict[tuple[str, ...], DeviceUse] = {}
     sampled: dict[str, float] = {}
+    pods: dict[tuple[str, ...], set[str]] = defaultdict(set)
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             labels = sample.labels
             if sample.name == "gpu_dra_utilization_last_sample_timestamp_seconds":
                 sampled[labels.get("node", "")] = sample.value
+                continue
+            if sample.name == "gpu_dra_claim_pod_info":
+                claim_key = tuple(labels.get(name, "") for name in _KEY_LABELS[:3])
+                pods[claim_key].add(labels.get("pod", ""))
                 continue
             field = _PER_CLAIM.get(sample.name)
             if field is None and sample.name != "gpu_dra_claim_devices":
@@ -98,11 +103,14 @@ def parse_metrics(text: str) -> list[DeviceUse]:
                 node, namespace, claim, device = key
                 use = uses[key] = DeviceUse(node, namespace, claim, device)
             use.tier = labels.get("tier", use.tier)
-            use.pod = labels.get("pod", use.pod)
+            use.pod = labels.get("pod", use.pod)  # plugins before gpu_dra_claim_pod_info
             if field is not None:
                 setattr(use, field, sample.value)
     for use in uses.values():
         use.sampled_at = sampled.get(use.node)
+        claim_pods = pods.get((use.node, use.namespace, use.claim))
+        if claim_pods:
+            use.pod = ",".join(sorted(claim_pods - {""}))
     return list(uses.values())
 
 

@@ -126,6 +126,13 @@ def test_application_xids_are_ignored_and_other_critical_xids_only_stop_scheduli
     assert (taint["value"], taint["effect"]) == ("48", "NoSchedule")
     wait_resource_health(kube, "pod", namespace, "Unhealthy", "XID 48")
     assert running_and_not_deleted(kube, "pod", namespace)  # NoSchedule evicts nobody
+    # The plugin's metrics say the same: the device's health and problem, both XIDs counted.
+    assert driver.metric("gpu_dra_device_health", device=device, status="Unhealthy") == 1
+    problem = {"device": device, "key": "xid", "value": "48", "severity": "degraded"}
+    assert driver.metric("gpu_dra_device_problem_since_timestamp_seconds", **problem) > 0
+    for xid, outcome in (("13", "ignored"), ("48", "degraded")):
+        counted = {"gpu": uuid, "kind": "xid", "xid": xid, "outcome": outcome}
+        assert driver.metric("gpu_dra_health_events_total", **counted) >= 1
 
 
 def test_a_gpu_that_falls_off_the_bus_is_tainted_lost_until_it_is_back(driver: Driver) -> None:

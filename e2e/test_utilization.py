@@ -54,15 +54,15 @@ def test_busy_and_idle_whole_gpus_side_by_side(
     wait_for(
         "the busy claim's utilization in the plugin's metrics",
         lambda: (
-            metric_or_none(
-                driver, "gpu_dra_claim_gpu_utilization_percent", claim="busy", pod="busy"
-            )
-            == 90
+            metric_or_none(driver, "gpu_dra_claim_gpu_utilization_percent", claim="busy") == 90
         ),
         30,
     )
-    labels = {"namespace": namespace, "device": idle_device, "tier": "gpu", "pod": "idle"}
+    labels = {"namespace": namespace, "device": idle_device, "tier": "gpu"}
     assert driver.metric("gpu_dra_claim_gpu_utilization_percent", claim="idle", **labels) == 0
+    for claim in ("busy", "idle"):  # one series per pod, to join with kube-state-metrics
+        assert driver.metric("gpu_dra_claim_pod_info", namespace=namespace, claim=claim,
+                             pod=claim) == 1  # fmt: skip
     assert driver.metric("gpu_dra_claim_memory_used_bytes", claim="busy") == 20 * GIB
     assert driver.metric("gpu_dra_claim_devices", claim="busy", device=busy_device) == 1
 

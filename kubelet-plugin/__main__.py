@@ -265,6 +265,7 @@ async def _serve_instance(
         entries=checkpoint.all,
         recorded=recorded,
         events=KubernetesEventApi(api_client),
+        registry=registry,
     )
     try:
         await _serve_sockets(

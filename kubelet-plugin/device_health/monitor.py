@@ -72,6 +72,9 @@ WAIT_FAILURES_BEFORE_UNMONITORED: Final = 3
 Snapshot = Mapping[str, DeviceHealth]
 """Device name -> its health, for every published device."""
 Listener = Callable[[Snapshot], None]
+EventObserver = Callable[[str | None, int, int, Problem | Recovery | None], None]
+"""Gets every NVML event the monitor handles: the GPU's UUID (None: unreadable), the event
+type and data, and what `classify_event` made of it (`metrics.HealthEventMetrics.observe`)."""
 
 
 def _utc_now() -> datetime:
@@ -107,12 +110,14 @@ class HealthMonitor:
         record: HealthRecord | None = None,
         recorded: HealthState | None = None,
         report_unwatched: Callable[[Mapping[str, str]], None] | None = None,
+        observe_event: EventObserver | None = None,
     ) -> None:
         """``record``: where NVML's problems are kept (None: in memory only); ``recorded``:
         what it held at start (`HealthRecord.load`), the monitor's first state. Problems of GPUs
         not in ``gpus`` (one that fell off the bus and was not discovered) are kept in the
         record, not applied. ``report_unwatched`` gets the GPUs NVML cannot watch, with why,
-        once registration is done (in a worker thread: a Kubernetes Event, say)."""
+        once registration is done (in a worker thread: a Kubernetes Event, say);
+        ``observe_event`` every NVML event handled (metrics)."""
         self._nvml = nvml
         self._gpus = {gpu.uuid: gpu for gpu in gpus}
         self._ecc = EccWatch(nvml, list(self._gpus))
@@ -144,6 +149,7 @@ class HealthMonitor:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._registration_problems: set[str] = set()
         self._report_unwatched = report_unwatched
+        self._observe_event = observe_event
         self._unwatched: dict[str, str] = {}
         """GPU UUID -> why NVML cannot watch it (registration), for `report_unwatched`."""
         self._wait_failures = 0
@@ -339,6 +345,9 @@ class HealthMonitor:
     async def _on_event(self, event: EventData, uuid: str | Exception) -> None:
         now = self._clock()
         found = classify_event(event.eventType, event.eventData, self._policy, now)
+        if self._observe_event is not None:
+            gpu = None if isinstance(uuid, Exception) else uuid
+            self._observe_event(gpu, event.eventType, event.eventData, found)
         what = f"event type 0x{event.eventType:x} data {event.eventData}"
         if found is None:
             log.info("health: ignored NVML %s (gpu=%s)", what, uuid)

@@ -18,12 +18,18 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Final
 
+from prometheus_client import CollectorRegistry
+
 from gpu_dra.driver.health import HealthState, Target, device_health, device_taints
 from gpu_dra.driver.nvml.interface import NvmlLibrary
 from gpu_dra.driver.nvml.simulated import SimulatedNvml
 from gpu_dra.driver.resourceapi import DeviceTaint
 from gpu_dra.kube.errors import ApiError
 from gpu_dra.kubelet_plugin.device_health.inbox import SIMULATED_EVENTS_DIR, SimulatedEventInbox
+from gpu_dra.kubelet_plugin.device_health.metrics import (
+    DeviceHealthCollector,
+    HealthEventMetrics,
+)
 from gpu_dra.kubelet_plugin.device_health.monitor import HealthMonitor, Snapshot
 from gpu_dra.kubelet_plugin.device_health.monitor_inputs import MpsLiveness
 from gpu_dra.kubelet_plugin.device_health.record import HealthRecord
@@ -120,6 +126,7 @@ def start_health(
     entries: Entries | None = None,
     recorded: RecordedHealth | None = None,
     events: EventApi | None = None,
+    registry: CollectorRegistry | None = None,
 ) -> HealthRuntime | None:
     """`health_runtime`, started in the running event loop; None when the monitor is off."""
     runtime = health_runtime(
@@ -131,6 +138,7 @@ def start_health(
         entries=entries,
         recorded=recorded,
         events=events,
+        registry=registry,
     )
     if runtime is not None:
         runtime.start()
@@ -158,13 +166,14 @@ def health_runtime(
     entries: Entries | None = None,
     recorded: RecordedHealth | None = None,
     events: EventApi | None = None,
+    registry: CollectorRegistry | None = None,
 ) -> HealthRuntime | None:
     """The monitor of this node's published devices, or None when it is off. ``events``
     records a Warning Event on the Node for the GPUs NVML cannot watch. The MPS share
     daemons' liveness is ``supervisor``'s verdict (it alone probes them), pushed on change;
     ``entries`` (the claims' records) tell which MIG devices were made from partitions offered
     as shares; ``recorded``: the health record read at start (None: the problems stay in
-    memory)."""
+    memory); ``registry`` gets the health metrics (`metrics`)."""
     if not settings.health_monitor_enabled:
         log.info("health monitor off (--health-monitor)")
         return None
@@ -196,7 +205,12 @@ def health_runtime(
         record=None if recorded is None else recorded.record,
         recorded=None if recorded is None else recorded.state,
         report_unwatched=None if events is None else _node_events(settings, events),
+        observe_event=None
+        if registry is None
+        else HealthEventMetrics(registry, settings.node_name).observe,
     )
+    if registry is not None:
+        registry.register(DeviceHealthCollector(settings.node_name, monitor.snapshot))
 
     def changed(snapshot: Snapshot) -> None:
         republish(device_taints(snapshot, policy, settings.driver_name))

@@ -65,11 +65,6 @@ class ClaimDevice:
     def key(self) -> tuple[str, str]:
         return (self.claim.uid, self.device)
 
-    @property
-    def pod_label(self) -> str:
-        """The pods' names, comma-separated (usually one); empty when not known."""
-        return ",".join(sorted(pod.name for pod in self.pods))
-
 
 def claim_devices(
     entries: Mapping[str, CheckpointEntry], inventory: NodeInventory, pods: PodLookup

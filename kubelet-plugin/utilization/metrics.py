@@ -1,6 +1,8 @@
 """Prometheus metrics of utilization per claim (docs/metrics.md): the claims' devices (read at
 every scrape) and the newest sample's values (only those NVML reported: a failed or unsupported
 value has no series, never 0), each claim device's last activity, the sampler's errors and cost.
+A claim device's series carry no pod: ``gpu_dra_claim_pod_info`` has one series per pod a claim
+is reserved for, to join with kube-state-metrics on ``namespace`` and ``pod``.
 """
 
 from __future__ import annotations
@@ -11,11 +13,12 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from gpu_dra.kubelet_plugin.utilization.claims import ClaimDevice
+from gpu_dra.kubelet_plugin.utilization.claims import ClaimDevice, PodRef
 from gpu_dra.kubelet_plugin.utilization.monitor import UtilizationMonitor, claim_reading
 from gpu_dra.kubelet_plugin.utilization.sampler import Sample
 
-LABELS = ["node", "namespace", "pod", "claim", "device", "tier"]
+LABELS = ["node", "namespace", "claim", "device", "tier"]
+POD_LABELS = ["node", "namespace", "claim", "pod", "pod_uid"]
 _SAMPLE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
 
 
@@ -67,7 +70,13 @@ class ClaimUtilizationCollector(Collector):
 
         held = family(
             "gpu_dra_claim_devices",
-            "Devices prepared claims hold (1 each), by namespace, pod, claim, device and tier.",
+            "Devices prepared claims hold (1 each), by namespace, claim, device and tier.",
+        )
+        pods = GaugeMetricFamily(
+            "gpu_dra_claim_pod_info",
+            "1 per pod a prepared claim is reserved for (status.reservedFor): joins the claim "
+            "series (on namespace, claim) with kube-state-metrics (on namespace, pod).",
+            labels=POD_LABELS,
         )
         gpu = family(
             "gpu_dra_claim_gpu_utilization_percent",
@@ -104,8 +113,14 @@ class ClaimUtilizationCollector(Collector):
             "When the newest utilization sample was taken.",
             labels=["node"],
         )
+        claim_pods: dict[tuple[str, str, str], tuple[PodRef, ...]] = {}
         for device in self._devices():
             held.add_metric(self._labels(device), 1)
+            claim = device.claim
+            claim_pods.setdefault((claim.namespace, claim.name, claim.uid), device.pods)
+        for (namespace, name, _), claim_pod_refs in sorted(claim_pods.items()):
+            for pod in sorted(claim_pod_refs, key=lambda p: p.name):
+                pods.add_metric([self._node, namespace, name, pod.name, pod.uid], 1)
         sample = None if self._monitor is None else self._monitor.latest
         if sample is not None and self._monitor is not None:
             sampled.add_metric([self._node], sample.at)
@@ -123,15 +138,8 @@ class ClaimUtilizationCollector(Collector):
                 ):
                     if value is not None:
                         target.add_metric(labels, value)
-        yield from (held, gpu, memory_util, used, total, compute, processes, active, sampled)
+        yield from (held, pods, gpu, memory_util, used, total, compute, processes, active, sampled)
 
     def _labels(self, device: ClaimDevice) -> list[str]:
         claim = device.claim
-        return [
-            self._node,
-            claim.namespace,
-            device.pod_label,
-            claim.name,
-            device.device,
-            device.tier,
-        ]
+        return [self._node, claim.namespace, claim.name, device.device, device.tier]

@@ -20,7 +20,7 @@ from gpu_dra.driver.health import HealthPolicy, HealthStatus, TaintEffect, Targe
 from gpu_dra.driver.nvml.interface import NVML_EVENT_TYPE_XID_CRITICAL_ERROR
 from gpu_dra.driver.nvml.simulated import SimulatedHost, SimulatedNvml
 from gpu_dra.driver.shares import MigShareSelection, PartitionShareSelection, ShareSelection
-from gpu_dra.kubelet_plugin.device_health.monitor import HealthMonitor
+from gpu_dra.kubelet_plugin.device_health.monitor import EventObserver, HealthMonitor
 from gpu_dra.kubelet_plugin.device_health.monitor_inputs import MonitorTiming, MpsLiveness
 from gpu_dra.kubelet_plugin.node_devices import NodeInventory
 
@@ -65,6 +65,7 @@ def build(
     liveness: MpsLiveness | None = None,
     prepare: Callable[[SimulatedNvml], None] | None = None,
     timing: MonitorTiming = FAST,
+    observe_event: EventObserver | None = None,
 ) -> Node:
     host = SimulatedHost.load(profile, NODE)
     found = discover_devices(host.nvml, host.pci)
@@ -88,6 +89,7 @@ def build(
         mps=liveness,
         timing=timing,
         clock=lambda: NOW,
+        observe_event=observe_event,
     )
     node = Node(host.nvml, inventory, monitor)
     monitor.add_listener(

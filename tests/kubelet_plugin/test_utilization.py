@@ -135,11 +135,17 @@ def test_whole_gpus_export_utilization_with_claim_labels(gpus: Node, tmp_path: P
     sampling.monitor.sample_once()
 
     held = sampling.samples("gpu_dra_claim_devices")
-    assert sorted((labels["claim"], labels["pod"], labels["tier"]) for labels, _ in held) == [
-        ("notebook", "", "gpu"),
-        ("train", "trainer-0", "gpu"),
+    assert sorted((labels["claim"], labels["tier"]) for labels, _ in held) == [
+        ("notebook", "gpu"),
+        ("train", "gpu"),
     ]
     assert all(labels["namespace"] == "default" and labels["node"] == NODE for labels, _ in held)
+    assert all("pod" not in labels for labels, _ in held)  # one series per claim device
+    # One series per pod a claim is reserved for, none for a claim whose pods are unknown.
+    assert [labels for labels, _ in sampling.samples("gpu_dra_claim_pod_info")] == [
+        {"node": NODE, "namespace": "default", "claim": "train", "pod": "trainer-0",
+         "pod_uid": POD_A},
+    ]  # fmt: skip
     assert sampling.values("gpu_dra_claim_gpu_utilization_percent") == {
         ("train", "gpu-0"): 80,
         ("notebook", "gpu-1"): 0,
@@ -210,6 +216,23 @@ def test_an_nvml_error_is_counted_and_its_values_left_out_not_zero(
         ("b", "gpu-1"): 1000.0,
         ("c", "gpu-2"): 2000.0,
     }
+
+
+def test_a_claim_shared_by_two_pods_has_one_series_per_device_and_one_per_pod(
+    gpus: Node, tmp_path: Path
+) -> None:
+    shared = gpus.add_gpus(UID_A, "shared", "gpu-0", "gpu-1")
+    ok(gpus.prepare(shared)[UID_A])
+    pods = (PodRef(POD_B, "worker-1"), PodRef(POD_A, "worker-0"))
+    sampling = Sampling(gpus, tmp_path / "proc", {"shared": pods})
+    sampling.monitor.sample_once()
+    held = sampling.samples("gpu_dra_claim_devices")
+    assert sorted(labels["device"] for labels, _ in held) == ["gpu-0", "gpu-1"]
+    info = sampling.samples("gpu_dra_claim_pod_info")
+    assert [(labels["pod"], labels["pod_uid"], value) for labels, value in info] == [
+        ("worker-0", POD_A, 1),
+        ("worker-1", POD_B, 1),
+    ]
 
 
 def test_mps_shares_get_their_pods_processes(tmp_path: Path, mps_root: Path) -> None:
@@ -439,12 +462,14 @@ def test_the_plugin_wiring_samples_in_the_background_from_the_simulated_file(
         while time.monotonic() < deadline and [v for _, v in utilization()] != [77]:
             time.sleep(0.02)
         ((labels, value),) = utilization()
-        assert (labels["pod"], labels["claim"], labels["device"], value) == (
-            "t-0",
-            "train",
-            "gpu-3",
-            77,
-        )
+        assert (labels["claim"], labels["device"], value) == ("train", "gpu-3", 77)
+        ((pod, _),) = [
+            (s.labels, s.value)
+            for m in registry.collect()
+            for s in m.samples
+            if s.name == "gpu_dra_claim_pod_info"
+        ]
+        assert (pod["claim"], pod["pod"], pod["pod_uid"]) == ("train", "t-0", POD_A)
     finally:
         monitor.close()
     assert not nvml.initialized  # released at close
