@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 import yaml
+from kubernetes.client import CustomObjectsApi
 from kubernetes.client.exceptions import ApiException
 
 from e2e import manifests as m
@@ -28,6 +29,7 @@ from e2e.chart import (
     RELEASE,
     chart_values,
     import_driver_image,
+    merged,
     pods,
     ready,
     run_helm,
@@ -49,7 +51,12 @@ def installed(
 ) -> Iterator[str]:
     image = import_driver_image(cluster)
     values = tmp_path_factory.mktemp("chart") / "values.yaml"
-    values.write_text(yaml.safe_dump(chart_values(cluster, image.reference)))
+    # Claim status and sampling quicker than the defaults, for the claim status test.
+    quick = {
+        "kubeletPlugin": {"claimStatus": {"minInterval": 2, "idleAfter": 10}},
+        "metrics": {"utilization": {"interval": 2}},
+    }
+    values.write_text(yaml.safe_dump(merged(chart_values(cluster, image.reference), quick)))
     # The same short data dir as the host-process plugin's: the link must exist before the
     # chart's hostPath volume (DirectoryOrCreate) would create a directory in its place.
     Driver(cluster, kube, PROFILE).link_data_dir()
@@ -299,3 +306,92 @@ def test_an_upgrade_keeps_the_webhooks_certificate(
     assert set(before[0]) == {"tls.crt", "tls.key", "ca.crt"}
     assert before[1] == {before[0]["ca.crt"]}
     assert after == before
+
+
+def status_entries(kube: Kube, claim: str, namespace: str) -> list[dict[str, Any]]:
+    status = kube.get(CLAIM_API, "ResourceClaim", claim, namespace).get("status") or {}
+    return [d for d in status.get("devices") or [] if d.get("driver") == DRIVER]
+
+
+def condition(entry: dict[str, Any], kind: str) -> dict[str, Any]:
+    found = [c for c in entry.get("conditions") or [] if c["type"] == kind]
+    return found[0] if found else {}
+
+
+def apply_status(client: Kube, claim: dict[str, Any], devices: list[dict[str, Any]]) -> None:
+    """Server-side apply of `devices` into the claim's status.devices, as the plugin does."""
+    meta = claim["metadata"]
+    body = {
+        "apiVersion": CLAIM_API, "kind": "ResourceClaim",
+        "metadata": {"name": meta["name"], "namespace": meta["namespace"]},
+        "status": {"devices": devices},
+    }  # fmt: skip
+    CustomObjectsApi(client.api_client).patch_namespaced_custom_object_status(
+        "resource.k8s.io", "v1", meta["namespace"], "resourceclaims", meta["name"], body,
+        field_manager="e2e-policy-test", force=True,
+        _content_type="application/apply-patch+yaml",
+    )  # fmt: skip
+
+
+def test_a_claims_status_says_what_it_holds_and_only_its_nodes_plugin_writes_it(
+    installed: str, kube: Kube, cluster: Cluster, namespace: str, tmp_path: Path
+) -> None:
+    wait_plugin_ready(kube, cluster)
+    kube.create(m.claim("held", namespace, m.claim_spec([m.request()])))
+    kube.create(m.gpu_pod("pod", namespace, claim="held"))
+    wait_running(kube, "pod", namespace, timeout=180)
+    (device,) = allocated_devices(kube, "held", namespace)
+
+    # What the claim holds, written by the plugin: the device, its UUID, Ready.
+    wait_for("the plugin to write the claim's status.devices",
+             lambda: condition(next(iter(status_entries(kube, "held", namespace)), {}),
+                               "Ready").get("status") == "True", 60)  # fmt: skip
+    (entry,) = status_entries(kube, "held", namespace)
+    assert (entry["pool"], entry["device"]) == (versions.NODE_NAME, device)
+    assert entry["data"]["tier"] == "gpu"
+    assert entry["data"]["uuid"].startswith("GPU-")
+    assert "H100" in entry["data"]["productName"]
+    # Nothing runs on the simulated GPU: after idleAfter (10 s here) it says Idle.
+    wait_for("the claim's device to be reported idle",
+             lambda: condition(status_entries(kube, "held", namespace)[0], "Active").get("reason")
+             == "Idle", 90)  # fmt: skip
+    idle = condition(status_entries(kube, "held", namespace)[0], "Active")
+    assert idle["status"] == "False"
+    assert "no GPU activity since" in idle["message"]
+
+    plugin = plugin_identity(cluster, kube, tmp_path)
+    # It may not take part in anything else of the claim: reservedFor (who may use it) stays.
+    held = kube.get(CLAIM_API, "ResourceClaim", "held", namespace)
+    meta = held["metadata"]
+    unreserve = {
+        "apiVersion": CLAIM_API, "kind": "ResourceClaim",
+        "metadata": {"name": meta["name"], "namespace": meta["namespace"]},
+        "status": {"reservedFor": []},
+    }  # fmt: skip
+    with pytest.raises(ApiException) as denied:
+        CustomObjectsApi(plugin.api_client).patch_namespaced_custom_object_status(
+            "resource.k8s.io", "v1", namespace, "resourceclaims", "held", unreserve,
+            field_manager="e2e-policy-test", force=True,
+            _content_type="application/apply-patch+yaml",
+        )  # fmt: skip
+    assert denied.value.status == 403
+    assert "not the allocation, reservedFor or another driver's entries" in str(denied.value.body)
+    assert kube.get(CLAIM_API, "ResourceClaim", "held", namespace)["status"]["reservedFor"]
+    # A claim allocated on another node: its status is not this plugin's to write.
+    kube.create(m.claim("elsewhere", namespace, m.claim_spec([m.request()])))
+    elsewhere = kube.get(CLAIM_API, "ResourceClaim", "elsewhere", namespace)
+    elsewhere["status"] = {"allocation": {"devices": {"results": [
+        {"request": "gpu", "driver": DRIVER, "pool": "other-node", "device": "gpu-0"},
+    ]}}}  # fmt: skip
+    CustomObjectsApi(kube.api_client).replace_namespaced_custom_object_status(
+        "resource.k8s.io", "v1", namespace, "resourceclaims", "elsewhere", elsewhere
+    )
+    entry_elsewhere = {"driver": DRIVER, "pool": "other-node", "device": "gpu-0", "data": {}}
+    with pytest.raises(ApiException) as not_here:
+        apply_status(plugin, elsewhere, [entry_elsewhere])
+    assert not_here.value.status == 403
+    assert (
+        f"gpu-dra kubelet plugin on node {versions.NODE_NAME} may only write the status of "
+        "claims allocated a gpu.nvidia.com device of its own node" in str(not_here.value.body)
+    )
+    delete_pods(kube, namespace, ["pod"])

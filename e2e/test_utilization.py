@@ -53,9 +53,7 @@ def test_busy_and_idle_whole_gpus_side_by_side(
     )
     wait_for(
         "the busy claim's utilization in the plugin's metrics",
-        lambda: (
-            metric_or_none(driver, "gpu_dra_claim_gpu_utilization_percent", claim="busy") == 90
-        ),
+        lambda: metric_or_none(driver, "gpu_dra_claim_gpu_utilization_percent", claim="busy") == 90,
         30,
     )
     labels = {"namespace": namespace, "device": idle_device, "tier": "gpu"}

@@ -32,6 +32,7 @@ from gpu_dra.kubelet_plugin import health_command, startup
 from gpu_dra.kubelet_plugin.cdi import ClaimSpecStore
 from gpu_dra.kubelet_plugin.checkpoint import Checkpoint
 from gpu_dra.kubelet_plugin.claim_records import ClaimRecords
+from gpu_dra.kubelet_plugin.claim_status.runtime import ClaimStatusRuntime, start_claim_status
 from gpu_dra.kubelet_plugin.claimcache import CachedClaimReader
 from gpu_dra.kubelet_plugin.device_health.runtime import (
     HealthRuntime,
@@ -55,7 +56,7 @@ from gpu_dra.kubelet_plugin.metrics import (
 )
 from gpu_dra.kubelet_plugin.mig import SimulatedMigStateFile
 from gpu_dra.kubelet_plugin.mps.events import KubernetesEventApi, MpsEvents
-from gpu_dra.kubelet_plugin.mps.memory_watchdog import start_memory_watchdog
+from gpu_dra.kubelet_plugin.mps.memory_watchdog import MemoryWatchdog, start_memory_watchdog
 from gpu_dra.kubelet_plugin.node_devices import NodeInventory
 from gpu_dra.kubelet_plugin.plugin_instances import PluginInstance
 from gpu_dra.kubelet_plugin.plugin_sockets import PluginServer
@@ -72,6 +73,7 @@ from gpu_dra.kubelet_plugin.startup import (
     userspace,
 )
 from gpu_dra.kubelet_plugin.tiers.assembly import node_tiers
+from gpu_dra.kubelet_plugin.utilization.monitor import UtilizationMonitor
 from gpu_dra.kubelet_plugin.utilization.runtime import start_utilization
 
 log = logging.getLogger("gpu_dra.kubelet_plugin")
@@ -267,6 +269,12 @@ async def _serve_instance(
         events=KubernetesEventApi(api_client),
         registry=registry,
     )
+    # What each prepared claim holds, in its status.devices (docs/architecture.md#claim-status).
+    claim_status = start_claim_status(
+        settings, api_client, inventory, entries=checkpoint.all,
+        health=None if device_health is None else device_health.monitor.snapshot,
+        utilization=utilization, registry=registry, is_turn=instance.newest_ready,
+    )  # fmt: skip
     try:
         await _serve_sockets(
             settings, health=health, preparer=preparer, registry=registry, claims=claims,
@@ -274,10 +282,21 @@ async def _serve_instance(
             api_client=api_client, supervising=supervising,
         )  # fmt: skip
     finally:
-        if utilization is not None:
-            await asyncio.to_thread(utilization.close)
-        if watchdog is not None:
-            await asyncio.to_thread(watchdog.close)
+        await _close_reporters(claim_status, utilization, watchdog)
+
+
+async def _close_reporters(
+    claim_status: ClaimStatusRuntime | None,
+    utilization: UtilizationMonitor | None,
+    watchdog: MemoryWatchdog | None,
+) -> None:
+    """Stop what reports on the prepared claims: status writer, sampler, memory watchdog."""
+    if claim_status is not None:
+        await claim_status.close()
+    if utilization is not None:
+        await asyncio.to_thread(utilization.close)
+    if watchdog is not None:
+        await asyncio.to_thread(watchdog.close)
 
 
 async def _serve_sockets(

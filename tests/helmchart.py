@@ -91,10 +91,12 @@ class Rendered:
         name: str | None = None,
     ) -> bool:
         """Whether the rendered RBAC lets `service_account` (of `NAMESPACE`) do `verb` on
-        `resource` ("pods", "resource.k8s.io/resourceslices"); `namespace` "" = cluster-wide
+        `resource` ("pods", "resource.k8s.io/resourceslices",
+        "resource.k8s.io/resourceclaims/status"); `namespace` "" = cluster-wide
         resources; `name` the object (None: any object, as for list or create), which a rule
         with resourceNames must name. Rules with nonResourceURLs are not rendered (asserted)."""
-        group, _, plural = resource.rpartition("/")
+        head, _, rest = resource.partition("/")
+        group, plural = (head, rest) if "." in head else ("", resource)
         subject = {"kind": "ServiceAccount", "name": service_account, "namespace": NAMESPACE}
         for binding in self.all("ClusterRoleBinding") + self.all("RoleBinding"):
             if subject not in binding["subjects"]:

@@ -672,6 +672,9 @@ def test_the_plugin_may_do_what_it_calls_and_nothing_of_the_controller(
     for verb in ("get", "list", "watch"):
         assert may(verb, CLAIMS)
     assert not may("update", CLAIMS)
+    # The claim status writer: server-side apply of status only (its entries: admission policy).
+    assert may("patch", f"{CLAIMS}/status")
+    assert not may("patch", CLAIMS)
     # PodRunner: create, get, list, delete daemon pods, in the release namespace only.
     for verb in ("create", "get", "list", "delete"):
         assert may(verb, "pods", NAMESPACE)
@@ -721,14 +724,23 @@ def pod_on(node: str | None) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "Pod", "spec": spec}
 
 
-@pytest.fixture(scope="module")
-def policy(host_driver: Rendered) -> AdmissionPolicy:
-    (vap,) = host_driver.all("ValidatingAdmissionPolicy")
-    (binding,) = host_driver.all("ValidatingAdmissionPolicyBinding")
+def bound_policy(rendered: Rendered, name: str) -> AdmissionPolicy:
+    vap = rendered.one("ValidatingAdmissionPolicy", name)
+    binding = rendered.one("ValidatingAdmissionPolicyBinding", name)
     assert binding["spec"]["policyName"] == vap["metadata"]["name"]
     assert binding["spec"]["validationActions"] == ["Deny"]
     assert vap["spec"]["failurePolicy"] == "Fail"
     return AdmissionPolicy(vap)
+
+
+@pytest.fixture(scope="module")
+def policy(host_driver: Rendered) -> AdmissionPolicy:
+    return bound_policy(host_driver, f"{PLUGIN_SA}-own-node")
+
+
+@pytest.fixture(scope="module")
+def claims_policy(host_driver: Rendered) -> AdmissionPolicy:
+    return bound_policy(host_driver, f"{PLUGIN_SA}-own-claims")
 
 
 @pytest.mark.parametrize("operation", ["CREATE", "UPDATE", "DELETE"])
@@ -804,6 +816,86 @@ def test_a_plugin_token_without_a_node_is_denied_and_other_users_are_not_judged(
     assert not nodeless.allowed
     assert "authentication.kubernetes.io/node-name" in nodeless.message
     assert controller == controller.__class__(True, "not matched")
+
+
+def allocated_claim(pool: str, devices: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    result = {"request": "gpu", "driver": "gpu.nvidia.com", "pool": pool, "device": "gpu-0"}
+    status: dict[str, Any] = {
+        "allocation": {"devices": {"results": [result]}},
+        "reservedFor": [{"resource": "pods", "name": "p", "uid": "u"}],
+    }
+    if devices is not None:
+        status["devices"] = devices
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "status": status}
+
+
+def device_status(pool: str, driver: str = "gpu.nvidia.com") -> dict[str, Any]:
+    return {"driver": driver, "pool": pool, "device": "gpu-0", "data": {"uuid": "GPU-1"}}
+
+
+def test_the_plugin_writes_status_devices_of_its_own_nodes_claims_only(
+    claims_policy: AdmissionPolicy,
+) -> None:
+    def decide(old: dict[str, Any], new: dict[str, Any]) -> Any:
+        return claims_policy.decide(
+            user=PLUGIN_USER, node=NODE, operation="UPDATE", resource="resourceclaims/status",
+            obj=new, old=old,
+        )  # fmt: skip
+
+    assert claims_policy.matches("resource.k8s.io", "resourceclaims/status", "UPDATE")
+    assert not claims_policy.matches("resource.k8s.io", "resourceclaims", "UPDATE")
+    other = {"driver": "net.example.com", "pool": "x", "device": "eth1", "data": {}}
+    mine = allocated_claim(NODE, [other])
+    assert decide(mine, allocated_claim(NODE, [other, device_status(NODE)])).allowed
+    # A claim of another node.
+    elsewhere = decide(
+        allocated_claim("gpu-node-2"), allocated_claim("gpu-node-2", [device_status(NODE)])
+    )
+    assert not elsewhere.allowed
+    assert elsewhere.message == (
+        f"gpu-dra kubelet plugin on node {NODE} may only write the status of claims allocated a "
+        "gpu.nvidia.com device of its own node"
+    )
+    # An entry of another node's pool, the allocation, reservedFor, another driver's entry.
+    foreign = decide(mine, allocated_claim(NODE, [other, device_status("gpu-node-2")]))
+    assert not foreign.allowed
+    assert foreign.message.endswith(
+        f"may only write status.devices entries of pool {NODE} (its node)"
+    )
+    unreserved = allocated_claim(NODE, [other, device_status(NODE)])
+    unreserved["status"]["reservedFor"] = []
+    moved = allocated_claim(NODE, [other, device_status(NODE)])
+    moved["status"]["allocation"]["devices"]["results"].append(
+        {"request": "gpu", "driver": "gpu.nvidia.com", "pool": NODE, "device": "gpu-1"}
+    )
+    for tampered in (unreserved, moved, allocated_claim(NODE, [device_status(NODE)])):
+        decision = decide(mine, tampered)
+        assert not decision.allowed
+        assert "not the allocation, reservedFor or another driver's entries" in decision.message
+    nodeless = claims_policy.decide(
+        user=PLUGIN_USER, node=None, operation="UPDATE", resource="resourceclaims/status",
+        obj=mine, old=mine,
+    )  # fmt: skip
+    assert not nodeless.allowed
+
+
+def test_the_plugin_may_patch_claim_status_only_with_the_claim_status_on(tmp_path: Path) -> None:
+    (tmp_path / "on").mkdir()
+    (tmp_path / "off").mkdir()
+    on = Rendered.of(HOST_DRIVER, tmp_path / "on")
+    off = Rendered.of({**HOST_DRIVER, "kubeletPlugin": {"claimStatus": {"enabled": False}}},
+                      tmp_path / "off")  # fmt: skip
+    assert on.may(PLUGIN_SA, "patch", f"{CLAIMS}/status")
+    assert not off.may(PLUGIN_SA, "patch", f"{CLAIMS}/status")
+    assert [p["metadata"]["name"] for p in off.all("ValidatingAdmissionPolicy")] == [
+        f"{PLUGIN_SA}-own-node"
+    ]
+    env = {e["name"]: e.get("value") for e in off.container("DaemonSet", "gpus")["env"]}
+    assert env["GPU_DRA_CLAIM_STATUS"] == "false"
+    settings = KubeletPluginSettings.parse(["--node-name=n"], env={
+        k: v for k, v in env.items() if v is not None and k.startswith("GPU_DRA_CLAIM")
+    })  # fmt: skip
+    assert not settings.claim_status
 
 
 def test_the_policy_can_be_left_out(tmp_path: Path) -> None:

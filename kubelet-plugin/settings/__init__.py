@@ -133,6 +133,10 @@ class KubeletPluginSettings:
     """Seconds between utilization samples of the claims' devices (docs/metrics.md); 0 off."""
     utilization_idle_threshold: float = 5.0
     """GPU utilization below which a claim's device counts as idle in a sample."""
+    claim_status: bool = True
+    """Write prepared claims' ``status.devices`` (docs/architecture.md#claim-status)."""
+    claim_status_min_interval_s: float = 30.0
+    claim_status_idle_after_s: float = 300.0
     healthcheck_port: int = -1
     """TCP port of the gRPC health service (`grpc.health.v1`): 0 any free port, negative off
     (NVIDIA's `--healthcheck-port`)."""

@@ -66,6 +66,9 @@ ALL_FLAGS = [
     "--health-taint-effect-unmonitored=NoSchedule",
     "--utilization-interval=2.5",
     "--utilization-idle-threshold=10",
+    "--claim-status=false",
+    "--claim-status-min-interval=5",
+    "--claim-status-idle-after=60",
 ]
 
 EXPECTED = KubeletPluginSettings(
@@ -121,6 +124,9 @@ EXPECTED = KubeletPluginSettings(
     health_taint_effect_unmonitored=TaintEffect.NO_SCHEDULE,
     utilization_interval_s=2.5,
     utilization_idle_threshold=10.0,
+    claim_status=False,
+    claim_status_min_interval_s=5.0,
+    claim_status_idle_after_s=60.0,
 )
 
 
