@@ -99,7 +99,10 @@ def claim_status(
         if health is not None and name in health:
             conditions.append(_healthy(health[name]))
         if activity is not None:
-            conditions.append(_active(activity.get(name)))
+            active = _active(activity.get(name))
+            conditions.append(active)
+            if active.status == "False":
+                data["idleSince"] = _rfc3339(activity[name].last_active)
         entries.append(
             DeviceStatus(
                 driver, prepared.pool_name, name, prepared.share_id, data, tuple(conditions)

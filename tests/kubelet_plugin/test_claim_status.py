@@ -85,6 +85,9 @@ def test_idle_lost_and_unsampled_devices_say_so(gpus: Node) -> None:
     assert by_device["gpu-1"]["Active"] == ("Unknown", "NotSampled")
     (active,) = [c for c in statuses[0].conditions if c.type == "Active"]
     assert "no GPU activity since 1970-01-01T00:00:00Z" in active.message
+    # While idle (only then: it would change at every sample otherwise), data says since when.
+    assert statuses[0].data["idleSince"] == "1970-01-01T00:00:00Z"
+    assert "idleSince" not in statuses[1].data
     # Monitor and sampler off: no Healthy or Active condition at all, not a guess.
     off = claim_status(
         entry, gpus.inventory, devices, driver="gpu.nvidia.com", node="node-a", health=None,
