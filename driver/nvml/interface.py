@@ -28,6 +28,8 @@ ComputeInstanceHandle = object
 """Opaque compute-instance handle: pynvml's ``c_nvmlComputeInstance_t`` or a simulator's handle."""
 EventSetHandle = object
 """Opaque event-set handle: pynvml's ``c_nvmlEventSet_t`` or a simulator's handle."""
+GpmSample = object
+"""An opaque GPM sample (``nvmlGpmSample_t``) of `NvmlLibrary.gpm_mig_sample_get`."""
 
 # Exception classes (typed as plain exception classes; pynvml has no type hints).
 NVMLError: Final[type[Exception]] = pynvml.NVMLError
@@ -57,6 +59,10 @@ NVML_INIT_FLAG_NO_GPUS: Final[int] = pynvml.NVML_INIT_FLAG_NO_GPUS
 NVML_DEVICE_MIG_DISABLE: Final[int] = pynvml.NVML_DEVICE_MIG_DISABLE
 NVML_DEVICE_MIG_ENABLE: Final[int] = pynvml.NVML_DEVICE_MIG_ENABLE
 NVML_DEVICE_ARCH_HOPPER: Final[int] = pynvml.NVML_DEVICE_ARCH_HOPPER
+GPM_ABSENT: Final = frozenset(
+    {pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_FUNCTION_NOT_FOUND}
+)
+"""Answers to a GPM call that mean "no GPM here" (pre-Hopper GPUs, drivers without GPM)."""
 
 # MIG profile constants. GPU-instance profile *indexes* (0 .. COUNT-1) go to
 # GetGpuInstanceProfileInfo only; every later call takes the device-specific profile *ID* it
@@ -463,6 +469,28 @@ class NvmlLibrary(Protocol):
         """``nvmlDeviceGetProcessUtilization``: samples newer than `last_seen_us` (0: all the
         driver keeps); an empty list when there are none (NVML's NotFound). NotSupported on MIG
         device handles and on GPUs without per-process accounting."""
+        ...
+
+    # GPU performance monitoring (GPM, Hopper and newer): SM activity of MIG devices, which
+    # the utilization rates do not give (docs/metrics.md#idle-claims).
+
+    def gpm_query_device_support(self, handle: DeviceHandle) -> bool:
+        """``nvmlGpmQueryDeviceSupport`` of a full GPU: whether it offers GPM metrics
+        (NotSupported or FunctionNotFound from older drivers mean no)."""
+        ...
+
+    def gpm_mig_sample_get(self, handle: DeviceHandle, gpu_instance_id: int) -> GpmSample:
+        """A new GPM sample (``nvmlGpmSampleAlloc`` + ``nvmlGpmMigSampleGet``) of the GPU
+        instance `gpu_instance_id` of the full GPU `handle`; free it with `gpm_sample_free`."""
+        ...
+
+    def gpm_sm_utilization(self, older: GpmSample, newer: GpmSample) -> float:
+        """``NVML_GPM_METRIC_SM_UTIL`` between two samples of one GPU instance: percent of the
+        time its SMs were busy (``nvmlGpmMetricsGet``)."""
+        ...
+
+    def gpm_sample_free(self, sample: GpmSample) -> None:
+        """``nvmlGpmSampleFree``."""
         ...
 
     # Events (health monitoring).

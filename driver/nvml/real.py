@@ -15,12 +15,14 @@ from typing import TYPE_CHECKING, Final, cast
 import pynvml
 
 from gpu_dra.driver.nvml.interface import (
+    GPM_ABSENT,
     ComputeInstanceHandle,
     ComputeInstanceInfo,
     ComputeInstanceProfileInfo,
     DeviceHandle,
     EventData,
     EventSetHandle,
+    GpmSample,
     GpuInstanceHandle,
     GpuInstanceInfo,
     GpuInstancePlacement,
@@ -309,6 +311,40 @@ class RealNvml:
 
     def device_get_compute_running_processes(self, handle: DeviceHandle) -> list[ProcessInfo]:
         return [cast(ProcessInfo, p) for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle)]
+
+    def gpm_query_device_support(self, handle: DeviceHandle) -> bool:
+        try:
+            support = pynvml.nvmlGpmQueryDeviceSupport(handle)
+        except pynvml.NVMLError as error:
+            if return_code(error) in GPM_ABSENT:
+                return False
+            raise
+        return bool(support.isSupportedDevice)
+
+    def gpm_mig_sample_get(self, handle: DeviceHandle, gpu_instance_id: int) -> GpmSample:
+        sample = pynvml.nvmlGpmSampleAlloc()
+        try:
+            pynvml.nvmlGpmMigSampleGet(handle, gpu_instance_id, sample)
+        except pynvml.NVMLError:
+            pynvml.nvmlGpmSampleFree(sample)
+            raise
+        return cast(GpmSample, sample)
+
+    def gpm_sm_utilization(self, older: GpmSample, newer: GpmSample) -> float:
+        request = pynvml.c_nvmlGpmMetricsGet_t()
+        request.version = pynvml.NVML_GPM_METRICS_GET_VERSION
+        request.numMetrics = 1
+        request.sample1 = older
+        request.sample2 = newer
+        request.metrics[0].metricId = pynvml.NVML_GPM_METRIC_SM_UTIL
+        answer = pynvml.nvmlGpmMetricsGet(request)
+        metric = answer.metrics[0]
+        if metric.nvmlReturn != pynvml.NVML_SUCCESS:
+            raise pynvml.NVMLError(metric.nvmlReturn)
+        return float(metric.value)
+
+    def gpm_sample_free(self, sample: GpmSample) -> None:
+        pynvml.nvmlGpmSampleFree(sample)
 
     def device_get_process_utilization(
         self, handle: DeviceHandle, last_seen_us: int

@@ -50,6 +50,7 @@ from gpu_dra.driver.nvml.interface import (
     DeviceHandle,
     EventData,
     EventSetHandle,
+    GpmSample,
     GpuInstanceHandle,
     GpuInstanceInfo,
     GpuInstancePlacement,
@@ -207,6 +208,16 @@ class SimulatedEventSet:
 
 MigSnapshot = dict[str, object]
 """`SimulatedNvml.mig_snapshot`: ``{"gpus": {<GPU UUID>: <MigState.snapshot>}}``."""
+
+
+@dataclass
+class SimulatedGpmSample:
+    """A GPM sample of one GPU instance: the SM utilization its MIG devices had."""
+
+    parent: str
+    gi_id: int
+    sm_percent: int
+    freed: bool = False
 
 
 class SimulatedNvml:
@@ -425,6 +436,42 @@ class SimulatedNvml:
             info.computeInstanceId = ci_id
             processes.append(info)
         return processes
+
+    def gpm_query_device_support(self, handle: DeviceHandle) -> bool:
+        if isinstance(handle, SimulatedMigDeviceHandle):
+            self._mig_device(handle, "gpm_query_device_support")
+            raise nvml_error(NVML_ERROR_NOT_SUPPORTED)
+        gpu = self._gpu(handle, "gpm_query_device_support")
+        return gpu.model.architecture >= NVML_DEVICE_ARCH_HOPPER
+
+    def gpm_mig_sample_get(self, handle: DeviceHandle, gpu_instance_id: int) -> GpmSample:
+        """A sample holding the SM utilization of the GPU instance's MIG devices now (the
+        largest `DeviceActivity.gpu_percent` set on them): the simulator's SM activity."""
+        if not self.gpm_query_device_support(handle):
+            raise nvml_error(NVML_ERROR_NOT_SUPPORTED)
+        state = self._mig_state(handle, "gpm_mig_sample_get")
+        state.require_enabled()
+        gi = state.gpu_instances.get(gpu_instance_id)
+        if gi is None:
+            raise nvml_error(NVML_ERROR_INVALID_ARGUMENT)
+        percents = [
+            self.utilization.get(ci.uuid).gpu_percent for ci in gi.compute_instances.values()
+        ]
+        parent = self.profile.gpus[self._index(handle)].uuid
+        return SimulatedGpmSample(parent, gpu_instance_id, max(percents, default=0))
+
+    def gpm_sm_utilization(self, older: GpmSample, newer: GpmSample) -> float:
+        self._system("gpm_sm_utilization")
+        if not isinstance(older, SimulatedGpmSample) or not isinstance(newer, SimulatedGpmSample):
+            raise nvml_error(NVML_ERROR_INVALID_ARGUMENT)
+        if older.freed or newer.freed or (older.parent, older.gi_id) != (newer.parent, newer.gi_id):
+            raise nvml_error(NVML_ERROR_INVALID_ARGUMENT)
+        return float(newer.sm_percent)
+
+    def gpm_sample_free(self, sample: GpmSample) -> None:
+        if not isinstance(sample, SimulatedGpmSample) or sample.freed:
+            raise nvml_error(NVML_ERROR_INVALID_ARGUMENT)
+        sample.freed = True
 
     def device_get_process_utilization(
         self, handle: DeviceHandle, last_seen_us: int

@@ -3,11 +3,14 @@ devices, in a thread of its own; the newest sample and each claim device's last 
 kept for the metrics (`utilization.metrics`).
 
 Cost is bounded: one sample at a time, never two overlapping; a sample that takes longer than
-the interval delays the next. A claim device is active in a sample when its GPU utilization is
-at least the idle threshold (``--utilization-idle-threshold``) or, where no utilization is
-known (MIG devices, a failed call), when a compute process runs on it; a device of which
-neither could be read counts as active (unknown is not idle). Errors are logged when they
-start (and when they change), counted in every sample. See docs/metrics.md.
+the interval delays the next. A claim device is active in a sample when its SM activity (GPU
+utilization; an MPS share's processes' SM utilization; a MIG device's GPM SM utilization) is at
+least the idle threshold (``--utilization-idle-threshold``), or its memory used changed by more
+than `MEMORY_CHANGE_BYTES` or its set of processes changed since the previous sample. Without
+SM activity (MIG devices of pre-Hopper GPUs, a failed call) a device with a process on it
+counts as active, and a device of which nothing could be read too: unknown is not idle. Errors
+are logged when they start (and when they change), counted in every sample. See
+docs/metrics.md#idle-claims.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import logging
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Final
 
 from gpu_dra.kubelet_plugin.utilization.claims import ClaimDevice
 from gpu_dra.kubelet_plugin.utilization.sampler import (
@@ -38,6 +42,8 @@ class ClaimReading:
     memory_used_bytes: int | None
     memory_total_bytes: int | None
     processes: int | None
+    pids: frozenset[int] | None = None
+    """The processes' ids (for an MPS share, those of its pods)."""
 
 
 def claim_reading(device: ClaimDevice, reading: DeviceReading | None) -> ClaimReading:
@@ -47,12 +53,15 @@ def claim_reading(device: ClaimDevice, reading: DeviceReading | None) -> ClaimRe
         return ClaimReading(None, None, None, None, None)
     if device.tier != "mps-share":
         processes = None if reading.processes is None else len(reading.processes)
+        pids = None if reading.processes is None else frozenset(p.pid for p in reading.processes)
+        gpu_percent = reading.gpu_percent if reading.gpu_percent is not None else reading.sm_percent
         return ClaimReading(
-            None if reading.gpu_percent is None else float(reading.gpu_percent),
+            None if gpu_percent is None else float(gpu_percent),
             None if reading.memory_percent is None else float(reading.memory_percent),
             reading.memory_used_bytes,
             reading.memory_total_bytes,
             processes,
+            pids,
         )
     if reading.processes is None or not device.pods:
         return ClaimReading(None, None, None, device.share_memory_bytes, None)
@@ -64,6 +73,7 @@ def claim_reading(device: ClaimDevice, reading: DeviceReading | None) -> ClaimRe
         _sum_int([p.used_memory_bytes for p in mine]),
         device.share_memory_bytes,
         len(mine),
+        frozenset(p.pid for p in mine),
     )
 
 
@@ -79,6 +89,11 @@ def _sum_int(values: Sequence[int | None]) -> int | None:
     return sum(value for value in values if value is not None)
 
 
+MEMORY_CHANGE_BYTES: Final = 32 * 2**20
+"""A change of a device's memory used by more than this between two samples is activity: an
+idle process holding a context keeps its memory; a job loading data or growing does not."""
+
+
 class ActivityTracker:
     """When each claim device was last active (or first sampled, while never active)."""
 
@@ -86,6 +101,7 @@ class ActivityTracker:
         self.threshold = idle_threshold_percent
         self._first: dict[tuple[str, str], float] = {}
         self._active: dict[tuple[str, str], float] = {}
+        self._previous: dict[tuple[str, str], ClaimReading] = {}
 
     def observe(self, sample: Sample) -> None:
         keys = set()
@@ -93,21 +109,37 @@ class ActivityTracker:
             keys.add(device.key)
             self._first.setdefault(device.key, sample.at)
             reading = claim_reading(device, sample.readings.get(device.uuid or ""))
-            if self.is_active(reading):
+            if self.is_active(reading, self._previous.get(device.key)):
                 self._active[device.key] = sample.at
+            self._previous[device.key] = reading
         for gone in set(self._first) - keys:
             self._first.pop(gone, None)
             self._active.pop(gone, None)
+            self._previous.pop(gone, None)
 
-    def is_active(self, reading: ClaimReading) -> bool:
-        """Active, or not known (neither utilization nor processes read): unknown is not idle."""
+    def is_active(self, reading: ClaimReading, previous: ClaimReading | None = None) -> bool:
+        """SM activity at the threshold, or memory or processes changed since `previous`;
+        without SM activity, any process; nothing known: active (unknown is not idle)."""
+        if _changed(reading, previous):
+            return True
         if reading.gpu_percent is not None:
             return reading.gpu_percent >= self.threshold
+        if reading.processes is None and reading.memory_used_bytes is None:
+            return True
         return reading.processes is None or reading.processes > 0
 
     def last_active(self, key: tuple[str, str]) -> float | None:
         """The last sample the device was active in, else its first sample; None: unsampled."""
         return self._active.get(key, self._first.get(key))
+
+
+def _changed(reading: ClaimReading, previous: ClaimReading | None) -> bool:
+    if previous is None:
+        return False
+    now, before = reading.memory_used_bytes, previous.memory_used_bytes
+    if now is not None and before is not None and abs(now - before) > MEMORY_CHANGE_BYTES:
+        return True
+    return reading.pids is not None and previous.pids is not None and reading.pids != previous.pids
 
 
 class UtilizationMonitor:

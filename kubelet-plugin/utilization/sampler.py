@@ -1,14 +1,17 @@
 """One utilization sample of the devices prepared claims hold: NVML read once per device.
 
 Per device (GPU or MIG device, by UUID): memory used and total, the compute processes (with the
-pod each runs in, from its cgroup), on full GPUs the utilization rates, and on GPUs with MPS
-shares each process's SM utilization. NVML reports no utilization rates and no per-process
-utilization on MIG devices: those values are absent, not 0. A failed call is a `SampleError`
-(device, call, return code name) and its value is absent. Blocking: run it in a thread.
+pod each runs in, from its cgroup), on full GPUs the utilization rates, on GPUs with MPS shares
+each process's SM utilization, and on MIG devices of GPUs with GPM (Hopper and newer) the GPU
+instance's SM utilization between this sample and the previous one. NVML reports no utilization
+rates and no per-process utilization on MIG devices, and pre-Hopper GPUs no GPM: those values
+are absent, not 0. A failed call is a `SampleError` (device, call, return code name) and its
+value is absent. Blocking: run it in a thread.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping
@@ -16,7 +19,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpu_dra.driver.nvml.interface import (
+    GPM_ABSENT,
     DeviceHandle,
+    GpmSample,
     NvmlLibrary,
     return_code,
     return_code_name,
@@ -43,6 +48,8 @@ class DeviceReading:
     gpu_percent: int | None = None
     memory_percent: int | None = None
     processes: tuple[ProcessReading, ...] | None = None
+    sm_percent: float | None = None
+    """MIG devices with GPM: the GPU instance's SM utilization since the previous sample."""
 
 
 @dataclass(frozen=True)
@@ -77,18 +84,23 @@ class UtilizationSampler:
         clock: Callable[[], float] = time.time,
         process_utilization: bool = True,
     ) -> None:
-        """``process_utilization`` False: never ask NVML for per-process SM utilization (the
-        MPS memory watchdog needs only the processes and their memory)."""
+        """``process_utilization`` False: never ask NVML for per-process SM utilization nor
+        GPM (the MPS memory watchdog needs only the processes and their memory)."""
         self._nvml = nvml
         self._per_process = process_utilization
         self._proc_root = proc_root
         self._clock = clock
         self._last_seen_us: dict[str, int] = {}
+        self._gpm: dict[str, GpmSample] = {}
+        """MIG device UUID -> its GPU instance's previous GPM sample."""
+        self._gpm_support: dict[str, bool] = {}
+        """MIG device UUID -> whether its GPU offers GPM."""
         self._initialized = False
 
     def close(self) -> None:
-        """Release NVML (``shutdown``) if a sample initialised it."""
+        """Release NVML (``shutdown``) if a sample initialised it, and the GPM samples kept."""
         if self._initialized:
+            self._free_gpm(set(self._gpm))
             self._initialized = False
             self._nvml.shutdown()
 
@@ -114,6 +126,9 @@ class UtilizationSampler:
             readings[uuid] = self._read(uuid, uuid in with_shares, errors)
         for gone in set(self._last_seen_us) - with_shares:
             del self._last_seen_us[gone]
+        self._free_gpm(set(self._gpm) - set(readings))
+        for gone in set(self._gpm_support) - set(readings):
+            del self._gpm_support[gone]
         return Sample(at, time.perf_counter() - started, held, readings, tuple(errors))
 
     def _read(self, uuid: str, shares: bool, errors: list[SampleError]) -> DeviceReading:
@@ -137,6 +152,7 @@ class UtilizationSampler:
             rates = call("device_get_utilization_rates", handle)
             gpu_percent = getattr(rates, "gpu", None)
             memory_percent = getattr(rates, "memory", None)
+        sm_percent = self._gpm_sm_percent(uuid, handle, call) if mig and self._per_process else None
         listed = call("device_get_compute_running_processes", handle)
         sm = self._process_utilization(uuid, handle, call) if shares and not mig else None
         processes = None
@@ -150,7 +166,46 @@ class UtilizationSampler:
                 )
                 for info in listed
             )
-        return DeviceReading(uuid, used, total, gpu_percent, memory_percent, processes)
+        return DeviceReading(uuid, used, total, gpu_percent, memory_percent, processes, sm_percent)
+
+    def _gpm_sm_percent(
+        self, uuid: str, handle: DeviceHandle, call: Callable[..., object | None]
+    ) -> float | None:
+        """The MIG device's GPU instance's SM utilization since the previous sample (None the
+        first time, without GPM, or when a call failed)."""
+        parent = call("device_get_device_handle_from_mig_device_handle", handle)
+        gi_id = call("device_get_gpu_instance_id", handle)
+        if parent is None or not isinstance(gi_id, int):
+            return None
+        if uuid not in self._gpm_support:
+            try:
+                self._gpm_support[uuid] = bool(self._nvml.gpm_query_device_support(parent))
+            except Exception as error:  # pynvml errors
+                if return_code(error) not in GPM_ABSENT:
+                    call("gpm_query_device_support", parent)  # report it as the call's error
+                    return None
+                self._gpm_support[uuid] = False
+        if not self._gpm_support[uuid]:
+            return None
+        newer = call("gpm_mig_sample_get", parent, gi_id)
+        if newer is None:
+            self._free_gpm({uuid})
+            return None
+        older = self._gpm.get(uuid)
+        self._gpm[uuid] = newer
+        if older is None:
+            return None
+        percent = call("gpm_sm_utilization", older, newer)
+        with contextlib.suppress(Exception):  # a sample NVML cannot free is lost, not fatal
+            self._nvml.gpm_sample_free(older)
+        return float(percent) if isinstance(percent, int | float) else None
+
+    def _free_gpm(self, uuids: set[str]) -> None:
+        for uuid in uuids:
+            sample = self._gpm.pop(uuid, None)
+            if sample is not None:
+                with contextlib.suppress(Exception):
+                    self._nvml.gpm_sample_free(sample)
 
     def _process_utilization(
         self, uuid: str, handle: DeviceHandle, call: Callable[..., object | None]

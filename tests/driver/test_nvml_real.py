@@ -162,3 +162,18 @@ def test_process_utilization_reads_no_samples_as_empty_and_raises_the_rest(
         with pytest.raises(pynvml.NVMLError) as raised:
             RealNvml().device_get_process_utilization(object(), 0)
         assert raised.value.value == code
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _has_gpu(), reason="needs an NVIDIA GPU and libnvidia-ml")
+def test_real_gpus_say_whether_they_offer_gpm_as_their_architecture_implies():
+    """The idle rule reads a MIG device's SM activity through GPM (Hopper and newer); the query
+    must answer (True/False), never raise, whatever the GPU (docs/metrics.md#idle-claims)."""
+    nvml = RealNvml(Path("/"))
+    nvml.init()
+    try:
+        handle = nvml.device_get_handle_by_index(0)
+        hopper_or_newer = nvml.device_get_architecture(handle) >= pynvml.NVML_DEVICE_ARCH_HOPPER
+        assert nvml.gpm_query_device_support(handle) is hopper_or_newer
+    finally:
+        nvml.shutdown()

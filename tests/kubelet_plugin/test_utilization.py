@@ -161,9 +161,13 @@ def test_whole_gpus_export_utilization_with_claim_labels(gpus: Node, tmp_path: P
         ("train", "gpu-0"): 1,
         ("notebook", "gpu-1"): 0,
     }
-    # idle tracking: the busy claim was active at 1000, then idle; the idle one never active
+    # idle tracking: the busy claim was active at 1000, then idle although its process still
+    # holds its context and memory (an idle notebook); the idle one never active
     sampling.clock.now = 1600.0
-    sampling.nvml.set_activity(gpus.uuid_of("gpu-0"), DeviceActivity(gpu_percent=4))
+    sampling.nvml.set_activity(
+        gpus.uuid_of("gpu-0"),
+        DeviceActivity(gpu_percent=4, processes=(SimulatedProcess(4242, 30 * GIB, 0),)),
+    )
     sampling.monitor.sample_once()
     assert sampling.values("gpu_dra_claim_last_active_timestamp_seconds") == {
         ("train", "gpu-0"): 1000.0,
@@ -318,34 +322,83 @@ def test_nvml_that_cannot_be_initialised_is_one_error_per_sample(
     assert sampling.values("gpu_dra_claim_gpu_utilization_percent") == {("a", "gpu-0"): 0}
 
 
-def test_mig_devices_report_memory_and_processes_and_no_utilization(tmp_path: Path) -> None:
-    host = SimulatedHost.load("hgx-h100-mig", NODE)
+def mig_sampling(tmp_path: Path, profile: str) -> tuple[Node, Sampling, str, str]:
+    host = SimulatedHost.load(profile, NODE)
     found = discover_devices(host.nvml, host.pci)
     node = Node(tmp_path / "node", NodeInventory.from_discovery(found, simulated=True))
     mig = found.mig_devices[0]
     name = device_name(mig)
     ok(node.prepare(node.add_gpus(UID_A, "slice", name))[UID_A])
-    sampling = Sampling(node, tmp_path / "proc", {}, profile="hgx-h100-mig")
-    sampling.nvml.set_activity(
-        mig.uuid, DeviceActivity(gpu_percent=99, processes=(SimulatedProcess(77, 2 * GIB),))
-    )
+    return node, Sampling(node, tmp_path / "proc", {}, profile=profile), mig.uuid, name
+
+
+def test_mig_devices_report_memory_processes_and_gpm_sm_utilization(tmp_path: Path) -> None:
+    node, sampling, uuid, name = mig_sampling(tmp_path, "hgx-h100-mig")
+    busy = DeviceActivity(gpu_percent=99, processes=(SimulatedProcess(77, 2 * GIB),))
+    sampling.nvml.set_activity(uuid, busy)
     sample = sampling.monitor.sample_once()
 
     assert sample.errors == ()  # what NVML does not offer on MIG is not asked
+    # SM utilization comes from GPM between two samples: none in the first.
     assert sampling.values("gpu_dra_claim_gpu_utilization_percent") == {}
     assert sampling.values("gpu_dra_claim_memory_used_bytes") == {("slice", name): 2 * GIB}
     limit = sampling.values("gpu_dra_claim_memory_limit_bytes")[("slice", name)]
-    assert limit == mig.memory_bytes
+    assert limit == next(m for m in node.inventory.mig_devices if m.uuid == uuid).memory_bytes
     assert sampling.values("gpu_dra_claim_processes") == {("slice", name): 1}
     assert [labels["tier"] for labels, _ in sampling.samples("gpu_dra_claim_devices")] == ["mig"]
-    # a process runs: active; none: idle from then on
-    sampling.clock.now = 1500.0
-    sampling.nvml.set_activity(mig.uuid, DeviceActivity())
+    sampling.clock.now = 1100.0
     sampling.monitor.sample_once()
-    sampling.clock.now = 1900.0
-    sampling.monitor.sample_once()
+    assert sampling.values("gpu_dra_claim_gpu_utilization_percent") == {("slice", name): 99}
+    # The notebook stops computing but keeps its context and memory: idle from then on.
+    sampling.nvml.set_activity(
+        uuid, DeviceActivity(gpu_percent=0, processes=(SimulatedProcess(77, 2 * GIB),))
+    )
+    for now in (1500.0, 1900.0):
+        sampling.clock.now = now
+        sampling.monitor.sample_once()
     active = sampling.values("gpu_dra_claim_last_active_timestamp_seconds")
-    assert active == {("slice", name): 1000.0}
+    assert active == {("slice", name): 1100.0}
+    # Memory that grows is activity, without SM utilization too.
+    sampling.nvml.set_activity(
+        uuid, DeviceActivity(gpu_percent=0, processes=(SimulatedProcess(77, 3 * GIB),))
+    )
+    sampling.clock.now = 2000.0
+    sampling.monitor.sample_once()
+    assert sampling.values("gpu_dra_claim_last_active_timestamp_seconds") == {
+        ("slice", name): 2000.0
+    }
+
+
+def test_without_gpm_a_mig_process_counts_as_active_and_no_process_as_idle(
+    tmp_path: Path,
+) -> None:
+    """Pre-Hopper GPUs (here: the simulated H100s answering the GPM query NotSupported, as an
+    A100 does) give no SM activity on MIG devices: a process that holds the slice might compute,
+    so it is not called idle; an empty slice is."""
+    _, sampling, uuid, name = mig_sampling(tmp_path, "hgx-h100-mig")
+    for gpu in range(8):
+        sampling.nvml.set_fault(
+            "gpm_query_device_support", pynvml.NVML_ERROR_NOT_SUPPORTED, gpu=gpu
+        )
+    holding = DeviceActivity(gpu_percent=0, processes=(SimulatedProcess(77, 2 * GIB),))
+    sampling.nvml.set_activity(uuid, holding)
+    for now in (1000.0, 1500.0):
+        sampling.clock.now = now
+        sampling.monitor.sample_once()
+    assert sampling.values("gpu_dra_claim_gpu_utilization_percent") == {}
+    assert sampling.values("gpu_dra_claim_last_active_timestamp_seconds") == {
+        ("slice", name): 1500.0
+    }
+    sampling.nvml.set_activity(uuid, DeviceActivity())
+    for now in (1600.0, 1900.0):  # the process ends (a change: active), then nothing runs
+        sampling.clock.now = now
+        sampling.monitor.sample_once()
+    assert sampling.values("gpu_dra_claim_last_active_timestamp_seconds") == {
+        ("slice", name): 1600.0
+    }
+    latest = sampling.monitor.latest
+    assert latest is not None
+    assert latest.errors == ()
 
 
 @pytest.mark.parametrize(
