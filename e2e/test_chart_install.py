@@ -343,9 +343,16 @@ def test_a_claims_status_says_what_it_holds_and_only_its_nodes_plugin_writes_it(
     (device,) = allocated_devices(kube, "held", namespace)
 
     # What the claim holds, written by the plugin: the device, its UUID, Ready.
-    wait_for("the plugin to write the claim's status.devices",
-             lambda: condition(next(iter(status_entries(kube, "held", namespace)), {}),
-                               "Ready").get("status") == "True", 60)  # fmt: skip
+    def written() -> bool:
+        entries = status_entries(kube, "held", namespace)
+        return bool(entries) and condition(entries[0], "Ready").get("status") == "True"
+
+    try:
+        wait_for("the plugin to write the claim's status.devices", written, 60)
+    except TimeoutError as error:
+        (plugin_pod,) = pods(kube, PLUGIN_SELECTOR)
+        log = kube.pod_log(plugin_pod["metadata"]["name"], NAMESPACE, "gpus")
+        raise AssertionError(f"{error}; the plugin's log ends:\n{log[-3000:]}") from error
     (entry,) = status_entries(kube, "held", namespace)
     assert (entry["pool"], entry["device"]) == (versions.NODE_NAME, device)
     assert entry["data"]["tier"] == "gpu"
