@@ -396,9 +396,9 @@ def test_a_claims_status_says_what_it_holds_and_only_its_nodes_plugin_writes_it(
     entry_elsewhere = {"driver": DRIVER, "pool": "other-node", "device": "gpu-0", "data": {}}
     with pytest.raises(ApiException) as not_here:
         apply_status(plugin, elsewhere, [entry_elsewhere])
-    assert not_here.value.status == 403
-    assert (
-        f"gpu-dra kubelet plugin on node {versions.NODE_NAME} may only write the status of "
-        "claims allocated a gpu.nvidia.com device of its own node" in str(not_here.value.body)
-    )
+    # Kubernetes itself refuses it: the plugin may write its driver's entries of claims
+    # associated with its own node only (resourceclaims/driver, associated-node:patch).
+    assert not_here.value.status == 422
+    assert 'requires resource="resourceclaims/driver"' in str(not_here.value.body)
+    assert "devices" not in kube.get(CLAIM_API, "ResourceClaim", "elsewhere", namespace)["status"]
     delete_pods(kube, namespace, ["pod"])

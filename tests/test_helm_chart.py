@@ -672,9 +672,14 @@ def test_the_plugin_may_do_what_it_calls_and_nothing_of_the_controller(
     for verb in ("get", "list", "watch"):
         assert may(verb, CLAIMS)
     assert not may("update", CLAIMS)
-    # The claim status writer: server-side apply of status only (its entries: admission policy).
+    # The claim status writer: server-side apply of status only, and this driver's entries of
+    # claims on its own node (Kubernetes' resourceclaims/driver check; the rest: admission policy).
     assert may("patch", f"{CLAIMS}/status")
     assert not may("patch", CLAIMS)
+    driver = f"{CLAIMS}/driver"
+    assert host_driver.may(PLUGIN_SA, "associated-node:patch", driver, name="gpu.nvidia.com")
+    assert not host_driver.may(PLUGIN_SA, "arbitrary-node:patch", driver, name="gpu.nvidia.com")
+    assert not host_driver.may(PLUGIN_SA, "associated-node:patch", driver, name="net.example")
     # PodRunner: create, get, list, delete daemon pods, in the release namespace only.
     for verb in ("create", "get", "list", "delete"):
         assert may(verb, "pods", NAMESPACE)
@@ -887,6 +892,9 @@ def test_the_plugin_may_patch_claim_status_only_with_the_claim_status_on(tmp_pat
                       tmp_path / "off")  # fmt: skip
     assert on.may(PLUGIN_SA, "patch", f"{CLAIMS}/status")
     assert not off.may(PLUGIN_SA, "patch", f"{CLAIMS}/status")
+    driver = f"{CLAIMS}/driver"
+    assert on.may(PLUGIN_SA, "associated-node:patch", driver, name="gpu.nvidia.com")
+    assert not off.may(PLUGIN_SA, "associated-node:patch", driver, name="gpu.nvidia.com")
     assert [p["metadata"]["name"] for p in off.all("ValidatingAdmissionPolicy")] == [
         f"{PLUGIN_SA}-own-node"
     ]
