@@ -788,7 +788,10 @@ def _warn_outside_policy(
 
 
 def _compare_classes(linter: _Linter, classes: Sequence[tuple[_Object, ClassResult]]) -> None:
-    """Identical selections (WARNING) and overlaps (INFO), reported on the later class."""
+    """Identical selections (WARNING) and overlaps (INFO), reported on the later class. Two
+    classes of which one adds conditions to all of the other's (``&&``) differ by design: where
+    they select the same devices, the added conditions merely exclude none of the simulated ones
+    (INFO)."""
     evaluated = [(obj, result) for obj, result in classes if result.evaluated and result.selected]
     for later, (obj, result) in enumerate(evaluated):
         mine = result.keys
@@ -796,7 +799,16 @@ def _compare_classes(linter: _Linter, classes: Sequence[tuple[_Object, ClassResu
             theirs = other.keys
             both = len(mine & theirs)
             name = other_obj.label
-            if mine == theirs:
+            added = _added_conditions(obj, other_obj) or _added_conditions(other_obj, obj)
+            if mine == theirs and added:
+                narrower = obj.label if _added_conditions(obj, other_obj) else name
+                linter.add(
+                    "INFO",
+                    obj,
+                    f"selects the same {len(mine)} devices as {name} on the simulated profiles; "
+                    f"{narrower} adds {' && '.join(added)}, which excludes none of them",
+                )
+            elif mine == theirs:
                 linter.add(
                     "WARNING",
                     obj,
@@ -864,6 +876,58 @@ def _lint_claim(
                 f"{request.class_name} selects ({linter.products(candidates)})",
                 request.path,
             )
+
+
+def _added_conditions(narrower: _Object, wider: _Object) -> list[str]:
+    """The conditions `narrower` adds to every condition of `wider` (both classes' selectors
+    split at their top-level ``&&``, compared token by token), as written; empty unless it keeps
+    them all and adds some."""
+    mine, theirs = _conditions(narrower), _conditions(wider)
+    if mine is None or theirs is None or not set(theirs) < set(mine):
+        return []
+    return [text for key, text in mine.items() if key not in theirs]
+
+
+def _conditions(obj: _Object) -> dict[str, str] | None:
+    """The conjuncts of all of `obj`'s selectors (which the scheduler ANDs): each one's tokens
+    joined by one space -> its text; None when a selector does not tokenize."""
+    conditions: dict[str, str] = {}
+    for site in obj.selectors:
+        try:
+            found = tokens(site.expression)
+        except LexError:
+            return None
+        parts: list[list[Token]] = [[]]
+        depth = 0
+        for token in found:
+            if token.kind == "punct" and token.text in ("(", "[", "{"):
+                depth += 1
+            elif token.kind == "punct" and token.text in (")", "]", "}"):
+                depth -= 1
+            if depth == 0 and token.text in ("||", "?"):  # not a plain conjunction: one part
+                parts = [list(found)]
+                break
+            if depth == 0 and token.text == "&&":
+                parts.append([])
+            else:
+                parts[-1].append(token)
+        for part in map(_unwrapped, parts):
+            if part:
+                text = site.expression[part[0].start : part[-1].end]
+                conditions.setdefault(" ".join(token.text for token in part), text)
+    return conditions
+
+
+def _unwrapped(part: list[Token]) -> list[Token]:
+    """`part` without parentheses around all of it: ``(a)`` is ``a``."""
+    while len(part) >= 2 and part[0].text == "(" and part[-1].text == ")":
+        depth = 0
+        for index, token in enumerate(part):
+            depth += {"(": 1, ")": -1}.get(token.text, 0) if token.kind == "punct" else 0
+            if depth == 0 and index < len(part) - 1:
+                return part  # (a) && (b): the first parenthesis closes before the end
+        part = part[1:-1]
+    return part
 
 
 # ---- names read by a selector ------------------------------------------------------------------

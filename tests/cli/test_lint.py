@@ -72,6 +72,22 @@ def test_shipped_catalog_lints_clean_on_every_builtin_profile(capsys):
     assert "hgx-h100+dynamic-mig, hgx-h100-mig, hgx-h100-mig+mps-shares, " in out
 
 
+def test_shipped_catalog_passes_lint_strict_on_every_builtin_profile(capsys):
+    # What CI should run: no warning either. training adds compute capability >= 8.0 to
+    # large-memory's conditions, which no simulated GPU of >= 40 GiB fails: INFO, not WARNING.
+    code, out, _ = run(capsys, "--strict", str(REPO / "deviceclasses"))
+
+    assert lines(out, "WARNING") == []
+    assert code == EXIT_OK, out
+    training = REPO / "deviceclasses" / "training.gpu.nvidia.com.yaml"
+    assert (
+        f"INFO {training} DeviceClass/training.gpu.nvidia.com: selects the same 73 devices as "
+        "DeviceClass/large-memory.gpu.nvidia.com on the simulated profiles; "
+        "DeviceClass/training.gpu.nvidia.com adds "
+        f"{G}.cudaComputeCapability.compareTo(semver('8.0.0')) >= 0, which excludes none of them"
+    ) in lines(out, "INFO")
+
+
 # Profiles without MIG devices: what mig.nvidia.com meets on most clusters today.
 WHOLE_GPU_PROFILES = ("hgx-h100", "dgx-a100", "l4x4", "mixed", "t4")
 
@@ -424,6 +440,34 @@ def test_identical_classes_warn_and_overlapping_ones_are_info(capsys, tmp_path):
     ]
     superset = "selects a superset of DeviceClass/l4 (its 2 devices and 2 more)"
     assert f"INFO {file} DeviceClass/all: {superset}" in out
+
+
+def test_a_class_adding_a_condition_that_excludes_nothing_is_info_a_reworded_one_warns(
+    capsys, tmp_path
+):
+    big = f"{C}.memory.compareTo(quantity('40Gi')) >= 0"
+    file = write(
+        tmp_path / "c.yaml",
+        # the narrower class first: the finding goes on the later one, naming the narrower
+        device_class("training", f"{G}.type == 'gpu' && ({big}) && {G}.brand == 'Nvidia'"),
+        device_class("big", f"{G}.type == 'gpu'", big),  # two selectors are ANDed too
+        device_class("reworded", f"{G}.productName == 'NVIDIA H100 80GB HBM3'"),
+        device_class("or", f"{G}.type == 'gpu' && {big} || {G}.brand == 'Nvidia'"),
+    )
+
+    code, out, _ = run(capsys, "--strict", "--profile", "hgx-h100", "--profile", "l4x4", file)
+
+    assert (
+        f"INFO {file} DeviceClass/big: selects the same 8 devices as DeviceClass/training on the "
+        f"simulated profiles; DeviceClass/training adds {G}.brand == 'Nvidia', which excludes "
+        "none of them"
+    ) in lines(out, "INFO")
+    assert lines(out, "WARNING") == [
+        f"WARNING {file} DeviceClass/reworded: selects the same 8 devices as "
+        f"DeviceClass/{other} on the simulated profiles"
+        for other in ("training", "big")
+    ]
+    assert code == EXIT_FAILED
 
 
 # ---- output and exit status ---------------------------------------------------------------------
