@@ -841,16 +841,9 @@ def _lint_claim(
             candidates = [i for i, device in enumerate(linter.devices) if device.key in keys]
         sites = [(site, linter.compile(obj, site, candidates, scope)) for site in request.selectors]
         compiled = [(site, selector) for site, selector in sites if selector is not None]
-        if len(compiled) < len(sites) or not request.complete or request.class_name is None:
-            continue
-        if entry is None:
-            linter.add(
-                "INFO",
-                obj,
-                f"DeviceClass {request.class_name} is not among the linted files; the request's "
-                "selectors were compiled but not evaluated",
-                request.path,
-            )
+        if entry is None and request.class_name is not None:
+            linter.add("WARNING", obj, _missing_class(request.class_name, classes), request.path)
+        if len(compiled) < len(sites) or not request.complete or entry is None:
             continue
         if not entry[1].evaluated:
             continue
@@ -928,6 +921,21 @@ def _unwrapped(part: list[Token]) -> list[Token]:
                 return part  # (a) && (b): the first parenthesis closes before the end
         part = part[1:-1]
     return part
+
+
+def _missing_class(name: str, classes: Mapping[str, object]) -> str:
+    """Why a request's DeviceClass `name`, not among `classes`, is a warning, and the closest
+    linted class name."""
+    close = difflib.get_close_matches(name, sorted(classes), n=1)
+    hint = (
+        f"did you mean {close[0]}?"
+        if close
+        else "lint the claim with its class (e.g. deviceclasses/), or make sure the cluster has it"
+    )
+    return (
+        f"DeviceClass {name} is not among the linted files; {hint} (a claim naming a class the "
+        "cluster lacks stays pending); the request's selectors were compiled but not evaluated"
+    )
 
 
 # ---- names read by a selector ------------------------------------------------------------------
@@ -1285,7 +1293,8 @@ COMMAND: Final = Subcommand(
     "For common mistakes (a name used as a domain, a quantity or version compared with a\n"
     "number or string) the first error says why and what to write instead, linted too.\n"
     "WARNING: a class selecting no device, two classes selecting the same devices, a name\n"
-    "only NVIDIA's driver publishes (MIG). INFO: what each class selects, overlaps.\n"
+    "only NVIDIA's driver publishes (MIG), a claim's DeviceClass not among the files\n"
+    "(with the closest one). INFO: what each class selects, overlaps.\n"
     "Exit status: 0 no errors (warnings allowed unless --strict), 1 errors (or warnings\n"
     "with --strict), 2 an input or profile cannot be read or parsed.",
     examples=(

@@ -470,6 +470,36 @@ def test_a_class_adding_a_condition_that_excludes_nothing_is_info_a_reworded_one
     assert code == EXIT_FAILED
 
 
+def test_a_claim_naming_a_class_not_linted_fails_strict_and_gets_the_closest_class(
+    capsys, tmp_path
+):
+    def claim(class_name: str) -> dict[str, object]:
+        request = {"name": "gpu", "exactly": {"deviceClassName": class_name}}
+        return {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {"name": "c", "namespace": "ns"},
+            "spec": {"devices": {"requests": [request]}},
+        }
+
+    typo = write(tmp_path / "typo.yaml", claim("gpu.nvidai.com"))
+    catalog = str(REPO / "deviceclasses")
+
+    code, out, _ = run(capsys, "--strict", catalog, typo)
+
+    assert code == EXIT_FAILED
+    assert lines(out, "WARNING") == [
+        f"WARNING {typo} ResourceClaim/c: spec.devices.requests[0].exactly: DeviceClass "
+        "gpu.nvidai.com is not among the linted files; did you mean gpu.nvidia.com? (a claim "
+        "naming a class the cluster lacks stays pending); the request's selectors were compiled "
+        "but not evaluated"
+    ]
+    assert run(capsys, catalog, typo)[0] == EXIT_OK  # a warning, not an error
+    right = write(tmp_path / "right.yaml", claim("gpu.nvidia.com"))
+    code, out, _ = run(capsys, "--strict", catalog, right)
+    assert (code, lines(out, "WARNING")) == (EXIT_OK, [])
+
+
 # ---- output and exit status ---------------------------------------------------------------------
 
 
@@ -596,9 +626,9 @@ def test_claim_requests_are_evaluated_on_the_devices_of_their_class(capsys, tmp_
     ]
     assert lines(out, "WARNING") == [
         f"WARNING {file} ResourceClaim/c: spec.devices.requests[1].exactly: the selectors "
-        "reject all 2 devices DeviceClass l4 selects (2x NVIDIA L4)"
+        "reject all 2 devices DeviceClass l4 selects (2x NVIDIA L4)",
+        f"WARNING {file} ResourceClaim/c: spec.devices.requests[2].exactly: DeviceClass "
+        "not-linted is not among the linted files; lint the claim with its class (e.g. "
+        "deviceclasses/), or make sure the cluster has it (a claim naming a class the cluster "
+        "lacks stays pending); the request's selectors were compiled but not evaluated",
     ]
-    assert (
-        f"INFO {file} ResourceClaim/c: spec.devices.requests[2].exactly: DeviceClass not-linted "
-        "is not among the linted files" in out
-    )
