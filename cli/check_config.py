@@ -155,6 +155,8 @@ COMMAND: Final = Subcommand(
     "  ERROR <file> <kind>/<name> <path>: <message>\n"
     "  SKIP <file> <kind>/<name> <path>: <why>      (an entry for another driver)\n"
     "Entries that are not opaque are errors: the driver cannot tell whom they are for.\n"
+    "So is this driver's config (resource.nvidia.com GpuConfig, MigDeviceConfig) under a\n"
+    'misspelt driver name (gpu.nvidai.com): "did you mean gpu.nvidia.com?".\n'
     "Other objects are ignored. With -o json|yaml: {checks: [{verdict, file, object,\n"
     "path, message}], summary: {ok, errors, skipped}, unreadable: [...]}.\n"
     "Exit status: 0 all entries OK, 1 some entry has an error, 2 a file cannot be read\n"

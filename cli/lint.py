@@ -49,6 +49,7 @@ from gpu_dra.driver.cel import (
 )
 from gpu_dra.driver.cel.source import LexError, Token, tokens
 from gpu_dra.driver.cel.values import Semver
+from gpu_dra.driver.config.objects import CONFIG_LISTS, config_list, near_miss_driver
 from gpu_dra.driver.mig_policy import DEFAULT as DEFAULT_MIG_POLICY
 from gpu_dra.driver.mig_policy import (
     DEFAULT_POLICY_TEXT,
@@ -460,7 +461,24 @@ class _Linter:
                 obj.complete = obj.complete and complete
         else:
             obj.requests = self._requests(obj, manifest, _REQUESTS_PATH[obj.kind])
+        self._near_miss_drivers(obj, manifest)
         return obj
+
+    def _near_miss_drivers(self, obj: _Object, manifest: Mapping[str, Any]) -> None:
+        """ERROR for each config entry that is this driver's config under a misspelt driver
+        name (`near_miss_driver`): no driver applies it (`gpu-dra check-config` checks the
+        rest of the configs)."""
+        entries = config_list(obj.kind, manifest)
+        if not isinstance(entries, list):
+            return
+        path = ".".join(CONFIG_LISTS[obj.kind][0])
+        for index, entry in enumerate(entries):
+            opaque = entry.get("opaque") if isinstance(entry, Mapping) else None
+            if not isinstance(opaque, Mapping):
+                continue
+            message = near_miss_driver(opaque, driver=self.driver)
+            if message is not None:
+                self.add("ERROR", obj, message, f"{path}[{index}]")
 
     def _mapping(
         self, obj: _Object, parent: Mapping[str, Any], key: str, path: str
@@ -1289,7 +1307,8 @@ COMMAND: Final = Subcommand(
     "as the scheduler evaluates them. One line per finding:\n"
     "  LEVEL <file> <kind>/<name>: [<path>: ]<message>\n"
     "ERROR: a compile error, a runtime error on some device (e.g. a missing attribute read\n"
-    "without has()), an attribute or capacity gpu-dra never publishes (with a suggestion).\n"
+    "without has()), an attribute or capacity gpu-dra never publishes (with a suggestion),\n"
+    "a config of this driver's API under a misspelt driver name (did you mean ...?).\n"
     "For common mistakes (a name used as a domain, a quantity or version compared with a\n"
     "number or string) the first error says why and what to write instead, linted too.\n"
     "WARNING: a class selecting no device, two classes selecting the same devices, a name\n"

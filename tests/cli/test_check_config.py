@@ -330,3 +330,41 @@ def test_json_output_lists_unreadable_files_and_exits_two(capsys, tmp_path):
     (unreadable,) = data["unreadable"]
     assert missing in unreadable
     assert missing in err
+
+
+def test_this_drivers_config_under_a_misspelt_driver_is_an_error_with_did_you_mean(
+    capsys, tmp_path
+):
+    file = manifest(
+        tmp_path,
+        claim(
+            "typo",
+            opaque("kind: GpuConfig, sharing: {strategy: TimeSlicing}", driver="gpu.nvidai.com"),
+            opaque("kind: MigDeviceConfig", driver="gpu.nvidia.co"),
+            opaque("kind: ComputeDomainChannelConfig", driver="compute-domain.nvidia.com"),
+        ),
+    )
+
+    code, out, _ = run(capsys, "check-config", file)
+
+    assert code == EXIT_FAILED
+    assert out.splitlines() == [
+        f"ERROR {file} ResourceClaim/typo spec.devices.config[0]: opaque.driver: gpu.nvidai.com "
+        "is not gpu.nvidia.com, but the parameters are gpu.nvidia.com's GpuConfig: did you mean "
+        "gpu.nvidia.com? As written, gpu.nvidia.com ignores this config",
+        f"ERROR {file} ResourceClaim/typo spec.devices.config[1]: opaque.driver: gpu.nvidia.co "
+        "is not gpu.nvidia.com, but the parameters are gpu.nvidia.com's MigDeviceConfig: did "
+        "you mean gpu.nvidia.com? As written, gpu.nvidia.com ignores this config",
+        # NVIDIA's compute domain driver: its own config kinds, a name far from ours
+        f"SKIP {file} ResourceClaim/typo spec.devices.config[2]: driver compute-domain.nvidia.com "
+        "is not gpu.nvidia.com",
+    ]
+
+
+def test_near_misses_are_judged_against_the_driver_name_given(capsys, tmp_path):
+    file = manifest(tmp_path, claim("ours", opaque("kind: GpuConfig", driver="gpu.example.com")))
+
+    assert run(capsys, "check-config", file)[0] == EXIT_OK  # SKIP: far from gpu.nvidia.com
+    code, out, _ = run(capsys, "check-config", "--driver-name", "gpu.example.co", file)
+    assert code == EXIT_FAILED
+    assert "did you mean gpu.example.co?" in out

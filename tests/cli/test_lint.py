@@ -500,6 +500,43 @@ def test_a_claim_naming_a_class_not_linted_fails_strict_and_gets_the_closest_cla
     assert (code, lines(out, "WARNING")) == (EXIT_OK, [])
 
 
+def test_this_drivers_config_under_a_misspelt_driver_name_is_an_error(capsys, tmp_path):
+    def config(driver: str, kind: str = "GpuConfig") -> dict[str, object]:
+        parameters = {"apiVersion": "resource.nvidia.com/v1beta1", "kind": kind}
+        return {"opaque": {"driver": driver, "parameters": parameters}}
+
+    claim = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": "c", "namespace": "ns"},
+        "spec": {
+            "devices": {
+                "requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu"}}],
+                "config": [
+                    config("gpu.nvidia.com"),
+                    config("gpu.nvidai.com"),
+                    config("compute-domain.nvidia.com", "ComputeDomainChannelConfig"),
+                ],
+            }
+        },
+    }
+    shared = device_class("gpu", "device.driver == 'gpu.nvidia.com'")
+    shared["spec"]["config"] = [config("mig.nvidia.com", "MigDeviceConfig")]  # type: ignore[index]
+    file = write(tmp_path / "c.yaml", shared, claim)
+
+    code, out, _ = run(capsys, "--profile", "t4", file)
+
+    assert code == EXIT_FAILED
+    assert lines(out, "ERROR") == [
+        f"ERROR {file} DeviceClass/gpu: spec.config[0]: opaque.driver: mig.nvidia.com is not "
+        "gpu.nvidia.com, but the parameters are gpu.nvidia.com's MigDeviceConfig: did you mean "
+        "gpu.nvidia.com? As written, gpu.nvidia.com ignores this config",
+        f"ERROR {file} ResourceClaim/c: spec.devices.config[1]: opaque.driver: gpu.nvidai.com "
+        "is not gpu.nvidia.com, but the parameters are gpu.nvidia.com's GpuConfig: did you mean "
+        "gpu.nvidia.com? As written, gpu.nvidia.com ignores this config",
+    ]
+
+
 # ---- output and exit status ---------------------------------------------------------------------
 
 
