@@ -138,9 +138,9 @@ def near_miss_driver(opaque: Mapping[str, object], *, driver: str) -> str | None
         and kind in KINDS
     ):
         return None
-    likeness = difflib.SequenceMatcher(None, name.lower(), driver.lower()).ratio()
-    if likeness < NEAR_MISS_RATIO:
-        return None
+    matcher = difflib.SequenceMatcher(None, name.lower(), driver.lower())
+    if matcher.real_quick_ratio() < NEAR_MISS_RATIO or matcher.ratio() < NEAR_MISS_RATIO:
+        return None  # the first test, on the lengths alone, spares a long name the full one
     return (
         f"opaque.driver: {shown_name(name)} is not {driver}, but the parameters are {driver}'s "
         f"{shown_name(kind)}: did you mean {driver}? As written, {driver} ignores this config"
