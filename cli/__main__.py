@@ -46,7 +46,8 @@ def main(argv: Sequence[str] | None = None, *, environ: Mapping[str, str] | None
     """
     try:
         code = _main(argv, environ)
-        sys.stdout.flush()  # here, not at exit, where a broken pipe would print a traceback
+        if sys.stdout is not None:  # None: started with stdout closed (`>&-`)
+            sys.stdout.flush()  # here, not at exit, where a broken pipe would print a traceback
         return code
     except BrokenPipeError:
         # What the Python documentation advises (library/signal.html, "Note on SIGPIPE"):

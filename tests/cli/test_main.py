@@ -49,3 +49,11 @@ def test_a_reader_that_goes_away_ends_the_command_quietly_with_the_sigpipe_statu
 
     assert err == ""  # no BrokenPipeError traceback, no "Exception ignored" at exit
     assert code == EXIT_BROKEN_PIPE == 141
+
+
+def test_a_command_started_with_stdout_closed_prints_no_traceback():
+    command = f"'{sys.executable}' -m gpu_dra.cli devices --simulate t4 --node n >&-"
+    done = subprocess.run(["bash", "-c", command], capture_output=True, text=True, check=False)
+
+    assert "Traceback" not in done.stderr
+    assert done.returncode == EXIT_OK
