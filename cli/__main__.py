@@ -2,19 +2,31 @@
 
 Only ``explain`` and ``inventory`` read a cluster. To add a subcommand, write a module with its
 `Subcommand` (``COMMAND``: arguments and run function) and list it in `SUBCOMMANDS`. Exit status:
-0 success, 1 the check failed, 2 usage error or unusable input. See docs/config.md#gpu-dra.
+0 success, 1 the check failed, 2 usage error or unusable input, 141 the reader of the output
+went away (``gpu-dra devices | head -1``: quietly, the status of a process ended by SIGPIPE, so
+a pipeline under ``set -o pipefail`` does not pass a command that never finished). See
+docs/config.md#gpu-dra.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 from collections.abc import Mapping, Sequence
 from typing import Final
 
 from gpu_dra.cli import check_config, devices, explain, inventory, lint, profiles
-from gpu_dra.cli.command import EXIT_USAGE, PROG, CliError, Streams, Subcommand, print_error
+from gpu_dra.cli.command import (
+    EXIT_BROKEN_PIPE,
+    EXIT_USAGE,
+    PROG,
+    CliError,
+    Streams,
+    Subcommand,
+    print_error,
+)
 
 SUBCOMMANDS: Final[tuple[Subcommand, ...]] = (
     profiles.COMMAND,
@@ -30,7 +42,23 @@ def main(argv: Sequence[str] | None = None, *, environ: Mapping[str, str] | None
     """Run ``gpu-dra`` with `argv` (default ``sys.argv[1:]``); the process exit status.
 
     `environ` (default ``os.environ``) supplies the defaults of the flags with environment twins.
+    A closed standard output (the reader of a pipe exited) ends it quietly with `EXIT_BROKEN_PIPE`.
     """
+    try:
+        code = _main(argv, environ)
+        if sys.stdout is not None:  # None: started with stdout closed (`>&-`)
+            sys.stdout.flush()  # here, not at exit, where a broken pipe would print a traceback
+        return code
+    except BrokenPipeError:
+        # What the Python documentation advises (library/signal.html, "Note on SIGPIPE"):
+        # point stdout at /dev/null so the interpreter's last flush cannot fail again.
+        with contextlib.suppress(OSError, ValueError):  # a stdout with no file (tests)
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
+
+
+def _main(argv: Sequence[str] | None, environ: Mapping[str, str] | None) -> int:
     streams = Streams(out=sys.stdout, err=sys.stderr, stdin=sys.stdin)
     parser = build_parser(os.environ if environ is None else environ)
     try:

@@ -21,6 +21,7 @@ from gpu_dra.cli.command import (
     Subcommand,
     add_env_argument,
     print_error,
+    write_data,
 )
 from gpu_dra.cli.manifests import load_documents
 from gpu_dra.driver.config.objects import CONFIG_LISTS, Verdict, check_config_list
@@ -44,6 +45,15 @@ class ConfigCheck:
         line = f"{self.verdict} {self.file} {self.object} {self.path}"
         return f"{line}: {self.message}" if self.message else line
 
+    def to_json(self) -> dict[str, str]:
+        return {
+            "verdict": self.verdict,
+            "file": self.file,
+            "object": self.object,
+            "path": self.path,
+            "message": self.message,
+        }
+
 
 def add_arguments(parser: argparse.ArgumentParser, environ: Mapping[str, str]) -> None:
     parser.add_argument(
@@ -62,24 +72,34 @@ def add_arguments(parser: argparse.ArgumentParser, environ: Mapping[str, str]) -
         help="DRA driver name whose opaque configs are checked; others are skipped",
         default=DEFAULT_DRIVER_NAME,
     )
+    parser.add_argument(
+        "-o",
+        "--output",
+        choices=("text", "json", "yaml"),
+        default="text",
+        help="output format (default: text, one line per entry)",
+    )
 
 
 def run(args: argparse.Namespace, streams: Streams) -> int:
     checks: list[ConfigCheck] = []
-    unusable = False
+    unreadable: list[str] = []
     for file in args.files:
         try:
             documents = load_documents(file, streams.stdin)
         except CliError as error:
             print_error(streams, COMMAND, str(error))
-            unusable = True
+            unreadable.append(str(error))
             continue
         label = STDIN_LABEL if file == STDIN else file
         for document in documents:
-            for check in check_object(label, document, driver=args.driver_name):
-                print(check, file=streams.out)
-                checks.append(check)
-    if unusable:
+            checks.extend(check_object(label, document, driver=args.driver_name))
+    if args.output == "text":
+        for check in checks:
+            print(check, file=streams.out)
+    else:
+        write_data(streams, _report(checks, unreadable), args.output)
+    if unreadable:
         return EXIT_USAGE
     if not checks:
         print(
@@ -87,6 +107,20 @@ def run(args: argparse.Namespace, streams: Streams) -> int:
             file=streams.err,
         )
     return EXIT_FAILED if any(check.verdict == "ERROR" for check in checks) else EXIT_OK
+
+
+def _report(checks: list[ConfigCheck], unreadable: list[str]) -> dict[str, Any]:
+    """The ``-o json|yaml`` document: every entry's verdict, counts, the unreadable inputs."""
+    count = {verdict: sum(c.verdict == verdict for c in checks) for verdict in ("OK", "ERROR")}
+    return {
+        "checks": [check.to_json() for check in checks],
+        "summary": {
+            "ok": count["OK"],
+            "errors": count["ERROR"],
+            "skipped": sum(check.verdict == "SKIP" for check in checks),
+        },
+        "unreadable": unreadable,
+    }
 
 
 def check_object(file: str, manifest: Mapping[str, Any], *, driver: str) -> list[ConfigCheck]:
@@ -121,12 +155,16 @@ COMMAND: Final = Subcommand(
     "  ERROR <file> <kind>/<name> <path>: <message>\n"
     "  SKIP <file> <kind>/<name> <path>: <why>      (an entry for another driver)\n"
     "Entries that are not opaque are errors: the driver cannot tell whom they are for.\n"
-    "Other objects are ignored.\n"
+    "So is this driver's config (resource.nvidia.com GpuConfig, MigDeviceConfig) under a\n"
+    'misspelt driver name (gpu.nvidai.com): "did you mean gpu.nvidia.com?".\n'
+    "Other objects are ignored. With -o json|yaml: {checks: [{verdict, file, object,\n"
+    "path, message}], summary: {ok, errors, skipped}, unreadable: [...]}.\n"
     "Exit status: 0 all entries OK, 1 some entry has an error, 2 a file cannot be read\n"
     "or parsed.",
     examples=(
         "gpu-dra check-config claim.yaml deviceclasses/*.yaml",
         "kubectl kustomize overlays/prod | gpu-dra check-config -",
+        "gpu-dra check-config -o json claim.yaml | jq '.checks[] | select(.verdict == \"ERROR\")'",
     ),
     add_arguments=add_arguments,
     run=run,

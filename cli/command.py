@@ -17,6 +17,8 @@ PROG: Final = "gpu-dra"
 EXIT_OK: Final = 0
 EXIT_FAILED: Final = 1
 EXIT_USAGE: Final = 2
+EXIT_BROKEN_PIPE: Final = 128 + 13
+"""Standard output was closed by its reader: the shell's status of a process ended by SIGPIPE."""
 
 OUTPUT_FORMATS: Final = ("table", "json", "yaml")
 

@@ -115,7 +115,8 @@ def run(args: argparse.Namespace, streams: Streams) -> int:
     if args.output != "table":
         write_data(streams, devices, args.output)
     elif devices:
-        headers = ["NAME", "PRODUCT", "MEMORY", "ARCHITECTURE", "COMPUTE CAPABILITY"]
+        headers = ["NAME", "TYPE", "PROFILE", "PRODUCT", "MEMORY", "ARCHITECTURE"]
+        headers += ["COMPUTE CAPABILITY"]
         headers += ["PCI BUS ID", "NUMA", "UUID"]
         write_table(streams, headers, [_device_row(device) for device in devices])
     failures = [f"{problem.message}; not published" for problem in found.problems]
@@ -227,6 +228,8 @@ def _device_row(device: Device) -> list[str]:
     memory = device.get("capacity", {}).get("memory")
     return [
         device["name"],
+        device_form(device),
+        attribute("profile"),
         attribute("productName"),
         _MISSING if memory is None else memory["value"],
         attribute("architecture"),
@@ -237,11 +240,26 @@ def _device_row(device: Device) -> list[str]:
     ]
 
 
+def device_form(device: Device) -> str:
+    """What a published device is, for the TYPE column: its ``type`` attribute (``gpu`` or
+    ``mig``, what selectors read), then ``share`` for a device offered as shares (several claims
+    may hold it), ``partitionable`` for a whole GPU published with ``--dynamic-mig`` (it consumes
+    the GPU's counters) and ``partition`` for a dynamic MIG device."""
+    kind = str(next(iter(device.get("attributes", {}).get("type", {}).values()), _MISSING))
+    if device.get("allowMultipleAllocations"):
+        return f"{kind} share"
+    if device.get("consumesCounters"):
+        return f"{kind} partition" if kind == "mig" else f"{kind} partitionable"
+    return kind
+
+
 COMMAND: Final = Subcommand(
     name="devices",
     summary="print the devices gpu-dra would publish for a node",
     description="Discover the GPUs (real ones through NVML, or a simulated machine) and print\n"
-    "the devices the kubelet plugin would publish in the node's ResourceSlice: a table,\n"
+    "the devices the kubelet plugin would publish in the node's ResourceSlice: a table\n"
+    "(TYPE: gpu or mig, the type attribute, with 'share' for a device offered as shares,\n"
+    "'partitionable'/'partition' for the --dynamic-mig forms; PROFILE: the MIG profile),\n"
     "or the exact resource.k8s.io/v1 device objects with -o json|yaml.\n"
     "A GPU that NVML cannot describe (an NVML error, e.g. MIG on but its MIG profiles\n"
     "unreadable) is left out, as the plugin leaves it out: one error line each on stderr,\n"

@@ -74,8 +74,8 @@ def add_arguments(parser: argparse.ArgumentParser, environ: Mapping[str, str]) -
         "--idle-for",
         metavar="DURATION",
         default="30m",
-        help="how long a claim's devices must have been idle for --idle (30m, 2h, 1h30m; "
-        "default: %(default)s)",
+        help="how long a claim's devices must have been idle for --idle (90s, 30m, 2h, 1h30m, "
+        "1d, 1d12h: the forms the output prints; default: %(default)s)",
     )
     group.add_argument(
         "--plugin-metrics",

@@ -49,6 +49,7 @@ from gpu_dra.driver.cel import (
 )
 from gpu_dra.driver.cel.source import LexError, Token, tokens
 from gpu_dra.driver.cel.values import Semver
+from gpu_dra.driver.config.objects import CONFIG_LISTS, config_list, near_miss_driver
 from gpu_dra.driver.mig_policy import DEFAULT as DEFAULT_MIG_POLICY
 from gpu_dra.driver.mig_policy import (
     DEFAULT_POLICY_TEXT,
@@ -460,7 +461,24 @@ class _Linter:
                 obj.complete = obj.complete and complete
         else:
             obj.requests = self._requests(obj, manifest, _REQUESTS_PATH[obj.kind])
+        self._near_miss_drivers(obj, manifest)
         return obj
+
+    def _near_miss_drivers(self, obj: _Object, manifest: Mapping[str, Any]) -> None:
+        """ERROR for each config entry that is this driver's config under a misspelt driver
+        name (`near_miss_driver`): no driver applies it (`gpu-dra check-config` checks the
+        rest of the configs)."""
+        entries = config_list(obj.kind, manifest)
+        if not isinstance(entries, list):
+            return
+        path = ".".join(CONFIG_LISTS[obj.kind][0])
+        for index, entry in enumerate(entries):
+            opaque = entry.get("opaque") if isinstance(entry, Mapping) else None
+            if not isinstance(opaque, Mapping):
+                continue
+            message = near_miss_driver(opaque, driver=self.driver)
+            if message is not None:
+                self.add("ERROR", obj, message, f"{path}[{index}]")
 
     def _mapping(
         self, obj: _Object, parent: Mapping[str, Any], key: str, path: str
@@ -788,7 +806,10 @@ def _warn_outside_policy(
 
 
 def _compare_classes(linter: _Linter, classes: Sequence[tuple[_Object, ClassResult]]) -> None:
-    """Identical selections (WARNING) and overlaps (INFO), reported on the later class."""
+    """Identical selections (WARNING) and overlaps (INFO), reported on the later class. Two
+    classes of which one adds conditions to all of the other's (``&&``) differ by design: where
+    they select the same devices, the added conditions merely exclude none of the simulated ones
+    (INFO)."""
     evaluated = [(obj, result) for obj, result in classes if result.evaluated and result.selected]
     for later, (obj, result) in enumerate(evaluated):
         mine = result.keys
@@ -796,7 +817,16 @@ def _compare_classes(linter: _Linter, classes: Sequence[tuple[_Object, ClassResu
             theirs = other.keys
             both = len(mine & theirs)
             name = other_obj.label
-            if mine == theirs:
+            added = _added_conditions(obj, other_obj) or _added_conditions(other_obj, obj)
+            if mine == theirs and added:
+                narrower = obj.label if _added_conditions(obj, other_obj) else name
+                linter.add(
+                    "INFO",
+                    obj,
+                    f"selects the same {len(mine)} devices as {name} on the simulated profiles; "
+                    f"{narrower} adds {' && '.join(added)}, which excludes none of them",
+                )
+            elif mine == theirs:
                 linter.add(
                     "WARNING",
                     obj,
@@ -829,16 +859,9 @@ def _lint_claim(
             candidates = [i for i, device in enumerate(linter.devices) if device.key in keys]
         sites = [(site, linter.compile(obj, site, candidates, scope)) for site in request.selectors]
         compiled = [(site, selector) for site, selector in sites if selector is not None]
-        if len(compiled) < len(sites) or not request.complete or request.class_name is None:
-            continue
-        if entry is None:
-            linter.add(
-                "INFO",
-                obj,
-                f"DeviceClass {request.class_name} is not among the linted files; the request's "
-                "selectors were compiled but not evaluated",
-                request.path,
-            )
+        if entry is None and request.class_name is not None:
+            linter.add("WARNING", obj, _missing_class(request.class_name, classes), request.path)
+        if len(compiled) < len(sites) or not request.complete or entry is None:
             continue
         if not entry[1].evaluated:
             continue
@@ -864,6 +887,73 @@ def _lint_claim(
                 f"{request.class_name} selects ({linter.products(candidates)})",
                 request.path,
             )
+
+
+def _added_conditions(narrower: _Object, wider: _Object) -> list[str]:
+    """The conditions `narrower` adds to every condition of `wider` (both classes' selectors
+    split at their top-level ``&&``, compared token by token), as written; empty unless it keeps
+    them all and adds some."""
+    mine, theirs = _conditions(narrower), _conditions(wider)
+    if mine is None or theirs is None or not set(theirs) < set(mine):
+        return []
+    return [text for key, text in mine.items() if key not in theirs]
+
+
+def _conditions(obj: _Object) -> dict[str, str] | None:
+    """The conjuncts of all of `obj`'s selectors (which the scheduler ANDs): each one's tokens
+    joined by one space -> its text; None when a selector does not tokenize."""
+    conditions: dict[str, str] = {}
+    for site in obj.selectors:
+        try:
+            found = tokens(site.expression)
+        except LexError:
+            return None
+        parts: list[list[Token]] = [[]]
+        depth = 0
+        for token in found:
+            if token.kind == "punct" and token.text in ("(", "[", "{"):
+                depth += 1
+            elif token.kind == "punct" and token.text in (")", "]", "}"):
+                depth -= 1
+            if depth == 0 and token.text in ("||", "?"):  # not a plain conjunction: one part
+                parts = [list(found)]
+                break
+            if depth == 0 and token.text == "&&":
+                parts.append([])
+            else:
+                parts[-1].append(token)
+        for part in map(_unwrapped, parts):
+            if part:
+                text = site.expression[part[0].start : part[-1].end]
+                conditions.setdefault(" ".join(token.text for token in part), text)
+    return conditions
+
+
+def _unwrapped(part: list[Token]) -> list[Token]:
+    """`part` without parentheses around all of it: ``(a)`` is ``a``."""
+    while len(part) >= 2 and part[0].text == "(" and part[-1].text == ")":
+        depth = 0
+        for index, token in enumerate(part):
+            depth += {"(": 1, ")": -1}.get(token.text, 0) if token.kind == "punct" else 0
+            if depth == 0 and index < len(part) - 1:
+                return part  # (a) && (b): the first parenthesis closes before the end
+        part = part[1:-1]
+    return part
+
+
+def _missing_class(name: str, classes: Mapping[str, object]) -> str:
+    """Why a request's DeviceClass `name`, not among `classes`, is a warning, and the closest
+    linted class name."""
+    close = difflib.get_close_matches(name, sorted(classes), n=1)
+    hint = (
+        f"did you mean {close[0]}?"
+        if close
+        else "lint the claim with its class (e.g. deviceclasses/), or make sure the cluster has it"
+    )
+    return (
+        f"DeviceClass {name} is not among the linted files; {hint} (a claim naming a class the "
+        "cluster lacks stays pending); the request's selectors were compiled but not evaluated"
+    )
 
 
 # ---- names read by a selector ------------------------------------------------------------------
@@ -1217,11 +1307,13 @@ COMMAND: Final = Subcommand(
     "as the scheduler evaluates them. One line per finding:\n"
     "  LEVEL <file> <kind>/<name>: [<path>: ]<message>\n"
     "ERROR: a compile error, a runtime error on some device (e.g. a missing attribute read\n"
-    "without has()), an attribute or capacity gpu-dra never publishes (with a suggestion).\n"
+    "without has()), an attribute or capacity gpu-dra never publishes (with a suggestion),\n"
+    "a config of this driver's API under a misspelt driver name (did you mean ...?).\n"
     "For common mistakes (a name used as a domain, a quantity or version compared with a\n"
     "number or string) the first error says why and what to write instead, linted too.\n"
     "WARNING: a class selecting no device, two classes selecting the same devices, a name\n"
-    "only NVIDIA's driver publishes (MIG). INFO: what each class selects, overlaps.\n"
+    "only NVIDIA's driver publishes (MIG), a claim's DeviceClass not among the files\n"
+    "(with the closest one). INFO: what each class selects, overlaps.\n"
     "Exit status: 0 no errors (warnings allowed unless --strict), 1 errors (or warnings\n"
     "with --strict), 2 an input or profile cannot be read or parsed.",
     examples=(

@@ -27,8 +27,16 @@ _COMPARISONS: Final = frozenset({"==", "!=", "<", "<=", ">", ">="})
 _FLIPPED: Final = {"<": ">", "<=": ">=", ">": "<", ">=": "<=", "==": "==", "!=": "!="}
 _PLAIN_STRING: Final = re.compile(r"""'([^'\\\n]*)'|"([^"\\\n]*)\"""")
 _IDENTIFIER: Final = re.compile(r"[_a-zA-Z][_a-zA-Z0-9]*")
+_GIB_BELOW: Final = 1024
+"""A memory capacity compared with a number below this is read in GiB (``memory >= 40``: 40 GiB):
+every GPU and MIG device has more than 1023 MiB, so the MiB reading would select them all, and
+none has 1024 GiB."""
 _MIB_BELOW: Final = 2**20
-"""A memory capacity compared with a number below this is read in MiB, as nvidia-smi counts."""
+"""From `_GIB_BELOW` to below this the number is read in MiB, as nvidia-smi counts; from here in
+bytes."""
+_LARGEST_GPU_GIB: Final = 288
+"""The most memory a GPU has (B300, 288 GB): a GiB reading above it selects nothing either, so
+the suggestion shows both readings."""
 
 
 @dataclass(frozen=True)
@@ -294,7 +302,21 @@ def _quantity_comparison(
         if "x" in number.lower():
             return None
         value = float(number)
-        if "memory" in name.lower() and value < _MIB_BELOW:
+        if "memory" in name.lower() and value < _GIB_BELOW:
+            text = f"{number}Gi"
+            reason = (
+                f"{name} is a quantity (bytes), not a number: {number} read as GiB is "
+                f"quantity('{text}'); as MiB, quantity('{number}Mi'), it is less memory than "
+                "any GPU or MIG device has"
+            )
+            if value > _LARGEST_GPU_GIB:
+                reason = (
+                    f"{name} is a quantity (bytes), not a number, and {number} is ambiguous: "
+                    f"as GiB, quantity('{text}'), more memory than any GPU has "
+                    f"({_LARGEST_GPU_GIB} GB at most); as MiB, quantity('{number}Mi'), less than "
+                    "any has: write the unit you mean"
+                )
+        elif "memory" in name.lower() and value < _MIB_BELOW:
             text = f"{number}Mi"
             reason = (
                 f"{name} is a quantity (bytes), not a number: {number} read as MiB, "

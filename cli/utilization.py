@@ -27,7 +27,11 @@ _PER_CLAIM: Final = {
     "gpu_dra_claim_last_active_timestamp_seconds": "last_active",
 }
 _KEY_LABELS: Final = ("node", "namespace", "claim", "device")
-_DURATION: Final = re.compile(r"(\d+(?:\.\d+)?)(h|m|s)")
+_NUMBER: Final = r"\d+(?:\.\d+)?"
+_DURATION: Final = re.compile("".join(f"(?:({_NUMBER}){unit})?" for unit in "dhms"))
+"""Days, hours, minutes, seconds, each at most once and in that order: what `duration_text`
+prints (``5d2h``, ``1h5m``) and what users write (``1d12h``, ``90s``)."""
+_UNIT_SECONDS: Final = (86400, 3600, 60, 1)
 
 
 @dataclass
@@ -208,15 +212,22 @@ def idle_claims(uses: Iterable[DeviceUse], window_s: float) -> list[IdleClaim]:
 
 
 def parse_duration(text: str) -> float:
-    """``90s``, ``30m``, ``2h``, ``1h30m`` or plain seconds -> seconds; ValueError otherwise."""
+    """``90s``, ``30m``, ``2h``, ``1h30m``, ``1d``, ``1d12h`` (the forms `duration_text` prints)
+    or plain seconds -> seconds; ValueError otherwise."""
     value = text.strip()
-    if re.fullmatch(r"\d+(\.\d+)?", value):
+    if re.fullmatch(_NUMBER, value):
         return float(value)
-    parts = _DURATION.findall(value)
-    if not parts or "".join(f"{n}{u}" for n, u in parts) != value:
-        raise ValueError(f"{text!r} is not a duration like 30m, 2h or 1h30m")
-    scale = {"h": 3600, "m": 60, "s": 1}
-    return sum(float(number) * scale[unit] for number, unit in parts)
+    match = _DURATION.fullmatch(value)
+    if not value or match is None:
+        raise ValueError(
+            f"{text!r} is not a duration like 90s, 30m, 2h, 1h30m, 1d or 1d12h (units d, h, m, "
+            "s, largest first) or a number of seconds"
+        )
+    return sum(
+        float(number) * scale
+        for number, scale in zip(match.groups(), _UNIT_SECONDS, strict=True)
+        if number is not None
+    )
 
 
 def duration_text(seconds: float) -> str:

@@ -993,9 +993,19 @@ def test_only_objects_with_a_config_of_the_driver_are_sent_to_the_webhook(
         return [name for name, hook in hooks.items() if webhook_called(hook, user=user, obj=obj)]
 
     plural = kind.lower() + ("es" if kind.endswith("s") else "s")
-    mine = with_configs(kind, version, [gpu_entry("nic.example.com"), gpu_entry()])
+    nic = {"opaque": {"driver": "nic.example.com", "parameters": {"mtu": 9000}}}
+    mine = with_configs(kind, version, [nic, gpu_entry()])
     assert sent_to(mine) == [f"{plural}.gpu.nvidia.com"]
-    assert sent_to(with_configs(kind, version, [gpu_entry("nic.example.com")])) == []
+    assert sent_to(with_configs(kind, version, [nic])) == []
+    # This driver's config under another name (gpu.nvidai.com): the webhook judges whether it is
+    # a misspelling. Other kinds of the same API group (NVIDIA's compute domains) are not sent.
+    assert sent_to(with_configs(kind, version, [gpu_entry("gpu.nvidai.com")])) == [
+        f"{plural}.gpu.nvidia.com"
+    ]
+    domain = {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "ComputeDomainChannelConfig"}
+    other_kind = {"opaque": {"driver": "compute-domain.nvidia.com", "parameters": domain}}
+    odd = {"opaque": {"driver": "x.example.com", "parameters": {"apiVersion": 1, "kind": []}}}
+    assert sent_to(with_configs(kind, version, [other_kind, odd])) == []
     assert sent_to(with_configs(kind, version, [])) == []
     assert sent_to(with_configs(kind, version, None)) == []
     # The controller applies the catalog before it can answer: its own applies are not sent.

@@ -6,15 +6,21 @@ as the kubelet plugin judges them at prepare.
 runs each entry for the driver through `resolve_configs`, the plugin's own code path, with no
 devices, so every entry is decoded and validated. Messages are the plugin's, located by the
 entry's path: ``spec.devices.config[0]: parameters.sharing.strategy: unknown GPU sharing ...``.
-The controller's admission webhook uses it (docs/deployment.md#admission-webhook).
+An entry for another driver is skipped, unless `near_miss_driver` finds it is this driver's
+config under a misspelt driver name (``gpu.nvidai.com`` with a ``resource.nvidia.com`` GpuConfig):
+no driver would apply it, so it is an error with "did you mean". The controller's admission
+webhook uses it (docs/deployment.md#admission-webhook).
 """
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final, Literal
 
+from gpu_dra.driver.config.api import API_GROUP
+from gpu_dra.driver.config.decode import KINDS
 from gpu_dra.driver.config.errors import MAX_PROBLEMS_SHOWN, ConfigError, ConfigProblem
 from gpu_dra.driver.config.resolve import NOT_OPAQUE, ConfigSource, resolve_configs, shown_name
 from gpu_dra.driver.jsonbounds import describe
@@ -30,6 +36,11 @@ CONFIG_LISTS: Final[dict[str, tuple[tuple[str, ...], ConfigSource]]] = {
 
 NOT_AN_ENTRY: Final = "expected an object with opaque.driver and opaque.parameters"
 NOT_A_LIST: Final = "expected a list of config entries"
+
+NEAR_MISS_RATIO: Final = 0.8
+"""How alike (difflib's ratio, case ignored) a driver name must be to the driver's to be read as
+a misspelling of it: gpu.nvidai.com 0.93, mig.nvidia.com 0.86; NVIDIA's compute-domain.nvidia.com
+(whose configs are resource.nvidia.com too, of other kinds) 0.67."""
 
 
 @dataclass(frozen=True)
@@ -91,6 +102,9 @@ def check_entry(entry: object, *, source: ConfigSource, driver: str) -> tuple[Ve
         return "ERROR", NOT_OPAQUE
     entry_driver = opaque.get("driver")
     if entry_driver != driver:
+        near_miss = near_miss_driver(opaque, driver=driver)
+        if near_miss is not None:
+            return "ERROR", near_miss
         shown = (
             shown_name(entry_driver) if isinstance(entry_driver, str) else describe(entry_driver)
         )
@@ -105,3 +119,29 @@ def check_entry(entry: object, *, source: ConfigSource, driver: str) -> tuple[Ve
             message += f"; ({hidden} more problem{'s' if hidden > 1 else ''})"
         return "ERROR", message
     return "OK", ""
+
+
+def near_miss_driver(opaque: Mapping[str, object], *, driver: str) -> str | None:
+    """Why the ``opaque`` part of a config entry looks like `driver`'s config under a misspelt
+    driver name, or None: its parameters are of `driver`'s API (``resource.nvidia.com/*``, a
+    kind `driver` decodes) and its driver name, not `driver`, is close to it (`NEAR_MISS_RATIO`).
+    Such an entry is for no installed driver: the scheduler passes it on and every driver skips
+    it, so the claim would run without the config."""
+    name, parameters = opaque.get("driver"), opaque.get("parameters")
+    if not isinstance(name, str) or name == driver or not isinstance(parameters, Mapping):
+        return None
+    api_version, kind = parameters.get("apiVersion"), parameters.get("kind")
+    if not (
+        isinstance(api_version, str)
+        and api_version.startswith(f"{API_GROUP}/")
+        and isinstance(kind, str)
+        and kind in KINDS
+    ):
+        return None
+    matcher = difflib.SequenceMatcher(None, name.lower(), driver.lower())
+    if matcher.real_quick_ratio() < NEAR_MISS_RATIO or matcher.ratio() < NEAR_MISS_RATIO:
+        return None  # the first test, on the lengths alone, spares a long name the full one
+    return (
+        f"opaque.driver: {shown_name(name)} is not {driver}, but the parameters are {driver}'s "
+        f"{shown_name(kind)}: did you mean {driver}? As written, {driver} ignores this config"
+    )

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import io
+import json
 import textwrap
 from pathlib import Path
+
+import yaml
 
 from gpu_dra.cli.command import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from gpu_dra.driver.config.resolve import NOT_OPAQUE
@@ -282,3 +285,86 @@ def test_document_that_is_not_an_object_exits_two(capsys, tmp_path):
 
     assert code == EXIT_USAGE
     assert f"{file}: document 1 is not a Kubernetes object" in err
+
+
+def test_json_output_holds_every_verdict_and_the_counts(capsys, tmp_path):
+    file = manifest(
+        tmp_path,
+        claim(
+            "mixed",
+            opaque("kind: GpuConfig"),
+            opaque("kind: GpuConfig, sharing: {strategy: Often}"),
+            opaque("kind: NicConfig", driver="nic.example.com"),
+        ),
+    )
+
+    code, out, err = run(capsys, "check-config", "-o", "json", file)
+
+    assert code == EXIT_FAILED
+    assert err == ""
+    data = json.loads(out)
+    assert [(c["verdict"], c["path"]) for c in data["checks"]] == [
+        ("OK", "spec.devices.config[0]"),
+        ("ERROR", "spec.devices.config[1]"),
+        ("SKIP", "spec.devices.config[2]"),
+    ]
+    assert {c["file"] for c in data["checks"]} == {file}
+    assert {c["object"] for c in data["checks"]} == {"ResourceClaim/mixed"}
+    assert "parameters.sharing.strategy" in data["checks"][1]["message"]
+    assert data["summary"] == {"ok": 1, "errors": 1, "skipped": 1}
+    assert data["unreadable"] == []
+    code, out, _ = run(capsys, "check-config", "-o", "yaml", file)
+    assert code == EXIT_FAILED
+    assert yaml.safe_load(out) == data
+
+
+def test_json_output_lists_unreadable_files_and_exits_two(capsys, tmp_path):
+    good = manifest(tmp_path, claim("fine", opaque("kind: GpuConfig")))
+    missing = str(tmp_path / "missing.yaml")
+
+    code, out, err = run(capsys, "check-config", "-o", "json", good, missing)
+
+    assert code == EXIT_USAGE
+    data = json.loads(out)  # stdout stays one JSON document
+    assert data["summary"] == {"ok": 1, "errors": 0, "skipped": 0}
+    (unreadable,) = data["unreadable"]
+    assert missing in unreadable
+    assert missing in err
+
+
+def test_this_drivers_config_under_a_misspelt_driver_is_an_error_with_did_you_mean(
+    capsys, tmp_path
+):
+    file = manifest(
+        tmp_path,
+        claim(
+            "typo",
+            opaque("kind: GpuConfig, sharing: {strategy: TimeSlicing}", driver="gpu.nvidai.com"),
+            opaque("kind: MigDeviceConfig", driver="gpu.nvidia.co"),
+            opaque("kind: ComputeDomainChannelConfig", driver="compute-domain.nvidia.com"),
+        ),
+    )
+
+    code, out, _ = run(capsys, "check-config", file)
+
+    assert code == EXIT_FAILED
+    assert out.splitlines() == [
+        f"ERROR {file} ResourceClaim/typo spec.devices.config[0]: opaque.driver: gpu.nvidai.com "
+        "is not gpu.nvidia.com, but the parameters are gpu.nvidia.com's GpuConfig: did you mean "
+        "gpu.nvidia.com? As written, gpu.nvidia.com ignores this config",
+        f"ERROR {file} ResourceClaim/typo spec.devices.config[1]: opaque.driver: gpu.nvidia.co "
+        "is not gpu.nvidia.com, but the parameters are gpu.nvidia.com's MigDeviceConfig: did "
+        "you mean gpu.nvidia.com? As written, gpu.nvidia.com ignores this config",
+        # NVIDIA's compute domain driver: its own config kinds, a name far from ours
+        f"SKIP {file} ResourceClaim/typo spec.devices.config[2]: driver compute-domain.nvidia.com "
+        "is not gpu.nvidia.com",
+    ]
+
+
+def test_near_misses_are_judged_against_the_driver_name_given(capsys, tmp_path):
+    file = manifest(tmp_path, claim("ours", opaque("kind: GpuConfig", driver="gpu.example.com")))
+
+    assert run(capsys, "check-config", file)[0] == EXIT_OK  # SKIP: far from gpu.nvidia.com
+    code, out, _ = run(capsys, "check-config", "--driver-name", "gpu.example.co", file)
+    assert code == EXIT_FAILED
+    assert "did you mean gpu.example.co?" in out

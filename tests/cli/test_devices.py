@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from gpu_dra.cli.command import EXIT_FAILED, EXIT_OK, EXIT_USAGE
+from gpu_dra.cli.devices import device_form, plugin_devices
 from gpu_dra.driver.attributes import gpu_device
 from gpu_dra.driver.discovery import discover_devices, discover_gpus
 from gpu_dra.driver.nvml.simulated import SimulatedHost
@@ -33,6 +34,8 @@ def test_devices_table_for_t4_shows_tesla_t4_and_dashes_for_unknown_facts(capsys
     header, *rows = table(out)
     assert header == [
         "NAME",
+        "TYPE",
+        "PROFILE",
         "PRODUCT",
         "MEMORY",
         "ARCHITECTURE",
@@ -42,8 +45,9 @@ def test_devices_table_for_t4_shows_tesla_t4_and_dashes_for_unknown_facts(capsys
         "UUID",
     ]
     assert len(rows) == 1
-    name, product, memory, architecture, capability, bus_id, numa, uuid = rows[0]
+    name, kind, profile, product, memory, architecture, capability, bus_id, numa, uuid = rows[0]
     assert (name, product, architecture, capability) == ("gpu-0", "Tesla T4", "Turing", "7.5.0")
+    assert (kind, profile) == ("gpu", "-")
     assert memory == "15Gi"
     assert bus_id == "0000:00:1e.0"
     assert numa == "-"  # the T4 cloud VM has no NUMA information
@@ -72,6 +76,31 @@ def test_devices_dynamic_mig_shows_the_partitionable_form_the_plugin_publishes(c
     code, out, _ = run(capsys, "devices", "--simulate", "hgx-h100", "--node", "n", "--dynamic-mig")
     names = [row[0] for row in table(out)[1:]]
     assert names[:3] == ["gpu-0", "gpu-0-mig-1g10gb-19-0", "gpu-0-mig-1g10gb-19-1"]
+
+
+def test_devices_table_says_what_each_device_is_and_its_mig_profile(capsys):
+    code, out, _ = run(capsys, "devices", "--simulate", "mixed", "--node", "n")
+    assert code == EXIT_OK
+    kinds = {row[0]: (row[1], row[2]) for row in table(out)[1:]}
+    assert kinds["gpu-0"] == ("gpu", "-")  # an A100 with MIG off: a whole GPU
+    code, out, _ = run(capsys, "devices", "--simulate", "hgx-h100-mig", "--node", "n")
+    rows = table(out)[1:]
+    assert {(row[1], row[2]) for row in rows} >= {("mig", "1g.10gb"), ("mig", "3g.40gb")}
+    assert {row[1] for row in rows} == {"mig", "gpu"}  # static MIG slices; gpu-7 has MIG off
+    code, out, _ = run(capsys, "devices", "--simulate", "hgx-h100", "--node", "n", "--dynamic-mig")
+    kinds = {row[0]: (row[1], row[2]) for row in table(out)[1:]}
+    assert kinds["gpu-0"] == ("gpu partitionable", "-")
+    assert kinds["gpu-0-mig-1g10gb-19-0"] == ("mig partition", "1g.10gb")
+
+
+def test_shares_are_told_apart_from_the_devices_they_share() -> None:
+    host = SimulatedHost.load("hgx-h100-mig", "n")
+    shared = plugin_devices(host.nvml, host.pci, mps_shares=True)
+    forms = {device["name"]: device_form(device) for device in shared}
+    assert forms["gpu-7"] == "gpu share"
+    assert forms["gpu-0-mig-1g10gb-19-0"] == "mig share"
+    plain = {device["name"]: device_form(device) for device in plugin_devices(host.nvml, host.pci)}
+    assert (plain["gpu-7"], plain["gpu-0-mig-1g10gb-19-0"]) == ("gpu", "mig")
 
 
 def test_devices_dynamic_mig_profiles_choose_the_published_profiles(capsys):

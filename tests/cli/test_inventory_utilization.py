@@ -176,10 +176,44 @@ def test_bad_idle_window_is_a_usage_error(
 
 
 @pytest.mark.parametrize(
-    ("text", "seconds"), [("90", 90), ("90s", 90), ("30m", 1800), ("2h", 7200), ("1h30m", 5400)]
+    ("text", "seconds"),
+    [
+        ("90", 90),
+        ("90s", 90),
+        ("30m", 1800),
+        ("2h", 7200),
+        ("1h30m", 5400),
+        ("1d", 86400),
+        ("1d12h", 129600),
+        ("2d3h4m5s", 2 * 86400 + 3 * 3600 + 4 * 60 + 5),
+        ("1.5d", 129600),
+    ],
 )
 def test_parse_duration(text: str, seconds: float) -> None:
     assert parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["soon", "", "d", "1x", "12h1d", "1h1h", "1d 2h", "-1h"])
+def test_parse_duration_refuses_what_is_no_duration(text: str) -> None:
+    with pytest.raises(ValueError, match="1d12h"):
+        parse_duration(text)
+
+
+@pytest.mark.parametrize("seconds", [40, 720, 3900, 7200, 86400, 36 * HOUR, 5 * 86400 + 2 * HOUR])
+def test_every_duration_the_output_prints_is_accepted_as_a_window(seconds: float) -> None:
+    assert parse_duration(duration_text(seconds)) == seconds
+
+
+def test_idle_for_takes_days_as_the_output_prints_them(
+    cluster: dict[str, list[Obj]], endpoint: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = ["inventory", "--idle", "--idle-for", "1d12h", "--plugin-metrics", endpoint]
+    assert main(args, environ={}) == EXIT_OK
+    assert "every device idle for at least 1d12h" in capsys.readouterr().out
+    assert main([*args, "-o", "json"], environ={}) == EXIT_OK
+    data = json.loads(capsys.readouterr().out)
+    assert data["idleForSeconds"] == 36 * HOUR
+    assert data["idleClaims"] == []  # the notebook has been idle for an hour only
 
 
 @pytest.mark.parametrize(

@@ -72,6 +72,22 @@ def test_shipped_catalog_lints_clean_on_every_builtin_profile(capsys):
     assert "hgx-h100+dynamic-mig, hgx-h100-mig, hgx-h100-mig+mps-shares, " in out
 
 
+def test_shipped_catalog_passes_lint_strict_on_every_builtin_profile(capsys):
+    # What CI should run: no warning either. training adds compute capability >= 8.0 to
+    # large-memory's conditions, which no simulated GPU of >= 40 GiB fails: INFO, not WARNING.
+    code, out, _ = run(capsys, "--strict", str(REPO / "deviceclasses"))
+
+    assert lines(out, "WARNING") == []
+    assert code == EXIT_OK, out
+    training = REPO / "deviceclasses" / "training.gpu.nvidia.com.yaml"
+    assert (
+        f"INFO {training} DeviceClass/training.gpu.nvidia.com: selects the same 73 devices as "
+        "DeviceClass/large-memory.gpu.nvidia.com on the simulated profiles; "
+        "DeviceClass/training.gpu.nvidia.com adds "
+        f"{G}.cudaComputeCapability.compareTo(semver('8.0.0')) >= 0, which excludes none of them"
+    ) in lines(out, "INFO")
+
+
 # Profiles without MIG devices: what mig.nvidia.com meets on most clusters today.
 WHOLE_GPU_PROFILES = ("hgx-h100", "dgx-a100", "l4x4", "mixed", "t4")
 
@@ -426,6 +442,101 @@ def test_identical_classes_warn_and_overlapping_ones_are_info(capsys, tmp_path):
     assert f"INFO {file} DeviceClass/all: {superset}" in out
 
 
+def test_a_class_adding_a_condition_that_excludes_nothing_is_info_a_reworded_one_warns(
+    capsys, tmp_path
+):
+    big = f"{C}.memory.compareTo(quantity('40Gi')) >= 0"
+    file = write(
+        tmp_path / "c.yaml",
+        # the narrower class first: the finding goes on the later one, naming the narrower
+        device_class("training", f"{G}.type == 'gpu' && ({big}) && {G}.brand == 'Nvidia'"),
+        device_class("big", f"{G}.type == 'gpu'", big),  # two selectors are ANDed too
+        device_class("reworded", f"{G}.productName == 'NVIDIA H100 80GB HBM3'"),
+        device_class("or", f"{G}.type == 'gpu' && {big} || {G}.brand == 'Nvidia'"),
+    )
+
+    code, out, _ = run(capsys, "--strict", "--profile", "hgx-h100", "--profile", "l4x4", file)
+
+    assert (
+        f"INFO {file} DeviceClass/big: selects the same 8 devices as DeviceClass/training on the "
+        f"simulated profiles; DeviceClass/training adds {G}.brand == 'Nvidia', which excludes "
+        "none of them"
+    ) in lines(out, "INFO")
+    assert lines(out, "WARNING") == [
+        f"WARNING {file} DeviceClass/reworded: selects the same 8 devices as "
+        f"DeviceClass/{other} on the simulated profiles"
+        for other in ("training", "big")
+    ]
+    assert code == EXIT_FAILED
+
+
+def test_a_claim_naming_a_class_not_linted_fails_strict_and_gets_the_closest_class(
+    capsys, tmp_path
+):
+    def claim(class_name: str) -> dict[str, object]:
+        request = {"name": "gpu", "exactly": {"deviceClassName": class_name}}
+        return {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {"name": "c", "namespace": "ns"},
+            "spec": {"devices": {"requests": [request]}},
+        }
+
+    typo = write(tmp_path / "typo.yaml", claim("gpu.nvidai.com"))
+    catalog = str(REPO / "deviceclasses")
+
+    code, out, _ = run(capsys, "--strict", catalog, typo)
+
+    assert code == EXIT_FAILED
+    assert lines(out, "WARNING") == [
+        f"WARNING {typo} ResourceClaim/c: spec.devices.requests[0].exactly: DeviceClass "
+        "gpu.nvidai.com is not among the linted files; did you mean gpu.nvidia.com? (a claim "
+        "naming a class the cluster lacks stays pending); the request's selectors were compiled "
+        "but not evaluated"
+    ]
+    assert run(capsys, catalog, typo)[0] == EXIT_OK  # a warning, not an error
+    right = write(tmp_path / "right.yaml", claim("gpu.nvidia.com"))
+    code, out, _ = run(capsys, "--strict", catalog, right)
+    assert (code, lines(out, "WARNING")) == (EXIT_OK, [])
+
+
+def test_this_drivers_config_under_a_misspelt_driver_name_is_an_error(capsys, tmp_path):
+    def config(driver: str, kind: str = "GpuConfig") -> dict[str, object]:
+        parameters = {"apiVersion": "resource.nvidia.com/v1beta1", "kind": kind}
+        return {"opaque": {"driver": driver, "parameters": parameters}}
+
+    claim = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": "c", "namespace": "ns"},
+        "spec": {
+            "devices": {
+                "requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu"}}],
+                "config": [
+                    config("gpu.nvidia.com"),
+                    config("gpu.nvidai.com"),
+                    config("compute-domain.nvidia.com", "ComputeDomainChannelConfig"),
+                ],
+            }
+        },
+    }
+    shared = device_class("gpu", "device.driver == 'gpu.nvidia.com'")
+    shared["spec"]["config"] = [config("mig.nvidia.com", "MigDeviceConfig")]  # type: ignore[index]
+    file = write(tmp_path / "c.yaml", shared, claim)
+
+    code, out, _ = run(capsys, "--profile", "t4", file)
+
+    assert code == EXIT_FAILED
+    assert lines(out, "ERROR") == [
+        f"ERROR {file} DeviceClass/gpu: spec.config[0]: opaque.driver: mig.nvidia.com is not "
+        "gpu.nvidia.com, but the parameters are gpu.nvidia.com's MigDeviceConfig: did you mean "
+        "gpu.nvidia.com? As written, gpu.nvidia.com ignores this config",
+        f"ERROR {file} ResourceClaim/c: spec.devices.config[1]: opaque.driver: gpu.nvidai.com "
+        "is not gpu.nvidia.com, but the parameters are gpu.nvidia.com's GpuConfig: did you mean "
+        "gpu.nvidia.com? As written, gpu.nvidia.com ignores this config",
+    ]
+
+
 # ---- output and exit status ---------------------------------------------------------------------
 
 
@@ -552,9 +663,9 @@ def test_claim_requests_are_evaluated_on_the_devices_of_their_class(capsys, tmp_
     ]
     assert lines(out, "WARNING") == [
         f"WARNING {file} ResourceClaim/c: spec.devices.requests[1].exactly: the selectors "
-        "reject all 2 devices DeviceClass l4 selects (2x NVIDIA L4)"
+        "reject all 2 devices DeviceClass l4 selects (2x NVIDIA L4)",
+        f"WARNING {file} ResourceClaim/c: spec.devices.requests[2].exactly: DeviceClass "
+        "not-linted is not among the linted files; lint the claim with its class (e.g. "
+        "deviceclasses/), or make sure the cluster has it (a claim naming a class the cluster "
+        "lacks stays pending); the request's selectors were compiled but not evaluated",
     ]
-    assert (
-        f"INFO {file} ResourceClaim/c: spec.devices.requests[2].exactly: DeviceClass not-linted "
-        "is not among the linted files" in out
-    )

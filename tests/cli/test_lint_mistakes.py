@@ -153,7 +153,7 @@ NAMES = Names(
         (
             "device.attributes['productName'] == 'x' && device.attributes['memory'] > 1",
             "device.attributes['gpu.nvidia.com'].productName == 'x' && "
-            "device.capacity['gpu.nvidia.com'].memory.compareTo(quantity('1Mi')) > 0",
+            "device.capacity['gpu.nvidia.com'].memory.compareTo(quantity('1Gi')) > 0",
         ),
     ],
 )
@@ -231,3 +231,44 @@ def test_the_command_prints_the_fix_and_gives_it_in_json(tmp_path, capsys):
         "products": "8x NVIDIA H100 80GB HBM3",
         "runtimeErrors": 0,
     }
+
+
+@pytest.mark.parametrize(
+    ("number", "quantity"),
+    [("40", "40Gi"), ("80", "80Gi"), ("1023", "1023Gi"), ("1024", "1024Mi"), ("40000", "40000Mi")],
+)
+def test_a_number_compared_with_gpu_memory_reads_as_gib_below_1024(number, quantity):
+    fix = suggest_fix(f"device.capacity['gpu.nvidia.com'].memory >= {number}", NAMES)
+    assert fix is not None
+    assert fix.expression == (
+        f"device.capacity['gpu.nvidia.com'].memory.compareTo(quantity('{quantity}')) >= 0"
+    )
+
+
+def test_memory_at_least_40_suggests_40gi_which_selects_the_big_gpus_only(tmp_path, capsys):
+    manifest = tmp_path / "big.yaml"
+    manifest.write_text(
+        "apiVersion: resource.k8s.io/v1\nkind: DeviceClass\nmetadata:\n  name: big\nspec:\n"
+        "  selectors:\n  - cel:\n      expression: "
+        "\"device.capacity['gpu.nvidia.com'].memory >= 40\"\n"
+    )
+    profile = ["--profile", "hgx-h100", "--profile", "l4x4"]
+    assert main(["lint", "-o", "json", *profile, str(manifest)], environ={}) == EXIT_FAILED
+    [finding] = json.loads(capsys.readouterr().out)["findings"]
+    suggestion = finding["suggestion"]
+    assert suggestion["expression"] == (
+        "device.capacity['gpu.nvidia.com'].memory.compareTo(quantity('40Gi')) >= 0"
+    )
+    assert (suggestion["selects"], suggestion["of"]) == (8, 12)  # not the L4s (22.5 GiB)
+    (reason,) = suggestion["reasons"]
+    assert "40 read as GiB is quantity('40Gi'); as MiB, quantity('40Mi')" in reason
+
+
+def test_an_ambiguous_memory_number_shows_both_readings():
+    fix = suggest_fix("device.capacity['gpu.nvidia.com'].memory >= 512", NAMES)
+    assert fix is not None
+    assert "quantity('512Gi')" in fix.expression
+    (reason,) = fix.reasons
+    assert "512 is ambiguous" in reason
+    assert "as GiB, quantity('512Gi')" in reason
+    assert "as MiB, quantity('512Mi')" in reason

@@ -1,8 +1,11 @@
-"""`gpu-dra` itself: help, usage errors."""
+"""`gpu-dra` itself: help, usage errors, a closed output pipe."""
 
 from __future__ import annotations
 
-from gpu_dra.cli.command import EXIT_OK, EXIT_USAGE
+import subprocess
+import sys
+
+from gpu_dra.cli.command import EXIT_BROKEN_PIPE, EXIT_OK, EXIT_USAGE
 from tests.cli.support import run
 
 
@@ -29,3 +32,28 @@ def test_bad_output_format_is_a_usage_error(capsys):
 
     assert code == EXIT_USAGE
     assert "invalid choice: 'xml'" in err
+
+
+def test_a_reader_that_goes_away_ends_the_command_quietly_with_the_sigpipe_status():
+    # `gpu-dra devices -o json | head -1`: 190 kB of output, more than the pipe holds, so the
+    # command is still writing when the reader closes its end.
+    command = [sys.executable, "-m", "gpu_dra.cli", "devices", "--simulate", "hgx-h100"]
+    command += ["--node", "n", "--dynamic-mig", "-o", "json"]
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE) as process:
+        assert process.stdout is not None
+        assert process.stderr is not None
+        assert process.stdout.readline() == b"[\n"
+        process.stdout.close()
+        err = process.stderr.read().decode()
+        code = process.wait(timeout=60)
+
+    assert err == ""  # no BrokenPipeError traceback, no "Exception ignored" at exit
+    assert code == EXIT_BROKEN_PIPE == 141
+
+
+def test_a_command_started_with_stdout_closed_prints_no_traceback():
+    command = f"'{sys.executable}' -m gpu_dra.cli devices --simulate t4 --node n >&-"
+    done = subprocess.run(["bash", "-c", command], capture_output=True, text=True, check=False)
+
+    assert "Traceback" not in done.stderr
+    assert done.returncode == EXIT_OK

@@ -236,6 +236,44 @@ def test_configs_of_other_drivers_are_ignored() -> None:
     assert decide(request(obj), driver=DRIVER).allowed
 
 
+@pytest.mark.parametrize("version", VERSIONS)
+@pytest.mark.parametrize("resource", list(MAKERS))
+@pytest.mark.parametrize("typo", ["gpu.nvidai.com", "gpu.nvidia.co", "mig.nvidia.com"])
+def test_this_drivers_config_under_a_misspelt_driver_name_is_denied_with_did_you_mean(
+    resource: str, version: str, typo: str
+) -> None:
+    # Without the webhook the entry is for no driver: the claim would run without the config.
+    make, path = MAKERS[resource]
+    obj = make(entry(gpu_config()), entry(sharing("TimeSlicing"), driver=typo), version=version)
+
+    verdict = decide(request(obj, resource, version), driver=DRIVER)
+
+    assert not verdict.allowed
+    assert (verdict.code, verdict.reason) == (422, "Invalid")
+    assert verdict.message == (
+        f"{path}[1]: opaque.driver: {typo} is not gpu.nvidia.com, but the parameters are "
+        "gpu.nvidia.com's GpuConfig: did you mean gpu.nvidia.com? As written, gpu.nvidia.com "
+        "ignores this config"
+    )
+
+
+@pytest.mark.parametrize(
+    ("driver", "parameters"),
+    [
+        # NVIDIA's other driver, with its own kinds of the same API group
+        (
+            "compute-domain.nvidia.com",
+            {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "ComputeDomainChannelConfig"},
+        ),
+        ("gpu.example.com", gpu_config()),  # another GPU driver: not a near miss of ours
+        ("gpu.nvidia.co", {"apiVersion": "nic.example.com/v1", "kind": "GpuConfig"}),
+        ("gpu.nvidia.co", {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "NicConfig"}),
+    ],
+)
+def test_other_drivers_configs_are_not_near_misses(driver: str, parameters: Obj) -> None:
+    assert decide(request(claim(entry(parameters, driver=driver))), driver=DRIVER).allowed
+
+
 def test_the_driver_name_selects_whose_configs_are_judged() -> None:
     obj = claim(entry(sharing("Often")))
 
