@@ -1046,6 +1046,59 @@ def test_the_webhook_can_be_left_out_or_fail_open(tmp_path: Path) -> None:
     assert {h["failurePolicy"] for h in webhooks(fail_open).values()} == {"Ignore"}
 
 
+def test_the_controller_mode_renders_the_same_every_time_and_no_certificate(
+    tmp_path: Path,
+) -> None:
+    values = {**HOST_DRIVER, "webhook": {"tls": {"mode": "controller"}}}
+    path = tmp_path / "values.yaml"
+    path.write_text(yaml.safe_dump(values))
+    first, second = template(path), template(path)
+    helm_mode = [template(None, "gpuResourcesEnabledOverride=true") for _ in range(2)]
+    rendered = Rendered.of(values, tmp_path)
+
+    # helm template (GitOps) has no lookup: the helm mode makes a new pair on every render.
+    assert first.returncode == 0, first.stderr
+    assert first.stdout == second.stdout
+    assert helm_mode[0].stdout != helm_mode[1].stdout
+    assert rendered.all("Secret") == []
+    assert all("caBundle" not in h["clientConfig"] for h in webhooks(rendered).values())
+    container = rendered.container("Deployment", "controller")
+    settings = ControllerSettings.from_env(env_of(container, CONTROLLER_DOWNWARD))
+    assert settings.webhook_tls_secret == f"{NAMESPACE}/{WEBHOOK}-tls"
+    assert settings.webhook_service == f"{NAMESPACE}/{WEBHOOK}"
+    assert (
+        settings.webhook_configuration
+        == rendered.one("ValidatingWebhookConfiguration")["metadata"]["name"]
+    )
+    # The controller writes the pair it keeps into a volume of its own, where it reads it.
+    mount = next(m for m in container["volumeMounts"] if m["name"] == "webhook-tls")
+    assert settings.webhook_tls_cert_file.parent == PurePosixPath(mount["mountPath"])
+    assert mount["readOnly"] is False
+    assert "emptyDir" in rendered.volume("Deployment", "webhook-tls")
+
+
+def test_the_controller_mode_may_keep_its_own_secret_and_webhook_only(
+    host_driver: Rendered, tmp_path: Path
+) -> None:
+    rendered = Rendered.of({**HOST_DRIVER, "webhook": {"tls": {"mode": "controller"}}}, tmp_path)
+    secret, config = f"{WEBHOOK}-tls", WEBHOOK
+    hooks = "admissionregistration.k8s.io/validatingwebhookconfigurations"
+
+    for verb in ("get", "update"):
+        assert rendered.may(CONTROLLER_SA, verb, "secrets", NAMESPACE, secret)
+        assert not rendered.may(CONTROLLER_SA, verb, "secrets", NAMESPACE, "other")
+        assert not rendered.may(CONTROLLER_SA, verb, "secrets", "kube-system", secret)
+    assert rendered.may(CONTROLLER_SA, "create", "secrets", NAMESPACE)
+    assert not rendered.may(CONTROLLER_SA, "list", "secrets", NAMESPACE)
+    for verb in ("get", "patch"):
+        assert rendered.may(CONTROLLER_SA, verb, hooks, "", config)
+        assert not rendered.may(CONTROLLER_SA, verb, hooks, "", "someone-elses")
+    # The other modes: no Secret and no webhook configuration may be touched.
+    for verb in ("get", "update", "create"):
+        assert not host_driver.may(CONTROLLER_SA, verb, "secrets", NAMESPACE, secret)
+    assert not host_driver.may(CONTROLLER_SA, "patch", hooks, "", config)
+
+
 # ---- NVIDIA's values --------------------------------------------------------------------------
 NVIDIA_DEFAULTS: dict[str, Any] = {
     "nvidiaDriverRoot": "/",
