@@ -1526,6 +1526,27 @@ def test_nvidias_values_without_a_gpu_dra_meaning_change_nothing(tmp_path: Path)
     assert comparable(with_them) == comparable(without)
 
 
+# ---- disruption budget and resources ----------------------------------------------------------
+def test_a_budget_keeps_controller_replicas_through_drains_but_never_blocks_one(
+    tmp_path: Path, host_driver: Rendered
+) -> None:
+    three = Rendered.of(merged(HOST_DRIVER, {"controller": {"replicas": 3}}), tmp_path)
+    off = Rendered.of(
+        merged(HOST_DRIVER, {"controller": {"replicas": 3, "podDisruptionBudget": {
+            "enabled": False}}}),
+        tmp_path,
+    )  # fmt: skip
+    budget = three.one("PodDisruptionBudget")
+    labels = three.one("Deployment")["spec"]["template"]["metadata"]["labels"]
+    plugin_labels = three.one("DaemonSet")["spec"]["template"]["metadata"]["labels"]
+
+    assert budget["spec"]["maxUnavailable"] == 1
+    assert budget["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    assert not budget["spec"]["selector"]["matchLabels"].items() <= plugin_labels.items()
+    assert host_driver.all("PodDisruptionBudget") == []  # one replica: nothing to keep
+    assert off.all("PodDisruptionBudget") == []
+
+
 # ---- metrics ----------------------------------------------------------------------------------
 def test_metrics_services_select_the_pods_ports(gpu_operator: Rendered) -> None:
     services = {s["metadata"]["name"]: s for s in gpu_operator.all("Service")}
