@@ -13,6 +13,7 @@ import base64
 import copy
 import json
 import os
+import re
 import ssl
 import subprocess
 import sys
@@ -255,7 +256,8 @@ def test_gpu_operator_values_reach_the_plugin(gpu_operator: Rendered) -> None:
     assert spec["imagePullSecrets"] == secrets
     assert gpu_operator.pod_spec("Deployment")["imagePullSecrets"] == secrets
     assert settings.mps_daemon_image_pull_secrets == ("registry-a", "registry-b")
-    assert container["resources"] == {"requests": {"cpu": "100m"}}
+    # A request of one's own replaces that one; the chart's memory request stays.
+    assert container["resources"] == {"requests": {"cpu": "100m", "memory": "128Mi"}}
 
 
 @pytest.mark.parametrize("fixture", ["host_driver", "gpu_operator"])
@@ -1545,6 +1547,36 @@ def test_a_budget_keeps_controller_replicas_through_drains_but_never_blocks_one(
     assert not budget["spec"]["selector"]["matchLabels"].items() <= plugin_labels.items()
     assert host_driver.all("PodDisruptionBudget") == []  # one replica: nothing to keep
     assert off.all("PodDisruptionBudget") == []
+
+
+def documented_requests() -> dict[str, dict[str, str]]:
+    """The default requests of docs/deployment.md's sizing table, by container value path."""
+    doc = (REPO / "docs" / "deployment.md").read_text()
+    section = doc[doc.index("### Resource requests") :]
+    rows = re.findall(r"^\| `([a-zA-Z.]+)\.resources` \|.*\| `cpu: (\w+)`, `memory: (\w+)` \|$",
+                      section, re.MULTILINE)  # fmt: skip
+    return {path: {"cpu": cpu, "memory": memory} for path, cpu, memory in rows}
+
+
+def test_containers_request_what_the_sizing_table_measured_and_have_no_limits(
+    host_driver: Rendered, tmp_path: Path
+) -> None:
+    documented = documented_requests()
+    own = {"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"memory": "2Gi"}}
+    overridden = Rendered.of(
+        merged(HOST_DRIVER, {"controller": {"containers": {"controller": {"resources": own}}}}),
+        tmp_path,
+    )
+
+    assert set(documented) == {
+        "kubeletPlugin.containers.gpus",
+        "controller.containers.controller",
+    }
+    plugin = host_driver.container("DaemonSet", "gpus")["resources"]
+    controller = host_driver.container("Deployment", "controller")["resources"]
+    assert plugin == {"requests": documented["kubeletPlugin.containers.gpus"]}
+    assert controller == {"requests": documented["controller.containers.controller"]}
+    assert overridden.container("Deployment", "controller")["resources"] == own
 
 
 # ---- metrics ----------------------------------------------------------------------------------
