@@ -34,6 +34,13 @@ from gpu_dra.controller.leader import ElectionConfig, KubernetesLeaseApi, Leader
 from gpu_dra.controller.metrics import CatalogMetrics, InventoryMetrics, LeaderMetrics
 from gpu_dra.controller.settings import ControllerSettings
 from gpu_dra.controller.webhook import WebhookSetupError, serving
+from gpu_dra.controller.webhook_certificate import (
+    CertificateKeeper,
+    CertificateSetupError,
+    KubernetesSecretApi,
+    KubernetesWebhookConfigurationApi,
+    dns_names,
+)
 from gpu_dra.driver.cluster.usage import Inventory, inventory
 from gpu_dra.driver.naming import DEFAULT_DRIVER_NAME
 from gpu_dra.kube import errors
@@ -93,12 +100,55 @@ def main(argv: Sequence[str] | None = None) -> int:
             elector=elector,
         )
 
+    keeper = _certificate_keeper(settings, api_client)
+
+    async def start() -> int:
+        if keeper is None:
+            return await serving(settings, keep_applied, driver=DEFAULT_DRIVER_NAME)
+        try:
+            await keeper.start()
+        except CertificateSetupError as error:
+            log.error("cannot set up the webhook certificate: %s", error)
+            return EXIT_BAD_SETUP
+
+        async def keep_applied_and_certificate() -> int:
+            stop = asyncio.Event()
+            task = asyncio.create_task(keeper.keep(stop), name="webhook-certificate")
+            try:
+                return await keep_applied()
+            finally:
+                stop.set()
+                await asyncio.gather(task, return_exceptions=True)
+
+        return await serving(settings, keep_applied_and_certificate, driver=DEFAULT_DRIVER_NAME)
+
     # The admission webhook is served beside the run loop (every replica) until it returns.
     try:
-        return asyncio.run(serving(settings, keep_applied, driver=DEFAULT_DRIVER_NAME))
+        return asyncio.run(start())
     except WebhookSetupError as error:
         log.error("%s", error)
         return EXIT_BAD_SETUP
+
+
+def _certificate_keeper(
+    settings: ControllerSettings, api_client: ApiClient
+) -> CertificateKeeper | None:
+    """With --webhook-tls-secret, the keeper of the webhook's self-signed certificate."""
+    if not (settings.webhook_port and settings.webhook_tls_secret):
+        return None
+    return CertificateKeeper(
+        KubernetesSecretApi(
+            api_client,
+            settings.webhook_tls_secret,
+            labels={"app.kubernetes.io/managed-by": "gpu-dra-controller"},
+        ),
+        KubernetesWebhookConfigurationApi(
+            api_client, settings.webhook_configuration, field_manager=settings.field_manager
+        ),
+        names=dns_names(settings.webhook_service),
+        cert_file=settings.webhook_tls_cert_file,
+        key_file=settings.webhook_tls_private_key_file,
+    )
 
 
 def _elector(

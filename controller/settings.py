@@ -56,6 +56,14 @@ def parse_optional_path(text: str) -> Path | None:
     return Path(text) if text else None
 
 
+def parse_object_ref(text: str) -> str:
+    """``namespace/name`` of a namespaced object, or empty."""
+    name = r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?"
+    if text and not re.fullmatch(f"{name}/{name}", text):
+        raise ValueError(f"expected namespace/name, got {text!r}")
+    return text
+
+
 def parse_port(text: str) -> int:
     port = int(text)
     if not 0 <= port <= 65535:
@@ -205,6 +213,38 @@ class ControllerSettings:
             Path,
         ),
     )
+    webhook_tls_secret: str = field(
+        default="",
+        metadata=option(
+            "--webhook-tls-secret",
+            "GPU_DRA_WEBHOOK_TLS_SECRET",
+            "namespace/name of a kubernetes.io/tls Secret in which the controller keeps a "
+            "self-signed CA and the webhook's certificate: made when missing or unusable, else "
+            "reused, and written to the certificate and key files; empty: the files come from "
+            "elsewhere",
+            parse_object_ref,
+        ),
+    )
+    webhook_service: str = field(
+        default="",
+        metadata=option(
+            "--webhook-service",
+            "GPU_DRA_WEBHOOK_SERVICE",
+            "namespace/name of the webhook's Service: the DNS names of the certificate "
+            "--webhook-tls-secret keeps",
+            parse_object_ref,
+        ),
+    )
+    webhook_configuration: str = field(
+        default="",
+        metadata=option(
+            "--webhook-configuration",
+            "GPU_DRA_WEBHOOK_CONFIGURATION",
+            "ValidatingWebhookConfiguration whose caBundle the controller keeps at the CA of "
+            "--webhook-tls-secret",
+            str,
+        ),
+    )
     log_level: str = field(
         default="INFO",
         metadata=option(
@@ -307,6 +347,13 @@ class ControllerSettings:
             parser.error(
                 "leader election needs lease duration > renew deadline > 1.2 x retry period "
                 f"(as client-go), got {lease:g}s, {renew:g}s, {retry:g}s"
+            )
+        if settings.webhook_tls_secret and not (
+            settings.webhook_service and settings.webhook_configuration
+        ):
+            parser.error(
+                "--webhook-tls-secret needs --webhook-service (the certificate's names) and "
+                "--webhook-configuration (whose caBundle to keep)"
             )
         return settings
 

@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import copy
+import json
 import os
+import re
 import ssl
 import subprocess
 import sys
@@ -32,6 +35,12 @@ from gpu_dra.controller.webhook import ReloadingCertificate, WebhookServer
 from gpu_dra.driver.mig_policy import DEFAULT as DEFAULT_MIG_POLICY
 from gpu_dra.driver.mig_policy import parse_policy
 from gpu_dra.kubelet_plugin.settings import KubeletPluginSettings
+from gpu_dra.kubelet_plugin.settings.values import (
+    GATE_DYNAMIC_MIG,
+    GATE_HEALTH_CHECK,
+    GATES_ALWAYS_ON,
+    GATES_NOT_IMPLEMENTED,
+)
 from tests.helmchart import (
     CHART,
     NAMESPACE,
@@ -129,7 +138,7 @@ def test_defaults_render_only_once_the_device_plugin_is_acknowledged_off() -> No
         ("image.pullPolicy=Sometimes", "'/image/pullPolicy'"),
         ("webhook.failurePolicy=Sometimes", "'/webhook/failurePolicy'"),
         ("webhook.tls.mode=vault", "'/webhook/tls/mode'"),
-        ("webhook.containerPort=443", "'/webhook/containerPort'"),
+        ("webhook.containerPort=0", "'/webhook/containerPort'"),
         ("kubeletPlugin.dynamicMigProfiles=1g/7g", "'/kubeletPlugin/dynamicMigProfiles'"),
         (
             "kubeletPlugin.mpsMemoryWatchdog.policy=shoot",
@@ -247,7 +256,8 @@ def test_gpu_operator_values_reach_the_plugin(gpu_operator: Rendered) -> None:
     assert spec["imagePullSecrets"] == secrets
     assert gpu_operator.pod_spec("Deployment")["imagePullSecrets"] == secrets
     assert settings.mps_daemon_image_pull_secrets == ("registry-a", "registry-b")
-    assert container["resources"] == {"requests": {"cpu": "100m"}}
+    # A request of one's own replaces that one; the chart's memory request stays.
+    assert container["resources"] == {"requests": {"cpu": "100m", "memory": "128Mi"}}
 
 
 @pytest.mark.parametrize("fixture", ["host_driver", "gpu_operator"])
@@ -1146,6 +1156,537 @@ def test_the_webhook_can_be_left_out_or_fail_open(tmp_path: Path) -> None:
         assert off.all(kind) == []
     assert WEBHOOK not in {s["metadata"]["name"] for s in off.all("Service")}
     assert {h["failurePolicy"] for h in webhooks(fail_open).values()} == {"Ignore"}
+
+
+def test_the_controller_mode_renders_the_same_every_time_and_no_certificate(
+    tmp_path: Path,
+) -> None:
+    values = {**HOST_DRIVER, "webhook": {"tls": {"mode": "controller"}}}
+    path = tmp_path / "values.yaml"
+    path.write_text(yaml.safe_dump(values))
+    first, second = template(path), template(path)
+    helm_mode = [template(None, "gpuResourcesEnabledOverride=true") for _ in range(2)]
+    rendered = Rendered.of(values, tmp_path)
+
+    # helm template (GitOps) has no lookup: the helm mode makes a new pair on every render.
+    assert first.returncode == 0, first.stderr
+    assert first.stdout == second.stdout
+    assert helm_mode[0].stdout != helm_mode[1].stdout
+    assert rendered.all("Secret") == []
+    assert all("caBundle" not in h["clientConfig"] for h in webhooks(rendered).values())
+    container = rendered.container("Deployment", "controller")
+    settings = ControllerSettings.from_env(env_of(container, CONTROLLER_DOWNWARD))
+    assert settings.webhook_tls_secret == f"{NAMESPACE}/{WEBHOOK}-tls"
+    assert settings.webhook_service == f"{NAMESPACE}/{WEBHOOK}"
+    assert (
+        settings.webhook_configuration
+        == rendered.one("ValidatingWebhookConfiguration")["metadata"]["name"]
+    )
+    # The controller writes the pair it keeps into a volume of its own, where it reads it.
+    mount = next(m for m in container["volumeMounts"] if m["name"] == "webhook-tls")
+    assert settings.webhook_tls_cert_file.parent == PurePosixPath(mount["mountPath"])
+    assert mount["readOnly"] is False
+    assert "emptyDir" in rendered.volume("Deployment", "webhook-tls")
+
+
+def test_the_controller_mode_may_keep_its_own_secret_and_webhook_only(
+    host_driver: Rendered, tmp_path: Path
+) -> None:
+    rendered = Rendered.of({**HOST_DRIVER, "webhook": {"tls": {"mode": "controller"}}}, tmp_path)
+    secret, config = f"{WEBHOOK}-tls", WEBHOOK
+    hooks = "admissionregistration.k8s.io/validatingwebhookconfigurations"
+
+    for verb in ("get", "update"):
+        assert rendered.may(CONTROLLER_SA, verb, "secrets", NAMESPACE, secret)
+        assert not rendered.may(CONTROLLER_SA, verb, "secrets", NAMESPACE, "other")
+        assert not rendered.may(CONTROLLER_SA, verb, "secrets", "kube-system", secret)
+    assert rendered.may(CONTROLLER_SA, "create", "secrets", NAMESPACE)
+    assert not rendered.may(CONTROLLER_SA, "list", "secrets", NAMESPACE)
+    for verb in ("get", "patch"):
+        assert rendered.may(CONTROLLER_SA, verb, hooks, "", config)
+        assert not rendered.may(CONTROLLER_SA, verb, hooks, "", "someone-elses")
+    # The other modes: no Secret and no webhook configuration may be touched.
+    for verb in ("get", "update", "create"):
+        assert not host_driver.may(CONTROLLER_SA, verb, "secrets", NAMESPACE, secret)
+    assert not host_driver.may(CONTROLLER_SA, "patch", hooks, "", config)
+
+
+# ---- NVIDIA's values --------------------------------------------------------------------------
+NVIDIA_DEFAULTS: dict[str, Any] = {
+    "nvidiaDriverRoot": "/",
+    "nvidiaCDIHookPath": "",
+    "altProcDevices": "",
+    "nameOverride": "",
+    "fullnameOverride": "",
+    "namespaceOverride": "",
+    "selectorLabelsOverride": {},
+    "gpuResourcesEnabledOverride": False,
+    "allowDefaultNamespace": False,
+    "resourceApiVersion": "",
+    "imagePullSecrets": [],
+    "image": {
+        "repository": "registry.k8s.io/dra-driver-nvidia/dra-driver-nvidia-gpu",
+        "pullPolicy": "IfNotPresent",
+        "tag": "",
+    },
+    "serviceAccount": {"create": True, "annotations": {}, "name": ""},
+    "resources": {"gpus": {"enabled": True}, "computeDomains": {"enabled": True}},
+    "featureGates": {},
+    "logVerbosity": "4",
+    "webhook": {
+        "enabled": False,
+        "replicas": 1,
+        "servicePort": 443,
+        "containerPort": 443,
+        "priorityClassName": "system-cluster-critical",
+        "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": "100%"}},
+        "podAnnotations": {},
+        "podSecurityContext": {},
+        "nodeSelector": {},
+        "tolerations": [{"key": "CriticalAddonsOnly", "operator": "Exists"}],
+        "affinity": {},
+        "containers": {"webhook": {"securityContext": {"privileged": False}, "resources": {}}},
+        "serviceAccount": {"create": True, "name": ""},
+        "failurePolicy": "Fail",
+        "tls": {
+            "mode": "cert-manager",
+            "certManager": {"issuerType": "selfsigned", "issuerName": "", "dnsNames": []},
+            "secret": {"name": "", "caBundle": ""},
+        },
+    },
+    "controller": {
+        "replicas": 1,
+        "leaderElection": {
+            "enabled": False,
+            "leaseDuration": "15s",
+            "renewDeadline": "10s",
+            "retryPeriod": "2s",
+        },
+        "metrics": {
+            "enabled": True,
+            "httpEndpoint": ":8080",
+            "metricsPath": "/metrics",
+            "profilePath": "",
+        },
+        "priorityClassName": "system-node-critical",
+        "podAnnotations": {},
+        "podSecurityContext": {},
+        "nodeSelector": {},
+        "tolerations": [
+            {"key": "node-role.kubernetes.io/control-plane", "operator": "Exists",
+             "effect": "NoSchedule"},
+            {"key": "node-role.kubernetes.io/master", "operator": "Exists",
+             "effect": "NoSchedule"},
+            {"key": "CriticalAddonsOnly", "operator": "Exists"},
+        ],
+        "containers": {"computeDomain": {"securityContext": {}, "env": [], "resources": {}}},
+        "affinity": {
+            "nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{
+                "weight": 100,
+                "preference": {"matchExpressions": [
+                    {"key": "node-role.kubernetes.io/control-plane", "operator": "Exists"}
+                ]},
+            }]},
+            "podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{
+                "weight": 100,
+                "podAffinityTerm": {
+                    "labelSelector": {
+                        "matchLabels": {"dra-driver-nvidia-gpu-component": "controller"}
+                    },
+                    "topologyKey": "kubernetes.io/hostname",
+                },
+            }]},
+        },
+        "networkPolicy": {"enabled": False},
+    },
+    "kubeletPlugin": {
+        "metrics": {
+            "enabled": True,
+            "gpuHttpEndpoint": ":8080",
+            "computeDomainHttpEndpoint": ":8081",
+            "metricsPath": "/metrics",
+        },
+        "priorityClassName": "system-node-critical",
+        "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": "100%"}},
+        "podAnnotations": {},
+        "podSecurityContext": {},
+        "nodeSelector": {},
+        "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+        "kubeletRegistrarDirectoryPath": "/var/lib/kubelet/plugins_registry",
+        "kubeletPluginsDirectoryPath": "/var/lib/kubelet/plugins",
+        "containers": {
+            "init": {"securityContext": {}, "resources": {}},
+            "computeDomains": {
+                "env": [],
+                "securityContext": {"privileged": True},
+                "resources": {},
+                "healthcheckPort": 51515,
+            },
+            "gpus": {
+                "env": [],
+                "securityContext": {"privileged": True},
+                "resources": {},
+                "healthcheckPort": 51516,
+            },
+        },
+        "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": [
+                {"matchExpressions": [{"key": key, "operator": "In", "values": [value]}]}
+                for key, value in (
+                    ("feature.node.kubernetes.io/pci-10de.present", "true"),
+                    ("feature.node.kubernetes.io/pci-0302_10de.present", "true"),
+                    ("feature.node.kubernetes.io/pci-0300_10de.present", "true"),
+                    ("feature.node.kubernetes.io/cpu-model.vendor_id", "NVIDIA"),
+                    ("nvidia.com/gpu.present", "true"),
+                )
+            ]
+        }}},
+        "networkPolicy": {"enabled": False},
+    },
+}  # fmt: skip
+"""Every key of NVIDIA's chart's values.yaml (dra-driver-nvidia-gpu, deployments/helm/
+dra-driver-nvidia-gpu/values.yaml at the mirrored HEAD) with its default, written out here
+from its documented names (the file itself is not vendored)."""
+
+NVIDIA_ACKNOWLEDGED: dict[str, Any] = {
+    "gpuResourcesEnabledOverride": True,
+    "resources": {"computeDomains": {"enabled": False}},
+}
+"""What NVIDIA's defaults need for gpu-dra: the device plugin acknowledged off (NVIDIA's chart
+refuses without it too) and no ComputeDomains."""
+
+NVIDIA_GPU_OPERATOR: dict[str, Any] = {
+    "nvidiaDriverRoot": "/run/nvidia/driver",
+    "gpuResourcesEnabledOverride": True,
+    "resources": {"gpus": {"enabled": True}, "computeDomains": {"enabled": False}},
+}
+"""NVIDIA's documented GPU Operator install (helm install ... --set nvidiaDriverRoot=... )."""
+
+
+def merged(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    result = copy.deepcopy(base)
+    for key, value in overrides.items():
+        if isinstance(value, dict) and isinstance(result.get(key), dict):
+            result[key] = merged(result[key], value)
+        else:
+            result[key] = copy.deepcopy(value)
+    return result
+
+
+def render_failure(values: dict[str, Any], tmp_path: Path, *sets: str) -> str:
+    path = tmp_path / "values.yaml"
+    path.write_text(yaml.safe_dump(values))
+    result = template(path, *sets)
+    assert result.returncode != 0, "rendered"
+    return result.stderr
+
+
+def test_nvidias_default_values_pass_the_schema_and_are_refused_only_for_what_gpu_dra_lacks(
+    tmp_path: Path,
+) -> None:
+    complaint = render_failure(NVIDIA_DEFAULTS, tmp_path)
+
+    assert "values don't meet the specifications of the schema" not in complaint
+    assert "additional properties" not in complaint
+    assert "2 problems with the values" in complaint
+    assert "--set gpuResourcesEnabledOverride=true" in complaint
+    assert "resources.computeDomains.enabled=true: gpu-dra has no ComputeDomains" in complaint
+
+
+def test_nvidias_default_values_render_gpu_dra_with_their_meaning(tmp_path: Path) -> None:
+    values = merged(NVIDIA_DEFAULTS, NVIDIA_ACKNOWLEDGED)
+    path = tmp_path / "nvidia.yaml"
+    path.write_text(yaml.safe_dump(values))
+    lint = run_helm(["lint", "--strict", str(CHART), "--values", str(path)])
+    rendered = Rendered.of(values, tmp_path)
+    plugin = plugin_settings(rendered)
+    controller = ControllerSettings.from_env(
+        env_of(rendered.container("Deployment", "controller"), CONTROLLER_DOWNWARD)
+    )
+
+    assert lint.returncode == 0, lint.stdout + lint.stderr
+    assert plugin.metrics_port == 8080  # kubeletPlugin.metrics.gpuHttpEndpoint
+    assert controller.metrics_port == 8080  # controller.metrics.httpEndpoint
+    assert plugin.healthcheck_port == 51516
+    assert controller.leader_election_enabled is False
+    assert controller.webhook_port == 0  # webhook.enabled: false
+    assert rendered.all("ValidatingWebhookConfiguration") == []
+    assert rendered.all("PodDisruptionBudget") == []  # one replica
+    daemonset = rendered.one("DaemonSet")["spec"]
+    assert daemonset["updateStrategy"]["rollingUpdate"] == {"maxUnavailable": "100%"}
+    terms = daemonset["template"]["spec"]["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ]["nodeSelectorTerms"]
+    assert len(terms) == 5
+    assert rendered.container("DaemonSet", "gpus")["securityContext"]["privileged"] is True
+    assert rendered.container("DaemonSet", "gpus")["securityContext"]["runAsUser"] == 0
+    assert rendered.container("DaemonSet", "gpus")["image"] == (
+        "registry.k8s.io/dra-driver-nvidia/dra-driver-nvidia-gpu:0.1.0"
+    )
+    assert rendered.pod_spec("Deployment")["priorityClassName"] == "system-node-critical"
+
+
+def test_nvidias_webhook_defaults_make_a_cert_manager_certificate_on_port_443(
+    tmp_path: Path,
+) -> None:
+    values = merged(NVIDIA_DEFAULTS, {**NVIDIA_ACKNOWLEDGED, "webhook": {"enabled": True}})
+    rendered = Rendered.of(values, tmp_path)
+    container = rendered.container("Deployment", "controller")
+    settings = ControllerSettings.from_env(env_of(container, CONTROLLER_DOWNWARD))
+
+    assert rendered.one("Issuer")["spec"] == {"selfSigned": {}}
+    assert rendered.one("Certificate")["spec"]["secretName"] == f"{WEBHOOK}-tls"
+    assert settings.webhook_port == 443
+    assert {"name": "net.ipv4.ip_unprivileged_port_start", "value": "443"} in rendered.pod_spec(
+        "Deployment"
+    )["securityContext"]["sysctls"]
+    assert rendered.all("Secret") == []
+
+
+def test_nvidias_gpu_operator_values_mount_the_driver_container_root(tmp_path: Path) -> None:
+    rendered = Rendered.of(NVIDIA_GPU_OPERATOR, tmp_path)
+    settings = plugin_settings(rendered)
+
+    assert rendered.volume("DaemonSet", "driver-root")["hostPath"]["path"] == "/run/nvidia/driver"
+    assert settings.host_driver_root == PurePosixPath("/run/nvidia/driver")
+    assert settings.driver_root == Path("/driver-root")
+
+
+@pytest.mark.parametrize(
+    ("values", "complaint"),
+    [
+        (
+            {"resources": {"computeDomains": {"enabled": True}}},
+            "resources.computeDomains.enabled=true: gpu-dra has no ComputeDomains",
+        ),
+        (
+            {"resources": {"gpus": {"enabled": False}}},
+            "resources.gpus.enabled=false: gpu-dra is the GPU driver",
+        ),
+        (
+            {"serviceAccount": {"create": False}},
+            "serviceAccount.create=false: gpu-dra makes its own two ServiceAccounts",
+        ),
+        ({"serviceAccount": {"name": "shared"}}, "serviceAccount.name=shared: gpu-dra names"),
+        ({"namespaceOverride": "gpu"}, "install with --namespace gpu instead"),
+        ({"selectorLabelsOverride": {"app": "x"}}, "selectorLabelsOverride: gpu-dra's selectors"),
+        (
+            {"controller": {"networkPolicy": {"enabled": True}}},
+            "controller.networkPolicy.enabled=true: gpu-dra's chart renders no NetworkPolicy",
+        ),
+        (
+            {"kubeletPlugin": {"networkPolicy": {"enabled": True}}},
+            "kubeletPlugin.networkPolicy.enabled=true",
+        ),
+        (
+            {"controller": {"metrics": {"profilePath": "/debug/pprof"}}},
+            "controller.metrics.profilePath=/debug/pprof: gpu-dra's controller serves no profiling",
+        ),
+        (
+            {"kubeletPlugin": {"metrics": {"metricsPath": "/m"}}},
+            "'/kubeletPlugin/metrics/metricsPath'",
+        ),
+        (
+            {"controller": {"metrics": {"httpEndpoint": "10.0.0.1:8080"}}},
+            "'/controller/metrics/httpEndpoint'",
+        ),
+        ({"featureGates": {"SomeoneElsesGate": True}}, "additional properties 'SomeoneElsesGate'"),
+    ],
+    ids=lambda v: str(v)[:40] if isinstance(v, dict) else "",
+)
+def test_nvidia_values_gpu_dra_cannot_honour_are_refused_with_the_reason(
+    values: dict[str, Any], complaint: str, tmp_path: Path
+) -> None:
+    assert complaint in render_failure(merged(HOST_DRIVER, values), tmp_path)
+
+
+@pytest.mark.parametrize("gate", sorted(GATES_NOT_IMPLEMENTED))
+def test_a_feature_gate_gpu_dra_lacks_is_refused_when_true_and_accepted_when_false(
+    gate: str, tmp_path: Path
+) -> None:
+    complaint = render_failure(merged(HOST_DRIVER, {"featureGates": {gate: True}}), tmp_path)
+    off = Rendered.of(merged(HOST_DRIVER, {"featureGates": {gate: False}}), tmp_path)
+
+    assert f"featureGates.{gate}=true: gpu-dra does not implement NVIDIA's {gate} gate" in (
+        complaint
+    )
+    assert plugin_settings(off).feature_gates == ()  # the plugin starts with it
+
+
+def test_the_schema_knows_every_gate_of_the_plugin_and_kubernetes_logging_gates() -> None:
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    gates = set(schema["properties"]["featureGates"]["properties"])
+
+    known = {GATE_DYNAMIC_MIG, GATE_HEALTH_CHECK, *GATES_ALWAYS_ON, *GATES_NOT_IMPLEMENTED}
+    assert gates == known | {"ContextualLogging", "LoggingAlphaOptions", "LoggingBetaOptions"}
+
+
+def test_logging_gates_are_accepted_and_not_passed_to_the_plugin(tmp_path: Path) -> None:
+    gates = {"ContextualLogging": True, "LoggingBetaOptions": False, "DynamicMIG": True}
+    rendered = Rendered.of(merged(HOST_DRIVER, {"featureGates": gates}), tmp_path)
+    env = env_of(rendered.container("DaemonSet", "gpus"), DOWNWARD)
+
+    assert env["FEATURE_GATES"] == "DynamicMIG=true,"
+    assert plugin_settings(rendered).feature_gates == ("DynamicMIG",)
+
+
+def test_every_problem_is_reported_at_once(tmp_path: Path) -> None:
+    values = {
+        "resources": {"computeDomains": {"enabled": True}},
+        "featureGates": {"PassthroughSupport": True},
+        "namespaceOverride": "x",
+    }
+    complaint = render_failure(values, tmp_path)
+
+    assert "4 problems with the values" in complaint
+    for part in (
+        "gpuResourcesEnabledOverride",
+        "computeDomains",
+        "PassthroughSupport",
+        "--namespace",
+    ):
+        assert part in complaint
+
+
+def test_nvidias_metrics_values_set_the_ports_or_turn_the_plugins_off(tmp_path: Path) -> None:
+    endpoints = {
+        "kubeletPlugin": {"metrics": {"gpuHttpEndpoint": "0.0.0.0:9500"}},
+        "controller": {"metrics": {"httpEndpoint": "[::]:9600"}},
+    }
+    moved = Rendered.of(merged(HOST_DRIVER, endpoints), tmp_path)
+    off = Rendered.of(
+        merged(HOST_DRIVER, {"kubeletPlugin": {"metrics": {"enabled": False}},
+                             "controller": {"metrics": {"enabled": False}}}),
+        tmp_path,
+    )  # fmt: skip
+    services = {s["metadata"]["name"]: s for s in moved.all("Service")}
+
+    assert plugin_settings(moved).metrics_port == 9500
+    assert services["gpu-dra-kubelet-plugin-metrics"]["spec"]["ports"][0]["port"] == 9500
+    controller = moved.container("Deployment", "controller")
+    assert ControllerSettings.from_env(env_of(controller, CONTROLLER_DOWNWARD)).metrics_port == (
+        9600
+    )
+    assert services["gpu-dra-controller-metrics"]["spec"]["ports"][0]["port"] == 9600
+    # Off: the plugin serves no metrics; the controller's port stays for its health probes.
+    assert plugin_settings(off).metrics_port == 0
+    assert "metrics" not in {p["name"] for p in off.container("DaemonSet", "gpus")["ports"]}
+    assert "metrics" in {p["name"] for p in off.container("Deployment", "controller")["ports"]}
+    names = {s["metadata"]["name"] for s in off.all("Service")}
+    assert not names & {"gpu-dra-kubelet-plugin-metrics", "gpu-dra-controller-metrics"}
+
+
+def test_service_account_annotations_go_on_both_accounts(tmp_path: Path) -> None:
+    annotations = {"eks.amazonaws.com/role-arn": "arn:aws:iam::1:role/gpu"}
+    rendered = Rendered.of(
+        merged(HOST_DRIVER, {"serviceAccount": {"annotations": annotations}}), tmp_path
+    )
+
+    for account in (PLUGIN_SA, CONTROLLER_SA):
+        assert rendered.one("ServiceAccount", account)["metadata"]["annotations"] == annotations
+
+
+def test_nvidias_webhook_port_443_is_bound_by_the_non_root_controller(tmp_path: Path) -> None:
+    low = Rendered.of(merged(HOST_DRIVER, {"webhook": {"containerPort": 443}}), tmp_path)
+    container = low.container("Deployment", "controller")
+    settings = ControllerSettings.from_env(env_of(container, CONTROLLER_DOWNWARD))
+    pod = low.pod_spec("Deployment")
+
+    assert settings.webhook_port == 443
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["sysctls"] == [
+        {"name": "net.ipv4.ip_unprivileged_port_start", "value": "443"}
+    ]
+    assert (
+        "sysctls"
+        not in Rendered.of(HOST_DRIVER, tmp_path).pod_spec("Deployment")["securityContext"]
+    )
+
+
+NVIDIA_NO_OPS: dict[str, Any] = {
+    "altProcDevices": "/var/lib/nvml-mock/imex/proc-devices",
+    "allowDefaultNamespace": True,
+    "resourceApiVersion": "resource.k8s.io/v1beta1",
+    "webhook": {k: NVIDIA_DEFAULTS["webhook"][k] for k in (
+        "replicas", "priorityClassName", "strategy", "podAnnotations", "podSecurityContext",
+        "nodeSelector", "tolerations", "affinity", "containers", "serviceAccount",
+    )},
+    "controller": {"containers": {"computeDomain": {"env": [{"name": "X", "value": "1"}],
+                                                    "resources": {"requests": {"cpu": "1"}}}}},
+    "kubeletPlugin": {
+        "metrics": {"computeDomainHttpEndpoint": ":9999"},
+        "containers": {"computeDomains": {"env": [], "healthcheckPort": 51515}},
+    },
+    "featureGates": {"ContextualLogging": True},
+}  # fmt: skip
+"""NVIDIA's values that configure what gpu-dra does not have (its separate webhook Deployment,
+its ComputeDomain programs, install-time choices gpu-dra makes itself)."""
+
+
+def test_nvidias_values_without_a_gpu_dra_meaning_change_nothing(tmp_path: Path) -> None:
+    with_them = Rendered.of(merged(HOST_DRIVER, NVIDIA_NO_OPS), tmp_path)
+    without = Rendered.of(HOST_DRIVER, tmp_path)
+
+    def comparable(rendered: Rendered) -> list[dict[str, Any]]:
+        objects = [o for o in rendered.objects if o["kind"] != "Secret"]  # a new pair each time
+        for o in objects:
+            if o["kind"] == "ValidatingWebhookConfiguration":
+                for hook in o["webhooks"]:
+                    hook["clientConfig"].pop("caBundle")
+        return objects
+
+    assert comparable(with_them) == comparable(without)
+
+
+# ---- disruption budget and resources ----------------------------------------------------------
+def test_a_budget_keeps_controller_replicas_through_drains_but_never_blocks_one(
+    tmp_path: Path, host_driver: Rendered
+) -> None:
+    three = Rendered.of(merged(HOST_DRIVER, {"controller": {"replicas": 3}}), tmp_path)
+    off = Rendered.of(
+        merged(HOST_DRIVER, {"controller": {"replicas": 3, "podDisruptionBudget": {
+            "enabled": False}}}),
+        tmp_path,
+    )  # fmt: skip
+    budget = three.one("PodDisruptionBudget")
+    labels = three.one("Deployment")["spec"]["template"]["metadata"]["labels"]
+    plugin_labels = three.one("DaemonSet")["spec"]["template"]["metadata"]["labels"]
+
+    assert budget["spec"]["maxUnavailable"] == 1
+    assert budget["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    assert not budget["spec"]["selector"]["matchLabels"].items() <= plugin_labels.items()
+    assert host_driver.all("PodDisruptionBudget") == []  # one replica: nothing to keep
+    assert off.all("PodDisruptionBudget") == []
+
+
+def documented_requests() -> dict[str, dict[str, str]]:
+    """The default requests of docs/deployment.md's sizing table, by container value path."""
+    doc = (REPO / "docs" / "deployment.md").read_text()
+    section = doc[doc.index("### Resource requests") :]
+    rows = re.findall(r"^\| `([a-zA-Z.]+)\.resources` \|.*\| `cpu: (\w+)`, `memory: (\w+)` \|$",
+                      section, re.MULTILINE)  # fmt: skip
+    return {path: {"cpu": cpu, "memory": memory} for path, cpu, memory in rows}
+
+
+def test_containers_request_what_the_sizing_table_measured_and_have_no_limits(
+    host_driver: Rendered, tmp_path: Path
+) -> None:
+    documented = documented_requests()
+    own = {"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"memory": "2Gi"}}
+    overridden = Rendered.of(
+        merged(HOST_DRIVER, {"controller": {"containers": {"controller": {"resources": own}}}}),
+        tmp_path,
+    )
+
+    assert set(documented) == {
+        "kubeletPlugin.containers.gpus",
+        "controller.containers.controller",
+    }
+    plugin = host_driver.container("DaemonSet", "gpus")["resources"]
+    controller = host_driver.container("Deployment", "controller")["resources"]
+    assert plugin == {"requests": documented["kubeletPlugin.containers.gpus"]}
+    assert controller == {"requests": documented["controller.containers.controller"]}
+    assert overridden.container("Deployment", "controller")["resources"] == own
 
 
 # ---- metrics ----------------------------------------------------------------------------------

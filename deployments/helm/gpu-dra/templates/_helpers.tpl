@@ -58,9 +58,57 @@ app.kubernetes.io/component: {{ .component }}
 {{- if ge (int .Values.logVerbosity) 5 }}DEBUG{{ else }}INFO{{ end }}
 {{- end }}
 
-{{/* featureGates as NVIDIA's FEATURE_GATES: Name=value, in name order, comma-terminated. */}}
+{{/* Kubernetes' logging gates, which NVIDIA's binaries take through the same flag: accepted,
+no effect on gpu-dra (Python logging), so not passed to the plugin. */}}
+{{- define "gpu-dra.loggingGates" -}}
+{{- toJson (list "ContextualLogging" "LoggingAlphaOptions" "LoggingBetaOptions") }}
+{{- end }}
+
+{{/* featureGates as NVIDIA's FEATURE_GATES: Name=value, in name order, comma-terminated;
+the logging gates left out. */}}
 {{- define "gpu-dra.featureGates" -}}
-{{- range $name, $value := .Values.featureGates }}{{ $name }}={{ $value }},{{ end }}
+{{- $logging := include "gpu-dra.loggingGates" . | fromJsonArray }}
+{{- range $name, $value := .Values.featureGates }}{{ if not (has $name $logging) }}{{ $name }}={{ $value }},{{ end }}{{ end }}
+{{- end }}
+
+{{/* The port of an NVIDIA HTTP endpoint value (":8080", "0.0.0.0:8080", "[::]:8080"). */}}
+{{- define "gpu-dra.endpointPort" -}}
+{{- regexFind "[0-9]+$" . }}
+{{- end }}
+
+{{/* The kubelet plugin's metrics port: 0 (no metrics server) with NVIDIA's
+kubeletPlugin.metrics.enabled=false, else the port of its gpuHttpEndpoint when given, else
+metrics.kubeletPluginPort. */}}
+{{- define "gpu-dra.kubeletPlugin.metricsPort" -}}
+{{- $nvidia := .Values.kubeletPlugin.metrics | default dict }}
+{{- if and (hasKey $nvidia "enabled") (not $nvidia.enabled) }}0
+{{- else if $nvidia.gpuHttpEndpoint }}{{ include "gpu-dra.endpointPort" $nvidia.gpuHttpEndpoint }}
+{{- else }}{{ .Values.metrics.kubeletPluginPort }}
+{{- end }}
+{{- end }}
+
+{{/* The controller's metrics (and health) port: the port of NVIDIA's
+controller.metrics.httpEndpoint when given, else metrics.controllerPort. */}}
+{{- define "gpu-dra.controller.metricsPort" -}}
+{{- $nvidia := .Values.controller.metrics | default dict }}
+{{- if $nvidia.httpEndpoint }}{{ include "gpu-dra.endpointPort" $nvidia.httpEndpoint }}
+{{- else }}{{ .Values.metrics.controllerPort }}
+{{- end }}
+{{- end }}
+
+{{/* Whether the controller's metrics Service is rendered: metrics.enabled and not NVIDIA's
+controller.metrics.enabled=false ("true" or ""). */}}
+{{- define "gpu-dra.controller.metricsService" -}}
+{{- $nvidia := .Values.controller.metrics | default dict }}
+{{- if and .Values.metrics.enabled (or (not (hasKey $nvidia "enabled")) $nvidia.enabled) }}true{{ end }}
+{{- end }}
+
+{{/* ServiceAccount annotations (NVIDIA's serviceAccount.annotations), on both accounts. */}}
+{{- define "gpu-dra.serviceAccountAnnotations" -}}
+{{- with (.Values.serviceAccount | default dict).annotations }}
+annotations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
 {{- end }}
 
 {{/* The catalog files of deviceclasses/ that are shipped (exclude left out). */}}
@@ -98,4 +146,10 @@ gpu.nvidia.com
 {{- else }}
 {{- printf "%s-webhook-tls" (include "gpu-dra.fullname" .) | trunc 63 | trimSuffix "-" }}
 {{- end }}
+{{- end }}
+
+{{/* NVIDIA's driver feature gates gpu-dra does not implement: false only (the kubelet plugin's
+GATES_NOT_IMPLEMENTED, checked by tests/test_helm_chart.py). */}}
+{{- define "gpu-dra.unimplementedGates" -}}
+{{- toJson (list "IMEXDaemonsWithDNSNames" "PassthroughSupport" "ComputeDomainCliques" "CrashOnNVLinkFabricErrors" "DeviceMetadata" "DRAListTypeAttributes" "FabricManagerPartitioning" "HostManagedIMEXDaemon" "ConsumableShares") }}
 {{- end }}
