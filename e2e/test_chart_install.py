@@ -10,6 +10,7 @@ the chart with them too)."""
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -367,17 +368,20 @@ def test_a_claims_status_says_what_it_holds_and_only_its_nodes_plugin_writes_it(
     assert "no GPU activity since" in idle["message"]
 
     plugin = plugin_identity(cluster, kube, tmp_path)
-    # It may not take part in anything else of the claim: reservedFor (who may use it) stays.
-    # (A merge patch: server-side apply of an empty list would remove no one else's entries.)
-    unreserve = {"status": {"reservedFor": []}}
+    # It may not take part in anything else of the claim: who may use it (reservedFor) stays.
+    # (Reserving it for one more pod passes the apiserver's own validation; the policy refuses.)
+    reserved = kube.get(CLAIM_API, "ResourceClaim", "held", namespace)["status"]["reservedFor"]
+    intruder = {"resource": "pods", "name": "intruder", "uid": str(uuid.uuid4())}
     with pytest.raises(ApiException) as denied:
         CustomObjectsApi(plugin.api_client).patch_namespaced_custom_object_status(
-            "resource.k8s.io", "v1", namespace, "resourceclaims", "held", unreserve,
+            "resource.k8s.io", "v1", namespace, "resourceclaims", "held",
+            {"status": {"reservedFor": [*reserved, intruder]}},
             _content_type="application/merge-patch+json",
         )  # fmt: skip
-    assert denied.value.status == 403
+    assert denied.value.status == 403, denied.value.body
     assert "not the allocation, reservedFor or another driver's entries" in str(denied.value.body)
-    assert kube.get(CLAIM_API, "ResourceClaim", "held", namespace)["status"]["reservedFor"]
+    after = kube.get(CLAIM_API, "ResourceClaim", "held", namespace)["status"]["reservedFor"]
+    assert after == reserved
     # A claim allocated on another node: its status is not this plugin's to write.
     kube.create(m.claim("elsewhere", namespace, m.claim_spec([m.request()])))
     elsewhere = kube.get(CLAIM_API, "ResourceClaim", "elsewhere", namespace)
