@@ -383,8 +383,10 @@ def test_gpu_dra_devices_prints_what_the_plugin_publishes(
     table = gpu_dra("devices", "--driver-root", str(driver_root), *flags, env=env)
     assert table.returncode == 0, table.stderr
     header, *rows = table.stdout.splitlines()
-    assert header.split()[:2] == ["NAME", "PRODUCT"]
+    assert header.split()[:4] == ["NAME", "TYPE", "PROFILE", "PRODUCT"]
     assert [row.split()[0] for row in rows] == [d["name"] for d in published["devices"]]
+    types = {d["name"]: d["attributes"]["type"]["string"] for d in published["devices"]}
+    assert {row.split()[0]: row.split()[1] for row in rows} == types
 
 
 def test_gpu_dra_devices_without_device_nodes_fails(driver_root: Path) -> None:
