@@ -101,10 +101,10 @@ def test_shipped_catalog_selects_what_docs_say(capsys):
     selects = {c["name"]: c["selects"] for c in json.loads(out)["classes"]}
     # MIG devices only where static MIG is configured or MIG is dynamic, only through the MIG
     # classes; each family class selects its family on every one of those profiles.
-    # (+mps-shares also offers hgx-h100-mig's static MIG devices as shares: the same devices.)
+    # (+mps-shares offers hgx-h100-mig's static MIG devices as shares: share-only, so no MIG
+    # class selects them there.)
     mig_profiles = {
         "hgx-h100-mig",
-        "hgx-h100-mig+mps-shares",
         "hgx-h100+dynamic-mig",
         "hgx-h100-mig+dynamic-mig",
     }
@@ -121,7 +121,7 @@ def test_shipped_catalog_selects_what_docs_say(capsys):
     for whole in ("gpu.nvidia.com", "hopper.gpu.nvidia.com", "training.gpu.nvidia.com"):
         assert not any("-mig-" in name for names in selects[whole].values() for name in names)
     assert selects["gpu.nvidia.com"]["t4"] == ["gpu-0"]
-    # MPS shares only on GPUs offered as shares; whole-GPU classes select those GPUs too.
+    # MPS shares only on GPUs offered as shares; whole-GPU classes never select those.
     assert all(profile.endswith("+mps-shares") for profile in selects["mps.gpu.nvidia.com"])
     assert selects["mps.gpu.nvidia.com"]["t4+mps-shares"] == ["gpu-0"]
     # MPS shares of MIG devices only on the static MIG devices offered as shares, all of them.
@@ -131,12 +131,17 @@ def test_shipped_catalog_selects_what_docs_say(capsys):
         == selects["mig.nvidia.com"]["hgx-h100-mig"]
     )
     assert not any("-mig-" in n for names in selects["mps.gpu.nvidia.com"].values() for n in names)
-    assert selects["gpu.nvidia.com"]["t4+mps-shares"] == ["gpu-0"]
+    for whole in (
+        "gpu.nvidia.com",
+        "hopper.gpu.nvidia.com",
+        "mig.nvidia.com",
+        "mig-1g.gpu.nvidia.com",
+    ):
+        assert not any(p.endswith(("+mps-shares", "+capped-shares")) for p in selects[whole])
     # Capped shares only on GPUs offered as capped shares, and those are not MPS shares.
     assert all(profile.endswith("+capped-shares") for profile in selects["capped.gpu.nvidia.com"])
     assert selects["capped.gpu.nvidia.com"]["t4+capped-shares"] == ["gpu-0"]
     assert not any(p.endswith("+capped-shares") for p in selects["mps.gpu.nvidia.com"])
-    assert selects["gpu.nvidia.com"]["t4+capped-shares"] == ["gpu-0"]
     assert "hgx-h100" in selects["hopper.gpu.nvidia.com"]
     assert "dgx-a100" not in selects["hopper.gpu.nvidia.com"]
     assert "l4x4" not in selects["large-memory.gpu.nvidia.com"]

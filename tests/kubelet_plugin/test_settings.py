@@ -43,6 +43,7 @@ ALL_FLAGS = [
     "--mps-shares-on-mig=3g.40gb,MIG-cb40a2a6-69c6-5d06-a49f-1a42bda0ba34",
     "--mps-shares-on-dynamic-mig=1g.10gb,3g.40gb",
     "--mps-share-max-percent=50",
+    "--mps-share-replicas=8",
     "--mps-share-memory-limits=off",
     "--mps-memory-watchdog=report",
     "--mps-memory-watchdog-interval=2.5",
@@ -98,6 +99,7 @@ EXPECTED = KubeletPluginSettings(
     ),
     mps_shares_on_dynamic_mig=PartitionShareSelection(profiles=("1g.10gb", "3g.40gb")),
     mps_share_max_percent=50,
+    mps_share_replicas=8,
     mps_share_memory_limits="off",
     mps_memory_watchdog="report",
     mps_memory_watchdog_interval_s=2.5,
@@ -447,6 +449,9 @@ def test_mps_shares_default_to_none_and_all_means_every_gpu() -> None:
         ("--mps-shares-on-dynamic-mig=1c.3g.40gb", "not a MIG profile that dynamic MIG offers"),
         ("--mps-share-max-percent=0", "between 1 and 100"),
         ("--mps-share-max-percent=half", "whole percentage"),
+        ("--mps-share-replicas=0", "--mps-share-replicas must be between 1 and 100, got 0"),
+        ("--mps-share-replicas=101", "between 1 and 100, got 101"),
+        ("--mps-share-replicas=four", "--mps-share-replicas must be a whole number"),
         ("--capped-shares=gpu-0", "--capped-shares: 'gpu-0' is neither a GPU index"),
         ("--mps-share-memory-limits=on", "must be auto or off"),
     ],
@@ -627,3 +632,9 @@ def test_a_bad_mps_share_daemon_warm_is_a_usage_error(
 ) -> None:
     error = usage_error(capsys, ["--node-name=n", f"--mps-share-daemon-warm={value}"], {})
     assert "--mps-share-daemon-warm" in error
+
+
+def test_a_share_is_a_quarter_of_its_device_by_default_and_the_env_sets_it() -> None:
+    assert KubeletPluginSettings.parse(["--node-name=n"], {}).mps_share_replicas == 4
+    settings = KubeletPluginSettings.parse(["--node-name=n"], {"GPU_DRA_MPS_SHARE_REPLICAS": "2"})
+    assert settings.mps_share_replicas == 2
