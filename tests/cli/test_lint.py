@@ -563,3 +563,55 @@ def test_claim_requests_are_evaluated_on_the_devices_of_their_class(capsys, tmp_
         f"INFO {file} ResourceClaim/c: spec.devices.requests[2].exactly: DeviceClass not-linted "
         "is not among the linted files" in out
     )
+
+
+SHARE_CLAIMS = """\
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaimTemplate
+metadata:
+  name: shares
+spec:
+  spec:
+    devices:
+      requests:
+        - name: memory-only
+          exactly:
+            deviceClassName: mps.gpu.nvidia.com
+            capacity:
+              requests:
+                memory: 8Gi
+        - name: nothing
+          exactly:
+            deviceClassName: mps.gpu.nvidia.com
+        - name: both
+          exactly:
+            deviceClassName: mps.gpu.nvidia.com
+            capacity:
+              requests:
+                memory: 8Gi
+                compute: "10"
+        - name: whole
+          exactly:
+            deviceClassName: gpu.nvidia.com
+"""
+
+
+def test_lint_says_what_a_share_gets_for_an_amount_it_does_not_name(capsys, tmp_path):
+    file = tmp_path / "shares.yaml"
+    file.write_text(SHARE_CLAIMS)
+
+    code, out, _ = run(capsys, str(REPO / "deviceclasses"), str(file))
+
+    assert code == EXIT_OK, out
+    mine = [line for line in lines(out, "INFO") if "ResourceClaimTemplate/shares" in line]
+    where = f"INFO {file} ResourceClaimTemplate/shares: spec.spec.devices.requests"
+    gets = (
+        "on the shared devices DeviceClass mps.gpu.nvidia.com selects it gets the request "
+        "policy's default, 1/4 of the device (the node's --mps-share-replicas; the simulated "
+        "nodes use the default)"
+    )
+    assert mine == [
+        f"{where}[0].exactly: names no compute: {gets}",
+        f"{where}[1].exactly: names no compute: {gets}",
+        f"{where}[1].exactly: names no memory: {gets}",
+    ]
