@@ -88,6 +88,13 @@ def mps_share_settings(parser: argparse.ArgumentParser, args: argparse.Namespace
         check_replicas(replicas)
     except ValueError as error:
         parser.error(str(error))
+    if replicas * max_share < 100:
+        parser.error(
+            f"--mps-share-replicas={replicas} makes an amount a share does not name 1/{replicas} "
+            f"of its device, more than --mps-share-max-percent={max_share} allows, so every "
+            f"such share would be refused at prepare; use at least {-(-100 // max_share)} "
+            "replicas or a larger max percent"
+        )
     return {
         "mps_shares": mps_shares,
         "mps_shares_on_mig": mps_shares_on_mig,

@@ -638,3 +638,21 @@ def test_a_share_is_a_quarter_of_its_device_by_default_and_the_env_sets_it() -> 
     assert KubeletPluginSettings.parse(["--node-name=n"], {}).mps_share_replicas == 4
     settings = KubeletPluginSettings.parse(["--node-name=n"], {"GPU_DRA_MPS_SHARE_REPLICAS": "2"})
     assert settings.mps_share_replicas == 2
+
+
+def test_replicas_whose_part_is_larger_than_the_largest_share_are_a_usage_error(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # A third of a GPU is more than 33 % of its memory (81559Mi / 3 > 81559Mi * 33 / 100).
+    args = ["--node-name=n", "--mps-share-replicas=3", "--mps-share-max-percent=33"]
+    assert (
+        usage_error(capsys, args, {})
+        .rstrip()
+        .endswith(
+            "--mps-share-replicas=3 makes an amount a share does not name 1/3 of its device, more "
+            "than --mps-share-max-percent=33 allows, so every such share would be refused at "
+            "prepare; use at least 4 replicas or a larger max percent"
+        )
+    )
+    fits = ["--node-name=n", "--mps-share-replicas=2", "--mps-share-max-percent=50"]
+    assert KubeletPluginSettings.parse(fits, {}).mps_share_replicas == 2
