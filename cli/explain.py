@@ -14,6 +14,7 @@ import json
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from fractions import Fraction
 from typing import Any, Final
 
 from gpu_dra.cli.cluster import (
@@ -36,13 +37,19 @@ from gpu_dra.cli.command import (
 from gpu_dra.driver.cel import (
     CelCompileError,
     CelRuntimeError,
+    CelValueError,
     DeviceTable,
     Selector,
     compile_selector,
     select,
 )
 from gpu_dra.driver.cel.device import split_qualified_name
-from gpu_dra.driver.cluster.availability import capacity_fits, counter_use, counters_shortage
+from gpu_dra.driver.cluster.availability import (
+    capacity_fits,
+    counter_use,
+    counters_shortage,
+    quantity_value,
+)
 from gpu_dra.driver.cluster.state import (
     ALL_NODES,
     ClusterState,
@@ -53,6 +60,7 @@ from gpu_dra.driver.cluster.state import (
     compile_class,
     selector_expressions,
 )
+from gpu_dra.driver.naming import DEFAULT_DRIVER_NAME
 
 _SHOWN_HOLDERS: Final = 5
 _SHOWN_EXPRESSION: Final = 70
@@ -77,10 +85,14 @@ class Step:
     """For ``not allocated``: the claims holding the rejected devices."""
     taints: list[str] = field(default_factory=list)
     """For ``not tainted``: the untolerated taints (``key=value:Effect``) of rejected devices."""
+    defaults: list[str] = field(default_factory=list)
+    """For ``capacity``: what a capacity the request does not name consumes on shared devices
+    (its request policy's default), e.g. ``names no compute: gets 25 of 100 (1/4 ...)``."""
 
     def to_json(self) -> dict[str, Any]:
         return {
             "step": self.name,
+            "defaults": list(self.defaults),
             "detail": self.detail,
             "in": self.entered,
             "pass": self.passed,
@@ -395,6 +407,7 @@ def _alternative(
     }
     if capacity or any(d.multi_allocatable for d in devices):
         detail = ", ".join(f"{k}={v}" for k, v in sorted(capacity.items()))
+        defaults = unnamed_capacity_defaults(capacity, devices)
         devices = _filter_step(
             alternative,
             "capacity",
@@ -402,6 +415,7 @@ def _alternative(
             devices,
             lambda d: capacity_fits(d, capacity, claim) is None,
         )
+        alternative.steps[-1].defaults = defaults
     if any(d.raw.get("consumesCounters") for d in devices):
         pools = {pool.key: pool for pool in state.pools}
         use = counter_use(state.devices, claim)
@@ -496,6 +510,48 @@ def _toleration_text(toleration: Mapping[str, Any]) -> str:
     key = toleration.get("key") or "*"
     text = f"{key} Exists" if operator == "Exists" else f"{key}={toleration.get('value') or ''}"
     return f"{text}:{toleration['effect']}" if toleration.get("effect") else text
+
+
+def unnamed_capacity_defaults(
+    requests: Mapping[str, str], devices: Sequence[PoolDevice]
+) -> list[str]:
+    """For each capacity of the shared (multi-allocatable) `devices` that `requests` does not
+    name and whose request policy has a default: what the request gets instead, e.g. ``names
+    no compute: gets 25 of 100 (1/4 of the device; gpu-dra: the node's --mps-share-replicas)``
+    (resource-api.md §5.1: an unnamed amount consumes the policy's default)."""
+    named = {split_qualified_name(key, "")[1] for key in requests}
+    seen: dict[str, list[str]] = {}
+    for device in devices:
+        if not device.multi_allocatable:
+            continue
+        for key, entry in sorted((device.raw.get("capacity") or {}).items()):
+            name = split_qualified_name(str(key), device.driver)[1]
+            policy = entry.get("requestPolicy") if isinstance(entry, Mapping) else None
+            default = policy.get("default") if isinstance(policy, Mapping) else None
+            if name in named or default is None:
+                continue
+            text = f"{default} of {entry.get('value')}"
+            try:
+                total = quantity_value(str(entry.get("value")))
+                part = quantity_value(str(default))
+            except CelValueError:
+                part = total = Fraction(0)
+            if part > 0 and total > part:
+                text += f" (1/{round(total / part)} of the device)"
+            elif part > 0 and total == part:
+                text += " (all of the device)"
+            if text not in seen.setdefault(name, []):
+                seen[name].append(text)
+    notes = []
+    for name, texts in seen.items():
+        shown = ", ".join(texts[:3]) + (", ..." if len(texts) > 3 else "")
+        notes.append(f"names no {name}: gets {shown}")
+    if notes and any(device.driver == DEFAULT_DRIVER_NAME for device in devices):
+        notes.append(
+            f"the parts of {DEFAULT_DRIVER_NAME} devices are set by the node's "
+            "--mps-share-replicas (docs/mps.md, 'Offering GPUs as shares')"
+        )
+    return notes
 
 
 def _filter_step(
@@ -689,6 +745,8 @@ def render_explanation(explanation: Explanation) -> list[Block]:
                         f"  {step.errors} CEL runtime errors in {step.name}, e.g. "
                         f"{step.error_example}"
                     )
+            for step in alternative.steps:
+                out.extend(f"  {note}" for note in step.defaults)
             for line in alternative.allocated:
                 out.append(f"  allocated: {line}")
             out.append(f"  {alternative.verdict()}")

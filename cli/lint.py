@@ -50,6 +50,7 @@ from gpu_dra.driver.cel import (
 from gpu_dra.driver.cel.source import LexError, Token, tokens
 from gpu_dra.driver.cel.values import Semver
 from gpu_dra.driver.config.objects import CONFIG_LISTS, config_list, near_miss_driver
+from gpu_dra.driver.config.quantity import parse_quantity
 from gpu_dra.driver.mig_policy import DEFAULT as DEFAULT_MIG_POLICY
 from gpu_dra.driver.mig_policy import (
     DEFAULT_POLICY_TEXT,
@@ -354,6 +355,8 @@ class _Request:
     selectors: tuple[_SelectorSite, ...]
     complete: bool
     """Every selector was well formed."""
+    capacity: frozenset[str] = frozenset()
+    """The capacities ``capacity.requests`` names (bare names)."""
 
 
 @dataclass
@@ -561,8 +564,13 @@ class _Linter:
     def _request(self, obj: _Object, request: Mapping[str, Any], path: str) -> _Request:
         selectors, complete = self._selectors(obj, request, path)
         class_name = request.get("deviceClassName")
+        capacity = request.get("capacity")
+        wanted = capacity.get("requests") if isinstance(capacity, Mapping) else None
+        named = frozenset(
+            str(key).rsplit("/", 1)[-1] for key in (wanted if isinstance(wanted, Mapping) else {})
+        )
         return _Request(
-            path, class_name if isinstance(class_name, str) else None, selectors, complete
+            path, class_name if isinstance(class_name, str) else None, selectors, complete, named
         )
 
     # -- compiling and names
@@ -874,6 +882,7 @@ def _lint_claim(
                 request.path,
             )
             continue
+        _note_unnamed_amounts(linter, obj, request, candidates)
         if not compiled:
             continue
         indexes, failed = linter.evaluate(
@@ -954,6 +963,35 @@ def _missing_class(name: str, classes: Mapping[str, object]) -> str:
         f"DeviceClass {name} is not among the linted files; {hint} (a claim naming a class the "
         "cluster lacks stays pending); the request's selectors were compiled but not evaluated"
     )
+
+
+def _note_unnamed_amounts(
+    linter: _Linter, obj: _Object, request: _Request, candidates: Sequence[int]
+) -> None:
+    """INFO for each capacity of the shared devices the request's class selects that the request
+    does not name: it consumes the request policy's default, an equal part of the device
+    (``--mps-share-replicas``; docs/mps.md, "Offering GPUs as shares")."""
+    parts: dict[str, set[int]] = {}
+    for index in candidates:
+        device = linter.devices[index].device
+        if not device.get("allowMultipleAllocations"):
+            continue
+        for name, entry in device.get("capacity", {}).items():
+            default = (entry.get("requestPolicy") or {}).get("default")
+            if name in request.capacity or default is None:
+                continue
+            total, part = parse_quantity(str(entry["value"])), parse_quantity(str(default))
+            parts.setdefault(name, set()).add(round(total / part) if part else 0)
+    for name, fractions in sorted(parts.items()):
+        shown = ", ".join("all" if n == 1 else f"1/{n}" for n in sorted(fractions))
+        linter.add(
+            "INFO",
+            obj,
+            f"names no {name}: on the shared devices DeviceClass {request.class_name} selects it "
+            f"gets the request policy's default, {shown} of the device (the node's "
+            "--mps-share-replicas; the simulated nodes use the default)",
+            request.path,
+        )
 
 
 # ---- names read by a selector ------------------------------------------------------------------

@@ -4,12 +4,14 @@ A whole GPU offered as MPS shares (``--mps-shares``), a static MIG device
 (``--mps-shares-on-mig``) or a dynamic MIG partition (``--mps-shares-on-dynamic-mig``: the MIG
 device is made for its first share) is published with ``allowMultipleAllocations: true`` and two
 consumable capacities, ``memory`` and ``compute`` (percent of the device's SMs: of the slice's
-for a MIG device), whose defaults are the whole device, so a claim that names no amount is
-exclusive. A share's consumed amounts become its clients' MPS caps. GPUs offered as capped
-time-sliced shares (``--capped-shares``) are published the same way plus the attribute
+for a MIG device), whose defaults are an equal part, 1/N of the device (N the node's
+``--mps-share-replicas``: `default_share`), so an amount a request does not name is 1/N of it.
+Offered devices are share-only: the whole-device DeviceClasses do not select them (they test for the
+``compute`` capacity). A share's consumed amounts become its clients' MPS caps. GPUs offered as
+capped time-sliced shares (``--capped-shares``) are published the same way plus the attribute
 `CAPPED`. Pure: values in, values out. The kubelet plugin decides which devices are offered
-(`ShareSelection`, `MigShareSelection`, `PartitionShareSelection`) and reads allocation results
-back with `consumed_share`. See docs/mps.md#offering-gpus-as-shares and docs/shares.md.
+(`ShareSelection`, `MigShareSelection`, `PartitionShareSelection`) and reads allocation results back
+with `consumed_share`. See docs/mps.md#offering-gpus-as-shares and docs/shares.md.
 """
 
 from __future__ import annotations
@@ -33,6 +35,10 @@ COMPUTE: Final = "compute"
 """Capacity: percent of the GPU's SMs, the unit of ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE``."""
 MIB: Final = 2**20
 FULL_COMPUTE: Final = 100
+DEFAULT_SHARE_REPLICAS: Final = 4
+"""``--mps-share-replicas``: an amount a share does not name is 1/4 of the device (docs/mps.md)."""
+MAX_SHARE_REPLICAS: Final = FULL_COMPUTE
+"""At most 100 equal parts: each gets at least 1 % of the SMs (the ``compute`` step)."""
 VOLTA: Final = 5
 """``NVML_DEVICE_ARCH_VOLTA``: MPS memory and thread caps need Volta or newer (mps.md §11)."""
 CAPPED: Final = "cappedShares"
@@ -103,55 +109,88 @@ def shareable_memory(gpu: OfferedDevice) -> int:
 
 
 def whole_gpu(gpu: OfferedDevice) -> ShareSize:
-    """All of an offered GPU (or MIG device): what a request naming no amount consumes."""
+    """All of an offered GPU (or MIG device): what a result without ``consumedCapacity``
+    consumed."""
     return ShareSize(shareable_memory(gpu), FULL_COMPUTE)
 
 
-def share_capacity(gpu: OfferedDevice) -> dict[str, DeviceCapacity]:
-    """``memory`` and ``compute`` with their request policies (see the module doc)."""
+def check_replicas(replicas: int) -> int:
+    """``replicas`` if it is a valid ``--mps-share-replicas`` (1-100), else `ValueError`."""
+    if not 1 <= replicas <= MAX_SHARE_REPLICAS:
+        raise ValueError(
+            f"--mps-share-replicas must be between 1 and {MAX_SHARE_REPLICAS}, got {replicas}"
+        )
+    return replicas
+
+
+def default_share(gpu: OfferedDevice, replicas: int = DEFAULT_SHARE_REPLICAS) -> ShareSize:
+    """What a request consumes of each amount it does not name: 1/``replicas`` of the device's
+    memory (rounded down to whole MiB, at least 1Mi) and of its SMs (rounded down, at least 1 %).
+    With 1, the whole device."""
+    check_replicas(replicas)
+    memory = max(shareable_memory(gpu) // replicas // MIB * MIB, MIB)
+    return ShareSize(memory, max(FULL_COMPUTE // replicas, 1))
+
+
+def share_capacity(
+    gpu: OfferedDevice, replicas: int = DEFAULT_SHARE_REPLICAS
+) -> dict[str, DeviceCapacity]:
+    """``memory`` and ``compute`` with their request policies, whose defaults are
+    `default_share` (see the module doc)."""
     memory = binary_si_quantity(shareable_memory(gpu))
+    default = default_share(gpu, replicas)
     return {
         MEMORY: {
             "value": memory,
             "requestPolicy": {
-                "default": memory,
+                "default": binary_si_quantity(default.memory_bytes),
                 "validRange": {"min": "1Mi", "max": memory, "step": "1Mi"},
             },
         },
         COMPUTE: {
             "value": str(FULL_COMPUTE),
             "requestPolicy": {
-                "default": str(FULL_COMPUTE),
+                "default": str(default.compute_percent),
                 "validRange": {"min": "1", "max": str(FULL_COMPUTE), "step": "1"},
             },
         },
     }
 
 
-def offered_device(device: Device, gpu: OfferedDevice, *, capped: bool = False) -> Device:
+def offered_device(
+    device: Device,
+    gpu: OfferedDevice,
+    *,
+    capped: bool = False,
+    replicas: int = DEFAULT_SHARE_REPLICAS,
+) -> Device:
     """A copy of ``gpu``'s published device, offered as MPS shares: its capacities are only
     ``memory`` (the device's, a MIG device's being the slice's) and ``compute``, with request
-    policies; or with ``capped`` as capped time-sliced shares (attribute `CAPPED`; whole GPUs
-    only). A MIG device's other capacities (SMs, engines, memory slices) stay on its
-    attributes' profile and are not offered."""
+    policies (defaults: 1/``replicas`` of each); or with ``capped`` as capped time-sliced shares
+    (attribute `CAPPED`; whole GPUs only). A MIG device's other capacities (SMs, engines, memory
+    slices) stay on its attributes' profile and are not offered."""
     offered = copy.deepcopy(device)
     offered["allowMultipleAllocations"] = True
     # Only the share capacities: the scheduler charges every allocation the whole of any
     # capacity without a request policy, so a MIG device's SMs, engines and memory slices
     # would let one share take the device (the second share was unschedulable).
-    offered["capacity"] = share_capacity(gpu)
+    offered["capacity"] = share_capacity(gpu, replicas)
     if capped:
         offered["attributes"] = {**offered.get("attributes", {}), CAPPED: {"bool": True}}
     return offered
 
 
 def with_shares(
-    devices: Sequence[Device], offered: Iterable[OfferedDevice], capped: Iterable[Gpu] = ()
+    devices: Sequence[Device],
+    offered: Iterable[OfferedDevice],
+    capped: Iterable[Gpu] = (),
+    *,
+    replicas: int = DEFAULT_SHARE_REPLICAS,
 ) -> list[Device]:
     """``devices`` (as `attributes.published_devices` orders them) with the ``offered`` GPUs',
     MIG devices' and partitions' devices replaced by their `offered_device` (a partition keeps
-    its counter consumption), the ``capped`` GPUs' by their capped one; everything else
-    unchanged."""
+    its counter consumption), the ``capped`` GPUs' by their capped one, with ``replicas`` equal
+    parts as defaults; everything else unchanged."""
     by_name: dict[str, tuple[OfferedDevice, bool]] = {
         shared_device_name(device): (device, False) for device in offered
     }
@@ -160,7 +199,9 @@ def with_shares(
     for device in devices:
         found = by_name.get(device["name"])
         published.append(
-            device if found is None else offered_device(device, found[0], capped=found[1])
+            device
+            if found is None
+            else offered_device(device, found[0], capped=found[1], replicas=replicas)
         )
     return published
 
@@ -406,8 +447,10 @@ def consumed_share(consumed: object, gpu: OfferedDevice) -> ShareSize:
 
 
 def is_partial(size: ShareSize, gpu: OfferedDevice) -> bool:
-    """Whether ``size`` is less than the whole device in memory or compute: an MPS share. A
-    result that consumed all of both holds the device exclusively, as one not offered."""
+    """Whether ``size`` is less than the whole device in memory or compute. Offered devices are
+    share-only, so a share may also be all of the device; a result that consumed all of both
+    under a config that is no share's was allocated through a whole-device class before those
+    stopped selecting offered devices, and is prepared as the whole device (the tiers)."""
     return size != whole_gpu(gpu)
 
 

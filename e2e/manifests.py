@@ -93,16 +93,20 @@ def request(
 def share_claim(
     name: str,
     namespace: str,
-    memory: str,
-    compute: int,
+    memory: str | None,
+    compute: int | None,
     *,
     device_class: str = "mps.gpu.nvidia.com",
     selectors: list[str] | None = None,
 ) -> Obj:
     """A claim of one share: ``memory`` and ``compute`` (percent of the SMs) of a device of
-    ``device_class`` offered as shares (the class carries the config), request ``share``."""
+    ``device_class`` offered as shares (the class carries the config), request ``share``; an
+    amount given as None is not named (the request policy's default: 1/N of the device)."""
     share = request("share", device_class=device_class, selectors=selectors)
-    share["exactly"]["capacity"] = {"requests": {"memory": memory, "compute": str(compute)}}
+    amounts = {"memory": memory, "compute": None if compute is None else str(compute)}
+    named = {key: value for key, value in amounts.items() if value is not None}
+    if named:
+        share["exactly"]["capacity"] = {"requests": named}
     return claim(name, namespace, claim_spec([share]))
 
 

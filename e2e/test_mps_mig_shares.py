@@ -15,7 +15,14 @@ from e2e import manifests as m
 from e2e.driver import Driver
 from e2e.kube import Kube, wait_for
 from e2e.mps import PIPE, daemon_pid, daemons, mps_output
-from e2e.workloads import delete_pods, share_claim_uid, wait_running
+from e2e.workloads import (
+    allocated_devices,
+    claim_uid,
+    delete_pods,
+    share_claim_uid,
+    wait_event,
+    wait_running,
+)
 from gpu_dra.kubelet_plugin.mps import shared_daemon_id
 from tests.doubles.nvidia_cuda_mps_control import read_state
 
@@ -26,6 +33,8 @@ SIMULATED_PROFILE = "hgx-h100-mig"
 # the slice's daemon and the last one stops it.
 PLUGIN_ARGS = ("--mps-shares-on-mig=1g.10gb", "--mps-share-daemon-warm=off")
 MIG_MPS_CLASS = "mps.mig.nvidia.com"
+MIG_CLASS = "mig.nvidia.com"
+MIG_1G_CLASS = "mig-1g.gpu.nvidia.com"
 SLICE = "gpu-0-mig-1g10gb-19-0"
 NOT_OFFERED = "gpu-1-mig-2g20gb-14-0"
 
@@ -111,3 +120,37 @@ def test_two_shares_of_one_mig_device_run_on_its_daemon_with_their_own_caps(
     wait_for("the last share to be unprepared", lambda: not driver.checkpoint_claims(), 60)
     wait_for("the daemon to stop", lambda: not daemons(driver), 30)
     assert driver.mps_daemon_pods() == {}
+
+
+def test_mig_classes_never_select_a_mig_device_offered_as_shares(
+    driver: Driver, kube: Kube, namespace: str
+) -> None:
+    # Share-only (docs/mps.md, "MPS shares on MIG devices"): mig.nvidia.com and the mig-1g
+    # family skip the offered 1g.10gb slices, even free, and take a 1g slice not offered
+    # (1g.10gb+me, 1g.20gb).
+    mig_uuid = driver.uuid_of(SLICE)
+    on_slice = f"device.attributes['gpu.nvidia.com'].uuid == '{mig_uuid}'"
+    ten = "device.attributes['gpu.nvidia.com'].profile == '1g.10gb'"
+    requests = {
+        "on-slice": m.request("mig", MIG_CLASS, [on_slice]),
+        "any-1g10gb": m.request("mig", MIG_1G_CLASS, [ten]),
+        "any-1g": m.request("mig", MIG_1G_CLASS),
+    }
+    for name, request in requests.items():
+        kube.create(m.claim(name, namespace, m.claim_spec([request])))
+        kube.create(m.gpu_pod(name, namespace, claim=name))
+
+    wait_running(kube, "any-1g", namespace)
+    (device,) = allocated_devices(kube, "any-1g", namespace)
+    assert "allowMultipleAllocations" not in driver.devices()[device], device
+    assert "-mig-1g" in device, device
+    assert "-mig-1g10gb-19-" not in device, device
+    for name in ("on-slice", "any-1g10gb"):  # every 1g.10gb slice is offered as shares
+        wait_event(kube, namespace, name, "FailedScheduling", 60)
+        claim = kube.get("resource.k8s.io/v1", "ResourceClaim", name, namespace)
+        assert not claim.get("status", {}).get("allocation"), name
+    assert daemons(driver) == []
+
+    uid = claim_uid(kube, "any-1g", namespace)
+    delete_pods(kube, namespace, list(requests))
+    driver.wait_unprepared(uid)

@@ -15,7 +15,14 @@ from e2e import manifests as m
 from e2e.driver import Driver
 from e2e.kube import Kube, wait_for
 from e2e.mps import PIPE, daemon_pid, daemons, mps_output
-from e2e.workloads import delete_pods, share_claim_uid, wait_event, wait_running
+from e2e.workloads import (
+    allocated_devices,
+    claim_uid,
+    delete_pods,
+    share_claim_uid,
+    wait_event,
+    wait_running,
+)
 from gpu_dra.kubelet_plugin.mps import shared_daemon_id
 from tests.doubles.nvidia_cuda_mps_control import PID_FILE, SOCKET, read_state
 
@@ -92,7 +99,8 @@ def test_three_shares_from_two_namespaces_run_on_one_daemon_with_their_own_caps(
     kube.create(m.share_claim("too-big", other_namespace, "20Gi", 40))
     kube.create(m.gpu_pod("too-big", other_namespace, claim="too-big", command=m.SHOW_MPS))
     wait_event(kube, other_namespace, "too-big", "FailedScheduling", 60)
-    # A whole-GPU claim for gpu-0 (naming no amount: all of it) cannot land beside the shares.
+    # A whole-GPU claim for gpu-0 cannot land on it: gpu.nvidia.com never selects a GPU
+    # offered as shares (share-only; test_a_whole_gpu_claim_never_lands_on_an_offered_gpu).
     whole = m.request("gpu", selectors=[f"device.attributes['gpu.nvidia.com'].uuid == '{uuid}'"])
     kube.create(m.claim("whole", namespace, m.claim_spec([whole])))
     kube.create(m.gpu_pod("whole", namespace, claim="whole"))
@@ -152,3 +160,92 @@ def test_a_restarted_plugin_adopts_the_shared_daemon_and_its_reference_count(
     wait_for("the daemon to stop", lambda: not daemons(driver), 30)
     assert driver.mps_daemon_pods() == {}
     assert not (driver.mps_dir / daemon_id).exists()
+
+
+# ---- share-only, and an unnamed amount is an equal part (issue 27) ------------------------------
+QUARTER_MIB = 81559 // 4  # --mps-share-replicas defaults to 4: 20389Mi of the 81559Mi
+
+
+def test_two_memory_only_shares_run_side_by_side_on_one_gpu(
+    driver: Driver, kube: Kube, namespace: str
+) -> None:
+    published = driver.devices()["gpu-0"]["capacity"]
+    assert published["memory"]["requestPolicy"]["default"] == f"{QUARTER_MIB}Mi"
+    assert published["compute"]["requestPolicy"]["default"] == "25"
+    uuid = driver.uuid_of("gpu-0")
+    for name in ("eight-a", "eight-b"):
+        kube.create(m.share_claim(name, namespace, "8Gi", None))
+        kube.create(m.gpu_pod(name, namespace, claim=name, command=m.SHOW_MPS))
+    for name in ("eight-a", "eight-b"):
+        wait_running(kube, name, namespace)
+
+    # Each named 8Gi and no compute: it consumed 8Gi and a quarter of the SMs, so both fit.
+    uids = [share_claim_uid(kube, n, namespace, "gpu-0", "8Gi", 25) for n in ("eight-a", "eight-b")]
+    daemon_id = shared_daemon_id(uuid)
+    pid = daemon_pid(driver, daemon_id)
+    for name in ("eight-a", "eight-b"):
+        seen = mps_output(kube, name, namespace)
+        assert seen["env"].splitlines() == [
+            "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=25",
+            f"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT={uuid}=8192M",
+            f"CUDA_MPS_PIPE_DIRECTORY={PIPE}",
+        ], (name, seen)
+        assert seen["pid"] == str(pid), (name, seen)
+    assert driver.metric("gpu_dra_mps_daemon_claims", daemon=daemon_id) == 2
+
+    delete_pods(kube, namespace, ["eight-a", "eight-b"])
+    for uid in uids:
+        driver.wait_unprepared(uid)
+    wait_for("the daemon to stop", lambda: not daemons(driver), 30)
+
+
+def test_an_amount_less_share_is_a_quarter_of_the_gpu_in_the_shared_daemon(
+    driver: Driver, kube: Kube, namespace: str
+) -> None:
+    uuid = driver.uuid_of("gpu-0")
+    kube.create(m.share_claim("quarter", namespace, None, None))
+    kube.create(m.gpu_pod("quarter", namespace, claim="quarter", command=m.SHOW_MPS))
+    wait_running(kube, "quarter", namespace)
+
+    # No amount named: the request policies' defaults, 1/4 of the GPU, as a share.
+    uid = share_claim_uid(kube, "quarter", namespace, "gpu-0", f"{QUARTER_MIB}Mi", 25)
+    daemon_id = shared_daemon_id(uuid)  # the GPU's shared daemon, not one of the claim's own
+    (handle,) = driver.checkpoint_entry(uid)["state"]["mpsDaemons"]
+    assert handle["daemonId"] == daemon_id
+    assert driver.checkpoint_entry(uid)["state"]["mpsShares"]["gpu-0"]["computePercent"] == 25
+    seen = mps_output(kube, "quarter", namespace)
+    assert seen["env"].splitlines() == [
+        "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=25",
+        f"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT={uuid}={QUARTER_MIB}M",
+        f"CUDA_MPS_PIPE_DIRECTORY={PIPE}",
+    ], seen
+    assert seen["pid"] == str(daemon_pid(driver, daemon_id))
+
+    delete_pods(kube, namespace, ["quarter"])
+    driver.wait_unprepared(uid)
+    wait_for("the daemon to stop", lambda: not daemons(driver), 30)
+
+
+def test_a_whole_gpu_claim_never_lands_on_an_offered_gpu(
+    driver: Driver, kube: Kube, namespace: str
+) -> None:
+    # gpu-0 is free (no share holds it), yet gpu.nvidia.com does not select it: share-only.
+    uuid = driver.uuid_of("gpu-0")
+    on_gpu0 = m.request("gpu", selectors=[f"device.attributes['gpu.nvidia.com'].uuid == '{uuid}'"])
+    kube.create(m.claim("on-gpu0", namespace, m.claim_spec([on_gpu0])))
+    kube.create(m.gpu_pod("on-gpu0", namespace, claim="on-gpu0"))
+    kube.create(m.claim("any-gpu", namespace, m.claim_spec([m.request("gpu")])))
+    kube.create(m.gpu_pod("any-gpu", namespace, claim="any-gpu"))
+
+    wait_running(kube, "any-gpu", namespace)
+    (device,) = allocated_devices(kube, "any-gpu", namespace)
+    assert device != "gpu-0"
+    wait_event(kube, namespace, "on-gpu0", "FailedScheduling", 60)
+    assert kube.get("v1", "Pod", "on-gpu0", namespace)["status"]["phase"] == "Pending"
+    claim = kube.get("resource.k8s.io/v1", "ResourceClaim", "on-gpu0", namespace)
+    assert not claim.get("status", {}).get("allocation")
+    assert daemons(driver) == []  # nothing was prepared on gpu-0
+
+    any_uid = claim_uid(kube, "any-gpu", namespace)
+    delete_pods(kube, namespace, ["on-gpu0", "any-gpu"])
+    driver.wait_unprepared(any_uid)

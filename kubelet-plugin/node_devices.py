@@ -165,6 +165,9 @@ class NodeInventory:
     partition_shares: tuple[MigPartition, ...] = ()
     """Dynamic MIG partitions offered as MPS shares (`shares.PartitionShareSelection.select`):
     the MIG device is made for the first share and destroyed after the last."""
+    share_replicas: int = shares.DEFAULT_SHARE_REPLICAS
+    """``--mps-share-replicas``: an amount a share does not name is 1/N of its device
+    (`shares.default_share`), for every kind of offered device."""
     cdi_hook_path: str = DEFAULT_CDI_HOOK_PATH
     disabled_cdi_hooks: frozenset[str] = frozenset()
     _by_name: dict[str, PublishedDevice] = field(
@@ -216,6 +219,7 @@ class NodeInventory:
         capped_shares: shares.ShareSelection | None = None,
         mps_shares_on_mig: shares.MigShareSelection | None = None,
         mps_shares_on_dynamic_mig: shares.PartitionShareSelection | None = None,
+        share_replicas: int = shares.DEFAULT_SHARE_REPLICAS,
         cdi_hook_path: str = DEFAULT_CDI_HOOK_PATH,
         disabled_cdi_hooks: frozenset[str] = frozenset(),
     ) -> NodeInventory:
@@ -225,7 +229,8 @@ class NodeInventory:
         one names a GPU that is not there, or one dynamic MIG partitions, or both one GPU);
         `mps_shares_on_mig` the static MIG devices offered as MPS shares,
         `mps_shares_on_dynamic_mig` the partitions (`shares.ShareSelectionError` when it
-        selects any without dynamic MIG)."""
+        selects any without dynamic MIG); `share_replicas` the equal part a share's unnamed
+        amounts are."""
         selection = mps_shares or shares.ShareSelection()
         capped = capped_shares or shares.ShareSelection(flag="--capped-shares")
         on_mig = mps_shares_on_mig or shares.MigShareSelection()
@@ -264,6 +269,7 @@ class NodeInventory:
             capped_shares=capped.select(devices.gpus, partitioned=partitioned),
             mig_mps_shares=on_mig.select(devices.mig_devices, partitioned=partitioned),
             partition_shares=on_partitions.select(offered_partitions),
+            share_replicas=share_replicas,
             cdi_hook_path=cdi_hook_path,
             disabled_cdi_hooks=disabled_cdi_hooks,
         )
@@ -318,13 +324,15 @@ class NodeInventory:
         """Devices in PCI bus order, MIG devices by placement (NVIDIA's publishing order); with
         dynamic MIG, each partitionable GPU's devices by name; GPUs, MIG devices and partitions
         offered as MPS shares, and GPUs offered as capped shares, with their consumable
-        capacities (`shares.with_shares`)."""
+        capacities (`shares.with_shares`; defaults 1/`share_replicas`)."""
         if self._partitioned is not None:
             published = list(self._partitioned.devices)
         else:
             published = attributes.published_devices(self.gpus, self.mig_devices)
         offered = (*self.shared_devices, *self.partition_shares)
-        return shares.with_shares(published, offered, self.capped_shares)
+        return shares.with_shares(
+            published, offered, self.capped_shares, replicas=self.share_replicas
+        )
 
     def partitionable_gpus(self) -> tuple[Gpu, ...]:
         """The GPUs published in partitionable form, in PCI bus order: dynamic MIG makes and

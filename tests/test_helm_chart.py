@@ -79,6 +79,8 @@ GPU_OPERATOR: dict[str, Any] = {
         "kubeletRegistrarDirectoryPath": "/var/lib/k/plugins_registry",
         "priorityClassName": "gpu-critical",
         "dynamicMigProfiles": "H100=1g,1g+me,7g;all",
+        "mpsShares": "2,GPU-4f1c2b2e-0d4a-5b6e-8c1d-2a3b4c5d6e7f",
+        "mpsShareReplicas": 8,
         "cappedShares": "0,1",
         "mpsSharesOnMig": "1g.10gb,1g.10gb+me,MIG-4f1c2b2e-0d4a-5b6e-8c1d-2a3b4c5d6e7f",
         "mpsSharesOnDynamicMig": "1g.10gb,3g.40gb",
@@ -149,6 +151,9 @@ def test_defaults_render_only_once_the_device_plugin_is_acknowledged_off() -> No
             "'/kubeletPlugin/mpsMemoryWatchdog/interval'",
         ),
         ("kubeletPlugin.cappedShares=0;1", "'/kubeletPlugin/cappedShares'"),
+        ("kubeletPlugin.mpsShares=0;1", "'/kubeletPlugin/mpsShares'"),
+        ("kubeletPlugin.mpsShareReplicas=0", "'/kubeletPlugin/mpsShareReplicas'"),
+        ("kubeletPlugin.mpsShareReplicas=101", "'/kubeletPlugin/mpsShareReplicas'"),
         ("kubeletPlugin.mpsSharesOnMig=1g.10gb;3g.40gb", "'/kubeletPlugin/mpsSharesOnMig'"),
         (
             "kubeletPlugin.mpsSharesOnDynamicMig=1g.10gb;3g",
@@ -197,7 +202,11 @@ def test_the_daemonset_env_parses_into_the_plugin_settings_it_means(
     assert settings.mps_daemon_priority_class == "system-node-critical"
     assert settings.mps_daemon_image_pull_secrets == ()
     assert settings.feature_gates == ()
-    # No GPU or MIG device is offered as shares unless a value says so.
+    # No GPU or MIG device is offered as shares unless a value says so; a share's unnamed
+    # amounts are a quarter of its device.
+    assert "GPU_DRA_MPS_SHARES" not in env_of(container, DOWNWARD)
+    assert settings.mps_shares.empty
+    assert settings.mps_share_replicas == 4
     assert "GPU_DRA_MPS_SHARES_ON_MIG" not in env_of(container, DOWNWARD)
     assert settings.mps_shares_on_mig.empty
     assert "GPU_DRA_MPS_SHARES_ON_DYNAMIC_MIG" not in env_of(container, DOWNWARD)
@@ -234,6 +243,10 @@ def test_gpu_operator_values_reach_the_plugin(gpu_operator: Rendered) -> None:
     assert env["FEATURE_GATES"] == "DynamicMIG=true,MPSSupport=true,"
     assert env["GPU_DRA_DYNAMIC_MIG_PROFILES"] == "H100=1g,1g+me,7g;all"
     assert settings.dynamic_mig_profiles == parse_policy("H100=1g,1g+me,7g;all")
+    assert env["GPU_DRA_MPS_SHARES"] == "2,GPU-4f1c2b2e-0d4a-5b6e-8c1d-2a3b4c5d6e7f"
+    assert settings.mps_shares.names == ("2", "GPU-4f1c2b2e-0d4a-5b6e-8c1d-2a3b4c5d6e7f")
+    assert env["GPU_DRA_MPS_SHARE_REPLICAS"] == "8"
+    assert settings.mps_share_replicas == 8
     assert env["GPU_DRA_CAPPED_SHARES"] == "0,1"
     assert settings.capped_shares.names == ("0", "1")
     assert env["GPU_DRA_MPS_SHARES_ON_MIG"] == (

@@ -20,7 +20,12 @@ from gpu_dra.driver.health import DEFAULT_IGNORED_XIDS, HealthPolicy, TaintEffec
 from gpu_dra.driver.mig_policy import DEFAULT as DEFAULT_MIG_POLICY
 from gpu_dra.driver.mig_policy import MigPolicy
 from gpu_dra.driver.naming import DEFAULT_DRIVER_NAME
-from gpu_dra.driver.shares import MigShareSelection, PartitionShareSelection, ShareSelection
+from gpu_dra.driver.shares import (
+    DEFAULT_SHARE_REPLICAS,
+    MigShareSelection,
+    PartitionShareSelection,
+    ShareSelection,
+)
 from gpu_dra.driver.slices import SliceLayout
 from gpu_dra.kubelet_plugin.mps.warm_policy import DEFAULT as DEFAULT_WARM
 from gpu_dra.kubelet_plugin.mps.warm_policy import WarmPolicy
@@ -169,6 +174,10 @@ class KubeletPluginSettings:
     """The largest MPS share, in percent of a GPU's SMs and memory: the shared daemon's default
     caps, which bind a client that drops its `CUDA_MPS_*` environment; larger shares are
     refused at prepare."""
+    mps_share_replicas: int = DEFAULT_SHARE_REPLICAS
+    """The equal parts of a device offered as shares (MPS or capped; the device plugin's
+    ``replicas``): an amount a share does not name is 1/N of the device's memory or SMs, so
+    a request naming none is 1/N of the device (`gpu_dra.driver.shares.default_share`)."""
     mps_share_memory_limits: str = "auto"
     """`auto`: MPS shares on GPUs whose driver can limit a cgroup's GPU memory (checked at start)
     get `NVIDIA_GPU_MEMORY_LIMIT`/`_REQUEST` and the `apply-cuda-memory-limits` hook; `off`:

@@ -10,16 +10,19 @@ from collections.abc import Callable
 from typing import Any
 
 from gpu_dra.driver.shares import (
+    DEFAULT_SHARE_REPLICAS,
     MigShareSelection,
     PartitionShareSelection,
     ShareSelection,
     ShareSelectionError,
+    check_replicas,
 )
 
 
 def add_mps_share_options(option: Callable[..., None]) -> None:
     """`--mps-shares`, `--mps-shares-on-mig`, `--mps-shares-on-dynamic-mig`,
-    `--mps-share-max-percent`, then the memory flags (`_add_share_memory_options`)."""
+    `--mps-share-max-percent`, `--mps-share-replicas`, then the memory flags
+    (`_add_share_memory_options`)."""
     option(
         "--mps-shares",
         "GPUs offered as MPS shares through consumable capacity: all, none, or "
@@ -47,6 +50,13 @@ def add_mps_share_options(option: Callable[..., None]) -> None:
         "daemon's default caps; larger shares are refused at prepare",
         "100",
     )
+    option(
+        "--mps-share-replicas",
+        "equal parts of a device offered as shares (MPS or capped; 1-100): a share that names "
+        "no memory gets 1/N of the device's memory, one that names no compute 1/N of its SMs; "
+        "1: an unnamed amount is the whole device",
+        str(DEFAULT_SHARE_REPLICAS),
+    )
     _add_share_memory_options(option)
 
 
@@ -68,11 +78,29 @@ def mps_share_settings(parser: argparse.ArgumentParser, args: argparse.Namespace
         )
     if not 1 <= max_share <= 100:
         parser.error(f"--mps-share-max-percent must be between 1 and 100, got {max_share}")
+    try:
+        replicas = int(args.mps_share_replicas)
+    except ValueError:
+        parser.error(
+            f"--mps-share-replicas must be a whole number, got {args.mps_share_replicas!r}"
+        )
+    try:
+        check_replicas(replicas)
+    except ValueError as error:
+        parser.error(str(error))
+    if replicas * max_share < 100:
+        parser.error(
+            f"--mps-share-replicas={replicas} makes an amount a share does not name 1/{replicas} "
+            f"of its device, more than --mps-share-max-percent={max_share} allows, so every "
+            f"such share would be refused at prepare; use at least {-(-100 // max_share)} "
+            "replicas or a larger max percent"
+        )
     return {
         "mps_shares": mps_shares,
         "mps_shares_on_mig": mps_shares_on_mig,
         "mps_shares_on_dynamic_mig": on_dynamic_mig,
         "mps_share_max_percent": max_share,
+        "mps_share_replicas": replicas,
         "mps_share_memory_limits": _memory_limits_mode(parser, args),
         **_watchdog_settings(parser, args),
     }

@@ -143,6 +143,7 @@ def node_inventory(settings: KubeletPluginSettings, devices: NodeDevices) -> Nod
         capped_shares=settings.capped_shares,
         mps_shares_on_mig=settings.mps_shares_on_mig,
         mps_shares_on_dynamic_mig=settings.mps_shares_on_dynamic_mig,
+        share_replicas=settings.mps_share_replicas,
         dynamic_mig=dynamic_mig,
         mig_policy=settings.dynamic_mig_profiles,
         cdi_hook_path=settings.nvidia_cdi_hook_path,
@@ -171,9 +172,10 @@ def node_inventory(settings: KubeletPluginSettings, devices: NodeDevices) -> Nod
         )
     if inventory.mps_shares:
         log.info(
-            "offering GPU(s) %s as MPS shares (max share %d%%)",
+            "offering GPU(s) %s as MPS shares (max share %d%%, an unnamed amount is 1/%d)",
             ",".join(str(gpu.index) for gpu in inventory.mps_shares),
             settings.mps_share_max_percent,
+            settings.mps_share_replicas,
         )
     if inventory.mig_mps_shares:
         log.info(

@@ -2,13 +2,15 @@
 
 A GPU offered as capped shares (``--capped-shares``; published only where `memory_limits.detect`
 found the driver caps a container's memory) carries the same ``memory`` / ``compute``
-capacities as an MPS-offered one (`gpu_dra.driver.shares`). A result that consumed less than all
-of both is a **capped share**: its config must have ``sharing.strategy: TimeSlicing`` (the
-time-slicing tier sets the GPU's interval, reset when the last claim on it goes); its CDI
-device gets ``NVIDIA_GPU_MEMORY_LIMIT``/``_REQUEST`` (its memory, MiB) and the
-``apply-cuda-memory-limits`` hook, and no MPS daemon, pipe or variables. ``compute`` is
-accounted by the scheduler only. Its record keeps the share (`state.CAPPED_SHARES_STATE_KEY`), so
-shares of one GPU do not exclude each other. See docs/shares.md, "Capped shares".
+capacities as an MPS-offered one (`gpu_dra.driver.shares`) and is share-only: a result on it is a
+**capped share** (all of the GPU under a config without ``TimeSlicing`` was allocated through a
+whole-GPU class before those stopped selecting offered GPUs, and is prepared whole): its config must
+have ``sharing.strategy: TimeSlicing`` (the time-slicing tier sets the GPU's interval, reset when
+the last claim on it goes); its CDI device gets ``NVIDIA_GPU_MEMORY_LIMIT``/``_REQUEST`` (its
+memory, MiB) and the ``apply-cuda-memory-limits`` hook, and no MPS daemon, pipe or variables.
+``compute`` is accounted by the scheduler only. Its record keeps the share
+(`state.CAPPED_SHARES_STATE_KEY`), so shares of one GPU do not exclude each other. See
+docs/shares.md, "Capped shares".
 """
 
 from __future__ import annotations
@@ -168,12 +170,14 @@ def plan_capped_shares(
         if gpu is None or result.admin_access:
             continue
         size = consumed_share(result.consumed, gpu)
-        if not is_partial(size, gpu):
-            continue  # the whole GPU: exclusive, prepared as any whole GPU
-        where = f"device {result.device} (request {result.request}, {size})"
         group = config_group_of(result, groups)
         sharing = None if group is None else getattr(group.config, "sharing", None)
         strategy = None if sharing is None else sharing.strategy
+        if not is_partial(size, gpu) and strategy != TIME_SLICING:
+            # All of the GPU under a config that is no capped share's: allocated through a
+            # whole-GPU class before those stopped selecting offered GPUs; prepared whole.
+            continue
+        where = f"device {result.device} (request {result.request}, {size})"
         if group is None or strategy != TIME_SLICING:
             raise PrepareError(
                 f"{where} is a capped share of the GPU, which is time-sliced, but its config "

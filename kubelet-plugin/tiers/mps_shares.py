@@ -2,9 +2,11 @@
 by its one shared MPS daemon (`shared_daemons`).
 
 A result on a device offered as shares (``--mps-shares``, ``--mps-shares-on-mig``,
-``--mps-shares-on-dynamic-mig``) is a
-**share** when it consumed less than the whole device in ``memory`` or ``compute``; one that
-consumed all of both holds the device and is prepared as any whole device. A share needs a
+``--mps-shares-on-dynamic-mig``) is a **share**: offered devices are share-only, so one that
+consumed all of the device under a share's config is a share of all of it. Only a result that
+consumed all of it under a config that is no share's (no MPS, or ``mpsConfig`` fields: allocated
+through a whole-device class before those stopped selecting offered devices) is prepared as any
+whole device. A share needs a
 config with ``sharing.strategy: MPS`` and no ``mpsConfig`` fields, at most the largest share
 allowed, one per device and claim. Its CDI devices get the daemon's pipe (read-only: the daemon
 serves other tenants) and shm and the share's caps as client environment, plus - where the
@@ -22,7 +24,7 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from gpu_dra.driver.config import ConfigGroup, mps_config
+from gpu_dra.driver.config import ConfigGroup, MpsConfig, mps_config
 from gpu_dra.driver.model import MigDevice, MigPartition
 from gpu_dra.driver.shares import OfferedDevice, ShareError, ceiling, consumed_share, is_partial
 from gpu_dra.kubelet_plugin.cdi import ClaimSpecStore, ContainerEdits
@@ -261,6 +263,11 @@ class MpsShareTier(Tier):
             remove_unrecorded(self._mps, entries, shared=True, keep=self.warm_daemon_ids())
 
 
+def _set_fields(mps: MpsConfig) -> list[str]:
+    """The ``mpsConfig`` fields a config sets (a share's caps come from its capacity)."""
+    return sorted(name for name, value in mps.model_dump(by_alias=True).items() if value)
+
+
 def plan_shares(
     results: Sequence[AllocatedResult],
     groups: Sequence[ConfigGroup],
@@ -278,11 +285,15 @@ def plan_shares(
         if gpu is None or result.admin_access:
             continue
         size = consumed_share(result.consumed, gpu)
-        if not is_partial(size, gpu):
-            continue  # the whole GPU: exclusive, prepared as any whole GPU
-        where = f"device {result.device} (request {result.request}, {size})"
         group = config_group_of(result, groups)
         mps = None if group is None else mps_config(group.config)
+        fields = [] if mps is None else _set_fields(mps)
+        if not is_partial(size, gpu) and (mps is None or fields):
+            # All of the device under a config that is no share's: allocated through a
+            # whole-device class before those stopped selecting offered devices (docs/mps.md),
+            # so no share is beside it; prepared as the whole device, as then.
+            continue
+        where = f"device {result.device} (request {result.request}, {size})"
         if group is None or mps is None:
             mig = isinstance(gpu, MigDevice | MigPartition)
             raise PrepareError(
@@ -291,7 +302,6 @@ def plan_shares(
                 f"{'mps.mig.nvidia.com' if mig else 'mps.gpu.nvidia.com'}, or add a "
                 f"{'MigDeviceConfig' if mig else 'GpuConfig'} with sharing.strategy MPS"
             )
-        fields = sorted(name for name, value in mps.model_dump(by_alias=True).items() if value)
         if fields:
             raise PrepareError(
                 f"{where}: {group.origin.label} sets mpsConfig {', '.join(fields)}, but an MPS "

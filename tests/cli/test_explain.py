@@ -12,8 +12,10 @@ from gpu_dra.cli import cluster as cli_cluster
 from gpu_dra.cli.__main__ import main
 from gpu_dra.cli.command import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from gpu_dra.cli.explain import Explanation, capacity_fits, explain, render_explanation
+from gpu_dra.driver.attributes import gpu_device
 from gpu_dra.driver.cel import Selector
 from gpu_dra.driver.cluster.state import PoolDevice
+from gpu_dra.driver.shares import offered_device
 from gpu_dra.kube.errors import NotFoundError
 from tests.fakes.cluster_objects import (
     DRIVER,
@@ -28,6 +30,7 @@ from tests.fakes.cluster_objects import (
     resource_slice,
     standard_classes,
 )
+from tests.fakes.gpus import h100
 
 L4 = f"device.attributes['{DRIVER}'].productName == 'NVIDIA L4'"
 A100 = f"device.attributes['{DRIVER}'].productName.startsWith('NVIDIA A100')"
@@ -505,3 +508,57 @@ def test_selectors_run_once_per_group_of_alike_devices(monkeypatch: pytest.Monke
     assert (selector_step.entered, selector_step.passed, selector_step.rejected) == (101, 100, 1)
     assert report.requests[0].satisfied
     assert len(calls) <= 4  # class selector and request selector, an L4 and the A100 each
+
+
+def offered_h100(name: str, replicas: int = 4) -> Obj:
+    """An H100 as the kubelet plugin publishes it when offered as MPS shares."""
+    model = h100()
+    return {**offered_device(gpu_device(model), model, replicas=replicas), "name": name}
+
+
+@pytest.mark.parametrize(
+    ("requests", "expected"),
+    [
+        ({"memory": "8Gi"}, ["names no compute: gets 25 of 100 (1/4 of the device)"]),
+        ({"compute": "50"}, ["names no memory: gets 20389Mi of 81559Mi (1/4 of the device)"]),
+        (
+            {},
+            [
+                "names no compute: gets 25 of 100 (1/4 of the device)",
+                "names no memory: gets 20389Mi of 81559Mi (1/4 of the device)",
+            ],
+        ),
+        ({"memory": "8Gi", "compute": "10"}, []),
+    ],
+)
+def test_explain_says_what_a_share_gets_for_the_amounts_it_does_not_name(
+    requests: dict[str, str], expected: list[str]
+) -> None:
+    shares_class = device_class("mps.gpu.nvidia.com", "device.allowMultipleAllocations")
+    slices = [resource_slice("node-a", [offered_h100("gpu-0")])]
+    spec = {"capacity": {"requests": requests}} if requests else {}
+    target = claim("ns", "share", [exactly("share", "mps.gpu.nvidia.com", **spec)])
+
+    report = explain(target, [shares_class], slices, [target])
+
+    capacity = step(report, "capacity")
+    replicas_note = (
+        "the parts of gpu.nvidia.com devices are set by the node's --mps-share-replicas "
+        "(docs/mps.md, 'Offering GPUs as shares')"
+    )
+    assert capacity.defaults == ([*expected, replicas_note] if expected else [])
+    assert capacity.passed == 1
+    lines = [b for b in render_explanation(report) if isinstance(b, str)]
+    for note in expected:
+        assert f"  {note}" in lines
+    assert json.loads(json.dumps(capacity.to_json()))["defaults"] == capacity.defaults
+
+
+def test_explain_says_when_an_unnamed_amount_is_the_whole_device() -> None:
+    shares_class = device_class("mps.gpu.nvidia.com", "device.allowMultipleAllocations")
+    slices = [resource_slice("node-a", [offered_h100("gpu-0", replicas=1)])]
+    target = claim("ns", "share", [exactly("share", "mps.gpu.nvidia.com")])
+
+    capacity = step(explain(target, [shares_class], slices, [target]), "capacity")
+
+    assert capacity.defaults[0] == "names no compute: gets 100 of 100 (all of the device)"

@@ -81,7 +81,7 @@ def test_shipped_catalog_passes_lint_strict_on_every_builtin_profile(capsys):
     assert code == EXIT_OK, out
     training = REPO / "deviceclasses" / "training.gpu.nvidia.com.yaml"
     assert (
-        f"INFO {training} DeviceClass/training.gpu.nvidia.com: selects the same 73 devices as "
+        f"INFO {training} DeviceClass/training.gpu.nvidia.com: selects the same 35 devices as "
         "DeviceClass/large-memory.gpu.nvidia.com on the simulated profiles; "
         "DeviceClass/training.gpu.nvidia.com adds "
         f"{G}.cudaComputeCapability.compareTo(semver('8.0.0')) >= 0, which excludes none of them"
@@ -117,10 +117,10 @@ def test_shipped_catalog_selects_what_docs_say(capsys):
     selects = {c["name"]: c["selects"] for c in json.loads(out)["classes"]}
     # MIG devices only where static MIG is configured or MIG is dynamic, only through the MIG
     # classes; each family class selects its family on every one of those profiles.
-    # (+mps-shares also offers hgx-h100-mig's static MIG devices as shares: the same devices.)
+    # (+mps-shares offers hgx-h100-mig's static MIG devices as shares: share-only, so no MIG
+    # class selects them there.)
     mig_profiles = {
         "hgx-h100-mig",
-        "hgx-h100-mig+mps-shares",
         "hgx-h100+dynamic-mig",
         "hgx-h100-mig+dynamic-mig",
     }
@@ -137,7 +137,7 @@ def test_shipped_catalog_selects_what_docs_say(capsys):
     for whole in ("gpu.nvidia.com", "hopper.gpu.nvidia.com", "training.gpu.nvidia.com"):
         assert not any("-mig-" in name for names in selects[whole].values() for name in names)
     assert selects["gpu.nvidia.com"]["t4"] == ["gpu-0"]
-    # MPS shares only on GPUs offered as shares; whole-GPU classes select those GPUs too.
+    # MPS shares only on GPUs offered as shares; whole-GPU classes never select those.
     assert all(profile.endswith("+mps-shares") for profile in selects["mps.gpu.nvidia.com"])
     assert selects["mps.gpu.nvidia.com"]["t4+mps-shares"] == ["gpu-0"]
     # MPS shares of MIG devices only on the static MIG devices offered as shares, all of them.
@@ -147,12 +147,17 @@ def test_shipped_catalog_selects_what_docs_say(capsys):
         == selects["mig.nvidia.com"]["hgx-h100-mig"]
     )
     assert not any("-mig-" in n for names in selects["mps.gpu.nvidia.com"].values() for n in names)
-    assert selects["gpu.nvidia.com"]["t4+mps-shares"] == ["gpu-0"]
+    for whole in (
+        "gpu.nvidia.com",
+        "hopper.gpu.nvidia.com",
+        "mig.nvidia.com",
+        "mig-1g.gpu.nvidia.com",
+    ):
+        assert not any(p.endswith(("+mps-shares", "+capped-shares")) for p in selects[whole])
     # Capped shares only on GPUs offered as capped shares, and those are not MPS shares.
     assert all(profile.endswith("+capped-shares") for profile in selects["capped.gpu.nvidia.com"])
     assert selects["capped.gpu.nvidia.com"]["t4+capped-shares"] == ["gpu-0"]
     assert not any(p.endswith("+capped-shares") for p in selects["mps.gpu.nvidia.com"])
-    assert selects["gpu.nvidia.com"]["t4+capped-shares"] == ["gpu-0"]
     assert "hgx-h100" in selects["hopper.gpu.nvidia.com"]
     assert "dgx-a100" not in selects["hopper.gpu.nvidia.com"]
     assert "l4x4" not in selects["large-memory.gpu.nvidia.com"]
@@ -668,4 +673,56 @@ def test_claim_requests_are_evaluated_on_the_devices_of_their_class(capsys, tmp_
         "not-linted is not among the linted files; lint the claim with its class (e.g. "
         "deviceclasses/), or make sure the cluster has it (a claim naming a class the cluster "
         "lacks stays pending); the request's selectors were compiled but not evaluated",
+    ]
+
+
+SHARE_CLAIMS = """\
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaimTemplate
+metadata:
+  name: shares
+spec:
+  spec:
+    devices:
+      requests:
+        - name: memory-only
+          exactly:
+            deviceClassName: mps.gpu.nvidia.com
+            capacity:
+              requests:
+                memory: 8Gi
+        - name: nothing
+          exactly:
+            deviceClassName: mps.gpu.nvidia.com
+        - name: both
+          exactly:
+            deviceClassName: mps.gpu.nvidia.com
+            capacity:
+              requests:
+                memory: 8Gi
+                compute: "10"
+        - name: whole
+          exactly:
+            deviceClassName: gpu.nvidia.com
+"""
+
+
+def test_lint_says_what_a_share_gets_for_an_amount_it_does_not_name(capsys, tmp_path):
+    file = tmp_path / "shares.yaml"
+    file.write_text(SHARE_CLAIMS)
+
+    code, out, _ = run(capsys, str(REPO / "deviceclasses"), str(file))
+
+    assert code == EXIT_OK, out
+    mine = [line for line in lines(out, "INFO") if "ResourceClaimTemplate/shares" in line]
+    where = f"INFO {file} ResourceClaimTemplate/shares: spec.spec.devices.requests"
+    gets = (
+        "on the shared devices DeviceClass mps.gpu.nvidia.com selects it gets the request "
+        "policy's default, 1/4 of the device (the node's --mps-share-replicas; the simulated "
+        "nodes use the default)"
+    )
+    assert mine == [
+        f"{where}[0].exactly: names no compute: {gets}",
+        f"{where}[1].exactly: names no compute: {gets}",
+        f"{where}[1].exactly: names no memory: {gets}",
     ]

@@ -418,6 +418,54 @@ def test_well_typed_selectors_still_compile(expression):
     compile_selector(expression)
 
 
+WHOLE_GPU_CLASSES = (
+    "gpu.nvidia.com",
+    "large-memory.gpu.nvidia.com",
+    "hopper.gpu.nvidia.com",
+    "training.gpu.nvidia.com",
+)
+WHOLE_MIG_CLASSES = (
+    "mig.nvidia.com",
+    *(f"mig-{family}.gpu.nvidia.com" for family in ("1g", "2g", "3g", "4g", "7g")),
+)
+
+
+def selected_names(class_name: str, devices: list[Device]) -> list[str]:
+    selectors = [compile_selector(text) for text in device_classes()[class_name]]
+    return [
+        device["name"]
+        for device in devices
+        if all(selector.matches(to_cel_device(DRIVER, device)) for selector in selectors)
+    ]
+
+
+@pytest.mark.parametrize("class_name", WHOLE_GPU_CLASSES)
+def test_whole_gpu_classes_never_select_a_gpu_offered_as_shares(class_name):
+    # Offered GPUs are share-only (docs/deviceclasses.md): an amount-less claim of a whole-GPU
+    # class must not take a quarter of a shared GPU, nor a share the whole of it.
+    host = SimulatedHost.load("hgx-h100", "node-a")
+    gpus = discover_gpus(host.nvml, host.pci)
+    plain = [gpu_device(gpu) for gpu in gpus]
+    devices = with_shares(plain, gpus[:2], gpus[2:4])  # 0, 1 MPS; 2, 3 capped
+    assert selected_names(class_name, devices) == [d["name"] for d in plain[4:]]
+    # The shares classes select exactly the offered ones: the tiers are disjoint.
+    assert selected_names("mps.gpu.nvidia.com", devices) == [d["name"] for d in plain[:2]]
+    assert selected_names("capped.gpu.nvidia.com", devices) == [d["name"] for d in plain[2:4]]
+
+
+@pytest.mark.parametrize("class_name", WHOLE_MIG_CLASSES)
+def test_mig_classes_never_select_a_mig_device_offered_as_shares(class_name):
+    host = SimulatedHost.load("hgx-h100-mig", "node-a")
+    found = discover_devices(host.nvml, host.pci)
+    plain = published_devices(found.gpus, found.mig_devices)
+    offered = MigShareSelection.parse("all").select(found.mig_devices)
+    assert offered
+    before = selected_names(class_name, plain)
+    assert before or class_name != "mig.nvidia.com"
+    assert selected_names(class_name, with_shares(plain, offered)) == []
+    assert set(selected_names("mps.mig.nvidia.com", with_shares(plain, offered))) >= set(before)
+
+
 def test_mps_mig_class_selects_exactly_the_mig_devices_offered_as_shares():
     selectors = [compile_selector(text) for text in device_classes()["mps.mig.nvidia.com"]]
     gpu_class = [compile_selector(text) for text in device_classes()["mps.gpu.nvidia.com"]]

@@ -20,6 +20,7 @@ from gpu_dra.driver.shares import (
     ShareSize,
     ceiling,
     consumed_share,
+    default_share,
     is_partial,
     offered_device,
     share_capacity,
@@ -56,23 +57,54 @@ MIG_MODE = dataclasses.replace(
 )
 
 
-def test_offered_gpu_has_memory_rounded_to_mib_and_compute_with_whole_gpu_defaults():
+def test_offered_gpu_has_memory_rounded_to_mib_and_compute_with_a_quarter_as_defaults():
     assert share_capacity(H100) == {
         "memory": {
             "value": "81559Mi",
             "requestPolicy": {
-                "default": "81559Mi",
+                "default": "20389Mi",  # 81559Mi / 4, rounded down to whole MiB
                 "validRange": {"min": "1Mi", "max": "81559Mi", "step": "1Mi"},
             },
         },
         "compute": {
             "value": "100",
             "requestPolicy": {
-                "default": "100",
+                "default": "25",
                 "validRange": {"min": "1", "max": "100", "step": "1"},
             },
         },
     }
+
+
+@pytest.mark.parametrize(
+    ("replicas", "memory_mib", "compute"),
+    [
+        (1, 81559, 100),  # the whole GPU, as before --mps-share-replicas
+        (2, 40779, 50),
+        (3, 27186, 33),  # rounded down: three of them fit
+        (7, 11651, 14),
+        (100, 815, 1),
+    ],
+)
+def test_an_unnamed_amount_is_an_equal_part_of_the_device(replicas, memory_mib, compute):
+    size = default_share(H100, replicas)
+    assert size == ShareSize(memory_mib * MIB, compute)
+    assert replicas * size.memory_bytes <= shareable_memory(H100)
+    assert replicas * size.compute_percent <= 100
+    policies = share_capacity(H100, replicas)
+    assert policies["memory"]["requestPolicy"]["default"] == f"{memory_mib}Mi"
+    assert policies["compute"]["requestPolicy"]["default"] == str(compute)
+
+
+@pytest.mark.parametrize("replicas", [0, -1, 101])
+def test_replicas_outside_1_to_100_are_refused(replicas):
+    with pytest.raises(ValueError, match="--mps-share-replicas must be between 1 and 100"):
+        default_share(H100, replicas)
+
+
+def test_a_tiny_device_still_gets_one_mib_and_one_percent():
+    tiny = dataclasses.replace(H100, memory_bytes=3 * MIB)
+    assert default_share(tiny, 100) == ShareSize(MIB, 1)
 
 
 @pytest.mark.parametrize("name", ["memory", "compute"])
@@ -91,7 +123,7 @@ def test_request_policies_are_valid_for_the_api(name):
     assert default % step == 0
     assert high % step == 0
     assert low <= default <= high
-    assert default == value  # a request naming no amount consumes the whole GPU
+    assert default * 4 <= value  # a request naming no amount consumes a quarter
 
 
 def test_offered_device_allows_multiple_allocations_and_keeps_attributes():

@@ -401,7 +401,8 @@ def test_a_gpu_offered_as_shares_but_held_whole_keeps_its_compute_mode(node: War
     warm = node.warm()
     assert warm is not None
 
-    whole = node.add_gpus(UID_B, "whole", "gpu-0")  # consumed all of gpu-0: exclusive
+    # All of gpu-0 without a share's config: allocated whole before share-only, exclusive.
+    whole = node.add_gpus(UID_B, "whole", "gpu-0")
     ok(node.prepare(whole)[UID_B])
 
     # Its processes may open the GPU as they like; the idle warm daemon holds no context.

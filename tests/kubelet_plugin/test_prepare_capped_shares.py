@@ -265,7 +265,9 @@ def test_a_time_slice_interval_from_the_claim_config_applies_to_the_gpu(node: Ca
 def test_whole_gpu_and_shares_exclude_each_other_but_shares_do_not(node: CappedNode) -> None:
     a = node.add_share(UID_A, "10Gi", "25")
     ok(node.prepare(a)[UID_A])
-    whole = node.add_share(UID_B, WHOLE, "100", name="whole")
+    # All of the GPU without a capped share's config: allocated through a whole-GPU class
+    # before those stopped selecting offered GPUs.
+    whole = node.add_share(UID_B, WHOLE, "100", name="whole", configs=())
     assert "already prepared for claim default/share" in failed(node.prepare(whole)[UID_B])
     c = node.add_share(UID_C, "20Gi", "25", name="c")
     ok(node.prepare(c)[UID_C])
@@ -309,8 +311,10 @@ def test_after_a_restart_the_shares_stay_shares_and_the_last_one_resets(
     assert node.calls()[-1] == {"call": "reset", "uuid": gpu0}
 
 
-def test_a_claim_for_the_whole_capped_gpu_is_prepared_as_a_whole_gpu(node: CappedNode) -> None:
-    whole = node.add_share(UID_A, WHOLE, "100", name="whole")
+def test_a_claim_allocated_whole_before_share_only_is_prepared_as_a_whole_gpu(
+    node: CappedNode,
+) -> None:
+    whole = node.add_share(UID_A, WHOLE, "100", name="whole", configs=())
     [device] = ok(node.prepare(whole)[UID_A])
     assert device.device_name == "gpu-0"
     [spec_device] = node.spec(UID_A)["devices"]
@@ -318,6 +322,17 @@ def test_a_claim_for_the_whole_capped_gpu_is_prepared_as_a_whole_gpu(node: Cappe
     entry = node.checkpoint.get(UID_A)
     assert entry is not None
     assert CAPPED_SHARES_STATE_KEY not in entry.state
+
+
+def test_all_of_a_capped_gpu_through_the_class_is_a_capped_share(node: CappedNode) -> None:
+    # Offered GPUs are share-only: all of it through capped.gpu.nvidia.com is a share too.
+    whole = node.add_share(UID_A, WHOLE, "100", name="whole")
+    ok(node.prepare(whole)[UID_A])
+    [spec_device] = node.spec(UID_A)["devices"]
+    assert device_env(spec_device)["NVIDIA_GPU_MEMORY_LIMIT"] == WHOLE.removesuffix("Mi")
+    entry = node.checkpoint.get(UID_A)
+    assert entry is not None
+    assert entry.state[CAPPED_SHARES_STATE_KEY]["gpu-0"]["computePercent"] == 100  # type: ignore[index]
 
 
 def test_the_plugins_start_up_offers_nothing_on_a_simulated_node(

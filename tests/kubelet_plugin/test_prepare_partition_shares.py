@@ -71,7 +71,14 @@ class PartitionSharesNode(DynamicMigNode):
         self.mps = double_daemon_manager(self.mps_root)
         return {**super().preparer_options(), "mps": self.mps, "mps_share_max_percent": 100}
 
-    def add_share(self, uid: str, memory: str, compute: str, device: str = SLICE) -> ClaimRef:
+    def add_share(
+        self,
+        uid: str,
+        memory: str,
+        compute: str,
+        device: str = SLICE,
+        configs: tuple[dict[str, Any], ...] = (MIG_MPS_CLASS_CONFIG,),
+    ) -> ClaimRef:
         result = allocation_result(
             device,
             request="share",
@@ -79,9 +86,7 @@ class PartitionSharesNode(DynamicMigNode):
             consumed_capacity={"memory": memory, "compute": compute},
         )
         name = f"share-{uid[:4]}"
-        self.api.add(
-            resource_claim(uid, name, results=[result], class_configs=[MIG_MPS_CLASS_CONFIG])
-        )
+        self.api.add(resource_claim(uid, name, results=[result], class_configs=list(configs)))
         return ClaimRef("default", uid, name)
 
     def running(self) -> list[int]:
@@ -138,7 +143,10 @@ def test_offered_partitions_are_published_with_share_capacities_and_keep_their_c
     memory = f"{partition.profile.memory_bytes // 2**20}Mi"
     assert offered["allowMultipleAllocations"] is True
     assert offered["capacity"]["memory"]["value"] == memory
-    assert offered["capacity"]["compute"]["requestPolicy"]["default"] == "100"
+    # An amount a share does not name is 1/4 of the partition (--mps-share-replicas).
+    quarter = f"{partition.profile.memory_bytes // 2**20 // 4}Mi"
+    assert offered["capacity"]["memory"]["requestPolicy"]["default"] == quarter
+    assert offered["capacity"]["compute"]["requestPolicy"]["default"] == "25"
     # The scheduler still charges its GPU's counters (once, while any share holds it).
     counters = offered["consumesCounters"][0]["counters"]
     assert counters["memory-slice-0"] == {"value": "1"}
@@ -208,11 +216,11 @@ def test_the_memory_watchdog_reads_a_partition_share_on_the_mig_device_made(
     node.assert_nothing_left(UID_A)
 
 
-def test_a_claim_of_all_of_a_shared_partition_holds_its_device_as_any_mig_device(
+def test_all_of_a_shared_partition_through_the_class_is_a_share_of_all_of_it(
     node: PartitionSharesNode,
 ) -> None:
-    """All of its memory and compute: not a share; the class's MPS config gives the claim a
-    daemon of its own on the MIG device, as for a static MIG device offered as shares."""
+    """Offered partitions are share-only: all of its memory and compute through the class is a
+    share, served by the shared daemon of the MIG device made for it."""
     partition = node.inventory.by_name(SLICE)
     assert isinstance(partition, MigPartition)
     whole = node.add_share(UID_A, f"{partition.profile.memory_bytes // 2**20}Mi", "100")
@@ -222,12 +230,32 @@ def test_a_claim_of_all_of_a_shared_partition_holds_its_device_as_any_mig_device
     [made] = node.mig_uuids()
     entry = node.checkpoint.get(UID_A)
     assert entry is not None
-    assert SHARES_STATE_KEY not in entry.state
+    assert entry.state[SHARES_STATE_KEY][SLICE]["computePercent"] == 100  # type: ignore[index]
     [handle] = handles_from_state(entry.state)
-    assert handle.daemon_id != shared_daemon_id(made)  # the claim's own
-    assert handle.devices == (made,)
+    assert handle.daemon_id == shared_daemon_id(made)
     assert node.unprepare(whole) is None
     assert wait_dead(handle.pid)
+    node.assert_nothing_left(UID_A)
+
+
+def test_a_partition_allocated_whole_before_share_only_holds_its_device_as_any_mig_device(
+    node: PartitionSharesNode,
+) -> None:
+    """All of it without a share's config (a mig.nvidia.com claim placed on the offered
+    partition before the MIG classes stopped selecting offered devices): not a share."""
+    partition = node.inventory.by_name(SLICE)
+    assert isinstance(partition, MigPartition)
+    memory = f"{partition.profile.memory_bytes // 2**20}Mi"
+    whole = node.add_share(UID_A, memory, "100", configs=())
+
+    ok(node.prepare(whole))
+
+    assert len(node.mig_uuids()) == 1
+    entry = node.checkpoint.get(UID_A)
+    assert entry is not None
+    assert SHARES_STATE_KEY not in entry.state
+    assert handles_from_state(entry.state) == []
+    assert node.unprepare(whole) is None
     node.assert_nothing_left(UID_A)
 
 

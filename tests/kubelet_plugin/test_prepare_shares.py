@@ -160,9 +160,11 @@ def test_each_gpu_has_its_own_shared_daemon(node: SharesNode) -> None:
 # ---- shares and whole GPUs -------------------------------------------------------------------
 
 
-def test_a_claim_that_consumed_the_whole_gpu_is_exclusive_and_shares_are_refused_beside_it(
+def test_a_claim_allocated_whole_before_share_only_is_exclusive_and_shares_are_refused_beside_it(
     node: SharesNode,
 ) -> None:
+    # All of the GPU without a share's config: a gpu.nvidia.com claim the scheduler placed on
+    # an offered GPU before the whole-GPU classes stopped selecting offered GPUs.
     whole = node.add(
         resource_claim(
             UID_A,
@@ -202,8 +204,37 @@ def test_a_whole_gpu_claim_is_refused_on_a_gpu_that_holds_shares(node: SharesNod
     assert node.running() == []
 
 
-def test_whole_gpu_with_an_mps_config_gets_a_per_claim_daemon(node: SharesNode) -> None:
+def test_a_share_of_all_of_the_gpu_joins_the_shared_daemon_with_whole_gpu_caps(
+    node: SharesNode,
+) -> None:
+    # Offered GPUs are share-only: all of the GPU through mps.gpu.nvidia.com is a share too.
+    uuid = node.uuid_of("gpu-0")
     claim = node.add_share(UID_A, WHOLE_MEMORY, "100")
+
+    ok(node.prepare(claim)[UID_A])
+
+    handle = only(node.shared_handles().values())
+    assert handle.daemon_id == shared_daemon_id(uuid)
+    assert caps(node, UID_A) == {
+        "CUDA_MPS_PIPE_DIRECTORY": "/tmp/nvidia-mps",
+        "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": f"{uuid}=81559M",
+        "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "100",
+    }
+    entry = node.checkpoint.get(UID_A)
+    assert entry is not None
+    assert entry.state[SHARES_STATE_KEY]["gpu-0"]["computePercent"] == 100  # type: ignore[index]
+    node.unprepare(claim)
+    assert node.running() == []
+
+
+def test_whole_gpu_allocated_with_mps_config_fields_keeps_its_per_claim_daemon(
+    node: SharesNode,
+) -> None:
+    # NVIDIA's per-claim MPS (mpsConfig set) on a GPU allocated whole before share-only.
+    config = opaque_config(
+        gpu_config(sharing={"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 50}})
+    )
+    claim = node.add_share(UID_A, WHOLE_MEMORY, "100", configs=(), claim_configs=(config,))
 
     ok(node.prepare(claim)[UID_A])
 

@@ -43,6 +43,7 @@ ALL_FLAGS = [
     "--mps-shares-on-mig=3g.40gb,MIG-cb40a2a6-69c6-5d06-a49f-1a42bda0ba34",
     "--mps-shares-on-dynamic-mig=1g.10gb,3g.40gb",
     "--mps-share-max-percent=50",
+    "--mps-share-replicas=8",
     "--mps-share-memory-limits=off",
     "--mps-memory-watchdog=report",
     "--mps-memory-watchdog-interval=2.5",
@@ -101,6 +102,7 @@ EXPECTED = KubeletPluginSettings(
     ),
     mps_shares_on_dynamic_mig=PartitionShareSelection(profiles=("1g.10gb", "3g.40gb")),
     mps_share_max_percent=50,
+    mps_share_replicas=8,
     mps_share_memory_limits="off",
     mps_memory_watchdog="report",
     mps_memory_watchdog_interval_s=2.5,
@@ -453,6 +455,9 @@ def test_mps_shares_default_to_none_and_all_means_every_gpu() -> None:
         ("--mps-shares-on-dynamic-mig=1c.3g.40gb", "not a MIG profile that dynamic MIG offers"),
         ("--mps-share-max-percent=0", "between 1 and 100"),
         ("--mps-share-max-percent=half", "whole percentage"),
+        ("--mps-share-replicas=0", "--mps-share-replicas must be between 1 and 100, got 0"),
+        ("--mps-share-replicas=101", "between 1 and 100, got 101"),
+        ("--mps-share-replicas=four", "--mps-share-replicas must be a whole number"),
         ("--capped-shares=gpu-0", "--capped-shares: 'gpu-0' is neither a GPU index"),
         ("--mps-share-memory-limits=on", "must be auto or off"),
     ],
@@ -633,3 +638,27 @@ def test_a_bad_mps_share_daemon_warm_is_a_usage_error(
 ) -> None:
     error = usage_error(capsys, ["--node-name=n", f"--mps-share-daemon-warm={value}"], {})
     assert "--mps-share-daemon-warm" in error
+
+
+def test_a_share_is_a_quarter_of_its_device_by_default_and_the_env_sets_it() -> None:
+    assert KubeletPluginSettings.parse(["--node-name=n"], {}).mps_share_replicas == 4
+    settings = KubeletPluginSettings.parse(["--node-name=n"], {"GPU_DRA_MPS_SHARE_REPLICAS": "2"})
+    assert settings.mps_share_replicas == 2
+
+
+def test_replicas_whose_part_is_larger_than_the_largest_share_are_a_usage_error(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # A third of a GPU is more than 33 % of its memory (81559Mi / 3 > 81559Mi * 33 / 100).
+    args = ["--node-name=n", "--mps-share-replicas=3", "--mps-share-max-percent=33"]
+    assert (
+        usage_error(capsys, args, {})
+        .rstrip()
+        .endswith(
+            "--mps-share-replicas=3 makes an amount a share does not name 1/3 of its device, more "
+            "than --mps-share-max-percent=33 allows, so every such share would be refused at "
+            "prepare; use at least 4 replicas or a larger max percent"
+        )
+    )
+    fits = ["--node-name=n", "--mps-share-replicas=2", "--mps-share-max-percent=50"]
+    assert KubeletPluginSettings.parse(fits, {}).mps_share_replicas == 2
