@@ -762,6 +762,7 @@ def test_mig_profile_classes_select_their_profile_static_and_dynamic(
     report = json.loads(capsys.readouterr().out)
     assert code == 0, report
     assert [f for f in report["findings"] if f["level"] == "ERROR"] == []
+    assert not [f for f in report["findings"] if "extendedResourceName" in f["message"]]
     selects = {c["name"]: c["selects"] for c in report["classes"]}
     # ... and each class selects the MIG devices of exactly its profile: static slices
     # (hgx-h100-mig) and dynamic MIG partitions (+dynamic-mig) alike.
