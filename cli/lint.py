@@ -367,6 +367,8 @@ class _Object:
     selectors: tuple[_SelectorSite, ...] = ()
     requests: tuple[_Request, ...] = ()
     complete: bool = True
+    extended_resource: str | None = None
+    """A DeviceClass's ``spec.extendedResourceName``."""
 
     @property
     def label(self) -> str:
@@ -462,6 +464,8 @@ class _Linter:
             if spec is not None:
                 obj.selectors, complete = self._selectors(obj, spec, "spec")
                 obj.complete = obj.complete and complete
+                extended = spec.get("extendedResourceName")
+                obj.extended_resource = extended if isinstance(extended, str) else None
         else:
             obj.requests = self._requests(obj, manifest, _REQUESTS_PATH[obj.kind])
         self._near_miss_drivers(obj, manifest)
@@ -760,6 +764,7 @@ def lint(
         if left_out and not any(_is_partition(linter.devices[index]) for index in indexes):
             _warn_outside_policy(linter, obj, [s for _, s in compiled], left_out, mig_policy)
     _compare_classes(linter, [(obj, result) for obj, result in classes.values()])
+    _warn_shared_extended_resources(linter, [obj for obj, _ in classes.values()])
     for obj in objects:
         if obj.kind != DEVICE_CLASS:
             _lint_claim(linter, obj, classes)
@@ -853,6 +858,27 @@ def _compare_classes(linter: _Linter, classes: Sequence[tuple[_Object, ClassResu
                 )
             elif both:
                 linter.add("INFO", obj, f"overlaps {name}: {both} devices selected by both")
+
+
+def _warn_shared_extended_resources(linter: _Linter, classes: Sequence[_Object]) -> None:
+    """WARNING on each later class whose extendedResourceName an earlier class already has:
+    the scheduler serves pods asking for that name from one class only."""
+    first: dict[str, _Object] = {}
+    for obj in classes:
+        name = obj.extended_resource
+        if name is None:
+            continue
+        if name not in first:
+            first[name] = obj
+            continue
+        linter.add(
+            "WARNING",
+            obj,
+            f"extendedResourceName {name} is also that of {first[name].label} "
+            f"({first[name].file}): pods asking for {name} get devices of only one of them "
+            "(the class created later); give each name to one class",
+            "spec.extendedResourceName",
+        )
 
 
 def _lint_claim(

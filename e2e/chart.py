@@ -14,8 +14,12 @@ import copy
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Final
+
+import yaml
 
 from e2e import helm
 from e2e.cluster import Cluster, driverimage, images, netns, versions
@@ -104,6 +108,37 @@ def run_helm(cluster: Cluster, *args: str) -> str:
     if done.returncode != 0:
         raise HelmError(f"helm {' '.join(args)}: {done.stderr}")
     return done.stdout
+
+
+def rendered_classes(cluster: Cluster, *sets: str) -> dict[str, Any]:
+    """{name: DeviceClass} of the catalog the chart renders with `sets` (``--set`` values)."""
+    rendered = run_helm(
+        cluster, "template", RELEASE, str(CHART), "--set=gpuResourcesEnabledOverride=true",
+        *(f"--set={value}" for value in sets),
+    )  # fmt: skip
+    (configmap,) = [
+        doc
+        for doc in yaml.safe_load_all(rendered)
+        if doc and doc["kind"] == "ConfigMap" and doc["metadata"]["name"].endswith("-deviceclasses")
+    ]
+    classes = (yaml.safe_load(text) for text in configmap["data"].values())
+    return {c["metadata"]["name"]: c for c in classes}
+
+
+@contextmanager
+def chart_class(cluster: Cluster, kube: Kube, name: str, *sets: str) -> Iterator[dict[str, Any]]:
+    """DeviceClass `name` as the chart renders it with `sets`, created for the block (the e2e
+    controller applies the repository's catalog, which has no generated classes; one that an
+    earlier chart install left in the cluster is replaced)."""
+    device_class = rendered_classes(cluster, *sets)[name]
+    kube.delete("resource.k8s.io/v1", "DeviceClass", name)
+    kube.wait_gone("resource.k8s.io/v1", "DeviceClass", name, None)
+    kube.create(device_class)
+    try:
+        yield device_class
+    finally:
+        kube.delete("resource.k8s.io/v1", "DeviceClass", name)
+        kube.wait_gone("resource.k8s.io/v1", "DeviceClass", name, None)
 
 
 def release_installed(cluster: Cluster, release: str, namespace: str) -> bool:

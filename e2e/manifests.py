@@ -37,6 +37,29 @@ def container(name: str = "ctr", command: str = SHOW_GPUS, claims: list[Obj] | N
     return spec
 
 
+def device_plugin_pod(
+    name: str, namespace: str, limits: dict[str, str], command: str = SHOW_GPUS
+) -> Obj:
+    """A pod as written for NVIDIA's device plugin: extended resources in its limits, no claim."""
+    ctr = container(command=command)
+    ctr["resources"] = {"limits": dict(limits)}
+    return pod(name, namespace, [ctr])
+
+
+def resource_quota(name: str, namespace: str, hard: dict[str, str]) -> Obj:
+    return {
+        "apiVersion": "v1",
+        "kind": "ResourceQuota",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"hard": dict(hard)},
+    }
+
+
+def class_quota(device_class: str) -> str:
+    """The ResourceQuota resource counting the devices a namespace holds through a class."""
+    return f"{device_class}.deviceclass.resource.k8s.io/devices"
+
+
 def pod(
     name: str,
     namespace: str,

@@ -1,7 +1,8 @@
 """Dynamic MIG end to end (issue 4) on a simulated hgx-h100 node with --dynamic-mig: the
 scheduler picks placements from the partitionable devices, the plugin makes the MIG devices at
 prepare and destroys them at unprepare. The simulated GPUs keep their MIG state in the plugin's
-``simulated-nvml.json``, which these tests read as the "hardware"."""
+``simulated-nvml.json``, which these tests read as the "hardware". A device-plugin-style pod
+asking for ``nvidia.com/mig-1g.10gb`` gets a partition made for it (issue 27)."""
 
 from __future__ import annotations
 
@@ -13,11 +14,19 @@ import pytest
 import yaml
 
 from e2e import manifests as m
+from e2e.chart import chart_class
 from e2e.cluster import Cluster
 from e2e.driver import CDI_ROOT, PLUGIN, Driver
 from e2e.kube import Kube, wait_for
 from e2e.mig import mig_instances, mig_modes, mig_request
-from e2e.workloads import allocated_devices, claim_uid, delete_pods, wait_event, wait_running
+from e2e.workloads import (
+    allocated_devices,
+    claim_uid,
+    delete_pods,
+    extended_resource_claim,
+    wait_event,
+    wait_running,
+)
 from gpu_dra.kubelet_plugin.fault_injection import TEST_NVML_FAULTS_ENV
 from gpu_dra.kubelet_plugin.mig import (
     CRASH_AFTER_GPU_INSTANCE,
@@ -187,6 +196,35 @@ def test_whole_gpus_and_mig_slices_exclude_each_other_until_unprepared(
 
     delete_pod_and_claim(kube, "whole-first-pod", "whole-first", namespace)
     delete_pod_and_claim(kube, "slice-second-pod", "slice-second", namespace)
+
+
+def test_a_device_plugin_style_mig_pod_gets_a_slice_made_for_it(
+    cluster: Cluster, driver: Driver, kube: Kube, namespace: str
+) -> None:
+    """``nvidia.com/mig-1g.10gb: 1`` (the device plugin's mixed MIG strategy), no claim: served
+    by the class the chart renders for deviceClasses.migProfiles, on a dynamic MIG partition of
+    that profile, made at prepare and destroyed with the pod."""
+    name = "mig-1g.10gb.gpu.nvidia.com"
+    with chart_class(cluster, kube, name, "deviceClasses.migProfiles={1g.10gb}"):
+        kube.create(m.device_plugin_pod("legacy-mig", namespace, {"nvidia.com/mig-1g.10gb": "1"}))
+        wait_running(kube, "legacy-mig", namespace, timeout=120)
+
+        claim = extended_resource_claim(kube, "legacy-mig", namespace)
+        (request,) = claim["spec"]["devices"]["requests"]
+        assert request["exactly"]["deviceClassName"] == name, request
+        (result,) = claim["status"]["allocation"]["devices"]["results"]
+        published = driver.devices()[result["device"]]
+        assert published["attributes"]["profile"] == {"string": "1g.10gb"}
+        assert "consumesCounters" in published  # a partition, made on demand
+        held = mig_instances(driver)
+        (instances,) = held.values()
+        (made,) = [ci["uuid"] for gi in instances for ci in gi["computeInstances"]]
+        assert list(mig_uuids_seen(kube, "legacy-mig", namespace, 1).values()) == [made]
+
+        uid = claim["metadata"]["uid"]
+        delete_pods(kube, namespace, ["legacy-mig"])
+        driver.wait_unprepared(uid)
+        assert mig_instances(driver) == {}
 
 
 def test_plugin_crash_between_gpu_and_compute_instance_leaves_nothing_behind(

@@ -5,7 +5,8 @@ A simulated hgx-h100 node (H100 80GB, 81559Mi) whose gpu-0 is offered as MPS sha
 (``--mps-shares=0``). The plugin runs the daemon as a pod from a locally built image of the
 nvidia-cuda-mps-control TEST DOUBLE (tests/doubles), so the daemon is a real process with real
 directories, settings and control.log; each pod prints the CUDA_MPS_* environment its CDI spec
-gave it and the daemon files it sees in the mounted pipe directory."""
+gave it and the daemon files it sees in the mounted pipe directory. A device-plugin-style pod
+asking for ``nvidia.com/gpu.shared`` gets a share through the same class (issue 27)."""
 
 from __future__ import annotations
 
@@ -14,13 +15,15 @@ import pytest
 from e2e import manifests as m
 from e2e.driver import Driver
 from e2e.kube import Kube, wait_for
-from e2e.mps import PIPE, daemon_pid, daemons, mps_output
+from e2e.mps import PIPE, daemon_ids, daemon_pid, daemons, mps_output
 from e2e.workloads import (
     allocated_devices,
     claim_uid,
     delete_pods,
+    extended_resource_claim,
     share_claim_uid,
     wait_event,
+    wait_refused_by_quota,
     wait_running,
 )
 from gpu_dra.kubelet_plugin.mps import shared_daemon_id
@@ -249,3 +252,50 @@ def test_a_whole_gpu_claim_never_lands_on_an_offered_gpu(
     any_uid = claim_uid(kube, "any-gpu", namespace)
     delete_pods(kube, namespace, ["on-gpu0", "any-gpu"])
     driver.wait_unprepared(any_uid)
+
+
+def test_a_device_plugin_style_gpu_shared_pod_gets_an_mps_share(
+    driver: Driver, kube: Kube, namespace: str
+) -> None:
+    """``nvidia.com/gpu.shared: 1`` (the device plugin's renamed shared replicas), no claim: the
+    scheduler makes the claim through mps.gpu.nvidia.com (the catalog's extendedResourceName)
+    and gets a share of the offered GPU, served by an MPS daemon. A quota on that class counts
+    such pods: with none left the pod waits, with one it runs."""
+    quota = m.class_quota("mps.gpu.nvidia.com")
+    set_quota(kube, namespace, quota, 0)
+    legacy = m.device_plugin_pod(
+        "legacy-share", namespace, {"nvidia.com/gpu.shared": "1"}, command=m.SHOW_MPS
+    )
+    kube.create(legacy)
+    wait_refused_by_quota(kube, namespace, "legacy-share", quota)
+    set_quota(kube, namespace, quota, 1)
+    wait_running(kube, "legacy-share", namespace, timeout=120)
+
+    claim = extended_resource_claim(kube, "legacy-share", namespace)
+    (request,) = claim["spec"]["devices"]["requests"]
+    assert request["exactly"]["deviceClassName"] == "mps.gpu.nvidia.com", request
+    (result,) = claim["status"]["allocation"]["devices"]["results"]
+    assert result["device"] == "gpu-0"  # the GPU offered as shares, not a whole gpu-1
+    assert result["shareID"], result
+    seen = mps_output(kube, "legacy-share", namespace)
+    # A client of an MPS daemon of the plugin (its caps follow from the amount the request
+    # gets: see docs/deviceclasses.md, mps.gpu.nvidia.com; the request names none).
+    assert f"CUDA_MPS_PIPE_DIRECTORY={PIPE}" in seen["env"].splitlines(), seen
+    assert int(seen["pid"]) in daemon_ids(driver), seen
+    used = kube.get("v1", "ResourceQuota", "shares", namespace)["status"]["used"]
+    assert used[quota] == "1", used
+    delete_pods(kube, namespace, ["legacy-share"])
+    wait_for("the share to be unprepared", lambda: not driver.checkpoint_claims(), 60)
+
+
+def set_quota(kube: Kube, namespace: str, resource: str, devices: int) -> None:
+    """ResourceQuota ``shares`` of `namespace`, limiting `resource` to `devices`, counted."""
+    kube.delete("v1", "ResourceQuota", "shares", namespace)
+    kube.wait_gone("v1", "ResourceQuota", "shares", namespace)
+    kube.create(m.resource_quota("shares", namespace, {resource: str(devices)}))
+
+    def counted() -> bool:
+        status = kube.get("v1", "ResourceQuota", "shares", namespace).get("status", {})
+        return bool(status.get("hard", {}).get(resource) == str(devices))
+
+    wait_for("the quota to be counted", counted, 30)

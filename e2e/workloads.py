@@ -48,6 +48,13 @@ def allocated_devices(kube: Kube, claim: str, namespace: str) -> list[str]:
     return [r["device"] for r in status["allocation"]["devices"]["results"]]
 
 
+def extended_resource_claim(kube: Kube, pod: str, namespace: str) -> m.Obj:
+    """The claim the scheduler made for the pod's extended resources (DRAExtendedResource)."""
+    status = kube.get("v1", "Pod", pod, namespace)["status"]
+    name = status["extendedResourceClaimStatus"]["resourceClaimName"]
+    return kube.get("resource.k8s.io/v1", "ResourceClaim", name, namespace)
+
+
 def share_claim_uid(
     kube: Kube, name: str, namespace: str, device: str, memory: str, compute: int
 ) -> str:
@@ -79,6 +86,16 @@ def wait_event(kube: Kube, namespace: str, pod: str, reason: str, timeout: float
 
     wait_for(f"a {reason} event of {namespace}/{pod}", seen, timeout)
     return message
+
+
+def wait_refused_by_quota(kube: Kube, namespace: str, pod: str, resource: str) -> None:
+    """Wait until the scheduler could not make the claim for the pod's extended resources
+    because a ResourceQuota on `resource` is used up (the pod itself was admitted: the quota
+    counts the claim the scheduler creates at binding); the pod stays Pending."""
+    message = wait_event(kube, namespace, pod, "FailedScheduling", 60)
+    assert "exceeded quota" in message, message
+    assert f"requested: {resource}=1" in message, message
+    assert kube.get("v1", "Pod", pod, namespace)["status"]["phase"] == "Pending"
 
 
 def delete_pods(kube: Kube, namespace: str, names: Iterable[str]) -> None:

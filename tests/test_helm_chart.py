@@ -19,6 +19,7 @@ import subprocess
 import sys
 import tarfile
 import time
+from collections.abc import Sequence
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -26,14 +27,17 @@ import aiohttp
 import pytest
 import yaml
 
+from gpu_dra.cli.__main__ import main as cli_main
+from gpu_dra.cli.devices import plugin_devices
 from gpu_dra.controller.admission import KINDS as ADMITTED_KINDS
 from gpu_dra.controller.admission import VERSIONS as ADMITTED_VERSIONS
-from gpu_dra.controller.catalog import load_catalog
+from gpu_dra.controller.catalog import DeviceClass, load_catalog
 from gpu_dra.controller.settings import ControllerSettings
 from gpu_dra.controller.webhook import PATH as WEBHOOK_PATH
 from gpu_dra.controller.webhook import ReloadingCertificate, WebhookServer
 from gpu_dra.driver.mig_policy import DEFAULT as DEFAULT_MIG_POLICY
 from gpu_dra.driver.mig_policy import parse_policy
+from gpu_dra.driver.nvml.simulated import SimulatedHost
 from gpu_dra.kubelet_plugin.settings import KubeletPluginSettings
 from gpu_dra.kubelet_plugin.settings.values import (
     GATE_DYNAMIC_MIG,
@@ -629,18 +633,20 @@ def test_the_catalog_configmap_is_the_repository_catalog(
 ) -> None:
     data = host_driver.one("ConfigMap", "gpu-dra-deviceclasses")["data"]
     files = sorted((REPO / "deviceclasses").glob("*.yaml"))
+    profiles = chart_defaults()["deviceClasses"]["migProfiles"]
 
-    # One source of truth: the chart links the repository's catalog.
+    # One source of truth: the chart links the repository's catalog, verbatim by default, and
+    # adds one class per MIG profile of deviceClasses.migProfiles.
     assert (CHART / "deviceclasses").is_symlink()
     assert (CHART / "deviceclasses").resolve() == REPO / "deviceclasses"
-    assert sorted(data) == [path.name for path in files]
+    generated = {mig_class_file(profile) for profile in profiles}
+    assert sorted(data) == sorted([path.name for path in files] + list(generated))
     for path in files:
         assert data[path.name] == path.read_text().rstrip("\n")
     # What the controller loads from the mounted ConfigMap is the whole catalog.
-    for name, text in data.items():
-        (tmp_path / name).write_text(text)
-    loaded = {c["metadata"]["name"] for c in load_catalog(tmp_path)}
-    assert loaded == {c["metadata"]["name"] for c in load_catalog(REPO / "deviceclasses")}
+    loaded = {c["metadata"]["name"] for c in configmap_catalog(data, tmp_path)}
+    repository = {c["metadata"]["name"] for c in load_catalog(REPO / "deviceclasses")}
+    assert loaded == repository | {name.removesuffix(".yaml") for name in generated}
     assert "gpu.nvidia.com" in loaded
 
 
@@ -657,6 +663,158 @@ def test_catalog_files_can_be_left_out_by_name_and_a_typo_is_refused(tmp_path: P
     assert disabled.one("ConfigMap", "gpu-dra-deviceclasses")["data"] == {}
     assert typo.returncode != 0
     assert "deviceClasses.exclude: gpu.yaml is not a file of the catalog" in typo.stderr
+
+
+def chart_defaults() -> dict[str, Any]:
+    defaults: dict[str, Any] = yaml.safe_load((CHART / "values.yaml").read_text())
+    return defaults
+
+
+def mig_class_file(profile: str) -> str:
+    return f"mig-{profile.replace('+', '.')}.gpu.nvidia.com.yaml"
+
+
+def configmap_catalog(data: dict[str, str], directory: Path) -> tuple[DeviceClass, ...]:
+    """The classes the controller loads from the ConfigMap `data` mounted at `directory`."""
+    for name, text in data.items():
+        (directory / name).write_text(text)
+    return load_catalog(directory)
+
+
+def extended_resources(classes: Sequence[DeviceClass]) -> dict[str, list[str]]:
+    """{extended resource name: the classes that claim it}."""
+    names: dict[str, list[str]] = {}
+    for device_class in classes:
+        if "extendedResourceName" in device_class["spec"]:
+            name = device_class["spec"]["extendedResourceName"]
+            names.setdefault(name, []).append(device_class["metadata"]["name"])
+    return names
+
+
+def test_device_plugin_names_are_each_served_by_one_class_by_default(
+    host_driver: Rendered, tmp_path: Path
+) -> None:
+    data = host_driver.one("ConfigMap", "gpu-dra-deviceclasses")["data"]
+    served = extended_resources(configmap_catalog(data, tmp_path))
+
+    assert served.pop("nvidia.com/gpu") == ["gpu.nvidia.com"]
+    assert served.pop("nvidia.com/gpu.shared") == ["mps.gpu.nvidia.com"]
+    # The device plugin's mixed-strategy names, `+` written `.`.
+    assert served.pop("nvidia.com/mig-1g.10gb") == ["mig-1g.10gb.gpu.nvidia.com"]
+    assert served.pop("nvidia.com/mig-1g.10gb.me") == ["mig-1g.10gb.me.gpu.nvidia.com"]
+    assert served.pop("nvidia.com/mig-7g.141gb") == ["mig-7g.141gb.gpu.nvidia.com"]
+    assert all(name.startswith("nvidia.com/mig-") for name in served)
+    assert all(len(classes) == 1 for classes in served.values()), served
+
+
+@pytest.mark.parametrize(
+    ("tier", "carrier"),
+    [("capped", "capped.gpu.nvidia.com"), ("mps", "mps.gpu.nvidia.com"), ("", None)],
+)
+def test_the_platform_picks_the_share_tier_of_nvidia_com_gpu_shared(
+    tier: str, carrier: str | None, tmp_path: Path
+) -> None:
+    rendered = Rendered.of(
+        {**HOST_DRIVER, "deviceClasses": {"sharedResource": tier, "migProfiles": []}}, tmp_path
+    )
+    (tmp_path / "catalog").mkdir()
+    data = rendered.one("ConfigMap", "gpu-dra-deviceclasses")["data"]
+    classes = {c["metadata"]["name"]: c for c in configmap_catalog(data, tmp_path / "catalog")}
+    served = extended_resources(list(classes.values()))
+
+    assert served.get("nvidia.com/gpu.shared") == ([carrier] if carrier else None)
+    assert served["nvidia.com/gpu"] == ["gpu.nvidia.com"]
+    # Only the name moves: selectors and configs of both tiers are the repository's.
+    repository = {c["metadata"]["name"]: c for c in load_catalog(REPO / "deviceclasses")}
+    for tier_class in ("mps.gpu.nvidia.com", "capped.gpu.nvidia.com"):
+        mine = dict(classes[tier_class]["spec"])
+        theirs = dict(repository[tier_class]["spec"])
+        mine.pop("extendedResourceName", None)
+        theirs.pop("extendedResourceName", None)
+        assert mine == theirs
+
+
+def test_a_share_tier_that_is_left_out_or_unknown_is_refused() -> None:
+    excluded = template(
+        None,
+        "gpuResourcesEnabledOverride=true",
+        "deviceClasses.sharedResource=capped",
+        "deviceClasses.exclude={capped.gpu.nvidia.com.yaml}",
+    )
+    unknown = template(
+        None, "gpuResourcesEnabledOverride=true", "deviceClasses.sharedResource=timeslicing"
+    )
+
+    assert excluded.returncode != 0
+    assert (
+        "deviceClasses.sharedResource=capped puts nvidia.com/gpu.shared on "
+        "capped.gpu.nvidia.com.yaml, which deviceClasses.exclude leaves out"
+    ) in excluded.stderr
+    assert unknown.returncode != 0
+    assert "'/deviceClasses/sharedResource'" in unknown.stderr
+
+
+def mig_devices_of(simulated: str, profile: str, *, dynamic_mig: bool = False) -> list[str]:
+    """The names of the MIG devices of `profile` the plugin publishes on a simulated node."""
+    host = SimulatedHost.load(simulated, "node")
+    return [
+        device["name"]
+        for device in plugin_devices(host.nvml, host.pci, dynamic_mig=dynamic_mig)
+        if device["attributes"]["type"]["string"] == "mig"
+        and device["attributes"]["profile"]["string"] == profile
+    ]
+
+
+def test_mig_profile_classes_select_their_profile_static_and_dynamic(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rendered = Rendered.of(
+        {**HOST_DRIVER, "deviceClasses": {"migProfiles": ["1g.10gb", "1g.10gb+me", "3g.40gb"]}},
+        tmp_path,
+    )
+    data = rendered.one("ConfigMap", "gpu-dra-deviceclasses")["data"]
+    (tmp_path / "catalog").mkdir()
+    configmap_catalog(data, tmp_path / "catalog")
+    names = [mig_class_file(p) for p in ("1g.10gb", "1g.10gb+me", "3g.40gb")]
+
+    # The rendered catalog lints clean (selectors compile and evaluate on every simulated
+    # profile, also the +dynamic-mig variants) ...
+    capsys.readouterr()
+    code = cli_main(["lint", "-o", "json", str(tmp_path / "catalog")], environ={})
+    report = json.loads(capsys.readouterr().out)
+    assert code == 0, report
+    assert [f for f in report["findings"] if f["level"] == "ERROR"] == []
+    assert not [f for f in report["findings"] if "extendedResourceName" in f["message"]]
+    selects = {c["name"]: c["selects"] for c in report["classes"]}
+    # ... and each class selects the MIG devices of exactly its profile: static slices
+    # (hgx-h100-mig) and dynamic MIG partitions (+dynamic-mig) alike.
+    for profile in ("1g.10gb", "3g.40gb"):
+        by_profile = selects[mig_class_file(profile).removesuffix(".yaml")]
+        assert by_profile["hgx-h100-mig"] == mig_devices_of("hgx-h100-mig", profile)
+        dynamic = mig_devices_of("hgx-h100", profile, dynamic_mig=True)
+        assert by_profile["hgx-h100+dynamic-mig"] == dynamic
+        assert dynamic
+    # 1g.10gb+me exists on the H100 (static hgx-h100-mig has one) but the default dynamic MIG
+    # policy does not offer it.
+    me = selects["mig-1g.10gb.me.gpu.nvidia.com"]
+    assert me["hgx-h100-mig"] == mig_devices_of("hgx-h100-mig", "1g.10gb+me")
+    assert "hgx-h100+dynamic-mig" not in me
+    assert all(name in data for name in names)
+
+
+@pytest.mark.parametrize(
+    "setting",
+    [
+        "deviceClasses.migProfiles={1c.3g.40gb}",  # a compute-instance profile: no such resource
+        "deviceClasses.migProfiles={1g.10gb,1g.10gb}",
+        "deviceClasses.migProfiles={MIG 1g.10gb}",
+    ],
+)
+def test_a_mig_profile_that_names_no_device_plugin_resource_is_refused(setting: str) -> None:
+    result = template(None, "gpuResourcesEnabledOverride=true", setting)
+
+    assert result.returncode != 0
+    assert "'/deviceClasses/migProfiles" in result.stderr
 
 
 def test_the_packaged_chart_carries_the_catalog_files(tmp_path: Path) -> None:

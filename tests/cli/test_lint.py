@@ -88,6 +88,26 @@ def test_shipped_catalog_passes_lint_strict_on_every_builtin_profile(capsys):
     ) in lines(out, "INFO")
 
 
+def test_an_extended_resource_name_on_two_classes_is_warned_about(capsys, tmp_path):
+    one = device_class("a.example.com", f"{G}.type == 'gpu'")
+    other = device_class("b.example.com", f"{G}.type == 'mig'")
+    third = device_class("c.example.com", f"{G}.architecture == 'Hopper'")
+    for cls, name in ((one, "nvidia.com/gpu.shared"), (other, "nvidia.com/gpu.shared")):
+        cls["spec"]["extendedResourceName"] = name  # type: ignore[index]
+    third["spec"]["extendedResourceName"] = "example.com/other"  # type: ignore[index]
+    file = write(tmp_path / "classes.yaml", one, other, third)
+
+    code, out, _ = run(capsys, file)
+
+    assert code == EXIT_OK, out
+    assert lines(out, "WARNING") == [
+        f"WARNING {file} DeviceClass/b.example.com: spec.extendedResourceName: "
+        "extendedResourceName nvidia.com/gpu.shared is also that of DeviceClass/a.example.com "
+        f"({file}): pods asking for nvidia.com/gpu.shared get devices of only one of them (the "
+        "class created later); give each name to one class"
+    ]
+
+
 # Profiles without MIG devices: what mig.nvidia.com meets on most clusters today.
 WHOLE_GPU_PROFILES = ("hgx-h100", "dgx-a100", "l4x4", "mixed", "t4")
 

@@ -122,6 +122,64 @@ annotations:
 {{- toJson $files }}
 {{- end }}
 
+{{/* The extended resource name of the NVIDIA device plugin's renamed shared replicas, and the
+catalog file of each share tier that may carry it (deviceClasses.sharedResource). */}}
+{{- define "gpu-dra.sharedResourceName" -}}
+nvidia.com/gpu.shared
+{{- end }}
+{{- define "gpu-dra.sharedResourceFiles" -}}
+{{- toJson (dict "mps" "mps.gpu.nvidia.com.yaml" "capped" "capped.gpu.nvidia.com.yaml") }}
+{{- end }}
+
+{{/* One catalog file as the controller gets it (dict "root" $ "path" <file>): verbatim, except
+that nvidia.com/gpu.shared is on the share tier deviceClasses.sharedResource names and on no
+other (the repository's catalog puts it on mps.gpu.nvidia.com). */}}
+{{- define "gpu-dra.deviceClassFile" -}}
+{{- $text := .root.Files.Get .path }}
+{{- $tiers := include "gpu-dra.sharedResourceFiles" .root | fromJson }}
+{{- $carrier := get $tiers (.root.Values.deviceClasses.sharedResource | default "") }}
+{{- $shared := include "gpu-dra.sharedResourceName" .root }}
+{{- if has (base .path) (values $tiers) }}
+{{- $class := fromYaml $text }}
+{{- $has := eq (get $class.spec "extendedResourceName" | default "") $shared }}
+{{- if and (eq (base .path) $carrier) (not $has) }}
+{{- $_ := set $class.spec "extendedResourceName" $shared }}
+{{- $text = toYaml $class }}
+{{- else if and (ne (base .path) $carrier) $has }}
+{{- $_ := unset $class.spec "extendedResourceName" }}
+{{- $text = toYaml $class }}
+{{- end }}
+{{- end }}
+{{- $text }}
+{{- end }}
+
+{{/* The DeviceClass serving the NVIDIA device plugin's mixed-strategy MIG resource of one
+profile (the argument, e.g. 1g.10gb+me): nvidia.com/mig-<profile>, `+` written `.` as the device plugin
+writes it, on the MIG devices of exactly that profile, static or made on demand. */}}
+{{- define "gpu-dra.migProfileSlug" -}}
+mig-{{ replace "+" "." . }}
+{{- end }}
+{{- define "gpu-dra.migProfileClassName" -}}
+{{ include "gpu-dra.migProfileSlug" . }}.gpu.nvidia.com
+{{- end }}
+{{- define "gpu-dra.migProfileClass" -}}
+# MIG devices of profile {{ . }} (static slices and, with dynamic MIG, the partitions made on
+# demand), for pods that ask for nvidia.com/{{ include "gpu-dra.migProfileSlug" . }} as with the
+# NVIDIA device plugin's mixed MIG strategy (chart value deviceClasses.migProfiles).
+apiVersion: resource.k8s.io/v1
+kind: DeviceClass
+metadata:
+  name: {{ include "gpu-dra.migProfileClassName" . }}
+spec:
+  selectors:
+    - cel:
+        expression: >-
+          device.driver == 'gpu.nvidia.com' &&
+          device.attributes['gpu.nvidia.com'].type == 'mig' &&
+          device.attributes['gpu.nvidia.com'].profile == '{{ . }}'
+  extendedResourceName: nvidia.com/{{ include "gpu-dra.migProfileSlug" . }}
+{{- end }}
+
 {{/* The names of imagePullSecrets, comma-separated (the MPS daemon pods' pull secrets). */}}
 {{- define "gpu-dra.imagePullSecretNames" -}}
 {{- $names := list }}
