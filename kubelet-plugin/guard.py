@@ -333,9 +333,9 @@ def refusals(
     findings: Sequence[Finding], *, allow_device_plugin: bool, node_name: str
 ) -> list[Finding]:
     """The findings that keep the plugin off the node; device-plugin findings with
-    `allow_device_plugin` are logged as warnings instead."""
+    `allow_device_plugin` are logged as warnings instead, once nothing else refuses."""
     refusing = [f for f in findings if not (allow_device_plugin and f.overridable)]
-    for finding in findings:
+    for finding in [] if refusing else findings:
         if finding not in refusing:
             log.warning(
                 "starting anyway on node %s (--allow-nvidia-device-plugin): %s; gpu-dra and the "

@@ -297,13 +297,16 @@ def test_the_override_starts_next_to_the_device_plugin_with_a_warning(
 
 
 def test_another_dra_driver_is_refused_even_with_the_override(
-    sock_root: Path, listeners: ExitStack
+    sock_root: Path, listeners: ExitStack, caplog: pytest.LogCaptureFixture
 ) -> None:
     listen(listeners, sock_root / "plugins" / DRIVER / "dra.sock")
-    api = FakeGuardApi(node(), slices=[slice_of("nvidia-slice", ours=False)])
+    api = FakeGuardApi(node({"nvidia.com/gpu": "1"}), slices=[slice_of("nvidia-slice", ours=False)])
 
     with pytest.raises(NodeConflictError) as refused:
         guard(api, check(sock_root), event_namespace="gpu-dra", allow_device_plugin=True)
+
+    # Not starting: no "starting anyway" for the device plugin it was told to start beside.
+    assert not any("starting anyway" in r.getMessage() for r in caplog.records)
 
     assert "another process serves the gpu.nvidia.com socket(s)" in str(refused.value)
     assert "nvidia-slice (pool gpu-node-1)" in str(refused.value)
