@@ -109,11 +109,10 @@ async def take_node(
                 )
                 reported, reported_at = reason, now
         report.waiting_for_node(reason)
-        log.info(
-            "node %s: checking again in %.0f s (%s)",
+        log.debug(
+            "node %s: checking again in %.0f s",
             settings.node_name,
             settings.guard_recheck_interval_s,
-            "docs/migration.md",
         )
         await sleep(settings.guard_recheck_interval_s)
 
