@@ -106,7 +106,7 @@ async def serve(settings: KubeletPluginSettings, health: PluginHealth) -> None:
         for call, gpu, code in nvml_faults_from_env(os.environ, simulated=True):
             nvml.set_fault(call, code, gpu=gpu)
     # Discovery only reads; nothing is written (checkpoint, CDI specs, MIG) before the guard.
-    api_client = await node_guard.guarded_api_client(settings)
+    api_client = await node_guard.guarded_api_client(settings, health)
     settings.state_dir.mkdir(parents=True, exist_ok=True, mode=0o750)
     instance = await asyncio.to_thread(node_guard.register_instance, settings)
     try:

@@ -1,14 +1,16 @@
-"""Start-up guard: the plugin refuses a node whose GPUs something else already hands out.
+"""Start-up guard: the plugin does not take a node whose GPUs something else already hands out.
 
 Checked before recovery touches anything (`check_node`): NVIDIA's device plugin (the Node's
 allocatable `nvidia.com/gpu`, `nvidia.com/gpu.*` or `nvidia.com/mig-*` above 0, or a socket
-`nvidia-*.sock` in the kubelet's device-plugins directory that accepts connections), another
-process serving this driver's DRA or registration socket (except the sockets of another running
-gpu-dra instance of this data dir: a rolling update), and ResourceSlices of this driver for this
-node that gpu-dra did not publish. A refusal is logged, recorded as a Warning Event on the
-Node and stops the plugin (exit status 1). `--allow-nvidia-device-plugin` turns the device
+`nvidia-*.sock` in the kubelet's device-plugins directory that accepts connections), pods of the
+node still holding GPUs the device plugin handed out, another process serving this driver's DRA
+or registration socket (except the sockets of another running gpu-dra instance of this data
+dir: a rolling update), and ResourceSlices of this driver for this node that gpu-dra did not
+publish. Each finding names the step that moves the node to gpu-dra. A refusal is logged and
+recorded as a Warning Event on the Node; the plugin then waits and checks again
+(`gpu_dra.kubelet_plugin.startup.node_guard`). `--allow-nvidia-device-plugin` turns the device
 plugin findings into warnings; the others cannot be overridden. See docs/deployment.md,
-"Start-up guard".
+"Start-up guard", and docs/migration.md.
 """
 
 from __future__ import annotations
@@ -26,14 +28,18 @@ from typing import Any, Protocol, cast
 from kubernetes import client as k8s
 
 from gpu_dra.kube import errors
-from gpu_dra.kube.client import list_objects, translated_errors
+from gpu_dra.kube.client import decoded_object, list_objects, translated_errors
 from gpu_dra.kubelet_plugin.slices.kubeapi import RESOURCE_SLICES, ResourceSlice, SliceSelector
 from gpu_dra.kubelet_plugin.slices.plan import spec_hash_annotation
 
 log = logging.getLogger(__name__)
 
 DEVICE_PLUGIN_REASON = "NvidiaDevicePluginPresent"
+DEVICE_PLUGIN_PODS_REASON = "NvidiaDevicePluginPodsRunning"
 DRA_DRIVER_REASON = "GpuDraDriverConflict"
+GPU_OPERATOR_DEVICE_PLUGIN_LABEL = "nvidia.com/gpu.deploy.device-plugin"
+"""The GPU Operator's per-node switch for its device plugin DaemonSet ("false": off)."""
+MIGRATION_DOC = "docs/migration.md"
 COMPONENT = "gpu-dra-kubelet-plugin"
 EVENT_MESSAGE_LIMIT = 1024
 SOCKET_PROBE_TIMEOUT_S = 1.0
@@ -44,13 +50,14 @@ DEVICE_PLUGIN_SOCKET_GLOB = "nvidia-*.sock"
 @dataclass(frozen=True)
 class Finding:
     reason: str
-    """The Event reason: `DEVICE_PLUGIN_REASON` or `DRA_DRIVER_REASON`."""
+    """The Event reason: `DEVICE_PLUGIN_REASON`, `DEVICE_PLUGIN_PODS_REASON` or
+    `DRA_DRIVER_REASON`."""
     message: str
 
     @property
     def overridable(self) -> bool:
         """Whether `--allow-nvidia-device-plugin` lets the plugin start anyway."""
-        return self.reason == DEVICE_PLUGIN_REASON
+        return self.reason in (DEVICE_PLUGIN_REASON, DEVICE_PLUGIN_PODS_REASON)
 
 
 class GuardApi(Protocol):
@@ -59,6 +66,8 @@ class GuardApi(Protocol):
     def read_node(self, name: str) -> dict[str, Any]: ...
 
     def list_node_slices(self, driver: str, node_name: str) -> list[ResourceSlice]: ...
+
+    def list_node_pods(self, node_name: str) -> list[dict[str, Any]]: ...
 
     def create_event(self, namespace: str, event: dict[str, Any]) -> None: ...
 
@@ -75,6 +84,64 @@ def device_plugin_resources(node: Mapping[str, Any]) -> dict[str, str]:
 
 def _is_nvidia_device_plugin_resource(name: str) -> bool:
     return name == "nvidia.com/gpu" or name.startswith(("nvidia.com/gpu.", "nvidia.com/mig-"))
+
+
+def device_plugin_pods(pods: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The pods (`namespace/name (resource=quantity, ...)`) that are not finished and hold
+    NVIDIA device-plugin resources the device plugin handed out: they request one, and the
+    scheduler did not give it to them through DRA (`status.extendedResourceClaimStatus`, a
+    DeviceClass's `extendedResourceName`)."""
+    found = []
+    for pod in pods:
+        status = pod.get("status") or {}
+        if status.get("phase") in ("Succeeded", "Failed") or status.get(
+            "extendedResourceClaimStatus"
+        ):
+            continue
+        spec = pod.get("spec") or {}
+        held: dict[str, str] = {}
+        for container in [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]:
+            resources = container.get("resources") or {}
+            for kind in ("limits", "requests"):
+                for name, quantity in (resources.get(kind) or {}).items():
+                    if _is_nvidia_device_plugin_resource(name) and _positive(str(quantity)):
+                        held.setdefault(name, str(quantity))
+        if held:
+            metadata = pod.get("metadata") or {}
+            listed = ", ".join(f"{name}={quantity}" for name, quantity in sorted(held.items()))
+            found.append(f"{metadata.get('namespace', '?')}/{metadata.get('name', '?')} ({listed})")
+    return sorted(found)
+
+
+def device_plugin_step(node: Mapping[str, Any]) -> str:
+    """What moves `node` off NVIDIA's device plugin, from the GPU Operator's label on it."""
+    name = (node.get("metadata") or {}).get("name", "<node>")
+    switch = ((node.get("metadata") or {}).get("labels") or {}).get(
+        GPU_OPERATOR_DEVICE_PLUGIN_LABEL
+    )
+    if switch == "false":
+        step = (
+            f"the GPU Operator's device plugin is switched off here "
+            f"({GPU_OPERATOR_DEVICE_PLUGIN_LABEL}=false): wait for the Operator to remove its "
+            "pod; if a device plugin stays, it is another one (NVIDIA's Helm chart or a "
+            "manifest): keep its DaemonSet off this node"
+        )
+    elif switch is not None:
+        step = (
+            "switch the GPU Operator's device plugin off on this node: kubectl label node "
+            f"{name} {GPU_OPERATOR_DEVICE_PLUGIN_LABEL}=false --overwrite"
+        )
+    else:
+        step = (
+            "keep NVIDIA's device plugin DaemonSet off this node (its Helm chart's affinity, "
+            f"e.g. {GPU_OPERATOR_DEVICE_PLUGIN_LABEL} NotIn [false], then kubectl label node "
+            f"{name} {GPU_OPERATOR_DEVICE_PLUGIN_LABEL}=false)"
+        )
+    return (
+        f"to move this node to gpu-dra, {step}; gpu-dra starts here by itself once the device "
+        f"plugin is gone ({MIGRATION_DOC}). To keep the device plugin on this node instead, "
+        "keep gpu-dra off it (chart value kubeletPlugin.migrationNodeLabel)"
+    )
 
 
 def _positive(quantity: str) -> bool:
@@ -154,24 +221,35 @@ def check_node(api: GuardApi, check: NodeCheck) -> tuple[dict[str, Any], list[Fi
     node = api.read_node(check.node_name)
     findings = []
     resources = device_plugin_resources(node)
-    if resources:
-        listed = ", ".join(f"{name}={quantity}" for name, quantity in resources.items())
-        findings.append(
-            Finding(
-                DEVICE_PLUGIN_REASON,
-                f"node {check.node_name} has allocatable {listed}: a device plugin (NVIDIA's, "
-                "or the GPU Operator's) serves its GPUs",
-            )
-        )
     sockets = device_plugin_sockets(check.device_plugins_dir)
-    if sockets:
+    if resources or sockets:
+        found = []
+        if resources:
+            listed = ", ".join(f"{name}={quantity}" for name, quantity in resources.items())
+            found.append(f"node {check.node_name} has allocatable {listed}")
+        if sockets:
+            found.append(
+                f"NVIDIA device plugin socket(s) {', '.join(map(str, sockets))} accept connections"
+            )
         findings.append(
             Finding(
                 DEVICE_PLUGIN_REASON,
-                f"NVIDIA device plugin socket(s) {', '.join(map(str, sockets))} accept "
-                "connections: NVIDIA's device plugin runs on this node",
+                f"{' and '.join(found)}: NVIDIA's device plugin (or the GPU Operator's) serves "
+                f"this node's GPUs; {device_plugin_step(node)}",
             )
         )
+    else:
+        holding = device_plugin_pods(api.list_node_pods(check.node_name))
+        if holding:
+            findings.append(
+                Finding(
+                    DEVICE_PLUGIN_PODS_REASON,
+                    f"pod(s) {', '.join(holding)} still use GPUs NVIDIA's device plugin handed "
+                    "out, and gpu-dra cannot tell which: it starts serving this node once they "
+                    "have ended (they keep running; delete them to have them rescheduled "
+                    f"sooner, {MIGRATION_DOC})",
+                )
+            )
     answering = driver_sockets(check.plugins_dir, check.registry_dir, check.driver_name)
     served = [path for path in answering if path not in check.gpu_dra_sockets]
     for path in answering:
@@ -184,7 +262,9 @@ def check_node(api: GuardApi, check: NodeCheck) -> tuple[dict[str, Any], list[Fi
                 DRA_DRIVER_REASON,
                 f"another process serves the {check.driver_name} socket(s) "
                 f"{', '.join(map(str, served))}: a DRA driver of that name (NVIDIA's, or a "
-                "second gpu-dra plugin) already runs on this node",
+                "second gpu-dra plugin) already runs on this node; to move this node to "
+                "gpu-dra, keep NVIDIA's DRA driver kubelet plugin off it (its Helm chart's "
+                f"kubeletPlugin.affinity, {MIGRATION_DOC}) and gpu-dra starts here by itself",
             )
         )
     foreign = foreign_slices(
@@ -198,7 +278,8 @@ def check_node(api: GuardApi, check: NodeCheck) -> tuple[dict[str, Any], list[Fi
                 DRA_DRIVER_REASON,
                 f"ResourceSlices of driver {check.driver_name} for node {check.node_name} that "
                 f"gpu-dra did not publish: {', '.join(foreign)}; another DRA driver publishes "
-                "these GPUs (once it is gone the kubelet removes them, or delete them)",
+                "these GPUs (once its kubelet plugin is off this node the kubelet removes "
+                "them; or kubectl delete resourceslice them), and gpu-dra starts by itself",
             )
         )
     return node, findings
@@ -213,7 +294,7 @@ def node_event(
         str(metadata.get("name", "")),
         namespace,
         finding.reason,
-        f"gpu-dra kubelet plugin refuses to start: {finding.message}",
+        f"gpu-dra kubelet plugin waits for this node: {finding.message}",
         now,
         uid=str(metadata.get("uid", "")),
     )
@@ -248,6 +329,52 @@ class NodeConflictError(Exception):
     """The node's GPUs are already handed out by something else; the message says what."""
 
 
+def refusals(
+    findings: Sequence[Finding], *, allow_device_plugin: bool, node_name: str
+) -> list[Finding]:
+    """The findings that keep the plugin off the node; device-plugin findings with
+    `allow_device_plugin` are logged as warnings instead, once nothing else refuses."""
+    refusing = [f for f in findings if not (allow_device_plugin and f.overridable)]
+    for finding in [] if refusing else findings:
+        if finding not in refusing:
+            log.warning(
+                "starting anyway on node %s (--allow-nvidia-device-plugin): %s; gpu-dra and the "
+                "device plugin may hand the same GPU to two pods",
+                node_name,
+                finding.message,
+            )
+    return refusing
+
+
+def report_refusal(
+    api: GuardApi,
+    node: Mapping[str, Any],
+    refusing: Sequence[Finding],
+    *,
+    event_namespace: str,
+    now: datetime | None = None,
+) -> None:
+    """Log each refusing finding and record it as a Warning Event on the Node (an Event that
+    cannot be recorded is logged, the refusal stands)."""
+    name = (node.get("metadata") or {}).get("name", "")
+    for finding in refusing:
+        log.error("not serving node %s: %s", name, finding.message)
+        event = node_event(node, event_namespace, finding, now or datetime.now(UTC))
+        try:
+            api.create_event(event_namespace, event)
+        except errors.ApiError as error:
+            log.warning("could not record the refusal as an Event on the Node: %s", error)
+
+
+def refusal_message(refusing: Sequence[Finding]) -> str:
+    hint = (
+        " (set --allow-nvidia-device-plugin to start next to the device plugin anyway)"
+        if all(f.overridable for f in refusing)
+        else ""
+    )
+    return "; ".join(f.message for f in refusing) + hint
+
+
 def guard(
     api: GuardApi,
     check: NodeCheck,
@@ -260,29 +387,13 @@ def guard(
     node's GPUs are served by something else; device-plugin findings only warn with
     `allow_device_plugin`."""
     node, findings = check_node(api, check)
-    refusing = [f for f in findings if not (allow_device_plugin and f.overridable)]
-    for finding in findings:
-        if finding not in refusing:
-            log.warning(
-                "starting anyway (--allow-nvidia-device-plugin): %s; gpu-dra and the device "
-                "plugin may hand the same GPU to two pods",
-                finding.message,
-            )
+    refusing = refusals(
+        findings, allow_device_plugin=allow_device_plugin, node_name=check.node_name
+    )
     if not refusing:
         return
-    for finding in refusing:
-        log.error("refusing to start on node %s: %s", check.node_name, finding.message)
-        event = node_event(node, event_namespace, finding, now or datetime.now(UTC))
-        try:
-            api.create_event(event_namespace, event)
-        except errors.ApiError as error:
-            log.warning("could not record the refusal as an Event on the Node: %s", error)
-    hint = (
-        " (set --allow-nvidia-device-plugin to start next to the device plugin anyway)"
-        if all(f.overridable for f in refusing)
-        else ""
-    )
-    raise NodeConflictError("; ".join(f.message for f in refusing) + hint)
+    report_refusal(api, node, refusing, event_namespace=event_namespace, now=now)
+    raise NodeConflictError(refusal_message(refusing))
 
 
 class KubernetesGuardApi:
@@ -310,6 +421,28 @@ class KubernetesGuardApi:
             request_timeout_s=self._timeout,
         )
         return cast("list[ResourceSlice]", list(listing.items))
+
+    def list_node_pods(self, node_name: str) -> list[dict[str, Any]]:
+        action = f"list Pods of node {node_name}"
+        pods: list[dict[str, Any]] = []
+        token: str | None = None
+        while True:
+            with translated_errors(action):
+                response = self._core.list_pod_for_all_namespaces(
+                    field_selector=f"spec.nodeName={node_name}",
+                    limit=500,
+                    _continue=token,
+                    _preload_content=False,
+                    _request_timeout=self._timeout,
+                )
+            page = decoded_object(response.data, action)
+            items = page.get("items") or []
+            if not isinstance(items, list) or not all(isinstance(i, dict) for i in items):
+                raise errors.ApiError(f"{action}: items is not a list of objects")
+            pods += items
+            token = (page.get("metadata") or {}).get("continue") or None
+            if token is None:
+                return pods
 
     def create_event(self, namespace: str, event: dict[str, Any]) -> None:
         with translated_errors(f"create Event in {namespace}"):

@@ -5,7 +5,10 @@ start-up recovery has finished, the registration socket answers ``GetInfo`` and 
 answers an empty ``NodePrepareResources`` (v1), within the caller's deadline; otherwise
 ``NOT_SERVING``, with the reason logged when the status changes. Services: ``""`` and
 ``liveness`` (NVIDIA's names), and ``readiness``, which also needs the kubelet's last
-registration report to be a success. Any other name is ``NOT_FOUND``. ``List`` reports the three;
+registration report to be a success. While the start-up guard waits for the node (NVIDIA's device
+plugin or another DRA driver still serves it), and for `STARTUP_GRACE_S` after, liveness is
+``SERVING`` (the process is alive and checking; a restart would change nothing) and readiness is
+``NOT_SERVING``. Any other name is ``NOT_FOUND``. ``List`` reports the three;
 ``Watch`` is not implemented (kubelet probes call ``Check``). See docs/deployment.md, "Probes".
 """
 
@@ -13,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -34,6 +38,9 @@ SERVICES: tuple[str, ...] = ("", LIVENESS, READINESS)
 DEFAULT_SELF_CALL_TIMEOUT_S = 5.0
 """Longest the self-calls of one check may take together when the prober set no shorter
 deadline."""
+STARTUP_GRACE_S = 600.0
+"""After a wait for the node, how long liveness stays SERVING while start-up goes on: what the
+chart's startup probe allows a start-up (120 x 5 s), which the wait used up."""
 DEADLINE_MARGIN_S = 0.2
 """Time kept back from the prober's deadline to answer it."""
 
@@ -70,10 +77,23 @@ class PluginHealth:
         self._stopping = False
         self._server: ServedSockets | None = None
         self._last: dict[str, Verdict] = {}
+        self._waiting_for_node: str | None = None
+        self._grace_until: float | None = None
 
     def mark_recovered(self) -> None:
         """Start-up recovery (checkpoint roll-backs, orphan clean-up) has finished."""
         self._recovered = True
+
+    def waiting_for_node(self, reason: str) -> None:
+        """The start-up guard waits: something else serves the node (`reason`)."""
+        self._waiting_for_node = reason
+
+    def node_taken(self) -> None:
+        """The start-up guard passed; after a wait, liveness stays SERVING for
+        `STARTUP_GRACE_S` while start-up goes on."""
+        if self._waiting_for_node is not None:
+            self._grace_until = time.monotonic() + STARTUP_GRACE_S
+        self._waiting_for_node = None
 
     def attach(self, server: ServedSockets) -> None:
         """The plugin's sockets are served; checks call them from now on."""
@@ -95,10 +115,16 @@ class PluginHealth:
     async def _verdict(self, service: str, budget_s: float) -> Verdict:
         if self._stopping:
             return Verdict(False, "the plugin is shutting down")
-        if not self._recovered:
-            return Verdict(False, "start-up recovery has not finished")
+        if self._waiting_for_node is not None:
+            if service == READINESS:
+                return Verdict(False, f"waiting for the node: {self._waiting_for_node}")
+            return Verdict(True, "")
         server = self._server
-        if server is None:
+        if not self._recovered or server is None:
+            if service != READINESS and self._in_grace():
+                return Verdict(True, "")
+            if not self._recovered:
+                return Verdict(False, "start-up recovery has not finished")
             return Verdict(False, "the DRA and registration sockets are not served yet")
         # A fresh connection per check, as the kubelet makes: a removed or replaced socket file
         # fails the check even while an older connection would still work. One deadline covers
@@ -118,6 +144,9 @@ class PluginHealth:
         if service == READINESS and not server.registered.is_set():
             return Verdict(False, "the kubelet has not (or not successfully) registered the plugin")
         return Verdict(True, "")
+
+    def _in_grace(self) -> bool:
+        return self._grace_until is not None and time.monotonic() < self._grace_until
 
     def _log_change(self, service: str, verdict: Verdict) -> None:
         if self._last.get(service) == verdict:

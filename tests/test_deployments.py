@@ -28,6 +28,13 @@ def verbs(role: dict[str, Any], group: str, resource: str) -> set[str]:
     }
 
 
+def test_rbac_lets_the_start_up_guard_list_the_pods_of_its_node() -> None:
+    (role,) = [d for d in documents() if d["kind"] == "ClusterRole"]
+
+    # KubernetesGuardApi.list_node_pods: list_pod_for_all_namespaces (spec.nodeName=<node>).
+    assert verbs(role, "", "pods") == {"list"}
+
+
 def test_rbac_lets_the_plugin_manage_daemon_pods_in_its_default_namespace() -> None:
     docs = documents()
     (role,) = [d for d in docs if d["kind"] == "Role"]

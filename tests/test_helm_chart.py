@@ -864,7 +864,11 @@ def test_the_plugin_may_do_what_it_calls_and_nothing_of_the_controller(
     # PodRunner: create, get, list, delete daemon pods, in the release namespace only.
     for verb in ("create", "get", "list", "delete"):
         assert may(verb, "pods", NAMESPACE)
+    for verb in ("create", "get", "delete"):
         assert not may(verb, "pods", "default")
+    # The start-up guard lists its node's pods (spec.nodeName) in every namespace.
+    assert may("list", "pods", "default")
+    assert not may("watch", "pods", "default")
     # Never the catalog.
     for verb in ("create", "update", "patch", "delete", "get"):
         assert not may(verb, CLASSES)

@@ -128,6 +128,8 @@ class KubeletPluginSettings:
     """Start although NVIDIA's device plugin serves this node's GPUs (logged as a warning)."""
     event_namespace: str = "default"
     """Namespace of the Events recorded about this node (start-up refusals)."""
+    guard_recheck_interval_s: float = 30.0
+    """Seconds between the start-up guard's checks while something else serves the node."""
     kubeconfig: Path | None = None
     """Kubeconfig for the API server; None = the pod's service account."""
     call_timeout_s: float = 40.0

@@ -15,6 +15,8 @@ Commands:
   printing ``ready`` on a line of its own, waits for a line on stdin, in one NVML session).
 - ``errors``: the return code names of calls the mock refuses, on GPU 0.
 - ``set-compute-mode <gpu index> <mode>`` / ``compute-mode <gpu index>``.
+- ``common-ancestor <gpu index> <gpu index>``: ``nvmlDeviceGetTopologyCommonAncestor`` (what
+  NVIDIA's device plugin asks of every GPU pair), the level or the return code name.
 - ``smi-list``: ``nvidia-smi -L`` through ctypes, calling only the functions the test bed's
   ``nvidia-smi`` calls.
 - ``memory-limits <gpu index or UUID> <cgroup> [<soft> <hard>]``: the driver and CUDA versions,
@@ -291,6 +293,15 @@ def compute_mode(nvml: RealNvml, gpu: str) -> int:
     return nvml.device_get_compute_mode(nvml.device_get_handle_by_index(int(gpu)))
 
 
+def common_ancestor(nvml: RealNvml, first: str, second: str) -> int | str:
+    one = nvml.device_get_handle_by_index(int(first))
+    two = nvml.device_get_handle_by_index(int(second))
+    try:
+        return int(pynvml.nvmlDeviceGetTopologyCommonAncestor(one, two))
+    except pynvml.NVMLError as error:
+        return return_code_name(int(error.value))
+
+
 def memory_limits(nvml: RealNvml, gpu: str, cgroup: str, *limits: str) -> dict[str, Any]:
     if gpu.isdigit():
         handle = nvml.device_get_handle_by_index(int(gpu))
@@ -403,6 +414,7 @@ COMMANDS: dict[str, Callable[..., Any]] = {
     "errors": errors,
     "set-compute-mode": set_compute_mode,
     "compute-mode": compute_mode,
+    "common-ancestor": common_ancestor,
     "memory-limits": memory_limits,
 }
 

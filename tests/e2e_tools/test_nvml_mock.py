@@ -346,6 +346,16 @@ def test_compute_mode_is_kept_in_the_state(driver_root: Path, tmp_path: Path) ->
     assert probe(driver_root, "compute-mode", "2", env=env).json() == 0
 
 
+def test_two_gpus_meet_across_the_system_as_nvidias_device_plugin_asks(
+    driver_root: Path,
+) -> None:
+    gpu_nodes(driver_root, range(8))
+    env = library_env(machine="dgxh100", dev_root=driver_root)
+
+    assert probe(driver_root, "common-ancestor", "0", "5", env=env).json() == 50  # SYSTEM
+    assert probe(driver_root, "common-ancestor", "3", "3", env=env).json() == 0  # INTERNAL
+
+
 def test_c_level_return_codes(driver_root: Path) -> None:
     gpu_nodes(driver_root, range(8))
     env = library_env(machine="dgxb200", dev_root=driver_root, trace=True)

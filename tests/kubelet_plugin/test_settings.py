@@ -70,6 +70,7 @@ ALL_FLAGS = [
     "--claim-status=false",
     "--claim-status-min-interval=5",
     "--claim-status-idle-after=60",
+    "--guard-recheck-interval=7.5",
 ]
 
 EXPECTED = KubeletPluginSettings(
@@ -92,6 +93,7 @@ EXPECTED = KubeletPluginSettings(
     kubelet_device_plugins_dir=Path("/var/lib/k/device-plugins"),
     allow_nvidia_device_plugin=True,
     event_namespace="gpu-system",
+    guard_recheck_interval_s=7.5,
     log_level="DEBUG",
     mps_control_binary="/opt/mps/nvidia-cuda-mps-control",
     nvidia_smi="/opt/nvidia/bin/nvidia-smi",
@@ -488,6 +490,15 @@ def test_node_events_go_to_default_whatever_the_pods_namespace() -> None:
     settings = KubeletPluginSettings.parse(["--node-name=n"], {"POD_NAMESPACE": "nvidia-dra"})
 
     assert settings.event_namespace == "default"
+
+
+@pytest.mark.parametrize("interval", ["0", "-5", "soon", "inf", "nan"])
+def test_a_guard_recheck_interval_that_is_not_positive_seconds_is_a_usage_error(
+    capsys: pytest.CaptureFixture[str], interval: str
+) -> None:
+    error = usage_error(capsys, ["--node-name=n", f"--guard-recheck-interval={interval}"], {})
+
+    assert f"--guard-recheck-interval must be seconds > 0, got {interval!r}" in error
 
 
 def test_the_pod_runner_without_an_image_is_a_usage_error(

@@ -436,6 +436,30 @@ func nvmlDeviceGetComputeMode(device C.uintptr_t, mode *C.int) C.int {
 	})
 }
 
+// nvmlDeviceGetTopologyCommonAncestor: the mock machines have no PCI tree, so two GPUs meet
+// across the system (NVML_TOPOLOGY_SYSTEM, nvidia-smi topo's SYS) and a GPU with itself on its
+// board (NVML_TOPOLOGY_INTERNAL); MIG handles are not supported, as in NVML. NVIDIA's device
+// plugin calls it for every GPU pair to choose a preferred allocation.
+//
+//export nvmlDeviceGetTopologyCommonAncestor
+func nvmlDeviceGetTopologyCommonAncestor(device1 C.uintptr_t, device2 C.uintptr_t, level *C.int) C.int {
+	return session("nvmlDeviceGetTopologyCommonAncestor", func() nvml.Return {
+		g1, ret := lib.gpuOnly(handle(device1))
+		if ret != nvml.SUCCESS {
+			return ret
+		}
+		g2, ret := lib.gpuOnly(handle(device2))
+		if ret != nvml.SUCCESS || level == nil {
+			return orInvalid(ret)
+		}
+		*level = C.int(nvml.TOPOLOGY_SYSTEM)
+		if g1 == g2 {
+			*level = C.int(nvml.TOPOLOGY_INTERNAL)
+		}
+		return nvml.SUCCESS
+	})
+}
+
 //export nvmlDeviceSetComputeMode
 func nvmlDeviceSetComputeMode(device C.uintptr_t, mode C.int) C.int {
 	return session("nvmlDeviceSetComputeMode", func() nvml.Return {
