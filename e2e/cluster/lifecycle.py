@@ -20,7 +20,7 @@ import time
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from e2e.cluster import configs, images, netns, pki, toolchain, versions
 from e2e.cluster.paths import ClusterPaths
@@ -266,6 +266,7 @@ class Cluster:
         )
         (paths.state / "kubelet.yaml").write_text(configs.kubelet_config(paths, bin_dir))
         (paths.state / "resolv.conf").write_text("")
+        _forget_device_plugin_allocations()
         for directory in CDI_SPEC_DIRS:
             directory.mkdir(parents=True, exist_ok=True)
 
@@ -333,10 +334,30 @@ class Cluster:
         netns.delete()
         if paths.state.exists():
             shutil.rmtree(paths.state)
+        _forget_device_plugin_allocations()
         log.info("cluster down")
 
 
 # ---- helpers -------------------------------------------------------------------------------------
+DEVICE_PLUGIN_CHECKPOINT: Final = Path(
+    "/var/lib/kubelet/device-plugins/kubelet_internal_checkpoint"
+)
+"""The kubelet's device manager checkpoint: always under /var/lib/kubelet/device-plugins, whatever
+its --root-dir, so it outlives the cluster's state directory. Its pods' device-plugin
+allocations (e2e/test_migration.py's device plugin) would make the next kubelet hold
+``nvidia.com/gpu`` as a registered resource without an endpoint, and refuse every pod asking for
+it through DRA (``endpoint not found in cache for a registered resource``)."""
+
+
+def _forget_device_plugin_allocations() -> None:
+    """Remove the previous test-bed kubelet's device manager checkpoint (the host runs no kubelet
+    of its own: the e2e kubelet serves /var/lib/kubelet/device-plugins/kubelet.sock)."""
+    if DEVICE_PLUGIN_CHECKPOINT.exists():
+        log.info("removing the previous kubelet's device plugin checkpoint %s",
+                 DEVICE_PLUGIN_CHECKPOINT)  # fmt: skip
+        DEVICE_PLUGIN_CHECKPOINT.unlink(missing_ok=True)
+
+
 def _check_host() -> None:
     missing = [
         what
