@@ -144,6 +144,8 @@ class Cluster:
             "kubelet": lambda: configs.kubelet_command(self.paths, self.bin_dir),
         }
         env = dict(os.environ, PATH=f"{self.bin_dir}:{os.environ.get('PATH', '/usr/bin:/bin')}")
+        if name == "kubelet":  # every kubelet of the test bed starts without device plugins
+            _forget_device_plugin_allocations()
         self._start(name, commands[name](), env)
 
     def restart_kubelet(self) -> None:
@@ -266,7 +268,6 @@ class Cluster:
         )
         (paths.state / "kubelet.yaml").write_text(configs.kubelet_config(paths, bin_dir))
         (paths.state / "resolv.conf").write_text("")
-        _forget_device_plugin_allocations()
         for directory in CDI_SPEC_DIRS:
             directory.mkdir(parents=True, exist_ok=True)
 
