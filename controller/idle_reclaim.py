@@ -157,9 +157,12 @@ class KubernetesIdleReclaimApi:
         action = f"evict Pod {namespace}/{name}" + (" (dry run)" if dry_run else "")
         try:
             with translated_errors(action):
+                # dryRun both in the query (admission sees it: request.dryRun) and the body
+                # (the apiserver requires the two to match when both are given).
                 self._core.create_namespaced_pod_eviction(
-                    name, namespace, body, _preload_content=False, _request_timeout=self._timeout
-                )
+                    name, namespace, body, dry_run="All" if dry_run else None,
+                    _preload_content=False, _request_timeout=self._timeout,
+                )  # fmt: skip
         except errors.ApiError as error:
             if error.status == 429:
                 raise EvictionRefused(str(error), status=429, reason=error.reason) from error
