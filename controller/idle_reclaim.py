@@ -380,18 +380,11 @@ class IdleReclaimer:
 
     def _warn(self, pod: _Pod, idle_since: float, now: float, result: PassResult) -> None:
         found = pod.policy
-        at = policy.rfc3339(now + found.grace_s)
         idle = (
             f"the GPU of {self._describe(pod)} has been idle since {policy.rfc3339(idle_since)} "
             f"(namespace window {policy.duration_text(found.window_s)})"
         )
-        if found.mode is policy.Mode.ENABLED:
-            message = f"{idle}: pod {pod.ref.name} is evicted at {at} unless its GPU is used"
-        else:
-            message = (
-                f"{idle}: pod {pod.ref.name} would be evicted at {at} (dry-run namespace: "
-                "nothing is evicted)"
-            )
+        message = policy.warning_message(found.mode, idle, pod.ref.name, now + found.grace_s)
         reason = policy.warned_reason(found.mode)
         self._api.patch_pod_condition(
             found.namespace, pod.ref.name, pod.ref.uid, policy.condition(reason, message, now)

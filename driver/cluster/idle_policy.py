@@ -317,3 +317,77 @@ def condition(reason: Reason, message: str, since: float) -> dict[str, str]:
         "message": message[:1024],
         "lastTransitionTime": rfc3339(since),
     }
+
+
+_DEADLINE: Final = re.compile(r"evicted at (\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ)")
+
+
+def warning_message(mode: Mode, idle: str, pod: str, deadline: float) -> str:
+    """The warning's message: `idle` says what is idle since when; `deadline` is when `pod` is
+    (would be) evicted, written so that `deadline_of` reads it back."""
+    if mode is Mode.ENABLED:
+        return f"{idle}: pod {pod} is evicted at {rfc3339(deadline)} unless its GPU is used"
+    return (
+        f"{idle}: pod {pod} would be evicted at {rfc3339(deadline)} (dry-run namespace: nothing "
+        "is evicted)"
+    )
+
+
+def deadline_of(warning: IdleCondition) -> float | None:
+    """When a warned pod is (would be) evicted, as its warning said."""
+    found = _DEADLINE.search(warning.message)
+    return parse_time(found.group(1)) if found else None
+
+
+@dataclass(frozen=True)
+class PolicyState:
+    """Where a claim stands with the policy, as `gpu-dra inventory --idle` shows it."""
+
+    mode: str
+    """``enabled``, ``dry-run``, ``invalid`` or ``""`` (not opted in)."""
+    reason: str
+    """The reason of its pods' warning (`Reason`), ``""`` when none is warned."""
+    warned_at: float | None
+    evicts_at: float | None
+    message: str
+    text: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "mode": self.mode or None,
+            "reason": self.reason or None,
+            "warnedAt": None if self.warned_at is None else rfc3339(self.warned_at),
+            "evictsAt": None if self.evicts_at is None else rfc3339(self.evicts_at),
+            "message": self.message or None,
+            "text": self.text,
+        }
+
+
+def policy_state(namespace: Obj | None, pods: Sequence[Obj]) -> PolicyState:
+    """The state of a claim of `namespace` (None: not labelled) held by `pods`: the first warned
+    pod's condition, else the namespace's mode."""
+    if namespace is None:
+        return PolicyState("", "", None, None, "", "not opted in")
+    try:
+        found = namespace_policy(namespace)
+    except PolicyError as error:
+        return PolicyState("invalid", "", None, None, str(error), "invalid label or annotation")
+    if found is None:
+        return PolicyState("", "", None, None, "", "not opted in")
+    mode = str(found.mode)
+    warnings = [w for w in map(pod_warning, pods) if w is not None and w.warned]
+    if not warnings:
+        return PolicyState(mode, "", None, None, "", f"{mode}: not warned")
+    warning = warnings[0]
+    at = deadline_of(warning)
+    since = "?" if warning.since is None else rfc3339(warning.since)
+    until = "?" if at is None else rfc3339(at)
+    texts: dict[str, str] = {
+        Reason.IDLE: f"warned {since}, evicts at {until}",
+        Reason.EVICTION_BLOCKED: f"warned {since}, eviction blocked (PodDisruptionBudget)",
+        Reason.IDLE_DRY_RUN: f"dry-run: warned {since}, would evict at {until}",
+        Reason.WOULD_EVICT: f"dry-run: warned {since}, would have been evicted",
+        Reason.WOULD_BE_BLOCKED: f"dry-run: warned {since}, eviction would be blocked",
+    }
+    text = texts.get(warning.reason, f"{mode}: warned {since} ({warning.reason})")
+    return PolicyState(mode, warning.reason, warning.since, at, warning.message, text)

@@ -27,7 +27,9 @@ from gpu_dra.driver.cluster.idle_policy import (
     parse_duration,
     pod_idle_since,
     pod_warning,
+    policy_state,
     rfc3339,
+    warning_message,
 )
 from tests.fakes.idle_api import gpu_claim
 
@@ -174,3 +176,38 @@ def test_the_condition_round_trips_through_a_pod() -> None:
     assert pod_warning(pod) == IdleCondition("True", "EvictionBlocked", T0, "blocked by a budget")
     assert pod_warning({"status": {}}) is None
     assert condition(Reason.ACTIVE, "used", T0)["status"] == "False"
+
+
+def pod_with(reason: Reason, mode: Mode = Mode.ENABLED) -> dict:
+    message = warning_message(mode, "idle", "nb", T0 + 1800)
+    return {"status": {"conditions": [condition(reason, message, T0)]}}
+
+
+@pytest.mark.parametrize(
+    ("label", "pods", "text"),
+    [
+        (None, [pod_with(Reason.IDLE)], "not opted in"),
+        ("yes", [], "invalid label or annotation"),
+        ("enabled", [], "enabled: not warned"),
+        ("enabled", [pod_with(Reason.ACTIVE)], "enabled: not warned"),
+        ("enabled", [pod_with(Reason.IDLE)],
+         "warned 2027-01-15T08:00:00Z, evicts at 2027-01-15T08:30:00Z"),
+        ("enabled", [pod_with(Reason.EVICTION_BLOCKED)],
+         "warned 2027-01-15T08:00:00Z, eviction blocked (PodDisruptionBudget)"),
+        ("dry-run", [pod_with(Reason.IDLE_DRY_RUN, Mode.DRY_RUN)],
+         "dry-run: warned 2027-01-15T08:00:00Z, would evict at 2027-01-15T08:30:00Z"),
+        ("dry-run", [pod_with(Reason.WOULD_EVICT, Mode.DRY_RUN)],
+         "dry-run: warned 2027-01-15T08:00:00Z, would have been evicted"),
+        ("dry-run", [pod_with(Reason.WOULD_BE_BLOCKED, Mode.DRY_RUN)],
+         "dry-run: warned 2027-01-15T08:00:00Z, eviction would be blocked"),
+    ],
+)  # fmt: skip
+def test_where_a_claim_stands_with_the_policy(label: str | None, pods: list, text: str) -> None:
+    namespace = None if label is None else ns({LABEL: label})
+
+    state = policy_state(namespace, pods)
+
+    assert state.text == text
+    if "evict at" in text or "evicts at" in text:
+        assert state.to_json()["evictsAt"] == "2027-01-15T08:30:00Z"
+        assert state.to_json()["warnedAt"] == "2027-01-15T08:00:00Z"
