@@ -237,6 +237,15 @@ class _Pod:
     ref: PodRef
     claims: tuple[ClaimActivity, ...]
     warning: IdleCondition | None
+    started: float | None
+    """``status.startTime``: a pod is idle no longer than it has run (a claim it took over from
+    an earlier pod may have been idle before)."""
+
+    def idle_since(self, claims: tuple[ClaimActivity, ...] | None = None) -> float | None:
+        since = policy.pod_idle_since(self.claims if claims is None else claims)
+        if since is None or self.started is None:
+            return since
+        return max(since, self.started)
 
 
 class IdleReclaimer:
@@ -336,8 +345,9 @@ class IdleReclaimer:
             if pod is None or not _live(pod, ref.uid):
                 continue
             warning = policy.pod_warning(pod)
+            started = policy.parse_time((pod.get("status") or {}).get("startTime"))
             try:
-                self._pod(_Pod(found, ref, tuple(pod_claims), warning), now, result)
+                self._pod(_Pod(found, ref, tuple(pod_claims), warning, started), now, result)
             except errors.ApiError as error:
                 self._fail(result, "pod", f"pod {found.namespace}/{ref.name}: {error}")
         return sum(
@@ -346,7 +356,7 @@ class IdleReclaimer:
         )  # fmt: skip
 
     def _pod(self, pod: _Pod, now: float, result: PassResult) -> None:
-        idle_since = policy.pod_idle_since(pod.claims)
+        idle_since = pod.idle_since()
         action = policy.decide(pod.policy, pod.warning, idle_since, now)
         if action is Action.NONE:
             return
@@ -366,9 +376,10 @@ class IdleReclaimer:
                 )
                 for claim in pod.claims
             )
-            since = policy.pod_idle_since(fresh)
+            since = pod.idle_since(fresh)
             if since is None or now - since < pod.policy.window_s:
-                self._clear(_Pod(pod.policy, pod.ref, fresh, pod.warning), now, result)
+                self._clear(_Pod(pod.policy, pod.ref, fresh, pod.warning, pod.started), now,
+                            result)  # fmt: skip
                 return
             self._evict(pod, pod.warning.since, dry_run=False, result=result, now=now)
         else:

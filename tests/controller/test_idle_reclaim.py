@@ -369,6 +369,24 @@ def test_defaults_apply_where_the_namespace_sets_no_window(
     assert registry.get_sample_value("gpu_dra_idle_policy_namespaces", mode) == 1
 
 
+def test_a_pod_is_idle_no_longer_than_it_has_run(
+    api: FakeIdleApi, reclaimer: IdleReclaimer, clock: Clock
+) -> None:
+    """A claim idle for a day, just taken over by a new pod: the window counts from its start."""
+    api.add_namespace("ml", "enabled", WINDOW)
+    api.add_pod("ml", "nb", started=ago(60))
+    api.add_claim(gpu_claim("ml", "nb", pods=("nb",), devices={"gpu-0": ago(86400)}))
+
+    reclaimer.reconcile()
+    assert api.writes("ml") == []
+
+    clock.now = T0 + 2 * 3600 - 60  # two hours after the pod started
+    reclaimer.reconcile()
+    warned = api.condition("ml", "nb", CONDITION_TYPE)
+    assert warned is not None
+    assert warned["reason"] == "Idle"
+
+
 def test_a_pod_recreated_under_the_same_name_is_not_the_claims_pod(
     api: FakeIdleApi, reclaimer: IdleReclaimer
 ) -> None:

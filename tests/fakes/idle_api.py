@@ -45,10 +45,16 @@ class FakeIdleApi:
             metadata["annotations"] = dict(annotations)
         self.namespaces[name] = {"metadata": metadata}
 
-    def add_pod(self, namespace: str, name: str, uid: str | None = None) -> None:
+    def add_pod(
+        self, namespace: str, name: str, uid: str | None = None, started: str | None = None
+    ) -> None:
+        """A running pod; `started`: its ``status.startTime`` (none by default)."""
+        status: Obj = {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}
+        if started is not None:
+            status["startTime"] = started
         self.pods[(namespace, name)] = {
             "metadata": {"name": name, "namespace": namespace, "uid": uid or f"uid-{name}"},
-            "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]},
+            "status": status,
         }
 
     def add_claim(self, claim: Obj) -> None:
