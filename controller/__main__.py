@@ -109,6 +109,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             instance=settings.leader_election_identity_or_host,
             default_window_s=settings.idle_reclaim_default_window_s,
             default_grace_s=settings.idle_reclaim_default_grace_s,
+            plugin_selector=settings.idle_reclaim_plugin_selector,
         )
 
     def keep_applied() -> Coroutine[None, None, int]:

@@ -84,6 +84,10 @@ class IdleReclaimApi(Protocol):
 
     def create_event(self, namespace: str, event: dict[str, Any]) -> None: ...
 
+    def list_plugin_pods(self, selector: str) -> list[Obj]:
+        """The kubelet plugin pods `selector` matches, in every namespace."""
+        ...
+
 
 class KubernetesIdleReclaimApi:
     """`IdleReclaimApi` on the `kubernetes` client (raw JSON in and out)."""
@@ -124,6 +128,14 @@ class KubernetesIdleReclaimApi:
                 _preload_content=False, _request_timeout=self._timeout,
             )  # fmt: skip
         return decoded_object(response.data, action)
+
+    def list_plugin_pods(self, selector: str) -> list[Obj]:
+        action = f"list kubelet plugin Pods ({selector})"
+        with translated_errors(action):
+            response = self._core.list_pod_for_all_namespaces(
+                label_selector=selector, _preload_content=False, _request_timeout=self._timeout
+            )
+        return self._items(response, action)
 
     def list_pods(self, namespace: str) -> list[Obj]:
         action = f"list Pods in {namespace}"
@@ -260,8 +272,11 @@ class IdleReclaimer:
         instance: str,
         default_window_s: float = policy.DEFAULT_WINDOW_S,
         default_grace_s: float = policy.DEFAULT_GRACE_S,
+        plugin_selector: str = "",
         clock: Callable[[], float] = time.time,
     ) -> None:
+        """`plugin_selector`: label selector of the kubelet plugin pods; a pod is evicted only
+        while the plugin pod of each of its claims' nodes is Ready (empty: no such check)."""
         self._api = api
         self._metrics = metrics
         self._driver = driver
@@ -271,11 +286,14 @@ class IdleReclaimer:
         self._clock = clock
         self._reported_invalid: dict[str, str] = {}
         self._acting: Callable[[], bool] = lambda: True
+        self._plugin_selector = plugin_selector
+        self._ready_nodes: set[str] | None = None  # per pass, read when first needed
 
     def reconcile(self, acting: Callable[[], bool] = lambda: True) -> PassResult:
         """One pass; it stops before the next pod once `acting()` is False (the leader lost its
         Lease while the pass ran in its thread)."""
         self._acting = acting
+        self._ready_nodes = None
         result = PassResult()
         try:
             namespaces = self._api.list_policy_namespaces()
@@ -369,6 +387,9 @@ class IdleReclaimer:
             return
         assert pod.warning is not None
         assert pod.warning.since is not None
+        if not self._reported_live(pod):
+            self._count(pod, "deferred", result)
+            return
         if action is Action.EVICT:
             fresh = tuple(
                 policy.claim_activity(
@@ -384,6 +405,24 @@ class IdleReclaimer:
             self._evict(pod, pod.warning.since, dry_run=False, result=result, now=now)
         else:
             self._evict(pod, pod.warning.since, dry_run=True, result=result, now=now)
+
+    def _reported_live(self, pod: _Pod) -> bool:
+        """Whether the plugin of every node the pod's claims are on is Ready: one that is down
+        reports nothing new, so its last "idle" may be stale."""
+        if not self._plugin_selector:
+            return True
+        if self._ready_nodes is None:
+            self._ready_nodes = {
+                str((plugin.get("spec") or {}).get("nodeName") or "")
+                for plugin in self._api.list_plugin_pods(self._plugin_selector)
+                if _ready(plugin)
+            }
+        down = sorted({p for c in pod.claims for p in c.pools} - self._ready_nodes)
+        if down:
+            log.warning("idle policy: %s/%s not evicted now: no Ready kubelet plugin on %s "
+                        "(its idle report may be stale); tried again next pass",
+                        pod.policy.namespace, pod.ref.name, ", ".join(down))  # fmt: skip
+        return not down
 
     def _describe(self, pod: _Pod) -> str:
         names = ", ".join(claim.name for claim in pod.claims)
@@ -470,6 +509,11 @@ class IdleReclaimer:
             log.warning("idle policy: Event %s on %s %s/%s not recorded: %s", reason,
                         target.kind, target.namespace, target.name, error)  # fmt: skip
             self._metrics.count_error("event")
+
+
+def _ready(pod: Obj) -> bool:
+    conditions = (pod.get("status") or {}).get("conditions") or []
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
 
 
 def _live(pod: Obj, uid: str) -> bool:

@@ -106,7 +106,9 @@ class InventoryMetrics:
         self.errors.inc()
 
 
-IDLE_ACTIONS = ("warned", "cleared", "evicted", "blocked", "would-evict", "would-block")
+IDLE_ACTIONS = (
+    "warned", "cleared", "evicted", "blocked", "would-evict", "would-block", "deferred",
+)  # fmt: skip
 """``action`` of ``gpu_dra_idle_policy_actions_total`` (docs/idle-reclaim.md#metrics)."""
 
 
@@ -159,7 +161,8 @@ class IdleReclaimMetrics:
             "gpu_dra_idle_policy_actions",
             "Actions of the idle policy on pods, by namespace and action (warned, cleared, "
             "evicted, blocked: an eviction a PodDisruptionBudget refused, would-evict and "
-            "would-block: the same in a dry-run namespace).",
+            "would-block: the same in a dry-run namespace, deferred: an eviction put off while "
+            "the node's kubelet plugin is not Ready).",
             ["namespace", "action"],
             registry=registry,
         )

@@ -285,6 +285,17 @@ class ControllerSettings:
             parse_duration,
         ),
     )
+    idle_reclaim_plugin_selector: str = field(
+        default="",
+        metadata=option(
+            "--idle-reclaim-plugin-selector",
+            "GPU_DRA_IDLE_RECLAIM_PLUGIN_SELECTOR",
+            "label selector of the kubelet plugin pods (all namespaces): an idle pod is evicted "
+            "only while the plugin pod of its claims' node is Ready (the chart sets it); "
+            "empty: no such check",
+            str,
+        ),
+    )
     log_level: str = field(
         default="INFO",
         metadata=option(

@@ -1919,6 +1919,13 @@ def test_enabled_it_passes_its_settings_and_grants_what_it_calls(idle_reclaim: R
     assert settings.idle_reclaim_interval_s == 15
     assert settings.idle_reclaim_default_window_s == 4 * 3600
     assert settings.idle_reclaim_default_grace_s == 5400
+    assert settings.idle_reclaim_plugin_selector == (
+        "app.kubernetes.io/instance=gpu-dra,app.kubernetes.io/component=kubelet-plugin"
+    )
+    plugin_labels = idle_reclaim.one("DaemonSet")["spec"]["template"]["metadata"]["labels"]
+    for pair in settings.idle_reclaim_plugin_selector.split(","):
+        key, _, value = pair.partition("=")
+        assert plugin_labels[key] == value
 
     def may(verb: str, resource: str, namespace: str = "ml") -> bool:
         return idle_reclaim.may(CONTROLLER_SA, verb, resource, namespace)

@@ -175,6 +175,9 @@ class ClaimActivity:
     """When its last device went idle; None while any of its devices is not reported idle."""
     pods: tuple[PodRef, ...]
     """The pods it is reserved for (``status.reservedFor``)."""
+    pools: tuple[str, ...] = ()
+    """The pools of its devices: the nodes whose kubelet plugins report them (a node's pool is
+    named after it)."""
 
     def idle_for(self, now: float) -> float | None:
         return None if self.idle_since is None else max(now - self.idle_since, 0.0)
@@ -207,6 +210,7 @@ def claim_activity(claim: Obj, driver: str = DEFAULT_DRIVER_NAME) -> ClaimActivi
         holds_devices=bool(allocated),
         idle_since=idle_since,
         pods=tuple(_reserved_pods(status)),
+        pools=tuple(sorted({pool for pool, _, _ in allocated})),
     )
 
 

@@ -387,6 +387,36 @@ def test_a_pod_is_idle_no_longer_than_it_has_run(
     assert warned["reason"] == "Idle"
 
 
+def test_an_eviction_waits_while_the_nodes_plugin_is_not_ready(
+    api: FakeIdleApi, registry: CollectorRegistry, clock: Clock
+) -> None:
+    """A plugin that is down writes nothing: its last "idle" may be stale."""
+    reclaimer = IdleReclaimer(
+        api,
+        IdleReclaimMetrics(registry),
+        driver="gpu.nvidia.com",
+        instance="c",
+        clock=clock,
+        plugin_selector="app.kubernetes.io/component=kubelet-plugin",
+    )
+    api.add_namespace("ml", "enabled", WINDOW)
+    notebook(api, "ml", idle_for=3 * 3600)  # its claim's pool: node-a
+    api.add_plugin("node-b")
+    api.add_plugin("node-a", ready=False)
+    reclaimer.reconcile()  # warning needs no plugin check
+
+    clock.now = T0 + 1800
+    reclaimer.reconcile()
+    reclaimer.reconcile()
+    assert api.evictions == []
+    assert actions(registry, "ml", "deferred") == 2
+
+    api.plugins.clear()
+    api.add_plugin("node-a")
+    reclaimer.reconcile()
+    assert api.evictions == [("ml", "nb", "uid-nb", False)]
+
+
 def test_a_pod_recreated_under_the_same_name_is_not_the_claims_pod(
     api: FakeIdleApi, reclaimer: IdleReclaimer
 ) -> None:

@@ -88,3 +88,16 @@ def test_a_429_is_a_refused_eviction_and_other_failures_stay_errors(
     stub.route("POST", EVICTION, (404, status(404, "NotFound", "pods nb not found")))
     with pytest.raises(errors.NotFoundError):
         api.evict("ml", "nb", "uid-1", dry_run=False)
+
+
+def test_plugin_pods_are_listed_by_their_selector_in_every_namespace(
+    stub: StubApiserver, api: KubernetesIdleReclaimApi
+) -> None:
+    stub.route("GET", "/api/v1/pods", (200, {"items": [{"metadata": {"name": "p"}}]}))
+
+    assert api.list_plugin_pods("app.kubernetes.io/component=kubelet-plugin") == [
+        {"metadata": {"name": "p"}}
+    ]
+    assert stub.requests[0]["query"]["labelSelector"] == [
+        "app.kubernetes.io/component=kubelet-plugin"
+    ]

@@ -32,6 +32,8 @@ class FakeIdleApi:
         self.blocked: set[tuple[str, str]] = set()
         self.on_read_claim: Callable[[Obj], Obj] | None = None
         self.fail: dict[str, errors.ApiError] = {}
+        self.plugins: list[Obj] = []
+        """Kubelet plugin pods, for `list_plugin_pods`."""
 
     # -- test setup ------------------------------------------------------------------------
 
@@ -134,6 +136,20 @@ class FakeIdleApi:
         self.evictions.append((namespace, name, uid, dry_run))
         if not dry_run:
             pod["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+
+    def add_plugin(self, node: str, ready: bool = True) -> None:
+        state = "True" if ready else "False"
+        self.plugins.append({
+            "metadata": {"name": f"plugin-{node}", "namespace": "gpu-dra",
+                         "labels": {"app.kubernetes.io/component": "kubelet-plugin"}},
+            "spec": {"nodeName": node},
+            "status": {"conditions": [{"type": "Ready", "status": state}]},
+        })  # fmt: skip
+
+    def list_plugin_pods(self, selector: str) -> list[Obj]:
+        self._call("list-plugins", "gpu-dra")
+        assert selector == "app.kubernetes.io/component=kubelet-plugin"
+        return copy.deepcopy(self.plugins)
 
     def create_event(self, namespace: str, event: dict[str, Any]) -> None:
         self._call("event", namespace)
