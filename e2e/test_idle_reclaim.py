@@ -8,11 +8,12 @@ An idle notebook pod is warned (Events, pod condition, ``kubectl describe``, ``g
 --idle``) and then evicted; a busy pod beside it and an idle pod of a namespace without the label
 are untouched, and the controller's own identity may not evict the latter (the chart's admission
 policy); a PodDisruptionBudget blocks an eviction, which is reported, until it is removed; a
-dry-run namespace is only told."""
+dry-run namespace is only told; a warned pod whose GPU is used again is cleared and kept."""
 
 from __future__ import annotations
 
 import json
+import time
 import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
@@ -310,6 +311,33 @@ def test_an_idle_notebook_is_warned_then_evicted_and_nothing_else_is_touched(
         "gpu.nvidia.com/idle-reclaim: the controller may not evict its pods"
     ) in str(refused.value.body)
     assert kube.get("v1", "Pod", "elsewhere", other_namespace)["status"]["phase"] == "Running"
+
+
+def test_a_warned_pod_whose_gpu_is_used_again_is_cleared_and_kept(
+    installed: Driver, kube: Kube, cluster: Cluster, namespace: str
+) -> None:
+    opt_in(kube, namespace, "enabled")
+    notebook(kube, "back", namespace)
+    wait_running(kube, "back", namespace, timeout=180)
+    (device,) = allocated_devices(kube, "back", namespace)
+    waited(kube, cluster, "the idle pod to be warned",
+           lambda: gpu_idle(kube, "back", namespace).get("status") == "True", 120,
+           namespace, "back")  # fmt: skip
+    warned_at = gpu_idle(kube, "back", namespace)["lastTransitionTime"]
+
+    write_utilization(installed.state_dir / SIMULATED_UTILIZATION_FILE, {device: {"gpu": 60}})
+    waited(kube, cluster, "the warning to be cleared",
+           lambda: gpu_idle(kube, "back", namespace).get("reason") == "Active", 60,
+           namespace, "back")  # fmt: skip
+    cleared = gpu_idle(kube, "back", namespace)
+    assert cleared["status"] == "False"
+    assert cleared["lastTransitionTime"] >= warned_at
+    wait_for("the Normal Event", lambda: ("Pod", "GpuClaimActive") in reasons(kube, namespace,
+             "back"), 30)  # fmt: skip
+    time.sleep(20)  # past the grace period (15 s) the warning gave
+    assert not evicted(kube, "back", namespace)
+    assert controller_metric(kube, "gpu_dra_idle_policy_actions_total",
+                             namespace=namespace, action="cleared") == 1  # fmt: skip
 
 
 def test_a_disruption_budget_blocks_the_eviction_and_that_is_reported(
