@@ -7,13 +7,22 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from kubernetes.client import CoreV1Api
+
 from gpu_dra.cli.command import EXIT_USAGE, CliError, add_env_argument, add_output_argument
+from gpu_dra.driver.cluster.idle_policy import LABEL as IDLE_POLICY_LABEL
 from gpu_dra.kube import errors
-from gpu_dra.kube.client import list_resource_objects, new_api_client, read_resource_claim
+from gpu_dra.kube.client import (
+    decoded_object,
+    list_resource_objects,
+    new_api_client,
+    read_resource_claim,
+    translated_errors,
+)
 
 Obj = dict[str, Any]
 
@@ -51,6 +60,33 @@ def read_objects(client: Any) -> tuple[list[Obj], list[Obj], list[Obj]]:
     slices = list_resource_objects(client, "resourceslices")
     claims = list_resource_objects(client, "resourceclaims")
     return classes, slices, claims
+
+
+def read_idle_policy(
+    client: Any, pods: Iterable[tuple[str, str]]
+) -> tuple[dict[str, Obj], dict[tuple[str, str], Obj]]:
+    """The namespaces labelled for the idle policy (docs/idle-reclaim.md) by name, and those of
+    `pods` (namespace, name) that live in them and exist. Raises `errors.ApiError`."""
+    core: Any = CoreV1Api(client)
+    action = f"list Namespaces labelled {IDLE_POLICY_LABEL}"
+    with translated_errors(action):
+        response = core.list_namespace(label_selector=IDLE_POLICY_LABEL, _preload_content=False)
+    namespaces = {
+        str(item["metadata"]["name"]): item
+        for item in decoded_object(response.data, action).get("items") or []
+    }
+    found = {}
+    for namespace, name in sorted(set(pods)):
+        if namespace not in namespaces:
+            continue
+        action = f"read Pod {namespace}/{name}"
+        try:
+            with translated_errors(action):
+                response = core.read_namespaced_pod(name, namespace, _preload_content=False)
+        except errors.NotFoundError:
+            continue
+        found[(namespace, name)] = decoded_object(response.data, action)
+    return namespaces, found
 
 
 @contextlib.contextmanager

@@ -3,7 +3,8 @@ DeviceClass's total and free devices, from a live cluster (the model:
 `gpu_dra.driver.cluster.usage`); with ``--devices`` also the devices with their holders, a GPU's
 MIG devices on one line. With ``--utilization`` also each claim's utilization, with ``--idle``
 only the idle claims, both read from the kubelet plugins' metrics (`gpu_dra.cli.utilization`,
-docs/metrics.md). See docs/cel.md, "gpu-dra explain and gpu-dra inventory".
+docs/metrics.md), each with its state in the idle policy (docs/idle-reclaim.md). See
+docs/cel.md, "gpu-dra explain and gpu-dra inventory".
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any, Final
 
-from gpu_dra.cli import utilization
+from gpu_dra.cli import cluster, utilization
 from gpu_dra.cli.cluster import add_cluster_arguments, api_client, cluster_errors, read_objects
 from gpu_dra.cli.command import (
     EXIT_OK,
@@ -27,6 +28,7 @@ from gpu_dra.cli.command import (
     write_blocks,
     write_data,
 )
+from gpu_dra.driver.cluster import idle_policy
 from gpu_dra.driver.cluster.availability import DEVICE_STATES, CapacityLeft, quantity_text
 from gpu_dra.driver.cluster.usage import DeviceRow, Inventory, inventory
 from gpu_dra.driver.naming import (
@@ -35,6 +37,7 @@ from gpu_dra.driver.naming import (
     MigDeviceName,
     parse_device_name,
 )
+from gpu_dra.kube.errors import ApiError
 
 DEVICES_HINT: Final = "(the devices and their holders: gpu-dra inventory --devices)"
 
@@ -114,10 +117,12 @@ def run(args: argparse.Namespace, streams: Streams) -> int:
         assert uses is not None
         idle = utilization.idle_claims(uses, window_s)
         ages = _claim_ages(claims, time.time())
+        states = _policy_states(client, claims, idle, warnings)
         if args.output != "table":
-            write_data(streams, _idle_json(idle, ages, warnings, window_s), args.output)
+            write_data(streams, _idle_json(idle, ages, warnings, window_s, states), args.output)
         else:
-            write_blocks(streams, [*_warnings(warnings), *render_idle(idle, ages, window_s)])
+            blocks = render_idle(idle, ages, window_s, states)
+            write_blocks(streams, [*_warnings(warnings), *blocks])
         return EXIT_OK
     report = inventory(slices, classes, claims, driver=args.driver_name)
     if args.output != "table":
@@ -148,6 +153,50 @@ def _read_utilization(
             "metrics URLs with --plugin-metrics"
         )
     return uses, warnings
+
+
+ClaimKey = tuple[str, str]
+
+
+def _policy_states(
+    client: Any,
+    claims: Sequence[Mapping[str, Any]],
+    idle: Sequence[utilization.IdleClaim],
+    warnings: list[str],
+) -> dict[ClaimKey, idle_policy.PolicyState] | None:
+    """Each idle claim's state with the idle policy (docs/idle-reclaim.md); None, with a
+    warning, when it cannot be read."""
+    wanted = {(claim.namespace, claim.claim) for claim in idle}
+    held = {
+        key: [pod.name for pod in idle_policy.claim_activity(claim).pods]
+        for claim in claims
+        if (key := _claim_key(claim)) in wanted
+    }
+    try:
+        namespaces, pods = cluster.read_idle_policy(
+            client, [(key[0], pod) for key, names in held.items() for pod in names]
+        )
+    except ApiError as error:
+        warnings.append(f"cannot read the idle policy's state (POLICY shows ?): {error}")
+        return None
+    return {
+        key: idle_policy.policy_state(
+            namespaces.get(key[0]), [pods[(key[0], n)] for n in names if (key[0], n) in pods]
+        )
+        for key, names in held.items()
+    }
+
+
+def _claim_key(claim: Mapping[str, Any]) -> ClaimKey:
+    metadata = claim.get("metadata") or {}
+    return (str(metadata.get("namespace")), str(metadata.get("name")))
+
+
+def _policy_text(states: Mapping[ClaimKey, idle_policy.PolicyState] | None, key: ClaimKey) -> str:
+    if states is None:
+        return "?"
+    state = states.get(key)
+    return "?" if state is None else state.text
 
 
 def _warnings(warnings: Sequence[str]) -> list[str]:
@@ -211,9 +260,12 @@ def render_utilization(
 
 
 def render_idle(
-    idle: Sequence[utilization.IdleClaim], ages: Mapping[tuple[str, str], float], window_s: float
+    idle: Sequence[utilization.IdleClaim],
+    ages: Mapping[tuple[str, str], float],
+    window_s: float,
+    states: Mapping[ClaimKey, idle_policy.PolicyState] | None = None,
 ) -> list[tuple[list[str], list[list[str]]] | str]:
-    """The ``--idle`` view."""
+    """The ``--idle`` view; POLICY: where the claim stands with the idle policy."""
     rows = []
     for claim in idle:
         age = ages.get((claim.namespace, claim.claim))
@@ -226,10 +278,11 @@ def render_idle(
                 ", ".join(sorted({d.pod for d in devices if d.pod})) or "-",
                 utilization.duration_text(claim.idle_for_s),
                 ", ".join(_memory(d.memory_used_bytes, d.memory_limit_bytes) for d in devices),
+                _policy_text(states, (claim.namespace, claim.claim)),
             ]
         )
     title = f"idle claims (every device idle for at least {utilization.duration_text(window_s)}):"
-    return [title, (["CLAIM", "AGE", "HOLDS", "PODS", "IDLE FOR", "MEMORY"], rows)]
+    return [title, (["CLAIM", "AGE", "HOLDS", "PODS", "IDLE FOR", "MEMORY", "POLICY"], rows)]
 
 
 def _idle_json(
@@ -237,7 +290,12 @@ def _idle_json(
     ages: Mapping[tuple[str, str], float],
     warnings: list[str],
     window_s: float,
+    states: Mapping[ClaimKey, idle_policy.PolicyState] | None,
 ) -> dict[str, Any]:
+    def policy(key: ClaimKey) -> dict[str, Any] | None:
+        state = None if states is None else states.get(key)
+        return None if state is None else state.to_json()
+
     return {
         "idleForSeconds": window_s,
         "idleClaims": [
@@ -247,6 +305,7 @@ def _idle_json(
                 "ageSeconds": ages.get((claim.namespace, claim.claim)),
                 "idleSeconds": claim.idle_for_s,
                 "devices": [device.to_json() for device in claim.devices],
+                "policy": policy((claim.namespace, claim.claim)),
             }
             for claim in idle
         ],

@@ -4,7 +4,8 @@ Keeps the DeviceClass catalog applied: at start, then every resync interval (rel
 directory), sooner when a class failed; with `--once` once, then exit. Every
 `--inventory-interval` it exports the cluster's inventory as gauges (`InventoryMetrics`; a failed
 read keeps the last snapshot). With `--leader-election-enabled` only the Lease holder applies the
-catalog; every replica serves `/metrics`, `/healthz`, `/readyz` and reads the inventory.
+catalog; every replica serves `/metrics`, `/healthz`, `/readyz` and reads the inventory. With
+`--idle-reclaim` the leader also runs the idle policy (`idle_reclaim`, docs/idle-reclaim.md).
 See docs/deployment.md#controller-deployment and docs/config.md#gpu-dra-controller.
 """
 
@@ -30,8 +31,18 @@ from gpu_dra.controller.catalog import (
     load_catalog,
 )
 from gpu_dra.controller.health import ControllerHealth, serve_http
+from gpu_dra.controller.idle_reclaim import (
+    IdleReclaimer,
+    KubernetesIdleReclaimApi,
+    idle_reclaim_loop,
+)
 from gpu_dra.controller.leader import ElectionConfig, KubernetesLeaseApi, LeaderElector
-from gpu_dra.controller.metrics import CatalogMetrics, InventoryMetrics, LeaderMetrics
+from gpu_dra.controller.metrics import (
+    CatalogMetrics,
+    IdleReclaimMetrics,
+    InventoryMetrics,
+    LeaderMetrics,
+)
 from gpu_dra.controller.settings import ControllerSettings
 from gpu_dra.controller.webhook import WebhookSetupError, serving
 from gpu_dra.controller.webhook_certificate import (
@@ -89,6 +100,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         claims = list_resource_objects(api_client, "resourceclaims")
         return inventory(slices, classes, claims, driver=DEFAULT_DRIVER_NAME)
 
+    reclaimer = None
+    if settings.idle_reclaim:
+        reclaimer = IdleReclaimer(
+            KubernetesIdleReclaimApi(api_client),
+            IdleReclaimMetrics(registry),
+            driver=DEFAULT_DRIVER_NAME,
+            instance=settings.leader_election_identity_or_host,
+            default_window_s=settings.idle_reclaim_default_window_s,
+            default_grace_s=settings.idle_reclaim_default_grace_s,
+            plugin_selector=settings.idle_reclaim_plugin_selector,
+        )
+
     def keep_applied() -> Coroutine[None, None, int]:
         return run(
             settings,
@@ -98,6 +121,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             inventory_metrics=InventoryMetrics(registry),
             health=health,
             elector=elector,
+            reclaimer=reclaimer,
         )
 
     keeper = _certificate_keeper(settings, api_client)
@@ -219,10 +243,12 @@ async def run(
     inventory_metrics: InventoryMetrics | None = None,
     health: ControllerHealth | None = None,
     elector: LeaderElector | None = None,
+    reclaimer: IdleReclaimer | None = None,
 ) -> int:
     """Keep the catalog applied until SIGTERM/SIGINT (or `stop`), exporting the inventory when
-    `read_inventory` and `inventory_metrics` are given; the process exit status. With
-    `elector` (not with `--once`), only while it holds the Lease."""
+    `read_inventory` and `inventory_metrics` are given, running the idle policy's passes when
+    `reclaimer` is given; the process exit status. With `elector` (not with `--once`), the
+    catalog and the idle policy only while it holds the Lease."""
     stop = stop or _stop_on_signals()
     health = health or ControllerHealth()
     tasks = [asyncio.create_task(health.heartbeat(stop), name="heartbeat")]
@@ -239,13 +265,28 @@ async def run(
                 )
             )
         )
+
+    async def leader_duties() -> int:
+        idle = None
+        if reclaimer is not None and not settings.once:
+            idle = asyncio.create_task(
+                idle_reclaim_loop(reclaimer, settings.idle_reclaim_interval_s, stop),
+                name="idle-reclaim",
+            )
+        try:
+            return await _keep_applied(settings, api, metrics, stop, health)
+        finally:
+            if idle is not None:
+                idle.cancel()
+                await asyncio.gather(idle, return_exceptions=True)
+
     try:
         if elector is None or settings.once:
-            return await _keep_applied(settings, api, metrics, stop, health)
+            return await leader_duties()
 
         async def lead() -> int:
             try:
-                return await _keep_applied(settings, api, metrics, stop, health)
+                return await leader_duties()
             finally:
                 health.forget(CATALOG_CHECK)  # the next leader's apply counts now
 

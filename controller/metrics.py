@@ -1,4 +1,5 @@
-"""Prometheus metrics of the controller: DeviceClass applies and the inventory gauges.
+"""Prometheus metrics of the controller: DeviceClass applies, the inventory gauges and the idle
+policy (docs/idle-reclaim.md).
 
 Metrics register on a registry passed in (no process-global default registry), so each process,
 and each test, decides where they are exported.
@@ -103,3 +104,83 @@ class InventoryMetrics:
 
     def count_error(self) -> None:
         self.errors.inc()
+
+
+IDLE_ACTIONS = (
+    "warned", "cleared", "evicted", "blocked", "would-evict", "would-block", "deferred",
+)  # fmt: skip
+"""``action`` of ``gpu_dra_idle_policy_actions_total`` (docs/idle-reclaim.md#metrics)."""
+
+
+class IdlePolicyCollector(Collector):
+    """The idle policy's gauges from its last pass; namespaces absent from it are not exported."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._idle: dict[str, int] = {}
+        self._namespaces: dict[tuple[str, str], int] = {}
+
+    def set_snapshot(
+        self, idle_claims: Mapping[str, int], namespaces: Mapping[tuple[str, str], int]
+    ) -> None:
+        with self._lock:
+            self._idle = dict(idle_claims)
+            self._namespaces = dict(namespaces)
+
+    def collect(self) -> Iterator[Metric]:
+        with self._lock:
+            idle, namespaces = self._idle, self._namespaces
+        idle_gauge = GaugeMetricFamily(
+            "gpu_dra_idle_policy_idle_claims",
+            "Claims of an opted-in namespace whose every gpu.nvidia.com device has been idle "
+            "for the namespace's window, at the idle policy's last pass.",
+            labels=["namespace"],
+        )
+        for namespace, value in sorted(idle.items()):
+            idle_gauge.add_metric([namespace], value)
+        yield idle_gauge
+        namespace_gauge = GaugeMetricFamily(
+            "gpu_dra_idle_policy_namespaces",
+            "1 per namespace labelled gpu.nvidia.com/idle-reclaim, by mode (enabled, dry-run, "
+            "invalid: a label or annotation the policy cannot use; it leaves the namespace "
+            "alone).",
+            labels=["namespace", "mode"],
+        )
+        for (namespace, mode), value in sorted(namespaces.items()):
+            namespace_gauge.add_metric([namespace, mode], value)
+        yield namespace_gauge
+
+
+class IdleReclaimMetrics:
+    """What the idle policy did (counters) and saw (gauges of its last pass)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.collector = IdlePolicyCollector()
+        registry.register(self.collector)
+        self.actions = Counter(
+            "gpu_dra_idle_policy_actions",
+            "Actions of the idle policy on pods, by namespace and action (warned, cleared, "
+            "evicted, blocked: an eviction a PodDisruptionBudget refused, would-evict and "
+            "would-block: the same in a dry-run namespace, deferred: an eviction put off while "
+            "the node's kubelet plugin is not Ready).",
+            ["namespace", "action"],
+            registry=registry,
+        )
+        self.errors = Counter(
+            "gpu_dra_idle_policy_errors",
+            "API calls of the idle policy that failed, by call (list, pod, event, "
+            "list-namespaces).",
+            ["call"],
+            registry=registry,
+        )
+
+    def set_snapshot(
+        self, idle_claims: Mapping[str, int], namespaces: Mapping[tuple[str, str], int]
+    ) -> None:
+        self.collector.set_snapshot(idle_claims, namespaces)
+
+    def count_action(self, namespace: str, action: str) -> None:
+        self.actions.labels(namespace=namespace, action=action).inc()
+
+    def count_error(self, call: str) -> None:
+        self.errors.labels(call=call).inc()

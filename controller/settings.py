@@ -245,6 +245,57 @@ class ControllerSettings:
             str,
         ),
     )
+    idle_reclaim: bool = field(
+        default=False,
+        metadata=option(
+            "--idle-reclaim",
+            "GPU_DRA_IDLE_RECLAIM",
+            "act on idle GPU pods of namespaces labelled gpu.nvidia.com/idle-reclaim (enabled "
+            "or dry-run): warn, then evict through the Eviction API (leader only; "
+            "docs/idle-reclaim.md)",
+            parse_bool,
+        ),
+    )
+    idle_reclaim_interval_s: float = field(
+        default=30.0,
+        metadata=option(
+            "--idle-reclaim-interval",
+            "GPU_DRA_IDLE_RECLAIM_INTERVAL",
+            "seconds between passes of the idle policy",
+            parse_seconds,
+        ),
+    )
+    idle_reclaim_default_window_s: float = field(
+        default=7200.0,
+        metadata=option(
+            "--idle-reclaim-default-window",
+            "GPU_DRA_IDLE_RECLAIM_DEFAULT_WINDOW",
+            "how long a pod's GPUs must be idle before it is warned, where its namespace has no "
+            "gpu.nvidia.com/idle-window annotation (seconds or a duration: 2h)",
+            parse_duration,
+        ),
+    )
+    idle_reclaim_default_grace_s: float = field(
+        default=1800.0,
+        metadata=option(
+            "--idle-reclaim-default-grace",
+            "GPU_DRA_IDLE_RECLAIM_DEFAULT_GRACE",
+            "how long after the warning an idle pod is evicted, where its namespace has no "
+            "gpu.nvidia.com/idle-grace annotation (seconds or a duration: 30m)",
+            parse_duration,
+        ),
+    )
+    idle_reclaim_plugin_selector: str = field(
+        default="",
+        metadata=option(
+            "--idle-reclaim-plugin-selector",
+            "GPU_DRA_IDLE_RECLAIM_PLUGIN_SELECTOR",
+            "label selector of the kubelet plugin pods (all namespaces): an idle pod is evicted "
+            "only while the plugin pod of its claims' node is Ready (the chart sets it); "
+            "empty: no such check",
+            str,
+        ),
+    )
     log_level: str = field(
         default="INFO",
         metadata=option(

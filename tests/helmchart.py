@@ -143,7 +143,10 @@ class AdmissionPolicy:
         self.spec: Obj = policy["spec"]
         self._env = cel.NewEnv(
             descriptor_pool.DescriptorPool(),
-            variables={v: cel.Type.DYN for v in ("request", "object", "oldObject", "variables")},
+            variables={
+                v: cel.Type.DYN
+                for v in ("request", "object", "oldObject", "namespaceObject", "variables")
+            },
             functions=[],
             extensions=[ext_strings.ExtStrings()],
         )
@@ -166,16 +169,26 @@ class AdmissionPolicy:
         resource: str,
         obj: Obj | None = None,
         old: Obj | None = None,
+        sub_resource: str = "",
+        namespace: Obj | None = None,
+        dry_run: bool = False,
     ) -> Decision:
+        """`namespace`: the request's Namespace object (``namespaceObject``); `sub_resource`
+        e.g. ``eviction``; `dry_run` the request's ``dryRun``."""
         extra = {NODE_NAME_EXTRA: [node]} if node is not None else {}
+        namespace_name = ((namespace or {}).get("metadata") or {}).get("name", "")
         data: dict[str, Any] = {
             "request": {
                 "operation": operation,
                 "resource": {"resource": resource},
+                "subResource": sub_resource,
+                "namespace": namespace_name,
+                "dryRun": dry_run,
                 "userInfo": {"username": user, "extra": extra},
             },
             "object": obj,
             "oldObject": old,
+            "namespaceObject": namespace,
             "variables": {},
         }
         for condition in self.spec.get("matchConditions", []):

@@ -50,6 +50,7 @@ from tests.helmchart import (
     NAMESPACE,
     REPO,
     AdmissionPolicy,
+    Decision,
     Rendered,
     env_of,
     run_helm,
@@ -1879,3 +1880,149 @@ def test_metrics_services_select_the_pods_ports(gpu_operator: Rendered) -> None:
     assert plugin["spec"]["ports"][0]["port"] == 9401
     assert controller["spec"]["ports"][0]["port"] == 9400
     assert gpu_operator.all("ServiceMonitor") == []
+
+
+# ---- the idle policy (docs/idle-reclaim.md) ---------------------------------------------------
+CONTROLLER_USER = f"system:serviceaccount:{NAMESPACE}:{CONTROLLER_SA}"
+IDLE_SCOPE = f"{CONTROLLER_SA}-idle-reclaim-scope"
+IDLE_VALUES = {
+    "controller": {
+        "idleReclaim": {"enabled": True, "interval": 15, "defaultWindow": "4h",
+                        "defaultGrace": "1h30m"},
+    },
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def idle_reclaim(tmp_path_factory: pytest.TempPathFactory) -> Rendered:
+    return Rendered.of({**HOST_DRIVER, **IDLE_VALUES}, tmp_path_factory.mktemp("idle"))
+
+
+def test_the_idle_policy_is_off_by_default_with_no_pod_rights(host_driver: Rendered) -> None:
+    container = host_driver.container("Deployment", "controller")
+    settings = ControllerSettings.from_env(env_of(container, CONTROLLER_DOWNWARD))
+
+    assert settings.idle_reclaim is False
+    for verb, resource in (("create", "pods/eviction"), ("patch", "pods/status"),
+                           ("list", "pods"), ("list", "namespaces")):  # fmt: skip
+        assert not host_driver.may(CONTROLLER_SA, verb, resource, "ml")
+    assert all(
+        p["metadata"]["name"] != IDLE_SCOPE for p in host_driver.all("ValidatingAdmissionPolicy")
+    )
+
+
+def test_enabled_it_passes_its_settings_and_grants_what_it_calls(idle_reclaim: Rendered) -> None:
+    container = idle_reclaim.container("Deployment", "controller")
+    settings = ControllerSettings.from_env(env_of(container, CONTROLLER_DOWNWARD))
+
+    assert settings.idle_reclaim is True
+    assert settings.idle_reclaim_interval_s == 15
+    assert settings.idle_reclaim_default_window_s == 4 * 3600
+    assert settings.idle_reclaim_default_grace_s == 5400
+    assert settings.idle_reclaim_plugin_selector == (
+        "app.kubernetes.io/instance=gpu-dra,app.kubernetes.io/component=kubelet-plugin"
+    )
+    plugin_labels = idle_reclaim.one("DaemonSet")["spec"]["template"]["metadata"]["labels"]
+    for pair in settings.idle_reclaim_plugin_selector.split(","):
+        key, _, value = pair.partition("=")
+        assert plugin_labels[key] == value
+
+    def may(verb: str, resource: str, namespace: str = "ml") -> bool:
+        return idle_reclaim.may(CONTROLLER_SA, verb, resource, namespace)
+
+    assert may("list", "namespaces", "")
+    assert may("list", "pods")
+    assert may("patch", "pods/status")
+    assert may("create", "pods/eviction")
+    assert may("create", "events")
+    assert may("get", CLAIMS)
+    # Evictions only: no pod is deleted, changed or made by it.
+    for verb in ("delete", "update", "patch", "create"):
+        assert not may(verb, "pods")
+    assert not may("update", "pods/status")
+    assert not may("update", "namespaces", "")
+
+
+def test_an_invalid_idle_duration_is_refused_at_install() -> None:
+    refused = template(None, "gpuResourcesEnabledOverride=true",
+                       "controller.idleReclaim.defaultWindow=two hours")  # fmt: skip
+
+    assert refused.returncode != 0
+    assert "defaultWindow" in refused.stderr
+
+
+def labelled(mode: str | None) -> dict[str, Any]:
+    labels = {} if mode is None else {"gpu.nvidia.com/idle-reclaim": mode}
+    return {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "ml", "labels": labels}}
+
+
+@pytest.mark.parametrize(
+    ("mode", "dry_run", "allowed"),
+    [
+        ("enabled", False, True),
+        ("enabled", True, True),
+        ("dry-run", True, True),
+        ("dry-run", False, False),
+        ("disabled", False, False),
+        (None, False, False),
+    ],
+)
+def test_the_controller_evicts_only_in_namespaces_labelled_for_it(
+    idle_reclaim: Rendered, mode: str | None, dry_run: bool, allowed: bool
+) -> None:
+    policy = bound_policy(idle_reclaim, IDLE_SCOPE)
+    eviction = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": "nb"}}
+
+    decision = policy.decide(
+        user=CONTROLLER_USER, node=None, operation="CREATE", resource="pods",
+        sub_resource="eviction", obj=eviction, namespace=labelled(mode), dry_run=dry_run,
+    )  # fmt: skip
+
+    assert policy.matches("", "pods/eviction", "CREATE")
+    assert decision.allowed is allowed
+    if not allowed:
+        label = f"gpu.nvidia.com/idle-reclaim={mode}" if mode else "no gpu.nvidia.com/idle-reclaim"
+        assert decision.message == (
+            f"gpu-dra idle policy: namespace ml is labelled {label}: the controller may not "
+            "evict its pods"
+        )
+
+
+@pytest.mark.parametrize(("mode", "allowed"), [("enabled", True), ("dry-run", True),
+                                               ("Enabled", False), (None, False)])  # fmt: skip
+def test_the_controller_writes_pod_status_only_in_labelled_namespaces(
+    idle_reclaim: Rendered, mode: str | None, allowed: bool
+) -> None:
+    policy = bound_policy(idle_reclaim, IDLE_SCOPE)
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "nb"}}
+
+    decision = policy.decide(
+        user=CONTROLLER_USER, node=None, operation="UPDATE", resource="pods",
+        sub_resource="status", obj=pod, old=pod, namespace=labelled(mode),
+    )  # fmt: skip
+
+    assert policy.matches("", "pods/status", "UPDATE")
+    assert decision.allowed is allowed
+    if not allowed:
+        assert decision.message.endswith("the controller may not write its pods' status")
+
+
+def test_the_idle_scope_binds_no_one_but_the_controller(idle_reclaim: Rendered) -> None:
+    policy = bound_policy(idle_reclaim, IDLE_SCOPE)
+    namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "ml"}}  # no labels
+
+    for user in (PLUGIN_USER, "kubernetes-admin", "system:serviceaccount:ml:default"):
+        decision = policy.decide(user=user, node=None, operation="CREATE", resource="pods",
+                                 sub_resource="eviction", obj={}, namespace=namespace)  # fmt: skip
+        assert decision == Decision(True, "not matched")
+    denied = policy.decide(user=CONTROLLER_USER, node=None, operation="CREATE", resource="pods",
+                           sub_resource="eviction", obj={}, namespace=namespace)  # fmt: skip
+    assert not denied.allowed
+
+
+def test_the_idle_scope_goes_with_the_admission_policies(tmp_path: Path) -> None:
+    off = Rendered.of({**HOST_DRIVER, **IDLE_VALUES, "admissionPolicy": {"enabled": False}},
+                      tmp_path)  # fmt: skip
+
+    assert off.all("ValidatingAdmissionPolicy") == []
+    assert off.may(CONTROLLER_SA, "create", "pods/eviction", "ml")

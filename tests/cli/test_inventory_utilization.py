@@ -25,8 +25,10 @@ from gpu_dra.cli.utilization import (
     parse_metrics,
     read_plugin_pods,
 )
+from gpu_dra.driver.cluster.idle_policy import LABEL, Mode, Reason, condition, warning_message
 from gpu_dra.driver.nvml.simulated import SimulatedHost
 from gpu_dra.driver.nvml.simulated_utilization import DeviceActivity
+from gpu_dra.kube.errors import ApiError
 from gpu_dra.kubelet_plugin.prepare_protocol import ClaimRef
 from gpu_dra.kubelet_plugin.utilization.claims import ClaimDevice, PodRef
 from gpu_dra.kubelet_plugin.utilization.metrics import ClaimUtilizationCollector
@@ -102,10 +104,25 @@ def cluster(monkeypatch: pytest.MonkeyPatch) -> dict[str, list[Obj]]:
         item = claim("team", name, allocated=[("gpu", "gpu-2")])
         item["metadata"]["creationTimestamp"] = "2026-11-20T08:00:00Z"
         objects["resourceclaims"].append(item)
+    objects["namespaces"] = []
+    objects["pods"] = []
     monkeypatch.setattr(cli_cluster, "new_api_client", lambda path: object())
     monkeypatch.setattr(
         cli_cluster, "list_resource_objects", lambda client, plural: objects[plural]
     )
+
+    def read_idle_policy(
+        client: object, pods: list[tuple[str, str]]
+    ) -> tuple[dict[str, Obj], dict[tuple[str, str], Obj]]:
+        if objects.get("refuse"):
+            raise ApiError("list Namespaces labelled gpu.nvidia.com/idle-reclaim: 403 Forbidden")
+        namespaces = {n["metadata"]["name"]: n for n in objects["namespaces"]}
+        known = {(p["metadata"]["namespace"], p["metadata"]["name"]): p for p in objects["pods"]}
+        return namespaces, {
+            key: known[key] for key in pods if key in known and key[0] in namespaces
+        }
+
+    monkeypatch.setattr(cli_cluster, "read_idle_policy", read_idle_policy)
     return objects
 
 
@@ -255,3 +272,42 @@ def test_plugin_pods_are_read_through_the_pod_proxy(monkeypatch: pytest.MonkeyPa
     assert calls == [("p-a:8081", "gpu-dra", "metrics")]
     assert scrapes[0].text == text
     assert scrapes[1].error == "no container port named metrics"
+
+
+def test_idle_view_says_where_each_claim_stands_with_the_idle_policy(
+    cluster: dict[str, list[Obj]], endpoint: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = ["inventory", "--idle", "--idle-for", "45m", "--plugin-metrics", endpoint]
+    assert main(args, environ={}) == EXIT_OK
+    (row,) = [line for line in capsys.readouterr().out.splitlines() if line.startswith("team/")]
+    assert row.endswith("not opted in")
+
+    cluster["namespaces"] = [
+        {"metadata": {"name": "team", "labels": {LABEL: "enabled"}}},
+    ]
+    warned = condition(
+        Reason.IDLE,
+        warning_message(Mode.ENABLED, "idle", "notebook-pod", 1_800_001_800.0),
+        1_800_000_000.0,
+    )
+    cluster["pods"] = [
+        {"metadata": {"name": "notebook-pod", "namespace": "team"},
+         "status": {"conditions": [warned]}},
+    ]  # fmt: skip
+    assert main(args, environ={}) == EXIT_OK
+    out = capsys.readouterr().out
+    assert "POLICY" in out
+    (row,) = [line for line in out.splitlines() if line.startswith("team/")]
+    assert row.endswith("warned 2027-01-15T08:00:00Z, evicts at 2027-01-15T08:30:00Z")
+    assert main([*args, "-o", "json"], environ={}) == EXIT_OK
+    (idle,) = json.loads(capsys.readouterr().out)["idleClaims"]
+    assert idle["policy"]["mode"] == "enabled"
+    assert idle["policy"]["reason"] == "Idle"
+    assert idle["policy"]["evictsAt"] == "2027-01-15T08:30:00Z"
+
+    cluster["refuse"] = True  # type: ignore[assignment]
+    assert main(args, environ={}) == EXIT_OK
+    out = capsys.readouterr().out
+    assert "warning: cannot read the idle policy's state (POLICY shows ?): list Namespaces" in out
+    (row,) = [line for line in out.splitlines() if line.startswith("team/")]
+    assert row.endswith("?")
