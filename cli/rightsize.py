@@ -88,11 +88,15 @@ def add_arguments(parser: argparse.ArgumentParser, environ: Mapping[str, str]) -
     )
     add_cluster_arguments(parser, environ)
     source = parser.add_argument_group("where the peaks come from (docs/metrics.md)")
-    source.add_argument(
+    add_env_argument(
+        parser,
+        environ,
         "--prometheus",
+        env=("GPU_DRA_PROMETHEUS_URL",),
         metavar="URL",
-        help="read max_over_time over --window from this Prometheus (e.g. "
+        help="read max_over_time over --window from this Prometheus HTTP API (e.g. "
         "http://prometheus.monitoring:9090) instead of the plugins' in-memory peaks",
+        shown_default="none: the plugins' peaks",
     )
     source.add_argument(
         "--window",
@@ -234,7 +238,7 @@ def right_size(
             "gpu",
         )
         device = _advise(peak, published, devices, driver, args.headroom)
-        device.request = request.split("/", 1)[0]
+        device.request = request.split("/", 1)[0]  # a subrequest's: its request's name
         by_claim.setdefault((peak.namespace, peak.claim), []).append(device)
     return [ClaimAdvice(ns, name, found) for (ns, name), found in sorted(by_claim.items())]
 

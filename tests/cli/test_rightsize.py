@@ -426,6 +426,11 @@ def test_prometheus_gives_the_peaks_over_the_window(
     # the plugin first sampled it 3 days ago: the window covered is 3 days, not 7
     assert notebook["windowSeconds"] == 3 * DAY
     assert notebook["recommended"]["kind"] == "mps-share"
+    # a configured Prometheus is the default
+    for url in serve(prometheus_answers(queries)):
+        code, out, _ = run(capsys, "rightsize", "-o", "json", GPU_DRA_PROMETHEUS_URL=url)
+    assert code == EXIT_OK
+    assert json.loads(out)["source"].startswith(f"Prometheus {url}, the last 7d")
 
 
 def test_prometheus_errors_name_it_and_fail(
