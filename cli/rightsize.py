@@ -145,17 +145,24 @@ class ClaimAdvice:
     devices: list[DeviceAdvice]
 
     def template(self, driver: str) -> Obj | None:
-        requests = []
-        names = [d.request for d in self.devices]
-        for index, device in enumerate(self.devices):
+        """One request per request of the claim, so the pods' references still hold: a request
+        with several devices asks for as many of the largest option its devices need."""
+        by_request: dict[str, list[tuple[Option, str]]] = {}
+        for device in self.devices:
             option = device.recommended
             if option is None or device.product is None:
                 return None
-            name = device.request
-            if names.count(name) > 1:
-                name = f"{name}-{names[: index + 1].count(name)}"
-            requests.append(TemplateRequest(name, option, device.product))
+            by_request.setdefault(device.request, []).append((option, device.product))
+        requests = [
+            TemplateRequest(name, *max(found, key=_option_order), count=len(found))
+            for name, found in by_request.items()
+        ]
         return claim_template(self.namespace, f"{self.name}-rightsized", requests, driver=driver)
+
+
+def _option_order(found: tuple[Option, str]) -> tuple[float, int, float]:
+    option = found[0]
+    return (option.size, option.memory_bytes, option.compute_percent)
 
 
 def run(args: argparse.Namespace, streams: Streams) -> int:

@@ -224,6 +224,7 @@ class TemplateRequest:
     name: str
     option: Option
     product: str
+    count: int = 1
 
 
 def claim_template(
@@ -254,6 +255,8 @@ def _request(request: TemplateRequest, driver: str) -> dict[str, Any]:
         "deviceClassName": option.device_class,
         "selectors": [{"cel": {"expression": expression}}],
     }
+    if request.count > 1:
+        exactly["count"] = request.count
     if option.kind == "mps-share":
         exactly["capacity"] = {
             "requests": {

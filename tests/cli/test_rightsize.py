@@ -96,7 +96,8 @@ def _metrics(
 
 def a100_node(proc_root: Path) -> str:
     """dgx-a100: ``notebook`` at most 6 GiB and 12 % (then less), ``idle`` never used, ``share``
-    an MPS share (20Gi / 50 %) whose pod used at most 3 GiB and 8 % of the SMs."""
+    an MPS share (20Gi / 50 %) whose pod used at most 3 GiB and 8 % of the SMs, ``pair`` two
+    GPUs of one request at 10 %, one with 2 GiB, one with 30 GiB."""
     pid = 4242
     (proc_root / str(pid)).mkdir(parents=True)
     (proc_root / str(pid) / "cgroup").write_text(f"0::/kubepods/pod{SHARE_POD}/c\n")
@@ -107,11 +108,16 @@ def a100_node(proc_root: Path) -> str:
                                             processes=(SimulatedProcess(1, used),)))  # fmt: skip
         share = SimulatedProcess(pid, 3 * GIB if round_ else GIB, 8 if round_ else 2)
         nvml.set_activity(2, DeviceActivity(20, processes=(share,)))
+        for index, gib in ((3, 2), (4, 30)):
+            process = SimulatedProcess(index, gib * GIB)
+            nvml.set_activity(index, DeviceActivity(10, processes=(process,)))
 
     held = [
         ("notebook", "gpu-0", "gpu", None),
         ("idle", "gpu-1", "gpu", None),
         ("share", "gpu-2", "mps-share", None),
+        ("pair", "gpu-3", "gpu", None),
+        ("pair", "gpu-4", "gpu", None),
     ]
     return _metrics("dgx-a100", "node-a", held, activity, proc_root)
 
@@ -154,6 +160,9 @@ def cluster(monkeypatch: pytest.MonkeyPatch) -> dict[str, list[Obj]]:
         ],
         "resourceclaims": [],
     }
+    pair = claim("team", "pair", allocated=[("gpus", "gpu-3"), ("gpus", "gpu-4")], pool="node-a")
+    pair["metadata"]["creationTimestamp"] = "2023-01-01T00:00:00Z"
+    objects["resourceclaims"].append(pair)
     for name, node, device, request in (
         ("notebook", "node-a", "gpu-0", "gpu"),
         ("idle", "node-a", "gpu-1", "gpu"),
@@ -333,6 +342,18 @@ def test_an_unused_claim_and_a_share_sized_from_its_own_processes(
     assert request["name"] == "share"  # the claim's request name, so the pods' refs still hold
 
 
+def test_a_request_of_several_devices_asks_for_as_many_of_the_largest(
+    cluster: dict[str, list[Obj]], plugins: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    pair = advice_json(capsys, *urls(plugins), "pair")["team/pair"]
+    small, large = (d["recommended"] for d in pair["devices"])
+    assert (small["memoryBytes"], large["memoryBytes"]) == (3 * GIB, 33 * GIB)
+    (request,) = pair["template"]["spec"]["spec"]["devices"]["requests"]
+    assert request["name"] == "gpus"
+    assert request["exactly"]["count"] == 2
+    assert request["exactly"]["capacity"]["requests"] == {"memory": "33Gi", "compute": "15"}
+
+
 def test_table_output_sentences_and_templates(
     cluster: dict[str, list[Obj]], plugins: list[str], capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -358,8 +379,8 @@ def test_table_output_sentences_and_templates(
     code, out, _ = run(capsys, "rightsize", *urls(plugins), "--templates")
     templates = list(yaml.safe_load_all(out))
     assert sorted(t["metadata"]["name"] for t in templates) == [
-        "idle-rightsized", "notebook-rightsized", "share-rightsized", "slice-rightsized",
-        "train-rightsized",
+        "idle-rightsized", "notebook-rightsized", "pair-rightsized", "share-rightsized",
+        "slice-rightsized", "train-rightsized",
     ]  # fmt: skip
 
 
@@ -376,7 +397,7 @@ def test_the_templates_select_devices_of_the_catalog(
     (tmp_path / "templates.yaml").write_text(out)
     code, out, err = run(capsys, "lint", "deviceclasses/", str(tmp_path / "templates.yaml"))
     assert (code, err) == (EXIT_OK, ""), out
-    assert "5 ResourceClaimTemplates" in out
+    assert "6 ResourceClaimTemplates" in out
     assert [line for line in out.splitlines() if "templates.yaml" in line] == []  # no finding
 
 
