@@ -10,6 +10,7 @@ ResourceSlices and ResourceClaims. See docs/metrics.md#right-sizing.
 from __future__ import annotations
 
 import argparse
+import urllib.parse
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -168,6 +169,12 @@ def _option_order(found: tuple[Option, str]) -> tuple[float, int, float]:
 def run(args: argparse.Namespace, streams: Streams) -> int:
     if args.headroom < 0 or args.headroom > 1000:
         raise CliError("--headroom: give a percent between 0 and 1000", EXIT_USAGE)
+    if args.prometheus and urllib.parse.urlsplit(args.prometheus).scheme not in ("http", "https"):
+        raise CliError(
+            f"--prometheus: {args.prometheus!r} is not an http:// or https:// URL (e.g. "
+            "http://prometheus.monitoring:9090)",
+            EXIT_USAGE,
+        )
     if args.window is not None and not args.prometheus:
         raise CliError(
             "--window needs --prometheus: without it the window is the plugins' memory",

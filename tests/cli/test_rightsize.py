@@ -481,6 +481,7 @@ def test_prometheus_errors_name_it_and_fail(
         (["--window", "7d"], "--window needs --prometheus"),
         (["--prometheus", "http://p", "--window", "soon"], "--window:"),
         (["--headroom", "-5"], "--headroom"),
+        (["--prometheus", "prometheus:9090"], "is not an http:// or https:// URL"),
     ],
 )
 def test_usage_errors(
