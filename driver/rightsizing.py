@@ -3,8 +3,9 @@ GPU utilization, processes) on a GPU model, the smallest tier of the catalog tha
 it with headroom, and a ResourceClaimTemplate asking for it. The rule, the headroom and the
 limits: docs/metrics.md#right-sizing.
 
-Needs: memory = peak * (1 + headroom); compute = peak GPU utilization * (1 + headroom), or, where
-no utilization was observed (MIG devices: NVML has none), what the claim holds now. Options, at
+Needs: memory = peak * (1 + headroom); compute = peak GPU utilization (a MIG device's: of its
+own SMs, scaled to the GPU) * (1 + headroom), or, where no utilization was observed (MIG devices
+without GPM), what the claim holds now. Options, at
 most one of each kind: the smallest MIG profile of the model holding both (its compute: its
 multiprocessors in percent of the model's largest profile's), an MPS share (memory rounded up to
 a whole GiB, compute to a step of 5 %) when it is at most half the GPU, and the whole GPU (when
@@ -88,7 +89,8 @@ class Held:
     """As the plugin's metrics label it: ``gpu``, ``mig``, ``mps``, ``mps-share``,
     ``timeslicing``."""
     compute_percent: float = 100.0
-    """Of the GPU: 100 for a whole GPU, a MIG slice's share, an MPS share's compute."""
+    """Of the GPU: 100 for a whole GPU, a MIG slice's share, an MPS share's compute. A MIG
+    device's utilization is of its own SMs: scaled by this."""
     profile: str | None = None
 
 
@@ -146,16 +148,22 @@ def advise(
     """The options holding `observed` with `headroom_percent` on `shape` (module docstring)."""
     notes: list[str] = []
     factor = 1 + headroom_percent / 100
-    unused = observed.processes == 0 or (
-        observed.processes is None and observed.gpu_percent == 0 and not observed.memory_used_bytes
-    )
+    unused = observed.processes == 0 or observed.gpu_percent == 0
     if observed.memory_used_bytes is None:
         notes.append("its memory use was never read: no advice")
         return Advice(None, None, False, (), unused, tuple(notes))
     need_memory = observed.memory_used_bytes * factor
     observed_compute = observed.gpu_percent is not None
+    on_mig = held.tier == "mig"
     if observed.gpu_percent is not None:
-        need_compute = min(observed.gpu_percent * factor, 100.0)
+        gpu_percent = observed.gpu_percent
+        if on_mig:
+            gpu_percent = observed.gpu_percent * held.compute_percent / 100
+            notes.append(
+                f"a MIG device's SM utilization (GPM) is of its own SMs: {observed.gpu_percent:.3g}"
+                f" % of its slice is {gpu_percent:.3g} % of the GPU"
+            )
+        need_compute = min(gpu_percent * factor, 100.0)
         if held.tier == "timeslicing":
             notes.append(
                 "time-sliced: the utilization is the GPU's, all its claims together (an upper "
@@ -164,8 +172,8 @@ def advise(
     else:
         need_compute = held.compute_percent
         why = (
-            "NVML reports no utilization on MIG devices"
-            if held.tier == "mig" or held.profile
+            "NVML reports no SM utilization on this MIG device (no GPM: A100 and older)"
+            if on_mig or held.profile
             else "its utilization was never read"
         )
         notes.append(f"{why}: compute kept at what it holds now ({held.compute_percent:.3g} %)")
@@ -185,8 +193,8 @@ def advise(
     options.sort(key=lambda o: (o.size, _KIND_ORDER[o.kind]))
     if unused:
         notes.append(
-            "no compute process ran in the window: the claim is unused; delete it (or its "
-            "pods) rather than shrink it"
+            "no compute process, or no SM activity, in any sample of the window: the claim is "
+            "unused; delete it (or its pods) rather than shrink it"
         )
     return Advice(need_memory, need_compute, observed_compute, tuple(options), unused, tuple(notes))
 

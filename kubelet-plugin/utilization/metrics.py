@@ -117,7 +117,7 @@ class ClaimUtilizationCollector(Collector):
         gpu_peak = family(
             "gpu_dra_claim_gpu_utilization_peak_percent",
             "Highest GPU utilization of a claim's device in any sample since "
-            "gpu_dra_claim_observed_since_timestamp_seconds (absent for MIG: NVML has none).",
+            "gpu_dra_claim_observed_since_timestamp_seconds (absent for MIG without GPM).",
         )
         processes_peak = family(
             "gpu_dra_claim_processes_peak",

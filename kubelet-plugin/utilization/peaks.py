@@ -2,7 +2,8 @@
 for right-sizing (`gpu-dra rightsize`, docs/metrics.md#right-sizing): the most device memory
 used, the highest GPU utilization and the most compute processes in any sample, and when the
 first sample was (the claim's prepare or the plugin's start, whichever came later: a restart
-starts over). A value never read in any sample stays None (MIG devices have no utilization);
+starts over). A value never read in any sample stays None (MIG devices without GPM have no
+utilization);
 a device no longer sampled is forgotten.
 """
 

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import pynvml
 import pytest
 import yaml
 from prometheus_client import CollectorRegistry, generate_latest
@@ -44,14 +45,15 @@ SHARE_POD = "5a2b3c4d-0000-4000-8000-00000000000a"
 
 
 def _static_mig(name: str) -> tuple[str, str]:
-    """(device name, UUID) of the first static MIG device of profile `name` on hgx-h100-mig."""
+    """(device name, UUID) of static MIG device `name` on hgx-h100-mig."""
     host = SimulatedHost.load("hgx-h100-mig", "node-c")
     found = discover_devices(host.nvml, host.pci)
-    mig = next(m for m in found.mig_devices if f"-mig-{name}-" in device_name(m))
+    mig = next(m for m in found.mig_devices if device_name(m) == name)
     return device_name(mig), mig.uuid
 
 
-MIG_DEVICE, MIG_UUID = _static_mig("3g40gb")
+MIG_DEVICE, MIG_UUID = _static_mig("gpu-1-mig-3g40gb-9-4")
+GPM_DEVICE, GPM_UUID = _static_mig("gpu-6-mig-3g40gb-9-4")
 
 
 def _metrics(
@@ -133,12 +135,17 @@ def h100_node(proc_root: Path) -> str:
 
 
 def mig_node(proc_root: Path) -> str:
-    """hgx-h100-mig: ``slice`` on a static 3g.40gb, at most 5 GiB (NVML: no utilization)."""
+    """hgx-h100-mig: ``slice`` on a static 3g.40gb of gpu-1, which answers the GPM query
+    NotSupported (as an A100 does: no SM utilization), at most 5 GiB; ``gpm-slice`` on a 3g.40gb
+    of gpu-6 (GPM: SM utilization of the instance), at most 5 GiB and 40 % of its SMs."""
 
     def activity(nvml: Any, round_: int) -> None:
-        nvml.set_activity(MIG_UUID, DeviceActivity(processes=(SimulatedProcess(9, 5 * GIB),)))
+        nvml.set_fault("gpm_query_device_support", pynvml.NVML_ERROR_NOT_SUPPORTED, gpu=1)
+        process = SimulatedProcess(9, 5 * GIB)
+        nvml.set_activity(MIG_UUID, DeviceActivity(processes=(process,)))
+        nvml.set_activity(GPM_UUID, DeviceActivity(40, processes=(process,)))
 
-    held = [("slice", MIG_DEVICE, "mig", MIG_UUID)]
+    held = [("slice", MIG_DEVICE, "mig", MIG_UUID), ("gpm-slice", GPM_DEVICE, "mig", GPM_UUID)]
     return _metrics("hgx-h100-mig", "node-c", held, activity, proc_root)
 
 
@@ -169,6 +176,7 @@ def cluster(monkeypatch: pytest.MonkeyPatch) -> dict[str, list[Obj]]:
         ("share", "node-a", "gpu-2", "share"),
         ("train", "node-b", "gpu-0", "trainer"),
         ("slice", "node-c", MIG_DEVICE, "mig"),
+        ("gpm-slice", "node-c", GPM_DEVICE, "mig"),
     ):
         item = claim("team", name, allocated=[(request, device)], pool=node)
         item["metadata"]["creationTimestamp"] = "2023-01-01T00:00:00Z"
@@ -314,7 +322,7 @@ def test_a_mig_claim_without_utilization_keeps_its_compute(
     assert mig["peak"]["gpuUtilizationPercent"] is None
     assert mig["need"]["computeObserved"] is False
     assert mig["need"]["computePercent"] == pytest.approx(100 * 60 / 132)  # 3g.40gb's SMs
-    assert "NVML reports no utilization on MIG devices" in " ".join(mig["notes"])
+    assert "NVML reports no SM utilization on this MIG device" in " ".join(mig["notes"])
     # 5 GiB would fit a 1g.10gb, but its compute was never seen: nothing with fewer SMs
     assert [(o["kind"], o["profile"], o["computePercent"]) for o in mig["options"]] == [
         ("mig", "3g.40gb", pytest.approx(100 * 60 / 132)),
@@ -325,6 +333,25 @@ def test_a_mig_claim_without_utilization_keeps_its_compute(
     (exactly,) = [r["exactly"] for r in request["spec"]["devices"]["requests"]]
     assert exactly["deviceClassName"] == "mig-3g.gpu.nvidia.com"
     assert "profile == '3g.40gb'" in exactly["selectors"][0]["cel"]["expression"]
+
+
+def test_a_hopper_mig_claims_sm_utilization_is_of_its_own_slice(
+    cluster: dict[str, list[Obj]], plugins: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    (mig,) = advice_json(capsys, *urls(plugins), "gpm-slice")["team/gpm-slice"]["devices"]
+    assert mig["peak"]["gpuUtilizationPercent"] == 40  # of the 3g.40gb's 60 SMs
+    assert mig["need"]["computeObserved"] is True
+    # 40 % of 60 of 132 SMs is 18.2 % of the GPU; with 10 % headroom 20 %: more than a
+    # 1g.20gb's 26 SMs (19.7 %), a 2g.20gb (32 SMs) holds it
+    assert mig["need"]["computePercent"] == pytest.approx(40 * 60 / 132 * 1.1)
+    assert [(o["kind"], o["profile"], o["offered"]) for o in mig["options"]] == [
+        ("mps-share", None, False),
+        ("mig", "2g.20gb", True),
+        ("gpu", None, True),
+    ]
+    assert mig["recommended"]["profile"] == "2g.20gb"  # no H100 is offered as shares
+    assert "a 2g.20gb MIG slice is" not in " ".join(mig["notes"])
+    assert any("of its own SMs" in note for note in mig["notes"])
 
 
 def test_an_unused_claim_and_a_share_sized_from_its_own_processes(
@@ -379,8 +406,8 @@ def test_table_output_sentences_and_templates(
     code, out, _ = run(capsys, "rightsize", *urls(plugins), "--templates")
     templates = list(yaml.safe_load_all(out))
     assert sorted(t["metadata"]["name"] for t in templates) == [
-        "idle-rightsized", "notebook-rightsized", "pair-rightsized", "share-rightsized",
-        "slice-rightsized", "train-rightsized",
+        "gpm-slice-rightsized", "idle-rightsized", "notebook-rightsized", "pair-rightsized",
+        "share-rightsized", "slice-rightsized", "train-rightsized",
     ]  # fmt: skip
 
 
@@ -397,7 +424,7 @@ def test_the_templates_select_devices_of_the_catalog(
     (tmp_path / "templates.yaml").write_text(out)
     code, out, err = run(capsys, "lint", "deviceclasses/", str(tmp_path / "templates.yaml"))
     assert (code, err) == (EXIT_OK, ""), out
-    assert "6 ResourceClaimTemplates" in out
+    assert "7 ResourceClaimTemplates" in out
     assert [line for line in out.splitlines() if "templates.yaml" in line] == []  # no finding
 
 

@@ -80,7 +80,7 @@ def test_a_mig_claim_without_utilization_keeps_its_compute() -> None:
         ("mig", "1g.20gb"),
         ("gpu", "the whole GPU"),
     ]
-    assert any("NVML reports no utilization on MIG devices" in note for note in advice.notes)
+    assert any("NVML reports no SM utilization on this MIG device" in note for note in advice.notes)
 
 
 def test_an_unused_claim_is_said_so() -> None:
@@ -132,3 +132,25 @@ def test_offered_options_read_the_published_devices() -> None:
     }
     assert offered_options([shared], H100, "gpu.nvidia.com") == {"gpu", "mps-share"}
     assert offered_options([capped, other], H100, "gpu.nvidia.com") == {"gpu"}
+
+
+def test_a_hopper_mig_devices_utilization_is_scaled_to_the_gpu() -> None:
+    h100 = shape(H100)
+    (slice_3g,) = [m for m in h100.mig if m.name == "3g.40gb"]
+    advice = advise(
+        h100, Observed(5 * GIB, 40, 1), Held("mig", slice_3g.compute_percent, "3g.40gb")
+    )
+    # 40 % of the slice's 60 SMs: 18.2 % of the GPU's 132; with 10 % headroom 20 %
+    assert advice.compute_observed
+    assert advice.need_compute_percent == pytest.approx(40 * 60 / 132 * 1.1)
+    assert kinds(advice) == [
+        ("mps-share", "a 6Gi / 20 % MPS share"),
+        ("mig", "2g.20gb"),
+        ("gpu", "the whole GPU"),
+    ]
+    assert any("of its own SMs" in note for note in advice.notes)
+
+
+def test_no_sm_activity_in_any_sample_is_unused() -> None:
+    advice = advise(shape(H100), Observed(2 * GIB, 0, 1), Held("gpu"))
+    assert advice.unused  # a notebook holding its context, never computing

@@ -7,20 +7,19 @@ from __future__ import annotations
 from pathlib import Path
 
 import pynvml
+import pytest
 
-from gpu_dra.driver.discovery import discover_devices
-from gpu_dra.driver.nvml.simulated import SimulatedHost
 from gpu_dra.driver.nvml.simulated_utilization import DeviceActivity, SimulatedProcess
-from gpu_dra.kubelet_plugin.node_devices import NodeInventory, device_name
 from gpu_dra.kubelet_plugin.utilization.claims import PodRef
 from gpu_dra.kubelet_plugin.utilization.monitor import ClaimReading
 from gpu_dra.kubelet_plugin.utilization.peaks import Peak, PeakTracker
-from tests.kubelet_plugin.nodes import NODE, UID_A, UID_B, Node, SharesNode, hgx_h100_inventory, ok
+from tests.kubelet_plugin.nodes import UID_A, UID_B, Node, SharesNode, hgx_h100_inventory, ok
 from tests.kubelet_plugin.test_utilization import (
     POD_A,
     POD_B,
     Sampling,
     fake_process,
+    mig_sampling,
     systemd_cgroup,
 )
 
@@ -89,24 +88,27 @@ def test_a_failed_read_keeps_the_peak_and_a_value_never_read_has_none(tmp_path: 
     assert ("a", "gpu-0") in sampling.values(PEAK_MEMORY)
 
 
-def test_mig_devices_have_memory_and_process_peaks_and_no_utilization_peak(
-    tmp_path: Path,
-) -> None:
-    host = SimulatedHost.load("hgx-h100-mig", NODE)
-    found = discover_devices(host.nvml, host.pci)
-    node = Node(tmp_path / "node", NodeInventory.from_discovery(found, simulated=True))
-    mig = found.mig_devices[0]
-    name = device_name(mig)
-    ok(node.prepare(node.add_gpus(UID_A, "slice", name))[UID_A])
-    sampling = Sampling(node, tmp_path / "proc", {}, profile="hgx-h100-mig")
+@pytest.mark.parametrize("gpm", [True, False], ids=["hopper-gpm", "no-gpm"])
+def test_mig_peaks_have_sm_utilization_only_with_gpm(tmp_path: Path, gpm: bool) -> None:
+    """MIG devices: memory and process peaks always; a utilization peak (the GPU instance's SM
+    utilization, from GPM between two samples) only where the GPU has GPM (Hopper and newer;
+    here the simulated H100s answer the GPM query NotSupported, as an A100 does)."""
+    _, sampling, uuid, name = mig_sampling(tmp_path, "hgx-h100-mig")
+    if not gpm:
+        for gpu in range(8):
+            sampling.nvml.set_fault(
+                "gpm_query_device_support", pynvml.NVML_ERROR_NOT_SUPPORTED, gpu=gpu
+            )
     sampling.nvml.set_activity(
-        mig.uuid, DeviceActivity(gpu_percent=99, processes=(SimulatedProcess(77, 2 * GIB),))
+        uuid, DeviceActivity(gpu_percent=60, processes=(SimulatedProcess(77, 2 * GIB),))
     )
     sampling.monitor.sample_once()
-    sampling.clock.now = 2000.0
-    sampling.nvml.set_activity(mig.uuid, DeviceActivity())
+    sampling.clock.now = 1100.0
     sampling.monitor.sample_once()
-    assert sampling.values(PEAK_GPU) == {}
+    sampling.clock.now = 2000.0
+    sampling.nvml.set_activity(uuid, DeviceActivity(gpu_percent=5))
+    sampling.monitor.sample_once()
+    assert sampling.values(PEAK_GPU) == ({("slice", name): 60} if gpm else {})
     assert sampling.values(PEAK_MEMORY) == {("slice", name): 2 * GIB}
     assert sampling.values(PEAK_PROCESSES) == {("slice", name): 1}
     assert sampling.values(SINCE) == {("slice", name): 1000.0}
