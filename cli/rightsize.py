@@ -167,7 +167,7 @@ def _option_order(found: tuple[Option, str]) -> tuple[float, int, float]:
 
 
 def run(args: argparse.Namespace, streams: Streams) -> int:
-    if args.headroom < 0 or args.headroom > 1000:
+    if not 0 <= args.headroom <= 1000:  # NaN too
         raise CliError("--headroom: give a percent between 0 and 1000", EXIT_USAGE)
     if args.prometheus and urllib.parse.urlsplit(args.prometheus).scheme not in ("http", "https"):
         raise CliError(
@@ -212,6 +212,7 @@ def run(args: argparse.Namespace, streams: Streams) -> int:
             found, more = peak_sources.from_scrapes(scrapes)
             warnings += more
     advice = right_size(found, slices, claims, args)
+    warnings += _missing(args, advice, claims)
     source = (
         f"Prometheus {args.prometheus}, the last {utilization.duration_text(window_s)} "
         "(max_over_time)"
@@ -288,6 +289,25 @@ def _advise(
     advice = advise(shape, observed, held, headroom_percent=headroom)
     offered = offered_options([d.raw for d in devices], product, driver)
     return DeviceAdvice(peak, product, advice, offered, "", notes)
+
+
+def _missing(args: Any, advice: Sequence[ClaimAdvice], claims: Sequence[Obj]) -> list[str]:
+    """A warning per claim named on the command line that has no advice."""
+    existing = {_claim_key(c) for c in claims}
+    warnings = []
+    for wanted in args.claims:
+        namespace, _, name = wanted.rpartition("/")
+        namespace = namespace or args.namespace or ""
+        if any(a.name == name and (not namespace or a.namespace == namespace) for a in advice):
+            continue
+        known = any(n == name and (not namespace or ns == namespace) for ns, n in existing)
+        why = (
+            "no plugin that was read has sampled it (not prepared, or sampling is off)"
+            if known
+            else "no such ResourceClaim"
+        )
+        warnings.append(f"claim {wanted}: {why}")
+    return warnings
 
 
 def _wanted(peak: DevicePeak, args: Any) -> bool:

@@ -502,12 +502,25 @@ def test_prometheus_errors_name_it_and_fail(
     assert "cannot query http://127.0.0.1:9/api/v1/query" in err
 
 
+def test_claims_asked_for_without_advice_are_warned_about(
+    cluster: dict[str, list[Obj]], plugins: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    cluster["resourceclaims"].append(claim("team", "pending"))
+    data = advice_json(capsys, *urls(plugins), "team/train", "pending", "nosuch")
+    assert list(data) == ["team/train", ""]
+    assert data[""]["warnings"] == [
+        "claim pending: no plugin that was read has sampled it (not prepared, or sampling is off)",
+        "claim nosuch: no such ResourceClaim",
+    ]
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
         (["--window", "7d"], "--window needs --prometheus"),
         (["--prometheus", "http://p", "--window", "soon"], "--window:"),
         (["--headroom", "-5"], "--headroom"),
+        (["--headroom", "nan"], "--headroom"),
         (["--prometheus", "prometheus:9090"], "is not an http:// or https:// URL"),
     ],
 )
