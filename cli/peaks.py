@@ -8,7 +8,6 @@ docs/metrics.md#right-sizing.
 from __future__ import annotations
 
 import json
-import re
 import time
 import urllib.error
 import urllib.parse
@@ -19,7 +18,7 @@ from typing import Any, Final
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpu_dra.cli.utilization import Scrape, parse_duration
+from gpu_dra.cli.utilization import Scrape
 
 KEY_LABELS: Final = ("node", "namespace", "claim", "device", "tier")
 _FROM_PLUGIN: Final = {
@@ -29,7 +28,6 @@ _FROM_PLUGIN: Final = {
     "gpu_dra_claim_observed_since_timestamp_seconds": "since",
     "gpu_dra_claim_compute_limit_percent": "compute_limit_percent",
 }
-_DAYS: Final = re.compile(r"(\d+)d(.*)")
 
 
 @dataclass
@@ -204,12 +202,3 @@ def from_prometheus(query: Query, window_s: float) -> list[DevicePeak]:
         peak.since = until - window_s if peak.since is None else max(peak.since, until - window_s)
         found.append(peak)
     return found
-
-
-def parse_window(text: str) -> float:
-    """A duration as `parse_duration` reads it, or with days first (``7d``, ``1d12h``)."""
-    days = _DAYS.fullmatch(text.strip())
-    if days is None:
-        return parse_duration(text)
-    rest = days.group(2)
-    return int(days.group(1)) * 86400 + (parse_duration(rest) if rest else 0)

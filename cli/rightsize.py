@@ -181,7 +181,7 @@ def run(args: argparse.Namespace, streams: Streams) -> int:
             EXIT_USAGE,
         )
     try:
-        window_s = peak_sources.parse_window(args.window or "7d")
+        window_s = utilization.parse_duration(args.window or "7d")
     except ValueError as error:
         raise CliError(f"--window: {error}", EXIT_USAGE) from error
     if window_s <= 0:

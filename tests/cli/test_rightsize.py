@@ -22,7 +22,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from gpu_dra.cli import cluster as cli_cluster
 from gpu_dra.cli.command import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from gpu_dra.cli.devices import plugin_devices
-from gpu_dra.cli.peaks import parse_plugin_metrics, parse_window
+from gpu_dra.cli.peaks import parse_plugin_metrics
 from gpu_dra.driver.discovery import discover_devices
 from gpu_dra.driver.nvml.simulated import SimulatedHost
 from gpu_dra.driver.nvml.simulated_utilization import DeviceActivity, SimulatedProcess
@@ -533,10 +533,3 @@ def test_usage_errors(
     code, _, err = run(capsys, "rightsize", *args)
     assert code == EXIT_USAGE
     assert message in err
-
-
-@pytest.mark.parametrize(
-    ("text", "seconds"), [("7d", 7 * DAY), ("1d12h", 1.5 * DAY), ("36h", 1.5 * DAY)]
-)
-def test_parse_window(text: str, seconds: float) -> None:
-    assert parse_window(text) == seconds
