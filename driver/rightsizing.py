@@ -277,20 +277,24 @@ def _request(request: TemplateRequest, driver: str) -> dict[str, Any]:
 
 def offered_options(devices: Sequence[Mapping[str, Any]], product: str, driver: str) -> set[str]:
     """`Option.key`s that `devices` (ResourceSlice devices of `driver`'s pools) offer for
-    `product`: ``gpu`` (whole GPUs), ``mps-share`` (GPUs with a ``compute`` capacity shared by
-    several claims), ``mig:<profile>`` (MIG devices and dynamic MIG partitions)."""
+    `product`: ``gpu`` (whole GPUs), ``mig:<profile>`` (MIG devices and dynamic MIG partitions),
+    ``mps-share`` (GPUs offered as MPS shares: a ``compute`` capacity, several claims, no
+    ``cappedShares``). A device offered as shares is share-only: not a whole GPU or MIG device
+    (the whole-device classes test for ``compute``)."""
     offered = set()
     for device in devices:
         attributes = device.get("attributes") or {}
         if _string(attributes, "productName", driver) != product:
             continue
         kind = _string(attributes, "type", driver)
-        if kind == "gpu":
-            offered.add("gpu")
-            capacity = device.get("capacity") or {}
-            shared = device.get("allowMultipleAllocations") is True
-            if shared and "compute" in capacity and not _has(attributes, "cappedShares", driver):
+        capacity = device.get("capacity") or {}
+        shares = "compute" in capacity or f"{driver}/compute" in capacity
+        if shares:
+            multiple = device.get("allowMultipleAllocations") is True
+            if kind == "gpu" and multiple and not _has(attributes, "cappedShares", driver):
                 offered.add("mps-share")
+        elif kind == "gpu":
+            offered.add("gpu")
         elif kind == "mig":
             profile = _string(attributes, "profile", driver)
             if profile:

@@ -265,7 +265,7 @@ def test_a100_at_6gib_and_12_percent_fits_a_1g_slice_or_a_small_share(
     assert options == [
         ("mig", "1g.10gb", 9728 * 2**20, pytest.approx(100 / 7), False),  # no MIG on these A100s
         ("mps-share", None, 7 * GIB, 15, True),
-        ("gpu", None, 81920 * 2**20, 100, True),
+        ("gpu", None, 81920 * 2**20, 100, False),  # node-a's GPUs are share-only
     ]
     # the smallest the cluster offers
     assert notebook["recommended"]["kind"] == "mps-share"

@@ -130,8 +130,13 @@ def test_offered_options_read_the_published_devices() -> None:
         "gpu",
         "mig:1g.10gb",
     }
-    assert offered_options([shared], H100, "gpu.nvidia.com") == {"gpu", "mps-share"}
-    assert offered_options([capped, other], H100, "gpu.nvidia.com") == {"gpu"}
+    # offered as shares: share-only, not a whole GPU (nor a MIG device)
+    assert offered_options([shared], H100, "gpu.nvidia.com") == {"mps-share"}
+    shared_mig = device(
+        "mig", allowMultipleAllocations=True, capacity={"compute": {"value": "100"}}
+    )
+    assert offered_options([shared_mig], H100, "gpu.nvidia.com") == set()
+    assert offered_options([capped, other], H100, "gpu.nvidia.com") == set()
 
 
 def test_a_hopper_mig_devices_utilization_is_scaled_to_the_gpu() -> None:
