@@ -1,11 +1,11 @@
 """`gpu-dra`: the operator's command line, one module of this package per subcommand.
 
-Only ``explain`` and ``inventory`` read a cluster. To add a subcommand, write a module with its
-`Subcommand` (``COMMAND``: arguments and run function) and list it in `SUBCOMMANDS`. Exit status:
-0 success, 1 the check failed, 2 usage error or unusable input, 141 the reader of the output
-went away (``gpu-dra devices | head -1``: quietly, the status of a process ended by SIGPIPE, so
-a pipeline under ``set -o pipefail`` does not pass a command that never finished). See
-docs/config.md#gpu-dra.
+Only ``explain``, ``inventory`` and ``rightsize`` read a cluster. To add a subcommand, write a
+module with its `Subcommand` (``COMMAND``: arguments and run function) and list it in
+`SUBCOMMANDS`. Exit status: 0 success, 1 the check failed, 2 usage error or unusable input, 141
+the reader of the output went away (``gpu-dra devices | head -1``: quietly, the status of a
+process ended by SIGPIPE, so a pipeline under ``set -o pipefail`` does not pass a command that
+never finished). See docs/config.md#gpu-dra.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Final
 
-from gpu_dra.cli import check_config, devices, explain, inventory, lint, profiles
+from gpu_dra.cli import check_config, devices, explain, inventory, lint, profiles, rightsize
 from gpu_dra.cli.command import (
     EXIT_BROKEN_PIPE,
     EXIT_USAGE,
@@ -35,6 +35,7 @@ SUBCOMMANDS: Final[tuple[Subcommand, ...]] = (
     lint.COMMAND,
     explain.COMMAND,
     inventory.COMMAND,
+    rightsize.COMMAND,
 )
 
 
@@ -81,7 +82,8 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=PROG,
         description="Operator tools of gpu-dra, the Kubernetes DRA driver for NVIDIA GPUs.\n"
-        "Only explain and inventory read a cluster; `gpu-dra COMMAND --help` explains each.",
+        "Only explain, inventory and rightsize read a cluster; `gpu-dra COMMAND --help` explains\n"
+        "each.",
         epilog=_examples(SUBCOMMANDS),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

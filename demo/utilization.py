@@ -6,8 +6,10 @@ H100 of the per-claim MPS claim (08) at 85 %, and on the A100 offered as MPS sha
 process of the ``large`` share's pod (found by its cgroup, as the plugin maps processes to
 claims) at 35 % of the SMs; every other claim's devices stay idle. The demo waits until the
 plugin's metrics show it, then prints ``gpu-dra inventory --utilization`` (each claim's devices
-with utilization, memory and idle time) and ``gpu-dra inventory --idle``, which read the plugin
-pod's /metrics through the apiserver's pod proxy. e2e/test_demo_examples.py asserts the output.
+with utilization, memory and idle time), ``gpu-dra inventory --idle`` and ``gpu-dra rightsize``
+for the shares' namespace (the busy share's peaks and a smaller share that holds them, the idle
+shares called unused), which read the plugin pod's /metrics through the apiserver's pod proxy.
+e2e/test_demo_examples.py asserts the output.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from __future__ import annotations
 import json
 import subprocess
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 from demo.observe import claim_results
@@ -40,6 +42,8 @@ IDLE_CLAIMS: Final = (("gpu-mps-shares", "small"), ("gpu-mps-shares", "medium"))
 IDLE_NAMESPACE: Final = "gpu-ts"
 IDLE_FOR: Final = "20s"
 """The window of ``gpu-dra inventory --idle`` (the idle claims are idle since they started)."""
+RIGHTSIZE_NAMESPACE: Final = BUSY_SHARE_CLAIM[0]
+"""``gpu-dra rightsize -n`` this: the busy share and the idle ones beside it."""
 
 
 def gpu_dra_cli(driver: Driver, *args: str) -> str:
@@ -67,6 +71,9 @@ class Shown:
     """``<ns>/<claim>`` of every claim ``gpu-dra inventory --idle`` listed."""
     devices: dict[str, dict[str, Any]]
     """What was written into simulated-utilization.json, by device name."""
+    advice: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """``<ns>/<claim>`` -> its device's entry in ``gpu-dra rightsize -o json``, for the claims
+    of `RIGHTSIZE_NAMESPACE`."""
 
 
 def simulated_activity(driver: Driver) -> dict[str, dict[str, Any]]:
@@ -151,4 +158,15 @@ def show_utilization(driver: Driver, say: Callable[[str], None]) -> Shown:
     say(gpu_dra_cli(driver, "inventory", "--utilization"))
     say(f"==> gpu-dra inventory --idle --idle-for {IDLE_FOR}")
     say(gpu_dra_cli(driver, "inventory", "--idle", "--idle-for", IDLE_FOR))
-    return Shown(seen, idle, devices)
+    say(f"==> gpu-dra rightsize -n {RIGHTSIZE_NAMESPACE}")
+    say(gpu_dra_cli(driver, "rightsize", "-n", RIGHTSIZE_NAMESPACE))
+    return Shown(seen, idle, devices, _advice(driver))
+
+
+def _advice(driver: Driver) -> dict[str, dict[str, Any]]:
+    data = json.loads(gpu_dra_cli(driver, "rightsize", "-n", RIGHTSIZE_NAMESPACE, "-o", "json"))
+    return {
+        f"{claim['namespace']}/{claim['name']}": device
+        for claim in data["claims"]
+        for device in claim["devices"]
+    }

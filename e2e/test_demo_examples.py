@@ -4,7 +4,8 @@ as the Deployment), upgraded to each stage's plugin flags; each stage's examples
 demo's simulated node; each container sees exactly the devices allocated to its claims (MIG
 devices as the plugin made them, MPS caps and time slices as the claims ask); on the last stage
 the utilization per claim: the busy claims' numbers and the idle claims in ``gpu-dra inventory
---utilization`` / ``--idle`` as the demo prints them; and deleting the examples leaks nothing.
+--utilization`` / ``--idle`` as the demo prints them, and ``gpu-dra rightsize``'s advice for the
+busy and idle shares; and deleting the examples leaks nothing.
 (tests/test_demo.py checks the stages and their chart values without a cluster.)"""
 
 from __future__ import annotations
@@ -164,6 +165,25 @@ def check_utilization(driver: Driver) -> None:
     assert not {busy_gpu, busy_share} & shown.idle
     limit = requested_capacity(driver.kube, *BUSY_SHARE_CLAIM)["memory"]
     assert_utilization_printed("\n".join(printed), quantity_value(limit))
+    assert_rightsize_advice(shown.advice, "\n".join(printed))
+
+
+def assert_rightsize_advice(advice: dict[str, dict[str, Any]], text: str) -> None:
+    """``gpu-dra rightsize`` on the shares' namespace: the busy share's peaks (its pod's process:
+    12 GiB, 35 %) and, with 10 % headroom, a 14Gi / 40 % share where it holds 40Gi / 40 %; the
+    idle shares called unused; the sentence and the template printed."""
+    busy_share = "/".join(BUSY_SHARE_CLAIM)
+    large = advice[busy_share]
+    assert large["peak"]["memoryUsedBytes"] == BUSY_SHARE_MEMORY, large
+    assert large["peak"]["gpuUtilizationPercent"] == BUSY_SHARE_SM, large
+    recommended = large["recommended"]
+    assert (recommended["kind"], recommended["offered"]) == ("mps-share", True), large
+    assert (recommended["memoryBytes"], recommended["computePercent"]) == (14 * 2**30, 40), large
+    for claim in ("/".join(claim) for claim in IDLE_CLAIMS):
+        assert advice[claim]["unused"] is True, advice[claim]
+    assert f"{busy_share} (" in text
+    assert "a 14Gi / 40 % MPS share" in text
+    assert "name: large-rightsized" in text
 
 
 def assert_utilization_printed(text: str, share_limit_bytes: int) -> None:

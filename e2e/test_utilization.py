@@ -11,11 +11,18 @@ from __future__ import annotations
 import json
 
 import pytest
+import yaml
 
 from e2e import manifests as m
 from e2e.driver import METRICS_PORT, Driver
 from e2e.kube import Kube, wait_for
-from e2e.workloads import allocated_devices, delete_pods, pids_of_pod, wait_running
+from e2e.workloads import (
+    allocated_devices,
+    delete_pods,
+    pids_of_pod,
+    share_claim_uid,
+    wait_running,
+)
 from gpu_dra.cli.__main__ import main as gpu_dra
 from gpu_dra.kubelet_plugin.utilization.simulated_file import (
     SIMULATED_UTILIZATION_FILE,
@@ -111,3 +118,57 @@ def test_mps_shares_get_their_own_pods_usage(driver: Driver, kube: Kube, namespa
     delete_pods(kube, namespace, ["share-a", "share-b"])
     wait_for("the shares to be unprepared", lambda: not driver.checkpoint_claims(), 60)
     (driver.state_dir / SIMULATED_UTILIZATION_FILE).unlink()
+
+
+def test_rightsize_advice_from_the_plugins_peaks_applies(
+    driver: Driver, kube: Kube, namespace: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A whole-GPU claim that used at most 6 GiB and 12 % (then less): the plugin keeps the
+    peaks, ``gpu-dra rightsize`` advises the MPS share gpu-0 offers (7Gi / 15 %), and its
+    ResourceClaimTemplate, applied as printed, gets a pod running on that share."""
+    kube.create(m.claim("notebook", namespace, m.claim_spec([m.request()])))
+    kube.create(m.gpu_pod("notebook", namespace, claim="notebook"))
+    wait_running(kube, "notebook", namespace)
+    (device,) = allocated_devices(kube, "notebook", namespace)
+    uid = kube.get("v1", "Pod", "notebook", namespace)["metadata"]["uid"]
+    (pid, *_) = pids_of_pod(uid)
+    path = driver.state_dir / SIMULATED_UTILIZATION_FILE
+    busy = {"pid": pid, "sm": 12, "usedMemoryBytes": 6 * GIB}
+    write_utilization(path, {device: {"gpu": 12, "memoryUsedBytes": 6 * GIB, "processes": [busy]}})
+    peak = "gpu_dra_claim_gpu_utilization_peak_percent"
+    wait_for(
+        "the peak in the metrics", lambda: metric_or_none(driver, peak, claim="notebook") == 12, 30
+    )
+    quiet = {"pid": pid, "sm": 3, "usedMemoryBytes": 2 * GIB}
+    write_utilization(path, {device: {"gpu": 3, "memoryUsedBytes": 2 * GIB, "processes": [quiet]}})
+    now = "gpu_dra_claim_gpu_utilization_percent"
+    wait_for("the quieter sample", lambda: metric_or_none(driver, now, claim="notebook") == 3, 30)
+
+    environ = {"KUBECONFIG": str(driver.cluster.kubeconfig)}
+    args = ["rightsize", "-n", namespace, "--plugin-metrics", METRICS_URL]
+    assert gpu_dra([*args, "-o", "json"], environ=environ) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["warnings"] == []
+    (claim,) = data["claims"]
+    (advised,) = claim["devices"]
+    assert advised["peak"]["memoryUsedBytes"] == 6 * GIB
+    assert advised["peak"]["gpuUtilizationPercent"] == 12
+    assert advised["windowSeconds"] > 0
+    recommended = advised["recommended"]
+    assert (recommended["kind"], recommended["offered"]) == ("mps-share", True)
+    assert (recommended["memoryBytes"], recommended["computePercent"]) == (7 * GIB, 15)
+    assert gpu_dra([*args, "--templates"], environ=environ) == 0
+    (template,) = yaml.safe_load_all(capsys.readouterr().out)
+
+    delete_pods(kube, namespace, ["notebook"])
+    kube.delete("resource.k8s.io/v1", "ResourceClaim", "notebook", namespace)
+    kube.wait_gone("resource.k8s.io/v1", "ResourceClaim", "notebook", namespace)
+    path.unlink()
+    kube.create(template)
+    kube.create(m.gpu_pod("notebook-2", namespace, template="notebook-rightsized"))
+    wait_running(kube, "notebook-2", namespace)
+    pod = kube.get("v1", "Pod", "notebook-2", namespace)
+    (status,) = pod["status"]["resourceClaimStatuses"]
+    share_claim_uid(kube, status["resourceClaimName"], namespace, "gpu-0", "7Gi", 15)
+    delete_pods(kube, namespace, ["notebook-2"])
+    wait_for("the share to be unprepared", lambda: not driver.checkpoint_claims(), 60)

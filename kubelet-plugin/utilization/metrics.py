@@ -1,6 +1,7 @@
 """Prometheus metrics of utilization per claim (docs/metrics.md): the claims' devices (read at
 every scrape) and the newest sample's values (only those NVML reported: a failed or unsupported
-value has no series, never 0), each claim device's last activity, the sampler's errors and cost.
+value has no series, never 0), each claim device's last activity and its peaks since it was first
+sampled (for right-sizing), the sampler's errors and cost.
 A claim device's series carry no pod: ``gpu_dra_claim_pod_info`` has one series per pod a claim
 is reserved for, to join with kube-state-metrics on ``namespace`` and ``pod``.
 """
@@ -108,6 +109,26 @@ class ClaimUtilizationCollector(Collector):
             "Last sample in which a claim's device was active (utilization at least the idle "
             "threshold; MIG: a compute process ran), else its first sample.",
         )
+        used_peak = family(
+            "gpu_dra_claim_memory_used_peak_bytes",
+            "Most device memory a claim's device used in any sample since "
+            "gpu_dra_claim_observed_since_timestamp_seconds (kept in the plugin's memory).",
+        )
+        gpu_peak = family(
+            "gpu_dra_claim_gpu_utilization_peak_percent",
+            "Highest GPU utilization of a claim's device in any sample since "
+            "gpu_dra_claim_observed_since_timestamp_seconds (absent for MIG without GPM).",
+        )
+        processes_peak = family(
+            "gpu_dra_claim_processes_peak",
+            "Most compute processes on a claim's device in any sample since "
+            "gpu_dra_claim_observed_since_timestamp_seconds.",
+        )
+        since = family(
+            "gpu_dra_claim_observed_since_timestamp_seconds",
+            "The first sample of a claim's device: its peaks cover the samples since (the "
+            "claim's prepare or the plugin's start, whichever came later).",
+        )
         sampled = GaugeMetricFamily(
             "gpu_dra_utilization_last_sample_timestamp_seconds",
             "When the newest utilization sample was taken.",
@@ -138,7 +159,19 @@ class ClaimUtilizationCollector(Collector):
                 ):
                     if value is not None:
                         target.add_metric(labels, value)
+                peak = self._monitor.peak(device.key)
+                if peak is None:
+                    continue
+                since.add_metric(labels, peak.since)
+                for target, value in (
+                    (used_peak, peak.memory_used_bytes),
+                    (gpu_peak, peak.gpu_percent),
+                    (processes_peak, peak.processes),
+                ):
+                    if value is not None:
+                        target.add_metric(labels, value)
         yield from (held, pods, gpu, memory_util, used, total, compute, processes, active, sampled)
+        yield from (used_peak, gpu_peak, processes_peak, since)
 
     def _labels(self, device: ClaimDevice) -> list[str]:
         claim = device.claim

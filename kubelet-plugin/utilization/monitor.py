@@ -1,6 +1,7 @@
 """The sampling loop: every ``--utilization-interval`` seconds one `Sample` of the claims'
 devices, in a thread of its own; the newest sample and each claim device's last activity are
-kept for the metrics (`utilization.metrics`).
+kept for the metrics (`utilization.metrics`), and each claim device's peaks
+(`utilization.peaks`, for right-sizing).
 
 Cost is bounded: one sample at a time, never two overlapping; a sample that takes longer than
 the interval delays the next. A claim device is active in a sample when its SM activity (GPU
@@ -22,6 +23,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from gpu_dra.kubelet_plugin.utilization.claims import ClaimDevice
+from gpu_dra.kubelet_plugin.utilization.peaks import Peak, PeakTracker
 from gpu_dra.kubelet_plugin.utilization.sampler import (
     DeviceReading,
     ProcessReading,
@@ -75,6 +77,10 @@ def claim_reading(device: ClaimDevice, reading: DeviceReading | None) -> ClaimRe
         len(mine),
         frozenset(p.pid for p in mine),
     )
+
+
+def _claim_readings(sample: Sample) -> list[tuple[tuple[str, str], ClaimReading]]:
+    return [(d.key, claim_reading(d, sample.readings.get(d.uuid or ""))) for d in sample.devices]
 
 
 def _sum(values: Sequence[float | None]) -> float | None:
@@ -161,6 +167,7 @@ class UtilizationMonitor:
         self._devices = devices
         self.interval_s = interval_s
         self.activity = ActivityTracker(idle_threshold_percent)
+        self.peaks = PeakTracker()
         self._before = before_sample
         self._on_sample = on_sample
         self._lock = threading.Lock()
@@ -178,6 +185,10 @@ class UtilizationMonitor:
         with self._lock:
             return self.activity.last_active(key)
 
+    def peak(self, key: tuple[str, str]) -> Peak | None:
+        with self._lock:
+            return self.peaks.peak(key)
+
     def sample_once(self) -> Sample:
         """One round: the hook, a sample, activity, logs; blocking."""
         if self._before is not None:
@@ -186,6 +197,7 @@ class UtilizationMonitor:
         with self._lock:
             self._latest = sample
             self.activity.observe(sample)
+            self.peaks.observe(sample.at, _claim_readings(sample))
         self._log_errors(sample.errors)
         if self._on_sample is not None:
             self._on_sample(sample)
