@@ -216,3 +216,8 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
             for log in sorted(destination.glob("*.log"))
         )
         report.sections.append(("component logs", f"copied to {destination}\n{tails}"))
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests marked ``runs_last`` (e2e/test_migration.py) after all others, in their order."""
+    items.sort(key=lambda item: item.get_closest_marker("runs_last") is not None)

@@ -8,7 +8,10 @@ finished, the same plugin pod (no restart) takes the node and a new ``nvidia.com
 gets its GPU through DRA (the DeviceClass's extendedResourceName).
 
 Uses `e2e.chart`'s image, values and helm helpers; installs its own release in the chart tests'
-namespace (modules run one after the other)."""
+namespace (modules run one after the other). Runs after every other e2e module (`runs_last`): the
+kubelet remembers the device plugin it stopped (its device manager checkpoint, 5 minutes of
+grace, docs/migration.md), and a later test that restarts the kubelet found allocatable
+``nvidia.com/gpu=8`` again, so the start-up guard (rightly) kept its plugin from serving."""
 
 from __future__ import annotations
 
@@ -39,7 +42,7 @@ from e2e.kube import Kube, wait_for
 from e2e.nvidiadp import GPU_COUNT, DevicePlugin
 from e2e.workloads import wait_running
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.runs_last]
 
 SWITCH = "nvidia.com/gpu.deploy.device-plugin"
 """The GPU Operator's per-node switch for its device plugin, the chart's migration label here."""
