@@ -18,7 +18,7 @@ from typing import Any, Final
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpu_dra.cli.utilization import Scrape
+from gpu_dra.cli.utilization import Scrape, parse_scrapes
 
 KEY_LABELS: Final = ("node", "namespace", "claim", "device", "tier")
 _FROM_PLUGIN: Final = {
@@ -83,17 +83,7 @@ def parse_plugin_metrics(text: str) -> list[DevicePeak]:
 
 def from_scrapes(scrapes: Iterable[Scrape]) -> tuple[list[DevicePeak], list[str]]:
     """The claim devices of every scrape, and a warning per endpoint that gave none."""
-    peaks: list[DevicePeak] = []
-    warnings = []
-    for scrape in scrapes:
-        if scrape.text is None:
-            warnings.append(f"cannot read the metrics of {scrape.source}: {scrape.error}")
-            continue
-        try:
-            peaks.extend(parse_plugin_metrics(scrape.text))
-        except ValueError as error:
-            warnings.append(f"the metrics of {scrape.source} do not parse: {error}")
-    return peaks, warnings
+    return parse_scrapes(scrapes, parse_plugin_metrics)
 
 
 class PrometheusError(Exception):

@@ -9,9 +9,9 @@ from __future__ import annotations
 import re
 import urllib.request
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -170,18 +170,29 @@ def _metrics_port(pod: Any) -> int | None:
     return None
 
 
-def collect(scrapes: Iterable[Scrape]) -> tuple[list[DeviceUse], list[str]]:
-    """The claim devices of every scrape, and a warning per endpoint that gave none."""
-    uses: list[DeviceUse] = []
+T = TypeVar("T")
+
+
+def parse_scrapes(
+    scrapes: Iterable[Scrape], parse: Callable[[str], list[T]]
+) -> tuple[list[T], list[str]]:
+    """``parse`` of every scrape's text, and a warning per endpoint that gave none."""
+    found: list[T] = []
     warnings = []
     for scrape in scrapes:
         if scrape.text is None:
             warnings.append(f"cannot read the metrics of {scrape.source}: {scrape.error}")
             continue
         try:
-            uses.extend(parse_metrics(scrape.text))
+            found.extend(parse(scrape.text))
         except ValueError as error:
             warnings.append(f"the metrics of {scrape.source} do not parse: {error}")
+    return found, warnings
+
+
+def collect(scrapes: Iterable[Scrape]) -> tuple[list[DeviceUse], list[str]]:
+    """The claim devices of every scrape, and a warning per endpoint that gave none."""
+    uses, warnings = parse_scrapes(scrapes, parse_metrics)
     uses.sort(key=lambda u: (u.namespace, u.claim, u.node, u.device))
     return uses, warnings
 
