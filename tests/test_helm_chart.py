@@ -67,6 +67,7 @@ CONTROLLER_SA = "gpu-dra-controller"
 SLICES = "resource.k8s.io/resourceslices"
 CLASSES = "resource.k8s.io/deviceclasses"
 CLAIMS = "resource.k8s.io/resourceclaims"
+TIER_QUOTA_POLICY = "gpu-dra-tier-quota"
 
 HOST_DRIVER: dict[str, Any] = {"gpuResourcesEnabledOverride": True}
 """Chart defaults (a driver installed on the host), with the device plugin acknowledged off."""
@@ -1082,7 +1083,8 @@ def test_the_plugin_may_patch_claim_status_only_with_the_claim_status_on(tmp_pat
     assert on.may(PLUGIN_SA, "associated-node:patch", driver, name="gpu.nvidia.com")
     assert not off.may(PLUGIN_SA, "associated-node:patch", driver, name="gpu.nvidia.com")
     assert [p["metadata"]["name"] for p in off.all("ValidatingAdmissionPolicy")] == [
-        f"{PLUGIN_SA}-own-node"
+        f"{PLUGIN_SA}-own-node",
+        TIER_QUOTA_POLICY,
     ]
     env = {e["name"]: e.get("value") for e in off.container("DaemonSet", "gpus")["env"]}
     assert env["GPU_DRA_CLAIM_STATUS"] == "false"
@@ -1093,10 +1095,11 @@ def test_the_plugin_may_patch_claim_status_only_with_the_claim_status_on(tmp_pat
 
 
 def test_the_policy_can_be_left_out(tmp_path: Path) -> None:
+    """The tier-quota policy has its own value (tierQuota.enabled)."""
     rendered = Rendered.of({**HOST_DRIVER, "admissionPolicy": {"enabled": False}}, tmp_path)
 
-    assert rendered.all("ValidatingAdmissionPolicy") == []
-    assert rendered.all("ValidatingAdmissionPolicyBinding") == []
+    for kind in ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"):
+        assert [p["metadata"]["name"] for p in rendered.all(kind)] == [TIER_QUOTA_POLICY]
 
 
 # ---- admission webhook: the controller judges the driver's opaque configs ---------------------
@@ -2024,5 +2027,7 @@ def test_the_idle_scope_goes_with_the_admission_policies(tmp_path: Path) -> None
     off = Rendered.of({**HOST_DRIVER, **IDLE_VALUES, "admissionPolicy": {"enabled": False}},
                       tmp_path)  # fmt: skip
 
-    assert off.all("ValidatingAdmissionPolicy") == []
+    assert [p["metadata"]["name"] for p in off.all("ValidatingAdmissionPolicy")] == [
+        TIER_QUOTA_POLICY
+    ]
     assert off.may(CONTROLLER_SA, "create", "pods/eviction", "ml")

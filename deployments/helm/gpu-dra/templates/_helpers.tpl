@@ -176,6 +176,7 @@ spec:
         expression: >-
           device.driver == 'gpu.nvidia.com' &&
           device.attributes['gpu.nvidia.com'].type == 'mig' &&
+          !('compute' in device.capacity['gpu.nvidia.com']) &&
           device.attributes['gpu.nvidia.com'].profile == '{{ . }}'
   extendedResourceName: nvidia.com/{{ include "gpu-dra.migProfileSlug" . }}
 {{- end }}
@@ -210,4 +211,23 @@ gpu.nvidia.com
 GATES_NOT_IMPLEMENTED, checked by tests/test_helm_chart.py). */}}
 {{- define "gpu-dra.unimplementedGates" -}}
 {{- toJson (list "IMEXDaemonsWithDNSNames" "PassthroughSupport" "ComputeDomainCliques" "CrashOnNVLinkFabricErrors" "DeviceMetadata" "DRAListTypeAttributes" "FabricManagerPartitioning" "HostManagedIMEXDaemon" "ConsumableShares") }}
+{{- end }}
+
+{{/* The catalog's extended resource names, as JSON {name: DeviceClass}: those of the rendered
+deviceclasses/ files and of the deviceClasses.migProfiles classes (the tier-quota policy maps a
+pod's nvidia.com/... requests to the class the scheduler allocates them from). */}}
+{{- define "gpu-dra.extendedResourceClasses" -}}
+{{- $names := dict }}
+{{- if .Values.deviceClasses.enabled }}
+{{- range include "gpu-dra.deviceClassFiles" . | fromJsonArray }}
+{{- $class := include "gpu-dra.deviceClassFile" (dict "root" $ "path" .) | fromYaml }}
+{{- with get $class.spec "extendedResourceName" }}
+{{- $_ := set $names . $class.metadata.name }}
+{{- end }}
+{{- end }}
+{{- range .Values.deviceClasses.migProfiles }}
+{{- $_ := set $names (printf "nvidia.com/%s" (include "gpu-dra.migProfileSlug" .)) (include "gpu-dra.migProfileClassName" .) }}
+{{- end }}
+{{- end }}
+{{- toJson $names }}
 {{- end }}
