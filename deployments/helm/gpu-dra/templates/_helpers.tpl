@@ -231,3 +231,21 @@ pod's nvidia.com/... requests to the class the scheduler allocates them from). *
 {{- end }}
 {{- toJson $names }}
 {{- end }}
+
+{{/* The whole-GPU class of one deviceClasses.models entry (dict with name, productName). */}}
+{{- define "gpu-dra.modelClass" -}}
+# Whole {{ .productName }} GPUs (not those offered as shares), for quotas
+# per model (chart value deviceClasses.models, docs/quotas.md).
+apiVersion: resource.k8s.io/v1
+kind: DeviceClass
+metadata:
+  name: {{ .name }}.gpu.nvidia.com
+spec:
+  selectors:
+    - cel:
+        expression: >-
+          device.driver == 'gpu.nvidia.com' &&
+          device.attributes['gpu.nvidia.com'].type == 'gpu' &&
+          !('compute' in device.capacity['gpu.nvidia.com']) &&
+          device.attributes['gpu.nvidia.com'].productName == '{{ .productName }}'
+{{- end }}
