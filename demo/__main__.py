@@ -7,7 +7,8 @@ The examples run in two stages (demo/stages.py), each a ``helm upgrade --install
 plugin flags: NVIDIA's example manifests on whole GPUs as NVIDIA's driver publishes them, then -
 once those are deleted - dynamic MIG, MPS shares, per-claim MPS and time-slicing together, on
 which the demo shows utilization per claim, busy and idle claims side by side
-(demo/utilization.py). The second stage keeps running, with the cluster, so you can look around;
+(demo/utilization.py), and then two teams sharing the node by quotas per tier, one over its
+quota (demo/quotas.py). The second stage keeps running, with the cluster, so you can look around;
 `.venv/bin/python -m e2e.cluster down` removes it. `demo/run --real` runs the plugin as a host
 process on a fake driver root (demo/real.py).
 """
@@ -38,6 +39,7 @@ from demo.observe import (
     time_slices,
     wait_pods_running,
 )
+from demo.quotas import show_quotas
 from demo.real import NAMESPACE as REAL_NAMESPACE
 from demo.real import remove_real_stage, run_real_stage
 from demo.stages import PROFILE, STAGES, Stage, namespace_of, title_of
@@ -286,6 +288,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if stage.shows_utilization:
             say("\n======== utilization per claim: busy and idle claims side by side")
             show_utilization(driver, say)
+        if stage.shows_quotas:
+            say("\n======== two teams by rule: quotas per tier (docs/quotas.md)")
+            show_quotas(driver, say)
         if number < len(STAGES):
             clean_up(driver, stage)
 

@@ -42,6 +42,9 @@ class Stage:
     shows_utilization: bool = False
     """After its examples the demo makes some of their claims busy and prints the utilization
     per claim (demo/utilization.py)."""
+    shows_quotas: bool = False
+    """Last, two teams share the node by the recipe's quotas, one over its quota
+    (demo/quotas.py)."""
 
     @property
     def plugin_flags(self) -> tuple[str, ...]:
@@ -75,6 +78,7 @@ STAGES: tuple[Stage, ...] = (
         dynamic_mig=True,
         plugin_args=(f"--mps-shares={MPS_SHARE_GPU}",),
         shows_utilization=True,
+        shows_quotas=True,
     ),
 )
 

@@ -15,6 +15,7 @@ import yaml
 
 from demo.install import UTILIZATION_INTERVAL_S, plugin_env, stage_values
 from demo.observe import why_not_running
+from demo.quotas import QUOTAS, TEAMS
 from demo.stages import (
     MPS_SHARE_GPU,
     PROFILE,
@@ -193,3 +194,11 @@ def test_a_pod_that_does_not_run_is_explained_by_its_conditions_and_containers()
         "small: Pending, container ctr waiting: CreateContainerError CDI device not found"
     )
     assert why_not_running({"metadata": {"name": "new"}, "status": {}}) == "new: no phase"
+
+
+def test_the_teams_are_the_recipes_quotas_on_the_last_stage() -> None:
+    """demo/quotas.py applies deployments/quotas/<team>.yaml to namespace <team>, beside the
+    last stage's examples (their namespaces differ), after everything else."""
+    assert {path.stem for path in QUOTAS.glob("*.yaml")} == set(TEAMS)
+    assert not set(TEAMS) & {namespace_of(example) for example in EXAMPLES}
+    assert [stage.shows_quotas for stage in STAGES] == [False] * (len(STAGES) - 1) + [True]
