@@ -303,7 +303,8 @@ def test_a_count_no_single_node_has() -> None:
 
 @pytest.fixture
 def cluster(monkeypatch: pytest.MonkeyPatch) -> dict[str, list[Obj]]:
-    """What `list_resource_objects` / `read_resource_claim` return; tests fill it."""
+    """What `list_resource_objects` / `read_resource_claim` return; tests fill it. Kueue's API
+    is not served (tests/cli/test_explain_kueue.py has it)."""
     objects: dict[str, list[Obj]] = {
         "deviceclasses": standard_classes(),
         "resourceslices": [mixed_node()],
@@ -321,6 +322,11 @@ def cluster(monkeypatch: pytest.MonkeyPatch) -> dict[str, list[Obj]]:
         cli_cluster, "list_resource_objects", lambda client, plural: objects[plural]
     )
     monkeypatch.setattr(cli_cluster, "read_resource_claim", read)
+
+    def no_kueue(client: object, api_version: str, plural: str, namespace: str) -> list[Obj]:
+        raise NotFoundError(f"list {plural}: 404 NotFound", status=404)
+
+    monkeypatch.setattr(cli_cluster, "list_namespaced_objects", no_kueue)
     return objects
 
 
