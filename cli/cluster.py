@@ -102,6 +102,38 @@ def read_claim_template(client: Any, namespace: str, name: str) -> Obj:
     )
 
 
+def read_pod(client: Any, namespace: str, name: str) -> Obj:
+    """The Pod `namespace`/`name`. Raises `errors.ApiError` (`NotFoundError`)."""
+    core: Any = CoreV1Api(client)
+    action = f"read Pod {namespace}/{name}"
+    with translated_errors(action):
+        response = core.read_namespaced_pod(name, namespace, _preload_content=False)
+    return decoded_object(response.data, action)
+
+
+def read_pod_events(client: Any, namespace: str, name: str) -> list[Obj]:
+    """The Events about Pod `namespace`/`name`. Raises `errors.ApiError`."""
+    core: Any = CoreV1Api(client)
+    selector = f"involvedObject.kind=Pod,involvedObject.name={name}"
+    action = f"list Events of Pod {namespace}/{name}"
+    with translated_errors(action):
+        response = core.list_namespaced_event(
+            namespace, field_selector=selector, _preload_content=False
+        )
+    items = decoded_object(response.data, action).get("items") or []
+    return [item for item in items if isinstance(item, dict)]
+
+
+def read_quotas(client: Any, namespace: str) -> list[Obj]:
+    """The ResourceQuotas of `namespace` (docs/quotas.md). Raises `errors.ApiError`."""
+    core: Any = CoreV1Api(client)
+    action = f"list ResourceQuotas in namespace {namespace}"
+    with translated_errors(action):
+        response = core.list_namespaced_resource_quota(namespace, _preload_content=False)
+    items = decoded_object(response.data, action).get("items") or []
+    return [item for item in items if isinstance(item, dict)]
+
+
 def read_idle_policy(
     client: Any, pods: Iterable[tuple[str, str]]
 ) -> tuple[dict[str, Obj], dict[tuple[str, str], Obj]]:

@@ -32,7 +32,10 @@ from gpu_dra.cli.cluster import (
     read_jobs,
     read_kueue,
     read_objects,
+    read_pod,
+    read_pod_events,
     read_pods,
+    read_quotas,
 )
 from gpu_dra.cli.command import (
     EXIT_FAILED,
@@ -45,6 +48,12 @@ from gpu_dra.cli.command import (
     write_data,
 )
 from gpu_dra.cli.queueing import QueueWait, claim_wait, job_wait
+from gpu_dra.cli.quota_use import (
+    QuotaLine,
+    pod_extended_resources,
+    pod_refusals,
+    quota_lines,
+)
 from gpu_dra.driver.cel import (
     CelCompileError,
     CelRuntimeError,
@@ -269,6 +278,10 @@ class Explanation:
     """The Kueue Workload that holds back the claim's pod or Job (`with_queue`)."""
     queue_error: str = ""
     """Why Kueue's objects could not be read (the rest of the report stands)."""
+    quota: list[QuotaLine] = field(default_factory=list)
+    """The lines of the namespace's ResourceQuotas that limit the claim's classes."""
+    quota_error: str = ""
+    """Why the namespace's ResourceQuotas could not be read (the rest of the report stands)."""
 
     @property
     def satisfied(self) -> bool:
@@ -290,6 +303,8 @@ class Explanation:
             "verdict": self.verdict,
             "queue": None if self.queue is None else self.queue.to_json(),
             "queueError": self.queue_error,
+            "quota": [line.to_json() for line in self.quota],
+            "quotaError": self.quota_error,
             "pools": list(self.pools),
             "requests": [request.to_json() for request in self.requests],
             "constraints": [constraint.to_json() for constraint in self.constraints],
@@ -728,6 +743,7 @@ def render_explanation(explanation: Explanation) -> list[Block]:
     out: list[Block] = [f"verdict: {explanation.verdict}"]
     if explanation.queue_error:
         out.append(f"kueue: {explanation.queue_error}")
+    out.extend(render_quota(explanation.quota, explanation.quota_error))
     if explanation.allocated:
         out.append("allocation:")
         out.append(
@@ -807,6 +823,44 @@ def render_explanation(explanation: Explanation) -> list[Block]:
     return out
 
 
+def render_quota(lines: Sequence[QuotaLine], error: str = "") -> list[Block]:
+    """The quota table (docs/quotas.md): each limit of the namespace's ResourceQuotas on the
+    classes asked for, ``full`` where one more is refused."""
+    out: list[Block] = []
+    if error:
+        out.append(f"quota: {error}")
+    if lines:
+        out.append("quota:")
+        rows = [
+            [
+                f"{line.quota}{' (tier quota)' if line.tier else ''}",
+                line.resource,
+                line.used or "-",
+                line.hard,
+                "full" if line.full else "",
+            ]
+            for line in lines
+        ]
+        out.append((["RESOURCEQUOTA", "RESOURCE", "USED", "HARD", ""], rows))
+    return out
+
+
+def claim_classes(claim: Obj) -> list[str]:
+    """The DeviceClasses a claim's requests (and firstAvailable alternatives) name."""
+    found: list[str] = []
+    requests = ((claim.get("spec") or {}).get("devices") or {}).get("requests") or []
+    for request in requests:
+        exactly = request.get("exactly") or {}
+        alternatives = [exactly] if exactly else list(request.get("firstAvailable") or [])
+        if not alternatives and request.get("deviceClassName"):
+            alternatives = [request]
+        for alternative in alternatives:
+            name = alternative.get("deviceClassName")
+            if isinstance(name, str) and name not in found:
+                found.append(name)
+    return found
+
+
 def _short(text: str, limit: int = _SHOWN_EXPRESSION) -> str:
     text = " ".join(text.split())
     return text if len(text) <= limit else text[: limit - 3] + "..."
@@ -824,8 +878,9 @@ def add_arguments(parser: argparse.ArgumentParser, environ: Mapping[str, str]) -
     parser.add_argument(
         "claim",
         metavar="NAMESPACE/CLAIM",
-        help="the ResourceClaim to explain, e.g. default/gpu; or NAMESPACE/job/NAME, a batch Job "
-        "(its Kueue state and the claims its pods would use)",
+        help="the ResourceClaim to explain, e.g. default/gpu; or NAMESPACE/pod/NAME, a pod (a "
+        "quota or the tier-quota policy refusing the claim it needs, then each of its claims); "
+        "or NAMESPACE/job/NAME, a batch Job (its Kueue state and the claims its pods would use)",
     )
     add_cluster_arguments(parser, environ)
 
@@ -835,9 +890,13 @@ def run(args: argparse.Namespace, streams: Streams) -> int:
     kind, job_slash, job_name = name.partition("/")
     if slash and namespace and kind == "job" and job_slash and job_name and "/" not in job_name:
         return _run_job(args, streams, namespace, job_name)
+    if slash and namespace and kind == "pod" and job_slash and job_name and "/" not in job_name:
+        return run_pod(args, streams, namespace, job_name)
     if not (slash and namespace and name and "/" not in name):
         raise CliError(
-            f"expected NAMESPACE/CLAIM or NAMESPACE/job/NAME, got {args.claim!r}", EXIT_USAGE
+            "expected NAMESPACE/CLAIM, NAMESPACE/pod/NAME or NAMESPACE/job/NAME, got "
+            f"{args.claim!r}",
+            EXIT_USAGE,
         )
     with cluster_errors():
         client = api_client(args.kubeconfig)
@@ -849,6 +908,10 @@ def run(args: argparse.Namespace, streams: Streams) -> int:
             with_queue(report, _claim_queue(client, namespace, claim))
         except errors.ApiError as error:
             report.queue_error = str(error)
+    try:
+        report.quota = quota_lines(read_quotas(client, namespace), claim_classes(claim))
+    except errors.ApiError as error:
+        report.quota_error = str(error)
     if args.output != "table":
         write_data(streams, report.to_json(), args.output)
     else:
@@ -921,6 +984,84 @@ def _run_job(args: argparse.Namespace, streams: Streams, namespace: str, name: s
     return EXIT_FAILED if waiting or unsatisfied else EXIT_OK
 
 
+def run_pod(args: argparse.Namespace, streams: Streams, namespace: str, name: str) -> int:
+    """`gpu-dra explain NAMESPACE/pod/NAME`: whether a quota or the tier-quota policy refused a
+    claim the pod needs (its events, docs/quotas.md), the quota limits on its classes, then each
+    of its claims (one not made yet from its ResourceClaimTemplate)."""
+    key = f"{namespace}/{name}"
+    with cluster_errors():
+        client = api_client(args.kubeconfig)
+        pod = read_pod(client, namespace, name)
+        events = read_pod_events(client, namespace, name)
+        quotas = read_quotas(client, namespace)
+        classes, slices, claims = read_objects(client)
+        pod_claims = _pod_claims(client, pod, claims)
+    reports = [explain(claim, classes, slices, claims) for claim in pod_claims]
+    refusals = pod_refusals(pod, events)
+    wanted = [c for claim in pod_claims for c in claim_classes(claim)]
+    lines = quota_lines(quotas, wanted, pod_extended_resources(pod))
+    phase = str((pod.get("status") or {}).get("phase") or "Pending")
+    waiting = [report for report in reports if not report.satisfied]
+    if refusals:
+        verdict = refusals[0].verdict(f"pod {key}")
+    elif phase != "Pending":
+        verdict = f"pod {key} is {phase}"
+    elif waiting:
+        verdict = f"pod {key} waits for devices: {waiting[0].verdict}"
+    else:
+        verdict = f"pod {key} is Pending; its claims are allocated or allocatable"
+    if args.output != "table":
+        write_data(streams, {
+            "pod": key,
+            "phase": phase,
+            "verdict": verdict,
+            "refusals": [refusal.to_json() for refusal in refusals],
+            "quota": [line.to_json() for line in lines],
+            "claims": [report.to_json() for report in reports],
+        }, args.output)  # fmt: skip
+    else:
+        blocks: list[Block] = [f"verdict: {verdict}", *render_quota(lines)]
+        for report in reports:
+            blocks.append(f"claim {report.claim}:")
+            blocks.extend(render_explanation(report))
+        write_blocks(streams, blocks)
+    return EXIT_FAILED if refusals or (phase == "Pending" and waiting) else EXIT_OK
+
+
+def _pod_claims(client: Any, pod: Obj, claims: Sequence[Obj]) -> list[Obj]:
+    """The claims of `pod`: those it names, those made for it (its status), the scheduler's
+    claim for its extended resources, and, for a template whose claim is not made yet, the
+    template's claim (named ``<template> (template)``)."""
+    metadata, spec = pod.get("metadata") or {}, pod.get("spec") or {}
+    status = pod.get("status") or {}
+    namespace = str(metadata.get("namespace") or "")
+    by_name = {
+        str((c.get("metadata") or {}).get("name")): c
+        for c in claims
+        if (c.get("metadata") or {}).get("namespace") == namespace
+    }
+    made = {
+        str(entry.get("name")): str(entry.get("resourceClaimName") or "")
+        for entry in status.get("resourceClaimStatuses") or []
+    }
+    found: list[Obj] = []
+    for pod_claim in spec.get("resourceClaims") or []:
+        claim_name = pod_claim.get("resourceClaimName") or made.get(str(pod_claim.get("name")))
+        if claim_name and claim_name in by_name:
+            found.append(by_name[claim_name])
+        elif pod_claim.get("resourceClaimTemplateName"):
+            template = str(pod_claim["resourceClaimTemplateName"])
+            source = read_claim_template(client, namespace, template)
+            found.append({
+                "metadata": {"namespace": namespace, "name": f"{template} (template)"},
+                "spec": (source.get("spec") or {}).get("spec") or {},
+            })  # fmt: skip
+    extended = (status.get("extendedResourceClaimStatus") or {}).get("resourceClaimName")
+    if extended and extended in by_name:
+        found.append(by_name[extended])
+    return found
+
+
 COMMAND: Final = Subcommand(
     name="explain",
     summary="say why a ResourceClaim is or is not allocatable (reads the cluster)",
@@ -935,11 +1076,15 @@ COMMAND: Final = Subcommand(
     "Where Kueue is installed and the claim's pod or Job waits for its Workload to be\n"
     "admitted, the verdict names the LocalQueue, the ClusterQueue and Kueue's message first;\n"
     "NAMESPACE/job/NAME explains a batch Job that way, then each claim of its pod template.\n"
+    "The namespace's ResourceQuota limits on the claim's classes are shown (docs/quotas.md);\n"
+    "NAMESPACE/pod/NAME explains a pod: a quota or the tier-quota policy that refused the\n"
+    "claim it needs (its events), then each of its claims.\n"
     "Exit status: 0 allocated or allocatable, 1 not allocatable now (or waiting in Kueue) or\n"
     "the cluster cannot be read, 2 usage error or unusable kubeconfig.",
     examples=(
         "gpu-dra explain default/my-claim",
         "gpu-dra explain team-a/job/train",
+        "gpu-dra explain team-a/pod/notebook",
         "gpu-dra explain team-a/training -o json --kubeconfig ~/.kube/prod",
     ),
     add_arguments=add_arguments,

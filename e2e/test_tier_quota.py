@@ -43,6 +43,7 @@ from e2e.cluster.paths import REPO_ROOT
 from e2e.driver import MPS_DAEMON_SELECTOR, Driver
 from e2e.kube import Kube, wait_for
 from e2e.workloads import delete_pods, wait_event, wait_running
+from gpu_dra.cli.__main__ import main as gpu_dra
 
 pytestmark = pytest.mark.e2e
 
@@ -248,7 +249,11 @@ def test_each_team_runs_within_its_quota_and_the_next_claim_of_a_tier_is_refused
 
 
 def test_no_route_gets_around_the_tier_quota(
-    cluster: Cluster, kube: Kube, installed: Driver, namespace: str
+    cluster: Cluster,
+    kube: Kube,
+    installed: Driver,
+    namespace: str,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     team = namespace
     apply_quota(cluster, kube, "research.yaml", team)
@@ -277,6 +282,15 @@ def test_no_route_gets_around_the_tier_quota(
     message = wait_event(kube, team, "templated", "FailedResourceClaimCreation", 60)
     assert_over_quota(message, WHOLE, 1)
     assert kube.get("v1", "Pod", "templated", team)["status"]["phase"] == "Pending"
+    # gpu-dra explain names the quota that keeps the pod waiting.
+    code = gpu_dra(["explain", f"{team}/pod/templated", f"--kubeconfig={cluster.kubeconfig}"],
+                   environ={})  # fmt: skip
+    verdict = capsys.readouterr().out.splitlines()[0]
+    assert code == 1
+    assert verdict.startswith(
+        f"verdict: pod {team}/templated waits: the claim it needs is refused (a ResourceQuota "
+        f"is used up): exceeded quota: {QUOTA}, requested: {m.class_quota(WHOLE)}=1"
+    ), verdict
 
     # Pods written for the device plugin: nvidia.com/gpu is counted and refused at creation;
     # resource names of classes the quota does not name are refused by the policy.

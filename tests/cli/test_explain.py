@@ -17,6 +17,7 @@ from gpu_dra.driver.cel import Selector
 from gpu_dra.driver.cluster.state import PoolDevice
 from gpu_dra.driver.shares import offered_device
 from gpu_dra.kube.errors import NotFoundError
+from tests.cli.support import FakeCoreV1
 from tests.fakes.cluster_objects import (
     DRIVER,
     Obj,
@@ -327,6 +328,8 @@ def cluster(monkeypatch: pytest.MonkeyPatch) -> dict[str, list[Obj]]:
         raise NotFoundError(f"list {plural}: 404 NotFound", status=404)
 
     monkeypatch.setattr(cli_cluster, "list_namespaced_objects", no_kueue)
+    FakeCoreV1.pods, FakeCoreV1.events, FakeCoreV1.quotas = [], [], []
+    monkeypatch.setattr(cli_cluster, "CoreV1Api", FakeCoreV1)
     return objects
 
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from typing import Any, ClassVar
 
 import pytest
 
@@ -16,6 +15,7 @@ from gpu_dra.cli.command import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from gpu_dra.cli.explain import explain, with_queue
 from gpu_dra.cli.queueing import QUEUE_LABEL, claim_wait, job_wait, workload_state
 from gpu_dra.kube import errors
+from tests.cli.support import FakeCoreV1
 from tests.fakes.cluster_objects import Obj, claim, exactly, mixed_node, standard_classes
 from tests.fakes.stub_apiserver import StubApiserver, status
 
@@ -163,18 +163,8 @@ def test_with_queue_puts_kueue_first_and_keeps_the_device_verdict() -> None:
 # ---- the commands, with the cluster reads replaced ---------------------------------------------
 
 
-class FakePods:
-    """`CoreV1Api` for `read_pods`: the given pods."""
-
-    pods: ClassVar[list[Obj]] = []
-
-    def __init__(self, client: object) -> None:
-        pass
-
-    def list_namespaced_pod(self, namespace: str, **_: Any) -> Any:
-        body = json.dumps({"items": [p for p in self.pods
-                                     if p["metadata"]["namespace"] == namespace]})  # fmt: skip
-        return type("Response", (), {"data": body.encode()})()
+FakePods = FakeCoreV1
+"""`CoreV1Api` for `read_pods`: the given pods."""
 
 
 @pytest.fixture
@@ -210,7 +200,7 @@ def cluster(monkeypatch: pytest.MonkeyPatch) -> dict[str, list[Obj]]:
     monkeypatch.setattr(cli_cluster, "list_namespaced_objects", listed)
     monkeypatch.setattr(cli_cluster, "read_namespaced_object",
                         lambda client, api, plural, ns, name: find(plural, ns, name))  # fmt: skip
-    FakePods.pods = []
+    FakePods.pods, FakePods.events, FakePods.quotas = [], [], []
     monkeypatch.setattr(cli_cluster, "CoreV1Api", FakePods)
     return objects
 
@@ -253,8 +243,10 @@ def test_explain_job_without_kueue_and_usage_errors(
     )
     assert main(["explain", f"{NS}/job/missing"], environ={}) == EXIT_FAILED
     assert "read jobs team-a/missing: 404" in capsys.readouterr().err
-    assert main(["explain", f"{NS}/pod/x"], environ={}) == EXIT_USAGE
-    assert "expected NAMESPACE/CLAIM or NAMESPACE/job/NAME" in capsys.readouterr().err
+    assert main(["explain", f"{NS}/deployment/x"], environ={}) == EXIT_USAGE
+    assert "expected NAMESPACE/CLAIM, NAMESPACE/pod/NAME or NAMESPACE/job/NAME" in (
+        capsys.readouterr().err
+    )
 
 
 def test_explain_claim_of_a_gated_pod_says_kueue_holds_it(
