@@ -4,7 +4,9 @@ webhook replicas: every admitted claim is written to the namespace's ledger (a C
 driver's namespace, which tenants cannot write) under the resourceVersion it was read at, so two
 claims decided at once cannot both take the last room; a conflict reads and decides again.
 
-What counts, and the ledger's pruning, is `gpu_dra.driver.cluster.share_memory`. A namespace
+What counts, and the ledger's pruning, is `gpu_dra.driver.cluster.share_memory`. Once the
+admitted claim is stored, a background thread marks its entry confirmed, so that deleting the
+claim frees its memory at the next review. A namespace
 without a labelled quota, or whose quota has no share-memory key, is not limited and its claims
 cost no write. A quota, claim list, slice list or ledger that cannot be read refuses the claim
 with the cause. The webhook's HTTPS shell is `gpu_dra.controller.webhook`;
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import random
+import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -39,6 +42,8 @@ LEDGER_PREFIX: Final = "gpu-dra-share-memory."
 ATTEMPTS: Final = 10
 """Ledger writes tried per review before giving up (each conflict reads everything again)."""
 CLASSES_TTL_S: Final = 30.0
+CONFIRM_TRIES: Final = 40
+"""Looks for an admitted claim in storage (0.2 s apart, doubling up to 5 s: about the grace)."""
 
 
 @dataclass(frozen=True)
@@ -55,6 +60,10 @@ class ShareQuotaApi(Protocol):
         ...
 
     def list_claims(self, namespace: str) -> list[Obj]: ...
+
+    def read_claim(self, namespace: str, name: str) -> Obj | None:
+        """The ResourceClaim, or None when there is none."""
+        ...
 
     def list_slices(self) -> list[Obj]: ...
 
@@ -107,6 +116,18 @@ class KubernetesShareQuotaApi:
             )  # fmt: skip
         return self._items(response, action)
 
+    def read_claim(self, namespace: str, name: str) -> Obj | None:
+        action = f"read ResourceClaim {namespace}/{name}"
+        try:
+            with translated_errors(action):
+                response = self._objects.get_namespaced_custom_object(
+                    API_GROUP, RESOURCE_VERSION, namespace, "resourceclaims", name,
+                    _preload_content=False, _request_timeout=self._timeout,
+                )  # fmt: skip
+        except errors.NotFoundError:
+            return None
+        return decoded_object(response.data, action)
+
     def list_slices(self) -> list[Obj]:
         return list_resource_objects(
             self._client, "resourceslices", request_timeout_s=self._timeout
@@ -154,6 +175,10 @@ class KubernetesShareQuotaApi:
 LEDGER_LABEL: Final = "gpu.nvidia.com/share-memory-ledger"
 
 
+def _in_thread(work: Callable[[], None]) -> None:
+    threading.Thread(target=work, name="share-memory-confirm", daemon=True).start()
+
+
 def ledger_name(namespace: str) -> str:
     return f"{LEDGER_PREFIX}{namespace}"
 
@@ -173,8 +198,10 @@ class ShareMemoryQuota:
         clock: Callable[[], float] = time.time,
         sleep: Callable[[float], None] = time.sleep,
         grace_s: float = sm.LEDGER_GRACE_S,
+        spawn: Callable[[Callable[[], None]], None] = _in_thread,
     ) -> None:
         self._api = api
+        self._spawn = spawn
         self._classes = classes
         self._driver = driver
         self._clock = clock
@@ -260,6 +287,8 @@ class ShareMemoryQuota:
                 now=self._clock(), grace_s=self._grace_s,
             )  # fmt: skip
             if not decision.allowed:
+                if not dry_run and stored is not None and decision.ledger != entries:
+                    self._tidy(ledger, decision.ledger, stored.resource_version)
                 return Verdict(
                     allowed=False,
                     code=HTTPStatus.FORBIDDEN,
@@ -282,10 +311,59 @@ class ShareMemoryQuota:
                 "admitted share claim %s/%s: %s=%d bytes, used before %d",
                 namespace, name, sm.SHARE_MEMORY, requested, decision.used_bytes,
             )  # fmt: skip
+            self._spawn(lambda: self._confirm(namespace, name, uid))
             return ALLOWED
         raise errors.ApiError(
             f"the ledger ConfigMap {ledger} changed {ATTEMPTS} times while the claim was "
             "decided (many claims at once); create it again"
+        )
+
+    def _tidy(self, ledger: str, entries: sm.Ledger, resource_version: str) -> None:
+        """Write the pruned and confirmed entries after a refusal; a conflict or error leaves
+        it to the next review."""
+        try:
+            self._api.replace_ledger(ledger, sm.encode_ledger(entries), resource_version)
+        except errors.ApiError as error:
+            log.debug("ledger %s not tidied: %s", ledger, error)
+
+    def _confirm(self, namespace: str, name: str, uid: str) -> None:
+        """Mark the admitted claim's entry as seen stored once the claim exists, so that its
+        deletion frees its memory at the next review rather than after the grace period. Gives up
+        after the grace period (the claim was never created; pruning takes the entry) or when
+        the entry is gone."""
+        ledger = ledger_name(namespace)
+        deadline = self._clock() + self._grace_s
+        delay = 0.2
+        for _ in range(CONFIRM_TRIES):
+            if self._clock() >= deadline:
+                break
+            self._sleep(delay)
+            delay = min(delay * 2, 5.0)
+            try:
+                claim = self._api.read_claim(namespace, name)
+                metadata = claim.get("metadata") if claim is not None else None
+                if not isinstance(metadata, Mapping) or metadata.get("uid") != uid:
+                    continue
+                while True:
+                    stored = self._api.read_ledger(ledger)
+                    if stored is None:
+                        return
+                    entries = sm.decode_ledger(stored.data, f"ConfigMap {ledger}")
+                    entry = entries.get(uid)
+                    if entry is None or entry.confirmed:
+                        return
+                    entries[uid] = sm.confirmed(entry)
+                    try:
+                        self._api.replace_ledger(
+                            ledger, sm.encode_ledger(entries), stored.resource_version
+                        )
+                    except errors.ConflictError:
+                        continue
+                    return
+            except (errors.ApiError, sm.ShareQuotaError) as error:
+                log.debug("cannot confirm share claim %s/%s yet: %s", namespace, name, error)
+        log.debug(
+            "share claim %s/%s not seen stored; its entry goes with the grace", namespace, name
         )
 
     def _unnamed(self) -> int:

@@ -10,6 +10,8 @@ request's ``capacity.requests.memory``, or, for a request that names none, the l
 share (`unnamed_share_memory`: the ``requestPolicy.default`` of ``memory``) any share device of the
 driver publishes; of a ``firstAvailable`` list, the largest subrequest. `admit` decides with the
 ledger (admitted claims by UID) and the namespace's claims, and gives the ledger to write back.
+An entry is confirmed once its claim was seen stored (`confirmed`); a confirmed entry whose claim
+is gone is pruned at once (the claim was deleted), an unconfirmed one after `LEDGER_GRACE_S`.
 """
 
 from __future__ import annotations
@@ -32,9 +34,10 @@ QUOTA_LABEL: Final = "gpu.nvidia.com/tier-quota"
 """The label (value ``"true"``) that makes a ResourceQuota the namespace's GPU quota."""
 QUOTA_SELECTOR: Final = f"{QUOTA_LABEL}=true"
 LEDGER_GRACE_S: Final = 120.0
-"""How long a ledger entry of a claim that does not exist is kept: the claim may still be on
-its way to storage (admission answers first; webhooks time out after at most 30 s). Later it
-was never created (another admission step refused it), or it was deleted."""
+"""How long an unconfirmed ledger entry (its claim never seen stored) of a claim that does not
+exist is kept: the claim may still be on its way to storage (admission answers first; other
+webhooks may take up to 30 s). Later it was never created (another admission step refused it),
+or it was deleted before anyone saw it."""
 
 _SHARE_CONJUNCT: Final = re.compile(r"(^|&&)\s*device\.allowMultipleAllocations\s*(?=&&|$)")
 
@@ -229,17 +232,23 @@ def share_memory_limits(quotas: Iterable[Mapping[str, Any]]) -> tuple[Limit, ...
 
 @dataclass(frozen=True)
 class LedgerEntry:
-    """An admitted share claim: its name, the memory counted, when it was admitted (Unix s)."""
+    """An admitted share claim: its name, the memory counted, when it was admitted (Unix s),
+    whether it was seen stored since."""
 
     name: str
     memory_bytes: int
     admitted_at: float
+    confirmed: bool = False
 
     def encoded(self) -> str:
-        return json.dumps(
-            {"name": self.name, "memoryBytes": self.memory_bytes, "admittedAt": self.admitted_at},
-            sort_keys=True,
-        )
+        entry = {
+            "name": self.name,
+            "memoryBytes": self.memory_bytes,
+            "admittedAt": self.admitted_at,
+        }
+        if self.confirmed:
+            entry["confirmed"] = True
+        return json.dumps(entry, sort_keys=True)
 
 
 Ledger = Mapping[str, LedgerEntry]
@@ -264,9 +273,12 @@ def decode_ledger(data: object, where: str) -> dict[str, LedgerEntry]:
                 raise ValueError("expected name and memoryBytes (a whole number)")
             if not isinstance(at, (int, float)) or isinstance(at, bool):
                 raise ValueError("expected admittedAt (Unix seconds)")
+            confirmed = entry.get("confirmed", False)
+            if not isinstance(confirmed, bool):
+                raise ValueError("expected confirmed to be true or false")
         except ValueError as error:
             raise ShareQuotaError(f"{where}: entry {describe(uid)}: {error}") from error
-        ledger[str(uid)] = LedgerEntry(name, memory, float(at))
+        ledger[str(uid)] = LedgerEntry(name, memory, float(at), confirmed)
     return ledger
 
 
@@ -302,11 +314,7 @@ def admit(
     less than `grace_s` ago: they may not be stored yet) plus the `existing` claims (UID ->
     name, share memory) the ledger lacks (made before the quota, or while no webhook answered).
     A claim already in the ledger (a repeated review) is allowed again."""
-    kept = {
-        key: entry
-        for key, entry in ledger.items()
-        if key in existing or now - entry.admitted_at < grace_s
-    }
+    kept = pruned(ledger, existing, now=now, grace_s=grace_s)
     if uid in kept:
         return Decision(True, "", _used(kept, existing, uid), kept)
     used = _used(kept, existing, uid)
@@ -314,6 +322,27 @@ def admit(
         if used + requested > limit.memory_bytes:
             return Decision(False, exceeded_message(limit, requested, used), used, kept)
     return Decision(True, "", used, {**kept, uid: LedgerEntry(name, requested, now)})
+
+
+def pruned(
+    ledger: Ledger, existing: Mapping[str, object], *, now: float, grace_s: float = LEDGER_GRACE_S
+) -> dict[str, LedgerEntry]:
+    """The entries of `ledger` still counted, given the namespace's `existing` claims by UID:
+    those of existing claims (confirmed now), and unconfirmed ones admitted less than `grace_s`
+    ago (their claim may not be stored yet)."""
+    kept: dict[str, LedgerEntry] = {}
+    for key, entry in ledger.items():
+        if key in existing:
+            kept[key] = confirmed(entry)
+        elif not entry.confirmed and now - entry.admitted_at < grace_s:
+            kept[key] = entry
+    return kept
+
+
+def confirmed(entry: LedgerEntry) -> LedgerEntry:
+    """`entry`, marked as seen stored."""
+    return entry if entry.confirmed else LedgerEntry(entry.name, entry.memory_bytes,
+                                                     entry.admitted_at, True)  # fmt: skip
 
 
 def _used(ledger: Ledger, existing: Mapping[str, tuple[str, int]], uid: str) -> int:

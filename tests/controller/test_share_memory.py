@@ -60,6 +60,11 @@ class FakeApi:
         self._maybe_fail("claims")
         return list(self.claims.get(namespace, []))
 
+    def read_claim(self, namespace: str, name: str) -> dict[str, Any] | None:
+        self._maybe_fail("claims")
+        found = [c for c in self.claims.get(namespace, []) if c["metadata"]["name"] == name]
+        return found[0] if found else None
+
     def list_slices(self) -> list[dict[str, Any]]:
         self._maybe_fail("slices")
         return list(self.slices)
@@ -133,11 +138,25 @@ def clock() -> Clock:
     return Clock()
 
 
+class Spawned(list[Callable[[], None]]):
+    """The confirmations the check started, run when the test says."""
+
+    def run(self) -> None:
+        while self:
+            self.pop(0)()
+
+
 @pytest.fixture
-def check(api: FakeApi, clock: Clock) -> ShareMemoryQuota:
+def spawned() -> Spawned:
+    return Spawned()
+
+
+@pytest.fixture
+def check(api: FakeApi, clock: Clock, spawned: Spawned) -> ShareMemoryQuota:
     return ShareMemoryQuota(
-        api, lambda: CLASSES, driver="gpu.nvidia.com", clock=clock, sleep=lambda _: None
-    )
+        api, lambda: CLASSES, driver="gpu.nvidia.com", clock=clock, sleep=lambda _: None,
+        spawn=spawned.append,
+    )  # fmt: skip
 
 
 def store(api: FakeApi, claim: dict[str, Any]) -> None:
@@ -146,12 +165,15 @@ def store(api: FakeApi, claim: dict[str, Any]) -> None:
 
 
 def test_two_8gi_shares_fit_16gi_and_a_third_is_refused_until_one_is_deleted(
-    api: FakeApi, check: ShareMemoryQuota, clock: Clock
+    api: FakeApi, check: ShareMemoryQuota, spawned: Spawned
 ) -> None:
     first, second = claim_object("a", "8Gi"), claim_object("b", "8Gi")
     for claim in (first, second):
         assert check.review(create(claim)).allowed
         store(api, claim)
+    spawned.run()  # the claims are seen stored: their entries confirmed
+    ledger = sm.decode_ledger(api.ledgers[ledger_name(NAMESPACE)].data, "cm")
+    assert all(entry.confirmed for entry in ledger.values())
     third = check.review(create(claim_object("c", "8Gi")))
     assert not third.allowed
     assert third.code == HTTPStatus.FORBIDDEN
@@ -159,12 +181,27 @@ def test_two_8gi_shares_fit_16gi_and_a_third_is_refused_until_one_is_deleted(
         "exceeded quota: gpu, requested: gpu.nvidia.com/share-memory=8Gi, used: "
         "gpu.nvidia.com/share-memory=16Gi, limited: gpu.nvidia.com/share-memory=16Gi"
     )
-    # Deleting a claim frees its memory at once (it is gone from the list).
+    # Deleting a claim frees its memory at once (confirmed, and gone from the list).
     api.claims[NAMESPACE].remove(first)
-    clock.now += sm.LEDGER_GRACE_S
     assert check.review(create(claim_object("d", "8Gi"))).allowed
     ledger = api.ledgers[ledger_name(NAMESPACE)].data or {}
     assert sorted(sm.decode_ledger(ledger, "cm")) == ["uid-b", "uid-d"]
+
+
+def test_an_entry_never_seen_stored_counts_until_the_grace_ends(
+    api: FakeApi, check: ShareMemoryQuota, clock: Clock, spawned: Spawned
+) -> None:
+    """A claim admitted but not (yet) stored may be on its way: it counts for the grace, then
+    its entry is pruned (another admission step refused it). A confirmation that never finds the
+    claim gives up at the grace without writing."""
+    assert check.review(create(claim_object("on-its-way", "16Gi"))).allowed
+    writes = api.writes
+    spawned.run()
+    assert api.writes == writes
+    assert not check.review(create(claim_object("n", "8Gi"))).allowed
+    clock.now += sm.LEDGER_GRACE_S
+    assert check.review(create(claim_object("n", "8Gi"))).allowed
+    assert sorted(sm.decode_ledger(api.ledgers[ledger_name(NAMESPACE)].data, "cm")) == ["uid-n"]
 
 
 @pytest.mark.parametrize("ledger_exists", [True, False], ids=["update", "create"])
@@ -176,7 +213,7 @@ def test_concurrent_reviews_on_several_replicas_admit_only_what_fits(
     (after a Conflict, or AlreadyExists for the namespace's first ledger)."""
     replicas = [
         ShareMemoryQuota(api, lambda: CLASSES, driver="gpu.nvidia.com", clock=clock,
-                         sleep=lambda _: None)
+                         sleep=lambda _: None, spawn=lambda _: None)
         for _ in range(4)
     ]  # fmt: skip
     if ledger_exists:

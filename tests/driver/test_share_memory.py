@@ -156,14 +156,21 @@ def test_a_claim_that_fits_is_entered_and_one_that_does_not_is_refused_as_quota_
     assert "c" not in refused.ledger
 
 
-def test_entries_of_missing_claims_are_kept_for_the_grace_then_pruned() -> None:
+def test_unconfirmed_entries_of_missing_claims_are_kept_for_the_grace_confirmed_ones_not() -> None:
     ledger = {
-        "deleted": sm.LedgerEntry("deleted", 60 * GI, 0.0),
+        "never-seen": sm.LedgerEntry("never-seen", 60 * GI, 0.0),
+        "deleted": sm.LedgerEntry("deleted", 60 * GI, 995.0, confirmed=True),
         "on-its-way": sm.LedgerEntry("on-its-way", 60 * GI, 990.0),
+        "stored": sm.LedgerEntry("stored", 0, 990.0),
     }
-    refused = sm.admit("n", "n", 8 * GI, limits=LIMIT, ledger=ledger, existing={}, now=1000.0)
+    existing = {"stored": ("stored", 0)}
+    refused = sm.admit("n", "n", 8 * GI, limits=LIMIT, ledger=ledger, existing=existing, now=1000.0)
     assert not refused.allowed  # the claim admitted 10 s ago may not be stored yet
-    assert set(refused.ledger) == {"on-its-way"}
+    assert refused.ledger == {
+        "on-its-way": ledger["on-its-way"],
+        "stored": sm.LedgerEntry("stored", 0, 990.0, confirmed=True),
+    }
+    ledger = {"on-its-way": ledger["on-its-way"]}
     later = sm.admit("n", "n", 8 * GI, limits=LIMIT, ledger=ledger, existing={}, now=1200.0)
     assert later.allowed
     assert set(later.ledger) == {"n"}
@@ -187,7 +194,7 @@ def test_every_limit_must_hold() -> None:
 
 
 def test_the_ledger_round_trips_and_a_corrupt_one_is_an_error_naming_the_entry() -> None:
-    ledger = {"u1": sm.LedgerEntry("a", GI, 1.5), "u2": sm.LedgerEntry("b", 2 * GI, 2.0)}
+    ledger = {"u1": sm.LedgerEntry("a", GI, 1.5), "u2": sm.LedgerEntry("b", 2 * GI, 2.0, True)}
     assert sm.decode_ledger(sm.encode_ledger(ledger), "cm") == ledger
     assert sm.decode_ledger(None, "cm") == {}
     with pytest.raises(sm.ShareQuotaError, match="cm: entry 'u1': expected a JSON object"):
