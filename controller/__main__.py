@@ -44,6 +44,7 @@ from gpu_dra.controller.metrics import (
     LeaderMetrics,
 )
 from gpu_dra.controller.settings import ControllerSettings
+from gpu_dra.controller.share_memory import KubernetesShareQuotaApi, ShareMemoryQuota
 from gpu_dra.controller.webhook import WebhookSetupError, serving
 from gpu_dra.controller.webhook_certificate import (
     CertificateKeeper,
@@ -125,10 +126,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
 
     keeper = _certificate_keeper(settings, api_client)
+    share_quota = _share_quota(settings, api_client)
 
     async def start() -> int:
         if keeper is None:
-            return await serving(settings, keep_applied, driver=DEFAULT_DRIVER_NAME)
+            return await serving(
+                settings, keep_applied, driver=DEFAULT_DRIVER_NAME, share_quota=share_quota
+            )
         try:
             await keeper.start()
         except CertificateSetupError as error:
@@ -144,7 +148,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                 stop.set()
                 await asyncio.gather(task, return_exceptions=True)
 
-        return await serving(settings, keep_applied_and_certificate, driver=DEFAULT_DRIVER_NAME)
+        return await serving(
+            settings,
+            keep_applied_and_certificate,
+            driver=DEFAULT_DRIVER_NAME,
+            share_quota=share_quota,
+        )
 
     # The admission webhook is served beside the run loop (every replica) until it returns.
     try:
@@ -152,6 +161,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     except WebhookSetupError as error:
         log.error("%s", error)
         return EXIT_BAD_SETUP
+
+
+def _share_quota(settings: ControllerSettings, api_client: ApiClient) -> ShareMemoryQuota | None:
+    """With --share-memory-quota, the check of the webhook's share-memory endpoint; which classes
+    serve shares comes from the catalog (reloaded now and then)."""
+    if not (settings.webhook_port and settings.share_memory_quota):
+        return None
+    return ShareMemoryQuota(
+        KubernetesShareQuotaApi(
+            api_client, ledger_namespace=settings.share_memory_ledger_namespace
+        ),
+        lambda: list(load_catalog(settings.deviceclasses_dir)),
+        driver=DEFAULT_DRIVER_NAME,
+    )
 
 
 def _certificate_keeper(

@@ -245,6 +245,27 @@ class ControllerSettings:
             str,
         ),
     )
+    share_memory_quota: bool = field(
+        default=False,
+        metadata=option(
+            "--share-memory-quota",
+            "GPU_DRA_SHARE_MEMORY_QUOTA",
+            "serve /validate-share-memory on the webhook port: refuse a ResourceClaim whose "
+            "share memory would bring its namespace over gpu.nvidia.com/share-memory of its "
+            "ResourceQuota labelled gpu.nvidia.com/tier-quota (docs/shares.md#share-memory-quota)",
+            parse_bool,
+        ),
+    )
+    share_memory_ledger_namespace: str = field(
+        default="gpu-dra",
+        metadata=option(
+            "--share-memory-ledger-namespace",
+            "GPU_DRA_SHARE_MEMORY_LEDGER_NAMESPACE",
+            "namespace of the share-memory ledgers (ConfigMaps gpu-dra-share-memory.<namespace>; "
+            "the chart: the release namespace, which tenants cannot write)",
+            str,
+        ),
+    )
     idle_reclaim: bool = field(
         default=False,
         metadata=option(
@@ -406,6 +427,8 @@ class ControllerSettings:
                 "--webhook-tls-secret needs --webhook-service (the certificate's names) and "
                 "--webhook-configuration (whose caBundle to keep)"
             )
+        if settings.share_memory_quota and not settings.webhook_port:
+            parser.error("--share-memory-quota needs --webhook-port (it is served by the webhook)")
         return settings
 
     def log_fields(self) -> dict[str, str]:

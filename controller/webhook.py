@@ -2,6 +2,9 @@
 
 ``POST /validate-resource-claim-parameters`` (NVIDIA's path) takes an AdmissionReview v1 and
 answers with the verdict of `gpu_dra.controller.admission`; a body that is not one gets HTTP 400.
+``POST /validate-share-memory`` (with `--share-memory-quota`) answers with the verdict of
+`gpu_dra.controller.share_memory` on a ResourceClaim's share memory
+(docs/shares.md#share-memory-quota).
 ``GET /readyz`` answers ``ok``. The certificate and key files are re-read every few seconds; when
 their content changed, new connections get the new pair (a renewed Secret needs no restart), and
 a pair that cannot be loaded is logged while the last good one stays. A pair that cannot be
@@ -24,10 +27,12 @@ from aiohttp import web
 
 from gpu_dra.controller import admission
 from gpu_dra.controller.settings import ControllerSettings
+from gpu_dra.controller.share_memory import ShareMemoryQuota
 
 log = logging.getLogger(__name__)
 
 PATH: Final = "/validate-resource-claim-parameters"
+SHARE_MEMORY_PATH: Final = "/validate-share-memory"
 READY_PATH: Final = "/readyz"
 RELOAD_INTERVAL_S: Final = 10.0
 MAX_BODY_BYTES: Final = 4 * 1024 * 1024
@@ -108,22 +113,36 @@ class ReloadingCertificate:
                 self.reload_if_changed()
 
 
-def application(driver: str) -> web.Application:
-    """The webhook's routes: the validation endpoint and the readiness endpoint."""
+def application(driver: str, share_quota: ShareMemoryQuota | None = None) -> web.Application:
+    """The webhook's routes: the validation endpoint, the share-memory quota endpoint (with
+    `share_quota`) and the readiness endpoint."""
 
-    async def validate(request: web.Request) -> web.Response:
+    async def reviewed(request: web.Request) -> Mapping[str, Any] | web.Response:
         if request.content_type != "application/json":
             return web.Response(
                 status=HTTPStatus.UNSUPPORTED_MEDIA_TYPE,
                 text=f"expected Content-Type application/json, got {request.content_type}",
             )
-        body = await request.read()
         try:
-            review = admission.parse_review(body)
+            return admission.parse_review(await request.read())
         except admission.BadReviewError as error:
             log.warning("not an admission review: %s", error)
             return web.Response(status=HTTPStatus.BAD_REQUEST, text=str(error))
+
+    async def validate(request: web.Request) -> web.Response:
+        review = await reviewed(request)
+        if isinstance(review, web.Response):
+            return review
         verdict = admission.decide(review["request"], driver=driver)
+        _log_verdict(review["request"], verdict)
+        return web.json_response(admission.response(review, verdict))
+
+    async def validate_share_memory(request: web.Request) -> web.Response:
+        review = await reviewed(request)
+        if isinstance(review, web.Response):
+            return review
+        assert share_quota is not None
+        verdict = await asyncio.to_thread(share_quota.review, review["request"])
         _log_verdict(review["request"], verdict)
         return web.json_response(admission.response(review, verdict))
 
@@ -132,6 +151,8 @@ def application(driver: str) -> web.Application:
 
     app = web.Application(client_max_size=MAX_BODY_BYTES)
     app.router.add_post(PATH, validate)
+    if share_quota is not None:
+        app.router.add_post(SHARE_MEMORY_PATH, validate_share_memory)
     app.router.add_get(READY_PATH, ready)
     return app
 
@@ -158,10 +179,11 @@ class WebhookServer:
         driver: str,
         host: str | None = None,
         reload_interval_s: float = RELOAD_INTERVAL_S,
+        share_quota: ShareMemoryQuota | None = None,
     ) -> None:
         self.certificate = certificate
         self._runner = web.AppRunner(
-            application(driver), access_log=None, shutdown_timeout=SHUTDOWN_TIMEOUT_S
+            application(driver, share_quota), access_log=None, shutdown_timeout=SHUTDOWN_TIMEOUT_S
         )
         self._host = host
         self._port = port
@@ -200,16 +222,23 @@ class WebhookServer:
 
 
 async def serving(
-    settings: ControllerSettings, main: Callable[[], Awaitable[int]], *, driver: str
+    settings: ControllerSettings,
+    main: Callable[[], Awaitable[int]],
+    *,
+    driver: str,
+    share_quota: ShareMemoryQuota | None = None,
 ) -> int:
     """`main()`'s result, with the webhook served while it runs when `settings.webhook_port` is
-    set; `WebhookSetupError` (before `main` starts) if the webhook cannot be served."""
+    set (with the share-memory quota endpoint when `share_quota` is given); `WebhookSetupError`
+    (before `main` starts) if the webhook cannot be served."""
     if not settings.webhook_port:
         return await main()
     certificate = ReloadingCertificate(
         settings.webhook_tls_cert_file, settings.webhook_tls_private_key_file
     )
-    server = WebhookServer(certificate, port=settings.webhook_port, driver=driver)
+    server = WebhookServer(
+        certificate, port=settings.webhook_port, driver=driver, share_quota=share_quota
+    )
     await server.start()
     try:
         return await main()

@@ -34,7 +34,8 @@ from gpu_dra.controller.admission import VERSIONS as ADMITTED_VERSIONS
 from gpu_dra.controller.catalog import DeviceClass, load_catalog
 from gpu_dra.controller.settings import ControllerSettings
 from gpu_dra.controller.webhook import PATH as WEBHOOK_PATH
-from gpu_dra.controller.webhook import ReloadingCertificate, WebhookServer
+from gpu_dra.controller.webhook import SHARE_MEMORY_PATH, ReloadingCertificate, WebhookServer
+from gpu_dra.driver.cluster import share_memory
 from gpu_dra.driver.mig_policy import DEFAULT as DEFAULT_MIG_POLICY
 from gpu_dra.driver.mig_policy import parse_policy
 from gpu_dra.driver.nvml.simulated import SimulatedHost
@@ -1109,9 +1110,17 @@ CONTROLLER_USER = f"system:serviceaccount:{NAMESPACE}:{CONTROLLER_SA}"
 CLAIM_CONTROLLER_USER = "system:serviceaccount:kube-system:resource-claim-controller"
 
 
+SHARE_HOOK = "share-memory.gpu.nvidia.com"
+
+
 def webhooks(rendered: Rendered) -> dict[str, dict[str, Any]]:
     (config,) = rendered.all("ValidatingWebhookConfiguration")
     return {hook["name"]: hook for hook in config["webhooks"]}
+
+
+def config_webhooks(rendered: Rendered) -> dict[str, dict[str, Any]]:
+    """The webhooks that judge opaque configs (not the share-memory quota's)."""
+    return {name: hook for name, hook in webhooks(rendered).items() if name != SHARE_HOOK}
 
 
 def test_the_webhook_is_the_controllers_port_behind_its_service(host_driver: Rendered) -> None:
@@ -1124,7 +1133,7 @@ def test_the_webhook_is_the_controllers_port_behind_its_service(host_driver: Ren
     assert port["targetPort"] == "webhook"
     assert "webhook" in {p["name"] for p in container["ports"]}
     assert port["port"] == 443
-    for hook in webhooks(host_driver).values():
+    for hook in config_webhooks(host_driver).values():
         assert hook["clientConfig"]["service"] == {
             "namespace": NAMESPACE,
             "name": WEBHOOK,
@@ -1136,7 +1145,7 @@ def test_the_webhook_is_the_controllers_port_behind_its_service(host_driver: Ren
 def test_the_webhook_judges_every_validated_kind_and_version_fail_closed(
     host_driver: Rendered,
 ) -> None:
-    hooks = webhooks(host_driver)
+    hooks = config_webhooks(host_driver)
 
     assert sorted(hooks) == sorted(f"{plural}.gpu.nvidia.com" for plural in ADMITTED_KINDS)
     for name, hook in hooks.items():
@@ -1335,6 +1344,96 @@ def test_the_webhook_can_be_left_out_or_fail_open(tmp_path: Path) -> None:
         assert off.all(kind) == []
     assert WEBHOOK not in {s["metadata"]["name"] for s in off.all("Service")}
     assert {h["failurePolicy"] for h in webhooks(fail_open).values()} == {"Ignore"}
+
+
+def share_claim(request: dict[str, Any], version: str = "v1") -> dict[str, Any]:
+    return {
+        "apiVersion": f"resource.k8s.io/{version}",
+        "kind": "ResourceClaim",
+        "spec": {"devices": {"requests": [request]}},
+    }
+
+
+def test_every_claim_asking_for_a_share_class_is_sent_to_the_share_memory_quota(
+    host_driver: Rendered,
+) -> None:
+    hook = webhooks(host_driver)[SHARE_HOOK]
+    data = host_driver.one("ConfigMap", "gpu-dra-deviceclasses")["data"]
+    catalog = [yaml.safe_load(text) for text in data.values()]
+
+    assert hook["clientConfig"]["service"]["path"] == SHARE_MEMORY_PATH
+    assert hook["sideEffects"] == "NoneOnDryRun"  # the ledger is not written for dry runs
+    assert hook["failurePolicy"] == "Fail"
+    assert hook["rules"] == [
+        {
+            "apiGroups": ["resource.k8s.io"],
+            "apiVersions": ["v1"],
+            "operations": ["CREATE"],
+            "resources": ["resourceclaims"],
+            "scope": "Namespaced",
+        }
+    ]
+    assert hook["matchPolicy"] == "Equivalent"  # v1beta1/v1beta2 writes are sent as v1
+    share_classes = share_memory.share_classes(catalog)
+    assert share_classes == {"mps.gpu.nvidia.com", "mps.mig.nvidia.com", "capped.gpu.nvidia.com"}
+    users = ("alice", CLAIM_CONTROLLER_USER, "system:kube-scheduler")
+    for name in share_classes:
+        for user in users:  # claims from templates and the scheduler's claims count too
+            share = {"name": "s", "exactly": {"deviceClassName": name}}
+            assert webhook_called(hook, user=user, obj=share_claim(share)), (name, user)
+        alternatives = {
+            "name": "any",
+            "firstAvailable": [
+                {"name": "whole", "deviceClassName": "gpu.nvidia.com"},
+                {"name": "share", "deviceClassName": name},
+            ],
+        }
+        assert webhook_called(hook, user="alice", obj=share_claim(alternatives))
+    whole = {"name": "g", "exactly": {"deviceClassName": "gpu.nvidia.com"}}
+    assert not webhook_called(hook, user="alice", obj=share_claim(whole))
+    assert not webhook_called(hook, user="alice", obj=share_claim({"name": "x"}))
+    share = {"name": "s", "exactly": {"deviceClassName": "mps.gpu.nvidia.com"}}
+    assert not webhook_called(hook, user="alice", obj=share_claim(share), operation="UPDATE")
+
+
+def test_the_share_memory_quota_needs_quota_reads_and_ledgers_in_the_release_namespace(
+    host_driver: Rendered, tmp_path: Path
+) -> None:
+    settings = ControllerSettings.from_env(
+        env_of(host_driver.container("Deployment", "controller"), CONTROLLER_DOWNWARD)
+    )
+    cluster_rules = [
+        rule
+        for role in host_driver.all("ClusterRole")
+        if role["metadata"]["name"] == CONTROLLER_SA
+        for rule in role["rules"]
+    ]
+    ledgers = host_driver.one("Role", f"{CONTROLLER_SA}-share-memory")
+    binding = host_driver.one("RoleBinding", f"{CONTROLLER_SA}-share-memory")
+
+    assert settings.share_memory_quota
+    assert settings.share_memory_ledger_namespace == NAMESPACE
+    assert {"apiGroups": [""], "resources": ["resourcequotas"], "verbs": ["list"]} in cluster_rules
+    assert ledgers["metadata"]["namespace"] == NAMESPACE
+    assert ledgers["rules"] == [
+        {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "create", "update"]}
+    ]
+    assert binding["subjects"][0]["name"] == CONTROLLER_SA
+
+    off = Rendered.of(
+        {**HOST_DRIVER, "webhook": {"shareMemoryQuota": {"enabled": False}}}, tmp_path
+    )
+    container = off.container("Deployment", "controller")
+    assert not ControllerSettings.from_env(
+        env_of(container, CONTROLLER_DOWNWARD)
+    ).share_memory_quota
+    assert SHARE_HOOK not in webhooks(off)
+    assert f"{CONTROLLER_SA}-share-memory" not in {r["metadata"]["name"] for r in off.all("Role")}
+    assert not any(
+        "resourcequotas" in rule.get("resources", [])
+        for role in off.all("ClusterRole")
+        for rule in role["rules"]
+    )
 
 
 def test_the_controller_mode_renders_the_same_every_time_and_no_certificate(

@@ -20,13 +20,18 @@ import aiohttp
 import pytest
 
 from gpu_dra.controller.settings import ControllerSettings
+from gpu_dra.controller.share_memory import ShareMemoryQuota
 from gpu_dra.controller.webhook import (
     PATH,
+    SHARE_MEMORY_PATH,
     ReloadingCertificate,
     WebhookServer,
     WebhookSetupError,
     serving,
 )
+from gpu_dra.driver.cluster.share_memory import SHARE_MEMORY
+from tests.controller.test_share_memory import CLASSES, FakeApi
+from tests.controller.test_share_memory import claim_object as share_claim_object
 
 DRIVER = "gpu.nvidia.com"
 SERVICE_NAME = "gpu-dra-webhook.gpu-dra.svc"
@@ -113,12 +118,16 @@ def claim(strategy: str) -> dict[str, Any]:
 
 
 async def post(
-    port: int, trust: ssl.SSLContext, body: bytes, content_type: str = "application/json"
+    port: int,
+    trust: ssl.SSLContext,
+    body: bytes,
+    content_type: str = "application/json",
+    path: str = PATH,
 ) -> tuple[int, str]:
     async with (
         aiohttp.ClientSession() as session,
         session.post(
-            f"https://127.0.0.1:{port}{PATH}",
+            f"https://127.0.0.1:{port}{path}",
             data=body,
             headers={"Content-Type": content_type},
             ssl=trust,
@@ -183,6 +192,30 @@ def test_a_claim_with_an_unknown_strategy_is_denied_over_https(
     }
     assert good_status == 200
     assert json.loads(good_text)["response"] == {"uid": "uid-1", "allowed": True}
+
+
+def test_the_share_memory_quota_is_served_on_its_own_path_only_when_given(
+    certs: tuple[Pair, Pair, Pair],
+) -> None:
+    a, _, served = certs
+    api = FakeApi()
+    api.quotas["team-a"] = [{"metadata": {"name": "gpu"}, "spec": {"hard": {SHARE_MEMORY: "16Gi"}}}]
+    quota = ShareMemoryQuota(api, lambda: CLASSES, driver=DRIVER)
+    big = share_claim_object("big", "24Gi")
+    big["metadata"]["namespace"] = "team-a"
+
+    async def scenario(server: WebhookServer) -> tuple[int, str]:
+        return await post(server.port, trusting(a), review_body(big), path=SHARE_MEMORY_PATH)
+
+    status, text = with_server(served, scenario, share_quota=quota)
+    assert status == 200
+    assert json.loads(text)["response"]["status"] == {
+        "code": 403,
+        "reason": "Forbidden",
+        "message": "exceeded quota: gpu, requested: gpu.nvidia.com/share-memory=24Gi, used: "
+        "gpu.nvidia.com/share-memory=0, limited: gpu.nvidia.com/share-memory=16Gi",
+    }
+    assert with_server(served, scenario)[0] == 404
 
 
 def test_readyz_answers_ok(certs: tuple[Pair, Pair, Pair]) -> None:

@@ -153,6 +153,25 @@ other (the repository's catalog puts it on mps.gpu.nvidia.com). */}}
 {{- $text }}
 {{- end }}
 
+{{/* The names of the catalog's share classes (a JSON list): classes one of whose CEL selectors
+requires device.allowMultipleAllocations as a top-level && term, the rule the controller applies
+to the same files (gpu_dra.driver.cluster.share_memory.is_share_class). */}}
+{{- define "gpu-dra.shareClassNames" -}}
+{{- $names := list }}
+{{- if .Values.deviceClasses.enabled }}
+{{- range (include "gpu-dra.deviceClassFiles" . | fromJsonArray) }}
+{{- $class := include "gpu-dra.deviceClassFile" (dict "root" $ "path" .) | fromYaml }}
+{{- range ($class.spec.selectors | default list) }}
+{{- $expression := regexReplaceAll "\\s+" ((.cel | default dict).expression | default "") " " }}
+{{- if regexMatch "(^|&&) *device\\.allowMultipleAllocations *(&&|$)" $expression }}
+{{- $names = append $names $class.metadata.name }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- toJson (uniq $names) }}
+{{- end }}
+
 {{/* The DeviceClass serving the NVIDIA device plugin's mixed-strategy MIG resource of one
 profile (the argument, e.g. 1g.10gb+me): nvidia.com/mig-<profile>, `+` written `.` as the device plugin
 writes it, on the MIG devices of exactly that profile, static or made on demand. */}}
