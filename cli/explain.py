@@ -49,6 +49,7 @@ from gpu_dra.cli.command import (
 )
 from gpu_dra.cli.queueing import QueueWait, claim_wait, job_wait
 from gpu_dra.cli.quota_use import (
+    SHARE_MEMORY,
     QuotaLine,
     pod_extended_resources,
     pod_refusals,
@@ -835,7 +836,7 @@ def render_quota(lines: Sequence[QuotaLine], error: str = "") -> list[Block]:
             [
                 f"{line.quota}{' (tier quota)' if line.tier else ''}",
                 line.resource,
-                line.used or "-",
+                line.used or ("counted by gpu-dra" if line.resource == SHARE_MEMORY else "-"),
                 line.hard,
                 "full" if line.full else "",
             ]

@@ -219,7 +219,8 @@ def test_each_team_runs_within_its_quota_and_the_next_claim_of_a_tier_is_refused
         kube.create(claim(f"notebook-{index}", research, MIG_1G))
     kube.create(claim("finetune", research, MIG_3G))
     for index in range(8):
-        kube.create(m.share_claim(f"share-{index}", research, "8Gi", 12))
+        # 8 x 4Gi: within the 64Gi of share memory, so the ninth share meets the device limit.
+        kube.create(m.share_claim(f"share-{index}", research, "4Gi", 12))
     run_with(kube, "whole", "whole", research)
     run_with(kube, "notebook", "notebook-0", research)
     run_with(kube, "finetune", "finetune", research)
