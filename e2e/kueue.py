@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Final
 
 import yaml
-from kubernetes.dynamic.exceptions import NotFoundError
+from kubernetes.dynamic.exceptions import NotFoundError, ResourceNotFoundError
 
 from e2e import manifests as m
 from e2e.cluster import Cluster, images, versions
@@ -54,6 +54,9 @@ NAMESPACE: Final = "kueue-system"
 the manager's internal certificate management expects (``kueue-webhook-service``, ...)."""
 IMAGE_REPOSITORY: Final = "localhost/gpu-dra/kueue"
 MANAGER_SELECTOR: Final = "control-plane=controller-manager"
+CERT_SECRET: Final = f"{RELEASE}-webhook-server-cert"
+"""The webhook's certificate, which the manager makes (the chart's internal certificate
+management) and the manager pod mounts."""
 FEATURE_GATES: Final = {"DynamicResourceAllocation": True}
 """Kueue's DRA quota accounting: alpha since v0.14, off by default (also in v0.17)."""
 KUEUE_API: Final = "kueue.x-k8s.io/v1beta2"
@@ -211,7 +214,8 @@ class Kueue:
 
     def install(self, values_file: Path) -> None:
         """``helm install`` the chart, give the manager the apiserver's node address and one
-        replica, and wait until its webhooks answer (a ResourceFlavor is created through them)."""
+        replica, restart its pod once the certificate is made (see below), and wait until its
+        webhooks answer (a ResourceFlavor is created through them)."""
         values_file.write_text(yaml.safe_dump(chart_values(import_image(self.cluster))))
         self.run_helm(
             "install", RELEASE, str(chart_dir(self.cluster.paths)), f"--namespace={NAMESPACE}",
@@ -228,6 +232,12 @@ class Kueue:
             "--type=strategic", f"--patch={json.dumps(patch)}",
         )  # fmt: skip
         try:
+            wait_for("Kueue's webhook certificate", self._certificate_made, 120, 1)
+            if not self.manager_ready():
+                # The kubelet refreshes a mounted Secret only every minute or so, and the manager
+                # is not ready before it sees its certificate; a new pod mounts it at once.
+                for pod in self.manager_pods():
+                    self.kube.delete("v1", "Pod", pod["metadata"]["name"], NAMESPACE)
             wait_for("Kueue's manager to be ready", self.manager_ready, 180, 2)
             wait_for("Kueue's webhooks to answer", self._flavor_created, 120, 2)
         except TimeoutError as error:
@@ -252,12 +262,20 @@ class Kueue:
             for p in self.manager_pods()
         )  # fmt: skip
 
+    def _certificate_made(self) -> bool:
+        """Whether the manager's certificate management filled the webhook's Secret."""
+        secret = self.kube.get("v1", "Secret", CERT_SECRET, NAMESPACE)
+        return bool((secret.get("data") or {}).get("tls.crt"))
+
     def _flavor_created(self) -> bool:
-        if self.kube.exists(KUEUE_API, "ResourceFlavor", FLAVOR, None):
-            return True
         try:
+            if self.kube.exists(KUEUE_API, "ResourceFlavor", FLAVOR, None):
+                return True
             self.kube.create(resource_flavor())
+        except ResourceNotFoundError:  # the CRD is not served yet
+            return False
         except Exception as error:
+            # The webhook does not answer yet (no ready endpoint, no certificate): try again.
             if "failed calling webhook" in str(error) or "no endpoints" in str(error):
                 return False
             raise
