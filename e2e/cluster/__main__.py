@@ -8,7 +8,7 @@ import os
 import sys
 from pathlib import Path
 
-from e2e import helm, nvidiactk, nvidiadp, nvmlmock
+from e2e import helm, kueue, nvidiactk, nvidiadp, nvmlmock
 from e2e.cluster import driverimage, netns, toolchain
 from e2e.cluster.lifecycle import Cluster, ClusterError
 
@@ -38,6 +38,7 @@ def main(argv: list[str] | None = None) -> int:
             print(nvidiactk.build(cluster.paths))
             print(nvidiadp.build(cluster.paths))
             print(helm.build(cluster.paths))
+            print(kueue.build(cluster.paths))
             print(driverimage.build(cluster.paths).reference)
         elif options.command == "up":
             cluster.up()
