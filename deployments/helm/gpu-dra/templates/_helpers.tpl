@@ -211,3 +211,10 @@ GATES_NOT_IMPLEMENTED, checked by tests/test_helm_chart.py). */}}
 {{- define "gpu-dra.unimplementedGates" -}}
 {{- toJson (list "IMEXDaemonsWithDNSNames" "PassthroughSupport" "ComputeDomainCliques" "CrashOnNVLinkFabricErrors" "DeviceMetadata" "DRAListTypeAttributes" "FabricManagerPartitioning" "HostManagedIMEXDaemon" "ConsumableShares") }}
 {{- end }}
+
+{{/* The idle policy's bound on a claim's activity report, in seconds: three times the longest a
+live plugin's report waits (a write per claimStatus.minInterval of a sample per
+metrics.utilization.interval, seen by a writer pass every 2 s; docs/idle-reclaim.md). */}}
+{{- define "gpu-dra.idleReclaim.maxSampleAge" -}}
+{{- mul 3 (add (ceil .Values.kubeletPlugin.claimStatus.minInterval) (ceil .Values.metrics.utilization.interval) 2) }}
+{{- end }}
