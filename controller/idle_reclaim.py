@@ -42,6 +42,7 @@ from gpu_dra.driver.cluster.idle_policy import (
 from gpu_dra.driver.resourceapi import API_GROUP
 from gpu_dra.kube import errors
 from gpu_dra.kube.client import RESOURCE_VERSION, decoded_object, translated_errors
+from gpu_dra.kube.events import InvolvedObject, KubernetesEventApi, event
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +98,7 @@ class KubernetesIdleReclaimApi:
     def __init__(self, api_client: k8s.ApiClient, *, request_timeout_s: float = 30.0) -> None:
         self._core: Any = k8s.CoreV1Api(api_client)
         self._objects: Any = k8s.CustomObjectsApi(api_client)
+        self._events = KubernetesEventApi(api_client, request_timeout_s=request_timeout_s)
         self._timeout = request_timeout_s
 
     def _items(self, response: Any, action: str) -> list[Obj]:
@@ -183,57 +185,16 @@ class KubernetesIdleReclaimApi:
             raise
 
     def create_event(self, namespace: str, event: dict[str, Any]) -> None:
-        with translated_errors(f"create Event in {namespace}"):
-            self._core.create_namespaced_event(
-                namespace, event, _preload_content=False, _request_timeout=self._timeout
-            )
+        self._events.create_event(namespace, event)
 
 
-@dataclass(frozen=True)
-class Target:
-    """What an Event is about."""
-
-    kind: str
-    api_version: str
-    namespace: str
-    name: str
-    uid: str
+def pod_target(namespace: str, pod: PodRef) -> InvolvedObject:
+    return InvolvedObject("v1", "Pod", namespace, pod.name, pod.uid)
 
 
-def pod_target(namespace: str, pod: PodRef) -> Target:
-    return Target("Pod", "v1", namespace, pod.name, pod.uid)
-
-
-def claim_target(claim: ClaimActivity) -> Target:
-    return Target("ResourceClaim", f"{API_GROUP}/v1", claim.namespace, claim.name, claim.uid)
-
-
-def event(
-    target: Target, reason: str, message: str, *, warning: bool, instance: str, now: float
-) -> dict[str, Any]:
-    """A core/v1 Event about `target` (``kubectl describe`` of it lists it)."""
-    stamp = policy.rfc3339(now)
-    return {
-        "apiVersion": "v1",
-        "kind": "Event",
-        "metadata": {"generateName": f"{target.name}.gpu-dra-", "namespace": target.namespace},
-        "involvedObject": {
-            "apiVersion": target.api_version,
-            "kind": target.kind,
-            "namespace": target.namespace,
-            "name": target.name,
-            "uid": target.uid,
-        },
-        "reason": reason,
-        "message": message[:1024],
-        "type": "Warning" if warning else "Normal",
-        "source": {"component": COMPONENT},
-        "reportingComponent": COMPONENT,
-        "reportingInstance": instance,
-        "firstTimestamp": stamp,
-        "lastTimestamp": stamp,
-        "count": 1,
-    }
+def claim_target(claim: ClaimActivity) -> InvolvedObject:
+    return InvolvedObject(f"{API_GROUP}/v1", "ResourceClaim", claim.namespace, claim.name,
+                          claim.uid)  # fmt: skip
 
 
 @dataclass
@@ -345,7 +306,7 @@ class IdleReclaimer:
             return
         self._reported_invalid[name] = message
         log.warning("idle policy: %s", message)
-        target = Target("Namespace", "v1", name, name, str(metadata.get("uid") or ""))
+        target = InvolvedObject("v1", "Namespace", name, name, str(metadata.get("uid") or ""))
         self._post(target, REASON_INVALID, message, warning=True)
 
     def _activity(self, claim: Obj) -> ClaimActivity:
@@ -533,9 +494,9 @@ class IdleReclaimer:
         for claim in pod.claims:
             self._post(claim_target(claim), reason, message, warning=warning)
 
-    def _post(self, target: Target, reason: str, message: str, *, warning: bool) -> None:
-        body = event(target, reason, message, warning=warning, instance=self._instance,
-                     now=self._clock())  # fmt: skip
+    def _post(self, target: InvolvedObject, reason: str, message: str, *, warning: bool) -> None:
+        body = event(target, reason, message, warning=warning, component=COMPONENT,
+                     instance=self._instance, now=self._clock())  # fmt: skip
         try:
             self._api.create_event(target.namespace, body)
         except errors.ApiError as error:
