@@ -54,6 +54,7 @@ from e2e.driver import MPS_DAEMON_NAMESPACE, PLUGIN, Driver
 from e2e.kube import Kube, wait_for
 from gpu_dra.driver.naming import GpuDeviceName, parse_device_name
 from gpu_dra.kubelet_plugin.time_slicer import interval_name
+from gpu_dra.kubelet_plugin.utilization.simulated_file import SIMULATED_UTILIZATION_FILE
 
 
 def say(text: str = "") -> None:
@@ -194,6 +195,8 @@ def clean_up(driver: Driver, stage: Stage) -> None:
     for namespace in namespaces:
         kube.wait_gone("v1", "Namespace", namespace, None, timeout=180)
     wait_for("every claim to be unprepared", lambda: not driver.checkpoint_claims(), 120)
+    # Every simulated GPU idle again: the next stage's claims start from nothing.
+    (driver.state_dir / SIMULATED_UTILIZATION_FILE).unlink(missing_ok=True)
     say(
         f"left on the node: {len(driver.checkpoint_claims())} prepared claims, "
         f"{len(driver.cdi_spec_claims())} CDI specs, {len(mig_instances(driver))} MIG "
