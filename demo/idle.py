@@ -54,6 +54,8 @@ class IdleShown:
     """The notebook's device (a whole H100)."""
     status: list[dict[str, Any]]
     """The claim's ``status.devices`` entries of gpu.nvidia.com, when the demo printed them."""
+    status_read_at: float
+    """When `status` was read (seconds since the epoch)."""
     condition: dict[str, Any]
     """The pod's condition ``gpu.nvidia.com/GpuIdle``."""
     events: list[tuple[str, str, str, str]]
@@ -208,6 +210,7 @@ def show_idle_reclaim(driver: Driver, say: Callable[[str], None]) -> IdleShown:
     condition = _warning(driver, idle_from)
     events = _events(driver)
     status = _claim_status(driver)
+    status_read_at = time.time()
 
     say(f"\n==> the claim's status, written by the kubelet plugin (kubectl get resourceclaim "
         f"{name} -n {namespace} -o yaml: status.devices)")  # fmt: skip
@@ -238,4 +241,4 @@ def show_idle_reclaim(driver: Driver, say: Callable[[str], None]) -> IdleShown:
     phase = str((kube.get("v1", "Pod", name, namespace).get("status") or {}).get("phase"))
     say(f"(pod {namespace}/{name} is {phase}: evicted when its grace period ends, unless its GPU "
         "is used again)")  # fmt: skip
-    return IdleShown(device, status, condition, events, entry, advice, phase)
+    return IdleShown(device, status, status_read_at, condition, events, entry, advice, phase)
