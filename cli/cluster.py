@@ -14,12 +14,15 @@ from typing import Any
 from kubernetes.client import CoreV1Api
 
 from gpu_dra.cli.command import EXIT_USAGE, CliError, add_env_argument, add_output_argument
+from gpu_dra.cli.queueing import KUEUE_API
 from gpu_dra.driver.cluster.idle_policy import LABEL as IDLE_POLICY_LABEL
 from gpu_dra.kube import errors
 from gpu_dra.kube.client import (
     decoded_object,
+    list_namespaced_objects,
     list_resource_objects,
     new_api_client,
+    read_namespaced_object,
     read_resource_claim,
     translated_errors,
 )
@@ -60,6 +63,75 @@ def read_objects(client: Any) -> tuple[list[Obj], list[Obj], list[Obj]]:
     slices = list_resource_objects(client, "resourceslices")
     claims = list_resource_objects(client, "resourceclaims")
     return classes, slices, claims
+
+
+def read_kueue(client: Any, namespace: str) -> tuple[list[Obj], list[Obj]] | None:
+    """Kueue's Workloads and LocalQueues in `namespace` (docs/kueue.md); None when the
+    apiserver does not serve Kueue's API (Kueue is not installed). Raises `errors.ApiError`."""
+    try:
+        workloads = list_namespaced_objects(client, KUEUE_API, "workloads", namespace)
+    except errors.NotFoundError:
+        return None
+    return workloads, list_namespaced_objects(client, KUEUE_API, "localqueues", namespace)
+
+
+def read_pods(client: Any, namespace: str) -> list[Obj]:
+    """The Pods of `namespace`. Raises `errors.ApiError`."""
+    core: Any = CoreV1Api(client)
+    action = f"list Pods in namespace {namespace}"
+    with translated_errors(action):
+        response = core.list_namespaced_pod(namespace, _preload_content=False)
+    items = decoded_object(response.data, action).get("items") or []
+    return [item for item in items if isinstance(item, dict)]
+
+
+def read_jobs(client: Any, namespace: str) -> list[Obj]:
+    """The batch/v1 Jobs of `namespace`. Raises `errors.ApiError`."""
+    return list_namespaced_objects(client, "batch/v1", "jobs", namespace)
+
+
+def read_job(client: Any, namespace: str, name: str) -> Obj:
+    """The batch/v1 Job `namespace`/`name`. Raises `errors.ApiError` (`NotFoundError`)."""
+    return read_namespaced_object(client, "batch/v1", "jobs", namespace, name)
+
+
+def read_claim_template(client: Any, namespace: str, name: str) -> Obj:
+    """The ResourceClaimTemplate `namespace`/`name`. Raises `errors.ApiError`."""
+    return read_namespaced_object(
+        client, "resource.k8s.io/v1", "resourceclaimtemplates", namespace, name
+    )
+
+
+def read_pod(client: Any, namespace: str, name: str) -> Obj:
+    """The Pod `namespace`/`name`. Raises `errors.ApiError` (`NotFoundError`)."""
+    core: Any = CoreV1Api(client)
+    action = f"read Pod {namespace}/{name}"
+    with translated_errors(action):
+        response = core.read_namespaced_pod(name, namespace, _preload_content=False)
+    return decoded_object(response.data, action)
+
+
+def read_pod_events(client: Any, namespace: str, name: str) -> list[Obj]:
+    """The Events about Pod `namespace`/`name`. Raises `errors.ApiError`."""
+    core: Any = CoreV1Api(client)
+    selector = f"involvedObject.kind=Pod,involvedObject.name={name}"
+    action = f"list Events of Pod {namespace}/{name}"
+    with translated_errors(action):
+        response = core.list_namespaced_event(
+            namespace, field_selector=selector, _preload_content=False
+        )
+    items = decoded_object(response.data, action).get("items") or []
+    return [item for item in items if isinstance(item, dict)]
+
+
+def read_quotas(client: Any, namespace: str) -> list[Obj]:
+    """The ResourceQuotas of `namespace` (docs/quotas.md). Raises `errors.ApiError`."""
+    core: Any = CoreV1Api(client)
+    action = f"list ResourceQuotas in namespace {namespace}"
+    with translated_errors(action):
+        response = core.list_namespaced_resource_quota(namespace, _preload_content=False)
+    items = decoded_object(response.data, action).get("items") or []
+    return [item for item in items if isinstance(item, dict)]
 
 
 def read_idle_policy(

@@ -5,6 +5,11 @@ funnel of the scheduler's checks (selectors, taints, in use, capacity, shared co
 per pool what passes each step, and lists the attribute values the constraints can use. The
 verdict is a bound: no backtracking search is made across requests. The command reads the
 cluster (`cluster`). See docs/cel.md, "gpu-dra explain and gpu-dra inventory".
+
+A claim that is not allocated because its pod or Job waits for Kueue to admit it (docs/kueue.md)
+gets Kueue's verdict first (`with_queue`: the LocalQueue, ClusterQueue and Kueue's message, from
+`gpu_dra.cli.queueing`); ``NAMESPACE/job/NAME`` explains a Job: its Kueue state and each claim
+its pods would use (a claim made from a ResourceClaimTemplate is explained from the template).
 """
 
 from __future__ import annotations
@@ -22,7 +27,15 @@ from gpu_dra.cli.cluster import (
     api_client,
     cluster_errors,
     read_claim,
+    read_claim_template,
+    read_job,
+    read_jobs,
+    read_kueue,
     read_objects,
+    read_pod,
+    read_pod_events,
+    read_pods,
+    read_quotas,
 )
 from gpu_dra.cli.command import (
     EXIT_FAILED,
@@ -33,6 +46,13 @@ from gpu_dra.cli.command import (
     Subcommand,
     write_blocks,
     write_data,
+)
+from gpu_dra.cli.queueing import QueueWait, claim_wait, job_wait
+from gpu_dra.cli.quota_use import (
+    QuotaLine,
+    pod_extended_resources,
+    pod_refusals,
+    quota_lines,
 )
 from gpu_dra.driver.cel import (
     CelCompileError,
@@ -61,6 +81,7 @@ from gpu_dra.driver.cluster.state import (
     selector_expressions,
 )
 from gpu_dra.driver.naming import DEFAULT_DRIVER_NAME
+from gpu_dra.kube import errors
 
 _SHOWN_HOLDERS: Final = 5
 _SHOWN_EXPRESSION: Final = 70
@@ -253,6 +274,25 @@ class Explanation:
     requests: list[RequestReport]
     constraints: list[ConstraintReport]
     verdict: str
+    queue: QueueWait | None = None
+    """The Kueue Workload that holds back the claim's pod or Job (`with_queue`)."""
+    queue_error: str = ""
+    """Why Kueue's objects could not be read (the rest of the report stands)."""
+    quota: list[QuotaLine] = field(default_factory=list)
+    """The lines of the namespace's ResourceQuotas that limit the claim's classes."""
+    quota_error: str = ""
+    """Why the namespace's ResourceQuotas could not be read (the rest of the report stands)."""
+
+    @property
+    def satisfied(self) -> bool:
+        """Allocated, or allocatable now and not held back by Kueue."""
+        if self.allocated:
+            return True
+        if self.queue is not None and self.queue.waiting:
+            return False
+        return all(r.satisfied for r in self.requests) and all(
+            c.satisfiable for c in self.constraints
+        )
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -261,6 +301,10 @@ class Explanation:
             "allocation": list(self.allocation),
             "reservedFor": list(self.reserved_for),
             "verdict": self.verdict,
+            "queue": None if self.queue is None else self.queue.to_json(),
+            "queueError": self.queue_error,
+            "quota": [line.to_json() for line in self.quota],
+            "quotaError": self.quota_error,
             "pools": list(self.pools),
             "requests": [request.to_json() for request in self.requests],
             "constraints": [constraint.to_json() for constraint in self.constraints],
@@ -309,6 +353,17 @@ def explain(
         constraints=constraints,
         verdict=verdict,
     )
+
+
+def with_queue(explanation: Explanation, wait: QueueWait | None) -> Explanation:
+    """`explanation` of a claim that is not allocated with the Kueue Workload `wait` that holds
+    back its user in front of the verdict (unchanged when nothing waits)."""
+    if explanation.allocated or wait is None or not wait.waiting:
+        return explanation
+    explanation.queue = wait
+    devices = explanation.verdict.removeprefix(f"claim {explanation.claim} ")
+    explanation.verdict = f"{wait.verdict(f'claim {explanation.claim}')} (devices: {devices})"
+    return explanation
 
 
 def _verdict(  # noqa: PLR0917 - private, called once
@@ -686,6 +741,9 @@ Block = tuple[list[str], list[list[str]]] | str
 def render_explanation(explanation: Explanation) -> list[Block]:
     """The table output: lines (str) and tables (headers, rows), in order; verdict first."""
     out: list[Block] = [f"verdict: {explanation.verdict}"]
+    if explanation.queue_error:
+        out.append(f"kueue: {explanation.queue_error}")
+    out.extend(render_quota(explanation.quota, explanation.quota_error))
     if explanation.allocated:
         out.append("allocation:")
         out.append(
@@ -765,6 +823,44 @@ def render_explanation(explanation: Explanation) -> list[Block]:
     return out
 
 
+def render_quota(lines: Sequence[QuotaLine], error: str = "") -> list[Block]:
+    """The quota table (docs/quotas.md): each limit of the namespace's ResourceQuotas on the
+    classes asked for, ``full`` where one more is refused."""
+    out: list[Block] = []
+    if error:
+        out.append(f"quota: {error}")
+    if lines:
+        out.append("quota:")
+        rows = [
+            [
+                f"{line.quota}{' (tier quota)' if line.tier else ''}",
+                line.resource,
+                line.used or "-",
+                line.hard,
+                "full" if line.full else "",
+            ]
+            for line in lines
+        ]
+        out.append((["RESOURCEQUOTA", "RESOURCE", "USED", "HARD", ""], rows))
+    return out
+
+
+def claim_classes(claim: Obj) -> list[str]:
+    """The DeviceClasses a claim's requests (and firstAvailable alternatives) name."""
+    found: list[str] = []
+    requests = ((claim.get("spec") or {}).get("devices") or {}).get("requests") or []
+    for request in requests:
+        exactly = request.get("exactly") or {}
+        alternatives = [exactly] if exactly else list(request.get("firstAvailable") or [])
+        if not alternatives and request.get("deviceClassName"):
+            alternatives = [request]
+        for alternative in alternatives:
+            name = alternative.get("deviceClassName")
+            if isinstance(name, str) and name not in found:
+                found.append(name)
+    return found
+
+
 def _short(text: str, limit: int = _SHOWN_EXPRESSION) -> str:
     text = " ".join(text.split())
     return text if len(text) <= limit else text[: limit - 3] + "..."
@@ -780,26 +876,190 @@ def _shortlist(items: Sequence[str]) -> str:
 
 def add_arguments(parser: argparse.ArgumentParser, environ: Mapping[str, str]) -> None:
     parser.add_argument(
-        "claim", metavar="NAMESPACE/CLAIM", help="the ResourceClaim to explain, e.g. default/gpu"
+        "claim",
+        metavar="NAMESPACE/CLAIM",
+        help="the ResourceClaim to explain, e.g. default/gpu; or NAMESPACE/pod/NAME, a pod (a "
+        "quota or the tier-quota policy refusing the claim it needs, then each of its claims); "
+        "or NAMESPACE/job/NAME, a batch Job (its Kueue state and the claims its pods would use)",
     )
     add_cluster_arguments(parser, environ)
 
 
 def run(args: argparse.Namespace, streams: Streams) -> int:
     namespace, slash, name = str(args.claim).partition("/")
+    kind, job_slash, job_name = name.partition("/")
+    if slash and namespace and kind == "job" and job_slash and job_name and "/" not in job_name:
+        return _run_job(args, streams, namespace, job_name)
+    if slash and namespace and kind == "pod" and job_slash and job_name and "/" not in job_name:
+        return run_pod(args, streams, namespace, job_name)
     if not (slash and namespace and name and "/" not in name):
-        raise CliError(f"expected NAMESPACE/CLAIM, got {args.claim!r}", EXIT_USAGE)
+        raise CliError(
+            "expected NAMESPACE/CLAIM, NAMESPACE/pod/NAME or NAMESPACE/job/NAME, got "
+            f"{args.claim!r}",
+            EXIT_USAGE,
+        )
     with cluster_errors():
         client = api_client(args.kubeconfig)
         claim = read_claim(client, namespace, name)
         classes, slices, claims = read_objects(client)
     report = explain(claim, classes, slices, claims)
+    if not report.allocated:
+        try:
+            with_queue(report, _claim_queue(client, namespace, claim))
+        except errors.ApiError as error:
+            report.queue_error = str(error)
+    try:
+        report.quota = quota_lines(read_quotas(client, namespace), claim_classes(claim))
+    except errors.ApiError as error:
+        report.quota_error = str(error)
     if args.output != "table":
         write_data(streams, report.to_json(), args.output)
     else:
         write_blocks(streams, render_explanation(report))
-    satisfied = report.allocated or all(r.satisfied for r in report.requests)
-    return EXIT_OK if satisfied and all(c.satisfiable for c in report.constraints) else EXIT_FAILED
+    return EXIT_OK if report.satisfied else EXIT_FAILED
+
+
+def _claim_queue(client: Any, namespace: str, claim: Obj) -> QueueWait | None:
+    kueue = read_kueue(client, namespace)
+    if kueue is None or not kueue[0]:
+        return None
+    workloads, local_queues = kueue
+    pods, jobs = read_pods(client, namespace), read_jobs(client, namespace)
+    return claim_wait(claim, pods, jobs, workloads, local_queues)
+
+
+def _run_job(args: argparse.Namespace, streams: Streams, namespace: str, name: str) -> int:
+    """`gpu-dra explain NAMESPACE/job/NAME`: the Job's Kueue state, then each of its pod
+    template's claims (from its ResourceClaimTemplate, or the claim it names)."""
+    key = f"{namespace}/{name}"
+    with cluster_errors():
+        client = api_client(args.kubeconfig)
+        job = read_job(client, namespace, name)
+        kueue = read_kueue(client, namespace)
+        wait = None if kueue is None else job_wait(job, *kueue)
+        classes, slices, claims = read_objects(client)
+        template = ((job.get("spec") or {}).get("template") or {}).get("spec") or {}
+        reports = []
+        for pod_claim in template.get("resourceClaims") or []:
+            if pod_claim.get("resourceClaimTemplateName"):
+                source = read_claim_template(
+                    client, namespace, str(pod_claim["resourceClaimTemplateName"])
+                )
+                claim: Obj = {
+                    "metadata": {
+                        "namespace": namespace,
+                        "name": f"{pod_claim['resourceClaimTemplateName']} (template)",
+                    },
+                    "spec": (source.get("spec") or {}).get("spec") or {},
+                }
+            elif pod_claim.get("resourceClaimName"):
+                claim = read_claim(client, namespace, str(pod_claim["resourceClaimName"]))
+            else:
+                continue
+            reports.append(explain(claim, classes, slices, claims))
+    if wait is not None:
+        verdict = wait.verdict(f"job {key}")
+    else:
+        suspended = bool((job.get("spec") or {}).get("suspend"))
+        verdict = f"job {key} is not queued by Kueue" + (" and is suspended" if suspended else "")
+    waiting = wait is not None and wait.waiting
+    if args.output != "table":
+        write_data(
+            streams,
+            {
+                "job": key,
+                "verdict": verdict,
+                "queue": None if wait is None else wait.to_json(),
+                "claims": [report.to_json() for report in reports],
+            },
+            args.output,
+        )
+    else:
+        blocks: list[Block] = [f"verdict: {verdict}"]
+        for report in reports:
+            blocks.append(f"claim {report.claim}:")
+            blocks.extend(render_explanation(report))
+        write_blocks(streams, blocks)
+    unsatisfied = any(not (r.allocated or r.satisfied) for r in reports)
+    return EXIT_FAILED if waiting or unsatisfied else EXIT_OK
+
+
+def run_pod(args: argparse.Namespace, streams: Streams, namespace: str, name: str) -> int:
+    """`gpu-dra explain NAMESPACE/pod/NAME`: whether a quota or the tier-quota policy refused a
+    claim the pod needs (its events, docs/quotas.md), the quota limits on its classes, then each
+    of its claims (one not made yet from its ResourceClaimTemplate)."""
+    key = f"{namespace}/{name}"
+    with cluster_errors():
+        client = api_client(args.kubeconfig)
+        pod = read_pod(client, namespace, name)
+        events = read_pod_events(client, namespace, name)
+        quotas = read_quotas(client, namespace)
+        classes, slices, claims = read_objects(client)
+        pod_claims = _pod_claims(client, pod, claims)
+    reports = [explain(claim, classes, slices, claims) for claim in pod_claims]
+    refusals = pod_refusals(pod, events)
+    wanted = [c for claim in pod_claims for c in claim_classes(claim)]
+    lines = quota_lines(quotas, wanted, pod_extended_resources(pod))
+    phase = str((pod.get("status") or {}).get("phase") or "Pending")
+    waiting = [report for report in reports if not report.satisfied]
+    if refusals:
+        verdict = refusals[0].verdict(f"pod {key}")
+    elif phase != "Pending":
+        verdict = f"pod {key} is {phase}"
+    elif waiting:
+        verdict = f"pod {key} waits for devices: {waiting[0].verdict}"
+    else:
+        verdict = f"pod {key} is Pending; its claims are allocated or allocatable"
+    if args.output != "table":
+        write_data(streams, {
+            "pod": key,
+            "phase": phase,
+            "verdict": verdict,
+            "refusals": [refusal.to_json() for refusal in refusals],
+            "quota": [line.to_json() for line in lines],
+            "claims": [report.to_json() for report in reports],
+        }, args.output)  # fmt: skip
+    else:
+        blocks: list[Block] = [f"verdict: {verdict}", *render_quota(lines)]
+        for report in reports:
+            blocks.append(f"claim {report.claim}:")
+            blocks.extend(render_explanation(report))
+        write_blocks(streams, blocks)
+    return EXIT_FAILED if refusals or (phase == "Pending" and waiting) else EXIT_OK
+
+
+def _pod_claims(client: Any, pod: Obj, claims: Sequence[Obj]) -> list[Obj]:
+    """The claims of `pod`: those it names, those made for it (its status), the scheduler's
+    claim for its extended resources, and, for a template whose claim is not made yet, the
+    template's claim (named ``<template> (template)``)."""
+    metadata, spec = pod.get("metadata") or {}, pod.get("spec") or {}
+    status = pod.get("status") or {}
+    namespace = str(metadata.get("namespace") or "")
+    by_name = {
+        str((c.get("metadata") or {}).get("name")): c
+        for c in claims
+        if (c.get("metadata") or {}).get("namespace") == namespace
+    }
+    made = {
+        str(entry.get("name")): str(entry.get("resourceClaimName") or "")
+        for entry in status.get("resourceClaimStatuses") or []
+    }
+    found: list[Obj] = []
+    for pod_claim in spec.get("resourceClaims") or []:
+        claim_name = pod_claim.get("resourceClaimName") or made.get(str(pod_claim.get("name")))
+        if claim_name and claim_name in by_name:
+            found.append(by_name[claim_name])
+        elif pod_claim.get("resourceClaimTemplateName"):
+            template = str(pod_claim["resourceClaimTemplateName"])
+            source = read_claim_template(client, namespace, template)
+            found.append({
+                "metadata": {"namespace": namespace, "name": f"{template} (template)"},
+                "spec": (source.get("spec") or {}).get("spec") or {},
+            })  # fmt: skip
+    extended = (status.get("extendedResourceClaimStatus") or {}).get("resourceClaimName")
+    if extended and extended in by_name:
+        found.append(by_name[extended])
+    return found
 
 
 COMMAND: Final = Subcommand(
@@ -813,10 +1073,18 @@ COMMAND: Final = Subcommand(
     "shared counters; which claims hold the matching devices; which attribute values the\n"
     "matchAttribute / distinctAttribute constraints can use. The first line is the verdict.\n"
     "No backtracking search is made across requests: the verdict is a bound.\n"
-    "Exit status: 0 allocated or allocatable, 1 not allocatable now or the cluster cannot\n"
-    "be read, 2 usage error or unusable kubeconfig.",
+    "Where Kueue is installed and the claim's pod or Job waits for its Workload to be\n"
+    "admitted, the verdict names the LocalQueue, the ClusterQueue and Kueue's message first;\n"
+    "NAMESPACE/job/NAME explains a batch Job that way, then each claim of its pod template.\n"
+    "The namespace's ResourceQuota limits on the claim's classes are shown (docs/quotas.md);\n"
+    "NAMESPACE/pod/NAME explains a pod: a quota or the tier-quota policy that refused the\n"
+    "claim it needs (its events), then each of its claims.\n"
+    "Exit status: 0 allocated or allocatable, 1 not allocatable now (or waiting in Kueue) or\n"
+    "the cluster cannot be read, 2 usage error or unusable kubeconfig.",
     examples=(
         "gpu-dra explain default/my-claim",
+        "gpu-dra explain team-a/job/train",
+        "gpu-dra explain team-a/pod/notebook",
         "gpu-dra explain team-a/training -o json --kubeconfig ~/.kube/prod",
     ),
     add_arguments=add_arguments,

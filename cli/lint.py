@@ -37,6 +37,7 @@ from gpu_dra.cli.command import (
 )
 from gpu_dra.cli.devices import plugin_devices
 from gpu_dra.cli.lint_fixes import Names, ValueType, suggest_fix
+from gpu_dra.cli.lint_quota import LintedClass, quota_findings, read_quota
 from gpu_dra.cli.manifests import load_documents
 from gpu_dra.driver.attributes import gpu_device, mig_device
 from gpu_dra.driver.cel import (
@@ -78,6 +79,8 @@ DEVICE_CLASS: Final = "DeviceClass"
 RESOURCE_CLAIM: Final = "ResourceClaim"
 RESOURCE_CLAIM_TEMPLATE: Final = "ResourceClaimTemplate"
 KINDS: Final = (DEVICE_CLASS, RESOURCE_CLAIM, RESOURCE_CLAIM_TEMPLATE)
+QUOTA_KIND: Final = "ResourceQuota"
+"""Also read (v1): the holes a tier quota leaves (`lint_quota`, docs/quotas.md)."""
 _REQUESTS_PATH: Final = {
     RESOURCE_CLAIM: ("spec", "devices", "requests"),
     RESOURCE_CLAIM_TEMPLATE: ("spec", "spec", "devices", "requests"),
@@ -311,6 +314,8 @@ class LintReport:
 
     def summary(self, files: int) -> str:
         kinds = ", ".join(f"{self.objects[kind]} {_plural(kind)}" for kind in KINDS)
+        if self.objects[QUOTA_KIND]:
+            kinds += f", {self.objects[QUOTA_KIND]} {_plural(QUOTA_KIND)}"
         profiles = ", ".join(self.profiles) or "none"
         levels = ", ".join(
             f"{self.count(level)} {word}"
@@ -327,7 +332,10 @@ class LintReport:
             "classes": [result.to_json() for result in self.classes],
             "summary": {
                 "files": files,
-                **{_plural(kind[0].lower() + kind[1:]): self.objects[kind] for kind in KINDS},
+                **{
+                    _plural(kind[0].lower() + kind[1:]): self.objects[kind]
+                    for kind in (*KINDS, QUOTA_KIND)
+                },
                 "profiles": self.profiles,
                 "devices": self.devices,
                 "errors": self.count("ERROR"),
@@ -768,14 +776,43 @@ def lint(
     for obj in objects:
         if obj.kind != DEVICE_CLASS:
             _lint_claim(linter, obj, classes)
-    order = {(obj.file, obj.label): index for index, obj in enumerate(objects)}
+    quotas = _lint_quotas(linter, sources, classes)
+    order = {(obj.file, obj.label): index for index, obj in enumerate([*objects, *quotas])}
     return LintReport(
         findings=sorted(linter.findings, key=lambda f: order.get((f.file, f.object), len(order))),
         classes=results,
-        objects=Counter(obj.kind for obj in objects),
+        objects=Counter(obj.kind for obj in [*objects, *quotas]),
         profiles=list(dict.fromkeys(device.profile for device in devices)),
         devices=len(devices),
     )
+
+
+def _lint_quotas(
+    linter: _Linter, sources: Sequence[Source], classes: Mapping[str, tuple[_Object, ClassResult]]
+) -> list[_Object]:
+    """The holes each ResourceQuota of `sources` leaves over the linted classes (`lint_quota`);
+    returns the quotas as objects."""
+    linted = {
+        name: LintedClass(name, result.keys if result.evaluated else None, obj.extended_resource)
+        for name, (obj, result) in classes.items()
+    }
+
+    def missing(name: str) -> str:
+        close = difflib.get_close_matches(name, sorted(classes), n=1)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        return f"limits DeviceClass {name}, which is not among the linted files{hint}"
+
+    found: list[_Object] = []
+    for source in sources:
+        for manifest in source.documents:
+            quota = read_quota(manifest)
+            if quota is None:
+                continue
+            obj = _Object(source.file, QUOTA_KIND, quota.name)
+            found.append(obj)
+            for level, message, path in quota_findings(quota, linted, missing):
+                linter.add(level, obj, message, path)
+    return found
 
 
 def _is_partition(device: SimulatedDevice) -> bool:
@@ -1355,7 +1392,10 @@ def _write_lint_report(
     for finding in report.findings:
         print(finding, file=streams.out)
     if not report.objects:
-        print("no DeviceClasses, ResourceClaims or ResourceClaimTemplates found", file=streams.err)
+        print(
+            "no DeviceClasses, ResourceClaims, ResourceClaimTemplates or ResourceQuotas found",
+            file=streams.err,
+        )
     summary = report.summary(files)
     if unreadable:
         summary += f"; {len(unreadable)} inputs unreadable"

@@ -8,8 +8,9 @@ plugin flags: NVIDIA's example manifests on whole GPUs as NVIDIA's driver publis
 once those are deleted - dynamic MIG, MPS shares, per-claim MPS and time-slicing together, on
 which the demo shows utilization per claim, busy and idle claims side by side
 (demo/utilization.py); last, with the controller's idle policy on, an idle notebook warned and
-its right-sizing advice (demo/idle.py). The last stage keeps running, with the cluster, so you
-can look around;
+its right-sizing advice (demo/idle.py), and then two teams sharing the node by quotas per tier,
+one over its quota (demo/quotas.py). The last stage keeps running, with the cluster, so you can
+look around;
 `.venv/bin/python -m e2e.cluster down` removes it. `demo/run --real` runs the plugin as a host
 process on a fake driver root (demo/real.py).
 """
@@ -43,6 +44,7 @@ from demo.observe import (
     time_slices,
     wait_pods_running,
 )
+from demo.quotas import show_quotas
 from demo.real import NAMESPACE as REAL_NAMESPACE
 from demo.real import remove_real_stage, run_real_stage
 from demo.stages import PROFILE, STAGES, Stage, namespace_of, title_of
@@ -310,6 +312,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if stage.idle_reclaim:
             say("\n======== an idle notebook: warned by the idle policy, and what it needed")
             show_idle_reclaim(driver, say)
+        if stage.shows_quotas:
+            say("\n======== two teams by rule: quotas per tier (docs/quotas.md)")
+            show_quotas(driver, say)
         if number < len(STAGES):
             clean_up(driver, stage)
 

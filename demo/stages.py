@@ -7,7 +7,8 @@ publishes (no flags); they hold 7 of the 8 GPUs, so they are deleted before the 
 other tiers (06-09), which run together on one plugin with both flags; on them the demo then
 shows utilization per claim, a busy and an idle claim side by side. The last stage (10) turns on
 the controller's idle policy with short intervals: an idle notebook is warned and `gpu-dra
-rightsize` says what it needed (demo/idle.py); it keeps running. Each stage upgrades the chart
+rightsize` says what it needed (demo/idle.py); then, after everything else, two teams share the
+node by quotas (demo/quotas.py); it keeps running. Each stage upgrades the chart
 release to its flags and values (demo/install.py), applies its examples and reports; each deletes
 the examples of the stage before it.
 """
@@ -48,6 +49,9 @@ class Stage:
     """The controller's idle policy on and the plugin's claim status quick (demo/install.py);
     after its examples the demo shows an idle claim warned and its right-sizing advice
     (demo/idle.py)."""
+    shows_quotas: bool = False
+    """Last, two teams share the node by the recipe's quotas, one over its quota
+    (demo/quotas.py)."""
 
     @property
     def plugin_flags(self) -> tuple[str, ...]:
@@ -89,6 +93,7 @@ STAGES: tuple[Stage, ...] = (
         dynamic_mig=True,
         plugin_args=(f"--mps-shares={MPS_SHARE_GPU}",),
         idle_reclaim=True,
+        shows_quotas=True,
     ),
 )
 

@@ -25,10 +25,12 @@ class Kube:
     def _resource(self, api_version: str, kind: str) -> Any:
         return self.client.resources.get(api_version=api_version, kind=kind)
 
-    def create(self, manifest: Obj) -> Obj:
+    def create(self, manifest: Obj, *, dry_run: bool = False) -> Obj:
+        """Create `manifest` (with `dry_run`, through every admission check, storing nothing)."""
         resource = self._resource(manifest["apiVersion"], manifest["kind"])
         namespace = manifest.get("metadata", {}).get("namespace")
-        return dict(resource.create(body=manifest, namespace=namespace).to_dict())
+        options = {"dry_run": "All"} if dry_run else {}
+        return dict(resource.create(body=manifest, namespace=namespace, **options).to_dict())
 
     def create_namespace(self, name: str, timeout: float = 120) -> None:
         """Create Namespace `name` and wait for its ``default`` ServiceAccount: the apiserver

@@ -5,10 +5,11 @@ demo's simulated node; each container sees exactly the devices allocated to its 
 devices as the plugin made them, MPS caps and time slices as the claims ask); on the last stage
 the utilization per claim: the busy claims' numbers and the idle claims in ``gpu-dra inventory
 --utilization`` / ``--idle`` as the demo prints them, and ``gpu-dra rightsize``'s advice for the
-busy and idle shares; on the idle-reclaim stage, the idle notebook warned by the chart's
-controller (condition, Events, the plugin's fresh claim status, ``gpu-dra inventory --idle``) and
-the 1g.10gb MIG slice ``gpu-dra rightsize`` advises for it; and deleting the examples leaks
-nothing.
+busy and idle shares; on the last stage, the idle notebook warned by the chart's controller
+(condition, Events, the plugin's fresh claim status, ``gpu-dra inventory --idle``) and the
+1g.10gb MIG slice ``gpu-dra rightsize`` advises for it, then two teams by the recipe's quotas,
+one refused over its quota and one refused a class its quota does not name; and deleting the
+examples leaks nothing.
 (tests/test_demo.py checks the stages and their chart values without a cluster.)"""
 
 from __future__ import annotations
@@ -34,6 +35,15 @@ from demo.observe import (
     mps_daemons,
     time_slices,
     wait_pods_running,
+)
+from demo.quotas import (
+    BYPASS_CLAIM,
+    BYPASS_CLASS,
+    QUOTA,
+    REFUSED_CLAIM,
+    TRAINING_CLAIMS,
+    reset_teams,
+    show_quotas,
 )
 from demo.stages import MPS_SHARE_GPU, STAGES, Stage, namespace_of
 from demo.utilization import (
@@ -111,7 +121,11 @@ def test_stage_examples_run_side_by_side_and_each_container_sees_its_claims_allo
             check_utilization(driver)
         if stage.idle_reclaim:
             check_idle_reclaim(driver)
+        if stage.shows_quotas:
+            check_quotas(driver)
     finally:
+        if stage.shows_quotas:
+            reset_teams(driver)
         for namespace in namespaces.values():
             kube.delete("v1", "Namespace", namespace)
         for namespace in namespaces.values():
@@ -400,3 +414,31 @@ CHECKS: dict[str, Check] = {
     "08-per-claim-mps": check_per_claim_mps,
     "09-time-slicing": check_time_slicing,
 }
+
+
+def check_quotas(driver: Driver) -> None:
+    """The demo's two teams (demo/quotas.py): what it printed is what the apiserver said, the
+    refused claims do not exist, and each quota counts what the team holds."""
+    printed: list[str] = []
+    refusals = show_quotas(driver, printed.append)
+    output = "\n".join(printed)
+    over, bypass = refusals
+    whole = "gpu.nvidia.com.deviceclass.resource.k8s.io/devices"
+    assert (over.namespace, over.claim) == REFUSED_CLAIM
+    assert f"exceeded quota: {QUOTA}, requested: {whole}=1" in over.message, over.message
+    assert f"limited: {whole}={TRAINING_CLAIMS}" in over.message, over.message
+    assert (bypass.namespace, bypass.claim) == BYPASS_CLAIM
+    assert "gpu-dra tier quota: namespace research may use only the DeviceClasses" in (
+        bypass.message
+    )
+    assert f"this ResourceClaim uses {BYPASS_CLASS}." in bypass.message
+    assert over.message in output
+    assert bypass.message in output
+    assert "GPU_DRA_" in output  # trainer-0's log: the GPU it got
+    kube = driver.kube
+    for namespace, name in (REFUSED_CLAIM, BYPASS_CLAIM):
+        assert not kube.exists("resource.k8s.io/v1", "ResourceClaim", name, namespace)
+    used = kube.get("v1", "ResourceQuota", QUOTA, "training")["status"]["used"]
+    assert used[whole] == str(TRAINING_CLAIMS)
+    research = kube.get("v1", "ResourceQuota", QUOTA, "research")["status"]["used"]
+    assert research["mig-1g.gpu.nvidia.com.deviceclass.resource.k8s.io/devices"] == "1"

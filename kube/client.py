@@ -154,6 +154,76 @@ def read_resource_claim(
     return decoded_object(body, action)
 
 
+def list_namespaced_objects(
+    api_client: k8s.ApiClient,
+    api_version: str,
+    plural: str,
+    namespace: str,
+    *,
+    page_size: int = 500,
+    request_timeout_s: float = 30.0,
+) -> list[RawObject]:
+    """Every object of `plural` in `namespace` from API group version `api_version`
+    (``batch/v1`` jobs, ``kueue.x-k8s.io/v1beta2`` workloads: any but the core group), raw,
+    following pages; read-only, for `gpu-dra explain`. `errors.NotFoundError` when the
+    apiserver does not serve that resource (e.g. Kueue is not installed)."""
+    group, _, version = api_version.partition("/")
+    objects = k8s.CustomObjectsApi(api_client)
+    action = f"list {plural}.{group} in namespace {namespace}"
+    items: list[RawObject] = []
+    token: str | None = None
+    while True:
+        with translated_errors(action):
+            response: Any = objects.list_namespaced_custom_object(
+                group,
+                version,
+                namespace,
+                plural,
+                limit=page_size,
+                _continue=token,
+                _request_timeout=request_timeout_s,
+                _preload_content=False,
+            )
+            body: bytes = response.data
+        page = decoded_object(body, action)
+        page_items = page.get("items") or []
+        if not isinstance(page_items, list) or not all(isinstance(i, dict) for i in page_items):
+            raise errors.ApiError(f"{action}: items is not a list of objects")
+        items.extend(page_items)
+        metadata = page.get("metadata") or {}
+        token = metadata.get("continue") or None if isinstance(metadata, dict) else None
+        if not isinstance(token, str):
+            return items
+
+
+def read_namespaced_object(
+    api_client: k8s.ApiClient,
+    api_version: str,
+    plural: str,
+    namespace: str,
+    name: str,
+    *,
+    request_timeout_s: float = 30.0,
+) -> RawObject:
+    """The raw object `namespace`/`name` of `plural` in `api_version` (any but the core group;
+    `errors.NotFoundError` when there is none)."""
+    group, _, version = api_version.partition("/")
+    objects = k8s.CustomObjectsApi(api_client)
+    action = f"read {plural}.{group} {namespace}/{name}"
+    with translated_errors(action):
+        response: Any = objects.get_namespaced_custom_object(
+            group,
+            version,
+            namespace,
+            plural,
+            name,
+            _request_timeout=request_timeout_s,
+            _preload_content=False,
+        )
+        body: bytes = response.data
+    return decoded_object(body, action)
+
+
 def decoded_object(body: bytes, action: str) -> RawObject:
     """The JSON object in a response body, decoded bounded (`jsonbounds.loads`: parts nested
     deeper than 100 levels and integers of more than 4300 digits become marker strings, never

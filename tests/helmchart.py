@@ -145,7 +145,14 @@ class AdmissionPolicy:
             descriptor_pool.DescriptorPool(),
             variables={
                 v: cel.Type.DYN
-                for v in ("request", "object", "oldObject", "namespaceObject", "variables")
+                for v in (
+                    "request",
+                    "object",
+                    "oldObject",
+                    "namespaceObject",
+                    "params",
+                    "variables",
+                )
             },
             functions=[],
             extensions=[ext_strings.ExtStrings()],
@@ -172,9 +179,11 @@ class AdmissionPolicy:
         sub_resource: str = "",
         namespace: Obj | None = None,
         dry_run: bool = False,
+        params: Obj | None = None,
     ) -> Decision:
         """`namespace`: the request's Namespace object (``namespaceObject``); `sub_resource`
-        e.g. ``eviction``; `dry_run` the request's ``dryRun``."""
+        e.g. ``eviction``; `dry_run` the request's ``dryRun``; `params` the binding's parameter
+        object (the policy's ``paramKind``)."""
         extra = {NODE_NAME_EXTRA: [node]} if node is not None else {}
         namespace_name = ((namespace or {}).get("metadata") or {}).get("name", "")
         data: dict[str, Any] = {
@@ -189,6 +198,7 @@ class AdmissionPolicy:
             "object": obj,
             "oldObject": old,
             "namespaceObject": namespace,
+            "params": params,
             "variables": {},
         }
         for condition in self.spec.get("matchConditions", []):

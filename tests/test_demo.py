@@ -16,6 +16,7 @@ import yaml
 from demo.idle import ADVICE, BURST_GPU, CONTEXT_MEMORY, IDLE_FOR, NOTEBOOK
 from demo.install import UTILIZATION_INTERVAL_S, plugin_env, stage_values
 from demo.observe import why_not_running
+from demo.quotas import QUOTAS, TEAMS
 from demo.stages import (
     MPS_SHARE_GPU,
     PROFILE,
@@ -249,3 +250,11 @@ def test_the_idle_reclaim_step_names_the_notebook_of_its_stage_and_the_advice_it
     assert recommended is not None
     assert recommended.text() == ADVICE
     assert "gpu" in offered  # the notebook's whole H100 is offered too
+
+
+def test_the_teams_are_the_recipes_quotas_on_the_last_stage() -> None:
+    """demo/quotas.py applies deployments/quotas/<team>.yaml to namespace <team>, beside the
+    last stage's examples (their namespaces differ), after everything else."""
+    assert {path.stem for path in QUOTAS.glob("*.yaml")} == set(TEAMS)
+    assert not set(TEAMS) & {namespace_of(example) for example in EXAMPLES}
+    assert [stage.shows_quotas for stage in STAGES] == [False] * (len(STAGES) - 1) + [True]

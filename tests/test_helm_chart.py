@@ -68,6 +68,7 @@ CONTROLLER_SA = "gpu-dra-controller"
 SLICES = "resource.k8s.io/resourceslices"
 CLASSES = "resource.k8s.io/deviceclasses"
 CLAIMS = "resource.k8s.io/resourceclaims"
+TIER_QUOTA_POLICY = "gpu-dra-tier-quota"
 
 HOST_DRIVER: dict[str, Any] = {"gpuResourcesEnabledOverride": True}
 """Chart defaults (a driver installed on the host), with the device plugin acknowledged off."""
@@ -1083,7 +1084,8 @@ def test_the_plugin_may_patch_claim_status_only_with_the_claim_status_on(tmp_pat
     assert on.may(PLUGIN_SA, "associated-node:patch", driver, name="gpu.nvidia.com")
     assert not off.may(PLUGIN_SA, "associated-node:patch", driver, name="gpu.nvidia.com")
     assert [p["metadata"]["name"] for p in off.all("ValidatingAdmissionPolicy")] == [
-        f"{PLUGIN_SA}-own-node"
+        f"{PLUGIN_SA}-own-node",
+        TIER_QUOTA_POLICY,
     ]
     env = {e["name"]: e.get("value") for e in off.container("DaemonSet", "gpus")["env"]}
     assert env["GPU_DRA_CLAIM_STATUS"] == "false"
@@ -1094,10 +1096,11 @@ def test_the_plugin_may_patch_claim_status_only_with_the_claim_status_on(tmp_pat
 
 
 def test_the_policy_can_be_left_out(tmp_path: Path) -> None:
+    """The tier-quota policy has its own value (tierQuota.enabled)."""
     rendered = Rendered.of({**HOST_DRIVER, "admissionPolicy": {"enabled": False}}, tmp_path)
 
-    assert rendered.all("ValidatingAdmissionPolicy") == []
-    assert rendered.all("ValidatingAdmissionPolicyBinding") == []
+    for kind in ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"):
+        assert [p["metadata"]["name"] for p in rendered.all(kind)] == [TIER_QUOTA_POLICY]
 
 
 # ---- admission webhook: the controller judges the driver's opaque configs ---------------------
@@ -2056,5 +2059,54 @@ def test_the_idle_scope_goes_with_the_admission_policies(tmp_path: Path) -> None
     off = Rendered.of({**HOST_DRIVER, **IDLE_VALUES, "admissionPolicy": {"enabled": False}},
                       tmp_path)  # fmt: skip
 
-    assert off.all("ValidatingAdmissionPolicy") == []
+    assert [p["metadata"]["name"] for p in off.all("ValidatingAdmissionPolicy")] == [
+        TIER_QUOTA_POLICY
+    ]
     assert off.may(CONTROLLER_SA, "create", "pods/eviction", "ml")
+
+
+def test_model_classes_select_the_whole_gpus_of_their_model(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """deviceClasses.models: one whole-GPU class per product name, for quotas per model
+    (docs/quotas.md); never a MIG device or a GPU offered as shares."""
+    models = [
+        {"name": "h100", "productName": "NVIDIA H100 80GB HBM3"},
+        {"name": "a100", "productName": "NVIDIA A100 80GB PCIe"},
+    ]
+    rendered = Rendered.of({**HOST_DRIVER, "deviceClasses": {"models": models}}, tmp_path)
+    data = rendered.one("ConfigMap", "gpu-dra-deviceclasses")["data"]
+    (tmp_path / "catalog").mkdir()
+    configmap_catalog(data, tmp_path / "catalog")
+
+    capsys.readouterr()
+    code = cli_main(["lint", "-o", "json", str(tmp_path / "catalog")], environ={})
+    report = json.loads(capsys.readouterr().out)
+    assert code == 0, report
+    selects = {c["name"]: c["selects"] for c in report["classes"]}
+    h100, a100 = selects["h100.gpu.nvidia.com"], selects["a100.gpu.nvidia.com"]
+    assert h100["hgx-h100"] == [f"gpu-{i}" for i in range(8)]
+    assert h100["hgx-h100-mig"] == ["gpu-7"]  # the one GPU with MIG off
+    assert "hgx-h100+mps-shares" not in h100  # offered as shares: share-only
+    assert a100 == {"mixed": ["gpu-0", "gpu-1"]}
+    assert "dgx-a100" not in a100  # an A100-SXM4-80GB is another product
+
+
+@pytest.mark.parametrize(
+    ("models", "complaint"),
+    [
+        ("deviceClasses.models[0].name=hopper", "/deviceClasses/models/0/name"),
+        ("deviceClasses.models[0].name=H100", "/deviceClasses/models/0/name"),
+        ("deviceClasses.models[0].productName=it's", "/deviceClasses/models/0/productName"),
+        ("deviceClasses.models[1].name=h100", "already a class of the catalog or of another"),
+    ],
+)
+def test_a_model_class_that_would_clash_or_break_its_selector_is_refused(
+    models: str, complaint: str
+) -> None:
+    first = ("deviceClasses.models[0].name=h100", "deviceClasses.models[0].productName=H100")
+    second = ("deviceClasses.models[1].productName=Other",) if "[1]" in models else ()
+    result = template(None, "gpuResourcesEnabledOverride=true", *first, *second, models)
+
+    assert result.returncode != 0
+    assert complaint in result.stderr

@@ -17,6 +17,7 @@ from gpu_dra.driver.cel import Selector
 from gpu_dra.driver.cluster.state import PoolDevice
 from gpu_dra.driver.shares import offered_device
 from gpu_dra.kube.errors import NotFoundError
+from tests.cli.support import FakeCoreV1
 from tests.fakes.cluster_objects import (
     DRIVER,
     Obj,
@@ -303,7 +304,8 @@ def test_a_count_no_single_node_has() -> None:
 
 @pytest.fixture
 def cluster(monkeypatch: pytest.MonkeyPatch) -> dict[str, list[Obj]]:
-    """What `list_resource_objects` / `read_resource_claim` return; tests fill it."""
+    """What `list_resource_objects` / `read_resource_claim` return; tests fill it. Kueue's API
+    is not served (tests/cli/test_explain_kueue.py has it)."""
     objects: dict[str, list[Obj]] = {
         "deviceclasses": standard_classes(),
         "resourceslices": [mixed_node()],
@@ -321,6 +323,13 @@ def cluster(monkeypatch: pytest.MonkeyPatch) -> dict[str, list[Obj]]:
         cli_cluster, "list_resource_objects", lambda client, plural: objects[plural]
     )
     monkeypatch.setattr(cli_cluster, "read_resource_claim", read)
+
+    def no_kueue(client: object, api_version: str, plural: str, namespace: str) -> list[Obj]:
+        raise NotFoundError(f"list {plural}: 404 NotFound", status=404)
+
+    monkeypatch.setattr(cli_cluster, "list_namespaced_objects", no_kueue)
+    FakeCoreV1.pods, FakeCoreV1.events, FakeCoreV1.quotas = [], [], []
+    monkeypatch.setattr(cli_cluster, "CoreV1Api", FakeCoreV1)
     return objects
 
 

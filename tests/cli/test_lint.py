@@ -582,6 +582,7 @@ def test_json_output_shape(capsys, tmp_path):
         "deviceClasses": 2,
         "resourceClaims": 0,
         "resourceClaimTemplates": 0,
+        "resourceQuotas": 0,
         "profiles": ["t4", "l4x4"],
         "devices": 5,
         "errors": 0,

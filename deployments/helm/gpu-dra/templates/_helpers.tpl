@@ -176,6 +176,7 @@ spec:
         expression: >-
           device.driver == 'gpu.nvidia.com' &&
           device.attributes['gpu.nvidia.com'].type == 'mig' &&
+          !('compute' in device.capacity['gpu.nvidia.com']) &&
           device.attributes['gpu.nvidia.com'].profile == '{{ . }}'
   extendedResourceName: nvidia.com/{{ include "gpu-dra.migProfileSlug" . }}
 {{- end }}
@@ -217,4 +218,41 @@ live plugin's report waits (a write per claimStatus.minInterval of a sample per
 metrics.utilization.interval, seen by a writer pass every 2 s; docs/idle-reclaim.md). */}}
 {{- define "gpu-dra.idleReclaim.maxSampleAge" -}}
 {{- mul 3 (add (ceil .Values.kubeletPlugin.claimStatus.minInterval) (ceil .Values.metrics.utilization.interval) 2) }}
+{{- end }}
+
+{{/* The catalog's extended resource names, as JSON {name: DeviceClass}: those of the rendered
+deviceclasses/ files and of the deviceClasses.migProfiles classes (the tier-quota policy maps a
+pod's nvidia.com/... requests to the class the scheduler allocates them from). */}}
+{{- define "gpu-dra.extendedResourceClasses" -}}
+{{- $names := dict }}
+{{- if .Values.deviceClasses.enabled }}
+{{- range include "gpu-dra.deviceClassFiles" . | fromJsonArray }}
+{{- $class := include "gpu-dra.deviceClassFile" (dict "root" $ "path" .) | fromYaml }}
+{{- with get $class.spec "extendedResourceName" }}
+{{- $_ := set $names . $class.metadata.name }}
+{{- end }}
+{{- end }}
+{{- range .Values.deviceClasses.migProfiles }}
+{{- $_ := set $names (printf "nvidia.com/%s" (include "gpu-dra.migProfileSlug" .)) (include "gpu-dra.migProfileClassName" .) }}
+{{- end }}
+{{- end }}
+{{- toJson $names }}
+{{- end }}
+
+{{/* The whole-GPU class of one deviceClasses.models entry (dict with name, productName). */}}
+{{- define "gpu-dra.modelClass" -}}
+# Whole {{ .productName }} GPUs (not those offered as shares), for quotas
+# per model (chart value deviceClasses.models, docs/quotas.md).
+apiVersion: resource.k8s.io/v1
+kind: DeviceClass
+metadata:
+  name: {{ .name }}.gpu.nvidia.com
+spec:
+  selectors:
+    - cel:
+        expression: >-
+          device.driver == 'gpu.nvidia.com' &&
+          device.attributes['gpu.nvidia.com'].type == 'gpu' &&
+          !('compute' in device.capacity['gpu.nvidia.com']) &&
+          device.attributes['gpu.nvidia.com'].productName == '{{ .productName }}'
 {{- end }}
