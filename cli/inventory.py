@@ -168,7 +168,7 @@ def _policy_states(
     warning, when it cannot be read."""
     wanted = {(claim.namespace, claim.claim) for claim in idle}
     held = {
-        key: [pod.name for pod in idle_policy.claim_activity(claim).pods]
+        key: [pod.name for pod in idle_policy.reserved_pods(claim)]
         for claim in claims
         if (key := _claim_key(claim)) in wanted
     }

@@ -111,6 +111,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             default_window_s=settings.idle_reclaim_default_window_s,
             default_grace_s=settings.idle_reclaim_default_grace_s,
             plugin_selector=settings.idle_reclaim_plugin_selector,
+            max_sample_age_s=settings.idle_reclaim_max_sample_age_s,
         )
 
     def keep_applied() -> Coroutine[None, None, int]:

@@ -8,8 +8,10 @@ an idle pod is warned (Warning Event ``GpuClaimIdle`` on the pod and its claims,
 ``gpu.nvidia.com/GpuIdle`` True); after the grace period its claims are read again and, still
 idle, it is evicted (policy/v1 Eviction with the pod's UID as precondition: PodDisruptionBudgets
 decide; a refusal is the Event ``GpuIdleEvictionBlocked`` and the condition's reason, retried
-every pass). Activity again clears the condition. A dry-run namespace gets the same reports and
-asks the Eviction API in dry-run mode, so nothing is evicted. Nothing outside opted-in
+every pass). Activity again clears the condition. A pod one of whose claims has a stale activity
+report (``data.sampledAt`` older than ``max_sample_age_s``, or none) is left alone: not warned,
+cleared or evicted; counted (action ``stale``) and logged. A dry-run namespace gets the same
+reports and asks the Eviction API in dry-run mode, so nothing is evicted. Nothing outside opted-in
 namespaces is read or written. See docs/idle-reclaim.md.
 """
 
@@ -40,6 +42,7 @@ from gpu_dra.driver.cluster.idle_policy import (
 from gpu_dra.driver.resourceapi import API_GROUP
 from gpu_dra.kube import errors
 from gpu_dra.kube.client import RESOURCE_VERSION, decoded_object, translated_errors
+from gpu_dra.kube.events import InvolvedObject, KubernetesEventApi, event
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +98,7 @@ class KubernetesIdleReclaimApi:
     def __init__(self, api_client: k8s.ApiClient, *, request_timeout_s: float = 30.0) -> None:
         self._core: Any = k8s.CoreV1Api(api_client)
         self._objects: Any = k8s.CustomObjectsApi(api_client)
+        self._events = KubernetesEventApi(api_client, request_timeout_s=request_timeout_s)
         self._timeout = request_timeout_s
 
     def _items(self, response: Any, action: str) -> list[Obj]:
@@ -181,57 +185,16 @@ class KubernetesIdleReclaimApi:
             raise
 
     def create_event(self, namespace: str, event: dict[str, Any]) -> None:
-        with translated_errors(f"create Event in {namespace}"):
-            self._core.create_namespaced_event(
-                namespace, event, _preload_content=False, _request_timeout=self._timeout
-            )
+        self._events.create_event(namespace, event)
 
 
-@dataclass(frozen=True)
-class Target:
-    """What an Event is about."""
-
-    kind: str
-    api_version: str
-    namespace: str
-    name: str
-    uid: str
+def pod_target(namespace: str, pod: PodRef) -> InvolvedObject:
+    return InvolvedObject("v1", "Pod", namespace, pod.name, pod.uid)
 
 
-def pod_target(namespace: str, pod: PodRef) -> Target:
-    return Target("Pod", "v1", namespace, pod.name, pod.uid)
-
-
-def claim_target(claim: ClaimActivity) -> Target:
-    return Target("ResourceClaim", f"{API_GROUP}/v1", claim.namespace, claim.name, claim.uid)
-
-
-def event(
-    target: Target, reason: str, message: str, *, warning: bool, instance: str, now: float
-) -> dict[str, Any]:
-    """A core/v1 Event about `target` (``kubectl describe`` of it lists it)."""
-    stamp = policy.rfc3339(now)
-    return {
-        "apiVersion": "v1",
-        "kind": "Event",
-        "metadata": {"generateName": f"{target.name}.gpu-dra-", "namespace": target.namespace},
-        "involvedObject": {
-            "apiVersion": target.api_version,
-            "kind": target.kind,
-            "namespace": target.namespace,
-            "name": target.name,
-            "uid": target.uid,
-        },
-        "reason": reason,
-        "message": message[:1024],
-        "type": "Warning" if warning else "Normal",
-        "source": {"component": COMPONENT},
-        "reportingComponent": COMPONENT,
-        "reportingInstance": instance,
-        "firstTimestamp": stamp,
-        "lastTimestamp": stamp,
-        "count": 1,
-    }
+def claim_target(claim: ClaimActivity) -> InvolvedObject:
+    return InvolvedObject(f"{API_GROUP}/v1", "ResourceClaim", claim.namespace, claim.name,
+                          claim.uid)  # fmt: skip
 
 
 @dataclass
@@ -273,10 +236,13 @@ class IdleReclaimer:
         default_window_s: float = policy.DEFAULT_WINDOW_S,
         default_grace_s: float = policy.DEFAULT_GRACE_S,
         plugin_selector: str = "",
+        max_sample_age_s: float = policy.DEFAULT_MAX_SAMPLE_AGE_S,
         clock: Callable[[], float] = time.time,
     ) -> None:
         """`plugin_selector`: label selector of the kubelet plugin pods; a pod is evicted only
-        while the plugin pod of each of its claims' nodes is Ready (empty: no such check)."""
+        while the plugin pod of each of its claims' nodes is Ready (empty: no such check).
+        `max_sample_age_s`: how old the sample behind a claim's Active condition may be before
+        the policy stops acting on it."""
         self._api = api
         self._metrics = metrics
         self._driver = driver
@@ -287,6 +253,8 @@ class IdleReclaimer:
         self._reported_invalid: dict[str, str] = {}
         self._acting: Callable[[], bool] = lambda: True
         self._plugin_selector = plugin_selector
+        self._max_sample_age_s = max_sample_age_s
+        self._stale_logged: dict[tuple[str, str], str] = {}
         self._ready_nodes: set[str] | None = None  # per pass, read when first needed
 
     def reconcile(self, acting: Callable[[], bool] = lambda: True) -> PassResult:
@@ -302,6 +270,7 @@ class IdleReclaimer:
             return result
         modes: dict[tuple[str, str], int] = {}
         idle_claims: dict[str, int] = {}
+        stale_claims: dict[str, int] = {}
         for namespace in namespaces:
             name = str((namespace.get("metadata") or {}).get("name") or "")
             try:
@@ -319,10 +288,10 @@ class IdleReclaimer:
                 continue
             modes[(name, str(found.mode))] = 1
             try:
-                idle_claims[name] = self._namespace(found, result)
+                idle_claims[name], stale_claims[name] = self._namespace(found, result)
             except errors.ApiError as error:
                 self._fail(result, "list", str(error))
-        self._metrics.set_snapshot(idle_claims, modes)
+        self._metrics.set_snapshot(idle_claims, modes, stale_claims)
         return result
 
     def _fail(self, result: PassResult, call: str, message: str) -> None:
@@ -337,16 +306,19 @@ class IdleReclaimer:
             return
         self._reported_invalid[name] = message
         log.warning("idle policy: %s", message)
-        target = Target("Namespace", "v1", name, name, str(metadata.get("uid") or ""))
+        target = InvolvedObject("v1", "Namespace", name, name, str(metadata.get("uid") or ""))
         self._post(target, REASON_INVALID, message, warning=True)
 
-    def _namespace(self, found: NamespacePolicy, result: PassResult) -> int:
-        """Act on the namespace's pods; the number of its claims idle for its window."""
+    def _activity(self, claim: Obj) -> ClaimActivity:
+        return policy.claim_activity(
+            claim, self._driver, now=self._clock(), max_sample_age_s=self._max_sample_age_s
+        )
+
+    def _namespace(self, found: NamespacePolicy, result: PassResult) -> tuple[int, int]:
+        """Act on the namespace's pods; the number of its claims idle for its window, and of
+        those whose activity report is stale."""
         now = self._clock()
-        claims = [
-            policy.claim_activity(claim, self._driver)
-            for claim in self._api.list_claims(found.namespace)
-        ]
+        claims = [self._activity(claim) for claim in self._api.list_claims(found.namespace)]
         claims = [claim for claim in claims if claim.holds_devices]
         pods = {
             str((pod.get("metadata") or {}).get("name") or ""): pod
@@ -368,12 +340,15 @@ class IdleReclaimer:
                 self._pod(_Pod(found, ref, tuple(pod_claims), warning, started), now, result)
             except errors.ApiError as error:
                 self._fail(result, "pod", f"pod {found.namespace}/{ref.name}: {error}")
-        return sum(
+        idle = sum(
             1 for claim in claims if (claim.idle_for(now) or 0.0) >= found.window_s
             and claim.idle_since is not None
         )  # fmt: skip
+        return idle, sum(1 for claim in claims if claim.stale)
 
     def _pod(self, pod: _Pod, now: float, result: PassResult) -> None:
+        if self._left_stale(pod, pod.claims, result):
+            return
         idle_since = pod.idle_since()
         action = policy.decide(pod.policy, pod.warning, idle_since, now)
         if action is Action.NONE:
@@ -392,11 +367,11 @@ class IdleReclaimer:
             return
         if action is Action.EVICT:
             fresh = tuple(
-                policy.claim_activity(
-                    self._api.read_claim(pod.policy.namespace, claim.name), self._driver
-                )
+                self._activity(self._api.read_claim(pod.policy.namespace, claim.name))
                 for claim in pod.claims
             )
+            if self._left_stale(pod, fresh, result):
+                return
             since = pod.idle_since(fresh)
             if since is None or now - since < pod.policy.window_s:
                 self._clear(_Pod(pod.policy, pod.ref, fresh, pod.warning, pod.started), now,
@@ -405,6 +380,25 @@ class IdleReclaimer:
             self._evict(pod, pod.warning.since, dry_run=False, result=result, now=now)
         else:
             self._evict(pod, pod.warning.since, dry_run=True, result=result, now=now)
+
+    def _left_stale(self, pod: _Pod, claims: tuple[ClaimActivity, ...], result: PassResult) -> bool:
+        """Whether a claim of the pod has a stale activity report: then the pod is left alone
+        this pass (neither warned, cleared nor evicted), counted and logged (once until the
+        reasons change)."""
+        key = (pod.policy.namespace, pod.ref.name)
+        stale = [f"claim {c.name}: {line}" for c in claims for line in c.stale]
+        if not stale:
+            self._stale_logged.pop(key, None)
+            return False
+        self._count(pod, "stale", result)
+        what = "; ".join(stale)
+        reasons = "; ".join(line.split(", ", 1)[0] for line in stale)  # without the age
+        if self._stale_logged.get(key) != reasons:
+            self._stale_logged[key] = reasons
+            log.warning("idle policy: %s/%s left alone (not warned, cleared or evicted): its "
+                        "activity report is stale: %s; acted on again once the kubelet plugin "
+                        "reports afresh", pod.policy.namespace, pod.ref.name, what)  # fmt: skip
+        return True
 
     def _reported_live(self, pod: _Pod) -> bool:
         """Whether the plugin of every node the pod's claims are on is Ready: one that is down
@@ -500,9 +494,9 @@ class IdleReclaimer:
         for claim in pod.claims:
             self._post(claim_target(claim), reason, message, warning=warning)
 
-    def _post(self, target: Target, reason: str, message: str, *, warning: bool) -> None:
-        body = event(target, reason, message, warning=warning, instance=self._instance,
-                     now=self._clock())  # fmt: skip
+    def _post(self, target: InvolvedObject, reason: str, message: str, *, warning: bool) -> None:
+        body = event(target, reason, message, warning=warning, component=COMPONENT,
+                     instance=self._instance, now=self._clock())  # fmt: skip
         try:
             self._api.create_event(target.namespace, body)
         except errors.ApiError as error:

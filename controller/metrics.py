@@ -107,7 +107,7 @@ class InventoryMetrics:
 
 
 IDLE_ACTIONS = (
-    "warned", "cleared", "evicted", "blocked", "would-evict", "would-block", "deferred",
+    "warned", "cleared", "evicted", "blocked", "would-evict", "would-block", "deferred", "stale",
 )  # fmt: skip
 """``action`` of ``gpu_dra_idle_policy_actions_total`` (docs/idle-reclaim.md#metrics)."""
 
@@ -118,18 +118,23 @@ class IdlePolicyCollector(Collector):
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._idle: dict[str, int] = {}
+        self._stale: dict[str, int] = {}
         self._namespaces: dict[tuple[str, str], int] = {}
 
     def set_snapshot(
-        self, idle_claims: Mapping[str, int], namespaces: Mapping[tuple[str, str], int]
+        self,
+        idle_claims: Mapping[str, int],
+        namespaces: Mapping[tuple[str, str], int],
+        stale_claims: Mapping[str, int] | None = None,
     ) -> None:
         with self._lock:
             self._idle = dict(idle_claims)
             self._namespaces = dict(namespaces)
+            self._stale = dict(stale_claims or {})
 
     def collect(self) -> Iterator[Metric]:
         with self._lock:
-            idle, namespaces = self._idle, self._namespaces
+            idle, namespaces, stale = self._idle, self._namespaces, self._stale
         idle_gauge = GaugeMetricFamily(
             "gpu_dra_idle_policy_idle_claims",
             "Claims of an opted-in namespace whose every gpu.nvidia.com device has been idle "
@@ -139,6 +144,16 @@ class IdlePolicyCollector(Collector):
         for namespace, value in sorted(idle.items()):
             idle_gauge.add_metric([namespace], value)
         yield idle_gauge
+        stale_gauge = GaugeMetricFamily(
+            "gpu_dra_idle_policy_stale_claims",
+            "Claims of an opted-in namespace whose activity report (status.devices Active and "
+            "data.sampledAt) is older than the idle policy's bound or names no sample, at its "
+            "last pass: their pods are neither warned nor evicted.",
+            labels=["namespace"],
+        )
+        for namespace, value in sorted(stale.items()):
+            stale_gauge.add_metric([namespace], value)
+        yield stale_gauge
         namespace_gauge = GaugeMetricFamily(
             "gpu_dra_idle_policy_namespaces",
             "1 per namespace labelled gpu.nvidia.com/idle-reclaim, by mode (enabled, dry-run, "
@@ -162,7 +177,8 @@ class IdleReclaimMetrics:
             "Actions of the idle policy on pods, by namespace and action (warned, cleared, "
             "evicted, blocked: an eviction a PodDisruptionBudget refused, would-evict and "
             "would-block: the same in a dry-run namespace, deferred: an eviction put off while "
-            "the node's kubelet plugin is not Ready).",
+            "the node's kubelet plugin is not Ready, stale: a pod left alone because a claim's "
+            "activity report is stale).",
             ["namespace", "action"],
             registry=registry,
         )
@@ -175,9 +191,12 @@ class IdleReclaimMetrics:
         )
 
     def set_snapshot(
-        self, idle_claims: Mapping[str, int], namespaces: Mapping[tuple[str, str], int]
+        self,
+        idle_claims: Mapping[str, int],
+        namespaces: Mapping[tuple[str, str], int],
+        stale_claims: Mapping[str, int] | None = None,
     ) -> None:
-        self.collector.set_snapshot(idle_claims, namespaces)
+        self.collector.set_snapshot(idle_claims, namespaces, stale_claims)
 
     def count_action(self, namespace: str, action: str) -> None:
         self.actions.labels(namespace=namespace, action=action).inc()

@@ -317,6 +317,18 @@ class ControllerSettings:
             str,
         ),
     )
+    idle_reclaim_max_sample_age_s: float = field(
+        default=126.0,
+        metadata=option(
+            "--idle-reclaim-max-sample-age",
+            "GPU_DRA_IDLE_RECLAIM_MAX_SAMPLE_AGE",
+            "how old the utilization sample behind a claim's Active condition (status.devices "
+            "data.sampledAt) may be before the idle policy stops acting on the claim's pods "
+            "(seconds or a duration: 2m; the chart sets 3 x (the plugins' "
+            "--claim-status-min-interval + --utilization-interval + 2 s))",
+            parse_duration,
+        ),
+    )
     log_level: str = field(
         default="INFO",
         metadata=option(

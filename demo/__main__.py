@@ -3,12 +3,14 @@ locally built image (demo/install.py: the kubelet plugin as the DaemonSet's pod 
 8-GPU node, the controller as the Deployment), the claims of demo/examples, what each pod
 received and what the plugin did for it. Run through `demo/run` (as root).
 
-The examples run in two stages (demo/stages.py), each a ``helm upgrade --install`` with its
+The examples run in stages (demo/stages.py), each a ``helm upgrade --install`` with its
 plugin flags: NVIDIA's example manifests on whole GPUs as NVIDIA's driver publishes them, then -
 once those are deleted - dynamic MIG, MPS shares, per-claim MPS and time-slicing together, on
 which the demo shows utilization per claim, busy and idle claims side by side
-(demo/utilization.py), and then two teams sharing the node by quotas per tier, one over its
-quota (demo/quotas.py). The second stage keeps running, with the cluster, so you can look around;
+(demo/utilization.py); last, with the controller's idle policy on, an idle notebook warned and
+its right-sizing advice (demo/idle.py), and then two teams sharing the node by quotas per tier,
+one over its quota (demo/quotas.py). The last stage keeps running, with the cluster, so you can
+look around;
 `.venv/bin/python -m e2e.cluster down` removes it. `demo/run --real` runs the plugin as a host
 process on a fake driver root (demo/real.py).
 """
@@ -17,10 +19,13 @@ from __future__ import annotations
 
 import sys
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
+from demo.idle import show_idle_reclaim
 from demo.install import (
+    IDLE_RECLAIM,
     NAMESPACE,
     RELEASE,
     DemoRelease,
@@ -51,6 +56,7 @@ from e2e.driver import MPS_DAEMON_NAMESPACE, PLUGIN, Driver
 from e2e.kube import Kube, wait_for
 from gpu_dra.driver.naming import GpuDeviceName, parse_device_name
 from gpu_dra.kubelet_plugin.time_slicer import interval_name
+from gpu_dra.kubelet_plugin.utilization.simulated_file import SIMULATED_UTILIZATION_FILE
 
 
 def say(text: str = "") -> None:
@@ -191,6 +197,8 @@ def clean_up(driver: Driver, stage: Stage) -> None:
     for namespace in namespaces:
         kube.wait_gone("v1", "Namespace", namespace, None, timeout=180)
     wait_for("every claim to be unprepared", lambda: not driver.checkpoint_claims(), 120)
+    # Every simulated GPU idle again: the next stage's claims start from nothing.
+    (driver.state_dir / SIMULATED_UTILIZATION_FILE).unlink(missing_ok=True)
     say(
         f"left on the node: {len(driver.checkpoint_claims())} prepared claims, "
         f"{len(driver.cdi_spec_claims())} CDI specs, {len(mig_instances(driver))} MIG "
@@ -214,7 +222,20 @@ def chart_settings(stage: Stage) -> str:
     """How the stage's plugin flags are given to the chart (demo/install.py, stage_values)."""
     settings = ["featureGates.DynamicMIG=true"] if stage.dynamic_mig else []
     settings += [f"{e['name']}={e['value']}" for e in plugin_env(stage.plugin_args)]
+    if stage.idle_reclaim:
+        settings += [f"{key}={value}" for key, value in flat_values(IDLE_RECLAIM)]
     return ", ".join(settings) or "none"
+
+
+def flat_values(values: Mapping[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
+    """Nested chart values as ``--set`` keys: ``controller.idleReclaim.enabled``."""
+    flat: list[tuple[str, Any]] = []
+    for key, value in values.items():
+        if isinstance(value, Mapping):
+            flat += flat_values(value, f"{prefix}{key}.")
+        else:
+            flat.append((f"{prefix}{key}", value))
+    return flat
 
 
 def install_stage(release: DemoRelease, number: int, stage: Stage) -> None:
@@ -288,6 +309,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if stage.shows_utilization:
             say("\n======== utilization per claim: busy and idle claims side by side")
             show_utilization(driver, say)
+        if stage.idle_reclaim:
+            say("\n======== an idle notebook: warned by the idle policy, and what it needed")
+            show_idle_reclaim(driver, say)
         if stage.shows_quotas:
             say("\n======== two teams by rule: quotas per tier (docs/quotas.md)")
             show_quotas(driver, say)

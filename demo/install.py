@@ -25,6 +25,7 @@ from e2e.chart import (
     chart_values,
     import_driver_image,
     install_mps_double,
+    merged,
     plugin_metrics_url,
     pods,
     ready,
@@ -47,6 +48,14 @@ PROFILE_FILE: Final = "demo-node.yaml"
 """demo/node.yaml as the plugin container sees it: a copy in its data dir."""
 UTILIZATION_INTERVAL_S: Final = 1
 """The plugin samples utilization every second (the chart's default is 10 s)."""
+IDLE_RECLAIM: Final = {
+    "controller": {"idleReclaim": {"enabled": True, "interval": 5}},
+    "kubeletPlugin": {"claimStatus": {"minInterval": 5, "idleAfter": 10}},
+}
+"""A stage with `Stage.idle_reclaim`: the controller's idle policy on, a pass every 5 s (the
+chart's default: off, 30 s); each claim's status written at most every 5 s and Active=False
+after 10 s without activity (30 s, 300 s). The namespace's window and grace are its own
+annotations (demo/examples/10-idle-notebook)."""
 VALUES_FILE: Final = "demo-values.yaml"
 
 
@@ -68,7 +77,8 @@ def stage_values(
 ) -> dict[str, Any]:
     """The chart values of a stage: the e2e node's (`chart_values`) on the demo's profile, the
     MPS double as control program and daemon image, dynamic MIG as NVIDIA's feature gate, the
-    stage's other flags as the plugin's environment, utilization sampled every second."""
+    stage's other flags as the plugin's environment, utilization sampled every second; and for
+    an idle-reclaim stage `IDLE_RECLAIM`."""
     values = chart_values(cluster, image, profile)
     plugin = values["kubeletPlugin"]
     plugin["mpsDaemonImage"] = mps_image
@@ -81,7 +91,7 @@ def stage_values(
     if stage.dynamic_mig:
         values["featureGates"] = {"DynamicMIG": True}
     values["metrics"] = {"utilization": {"interval": UTILIZATION_INTERVAL_S}}
-    return values
+    return merged(values, IDLE_RECLAIM) if stage.idle_reclaim else values
 
 
 def catalog_classes() -> set[str]:

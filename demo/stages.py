@@ -4,10 +4,13 @@ The tiers a node offers are choices of its plugin, not of a claim: ``--dynamic-m
 the H100s as MIG partitions, ``--mps-shares=4`` offers the first A100 as MPS shares, the other
 GPUs stay whole. NVIDIA's example manifests (01-05) run first on the plugin as NVIDIA's driver
 publishes (no flags); they hold 7 of the 8 GPUs, so they are deleted before the examples of the
-other tiers (06-09), which run together on one plugin with both flags and keep running; on
-them the demo then shows utilization per claim, a busy and an idle claim side by side. Each
-stage upgrades the chart release to its flags (demo/install.py), applies its examples and
-reports.
+other tiers (06-09), which run together on one plugin with both flags; on them the demo then
+shows utilization per claim, a busy and an idle claim side by side. The last stage (10) turns on
+the controller's idle policy with short intervals: an idle notebook is warned and `gpu-dra
+rightsize` says what it needed (demo/idle.py); then, after everything else, two teams share the
+node by quotas (demo/quotas.py); it keeps running. Each stage upgrades the chart
+release to its flags and values (demo/install.py), applies its examples and reports; each deletes
+the examples of the stage before it.
 """
 
 from __future__ import annotations
@@ -42,6 +45,10 @@ class Stage:
     shows_utilization: bool = False
     """After its examples the demo makes some of their claims busy and prints the utilization
     per claim (demo/utilization.py)."""
+    idle_reclaim: bool = False
+    """The controller's idle policy on and the plugin's claim status quick (demo/install.py);
+    after its examples the demo shows an idle claim warned and its right-sizing advice
+    (demo/idle.py)."""
     shows_quotas: bool = False
     """Last, two teams share the node by the recipe's quotas, one over its quota
     (demo/quotas.py)."""
@@ -78,6 +85,14 @@ STAGES: tuple[Stage, ...] = (
         dynamic_mig=True,
         plugin_args=(f"--mps-shares={MPS_SHARE_GPU}",),
         shows_utilization=True,
+    ),
+    Stage(
+        "getting idle GPUs back: the idle policy warns an idle notebook, rightsize says what it "
+        "needed",
+        ("10-idle-notebook",),
+        dynamic_mig=True,
+        plugin_args=(f"--mps-shares={MPS_SHARE_GPU}",),
+        idle_reclaim=True,
         shows_quotas=True,
     ),
 )

@@ -24,7 +24,7 @@ import yaml
 from e2e import helm
 from e2e.cluster import Cluster, driverimage, images, netns, versions
 from e2e.cluster.paths import REPO_ROOT
-from e2e.driver import DATA_DIR_LINK, pool_reconciles
+from e2e.driver import DATA_DIR_LINK, Driver, pool_reconciles
 from e2e.kube import Kube, wait_for
 
 CHART: Final = REPO_ROOT / "deployments" / "helm" / "gpu-dra"
@@ -139,6 +139,66 @@ def chart_class(cluster: Cluster, kube: Kube, name: str, *sets: str) -> Iterator
     finally:
         kube.delete("resource.k8s.io/v1", "DeviceClass", name)
         kube.wait_gone("resource.k8s.io/v1", "DeviceClass", name, None)
+
+
+@contextmanager
+def chart_installed(
+    cluster: Cluster, kube: Kube, values: dict[str, Any], directory: Path
+) -> Iterator[Path]:
+    """The chart installed as release `RELEASE` in `NAMESPACE` with `values` (written to
+    ``<directory>/values.yaml``, which it yields) for the block, the node's short data dir linked
+    first (the link must exist before the chart's hostPath volume, DirectoryOrCreate, would make
+    a directory in its place); then `uninstall_release`."""
+    path = directory / "values.yaml"
+    path.write_text(yaml.safe_dump(values))
+    Driver(cluster, kube, PROFILE).link_data_dir()
+    run_helm(
+        cluster, "install", RELEASE, str(CHART), f"--namespace={NAMESPACE}", "--create-namespace",
+        f"--values={path}",
+    )  # fmt: skip
+    try:
+        yield path
+    finally:
+        uninstall_release(cluster, kube)
+
+
+def uninstall_release(cluster: Cluster, kube: Kube) -> None:
+    """``helm uninstall --wait`` of `RELEASE`, then wait until the chart's pods are gone and
+    delete `NAMESPACE`."""
+    run_helm(cluster, "uninstall", RELEASE, f"--namespace={NAMESPACE}", "--wait")
+    wait_for(
+        "the chart's pods to be gone",
+        lambda: not pods(kube, PLUGIN_SELECTOR) and not pods(kube, CONTROLLER_SELECTOR),
+        120,
+    )
+    kube.delete("v1", "Namespace", NAMESPACE)
+    kube.wait_gone("v1", "Namespace", NAMESPACE, None, timeout=180)
+
+
+def service_account_client(
+    cluster: Cluster, account: str, directory: Path, *, bound_pod: str | None = None
+) -> Kube:
+    """A client with a token of ServiceAccount `account` of `NAMESPACE` (its kubeconfig in
+    `directory`): the identity of the chart's controller or plugin. `bound_pod`: the token is
+    bound to that pod of the namespace, so the apiserver puts the pod's node into it, as for the
+    running plugin."""
+    bound = [] if bound_pod is None else ["--bound-object-kind=Pod",
+                                          f"--bound-object-name={bound_pod}"]  # fmt: skip
+    token = cluster.kubectl("create", "token", account, "-n", NAMESPACE, *bound).strip()
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "e2e", "cluster": {
+            "server": f"https://{versions.NODE_IP}:{versions.APISERVER_PORT}",
+            "certificate-authority": str(cluster.paths.pki / "ca.crt"),
+        }}],
+        "users": [{"name": account, "user": {"token": token}}],
+        "contexts": [{"name": "e2e", "context": {"cluster": "e2e", "user": account}}],
+        "current-context": "e2e",
+    }  # fmt: skip
+    path = directory / f"{account}.kubeconfig"
+    path.write_text(yaml.safe_dump(config))
+    return Kube(path)
 
 
 def release_installed(cluster: Cluster, release: str, namespace: str) -> bool:

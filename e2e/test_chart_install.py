@@ -26,18 +26,19 @@ from e2e.chart import (
     CONTROLLER_SELECTOR,
     NAMESPACE,
     PLUGIN_SELECTOR,
-    PROFILE,
     RELEASE,
+    chart_installed,
     chart_values,
     import_driver_image,
     merged,
     pods,
     ready,
     run_helm,
+    service_account_client,
     wait_plugin_ready,
 )
 from e2e.cluster import Cluster, ClusterError, versions
-from e2e.driver import CDI_ROOT, DRIVER, Driver
+from e2e.driver import CDI_ROOT, DRIVER
 from e2e.kube import Kube, wait_for
 from e2e.workloads import allocated_devices, claim_uid, delete_pods, gpus_seen, wait_running
 
@@ -51,31 +52,14 @@ def installed(
     cluster: Cluster, kube: Kube, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[str]:
     image = import_driver_image(cluster)
-    values = tmp_path_factory.mktemp("chart") / "values.yaml"
     # Claim status and sampling quicker than the defaults, for the claim status test.
     quick = {
         "kubeletPlugin": {"claimStatus": {"minInterval": 2, "idleAfter": 10}},
         "metrics": {"utilization": {"interval": 2}},
     }
-    values.write_text(yaml.safe_dump(merged(chart_values(cluster, image.reference), quick)))
-    # The same short data dir as the host-process plugin's: the link must exist before the
-    # chart's hostPath volume (DirectoryOrCreate) would create a directory in its place.
-    Driver(cluster, kube, PROFILE).link_data_dir()
-    run_helm(
-        cluster, "install", RELEASE, str(CHART), f"--namespace={NAMESPACE}", "--create-namespace",
-        f"--values={values}",
-    )  # fmt: skip
-    try:
+    values = merged(chart_values(cluster, image.reference), quick)
+    with chart_installed(cluster, kube, values, tmp_path_factory.mktemp("chart")):
         yield image.reference
-    finally:
-        run_helm(cluster, "uninstall", RELEASE, f"--namespace={NAMESPACE}", "--wait")
-        wait_for(
-            "the chart's pods to be gone",
-            lambda: not pods(kube, PLUGIN_SELECTOR) and not pods(kube, CONTROLLER_SELECTOR),
-            120,
-        )
-        kube.delete("v1", "Namespace", NAMESPACE)
-        kube.wait_gone("v1", "Namespace", NAMESPACE, None, timeout=180)
 
 
 def test_the_chart_runs_the_plugin_and_controller_from_the_local_image(
@@ -219,24 +203,9 @@ def plugin_identity(cluster: Cluster, kube: Kube, tmp_path: Path) -> Kube:
     """A client with the plugin's own identity: a token of its ServiceAccount bound to its pod
     (so the apiserver puts the pod's node into the token, as for the running plugin)."""
     (pod,) = pods(kube, PLUGIN_SELECTOR)
-    token = cluster.kubectl(
-        "create", "token", pod["spec"]["serviceAccountName"], "-n", NAMESPACE,
-        "--bound-object-kind=Pod", f"--bound-object-name={pod['metadata']['name']}",
-    ).strip()  # fmt: skip
-    config = {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [{"name": "e2e", "cluster": {
-            "server": f"https://{versions.NODE_IP}:{versions.APISERVER_PORT}",
-            "certificate-authority": str(cluster.paths.pki / "ca.crt"),
-        }}],
-        "users": [{"name": "plugin", "user": {"token": token}}],
-        "contexts": [{"name": "e2e", "context": {"cluster": "e2e", "user": "plugin"}}],
-        "current-context": "e2e",
-    }  # fmt: skip
-    path = tmp_path / "plugin.kubeconfig"
-    path.write_text(yaml.safe_dump(config))
-    return Kube(path)
+    return service_account_client(
+        cluster, pod["spec"]["serviceAccountName"], tmp_path, bound_pod=pod["metadata"]["name"]
+    )
 
 
 def slice_for(node: str, pool: str | None = None) -> dict[str, Any]:

@@ -24,9 +24,9 @@ from e2e.chart import (
     CHART,
     CONTROLLER_SELECTOR,
     NAMESPACE,
-    PLUGIN_SELECTOR,
     PROFILE,
     RELEASE,
+    chart_installed,
     import_driver_image,
     plugin_metrics_url,
     pods,
@@ -35,7 +35,7 @@ from e2e.chart import (
     wait_plugin_ready,
 )
 from e2e.cluster import Cluster, versions
-from e2e.driver import DATA_DIR_LINK, DRIVER, Driver
+from e2e.driver import DATA_DIR_LINK, DRIVER
 from e2e.kube import Kube, wait_for
 from e2e.test_chart_install import BAD_STRATEGY_DENIED, refused_by_the_webhook, sharing
 from e2e.workloads import allocated_devices, delete_pods, gpus_seen, wait_running
@@ -108,24 +108,9 @@ def installed(
     cluster: Cluster, kube: Kube, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Path]:
     image = import_driver_image(cluster)
-    values = tmp_path_factory.mktemp("nvidia") / "values.yaml"
-    values.write_text(yaml.safe_dump(nvidia_values(cluster, image.reference)))
-    Driver(cluster, kube, PROFILE).link_data_dir()
-    run_helm(
-        cluster, "install", RELEASE, str(CHART), f"--namespace={NAMESPACE}", "--create-namespace",
-        f"--values={values}",
-    )  # fmt: skip
-    try:
-        yield values
-    finally:
-        run_helm(cluster, "uninstall", RELEASE, f"--namespace={NAMESPACE}", "--wait")
-        wait_for(
-            "the chart's pods to be gone",
-            lambda: not pods(kube, PLUGIN_SELECTOR) and not pods(kube, CONTROLLER_SELECTOR),
-            120,
-        )
-        kube.delete("v1", "Namespace", NAMESPACE)
-        kube.wait_gone("v1", "Namespace", NAMESPACE, None, timeout=180)
+    values = nvidia_values(cluster, image.reference)
+    with chart_installed(cluster, kube, values, tmp_path_factory.mktemp("nvidia")) as path:
+        yield path
 
 
 def certificate(kube: Kube) -> tuple[dict[str, str], set[str]]:

@@ -30,6 +30,7 @@ from e2e.chart import (
     PLUGIN_SELECTOR,
     PROFILE,
     RELEASE,
+    chart_installed,
     chart_values,
     import_driver_image,
     merged,
@@ -173,24 +174,8 @@ def installed(
         chart_values(cluster, image.reference),
         {"controller": {"replicas": 2, "resyncInterval": RESYNC_S}},
     )
-    path = tmp_path_factory.mktemp("chart-operations") / "values.yaml"
-    path.write_text(yaml.safe_dump(values))
-    Driver(cluster, kube, PROFILE).link_data_dir()
-    run_helm(
-        cluster, "install", RELEASE, str(CHART), f"--namespace={NAMESPACE}", "--create-namespace",
-        f"--values={path}",
-    )  # fmt: skip
-    try:
+    with chart_installed(cluster, kube, values, tmp_path_factory.mktemp("chart-operations")):
         yield image.reference
-    finally:
-        run_helm(cluster, "uninstall", RELEASE, f"--namespace={NAMESPACE}", "--wait")
-        wait_for(
-            "the chart's pods to be gone",
-            lambda: not pods(kube, PLUGIN_SELECTOR) and not pods(kube, CONTROLLER_SELECTOR),
-            120,
-        )
-        kube.delete("v1", "Namespace", NAMESPACE)
-        kube.wait_gone("v1", "Namespace", NAMESPACE, None, timeout=180)
 
 
 def controllers_ready(kube: Kube) -> list[dict[str, Any]]:

@@ -5,8 +5,11 @@ demo's simulated node; each container sees exactly the devices allocated to its 
 devices as the plugin made them, MPS caps and time slices as the claims ask); on the last stage
 the utilization per claim: the busy claims' numbers and the idle claims in ``gpu-dra inventory
 --utilization`` / ``--idle`` as the demo prints them, and ``gpu-dra rightsize``'s advice for the
-busy and idle shares; two teams by the recipe's quotas, one refused over its quota and one
-refused a class its quota does not name; and deleting the examples leaks nothing.
+busy and idle shares; on the last stage, the idle notebook warned by the chart's controller
+(condition, Events, the plugin's fresh claim status, ``gpu-dra inventory --idle``) and the
+1g.10gb MIG slice ``gpu-dra rightsize`` advises for it, then two teams by the recipe's quotas,
+one refused over its quota and one refused a class its quota does not name; and deleting the
+examples leaks nothing.
 (tests/test_demo.py checks the stages and their chart values without a cluster.)"""
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ from typing import Any
 
 import pytest
 
+from demo.idle import ADVICE, BURST_GPU, CONTEXT_MEMORY, NOTEBOOK, show_idle_reclaim
+from demo.idle import IDLE_FOR as NOTEBOOK_IDLE_FOR
 from demo.install import DemoRelease, apply_example, remove_release
 from demo.observe import (
     MPS_PID_KEY,
@@ -56,6 +61,7 @@ from e2e.chart import CONTROLLER_SELECTOR, pods, ready
 from e2e.cluster import Cluster
 from e2e.driver import PLUGIN, Driver
 from e2e.kube import Kube, wait_for
+from gpu_dra.driver.cluster.idle_policy import parse_time
 from gpu_dra.driver.config.limits import render_pinned_limit
 from gpu_dra.driver.config.quantity import quantity_value
 from gpu_dra.driver.naming import MigDeviceName, gpu_device_name, parse_device_name
@@ -113,6 +119,8 @@ def test_stage_examples_run_side_by_side_and_each_container_sees_its_claims_allo
             CHECKS.get(example, lambda *_: None)(driver, kube, namespace, seen, results)
         if stage.shows_utilization:
             check_utilization(driver)
+        if stage.idle_reclaim:
+            check_idle_reclaim(driver)
         if stage.shows_quotas:
             check_quotas(driver)
     finally:
@@ -180,6 +188,57 @@ def check_utilization(driver: Driver) -> None:
     limit = requested_capacity(driver.kube, *BUSY_SHARE_CLAIM)["memory"]
     assert_utilization_printed("\n".join(printed), quantity_value(limit))
     assert_rightsize_advice(shown.advice, "\n".join(printed))
+
+
+def check_idle_reclaim(driver: Driver) -> None:
+    """The demo's idle-reclaim step: the notebook's claim status as the plugin wrote it (Idle,
+    from a fresh sample), the policy's warning as condition, Events and inventory column, the
+    pod not evicted within its grace period, and the advice: a 1g.10gb MIG slice for its peak
+    (6 GiB, 10 %) on the whole H100 it holds."""
+    printed: list[str] = []
+    shown = show_idle_reclaim(driver, printed.append)
+    text = "\n".join(printed)
+    namespace, name = NOTEBOOK
+
+    (entry,) = shown.status
+    (active,) = [c for c in entry["conditions"] if c["type"] == "Active"]
+    assert (active["status"], active["reason"]) == ("False", "Idle"), entry
+    sampled = parse_time(entry["data"]["sampledAt"])
+    assert sampled is not None, entry
+    # The plugin rewrites it every 5 s (claimStatus.minInterval): within the policy's bound.
+    assert shown.status_read_at - sampled < 3 * (5 + 1 + 2), (shown.status_read_at, entry)
+    assert "idleSince" in entry["data"], entry
+
+    condition = shown.condition
+    assert (condition["status"], condition["reason"]) == ("True", "Idle"), condition
+    assert f"claim {name} has been idle since" in condition["message"], condition
+    assert f"pod {name} is evicted at" in condition["message"], condition
+    assert ("Warning", "Pod", name, "GpuClaimIdle") in shown.events, shown.events
+    assert ("Warning", "ResourceClaim", name, "GpuClaimIdle") in shown.events, shown.events
+    assert not [e for e in shown.events if e[3] == "GpuClaimIdleEvicted"], shown.events
+    assert shown.pod_phase == "Running"
+    policy = shown.idle["policy"]
+    assert (policy["mode"], policy["reason"]) == ("enabled", "Idle"), policy
+
+    advice = shown.advice
+    assert advice["peak"]["memoryUsedBytes"] == CONTEXT_MEMORY, advice
+    assert advice["peak"]["gpuUtilizationPercent"] == BURST_GPU, advice
+    recommended = advice["recommended"]
+    assert (recommended["kind"], recommended["profile"]) == ("mig", "1g.10gb"), advice
+    assert recommended["offered"] is True, advice
+
+    # What the viewer sees.
+    assert f"{entry['pool']}/{shown.device}: Active=False (Idle), idleSince " in text
+    assert f"True, reason Idle, since {condition['lastTransitionTime']}" in text
+    events = text.split("reason=GpuClaimIdle\n", 1)[1]
+    assert f"pod/{name}" in events, events
+    assert f"resourceclaim/{name}" in events, events
+    idle_table = claim_lines(text, f"gpu-dra inventory --idle --idle-for {NOTEBOOK_IDLE_FOR}")
+    (line,) = idle_table[f"{namespace}/{name}"]
+    assert "warned " in line, line
+    assert ", evicts at " in line, line
+    assert f"{namespace}/{name} (" in text
+    assert ADVICE in text
 
 
 def assert_rightsize_advice(advice: dict[str, dict[str, Any]], text: str) -> None:

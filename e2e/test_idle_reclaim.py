@@ -21,29 +21,27 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from kubernetes.client import CoreV1Api
 from kubernetes.client.exceptions import ApiException
 from prometheus_client.parser import text_string_to_metric_families
 
 from e2e import manifests as m
 from e2e.chart import (
-    CHART,
     CONTROLLER_SELECTOR,
     NAMESPACE,
-    PLUGIN_SELECTOR,
     PROFILE,
     RELEASE,
+    chart_installed,
     chart_values,
     import_driver_image,
     merged,
     plugin_metrics_url,
     pods,
     ready,
-    run_helm,
+    service_account_client,
     wait_plugin_ready,
 )
-from e2e.cluster import Cluster, versions
+from e2e.cluster import Cluster
 from e2e.driver import Driver
 from e2e.kube import Kube, wait_for
 from e2e.workloads import allocated_devices, wait_running
@@ -77,29 +75,16 @@ def installed(
     """The chart with the idle policy on; the node's Driver (its data dir holds the simulated
     utilization file)."""
     image = import_driver_image(cluster)
-    values = tmp_path_factory.mktemp("chart") / "values.yaml"
-    values.write_text(yaml.safe_dump(merged(chart_values(cluster, image.reference), QUICK)))
+    values = merged(chart_values(cluster, image.reference), QUICK)
     driver = Driver(cluster, kube, PROFILE)
-    driver.link_data_dir()
-    run_helm(
-        cluster, "install", RELEASE, str(CHART), f"--namespace={NAMESPACE}", "--create-namespace",
-        f"--values={values}",
-    )  # fmt: skip
-    try:
-        wait_plugin_ready(kube, cluster)
-        wait_for("the controller pod to be ready",
-                 lambda: any(map(ready, pods(kube, CONTROLLER_SELECTOR))), 120)  # fmt: skip
-        yield driver
-    finally:
-        (driver.state_dir / SIMULATED_UTILIZATION_FILE).unlink(missing_ok=True)
-        run_helm(cluster, "uninstall", RELEASE, f"--namespace={NAMESPACE}", "--wait")
-        wait_for(
-            "the chart's pods to be gone",
-            lambda: not pods(kube, PLUGIN_SELECTOR) and not pods(kube, CONTROLLER_SELECTOR),
-            120,
-        )
-        kube.delete("v1", "Namespace", NAMESPACE)
-        kube.wait_gone("v1", "Namespace", NAMESPACE, None, timeout=180)
+    with chart_installed(cluster, kube, values, tmp_path_factory.mktemp("chart")):
+        try:
+            wait_plugin_ready(kube, cluster)
+            wait_for("the controller pod to be ready",
+                     lambda: any(map(ready, pods(kube, CONTROLLER_SELECTOR))), 120)  # fmt: skip
+            yield driver
+        finally:
+            (driver.state_dir / SIMULATED_UTILIZATION_FILE).unlink(missing_ok=True)
 
 
 @pytest.fixture(autouse=True)
@@ -221,21 +206,7 @@ def controller_metric(kube: Kube, name: str, **labels: str) -> float:
 
 def controller_identity(cluster: Cluster, tmp_path: Path) -> Kube:
     """A client with the controller's ServiceAccount token."""
-    token = cluster.kubectl("create", "token", f"{RELEASE}-controller", "-n", NAMESPACE).strip()
-    config = {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [{"name": "e2e", "cluster": {
-            "server": f"https://{versions.NODE_IP}:{versions.APISERVER_PORT}",
-            "certificate-authority": str(cluster.paths.pki / "ca.crt"),
-        }}],
-        "users": [{"name": "controller", "user": {"token": token}}],
-        "contexts": [{"name": "e2e", "context": {"cluster": "e2e", "user": "controller"}}],
-        "current-context": "e2e",
-    }  # fmt: skip
-    path = tmp_path / "controller.kubeconfig"
-    path.write_text(yaml.safe_dump(config))
-    return Kube(path)
+    return service_account_client(cluster, f"{RELEASE}-controller", tmp_path)
 
 
 def test_an_idle_notebook_is_warned_then_evicted_and_nothing_else_is_touched(

@@ -28,6 +28,7 @@ from gpu_dra.driver.model import NodeDevices
 from gpu_dra.driver.nvml.interface import NvmlLibrary
 from gpu_dra.driver.nvml.simulated import SimulatedNvml
 from gpu_dra.driver.shares import ShareSelectionError
+from gpu_dra.kube.events import KubernetesEventApi
 from gpu_dra.kubelet_plugin import health_command, startup
 from gpu_dra.kubelet_plugin.cdi import ClaimSpecStore
 from gpu_dra.kubelet_plugin.checkpoint import Checkpoint
@@ -55,7 +56,7 @@ from gpu_dra.kubelet_plugin.metrics import (
     register_checkpoint_collectors,
 )
 from gpu_dra.kubelet_plugin.mig import SimulatedMigStateFile
-from gpu_dra.kubelet_plugin.mps.events import KubernetesEventApi, MpsEvents
+from gpu_dra.kubelet_plugin.mps.events import MpsEvents
 from gpu_dra.kubelet_plugin.mps.memory_watchdog import MemoryWatchdog, start_memory_watchdog
 from gpu_dra.kubelet_plugin.node_devices import NodeInventory
 from gpu_dra.kubelet_plugin.plugin_instances import PluginInstance

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
+from demo.idle import ADVICE, BURST_GPU, CONTEXT_MEMORY, IDLE_FOR, NOTEBOOK
 from demo.install import UTILIZATION_INTERVAL_S, plugin_env, stage_values
 from demo.observe import why_not_running
 from demo.quotas import QUOTAS, TEAMS
@@ -37,7 +38,15 @@ from e2e.cluster import Cluster
 from e2e.driver import DATA_DIR_LINK
 from gpu_dra.cli.__main__ import main
 from gpu_dra.cli.command import EXIT_OK
+from gpu_dra.controller.settings import ControllerSettings
+from gpu_dra.driver.cluster.idle_policy import (
+    GRACE_ANNOTATION,
+    LABEL,
+    WINDOW_ANNOTATION,
+    parse_duration,
+)
 from gpu_dra.driver.config.quantity import quantity_value
+from gpu_dra.driver.rightsizing import Held, Observed, advise, gpu_shape, offered_options
 from gpu_dra.kubelet_plugin.settings import KubeletPluginSettings
 from tests.helmchart import Rendered, env_of
 
@@ -78,6 +87,8 @@ def test_each_stage_flags_publish_what_its_examples_ask_for(stage: Stage) -> Non
     if "06-dynamic-mig" in stage.examples:
         assert "mig" in types
     if "07-mps-shares" in stage.examples:
+        assert f"--mps-shares={MPS_SHARE_GPU}" in stage.plugin_args
+    if f"--mps-shares={MPS_SHARE_GPU}" in stage.plugin_args:
         assert [d["name"] for d in shared] == [f"gpu-{MPS_SHARE_GPU}"]
         assert shared[0]["attributes"]["productName"]["string"] == "NVIDIA A100 80GB PCIe"
     else:
@@ -108,7 +119,8 @@ def test_each_stages_chart_values_give_the_plugin_pod_the_stages_flags(
         cluster, "localhost/gpu-dra:0123456789ab", stage,
         profile=DEMO_PROFILE, mps_control=MPS_CONTROL, mps_image="localhost/mps-double:1",
     )  # fmt: skip
-    container = Rendered.of(values, tmp_path).container("DaemonSet", "gpus")
+    rendered = Rendered.of(values, tmp_path)
+    container = rendered.container("DaemonSet", "gpus")
     names = [e["name"] for e in container["env"]]
     assert len(names) == len(set(names))  # helm 4's server-side apply refuses a repeated name
 
@@ -126,6 +138,18 @@ def test_each_stages_chart_values_give_the_plugin_pod_the_stages_flags(
     assert pod.mps_daemon_image == "localhost/mps-double:1"
     assert pod.utilization_interval_s == UTILIZATION_INTERVAL_S
     assert pod.data_dir == cluster.paths.state / DATA_DIR_LINK
+    # The idle-reclaim stage's quick claim status and the controller's idle policy; off else.
+    controller = ControllerSettings.from_env(
+        env_of(
+            rendered.container("Deployment", "controller"),
+            {"GPU_DRA_LEADER_ELECTION_IDENTITY": "c-0"},
+        )
+    )
+    assert controller.idle_reclaim is stage.idle_reclaim
+    if stage.idle_reclaim:
+        assert (pod.claim_status_min_interval_s, pod.claim_status_idle_after_s) == (5, 10)
+        assert controller.idle_reclaim_interval_s == 5
+        assert controller.idle_reclaim_max_sample_age_s == 3 * (5 + 1 + 2)
 
 
 def stage_objects(stage: Stage) -> list[dict[str, Any]]:
@@ -139,7 +163,6 @@ def stage_objects(stage: Stage) -> list[dict[str, Any]]:
 
 def test_the_utilization_step_names_claims_and_pods_of_its_stage() -> None:
     (stage,) = [s for s in STAGES if s.shows_utilization]
-    assert stage is STAGES[-1]  # its examples keep running: the last stage
     objects = stage_objects(stage)
     claims = {
         (o["metadata"]["namespace"], o["metadata"]["name"]): o
@@ -194,6 +217,39 @@ def test_a_pod_that_does_not_run_is_explained_by_its_conditions_and_containers()
         "small: Pending, container ctr waiting: CreateContainerError CDI device not found"
     )
     assert why_not_running({"metadata": {"name": "new"}, "status": {}}) == "new: no phase"
+
+
+def test_the_idle_reclaim_step_names_the_notebook_of_its_stage_and_the_advice_it_gets() -> None:
+    """The last stage (its examples keep running) turns the idle policy on; its notebook's
+    namespace opted in with the window the step waits for; the claim asks for a whole H100 on
+    which the stage's flags publish 1g.10gb partitions, the advice the right-sizing rule gives
+    for the notebook's peak."""
+    (stage,) = [s for s in STAGES if s.idle_reclaim]
+    assert stage is STAGES[-1]
+    objects = stage_objects(stage)
+    (namespace,) = [o for o in objects if o["kind"] == "Namespace"]
+    assert namespace["metadata"]["name"] == NOTEBOOK[0]
+    assert namespace["metadata"]["labels"][LABEL] == "enabled"
+    annotations = namespace["metadata"]["annotations"]
+    assert annotations[WINDOW_ANNOTATION] == IDLE_FOR
+    # warned long before it would be evicted: the demo shows a warned, running pod
+    assert parse_duration(annotations[GRACE_ANNOTATION]) >= 300
+    (claim,) = [o for o in objects if o["kind"] == "ResourceClaim"]
+    assert claim["metadata"]["name"] == NOTEBOOK[1]
+    (request,) = claim["spec"]["devices"]["requests"]
+    assert request["exactly"]["deviceClassName"] == "hopper.gpu.nvidia.com"
+    (pod,) = [o for o in objects if o["kind"] == "Pod"]
+    assert pod["metadata"]["name"] == NOTEBOOK[1]
+
+    product = "NVIDIA H100 80GB HBM3"
+    offered = offered_options(published_devices(stage), product, "gpu.nvidia.com")
+    shape = gpu_shape(product)
+    assert shape is not None
+    advice = advise(shape, Observed(CONTEXT_MEMORY, BURST_GPU, 1), Held("gpu"))
+    recommended = advice.recommended(offered)
+    assert recommended is not None
+    assert recommended.text() == ADVICE
+    assert "gpu" in offered  # the notebook's whole H100 is offered too
 
 
 def test_the_teams_are_the_recipes_quotas_on_the_last_stage() -> None:

@@ -36,6 +36,7 @@ from gpu_dra.controller.settings import ControllerSettings
 from gpu_dra.controller.webhook import PATH as WEBHOOK_PATH
 from gpu_dra.controller.webhook import SHARE_MEMORY_PATH, ReloadingCertificate, WebhookServer
 from gpu_dra.driver.cluster import share_memory
+from gpu_dra.driver.cluster.idle_policy import DEFAULT_MAX_SAMPLE_AGE_S
 from gpu_dra.driver.mig_policy import DEFAULT as DEFAULT_MIG_POLICY
 from gpu_dra.driver.mig_policy import parse_policy
 from gpu_dra.driver.nvml.simulated import SimulatedHost
@@ -2024,6 +2025,8 @@ def test_enabled_it_passes_its_settings_and_grants_what_it_calls(idle_reclaim: R
     assert settings.idle_reclaim_plugin_selector == (
         "app.kubernetes.io/instance=gpu-dra,app.kubernetes.io/component=kubelet-plugin"
     )
+    # 3 x (claim status every 30 s + a sample every 10 s + 2 s): the chart's defaults
+    assert settings.idle_reclaim_max_sample_age_s == 126 == DEFAULT_MAX_SAMPLE_AGE_S
     plugin_labels = idle_reclaim.one("DaemonSet")["spec"]["template"]["metadata"]["labels"]
     for pair in settings.idle_reclaim_plugin_selector.split(","):
         key, _, value = pair.partition("=")
@@ -2043,6 +2046,35 @@ def test_enabled_it_passes_its_settings_and_grants_what_it_calls(idle_reclaim: R
         assert not may(verb, "pods")
     assert not may("update", "pods/status")
     assert not may("update", "namespaces", "")
+
+
+def test_the_idle_policys_freshness_bound_follows_the_plugins_intervals(tmp_path: Path) -> None:
+    """The bound is three times the longest a live plugin's report waits: a write per claim
+    status interval of a sample per utilization interval (rounded up), plus a writer pass."""
+    quick = {
+        "kubeletPlugin": {"claimStatus": {"minInterval": 5}},
+        "metrics": {"utilization": {"interval": 0.5}},
+    }
+    rendered = Rendered.of(merged({**HOST_DRIVER, **IDLE_VALUES}, quick), tmp_path)
+    container = rendered.container("Deployment", "controller")
+    settings = ControllerSettings.from_env(env_of(container, CONTROLLER_DOWNWARD))
+    assert settings.idle_reclaim_max_sample_age_s == 3 * (5 + 1 + 2)
+    plugin = plugin_settings(rendered)
+    assert settings.idle_reclaim_max_sample_age_s >= 3 * (
+        plugin.claim_status_min_interval_s + plugin.utilization_interval_s + 2
+    )
+
+    given = merged(IDLE_VALUES, {"controller": {"idleReclaim": {"maxSampleAge": "10m"}}})
+    (tmp_path / "given").mkdir()
+    container = Rendered.of({**HOST_DRIVER, **given}, tmp_path / "given").container(
+        "Deployment", "controller"
+    )
+    assert (
+        ControllerSettings.from_env(
+            env_of(container, CONTROLLER_DOWNWARD)
+        ).idle_reclaim_max_sample_age_s
+        == 600
+    )
 
 
 def test_an_invalid_idle_duration_is_refused_at_install() -> None:

@@ -5,10 +5,13 @@ A namespace opts in with the label ``gpu.nvidia.com/idle-reclaim`` (``enabled`` 
 and sets its window and grace with the annotations ``gpu.nvidia.com/idle-window`` and
 ``gpu.nvidia.com/idle-grace``. A claim is idle since the newest ``data.idleSince`` of its
 ``gpu.nvidia.com`` devices when every device allocated to it by the driver has a
-``status.devices`` entry whose ``Active`` condition is False; a device without one (not sampled,
-status off) makes the claim not idle. A pod is idle when every such claim it holds is idle, since
-the newest of their times. The pod's condition ``gpu.nvidia.com/GpuIdle`` carries the policy's
-state (warned at, blocked, would evict), so a new leader picks it up. See docs/idle-reclaim.md.
+``status.devices`` entry whose ``Active`` condition is False and whose ``data.sampledAt`` is at
+most the policy's ``max_sample_age_s`` old; a device without one (not sampled, status off) makes
+the claim not idle, and an entry whose sample is older or not named makes it **stale**: neither
+idle nor busy, and the controller leaves its pods alone. A pod is idle when every such claim it
+holds is idle, since the newest of their times. The pod's condition ``gpu.nvidia.com/GpuIdle``
+carries the policy's state (warned at, blocked, would evict), so a new leader picks it up. See
+docs/idle-reclaim.md.
 """
 
 from __future__ import annotations
@@ -30,6 +33,10 @@ GRACE_ANNOTATION: Final = "gpu.nvidia.com/idle-grace"
 CONDITION_TYPE: Final = "gpu.nvidia.com/GpuIdle"
 DEFAULT_WINDOW_S: Final = 2 * 3600.0
 DEFAULT_GRACE_S: Final = 30 * 60.0
+DEFAULT_MAX_SAMPLE_AGE_S: Final = 3 * (30 + 10 + 2.0)
+"""Three times the longest a live plugin's report waits, at its defaults: a write at most every
+``--claim-status-min-interval`` (30 s) of a sample every ``--utilization-interval`` (10 s), seen
+by a writer pass every 2 s."""
 
 
 class Mode(enum.StrEnum):
@@ -178,13 +185,24 @@ class ClaimActivity:
     pools: tuple[str, ...] = ()
     """The pools of its devices: the nodes whose kubelet plugins report them (a node's pool is
     named after it)."""
+    stale: tuple[str, ...] = ()
+    """Why its activity report cannot be trusted now, one line per device whose ``Active``
+    True or False names no sample (``data.sampledAt``) or one older than the policy's bound;
+    such a device is not idle (`idle_since` None) and the claim is not busy either."""
 
     def idle_for(self, now: float) -> float | None:
         return None if self.idle_since is None else max(now - self.idle_since, 0.0)
 
 
-def claim_activity(claim: Obj, driver: str = DEFAULT_DRIVER_NAME) -> ClaimActivity:
-    """What the policy needs of a ResourceClaim (see the module doc for when it is idle)."""
+def claim_activity(
+    claim: Obj,
+    driver: str = DEFAULT_DRIVER_NAME,
+    *,
+    now: float,
+    max_sample_age_s: float = DEFAULT_MAX_SAMPLE_AGE_S,
+) -> ClaimActivity:
+    """What the policy needs of a ResourceClaim at `now` (see the module doc for when it is
+    idle and when its report is stale)."""
     metadata = claim.get("metadata") or {}
     status = claim.get("status") or {}
     allocation = status.get("allocation") or {}
@@ -194,9 +212,14 @@ def claim_activity(claim: Obj, driver: str = DEFAULT_DRIVER_NAME) -> ClaimActivi
         and result.get("driver") == driver
     }  # fmt: skip
     reported: dict[tuple[str, str, str], float | None] = {}
+    stale: list[str] = []
     for entry in status.get("devices") or []:
         if isinstance(entry, Mapping) and entry.get("driver") == driver:
-            reported[_device_key(entry)] = _entry_idle_since(entry)
+            key = _device_key(entry)
+            why = _stale(entry, now, max_sample_age_s)
+            if why is not None and key in allocated:
+                stale.append(f"{key[0]}/{key[1]}: {why}")
+            reported[key] = None if why is not None else _entry_idle_since(entry)
     since = [reported.get(key) for key in allocated]
     idle_since = (
         max(s for s in since if s is not None)
@@ -211,12 +234,44 @@ def claim_activity(claim: Obj, driver: str = DEFAULT_DRIVER_NAME) -> ClaimActivi
         idle_since=idle_since,
         pods=tuple(_reserved_pods(status)),
         pools=tuple(sorted({pool for pool, _, _ in allocated})),
+        stale=tuple(sorted(stale)),
     )
 
 
 def _device_key(item: Obj) -> tuple[str, str, str]:
     return (str(item.get("pool") or ""), str(item.get("device") or ""),
             str(item.get("shareID") or ""))  # fmt: skip
+
+
+def _stale(entry: Obj, now: float, max_age_s: float) -> str | None:
+    """Why an entry's ``Active`` True or False may no longer hold (None: it is fresh, or it
+    has no such condition): no ``data.sampledAt``, or one more than `max_age_s` before `now`.
+    A sample time ahead of `now` (clocks apart) counts as fresh."""
+    active = _active_status(entry)
+    if active not in ("True", "False"):
+        return None
+    text = (entry.get("data") or {}).get("sampledAt")
+    sampled = parse_time(text)
+    if sampled is None:
+        return (
+            f"Active={active} names no sample (data.sampledAt {text!r}; a kubelet plugin "
+            "older than the idle policy's freshness check?)"
+        )
+    if now - sampled > max_age_s:
+        age = duration_text(now - sampled)
+        return (
+            f"Active={active} is from a sample of {rfc3339(sampled)}, {age} ago, older than the "
+            f"policy's bound {duration_text(max_age_s)} (is the node's kubelet plugin running "
+            "and sampling?)"
+        )
+    return None
+
+
+def _active_status(entry: Obj) -> str | None:
+    for condition in entry.get("conditions") or []:
+        if isinstance(condition, Mapping) and condition.get("type") == "Active":
+            return str(condition.get("status") or "")
+    return None
 
 
 def _entry_idle_since(entry: Obj) -> float | None:
@@ -226,6 +281,11 @@ def _entry_idle_since(entry: Obj) -> float | None:
                 return None
             return parse_time((entry.get("data") or {}).get("idleSince"))
     return None
+
+
+def reserved_pods(claim: Obj) -> tuple[PodRef, ...]:
+    """The pods a ResourceClaim is reserved for (``status.reservedFor``)."""
+    return tuple(_reserved_pods(claim.get("status") or {}))
 
 
 def _reserved_pods(status: Obj) -> Iterable[PodRef]:

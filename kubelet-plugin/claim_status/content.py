@@ -3,7 +3,9 @@ it (driver, pool, device, shareID), with ``data`` saying what the device is (UUI
 MPS share caps, time-slice interval) and the conditions ``Ready``, ``Healthy`` and ``Active``.
 
 Pure: facts in, entries out. Conditions carry no ``lastTransitionTime`` here; the writer stamps
-it (kept while a condition's status stays). See docs/architecture.md#claim-status.
+it (kept while a condition's status stays). ``data.sampledAt`` is the time of the utilization
+sample an ``Active`` True or False was derived from, so that a reader (the idle policy) can tell
+a live report from one a stopped plugin left behind. See docs/architecture.md#claim-status.
 """
 
 from __future__ import annotations
@@ -101,6 +103,8 @@ def claim_status(
         if activity is not None:
             active = _active(activity.get(name))
             conditions.append(active)
+            if active.status != "Unknown":  # derived from a sample: say which one
+                data["sampledAt"] = _rfc3339(activity[name].sampled_at)
             if active.status == "False":
                 data["idleSince"] = _rfc3339(activity[name].last_active)
         entries.append(

@@ -25,6 +25,7 @@ from gpu_dra.driver.nvml.interface import NvmlLibrary
 from gpu_dra.driver.nvml.simulated import SimulatedNvml
 from gpu_dra.driver.resourceapi import DeviceTaint
 from gpu_dra.kube.errors import ApiError
+from gpu_dra.kube.events import EventApi
 from gpu_dra.kubelet_plugin.device_health.inbox import SIMULATED_EVENTS_DIR, SimulatedEventInbox
 from gpu_dra.kubelet_plugin.device_health.metrics import (
     DeviceHealthCollector,
@@ -36,7 +37,6 @@ from gpu_dra.kubelet_plugin.device_health.record import HealthRecord
 from gpu_dra.kubelet_plugin.device_health.service import DeviceHealthService
 from gpu_dra.kubelet_plugin.guard import node_warning
 from gpu_dra.kubelet_plugin.mig.claims import shared_mig_devices
-from gpu_dra.kubelet_plugin.mps.events import EventApi
 from gpu_dra.kubelet_plugin.mps.supervisor import DaemonSupervisor, Entries
 from gpu_dra.kubelet_plugin.node_devices import NodeInventory
 from gpu_dra.kubelet_plugin.settings import KubeletPluginSettings

@@ -19,14 +19,10 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
-from datetime import UTC, datetime
-from typing import Any, Final, Protocol
-
-from kubernetes import client as k8s
+from typing import Final
 
 from gpu_dra.kube import errors
-from gpu_dra.kube.client import translated_errors
+from gpu_dra.kube.events import EventApi, InvolvedObject, event
 from gpu_dra.kubelet_plugin.checkpoint import CheckpointEntry
 from gpu_dra.kubelet_plugin.kubeapi import ClaimReader, ClaimReadError
 from gpu_dra.kubelet_plugin.mps.daemon_model import DaemonHandle, DaemonRepair, MpsError
@@ -36,7 +32,6 @@ from gpu_dra.kubelet_plugin.tiers.state import handles_from_state
 log = logging.getLogger(__name__)
 
 COMPONENT: Final = "gpu-dra-kubelet-plugin"
-MESSAGE_LIMIT: Final = 1024
 REASON_RESTARTED: Final = "MpsDaemonRestarted"
 REASON_RESTORED: Final = "MpsDaemonSettingsRestored"
 REASON_UNHEALTHY: Final = "MpsDaemonUnhealthy"
@@ -48,47 +43,6 @@ REPEAT_S: Final = 600.0
 Entries = Callable[[], Mapping[str, CheckpointEntry]]
 
 
-class EventApi(Protocol):
-    def create_event(self, namespace: str, event: dict[str, Any]) -> None:
-        """Create ``event``; `gpu_dra.kube.errors.ApiError` when the API server refuses."""
-        ...
-
-
-class KubernetesEventApi:
-    """`EventApi` over the Kubernetes client (core/v1 Events)."""
-
-    def __init__(self, api_client: k8s.ApiClient, *, request_timeout_s: float = 10.0) -> None:
-        # Any: raw dictionaries in (_preload_content=False), not the typed models.
-        self._core: Any = k8s.CoreV1Api(api_client)
-        self._timeout = request_timeout_s
-
-    def create_event(self, namespace: str, event: dict[str, Any]) -> None:
-        with translated_errors(f"create Event in {namespace}"):
-            self._core.create_namespaced_event(
-                namespace, event, _preload_content=False, _request_timeout=self._timeout
-            )
-
-
-@dataclass(frozen=True)
-class InvolvedObject:
-    """What an Event is about: a ResourceClaim or a Pod."""
-
-    api_version: str
-    kind: str
-    namespace: str
-    name: str
-    uid: str
-
-    def to_json(self) -> dict[str, str]:
-        return {
-            "apiVersion": self.api_version,
-            "kind": self.kind,
-            "namespace": self.namespace,
-            "name": self.name,
-            "uid": self.uid,
-        }
-
-
 def claim_object(claim: ClaimRef) -> InvolvedObject:
     return InvolvedObject("resource.k8s.io/v1", "ResourceClaim", claim.namespace, claim.name,
                           claim.uid)  # fmt: skip
@@ -96,30 +50,6 @@ def claim_object(claim: ClaimRef) -> InvolvedObject:
 
 def pod_object(namespace: str, name: str, uid: str) -> InvolvedObject:
     return InvolvedObject("v1", "Pod", namespace, name, uid)
-
-
-def event(
-    target: InvolvedObject, reason: str, message: str, *, warning: bool, node: str, now: datetime
-) -> dict[str, Any]:
-    """A core/v1 Event about ``target`` (``kubectl describe`` of it lists it)."""
-    stamp = now.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    if len(message) > MESSAGE_LIMIT:
-        message = message[: MESSAGE_LIMIT - 1] + "…"
-    return {
-        "apiVersion": "v1",
-        "kind": "Event",
-        "metadata": {"generateName": f"{target.name}.gpu-dra-", "namespace": target.namespace},
-        "involvedObject": target.to_json(),
-        "reason": reason,
-        "message": message,
-        "type": "Warning" if warning else "Normal",
-        "source": {"component": COMPONENT, "host": node},
-        "reportingComponent": COMPONENT,
-        "reportingInstance": node,
-        "firstTimestamp": stamp,
-        "lastTimestamp": stamp,
-        "count": 1,
-    }
 
 
 class MpsEvents:
@@ -271,9 +201,8 @@ class MpsEvents:
                                      str(consumer.get("uid", "")))  # fmt: skip
 
     def _post(self, target: InvolvedObject, reason: str, message: str, *, warning: bool) -> None:
-        body = event(
-            target, reason, message, warning=warning, node=self._node, now=datetime.now(UTC)
-        )
+        body = event(target, reason, message, warning=warning, component=COMPONENT,
+                     instance=self._node, host=self._node, now=time.time())  # fmt: skip
         try:
             self._api.create_event(target.namespace, body)
         except errors.ApiError as error:

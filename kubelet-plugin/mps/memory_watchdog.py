@@ -29,10 +29,11 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from gpu_dra.driver.nvml.interface import NvmlLibrary
 from gpu_dra.driver.nvml.simulated import SimulatedNvml
 from gpu_dra.kube import errors
+from gpu_dra.kube.events import InvolvedObject
 from gpu_dra.kubelet_plugin.checkpoint import CheckpointEntry
 from gpu_dra.kubelet_plugin.kubeapi import EvictionApi
 from gpu_dra.kubelet_plugin.memory_limits import Enforcement, MemoryLimitSupport
-from gpu_dra.kubelet_plugin.mps.events import InvolvedObject, claim_object, pod_object
+from gpu_dra.kubelet_plugin.mps.events import claim_object, pod_object
 from gpu_dra.kubelet_plugin.node_devices import NodeInventory
 from gpu_dra.kubelet_plugin.settings import KubeletPluginSettings
 from gpu_dra.kubelet_plugin.utilization.claims import ClaimDevice, claim_devices, pods_from_claim

@@ -17,6 +17,7 @@ from gpu_dra.controller.metrics import CatalogMetrics, IdleReclaimMetrics
 from gpu_dra.controller.settings import ControllerSettings
 from gpu_dra.driver.cluster.idle_policy import (
     CONDITION_TYPE,
+    DEFAULT_MAX_SAMPLE_AGE_S,
     GRACE_ANNOTATION,
     WINDOW_ANNOTATION,
     rfc3339,
@@ -49,8 +50,11 @@ def registry() -> CollectorRegistry:
 
 
 @pytest.fixture
-def api() -> FakeIdleApi:
-    return FakeIdleApi()
+def api(clock: Clock) -> FakeIdleApi:
+    """Claims as a live plugin keeps them: each names a sample of the clock's now."""
+    fake = FakeIdleApi()
+    fake.plugin_clock = clock
+    return fake
 
 
 @pytest.fixture
@@ -492,3 +496,105 @@ def test_the_controller_runs_the_policy_beside_the_catalog(
 
     assert asyncio.run(scenario()) == 0
     assert api.condition("ml", "nb", CONDITION_TYPE) is not None
+
+
+def stale_claims(registry: CollectorRegistry, namespace: str) -> float | None:
+    return registry.get_sample_value("gpu_dra_idle_policy_stale_claims", {"namespace": namespace})
+
+
+def test_a_pod_whose_claims_report_went_stale_is_left_alone_until_it_is_fresh(
+    api: FakeIdleApi,
+    reclaimer: IdleReclaimer,
+    registry: CollectorRegistry,
+    clock: Clock,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The node's plugin stopped sampling at T0: its last "idle" is not read as idle, neither
+    warned nor evicted (nor cleared), counted and logged once; when it reports again the policy
+    goes on."""
+    api.add_namespace("ml", "enabled", WINDOW)
+    notebook(api, "ml", idle_for=2 * 3600 - 200)
+    api.plugin_clock = lambda: T0  # its last sample
+
+    clock.now = T0 + DEFAULT_MAX_SAMPLE_AGE_S  # at the bound: still trusted, not idle long enough
+    reclaimer.reconcile()
+    assert (api.writes("ml"), actions(registry, "ml", "stale")) == ([], 0)
+    assert stale_claims(registry, "ml") == 0
+
+    clock.now = T0 + 3600  # "idle" for 3 h, as of a sample an hour old
+    reclaimer.reconcile()
+    reclaimer.reconcile()
+    assert api.writes("ml") == []
+    assert api.condition("ml", "nb", CONDITION_TYPE) is None
+    assert actions(registry, "ml", "stale") == 2
+    assert stale_claims(registry, "ml") == 1
+    assert registry.get_sample_value("gpu_dra_idle_policy_idle_claims", {"namespace": "ml"}) == 0
+    (logged,) = [r.getMessage() for r in caplog.records if "left alone" in r.getMessage()]
+    assert logged.startswith(
+        "idle policy: ml/nb left alone (not warned, cleared or evicted): its activity report is "
+        f"stale: claim nb: node-a/gpu-0: Active=False is from a sample of {rfc3339(T0)}, 1h ago, "
+        "older than the policy's bound 2m6s"
+    )
+
+    api.plugin_clock = clock  # reporting again
+    reclaimer.reconcile()
+    assert api.condition("ml", "nb", CONDITION_TYPE) is not None
+    assert actions(registry, "ml", "warned") == 1
+    assert stale_claims(registry, "ml") == 0
+
+
+def test_a_warned_pod_is_not_evicted_nor_cleared_on_a_stale_report(
+    api: FakeIdleApi, reclaimer: IdleReclaimer, registry: CollectorRegistry, clock: Clock
+) -> None:
+    api.add_namespace("ml", "enabled", WINDOW)
+    notebook(api, "ml", idle_for=3 * 3600)
+    reclaimer.reconcile()  # warned on a fresh report
+    api.plugin_clock = lambda: T0 + 60  # the plugin's last sample
+
+    clock.now = T0 + 1800  # the grace period is over
+    reclaimer.reconcile()
+    assert api.evictions == []
+    warned = api.condition("ml", "nb", CONDITION_TYPE)
+    assert warned is not None
+    assert (warned["status"], warned["reason"]) == ("True", "Idle")  # kept, not cleared
+    assert actions(registry, "ml", "stale") == 1
+
+    api.plugin_clock = clock
+    reclaimer.reconcile()
+    assert api.evictions == [("ml", "nb", "uid-nb", False)]
+
+
+def test_a_report_that_is_stale_when_read_again_before_the_eviction_stops_it(
+    api: FakeIdleApi, reclaimer: IdleReclaimer, registry: CollectorRegistry, clock: Clock
+) -> None:
+    api.add_namespace("ml", "enabled", WINDOW)
+    notebook(api, "ml", idle_for=3 * 3600)
+    reclaimer.reconcile()
+
+    def from_an_old_plugin(claim: dict[str, object]) -> dict[str, object]:
+        return gpu_claim("ml", "nb", pods=("nb",), devices={"gpu-0": ago(3 * 3600)},
+                         sampled_at=ago(3600))  # fmt: skip
+
+    api.on_read_claim = from_an_old_plugin
+    clock.now = T0 + 1800
+    reclaimer.reconcile()
+    assert api.evictions == []
+    assert ("read", "ml") in api.calls
+    warned = api.condition("ml", "nb", CONDITION_TYPE)
+    assert warned is not None
+    assert warned["reason"] == "Idle"
+    assert actions(registry, "ml", "stale") == 1
+
+
+def test_claims_of_a_plugin_that_names_no_sample_are_never_idle(
+    api: FakeIdleApi, reclaimer: IdleReclaimer, registry: CollectorRegistry, clock: Clock
+) -> None:
+    """A kubelet plugin older than ``data.sampledAt`` (or any writer that leaves it out)."""
+    api.plugin_clock = None
+    api.add_namespace("ml", "enabled", WINDOW)
+    notebook(api, "ml", idle_for=30 * 86400)
+    for step in range(3):
+        clock.now = T0 + step * 3600
+        reclaimer.reconcile()
+    assert api.writes("ml") == []
+    assert actions(registry, "ml", "stale") == 3

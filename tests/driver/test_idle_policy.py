@@ -8,6 +8,7 @@ import pytest
 from gpu_dra.driver.cluster.idle_policy import (
     CONDITION_TYPE,
     DEFAULT_GRACE_S,
+    DEFAULT_MAX_SAMPLE_AGE_S,
     DEFAULT_WINDOW_S,
     GRACE_ANNOTATION,
     LABEL,
@@ -87,15 +88,20 @@ def test_an_unusable_label_or_annotation_says_which_and_how(
     assert str(error.value).startswith(message)
 
 
+FRESH = rfc3339(T0 - 5)
+"""A sample the plugin took 5 s before T0."""
+
+
 def test_a_claim_is_idle_since_its_last_device_went_idle() -> None:
-    claim = gpu_claim("ml", "c", pods=("p",),
+    claim = gpu_claim("ml", "c", pods=("p",), sampled_at=FRESH,
                       devices={"gpu-0": rfc3339(T0 - 50), "gpu-1": rfc3339(T0 - 10)})  # fmt: skip
-    activity = claim_activity(claim)
+    activity = claim_activity(claim, now=T0)
     assert activity.holds_devices
     assert activity.idle_since == T0 - 10
     assert activity.idle_for(T0) == 10
     assert [p.name for p in activity.pods] == ["p"]
     assert [p.uid for p in activity.pods] == ["uid-p"]
+    assert activity.stale == ()
 
 
 @pytest.mark.parametrize(
@@ -109,11 +115,49 @@ def test_a_claim_is_idle_since_its_last_device_went_idle() -> None:
 def test_a_claim_is_not_idle_unless_every_device_is_reported_idle(
     devices: dict[str, str | None],
 ) -> None:
-    assert claim_activity(gpu_claim("ml", "c", devices=devices)).idle_since is None
+    claim = gpu_claim("ml", "c", devices=devices, sampled_at=FRESH)
+    assert claim_activity(claim, now=T0).idle_since is None
+
+
+@pytest.mark.parametrize(
+    ("sampled_at", "why"),
+    [
+        (None, "node-a/gpu-0: Active=False names no sample (data.sampledAt None; a kubelet plugin "
+         "older than the idle policy's freshness check?)"),
+        ("soon", "node-a/gpu-0: Active=False names no sample (data.sampledAt 'soon'"),
+        (rfc3339(T0 - DEFAULT_MAX_SAMPLE_AGE_S - 1), "node-a/gpu-0: Active=False is from a "
+         f"sample of {rfc3339(T0 - 127)}, 2m7s ago, older than the policy's bound 2m6s (is the "
+         "node's kubelet plugin running and sampling?)"),
+    ],
+)  # fmt: skip
+def test_an_idle_report_of_a_sample_too_old_or_unnamed_is_stale_not_idle(
+    sampled_at: str | None, why: str
+) -> None:
+    claim = gpu_claim("ml", "c", devices={"gpu-0": rfc3339(T0 - 3600)}, sampled_at=sampled_at)
+    activity = claim_activity(claim, now=T0)
+    assert activity.idle_since is None
+    (stale,) = activity.stale
+    assert stale.startswith(why)
+
+
+def test_freshness_is_the_policys_bound_and_a_sample_ahead_of_its_clock_is_fresh() -> None:
+    idle = {"gpu-0": rfc3339(T0 - 3600)}
+    at_bound = gpu_claim("ml", "c", devices=idle, sampled_at=rfc3339(T0 - 60))
+    assert claim_activity(at_bound, now=T0, max_sample_age_s=60).idle_since == T0 - 3600
+    assert claim_activity(at_bound, now=T0, max_sample_age_s=59).stale
+    ahead = gpu_claim("ml", "c", devices=idle, sampled_at=rfc3339(T0 + 30))  # clocks apart
+    assert claim_activity(ahead, now=T0).idle_since == T0 - 3600
+
+
+def test_a_busy_report_can_be_stale_too_and_unsampled_devices_are_not_stale() -> None:
+    busy = gpu_claim("ml", "c", devices={"gpu-0": None}, sampled_at=rfc3339(T0 - 3600))
+    assert claim_activity(busy, now=T0).stale[0].startswith("node-a/gpu-0: Active=True is from")
+    unsampled = gpu_claim("ml", "c", devices={"!gpu-0": None}, sampled_at=None)
+    assert claim_activity(unsampled, now=T0).stale == ()
 
 
 def test_an_unallocated_claim_holds_no_devices() -> None:
-    activity = claim_activity({"metadata": {"name": "c", "namespace": "ml"}})
+    activity = claim_activity({"metadata": {"name": "c", "namespace": "ml"}}, now=T0)
     assert (activity.holds_devices, activity.idle_since, activity.pods) == (False, None, ())
 
 

@@ -1,4 +1,4 @@
-"""An in-memory Kubernetes Event API (`gpu_dra.kubelet_plugin.mps.events.EventApi`)."""
+"""An in-memory Kubernetes Event API (`gpu_dra.kube.events.EventApi`)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,8 @@
 """An in-memory `gpu_dra.controller.idle_reclaim.IdleReclaimApi`: namespaces, claims and pods as
 the apiserver keeps them, where the idle policy can tell.
 
+Claims are read as a live kubelet plugin keeps them when ``plugin_clock`` is set: every ``Active``
+True or False entry without a ``data.sampledAt`` of its own names a sample of that clock's now.
 Pod status patches merge conditions by type (strategic merge) and refuse a UID mismatch;
 evictions honour a UID precondition, answer 429 for pods in ``blocked`` (a PodDisruptionBudget)
 and, unless dry run, mark the pod terminating. Every call is recorded with its namespace, so a
@@ -14,7 +16,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from gpu_dra.controller.idle_reclaim import EvictionRefused
-from gpu_dra.driver.cluster.idle_policy import LABEL
+from gpu_dra.driver.cluster.idle_policy import LABEL, rfc3339
 from gpu_dra.kube import errors
 
 Obj = dict[str, Any]
@@ -34,6 +36,8 @@ class FakeIdleApi:
         self.fail: dict[str, errors.ApiError] = {}
         self.plugins: list[Obj] = []
         """Kubelet plugin pods, for `list_plugin_pods`."""
+        self.plugin_clock: Callable[[], float] | None = None
+        """A live plugin's clock: claims read name a sample of its now (see the module doc)."""
 
     # -- test setup ------------------------------------------------------------------------
 
@@ -95,14 +99,25 @@ class FakeIdleApi:
             if LABEL in (ns["metadata"].get("labels") or {})
         ]
 
+    def _sampled(self, claim: Obj) -> Obj:
+        claim = copy.deepcopy(claim)
+        if self.plugin_clock is None:
+            return claim
+        now = rfc3339(self.plugin_clock())
+        for entry in (claim.get("status") or {}).get("devices") or []:
+            active = [c for c in entry.get("conditions") or [] if c.get("type") == "Active"]
+            if active and active[0].get("status") in ("True", "False"):
+                entry.setdefault("data", {}).setdefault("sampledAt", now)
+        return claim
+
     def list_claims(self, namespace: str) -> list[Obj]:
         self._call("list", namespace)
-        return [copy.deepcopy(c) for (ns, _), c in self.claims.items() if ns == namespace]
+        return [self._sampled(c) for (ns, _), c in self.claims.items() if ns == namespace]
 
     def read_claim(self, namespace: str, name: str) -> Obj:
         self._call("read", namespace)
         claim = copy.deepcopy(self.claims[(namespace, name)])
-        return self.on_read_claim(claim) if self.on_read_claim else claim
+        return self._sampled(self.on_read_claim(claim) if self.on_read_claim else claim)
 
     def list_pods(self, namespace: str) -> list[Obj]:
         self._call("list", namespace)
@@ -164,9 +179,11 @@ def gpu_claim(
     pods: tuple[str, ...] = (),
     devices: Mapping[str, str | None] | None = None,
     driver: str = "gpu.nvidia.com",
+    sampled_at: str | None = None,
 ) -> Obj:
     """A claim allocated `devices` (name -> idleSince RFC 3339, or None: Active True; a device
-    named with ``!`` first has no status entry), reserved for `pods` (``uid-<name>``)."""
+    named with ``!`` first has no status entry), reserved for `pods` (``uid-<name>``);
+    `sampled_at`: every entry's ``data.sampledAt`` (None: none, or the fake's plugin clock)."""
     devices = {"gpu-0": None} if devices is None else devices
     results = []
     entries = []
@@ -182,8 +199,11 @@ def gpu_claim(
         )
         entry: Obj = {"driver": driver, "pool": "node-a", "device": bare,
                       "conditions": [{"type": "Ready", "status": "True"}, active]}  # fmt: skip
+        entry["data"] = {"tier": "gpu"}
         if idle_since is not None:
-            entry["data"] = {"tier": "gpu", "idleSince": idle_since}
+            entry["data"]["idleSince"] = idle_since
+        if sampled_at is not None:
+            entry["data"]["sampledAt"] = sampled_at
         entries.append(entry)
     return {
         "metadata": {"name": name, "namespace": namespace, "uid": f"claim-{name}"},

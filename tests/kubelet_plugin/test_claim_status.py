@@ -13,6 +13,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from gpu_dra.driver.health import DeviceHealth, HealthStatus, Problem, Severity, gpu_lost
+from gpu_dra.driver.nvml.simulated import SimulatedHost
 from gpu_dra.kube import errors
 from gpu_dra.kubelet_plugin.checkpoint import CheckpointEntry, ClaimPhase
 from gpu_dra.kubelet_plugin.claim_status.content import Activity, claim_status
@@ -22,6 +23,8 @@ from gpu_dra.kubelet_plugin.prepare_protocol import ClaimRef, PreparedDevice
 from gpu_dra.kubelet_plugin.settings import KubeletPluginSettings
 from gpu_dra.kubelet_plugin.tiers.state import TIME_SLICE_STATE_KEY
 from gpu_dra.kubelet_plugin.utilization.claims import claim_devices
+from gpu_dra.kubelet_plugin.utilization.monitor import UtilizationMonitor
+from gpu_dra.kubelet_plugin.utilization.sampler import UtilizationSampler
 from tests.kubelet_plugin.nodes import UID_A, UID_B, Node, SharesNode, hgx_h100_inventory, ok
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
@@ -58,6 +61,7 @@ def test_a_whole_gpu_says_what_it_is_and_that_it_is_ready_healthy_and_in_use(gpu
         "tier": "gpu",
         "uuid": gpus.uuid_of("gpu-2"),
         "productName": "NVIDIA H100 80GB HBM3",
+        "sampledAt": "1970-01-01T00:16:40Z",  # the sample Active was derived from
     }
     assert conditions(status) == {
         "Ready": ("True", "Prepared"),
@@ -87,7 +91,9 @@ def test_idle_lost_and_unsampled_devices_say_so(gpus: Node) -> None:
     assert "no GPU activity since 1970-01-01T00:00:00Z" in active.message
     # While idle (only then: it would change at every sample otherwise), data says since when.
     assert statuses[0].data["idleSince"] == "1970-01-01T00:00:00Z"
+    assert statuses[0].data["sampledAt"] == "1970-01-01T02:00:00Z"
     assert "idleSince" not in statuses[1].data
+    assert "sampledAt" not in statuses[1].data  # not sampled: no sample to name
     # Monitor and sampler off: no Healthy or Active condition at all, not a guess.
     off = claim_status(
         entry, gpus.inventory, devices, driver="gpu.nvidia.com", node="node-a", health=None,
@@ -153,6 +159,43 @@ def writer_for(
         api, node.checkpoint.all, build, registry=CollectorRegistry(), clock=clock,
         min_interval_s=30, **kw,
     )  # fmt: skip
+
+
+def test_a_sampled_claim_is_rewritten_every_min_interval_with_its_newest_sample(
+    gpus: Node, tmp_path: Path
+) -> None:
+    """``data.sampledAt`` follows the sampler, so the status of a sampled claim is a heartbeat:
+    written at most once per interval, each time naming the newest sample; a sampler that stops
+    leaves the last one, which readers then see grow old."""
+    ok(gpus.prepare(gpus.add_gpus(UID_A, "notebook", "gpu-0"))[UID_A])
+    api, clock = FakeApi(), Clock()
+    nvml = SimulatedHost.load("hgx-h100", "node-a").nvml
+    monitor = UtilizationMonitor(
+        UtilizationSampler(nvml, proc_root=tmp_path / "proc", clock=clock),
+        lambda: claim_devices(gpus.checkpoint.all(), gpus.inventory, lambda ns, n: ()),
+        interval_s=10,
+        idle_threshold_percent=5,
+    )
+    build = status_builder(settings(), gpus.inventory, None, monitor)
+    writer = ClaimStatusWriter(api, gpus.checkpoint.all, build, clock=clock, min_interval_s=30)
+
+    def sampled_at() -> str:
+        (device,) = api.calls[-1][3]
+        return str(device["data"]["sampledAt"])
+
+    monitor.sample_once()
+    assert writer.pass_once() == 1
+    assert sampled_at() == "2027-01-15T08:00:00Z"
+    clock.now += 10
+    monitor.sample_once()
+    assert writer.pass_once() == 0  # a newer sample, but 10 s after the last write
+    clock.now += 20
+    monitor.sample_once()
+    assert writer.pass_once() == 1
+    assert sampled_at() == "2027-01-15T08:00:30Z"
+    clock.now += 60  # the sampler stopped: nothing new to write, the old sample stays
+    assert writer.pass_once() == 0
+    assert (len(api.calls), sampled_at()) == (2, "2027-01-15T08:00:30Z")
 
 
 def healthy_of(call: tuple[str, str, str, list[Mapping[str, Any]]]) -> dict[str, Any]:

@@ -21,8 +21,8 @@ from gpu_dra.driver.model import MigDevice
 from gpu_dra.driver.nvml.simulated import SimulatedHost, SimulatedNvml
 from gpu_dra.driver.nvml.simulated_utilization import DeviceActivity, SimulatedProcess
 from gpu_dra.kube import errors
+from gpu_dra.kube.events import InvolvedObject
 from gpu_dra.kubelet_plugin.memory_limits import MemoryLimitSupport
-from gpu_dra.kubelet_plugin.mps.events import InvolvedObject
 from gpu_dra.kubelet_plugin.mps.memory_watchdog import (
     REASON_EVICTED,
     REASON_EXCEEDED,

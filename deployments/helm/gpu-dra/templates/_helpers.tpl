@@ -232,6 +232,13 @@ GATES_NOT_IMPLEMENTED, checked by tests/test_helm_chart.py). */}}
 {{- toJson (list "IMEXDaemonsWithDNSNames" "PassthroughSupport" "ComputeDomainCliques" "CrashOnNVLinkFabricErrors" "DeviceMetadata" "DRAListTypeAttributes" "FabricManagerPartitioning" "HostManagedIMEXDaemon" "ConsumableShares") }}
 {{- end }}
 
+{{/* The idle policy's bound on a claim's activity report, in seconds: three times the longest a
+live plugin's report waits (a write per claimStatus.minInterval of a sample per
+metrics.utilization.interval, seen by a writer pass every 2 s; docs/idle-reclaim.md). */}}
+{{- define "gpu-dra.idleReclaim.maxSampleAge" -}}
+{{- mul 3 (add (ceil .Values.kubeletPlugin.claimStatus.minInterval) (ceil .Values.metrics.utilization.interval) 2) }}
+{{- end }}
+
 {{/* The catalog's extended resource names, as JSON {name: DeviceClass}: those of the rendered
 deviceclasses/ files and of the deviceClasses.migProfiles classes (the tier-quota policy maps a
 pod's nvidia.com/... requests to the class the scheduler allocates them from). */}}
