@@ -46,7 +46,7 @@ from gpu_dra.kubelet_plugin.cdi import ClaimSpecStore
 from gpu_dra.kubelet_plugin.checkpoint import Checkpoint
 from gpu_dra.kubelet_plugin.claim_records import ClaimRecords
 from gpu_dra.kubelet_plugin.node_devices import NodeInventory
-from gpu_dra.kubelet_plugin.plugin_instances import InstanceRegistry
+from gpu_dra.kubelet_plugin.plugin_instances import InstanceRegistry, PluginInstance
 from gpu_dra.kubelet_plugin.plugin_sockets import PluginServer
 from gpu_dra.kubelet_plugin.prepare import NodeClaimPreparer
 from gpu_dra.kubelet_plugin.tiers.assembly import node_tiers
@@ -209,22 +209,16 @@ class _ProfilingExecutor(ThreadPoolExecutor):
         return profile.runcall(fn, *args, **kwargs)
 
 
-async def _serve(
-    root: Path, cdi_root: Path, machine: str, claim_count: int, cprofile: Path | None
-) -> None:
-    loop = asyncio.get_running_loop()
-    executor = None
-    main_profile = None
-    if cprofile is not None:
-        executor = _ProfilingExecutor()
-        loop.set_default_executor(executor)
-        main_profile = cProfile.Profile()
-
+def bench_preparer(
+    state_dir: Path, cdi_root: Path, machine: str, claim_count: int
+) -> tuple[NodeClaimPreparer, PluginInstance, list[str]]:
+    """The preparer as the plugin wires it (node-wide locks included) over simulated ``machine``,
+    state in ``state_dir``, CDI specs in ``cdi_root``, serving `bench.claims` claims
+    ``0..claim_count-1``; with its plugin instance (close it) and the GPUs' device names."""
     host = SimulatedHost.load(machine, NODE_NAME)
     gpus = discover_gpus(host.nvml, host.pci)
     inventory = NodeInventory(tuple(gpus), simulated=True)
     devices = [gpu_device_name(gpu.minor) for gpu in inventory.gpus]
-    state_dir = root / "state"
     checkpoint = Checkpoint(state_dir)
     checkpoint.load()
     instance = InstanceRegistry(state_dir).register("")  # its node-wide locks, as in production
@@ -243,6 +237,21 @@ async def _serve(
         tiers=node_tiers(records, inventory, node_name=NODE_NAME, cdi=cdi, instance=instance),
         instance=instance,
     )
+    return preparer, instance, devices
+
+
+async def _serve(
+    root: Path, cdi_root: Path, machine: str, claim_count: int, cprofile: Path | None
+) -> None:
+    loop = asyncio.get_running_loop()
+    executor = None
+    main_profile = None
+    if cprofile is not None:
+        executor = _ProfilingExecutor()
+        loop.set_default_executor(executor)
+        main_profile = cProfile.Profile()
+
+    preparer, instance, devices = bench_preparer(root / "state", cdi_root, machine, claim_count)
     await preparer.recover()
     server = PluginServer(
         driver_name=DRIVER,

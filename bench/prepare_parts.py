@@ -9,12 +9,15 @@ Attributes the numbers of ``prepare_latency`` and ``prepare_throughput``:
 * the checkpoint's JSON encoding at 64 entries with ``indent=2`` (what checkpoint.py uses, which
   makes ``json`` fall back to its pure-Python encoder) and without;
 * ``NodeInventory.container_edits`` of a simulated GPU (it writes the device's fact file);
-* one ``asyncio.to_thread`` round trip, and one write + fsync of a small file and its directory.
+* one ``asyncio.to_thread`` round trip, and one write + fsync of a small file and its directory;
+* one whole-GPU claim prepared and unprepared by the preparer as the plugin wires it, awaited in
+  this process (no gRPC, no servicer, no logging set up): wall time per call (median), CPU of the
+  process per prepare + unprepare, and the fsyncs each makes (independent of the machine's load).
 
 The checkpoint lives in ``$TMPDIR`` (disk, as under /var/lib/kubelet on a node), the CDI specs
 on /dev/shm (tmpfs, as /var/run/cdi), like ``bench/plugin.py``'s default layout.
 
-    python -m bench.prepare_parts [--json]
+    python -m bench.prepare_parts [--calls 100] [--prepares 200] [--json]
 """
 
 from __future__ import annotations
@@ -24,17 +27,20 @@ import asyncio
 import functools
 import json
 import os
+import shutil
+import statistics
 import sys
 import tempfile
 import time
 import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 import yaml
 
-from bench.plugin import DEFAULT_CDI_PARENT, file_system
+from bench.claims import claim_ref
+from bench.plugin import DEFAULT_CDI_PARENT, bench_preparer, file_system
 from bench.report import Reporter
 from gpu_dra.driver.discovery import discover_gpus
 from gpu_dra.driver.naming import gpu_device_name
@@ -156,9 +162,62 @@ def io_costs(reporter: Reporter, directory: Path, calls: int) -> None:
     reporter.metric("to_thread_round_trip", asyncio.run(hops()), "ms")
 
 
+def preparer_costs(reporter: Reporter, directory: Path, iterations: int) -> None:
+    warmup = max(iterations // 10, 5)
+    cdi_root = Path(tempfile.mkdtemp(prefix="gpu-dra-bench-cdi-", dir=DEFAULT_CDI_PARENT))
+    preparer, instance, _ = bench_preparer(
+        directory / "preparer", cdi_root, "hgx-h100", iterations + warmup
+    )
+    fsyncs = [0]
+    real_fsync = os.fsync
+
+    def counting_fsync(fd: Any) -> None:
+        fsyncs[0] += 1
+        real_fsync(fd)
+
+    async def run() -> tuple[list[float], list[float], list[float], list[int], list[int]]:
+        await preparer.recover()
+        prepare_ms, unprepare_ms, cpu_ms, prepare_fsyncs, unprepare_fsyncs = [], [], [], [], []
+        for index in range(iterations + warmup):
+            claim = claim_ref(index)
+            cpu, fsyncs[0] = time.process_time(), 0
+            started = time.perf_counter()
+            results = await preparer.prepare([claim])
+            prepared = time.perf_counter()
+            done_fsyncs = fsyncs[0]
+            if not results[claim.uid].ok:
+                raise RuntimeError(f"prepare failed: {results[claim.uid]}")
+            errors = await preparer.unprepare([claim])
+            if errors[claim.uid] is not None:
+                raise RuntimeError(f"unprepare failed: {errors[claim.uid]}")
+            if index >= warmup:
+                prepare_ms.append((prepared - started) * 1000)
+                unprepare_ms.append((time.perf_counter() - prepared) * 1000)
+                cpu_ms.append((time.process_time() - cpu) * 1000)
+                prepare_fsyncs.append(done_fsyncs)
+                unprepare_fsyncs.append(fsyncs[0] - done_fsyncs)
+        return prepare_ms, unprepare_ms, cpu_ms, prepare_fsyncs, unprepare_fsyncs
+
+    os.fsync = counting_fsync
+    try:
+        prepare_ms, unprepare_ms, cpu_ms, prepare_fsyncs, unprepare_fsyncs = asyncio.run(run())
+    finally:
+        os.fsync = real_fsync
+        instance.close()
+        shutil.rmtree(cdi_root, ignore_errors=True)
+    reporter.metric("preparer_prepare_p50", statistics.median(prepare_ms), "ms")
+    reporter.metric("preparer_unprepare_p50", statistics.median(unprepare_ms), "ms")
+    reporter.metric("preparer_cpu_per_iteration", statistics.median(cpu_ms), "ms")
+    reporter.metric("preparer_fsyncs_per_prepare", statistics.median(prepare_fsyncs), "fsyncs")
+    reporter.metric("preparer_fsyncs_per_unprepare", statistics.median(unprepare_fsyncs), "fsyncs")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=100, help="calls per batch (100)")
+    parser.add_argument(
+        "--prepares", type=int, default=200, help="claims the preparer prepares (200)"
+    )
     parser.add_argument("--json", action="store_true", help="print JSON lines")
     args = parser.parse_args(argv)
     reporter = Reporter(BENCH, json_lines=args.json)
@@ -175,6 +234,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         checkpoint_costs(reporter, directory, args.calls)
         cdi_costs(reporter, inventory, directory, args.calls)
         io_costs(reporter, directory, args.calls)
+        preparer_costs(reporter, directory, args.prepares)
     return 0
 
 

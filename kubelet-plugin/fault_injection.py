@@ -3,7 +3,8 @@
 `GPU_DRA_TEST_BOOT_ID` replaces the kernel's boot ID (`checkpoint.read_boot_id`), so a plugin
 started with a new value takes its checkpoint for one of an earlier boot, as after a reboot.
 `GPU_DRA_TEST_PREPARE_DELAY_S` holds every new prepare that long (in its worker thread) right after
-`PrepareStarted` is recorded, so a test can restart the kubelet while a prepare is under way.
+`PrepareStarted` is recorded (or where it would be, for a claim that gets none), so a test can
+restart the kubelet while a prepare is under way.
 `GPU_DRA_TEST_NVML_FAULTS` (``<call>@<GPU index>=<NVML error>``, comma-separated) makes those
 simulated NVML calls fail from the end of discovery on (`nvml_faults_from_env`). All are honoured
 on simulated nodes only (`--simulate`; logged and ignored otherwise), like

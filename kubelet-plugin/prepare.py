@@ -4,9 +4,12 @@ Per claim (concurrently): a recorded claim is returned, rolled back or unprepare
 state; otherwise it is read, its configs resolved, each `Tier` plans, the plans are checked under
 the claim's GPU locks, `PrepareStarted` is recorded, the tiers apply, the CDI spec is written and
 `PrepareCompleted` recorded. A failure rolls back at once, a crash at the next call or in
-`recover()`. Unprepare works from the record alone. Records change only through
-`ClaimRecords.update`. See
-docs/architecture.md#prepare-and-unprepare and docs/architecture.md#two-instances-on-one-node.
+`recover()`. A new claim whose plans change nothing on the node (`TierPlan.changes_node`: whole
+GPUs, static MIG devices) gets no `PrepareStarted` record: what a crash leaves of it (its CDI
+spec and claim files) is removed by `recover()`, by its next prepare or by its unprepare.
+Unprepare works from the record alone. Records change only through `ClaimRecords.update`. See
+docs/architecture.md: "Prepare and unprepare", "Claims without a PrepareStarted record" and
+"Two instances on one node".
 """
 
 from __future__ import annotations
@@ -117,7 +120,8 @@ class NodeClaimPreparer:
         locks are taken beside the in-process ones, and `recover` waits up to `recovery_wait_s`
         for the other instances' calls under way; without it, every record is this process's.
         `test_prepare_delay_s` (tests only, `fault_injection`) holds each new prepare that long
-        in its worker thread right after `PrepareStarted` is recorded."""
+        in its worker thread right after `PrepareStarted` is recorded (or where it would be, for
+        a claim that gets none)."""
         assert records.owner == (None if instance is None else instance.token)
         self._driver = driver_name
         self._pool = node_name
@@ -244,7 +248,10 @@ class NodeClaimPreparer:
                 async with self._locked_devices(self._lock_names(existing)):
                     await in_thread_to_completion(self._undo, claim.uid)
                 resource_claim = await asyncio.to_thread(self._read_claim, claim)
-                return await self._prepare_new(claim, resource_claim)
+                # The kubelet may still run containers with what the undone record handed out:
+                # this prepare records PrepareStarted whatever its tiers, so the devices stay
+                # held if it dies.
+                return await self._prepare_new(claim, resource_claim, record=True)
             except Exception as error:
                 if lost:
                     error.add_note(f"while preparing it again because {'; '.join(lost)}")
@@ -253,12 +260,15 @@ class NodeClaimPreparer:
         return await self._prepare_new(claim, resource_claim)
 
     async def _prepare_new(
-        self, claim: ClaimRef, resource_claim: ResourceClaim
+        self, claim: ClaimRef, resource_claim: ResourceClaim, *, record: bool = False
     ) -> tuple[PreparedDevice, ...]:
+        """Plan, check and commit a claim that has no record; ``record``: write `PrepareStarted`
+        even when no plan changes the node."""
         request = self._request(claim, resource_claim)
         plans = self._plan(request)
+        record = record or any(plan.changes_node for plan in plans)
         async with self._locked_devices([r.device for r in request.results]):
-            return await in_thread_to_completion(self._check_and_commit, request, plans)
+            return await in_thread_to_completion(self._check_and_commit, request, plans, record)
 
     def _request(self, claim: ClaimRef, resource_claim: ResourceClaim) -> ClaimRequest:
         """This driver's results on this node and their opaque configs (class < claim, later
@@ -291,21 +301,27 @@ class NodeClaimPreparer:
         return [planned.of_tier(tier) for tier in self._tiers]
 
     def _check_and_commit(
-        self, request: ClaimRequest, plans: Sequence[TierPlan]
+        self, request: ClaimRequest, plans: Sequence[TierPlan], record: bool
     ) -> tuple[PreparedDevice, ...]:
         """Every plan checked against one read of the other claims' records, then `_commit`:
         one thread hop, under the caller's device locks."""
         others = self._records.others(request.claim.uid)
         for plan in plans:
             plan.check(others)
-        return self._commit(request, plans, others)
+        return self._commit(request, plans, others, record)
 
     def _commit(
         self,
         request: ClaimRequest,
         plans: Sequence[TierPlan],
         others: Mapping[str, CheckpointEntry],
+        record: bool,
     ) -> tuple[PreparedDevice, ...]:
+        """Apply the plans, write the CDI spec and record `PrepareCompleted`; with ``record``,
+        `PrepareStarted` first. Without it nothing but the CDI spec and the claim files is made
+        before `PrepareCompleted`, and the caller holds the device locks until that is on
+        disk: no other claim's check can run in between, and a crash leaves only files that
+        `recover()`, the claim's next prepare or its unprepare removes."""
         claim = request.claim
         # Before any change: a driver that cannot be found fails the claim with nothing to undo.
         common = None if self._common_edits is None else self._common_edits()
@@ -313,11 +329,18 @@ class NodeClaimPreparer:
         for plan in plans:
             intents.update(plan.intents())
         run = PrepareRun(
-            claim, self._records, self._inventory, intents, self._devices(request), others=others
+            claim,
+            self._records,
+            self._inventory,
+            intents,
+            self._devices(request),
+            others=others,
+            recorded=record,
         )
-        # On disk before any tier changes anything: a crash from here on is rolled back from it.
-        run.record()
-        crash_points.reached(crash_points.PREPARE_AFTER_STARTED)
+        if record:
+            # On disk before any tier changes anything: a crash from here on is rolled back.
+            run.record()
+            crash_points.reached(crash_points.PREPARE_AFTER_STARTED)
         try:
             if self._test_prepare_delay_s > 0:
                 log.warning("TEST FAULT INJECTION: holding the prepare %g s after PrepareStarted "
@@ -375,7 +398,7 @@ class NodeClaimPreparer:
         try:
             validate_claim_uid(claim.uid)
             async with self._operation(), self._claim_lock(claim.uid):
-                entry = await asyncio.to_thread(self._records.get, claim.uid)
+                entry = await asyncio.to_thread(self._entry_or_leftovers, claim.uid)
                 if entry is None:
                     return None
                 async with self._locked_devices(self._lock_names(entry)):
@@ -391,6 +414,19 @@ class NodeClaimPreparer:
             )
         log.info("unprepared claim_uid=%s", claim.uid)
         return None
+
+    def _entry_or_leftovers(self, claim_uid: str) -> CheckpointEntry | None:
+        """The claim's entry; without one, what a prepare of it that died without a record
+        left (its CDI spec, its claim files) is removed first. The caller holds the claim's
+        lock, so no prepare of it runs beside (in any instance)."""
+        entry = self._records.get(claim_uid)
+        if entry is None:
+            self._cdi.remove(claim_uid)  # logged when there was one
+            claim_dir = self._claims_dir / claim_uid
+            if claim_dir.exists():
+                log.info("removing claim files of an interrupted prepare claim_uid=%s", claim_uid)
+                shutil.rmtree(claim_dir, ignore_errors=True)
+        return entry
 
     def _undo(self, claim_uid: str, pending: Mapping[str, JsonValue] | None = None) -> None:
         """Remove everything a prepare of this claim may have left; the record last.
@@ -418,8 +454,9 @@ class NodeClaimPreparer:
 
     # ---- the claim -------------------------------------------------------------------------------
     def _lookup(self, claim: ClaimRef) -> tuple[CheckpointEntry | None, ResourceClaim | None]:
-        """The claim's checkpoint entry; without one, the claim as read from the API."""
-        existing = self._records.get(claim.uid)
+        """The claim's checkpoint entry; without one, the claim as read from the API (and the
+        leftovers of a prepare of it that died without a record are gone)."""
+        existing = self._entry_or_leftovers(claim.uid)
         if existing is not None:
             return existing, None
         return None, self._read_claim(claim)

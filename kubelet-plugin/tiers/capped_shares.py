@@ -76,6 +76,12 @@ class CappedSharePlan(TierPlan):
     def shared_devices(self) -> frozenset[str]:
         return frozenset(share.device_name for share in self.shares)
 
+    @property
+    def changes_node(self) -> bool:
+        """False: a cap is container edits only (the interval is the time-slicing tier's,
+        whose plan records it)."""
+        return False
+
     def intents(self) -> Mapping[str, JsonValue]:
         return share_intents(CAPPED_SHARES_STATE_KEY, self.shares)
 

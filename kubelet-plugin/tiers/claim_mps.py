@@ -67,6 +67,11 @@ class ClaimMpsPlan(TierPlan):
     def mps_daemons(self) -> tuple[DaemonPlan, ...]:
         return self.daemons
 
+    @property
+    def changes_node(self) -> bool:
+        """Whether it starts daemons (the undo stops them)."""
+        return bool(self.daemons)
+
     def apply(self, run: PrepareRun) -> None:
         for daemon in self.daemons:
             if daemon.deferred is None:

@@ -48,6 +48,11 @@ class MigPlan(TierPlan):
     whole: tuple[Gpu, ...]
     dynamic_mig: DynamicMig | None
 
+    @property
+    def changes_node(self) -> bool:
+        """Whether it makes or joins MIG devices (the undo destroys or leaves them)."""
+        return bool(self.to_make)
+
     def check(self, others: Mapping[str, CheckpointEntry]) -> None:
         """Refuse a whole GPU another claim has MIG devices on, and a MIG device on a GPU
         another claim holds whole (the scheduler's counters prevent both; this guards races)."""

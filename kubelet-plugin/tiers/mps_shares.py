@@ -77,6 +77,11 @@ class SharePlan(TierPlan):
     def shared_devices(self) -> frozenset[str]:
         return frozenset(share.device_name for share in self.shares)
 
+    @property
+    def changes_node(self) -> bool:
+        """Whether it joins (or starts) shared daemons (the undo leaves them)."""
+        return bool(self.shares)
+
     def intents(self) -> Mapping[str, JsonValue]:
         return share_intents(SHARES_STATE_KEY, self.shares)
 

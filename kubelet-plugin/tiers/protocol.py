@@ -96,8 +96,17 @@ class PrepareRun:
     """The other claims' records as `TierPlan.check` got them: read once, under the claim's
     device locks, which the run still holds (a shared MIG device is joined from them)."""
 
+    recorded: bool = True
+    """Whether this prepare records `PrepareStarted` (some plan `changes_node`); a run without
+    it must not `record`, so a plan that changes the node cannot pass for one that does not."""
+
     def record(self) -> None:
         """Write ``state`` as the claim's `PrepareStarted` entry; returns once it is on disk."""
+        if not self.recorded:
+            raise AssertionError(
+                f"claim {self.claim.uid}: a plan records its changes but no plan of the claim "
+                "says it changes the node (TierPlan.changes_node)"
+            )
         self.records.update(self.claim.uid, started(self.claim, self.state, self.devices))
 
     def append(self, key: str, value: JsonValue) -> None:
@@ -160,6 +169,17 @@ class TierPlan(Protocol):
     def mps_daemons(self) -> Sequence[PlannedDaemon]:
         """The per-claim MPS daemons this plan starts."""
         return ()
+
+    @property
+    def changes_node(self) -> bool:
+        """Whether `apply` or `apply_to_made` changes the node beyond the claim's CDI spec and
+        claim files (a daemon, a MIG device, a setting), or holds what another claim's check
+        must see while this prepare is under way: then the claim's `PrepareStarted` record is
+        written before any tier applies. False only for a plan whose undo has nothing to do on
+        the node (container edits and ``run.completed`` state at most); a claim whose plans all
+        say so gets no `PrepareStarted` record (docs/architecture.md, "Claims without a
+        PrepareStarted record"). True by default: a plan has to show it is safe to skip."""
+        return True
 
     def check(self, others: Mapping[str, CheckpointEntry]) -> None:
         """Raise `PrepareError` when what other claims hold (their entries, read once under

@@ -69,6 +69,11 @@ class TimeSlicePlan(TierPlan):
     """The claim's per-claim MPS daemons (`PlannedDaemon`), planned before."""
     slicer: TimeSlicer | None
 
+    @property
+    def changes_node(self) -> bool:
+        """Whether it sets an interval (the undo resets it)."""
+        return bool(self.slices)
+
     def check(self, others: Mapping[str, CheckpointEntry]) -> None:
         """Refuse what other prepared claims make impossible on the same GPUs: a different
         interval, or MPS beside TimeSlicing (possible where adminAccess lets two claims hold one

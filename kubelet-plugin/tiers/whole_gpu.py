@@ -40,6 +40,12 @@ class WholeGpuPlan(TierPlan):
     whole: frozenset[str]
     admin: tuple[str, ...]
 
+    @property
+    def changes_node(self) -> bool:
+        """False: the CDI spec is the whole hand-out, and the device locks (held from `check`
+        to `PrepareCompleted`) keep other claims' checks from running beside it."""
+        return False
+
     def check(self, others: Mapping[str, CheckpointEntry]) -> None:
         for entry in others.values():
             taken = (self.held & exclusive_devices(entry)) | (

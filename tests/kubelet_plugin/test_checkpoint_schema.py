@@ -210,7 +210,9 @@ def test_a_schema_1_plugin_reads_what_this_plugin_writes_outside_an_unprepare(
     )
     c = node.add_gpus(UID_C, "claim-c", "gpu-3")
     ok(node.prepare(a, b)[UID_A])
-    # C's prepare is under way: its PrepareStarted entry (with devices) is on disk.
+    # C's prepare is under way: its PrepareStarted entry (with devices) is on disk. A whole GPU
+    # gets one when its prepare follows an interrupted one (here a schema-1 plugin's).
+    node.checkpoint.put(CheckpointEntry(claim=c, phase=ClaimPhase.PREPARE_STARTED))
     started, go_on = threading.Event(), threading.Event()
     seen: list[str] = []
     real_write = node.cdi.write

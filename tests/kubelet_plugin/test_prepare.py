@@ -10,7 +10,7 @@ import json
 import shutil
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from gpu_dra.kubelet_plugin import checkpoint as checkpoint_module
+from gpu_dra.kubelet_plugin import crash_points
 from gpu_dra.kubelet_plugin.cdi import CdiDevice, ContainerEdits
 from gpu_dra.kubelet_plugin.checkpoint import CheckpointEntry, ClaimPhase
 from gpu_dra.kubelet_plugin.dra_service import ClaimCallHandler
@@ -35,6 +36,7 @@ from tests.kubelet_plugin.nodes import (
     UID_A,
     UID_B,
     UID_C,
+    Crash,
     Node,
     device_env,
     failed,
@@ -674,9 +676,11 @@ def test_prepare_rolls_back_an_interrupted_prepare_of_the_same_claim_first(node:
     assert sorted(p.name for p in (node.claims_dir / UID_A).iterdir()) == ["gpu-3.json"]
 
 
-def test_prepare_started_records_the_devices_it_prepares(
+def test_a_whole_gpu_prepare_writes_one_record_after_its_cdi_spec(
     node: Node, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # Nothing but the CDI spec and the claim files is made: no PrepareStarted record, one
+    # checkpoint write (PrepareCompleted) per prepare.
     claim = node.add(
         resource_claim(
             UID_A,
@@ -691,14 +695,167 @@ def test_prepare_started_records_the_devices_it_prepares(
         return real_write(claim_uid, devices, **kwargs)
 
     monkeypatch.setattr(node.cdi, "write", write)
+    checkpoint_writes = count_checkpoint_writes(monkeypatch)
 
     devices = ok(node.prepare(claim)[UID_A])
 
-    (started,) = seen
-    assert started is not None
-    assert (started.phase, started.devices) == (ClaimPhase.PREPARE_STARTED, devices)
-    # The adminAccess device is marked as such already: the record holds gpu-0 alone.
-    assert started.state == {"adminAccessDevices": ["gpu-1"]}
+    assert seen == [None]
+    assert checkpoint_writes == [UID_A]
+    entry = node.checkpoint.get(UID_A)
+    assert entry is not None
+    assert (entry.phase, entry.devices) == (ClaimPhase.PREPARE_COMPLETED, devices)
+    assert entry.state == {"adminAccessDevices": ["gpu-1"]}
+
+
+def count_checkpoint_writes(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The checkpoint's writes from now on, each as the claim UIDs the file then holds."""
+    writes: list[str] = []
+    real_write = checkpoint_module.write_atomically
+
+    def counting(path: Path, data: bytes, **kwargs: Any) -> None:
+        real_write(path, data, **kwargs)
+        writes.append(",".join(sorted(json.loads(data)["claims"])))
+
+    monkeypatch.setattr(checkpoint_module, "write_atomically", counting)
+    return writes
+
+
+@contextlib.contextmanager
+def killed_at(node: Node, point: str) -> Iterator[None]:
+    """The plugin process dies at crash point ``point`` inside the block: the node's files are
+    put back as they were there, and a new process (`Node.restart`) starts over them."""
+    frozen = node.root / "at-crash"
+
+    def crash(reached: str) -> None:
+        if reached == point:
+            crash_points.arm(None)
+            for name, path in (("data", node.data_dir), ("cdi", node.cdi_root)):
+                if path.exists():
+                    shutil.copytree(path, frozen / name)
+            raise Crash(reached)
+
+    crash_points.arm(crash)
+    try:
+        with pytest.raises(Crash):
+            yield
+    finally:
+        crash_points.arm(None)
+    for name, path in (("data", node.data_dir), ("cdi", node.cdi_root)):
+        shutil.rmtree(path, ignore_errors=True)
+        if (frozen / name).exists():
+            shutil.copytree(frozen / name, path)
+    shutil.rmtree(frozen)
+    node.restart()
+
+
+WHOLE_GPU_PREPARE_POINTS = [
+    crash_points.PREPARE_AFTER_CLAIM_DIR,
+    crash_points.CDI_BEFORE_RENAME,
+    crash_points.PREPARE_AFTER_CDI_SPEC,
+    crash_points.CHECKPOINT_BEFORE_RENAME,
+]
+"""Where a whole-GPU prepare can die before `PrepareCompleted` is on disk."""
+
+
+@pytest.mark.parametrize("point", WHOLE_GPU_PREPARE_POINTS)
+def test_a_whole_gpu_prepare_killed_before_its_record_leaves_nothing_after_recovery(
+    node: Node, point: str
+) -> None:
+    claim = node.add_gpus(UID_A, "claim-a", "gpu-0")
+    with killed_at(node, point):
+        node.prepare(claim)
+    assert node.checkpoint.get(UID_A) is None  # no record names what it left
+    assert node.claim_dirs() == [UID_A]
+
+    node.recover()
+
+    node.assert_nothing_left(UID_A)
+    assert node.spec_files() == []
+    assert not any(p.name.endswith(".tmp") for p in node.data_dir.iterdir())
+    # The kubelet's retry prepares it again.
+    assert [d.device_name for d in ok(node.prepare(claim)[UID_A])] == ["gpu-0"]
+    entry = node.checkpoint.get(UID_A)
+    assert entry is not None
+    assert entry.phase is ClaimPhase.PREPARE_COMPLETED
+
+
+def test_the_retry_of_a_whole_gpu_prepare_killed_after_its_cdi_spec_prepares_it_anew(
+    node: Node,
+) -> None:
+    # No recovery in between (another plugin instance gets the retry): what the dead prepare
+    # left is replaced, stale claim files included.
+    claim = node.add_gpus(UID_A, "claim-a", "gpu-0")
+    with killed_at(node, crash_points.PREPARE_AFTER_CDI_SPEC):
+        node.prepare(claim)
+    (node.claims_dir / UID_A / "gpu-5.json").write_text("{}\n")
+
+    devices = ok(node.prepare(claim)[UID_A])
+
+    assert [d.device_name for d in devices] == ["gpu-0"]
+    assert [d["name"] for d in node.spec(UID_A)["devices"]] == [f"{UID_A}-gpu-0"]
+    assert sorted(p.name for p in (node.claims_dir / UID_A).iterdir()) == ["gpu-0.json"]
+    entry = node.checkpoint.get(UID_A)
+    assert entry is not None
+    assert (entry.phase, entry.devices) == (ClaimPhase.PREPARE_COMPLETED, devices)
+
+
+def test_the_unprepare_of_a_claim_killed_mid_prepare_removes_what_it_left(node: Node) -> None:
+    claim = node.add_gpus(UID_A, "claim-a", "gpu-0")
+    with killed_at(node, crash_points.PREPARE_AFTER_CDI_SPEC):
+        node.prepare(claim)
+    assert node.cdi.path_for(UID_A).exists()
+
+    assert node.unprepare(claim) == {UID_A: None}
+
+    node.assert_nothing_left(UID_A)
+
+
+def test_a_claim_killed_mid_prepare_holds_no_gpu_and_its_retry_is_refused_once_taken(
+    node: Node,
+) -> None:
+    # The kubelet never got A's devices (the reply comes after PrepareCompleted): B may have the
+    # GPU; A's retry is then refused, and what A's dead prepare left is gone.
+    a = node.add_gpus(UID_A, "claim-a", "gpu-0")
+    with killed_at(node, crash_points.PREPARE_AFTER_CDI_SPEC):
+        node.prepare(a)
+    b = node.add_gpus(UID_B, "claim-b", "gpu-0")
+
+    ok(node.prepare(b)[UID_B])
+    error = failed(node.prepare(a)[UID_A])
+
+    assert f"device gpu-0 is already prepared for claim default/claim-b ({UID_B})" in error
+    node.assert_nothing_left(UID_A)
+    assert node.spec_files() == [f"k8s.gpu.nvidia.com-claim_{UID_B}.yaml"]
+
+
+def test_a_whole_gpu_prepare_under_way_without_a_record_still_refuses_a_second_claim(
+    node: Node,
+) -> None:
+    # A's prepare hangs at its CDI write, before any record: B's prepare of the same GPU waits
+    # for A's device lock, then A's PrepareCompleted refuses it.
+    a = node.add_gpus(UID_A, "claim-a", "gpu-0")
+    b = node.add_gpus(UID_B, "claim-b", "gpu-0")
+    node.cdi.gate = threading.Event()
+
+    async def race() -> tuple[Mapping[str, PrepareResult], Mapping[str, PrepareResult]]:
+        first = asyncio.create_task(node.preparer.prepare([a]))
+        assert await asyncio.to_thread(node.cdi.writing.wait, 5)
+        assert await asyncio.to_thread(node.checkpoint.get, UID_A) is None
+        second = asyncio.create_task(node.preparer.prepare([b]))
+        done, _ = await asyncio.wait({second}, timeout=0.3)
+        assert not done  # waiting for gpu-0's lock
+        assert node.cdi.gate is not None
+        node.cdi.gate.set()
+        return await first, await second
+
+    first, second = asyncio.run(race())
+
+    ok(first[UID_A])
+    assert f"device gpu-0 is already prepared for claim default/claim-a ({UID_A})" in failed(
+        second[UID_B]
+    )
+    assert node.cdi.writes == [UID_A]
+    node.assert_nothing_left(UID_B)
 
 
 def test_rollback_of_an_interrupted_prepare_holds_the_locks_of_its_devices(node: Node) -> None:
@@ -863,8 +1020,9 @@ def test_the_reply_is_sent_by_the_deadline_and_the_work_behind_it_is_done_once(
 def test_claims_of_one_call_share_checkpoint_writes_each_durable_in_protocol_order(
     node: Node, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # Group commit: the claims of one call write PrepareStarted (and PrepareCompleted) while
-    # another write is under way, so they share writes; the order on disk per claim is kept.
+    # Group commit: the claims of one call write PrepareCompleted (and, unpreparing,
+    # UnprepareStarted) while another write is under way, so they share writes; the order on
+    # disk per claim is kept.
     claims = [node.add_gpus(uid(i), f"claim-{i}", f"gpu-{i}") for i in range(8)]
     real_write = checkpoint_module.write_atomically
     writes: list[dict[str, str]] = []
@@ -880,6 +1038,8 @@ def test_claims_of_one_call_share_checkpoint_writes_each_durable_in_protocol_ord
             assert not node.cdi.path_for(claim_uid).exists()
 
     def on_disk_phase(claim_uid: str) -> str | None:
+        if not node.checkpoint.path.exists():
+            return None
         document = json.loads(node.checkpoint.path.read_text())
         phase: str | None = document["claims"].get(claim_uid, {}).get("phase")
         return phase
@@ -900,13 +1060,13 @@ def test_claims_of_one_call_share_checkpoint_writes_each_durable_in_protocol_ord
     results = asyncio.run(prepare_with_a_thread_per_claim())
 
     assert all(r.ok for r in results.values())
-    # PrepareStarted was on disk before each claim's CDI spec was written...
-    assert seen_by_cdi == {c.uid: "PrepareStarted" for c in claims}
-    # ... and PrepareCompleted before the call returned.
+    # Whole GPUs: no record before each claim's CDI spec was written (no PrepareStarted)...
+    assert seen_by_cdi == {c.uid: None for c in claims}
+    # ... and PrepareCompleted on disk before the call returned.
     assert {c.uid: on_disk_phase(c.uid) for c in claims} == {
         c.uid: "PrepareCompleted" for c in claims
     }
-    assert len(writes) < 2 * len(claims)  # one write per change would be 16
+    assert len(writes) < len(claims)  # one write per change would be 8
 
     writes[:-1] = []
     seen_by_cdi_remove: dict[str, str | None] = {}

@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
+
 from gpu_dra.kubelet_plugin.checkpoint import Checkpoint, ClaimPhase, JsonValue
 from gpu_dra.kubelet_plugin.claim_records import ClaimRecords
 from gpu_dra.kubelet_plugin.node_devices import NodeInventory
@@ -92,3 +94,21 @@ def test_planned_gathers_the_facts_of_every_plan_so_far_and_finds_a_plan_by_tier
     assert planned.mps_daemons == (_Daemon("mps-a", ("gpu-2",), ("GPU-2",)),)
     assert planned.of_tier(daemon_tier) is daemons
     assert planned.of_tier(plain_tier) is plain
+
+
+def test_a_plan_changes_the_node_unless_it_says_it_does_not() -> None:
+    # The default keeps the PrepareStarted record: a new tier must show it may skip it.
+    assert _PlainPlan().changes_node
+
+
+def test_a_run_without_a_started_record_refuses_to_record(tmp_path: Path) -> None:
+    # A plan that records what it made although no plan said it changes the node is a bug:
+    # it fails the prepare (rolled back) instead of recording behind the preparer's back.
+    checkpoint = Checkpoint(tmp_path, boot_id=lambda: "boot-1")
+    checkpoint.load()
+    run = PrepareRun(CLAIM, ClaimRecords(checkpoint), hgx_h100_inventory(), {}, recorded=False)
+
+    with pytest.raises(AssertionError, match=r"TierPlan\.changes_node"):
+        run.append("made", {"id": "a"})
+
+    assert checkpoint.get(CLAIM.uid) is None

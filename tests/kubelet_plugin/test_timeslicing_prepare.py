@@ -16,7 +16,7 @@ from gpu_dra.driver.discovery import discover_devices
 from gpu_dra.driver.nvml.simulated import SimulatedHost
 from gpu_dra.kubelet_plugin.checkpoint import CheckpointEntry, ClaimPhase
 from gpu_dra.kubelet_plugin.node_devices import NodeInventory
-from gpu_dra.kubelet_plugin.prepare_protocol import ClaimRef
+from gpu_dra.kubelet_plugin.prepare_protocol import ClaimRef, PreparedDevice
 from gpu_dra.kubelet_plugin.tiers.state import TIME_SLICE_STATE_KEY, time_slices_from_state
 from gpu_dra.kubelet_plugin.time_slicer import RecordedTimeSlicer, TimeSlicingError
 from tests.fakes.claim_reader import allocation_result, gpu_config, opaque_config, resource_claim
@@ -269,7 +269,10 @@ def test_recover_keeps_the_intervals_of_prepared_claims(node: TsNode) -> None:
 
 
 def test_the_intervals_are_recorded_before_nvidia_smi_runs(node: TsNode) -> None:
+    # A setting on the node: the claim's PrepareStarted record, with the devices it prepares
+    # (other claims' checks see them held), is on disk before it is changed.
     seen: list[dict[str, int]] = []
+    seen_devices: list[tuple[PreparedDevice, ...]] = []
     original = node.slicer.set_interval
 
     def spying(uuid: str, interval: int) -> None:
@@ -277,14 +280,16 @@ def test_the_intervals_are_recorded_before_nvidia_smi_runs(node: TsNode) -> None
         assert entry is not None
         assert entry.phase is ClaimPhase.PREPARE_STARTED
         seen.append(dict(entry.state[TIME_SLICE_STATE_KEY]))  # type: ignore[arg-type]
+        seen_devices.append(entry.devices)
         original(uuid, interval)
 
     node.slicer.set_interval = spying  # type: ignore[method-assign]
     claim = node.add_sliced(UID_A, "gpu-0", interval="Short")
 
-    ok(node.prepare(claim)[UID_A])
+    devices = ok(node.prepare(claim)[UID_A])
 
     assert seen == [{node.uuid_of("gpu-0"): 1}]
+    assert seen_devices == [devices]
 
 
 def test_a_re_prepare_of_an_interrupted_claim_rolls_back_first(node: TsNode) -> None:
