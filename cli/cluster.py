@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -78,9 +78,17 @@ def read_kueue(client: Any, namespace: str) -> tuple[list[Obj], list[Obj]] | Non
 def read_pods(client: Any, namespace: str) -> list[Obj]:
     """The Pods of `namespace`. Raises `errors.ApiError`."""
     core: Any = CoreV1Api(client)
-    action = f"list Pods in namespace {namespace}"
+    return _core_items(
+        f"list Pods in namespace {namespace}",
+        lambda: core.list_namespaced_pod(namespace, _preload_content=False),
+    )
+
+
+def _core_items(action: str, call: Callable[[], Any]) -> list[Obj]:
+    """The objects of the core API list `call` returns (raw, not preloaded); `errors.ApiError`
+    naming `action` when it fails."""
     with translated_errors(action):
-        response = core.list_namespaced_pod(namespace, _preload_content=False)
+        response = call()
     items = decoded_object(response.data, action).get("items") or []
     return [item for item in items if isinstance(item, dict)]
 
@@ -115,23 +123,21 @@ def read_pod_events(client: Any, namespace: str, name: str) -> list[Obj]:
     """The Events about Pod `namespace`/`name`. Raises `errors.ApiError`."""
     core: Any = CoreV1Api(client)
     selector = f"involvedObject.kind=Pod,involvedObject.name={name}"
-    action = f"list Events of Pod {namespace}/{name}"
-    with translated_errors(action):
-        response = core.list_namespaced_event(
+    return _core_items(
+        f"list Events of Pod {namespace}/{name}",
+        lambda: core.list_namespaced_event(
             namespace, field_selector=selector, _preload_content=False
-        )
-    items = decoded_object(response.data, action).get("items") or []
-    return [item for item in items if isinstance(item, dict)]
+        ),
+    )
 
 
 def read_quotas(client: Any, namespace: str) -> list[Obj]:
     """The ResourceQuotas of `namespace` (docs/quotas.md). Raises `errors.ApiError`."""
     core: Any = CoreV1Api(client)
-    action = f"list ResourceQuotas in namespace {namespace}"
-    with translated_errors(action):
-        response = core.list_namespaced_resource_quota(namespace, _preload_content=False)
-    items = decoded_object(response.data, action).get("items") or []
-    return [item for item in items if isinstance(item, dict)]
+    return _core_items(
+        f"list ResourceQuotas in namespace {namespace}",
+        lambda: core.list_namespaced_resource_quota(namespace, _preload_content=False),
+    )
 
 
 def read_idle_policy(

@@ -41,7 +41,13 @@ from gpu_dra.driver.cluster.idle_policy import (
 )
 from gpu_dra.driver.resourceapi import API_GROUP
 from gpu_dra.kube import errors
-from gpu_dra.kube.client import RESOURCE_VERSION, decoded_object, translated_errors
+from gpu_dra.kube.client import (
+    CLAIMS_API,
+    decoded_object,
+    list_namespaced_objects,
+    read_resource_claim,
+    translated_errors,
+)
 from gpu_dra.kube.events import InvolvedObject, KubernetesEventApi, event
 
 log = logging.getLogger(__name__)
@@ -96,6 +102,7 @@ class KubernetesIdleReclaimApi:
     """`IdleReclaimApi` on the `kubernetes` client (raw JSON in and out)."""
 
     def __init__(self, api_client: k8s.ApiClient, *, request_timeout_s: float = 30.0) -> None:
+        self._client = api_client
         self._core: Any = k8s.CoreV1Api(api_client)
         self._objects: Any = k8s.CustomObjectsApi(api_client)
         self._events = KubernetesEventApi(api_client, request_timeout_s=request_timeout_s)
@@ -116,22 +123,16 @@ class KubernetesIdleReclaimApi:
         return self._items(response, action)
 
     def list_claims(self, namespace: str) -> list[Obj]:
-        action = f"list ResourceClaims in {namespace}"
-        with translated_errors(action):
-            response = self._objects.list_namespaced_custom_object(
-                API_GROUP, RESOURCE_VERSION, namespace, "resourceclaims",
-                _preload_content=False, _request_timeout=self._timeout,
-            )  # fmt: skip
-        return self._items(response, action)
+        claims: list[Obj] = [
+            *list_namespaced_objects(
+                self._client, CLAIMS_API, "resourceclaims", namespace,
+                request_timeout_s=self._timeout,
+            )
+        ]  # fmt: skip
+        return claims
 
     def read_claim(self, namespace: str, name: str) -> Obj:
-        action = f"read ResourceClaim {namespace}/{name}"
-        with translated_errors(action):
-            response = self._objects.get_namespaced_custom_object(
-                API_GROUP, RESOURCE_VERSION, namespace, "resourceclaims", name,
-                _preload_content=False, _request_timeout=self._timeout,
-            )  # fmt: skip
-        return decoded_object(response.data, action)
+        return read_resource_claim(self._client, namespace, name, request_timeout_s=self._timeout)
 
     def list_plugin_pods(self, selector: str) -> list[Obj]:
         action = f"list kubelet plugin Pods ({selector})"

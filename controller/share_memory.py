@@ -28,15 +28,20 @@ from kubernetes import client as k8s
 
 from gpu_dra.controller.admission import ALLOWED, Verdict
 from gpu_dra.driver.cluster import share_memory as sm
-from gpu_dra.driver.resourceapi import API_GROUP
 from gpu_dra.kube import errors
-from gpu_dra.kube.client import decoded_object, list_resource_objects, translated_errors
+from gpu_dra.kube.client import (
+    CLAIMS_API,
+    decoded_object,
+    list_namespaced_objects,
+    list_resource_objects,
+    read_resource_claim,
+    translated_errors,
+)
 
 log = logging.getLogger(__name__)
 
 Obj = dict[str, Any]
 
-RESOURCE_VERSION: Final = "v1"
 LEDGER_PREFIX: Final = "gpu-dra-share-memory."
 """A namespace's ledger is the ConfigMap ``gpu-dra-share-memory.<namespace>``."""
 ATTEMPTS: Final = 10
@@ -108,25 +113,17 @@ class KubernetesShareQuotaApi:
         return self._items(response, action)
 
     def list_claims(self, namespace: str) -> list[Obj]:
-        action = f"list ResourceClaims in {namespace}"
-        with translated_errors(action):
-            response = self._objects.list_namespaced_custom_object(
-                API_GROUP, RESOURCE_VERSION, namespace, "resourceclaims",
-                _preload_content=False, _request_timeout=self._timeout,
-            )  # fmt: skip
-        return self._items(response, action)
+        return list_namespaced_objects(
+            self._client, CLAIMS_API, "resourceclaims", namespace, request_timeout_s=self._timeout
+        )
 
     def read_claim(self, namespace: str, name: str) -> Obj | None:
-        action = f"read ResourceClaim {namespace}/{name}"
         try:
-            with translated_errors(action):
-                response = self._objects.get_namespaced_custom_object(
-                    API_GROUP, RESOURCE_VERSION, namespace, "resourceclaims", name,
-                    _preload_content=False, _request_timeout=self._timeout,
-                )  # fmt: skip
+            return read_resource_claim(
+                self._client, namespace, name, request_timeout_s=self._timeout
+            )
         except errors.NotFoundError:
             return None
-        return decoded_object(response.data, action)
 
     def list_slices(self) -> list[Obj]:
         return list_resource_objects(

@@ -18,13 +18,10 @@ from typing import Any, Final
 from kubernetes.dynamic.exceptions import DynamicApiError
 
 from e2e import manifests as m
-from e2e.cluster.paths import REPO_ROOT
 from e2e.driver import Driver
-from e2e.kube import wait_for
+from e2e.quotas import QUOTA, apply_tier_quota
 from e2e.workloads import wait_running
 
-QUOTAS: Final = REPO_ROOT / "deployments" / "quotas"
-QUOTA: Final = "gpu-tiers"
 TEAMS: Final = ("research", "training")
 CLAIM_API: Final = "resource.k8s.io/v1"
 TRAINING_CLAIMS: Final = 3
@@ -66,25 +63,6 @@ def reset_teams(driver: Driver) -> None:
         driver.kube.wait_gone("v1", "Namespace", team, None, timeout=180)
 
 
-def apply_quota(driver: Driver, team: str) -> None:
-    """``kubectl apply -n <team> -f deployments/quotas/<team>.yaml``, then wait until the quota
-    is counted and the tier-quota policy governs the namespace."""
-    cluster, kube = driver.cluster, driver.kube
-    cluster.kubectl("apply", "-n", team, "-f", str(QUOTAS / f"{team}.yaml"))
-    wait_for(f"quota {QUOTA} of {team} to be counted", lambda: "used" in kube.get(
-        "v1", "ResourceQuota", QUOTA, team).get("status", {}), 60)  # fmt: skip
-    probe = claim("policy-probe", team, "no-such-class.example.com")
-
-    def enforced() -> bool:
-        try:
-            kube.create(probe, dry_run=True)
-        except DynamicApiError as error:
-            return bool(error.status == 403)
-        return False
-
-    wait_for(f"the tier-quota policy to govern {team}", enforced, 30)
-
-
 def show_quotas(driver: Driver, say: Callable[[str], None]) -> list[Refusal]:
     """The two teams, as the module docstring says; returns the refusals it printed."""
     cluster, kube = driver.cluster, driver.kube
@@ -92,7 +70,7 @@ def show_quotas(driver: Driver, say: Callable[[str], None]) -> list[Refusal]:
     for team in TEAMS:
         kube.create_namespace(team)
         say(f"==> kubectl apply -n {team} -f deployments/quotas/{team}.yaml")
-        apply_quota(driver, team)
+        apply_tier_quota(cluster, kube, f"{team}.yaml", team)
     for index in range(TRAINING_CLAIMS):
         kube.create(claim(f"trainer-{index}", "training", "gpu.nvidia.com"))
     kube.create(m.gpu_pod("trainer-0", "training", claim="trainer-0"))

@@ -24,7 +24,7 @@ import yaml
 from e2e import helm
 from e2e.cluster import Cluster, driverimage, images, netns, versions
 from e2e.cluster.paths import REPO_ROOT
-from e2e.driver import DATA_DIR_LINK, Driver, pool_reconciles
+from e2e.driver import DATA_DIR_LINK, MPS_DAEMON_SELECTOR, Driver, pool_reconciles
 from e2e.kube import Kube, wait_for
 
 CHART: Final = REPO_ROOT / "deployments" / "helm" / "gpu-dra"
@@ -277,3 +277,51 @@ def install_mps_double(state_dir: Path) -> Path:
 
 def remove_mps_double(state_dir: Path) -> None:
     shutil.rmtree(state_dir / MPS_DOUBLE_DIR, ignore_errors=True)
+
+
+@contextmanager
+def share_node(
+    cluster: Cluster,
+    kube: Kube,
+    directory: Path,
+    *,
+    mps_shares: str,
+    profile: dict[str, Any] | None = None,
+) -> Iterator[Driver]:
+    """The chart on a simulated node whose GPUs `mps_shares` (``GPU_DRA_MPS_SHARES``: indexes)
+    are offered as MPS shares, their daemons run from the nvidia-cuda-mps-control TEST DOUBLE
+    (`install_mps_double`, not kept warm); `profile` a machine profile (written to the data dir,
+    which the plugin container sees), or None for `PROFILE`. Yields the node's `Driver` once the
+    plugin and the controller are ready; afterwards the release, its MPS daemon pods, the
+    profile file, the simulated MIG state and the double are gone."""
+    image = import_driver_image(cluster)
+    driver = Driver(cluster, kube, PROFILE if profile is None else str(profile["name"]))
+    driver.link_data_dir()
+    driver.forget_simulated_mig()
+    path = None if profile is None else driver.state_dir / f"e2e-{profile['name']}-node.yaml"
+    if path is not None:
+        path.write_text(yaml.safe_dump(profile))
+    mps_control = install_mps_double(driver.state_dir)
+    values = chart_values(cluster, image.reference, PROFILE if path is None else str(path))
+    plugin = values["kubeletPlugin"]
+    plugin["mpsDaemonImage"] = driver.ensure_mps_daemon_image()
+    plugin["containers"]["gpus"]["env"] += [
+        {"name": "GPU_DRA_MPS_SHARES", "value": mps_shares},
+        {"name": "GPU_DRA_MPS_CONTROL_BINARY", "value": str(mps_control)},
+        {"name": "GPU_DRA_MPS_SHARE_DAEMON_WARM", "value": "off"},
+    ]
+    try:
+        with chart_installed(cluster, kube, values, directory):
+            wait_plugin_ready(kube, cluster)
+            wait_for("the controller pod to be ready",
+                     lambda: any(map(ready, pods(kube, CONTROLLER_SELECTOR))), 120)  # fmt: skip
+            try:
+                yield driver
+            finally:
+                for left in pods(kube, MPS_DAEMON_SELECTOR):
+                    kube.delete("v1", "Pod", left["metadata"]["name"], NAMESPACE)
+    finally:
+        driver.forget_simulated_mig()
+        if path is not None:
+            path.unlink(missing_ok=True)
+        remove_mps_double(driver.state_dir)

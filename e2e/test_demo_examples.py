@@ -39,7 +39,6 @@ from demo.observe import (
 from demo.quotas import (
     BYPASS_CLAIM,
     BYPASS_CLASS,
-    QUOTA,
     REFUSED_CLAIM,
     TRAINING_CLAIMS,
     reset_teams,
@@ -61,6 +60,7 @@ from e2e.chart import CONTROLLER_SELECTOR, pods, ready
 from e2e.cluster import Cluster
 from e2e.driver import PLUGIN, Driver
 from e2e.kube import Kube, wait_for
+from e2e.quotas import QUOTA
 from gpu_dra.driver.cluster.idle_policy import parse_time
 from gpu_dra.driver.config.limits import render_pinned_limit
 from gpu_dra.driver.config.quantity import quantity_value

@@ -25,30 +25,17 @@ from e2e import helm
 from e2e import kueue as k
 from e2e import manifests as m
 from e2e.chart import (
-    CHART,
-    CONTROLLER_SELECTOR,
-    NAMESPACE,
-    PLUGIN_SELECTOR,
-    RELEASE,
-    chart_values,
-    import_driver_image,
-    install_mps_double,
-    pods,
-    ready,
-    remove_mps_double,
-    run_helm,
-    wait_plugin_ready,
+    share_node,
 )
 from e2e.cluster import Cluster
 from e2e.cluster.paths import REPO_ROOT
-from e2e.driver import MPS_DAEMON_SELECTOR, Driver
+from e2e.driver import Driver
 from e2e.kube import Kube, wait_for
 from e2e.workloads import allocated_devices
 from gpu_dra.cli.__main__ import main as gpu_dra
 
 pytestmark = pytest.mark.e2e
 
-PROFILE_FILE = "e2e-kueue-node.yaml"
 PROFILE = {
     "name": "e2e-kueue",
     "description": "2 whole H100s, an H100 with 7x 1g.10gb (static MIG), an H100 as MPS shares",
@@ -104,42 +91,10 @@ def gpu_dra_release(
 ) -> Iterator[Driver]:
     """The chart-installed gpu-dra on the module's node (PROFILE, SHARE_GPU offered as shares
     served by the MPS double's daemon pods)."""
-    image = import_driver_image(cluster)
-    driver = Driver(cluster, kube, str(PROFILE["name"]))
-    driver.link_data_dir()
-    driver.forget_simulated_mig()
-    profile = driver.state_dir / PROFILE_FILE
-    profile.write_text(yaml.safe_dump(PROFILE))
-    mps_control = install_mps_double(driver.state_dir)
-    values = chart_values(cluster, image.reference, str(profile))
-    plugin = values["kubeletPlugin"]
-    plugin["mpsDaemonImage"] = driver.ensure_mps_daemon_image()
-    plugin["containers"]["gpus"]["env"] += [
-        {"name": "GPU_DRA_MPS_SHARES", "value": SHARE_GPU.removeprefix("gpu-")},
-        {"name": "GPU_DRA_MPS_CONTROL_BINARY", "value": str(mps_control)},
-        {"name": "GPU_DRA_MPS_SHARE_DAEMON_WARM", "value": "off"},
-    ]
-    path = tmp_path_factory.mktemp("kueue-gpu-dra") / "values.yaml"
-    path.write_text(yaml.safe_dump(values))
-    run_helm(
-        cluster, "install", RELEASE, str(CHART), f"--namespace={NAMESPACE}", "--create-namespace",
-        f"--values={path}",
-    )  # fmt: skip
-    try:
-        wait_plugin_ready(kube, cluster)
-        wait_for("the controller pod to be ready",
-                 lambda: any(map(ready, pods(kube, CONTROLLER_SELECTOR))), 120)  # fmt: skip
+    directory = tmp_path_factory.mktemp("kueue-gpu-dra")
+    shares = SHARE_GPU.removeprefix("gpu-")
+    with share_node(cluster, kube, directory, mps_shares=shares, profile=PROFILE) as driver:
         yield driver
-    finally:
-        run_helm(cluster, "uninstall", RELEASE, f"--namespace={NAMESPACE}", "--wait")
-        wait_for("the plugin's pods to be gone", lambda: not pods(kube, PLUGIN_SELECTOR), 120)
-        for left in pods(kube, MPS_DAEMON_SELECTOR):
-            kube.delete("v1", "Pod", left["metadata"]["name"], NAMESPACE)
-        kube.delete("v1", "Namespace", NAMESPACE)
-        kube.wait_gone("v1", "Namespace", NAMESPACE, None, timeout=180)
-        driver.forget_simulated_mig()
-        profile.unlink(missing_ok=True)
-        remove_mps_double(driver.state_dir)
 
 
 @pytest.fixture(scope="module")

@@ -16,25 +16,12 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import yaml
 from kubernetes.dynamic.exceptions import DynamicApiError
 
 from e2e import manifests as m
 from e2e.chart import (
-    CHART,
-    CONTROLLER_SELECTOR,
     NAMESPACE,
-    PLUGIN_SELECTOR,
-    PROFILE,
-    RELEASE,
-    chart_values,
-    import_driver_image,
-    install_mps_double,
-    pods,
-    ready,
-    remove_mps_double,
-    run_helm,
-    wait_plugin_ready,
+    share_node,
 )
 from e2e.cluster import Cluster
 from e2e.driver import Driver
@@ -54,42 +41,8 @@ def installed(
     cluster: Cluster, kube: Kube, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Driver]:
     """The chart, gpu-0 offered as MPS shares (daemons of the MPS double, not kept warm)."""
-    image = import_driver_image(cluster)
-    driver = Driver(cluster, kube, PROFILE)
-    driver.link_data_dir()
-    mps_control = install_mps_double(driver.state_dir)
-    values = chart_values(cluster, image.reference)
-    plugin = values["kubeletPlugin"]
-    plugin["mpsShares"] = "0"
-    plugin["mpsDaemonImage"] = driver.ensure_mps_daemon_image()
-    plugin["containers"]["gpus"]["env"] = [
-        *plugin["containers"]["gpus"]["env"],
-        {"name": "GPU_DRA_MPS_CONTROL_BINARY", "value": str(mps_control)},
-        {"name": "GPU_DRA_MPS_SHARE_DAEMON_WARM", "value": "off"},
-    ]
-    path = tmp_path_factory.mktemp("chart") / "values.yaml"
-    path.write_text(yaml.safe_dump(values))
-    run_helm(
-        cluster, "install", RELEASE, str(CHART), f"--namespace={NAMESPACE}", "--create-namespace",
-        f"--values={path}",
-    )  # fmt: skip
-    try:
-        wait_plugin_ready(kube, cluster)
-        wait_for("the controller pod to be ready",
-                 lambda: any(map(ready, pods(kube, CONTROLLER_SELECTOR))), 120)  # fmt: skip
+    with share_node(cluster, kube, tmp_path_factory.mktemp("chart"), mps_shares="0") as driver:
         yield driver
-    finally:
-        run_helm(cluster, "uninstall", RELEASE, f"--namespace={NAMESPACE}", "--wait")
-        wait_for(
-            "the chart's pods to be gone",
-            lambda: not pods(kube, PLUGIN_SELECTOR) and not pods(kube, CONTROLLER_SELECTOR),
-            120,
-        )
-        for left in kube.list("v1", "Pod", namespace=NAMESPACE):
-            kube.delete("v1", "Pod", left["metadata"]["name"], NAMESPACE)
-        kube.delete("v1", "Namespace", NAMESPACE)
-        kube.wait_gone("v1", "Namespace", NAMESPACE, None, timeout=180)
-        remove_mps_double(driver.state_dir)
 
 
 def gpu_quota(namespace: str, share_memory: str) -> dict[str, Any]:

@@ -24,31 +24,17 @@ from kubernetes.dynamic.exceptions import DynamicApiError
 
 from e2e import manifests as m
 from e2e.chart import (
-    CHART,
-    CONTROLLER_SELECTOR,
-    NAMESPACE,
-    PLUGIN_SELECTOR,
-    RELEASE,
-    chart_values,
-    import_driver_image,
-    install_mps_double,
-    pods,
-    ready,
-    remove_mps_double,
-    run_helm,
-    wait_plugin_ready,
+    share_node,
 )
 from e2e.cluster import Cluster
-from e2e.cluster.paths import REPO_ROOT
-from e2e.driver import MPS_DAEMON_SELECTOR, Driver
+from e2e.driver import Driver
 from e2e.kube import Kube, wait_for
+from e2e.quotas import QUOTA, QUOTAS, apply_tier_quota
 from e2e.workloads import delete_pods, wait_event, wait_running
 from gpu_dra.cli.__main__ import main as gpu_dra
 
 pytestmark = pytest.mark.e2e
 
-QUOTAS = REPO_ROOT / "deployments" / "quotas"
-PROFILE_FILE = "e2e-tier-quota-node.yaml"
 A100 = "A100-SXM4-80GB"
 PROFILE_NAME = "e2e-tier-quota"
 PROFILE: dict[str, Any] = {
@@ -81,7 +67,6 @@ MIG_1G = "mig-1g.gpu.nvidia.com"
 MIG_3G = "mig-3g.gpu.nvidia.com"
 SHARES = "mps.gpu.nvidia.com"
 A100_SELECTOR = "device.attributes['gpu.nvidia.com'].productName == 'NVIDIA A100-SXM4-80GB'"
-QUOTA = "gpu-tiers"
 
 
 @pytest.fixture(scope="module")
@@ -89,67 +74,11 @@ def installed(
     cluster: Cluster, kube: Kube, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Driver]:
     """The chart (tier-quota policy on, as by default) on the recipe's node."""
-    image = import_driver_image(cluster)
-    driver = Driver(cluster, kube, PROFILE_NAME)
-    driver.link_data_dir()
-    driver.forget_simulated_mig()
-    profile = driver.state_dir / PROFILE_FILE
-    profile.write_text(yaml.safe_dump(PROFILE))
-    mps_control = install_mps_double(driver.state_dir)
-    values = chart_values(cluster, image.reference, str(profile))
-    plugin = values["kubeletPlugin"]
-    plugin["mpsDaemonImage"] = driver.ensure_mps_daemon_image()
-    plugin["containers"]["gpus"]["env"] = [
-        *plugin["containers"]["gpus"]["env"],
-        {"name": "GPU_DRA_MPS_SHARES", "value": "7"},
-        {"name": "GPU_DRA_MPS_CONTROL_BINARY", "value": str(mps_control)},
-        {"name": "GPU_DRA_MPS_SHARE_DAEMON_WARM", "value": "off"},
-    ]
-    path = tmp_path_factory.mktemp("tier-quota") / "values.yaml"
-    path.write_text(yaml.safe_dump(values))
-    run_helm(
-        cluster, "install", RELEASE, str(CHART), f"--namespace={NAMESPACE}", "--create-namespace",
-        f"--values={path}",
-    )  # fmt: skip
-    try:
-        wait_plugin_ready(kube, cluster)
-        wait_for("the controller pod to be ready",
-                 lambda: any(map(ready, pods(kube, CONTROLLER_SELECTOR))), 120)  # fmt: skip
+    directory = tmp_path_factory.mktemp("tier-quota")
+    with share_node(cluster, kube, directory, mps_shares="7", profile=PROFILE) as driver:
         wait_for("the catalog's classes", lambda: kube.exists(
             "resource.k8s.io/v1", "DeviceClass", MIG_3G, None), 60)  # fmt: skip
         yield driver
-    finally:
-        run_helm(cluster, "uninstall", RELEASE, f"--namespace={NAMESPACE}", "--wait")
-        wait_for("the plugin's pods to be gone", lambda: not pods(kube, PLUGIN_SELECTOR), 120)
-        for left in kube.list("v1", "Pod", namespace=NAMESPACE, label_selector=MPS_DAEMON_SELECTOR):
-            kube.delete("v1", "Pod", left["metadata"]["name"], NAMESPACE)
-        kube.delete("v1", "Namespace", NAMESPACE)
-        kube.wait_gone("v1", "Namespace", NAMESPACE, None, timeout=180)
-        driver.forget_simulated_mig()
-        profile.unlink(missing_ok=True)
-        remove_mps_double(driver.state_dir)
-
-
-def apply_quota(cluster: Cluster, kube: Kube, team_file: str, namespace: str) -> None:
-    """``kubectl apply -n <namespace> -f deployments/quotas/<team_file>`` (docs/quotas.md), then
-    wait until the quota is counted and the tier-quota policy sees it (a dry-run claim of a
-    class the quota does not name is refused)."""
-    cluster.kubectl("apply", "-n", namespace, "-f", str(QUOTAS / team_file))
-    wait_for(
-        f"quota {QUOTA} of {namespace} to be counted",
-        lambda: "used" in kube.get("v1", "ResourceQuota", QUOTA, namespace).get("status", {}),
-        60,
-    )
-    probe = claim("policy-probe", namespace, "training.gpu.nvidia.com")
-
-    def enforced() -> bool:
-        try:
-            kube.create(probe, dry_run=True)
-        except DynamicApiError as error:
-            return bool(error.status == 403)
-        return False
-
-    wait_for(f"the tier-quota policy to govern {namespace}", enforced, 30)
 
 
 def claim(name: str, namespace: str, device_class: str, selectors: list[str] | None = None) -> Any:
@@ -210,8 +139,8 @@ def test_each_team_runs_within_its_quota_and_the_next_claim_of_a_tier_is_refused
     cluster: Cluster, kube: Kube, installed: Driver, namespace: str, other_namespace: str
 ) -> None:
     research, training = namespace, other_namespace
-    apply_quota(cluster, kube, "research.yaml", research)
-    apply_quota(cluster, kube, "training.yaml", training)
+    apply_tier_quota(cluster, kube, "research.yaml", research)
+    apply_tier_quota(cluster, kube, "training.yaml", training)
 
     # Research: within quota every tier is admitted, and one claim of each runs.
     kube.create(claim("whole", research, WHOLE))
@@ -257,7 +186,7 @@ def test_no_route_gets_around_the_tier_quota(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     team = namespace
-    apply_quota(cluster, kube, "research.yaml", team)
+    apply_tier_quota(cluster, kube, "research.yaml", team)
     kube.create(claim("whole", team, WHOLE))  # the whole-GPU quota (1) is used up
 
     # Another class over the same hardware: every class the quota does not name is refused.

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,6 +28,8 @@ from gpu_dra.driver.resourceapi import API_GROUP, API_VERSION
 from gpu_dra.kube import errors
 
 RESOURCE_VERSION = API_VERSION.removeprefix(f"{API_GROUP}/")
+CLAIMS_API = API_VERSION
+"""``resource.k8s.io/v1``: the API version `list_namespaced_objects` reads claims in."""
 """The version part of ``resource.k8s.io/v1``, as `CustomObjectsApi` calls take it."""
 
 RawObject = dict[str, Any]
@@ -91,21 +93,31 @@ def list_objects(
     """Every cluster-wide (all namespaces) ``resource.k8s.io/v1`` object of `plural`, following
     pages; `what` names them in errors. An expired continue token is `ResourceExpiredError`."""
     action = f"list {what}" + (f" ({field_selector})" if field_selector else "")
+    items, version = _all_pages(
+        action,
+        lambda token: objects.list_cluster_custom_object(
+            API_GROUP,
+            RESOURCE_VERSION,
+            plural,
+            field_selector=field_selector,
+            limit=page_size,
+            _continue=token,
+            _request_timeout=request_timeout_s,
+            _preload_content=False,
+        ),
+    )
+    return ObjectList(items=tuple(items), resource_version=version)
+
+
+def _all_pages(action: str, fetch: Callable[[str | None], Any]) -> tuple[list[RawObject], str]:
+    """Every item of a paged list, where ``fetch(token)`` returns the raw response of the page
+    after continue token `token` (None: the first), and the last page's resourceVersion;
+    `errors.ApiError` naming `action` for a failed call or a malformed page."""
     items: list[RawObject] = []
     token: str | None = None
     while True:
         with translated_errors(action):
-            response: Any = objects.list_cluster_custom_object(
-                API_GROUP,
-                RESOURCE_VERSION,
-                plural,
-                field_selector=field_selector,
-                limit=page_size,
-                _continue=token,
-                _request_timeout=request_timeout_s,
-                _preload_content=False,
-            )
-            body: bytes = response.data
+            body: bytes = fetch(token).data
         page = decoded_object(body, action)
         page_items = page.get("items") or []
         if not isinstance(page_items, list) or not all(isinstance(i, dict) for i in page_items):
@@ -118,8 +130,7 @@ def list_objects(
         if token is not None and not isinstance(token, str):
             raise errors.ApiError(f"{action}: metadata.continue is {describe(token)}")
         if token is None:
-            version = str(metadata.get("resourceVersion") or "")
-            return ObjectList(items=tuple(items), resource_version=version)
+            return items, str(metadata.get("resourceVersion") or "")
 
 
 def list_resource_objects(
@@ -170,30 +181,20 @@ def list_namespaced_objects(
     group, _, version = api_version.partition("/")
     objects = k8s.CustomObjectsApi(api_client)
     action = f"list {plural}.{group} in namespace {namespace}"
-    items: list[RawObject] = []
-    token: str | None = None
-    while True:
-        with translated_errors(action):
-            response: Any = objects.list_namespaced_custom_object(
-                group,
-                version,
-                namespace,
-                plural,
-                limit=page_size,
-                _continue=token,
-                _request_timeout=request_timeout_s,
-                _preload_content=False,
-            )
-            body: bytes = response.data
-        page = decoded_object(body, action)
-        page_items = page.get("items") or []
-        if not isinstance(page_items, list) or not all(isinstance(i, dict) for i in page_items):
-            raise errors.ApiError(f"{action}: items is not a list of objects")
-        items.extend(page_items)
-        metadata = page.get("metadata") or {}
-        token = metadata.get("continue") or None if isinstance(metadata, dict) else None
-        if not isinstance(token, str):
-            return items
+    items, _ = _all_pages(
+        action,
+        lambda token: objects.list_namespaced_custom_object(
+            group,
+            version,
+            namespace,
+            plural,
+            limit=page_size,
+            _continue=token,
+            _request_timeout=request_timeout_s,
+            _preload_content=False,
+        ),
+    )
+    return items
 
 
 def read_namespaced_object(

@@ -16,7 +16,7 @@ import yaml
 from demo.idle import ADVICE, BURST_GPU, CONTEXT_MEMORY, IDLE_FOR, NOTEBOOK
 from demo.install import UTILIZATION_INTERVAL_S, plugin_env, stage_values
 from demo.observe import why_not_running
-from demo.quotas import QUOTAS, TEAMS
+from demo.quotas import TEAMS
 from demo.stages import (
     MPS_SHARE_GPU,
     PROFILE,
@@ -36,6 +36,7 @@ from demo.utilization import (
 )
 from e2e.cluster import Cluster
 from e2e.driver import DATA_DIR_LINK
+from e2e.quotas import QUOTAS
 from gpu_dra.cli.__main__ import main
 from gpu_dra.cli.command import EXIT_OK
 from gpu_dra.controller.settings import ControllerSettings
