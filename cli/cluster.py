@@ -18,6 +18,7 @@ from gpu_dra.cli.queueing import KUEUE_API
 from gpu_dra.driver.cluster.idle_policy import LABEL as IDLE_POLICY_LABEL
 from gpu_dra.kube import errors
 from gpu_dra.kube.client import (
+    decoded_items,
     decoded_object,
     list_namespaced_objects,
     list_resource_objects,
@@ -89,8 +90,7 @@ def _core_items(action: str, call: Callable[[], Any]) -> list[Obj]:
     naming `action` when it fails."""
     with translated_errors(action):
         response = call()
-    items = decoded_object(response.data, action).get("items") or []
-    return [item for item in items if isinstance(item, dict)]
+    return decoded_items(response.data, action)
 
 
 def read_jobs(client: Any, namespace: str) -> list[Obj]:

@@ -49,7 +49,6 @@ from gpu_dra.cli.command import (
 )
 from gpu_dra.cli.queueing import QueueWait, claim_wait, job_wait
 from gpu_dra.cli.quota_use import (
-    SHARE_MEMORY,
     QuotaLine,
     pod_extended_resources,
     pod_refusals,
@@ -81,6 +80,7 @@ from gpu_dra.driver.cluster.state import (
     compile_class,
     selector_expressions,
 )
+from gpu_dra.driver.cluster.tier_quota import SHARE_MEMORY
 from gpu_dra.driver.naming import DEFAULT_DRIVER_NAME
 from gpu_dra.kube import errors
 

@@ -19,10 +19,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
-TIER_QUOTA_LABEL: Final = "gpu.nvidia.com/tier-quota"
-"""The label (value ``"true"``) that makes a ResourceQuota its namespace's tier quota."""
-CLASS_SUFFIX: Final = ".deviceclass.resource.k8s.io/devices"
-REQUESTS_PREFIX: Final = "requests."
+from gpu_dra.driver.cluster.tier_quota import (
+    CLASS_SUFFIX,
+    REQUESTS_PREFIX,
+    TIER_QUOTA_LABEL,
+    is_tier_quota,
+)
+
 QUOTAS_DOC: Final = "docs/quotas.md"
 
 Level = Literal["ERROR", "WARNING", "INFO"]
@@ -67,13 +70,12 @@ def read_quota(manifest: Mapping[str, Any]) -> Quota | None:
     if manifest.get("kind") != "ResourceQuota" or manifest.get("apiVersion") != "v1":
         return None
     metadata = _mapping(manifest.get("metadata"))
-    labels = _mapping(metadata.get("labels"))
     hard = _mapping(_mapping(manifest.get("spec")).get("hard"))
     namespace = metadata.get("namespace")
     return Quota(
         name=str(metadata.get("name") or "<unnamed>"),
         namespace=namespace if isinstance(namespace, str) else None,
-        labelled=str(labels.get(TIER_QUOTA_LABEL, "")).lower() == "true",
+        labelled=is_tier_quota(manifest),
         hard={str(key): str(value) for key, value in hard.items()},
     )
 

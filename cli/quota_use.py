@@ -15,13 +15,16 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from gpu_dra.cli.lint_quota import CLASS_SUFFIX, REQUESTS_PREFIX, TIER_QUOTA_LABEL
+from gpu_dra.driver.cluster.tier_quota import (
+    CLASS_SUFFIX,
+    REQUESTS_PREFIX,
+    SHARE_MEMORY,
+    is_tier_quota,
+)
 from gpu_dra.driver.config.quantity import QuantityError, parse_quantity
 
 Obj = Mapping[str, Any]
 
-SHARE_MEMORY: Final = "gpu.nvidia.com/share-memory"
-"""The tier quota's line for the GPU memory of a namespace's shares (gpu-dra's own)."""
 QUOTA_MARK: Final = "exceeded quota: "
 POLICY_MARK: Final = "gpu-dra tier quota: "
 REFUSAL_EVENTS: Final = ("FailedResourceClaimCreation", "FailedScheduling")
@@ -87,7 +90,6 @@ def quota_lines(
     lines = []
     for quota in quotas:
         metadata = _mapping(quota.get("metadata"))
-        labels = _mapping(metadata.get("labels"))
         status = _mapping(quota.get("status"))
         hard = _mapping(_mapping(quota.get("spec")).get("hard"))
         used = _mapping(status.get("used"))
@@ -95,7 +97,7 @@ def quota_lines(
             lines.append(
                 QuotaLine(
                     quota=str(metadata.get("name", "")),
-                    tier=str(labels.get(TIER_QUOTA_LABEL, "")).lower() == "true",
+                    tier=is_tier_quota(quota),
                     resource=str(resource),
                     used=str(used.get(resource, "")),
                     hard=str(hard[resource]),

@@ -43,7 +43,7 @@ from gpu_dra.driver.resourceapi import API_GROUP
 from gpu_dra.kube import errors
 from gpu_dra.kube.client import (
     CLAIMS_API,
-    decoded_object,
+    decoded_items,
     list_namespaced_objects,
     read_resource_claim,
     translated_errors,
@@ -108,19 +108,13 @@ class KubernetesIdleReclaimApi:
         self._events = KubernetesEventApi(api_client, request_timeout_s=request_timeout_s)
         self._timeout = request_timeout_s
 
-    def _items(self, response: Any, action: str) -> list[Obj]:
-        items = decoded_object(response.data, action).get("items") or []
-        if not isinstance(items, list):
-            raise errors.ApiError(f"{action}: items is not a list")
-        return [item for item in items if isinstance(item, dict)]
-
     def list_policy_namespaces(self) -> list[Obj]:
         action = f"list Namespaces labelled {policy.LABEL}"
         with translated_errors(action):
             response = self._core.list_namespace(
                 label_selector=policy.LABEL, _preload_content=False, _request_timeout=self._timeout
             )
-        return self._items(response, action)
+        return [*decoded_items(response.data, action)]
 
     def list_claims(self, namespace: str) -> list[Obj]:
         claims: list[Obj] = [
@@ -140,7 +134,7 @@ class KubernetesIdleReclaimApi:
             response = self._core.list_pod_for_all_namespaces(
                 label_selector=selector, _preload_content=False, _request_timeout=self._timeout
             )
-        return self._items(response, action)
+        return [*decoded_items(response.data, action)]
 
     def list_pods(self, namespace: str) -> list[Obj]:
         action = f"list Pods in {namespace}"
@@ -148,7 +142,7 @@ class KubernetesIdleReclaimApi:
             response = self._core.list_namespaced_pod(
                 namespace, _preload_content=False, _request_timeout=self._timeout
             )
-        return self._items(response, action)
+        return [*decoded_items(response.data, action)]
 
     def patch_pod_condition(
         self, namespace: str, name: str, uid: str, condition: Mapping[str, str]

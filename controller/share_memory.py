@@ -28,9 +28,11 @@ from kubernetes import client as k8s
 
 from gpu_dra.controller.admission import ALLOWED, Verdict
 from gpu_dra.driver.cluster import share_memory as sm
+from gpu_dra.driver.cluster.tier_quota import SHARE_MEMORY, TIER_QUOTA_SELECTOR
 from gpu_dra.kube import errors
 from gpu_dra.kube.client import (
     CLAIMS_API,
+    decoded_items,
     decoded_object,
     list_namespaced_objects,
     list_resource_objects,
@@ -61,7 +63,7 @@ class ShareQuotaApi(Protocol):
     """What the quota check reads and writes (blocking); errors are `errors.ApiError`."""
 
     def list_quotas(self, namespace: str) -> list[Obj]:
-        """The namespace's ResourceQuotas labelled `share_memory.QUOTA_SELECTOR`."""
+        """The namespace's ResourceQuotas labelled `TIER_QUOTA_SELECTOR`."""
         ...
 
     def list_claims(self, namespace: str) -> list[Obj]: ...
@@ -97,20 +99,14 @@ class KubernetesShareQuotaApi:
         self._namespace = ledger_namespace
         self._timeout = request_timeout_s
 
-    def _items(self, response: Any, action: str) -> list[Obj]:
-        items = decoded_object(response.data, action).get("items") or []
-        if not isinstance(items, list):
-            raise errors.ApiError(f"{action}: items is not a list")
-        return [item for item in items if isinstance(item, dict)]
-
     def list_quotas(self, namespace: str) -> list[Obj]:
-        action = f"list ResourceQuotas labelled {sm.QUOTA_SELECTOR} in {namespace}"
+        action = f"list ResourceQuotas labelled {TIER_QUOTA_SELECTOR} in {namespace}"
         with translated_errors(action):
             response = self._core.list_namespaced_resource_quota(
-                namespace, label_selector=sm.QUOTA_SELECTOR, _preload_content=False,
+                namespace, label_selector=TIER_QUOTA_SELECTOR, _preload_content=False,
                 _request_timeout=self._timeout,
             )  # fmt: skip
-        return self._items(response, action)
+        return [*decoded_items(response.data, action)]
 
     def list_claims(self, namespace: str) -> list[Obj]:
         return list_namespaced_objects(
@@ -250,14 +246,14 @@ class ShareMemoryQuota:
                 allowed=False,
                 code=HTTPStatus.FORBIDDEN,
                 reason="Forbidden",
-                message=f"cannot count share memory against {sm.SHARE_MEMORY}: {error}",
+                message=f"cannot count share memory against {SHARE_MEMORY}: {error}",
             )
         except errors.ApiError as error:
             return Verdict(
                 allowed=False,
                 code=HTTPStatus.INTERNAL_SERVER_ERROR,
                 reason="InternalError",
-                message=f"cannot check the {sm.SHARE_MEMORY} quota of namespace {namespace} "
+                message=f"cannot check the {SHARE_MEMORY} quota of namespace {namespace} "
                 f"(the claim is refused until it can be checked): {error}",
             )
 
@@ -306,7 +302,7 @@ class ShareMemoryQuota:
                 continue
             log.info(
                 "admitted share claim %s/%s: %s=%d bytes, used before %d",
-                namespace, name, sm.SHARE_MEMORY, requested, decision.used_bytes,
+                namespace, name, SHARE_MEMORY, requested, decision.used_bytes,
             )  # fmt: skip
             self._spawn(lambda: self._confirm(namespace, name, uid))
             return ALLOWED
@@ -369,7 +365,7 @@ class ShareMemoryQuota:
             raise sm.UnsizedShareError(
                 f"a share request names no capacity.requests.memory and no {self._driver} share "
                 "device is published to size it by (its requestPolicy default): name the memory "
-                f"to count it against {sm.SHARE_MEMORY}"
+                f"to count it against {SHARE_MEMORY}"
             )
         return size
 

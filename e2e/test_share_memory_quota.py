@@ -28,7 +28,7 @@ from e2e.driver import Driver
 from e2e.kube import Kube, wait_for
 from e2e.workloads import delete_pods, wait_running
 from gpu_dra.controller.share_memory import ledger_name
-from gpu_dra.driver.cluster.share_memory import QUOTA_LABEL, SHARE_MEMORY
+from gpu_dra.driver.cluster.tier_quota import SHARE_MEMORY, TIER_QUOTA_LABEL
 
 pytestmark = pytest.mark.e2e
 
@@ -49,7 +49,7 @@ def gpu_quota(namespace: str, share_memory: str) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
         "kind": "ResourceQuota",
-        "metadata": {"name": "gpu", "namespace": namespace, "labels": {QUOTA_LABEL: "true"}},
+        "metadata": {"name": "gpu", "namespace": namespace, "labels": {TIER_QUOTA_LABEL: "true"}},
         "spec": {"hard": {SHARE_MEMORY: share_memory, DEVICES_KEY: "10"}},
     }
 

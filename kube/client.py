@@ -119,10 +119,7 @@ def _all_pages(action: str, fetch: Callable[[str | None], Any]) -> tuple[list[Ra
         with translated_errors(action):
             body: bytes = fetch(token).data
         page = decoded_object(body, action)
-        page_items = page.get("items") or []
-        if not isinstance(page_items, list) or not all(isinstance(i, dict) for i in page_items):
-            raise errors.ApiError(f"{action}: items is not a list of objects")
-        items.extend(page_items)
+        items.extend(list_items(page, action))
         metadata = page.get("metadata") or {}
         if not isinstance(metadata, dict):
             raise errors.ApiError(f"{action}: metadata is {describe(metadata)}, not an object")
@@ -236,6 +233,20 @@ def decoded_object(body: bytes, action: str) -> RawObject:
     if not isinstance(value, dict):
         raise errors.ApiError(f"{action}: expected a JSON object, got {describe(value)}")
     return value
+
+
+def decoded_items(body: bytes, action: str) -> list[RawObject]:
+    """The ``items`` of a list response body (`decoded_object`, `list_items`)."""
+    return list_items(decoded_object(body, action), action)
+
+
+def list_items(page: RawObject, action: str) -> list[RawObject]:
+    """The ``items`` of a decoded list; `errors.ApiError` naming `action` when they are not a
+    list of objects (never read as an empty list)."""
+    items = page.get("items") or []
+    if not isinstance(items, list) or not all(isinstance(item, dict) for item in items):
+        raise errors.ApiError(f"{action}: items is not a list of objects")
+    return items
 
 
 @contextlib.contextmanager

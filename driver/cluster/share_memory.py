@@ -24,15 +24,11 @@ from fractions import Fraction
 from typing import Any, Final
 
 from gpu_dra.driver.attributes import binary_si_quantity
+from gpu_dra.driver.cluster.tier_quota import SHARE_MEMORY
 from gpu_dra.driver.config.quantity import QuantityError, parse_quantity
 from gpu_dra.driver.jsonbounds import describe
 from gpu_dra.driver.shares import MEMORY, MIB
 
-SHARE_MEMORY: Final = "gpu.nvidia.com/share-memory"
-"""The ``spec.hard`` key of a namespace's GPU quota that limits its share memory."""
-QUOTA_LABEL: Final = "gpu.nvidia.com/tier-quota"
-"""The label (value ``"true"``) that makes a ResourceQuota the namespace's GPU quota."""
-QUOTA_SELECTOR: Final = f"{QUOTA_LABEL}=true"
 LEDGER_GRACE_S: Final = 120.0
 """How long an unconfirmed ledger entry (its claim never seen stored) of a claim that does not
 exist is kept: the claim may still be on its way to storage (admission answers first; other

@@ -19,6 +19,7 @@ from gpu_dra.controller.share_memory import (
     ledger_name,
 )
 from gpu_dra.driver.cluster import share_memory as sm
+from gpu_dra.driver.cluster.tier_quota import SHARE_MEMORY
 from gpu_dra.kube import errors
 
 GI = 2**30
@@ -128,7 +129,7 @@ class Clock:
 @pytest.fixture
 def api() -> FakeApi:
     fake = FakeApi()
-    quota = {"metadata": {"name": "gpu"}, "spec": {"hard": {sm.SHARE_MEMORY: "16Gi"}}}
+    quota = {"metadata": {"name": "gpu"}, "spec": {"hard": {SHARE_MEMORY: "16Gi"}}}
     fake.quotas[NAMESPACE] = [quota]
     return fake
 
@@ -281,7 +282,7 @@ def test_a_corrupt_ledger_or_quota_refuses_with_what_is_wrong(
     verdict = check.review(create(claim_object("s", "8Gi")))
     assert not verdict.allowed
     assert "ConfigMap gpu-dra-share-memory.team-a: entry 'x'" in verdict.message
-    api.quotas[NAMESPACE][0]["spec"]["hard"][sm.SHARE_MEMORY] = "plenty"
+    api.quotas[NAMESPACE][0]["spec"]["hard"][SHARE_MEMORY] = "plenty"
     verdict = check.review(create(claim_object("s", "8Gi")))
     assert "ResourceQuota gpu: spec.hard[gpu.nvidia.com/share-memory]" in verdict.message
 

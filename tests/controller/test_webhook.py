@@ -29,7 +29,7 @@ from gpu_dra.controller.webhook import (
     WebhookSetupError,
     serving,
 )
-from gpu_dra.driver.cluster.share_memory import SHARE_MEMORY
+from gpu_dra.driver.cluster.tier_quota import SHARE_MEMORY
 from tests.controller.test_share_memory import CLASSES, FakeApi
 from tests.controller.test_share_memory import claim_object as share_claim_object
 

@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from gpu_dra.driver.cluster import share_memory as sm
+from gpu_dra.driver.cluster.tier_quota import SHARE_MEMORY
 
 GI = 2**30
 MI = 2**20
@@ -128,12 +129,12 @@ def quota(name: str, hard: dict[str, Any]) -> dict[str, Any]:
 
 
 def test_limits_come_from_the_share_memory_key_and_a_bad_value_names_the_quota() -> None:
-    quotas = [quota("gpu", {sm.SHARE_MEMORY: "64Gi", "pods": "10"}), quota("other", {"pods": "1"})]
+    quotas = [quota("gpu", {SHARE_MEMORY: "64Gi", "pods": "10"}), quota("other", {"pods": "1"})]
     assert sm.share_memory_limits(quotas) == (sm.Limit("gpu", 64 * GI),)
     with pytest.raises(
         sm.ShareQuotaError, match=r"ResourceQuota gpu: spec.hard\[gpu.nvidia.com/share-memory\]"
     ):
-        sm.share_memory_limits([quota("gpu", {sm.SHARE_MEMORY: "much"})])
+        sm.share_memory_limits([quota("gpu", {SHARE_MEMORY: "much"})])
 
 
 LIMIT = (sm.Limit("gpu", 64 * GI),)
