@@ -20,24 +20,19 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from e2e import manifests as m
 from e2e.chart import (
-    CHART,
     NAMESPACE,
     PLUGIN_SELECTOR,
-    RELEASE,
+    chart_installed,
     chart_values,
     import_driver_image,
     pods,
     ready,
-    run_helm,
     wait_plugin_ready,
 )
-from e2e.chart import PROFILE as CHART_PROFILE
 from e2e.cluster import Cluster, versions
-from e2e.driver import Driver
 from e2e.kube import Kube, wait_for
 from e2e.nvidiadp import GPU_COUNT, DevicePlugin
 from e2e.workloads import wait_running
@@ -99,21 +94,11 @@ def migration_release(cluster: Cluster, kube: Kube, tmp_path: Path) -> Iterator[
     plugin["containers"]["gpus"]["env"].append(
         {"name": "GPU_DRA_GUARD_RECHECK_INTERVAL", "value": "2"}
     )
-    path = tmp_path / "values.yaml"
-    path.write_text(yaml.safe_dump(values))
-    Driver(cluster, kube, CHART_PROFILE).link_data_dir()
-    run_helm(
-        cluster, "install", RELEASE, str(CHART), f"--namespace={NAMESPACE}", "--create-namespace",
-        f"--values={path}",
-    )  # fmt: skip
-    try:
-        yield
-    finally:
-        node_label(cluster, None)
-        run_helm(cluster, "uninstall", RELEASE, f"--namespace={NAMESPACE}", "--wait")
-        wait_for("the chart's pods to be gone", lambda: not pods(kube, PLUGIN_SELECTOR), 120)
-        kube.delete("v1", "Namespace", NAMESPACE)
-        kube.wait_gone("v1", "Namespace", NAMESPACE, None, timeout=180)
+    with chart_installed(cluster, kube, values, tmp_path):
+        try:
+            yield
+        finally:
+            node_label(cluster, None)
 
 
 def test_a_node_moves_from_nvidias_device_plugin_to_gpu_dra_without_losing_a_pod(
