@@ -3,12 +3,13 @@
 A real grpc.aio client calls the plugin (``bench.plugin``: real PluginServer, NodeClaimPreparer,
 Checkpoint and CDI store on the simulated ``hgx-h100``) over its Unix socket, the way the kubelet
 does: prepare one claim, then unprepare it, one call at a time. Each iteration uses a new claim
-(claim ``i`` holds GPU ``i % 8``), so every prepare does the full work: claim files, CDI spec,
-checkpoint PrepareCompleted, each fsynced (a whole GPU has no PrepareStarted record,
-docs/architecture.md "Claims without a PrepareStarted record").
+(claim ``i`` holds GPU ``i % 8``), so every prepare does the full work: claim files, CDI spec
+(fsynced, on tmpfs by default), checkpoint PrepareCompleted (not fsynced: docs/architecture.md
+"Durable for the boot"; a whole GPU has no PrepareStarted record, "Claims without a
+PrepareStarted record").
 
 Timed per call, on the client: from sending the request to receiving the response (protobuf
-encoding, the socket, the servicer, the preparer, file I/O with fsync). Not included: the GET of
+encoding, the socket, the servicer, the preparer, file I/O). Not included: the GET of
 the claim from the API server (see ``bench/claims.py``). The first ``--warmup`` iterations are
 discarded.
 

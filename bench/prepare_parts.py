@@ -2,12 +2,13 @@
 
 Attributes the numbers of ``prepare_latency`` and ``prepare_throughput``:
 
-* ``Checkpoint.get`` / ``all`` / ``put`` with 0, 32, 64 and 128 other claims recorded (every
-  call re-reads and re-parses the whole file; ``put`` re-writes it, fsyncing file and directory);
+* ``Checkpoint.get`` / ``all`` / ``put`` with 0, 32, 64 and 128 other claims recorded (reads
+  use the parsed file kept in memory while the file is unchanged; ``put`` re-writes the whole
+  file, without fsync: docs/architecture.md, "Durable for the boot");
 * ``ClaimSpecStore.write`` of a one-device CDI spec, and its YAML dump alone, with PyYAML's
   pure-Python ``safe_dump`` (what cdi.py uses) and with libyaml's ``CSafeDumper``;
-* the checkpoint's JSON encoding at 64 entries with ``indent=2`` (what checkpoint.py uses, which
-  makes ``json`` fall back to its pure-Python encoder) and without;
+* the checkpoint's JSON encoding at 64 entries with ``indent=2`` (which makes ``json`` fall back
+  to its pure-Python encoder) and compact (what checkpoint.py writes);
 * ``NodeInventory.container_edits`` of a simulated GPU (it writes the device's fact file);
 * one ``asyncio.to_thread`` round trip, and one write + fsync of a small file and its directory;
 * one whole-GPU claim prepared and unprepared by the preparer as the plugin wires it, awaited in

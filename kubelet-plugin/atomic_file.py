@@ -1,8 +1,11 @@
 """Crash-safe replacement and removal of small files (checkpoint, CDI specs).
 
 A reader sees either the old or the new content, never a mix: the data goes to a temporary
-file in the same directory, is fsynced, renamed over the target, and the directory is
-fsynced so that the rename itself survives a power loss. Temporary files are named
+file in the same directory and is renamed over the target. A durable write (the default) also
+fsyncs the file before the rename and the directory after it, so that the new content survives
+a power loss; ``durable=False`` leaves that to the kernel's writeback, for files whose content
+is discarded after a reboot anyway (the checkpoint: docs/architecture.md, "Durable for the
+boot"). Temporary files are named
 ``.<target>.<random>.tmp``, which CDI spec scanners (``*.yaml``/``*.json``) ignore; a writer
 that dies before its rename leaves one, which `remove_temporaries` removes at start-up.
 """
@@ -25,11 +28,16 @@ TEMPORARY_SUFFIX: Final = ".tmp"
 
 
 def write_atomically(
-    path: Path, data: bytes, *, mode: int = 0o600, crash_point: str | None = None
+    path: Path,
+    data: bytes,
+    *,
+    mode: int = 0o600,
+    crash_point: str | None = None,
+    durable: bool = True,
 ) -> None:
     """Replace ``path`` with ``data``; on any failure the old file is left untouched.
     ``crash_point``: the `crash_points` name reached between the temporary file and the
-    rename (tests)."""
+    rename (tests). ``durable``: fsync the file and its directory (see the module docstring)."""
     directory = path.parent
     fd, temporary = tempfile.mkstemp(
         dir=directory, prefix=f".{path.name}.", suffix=TEMPORARY_SUFFIX
@@ -39,7 +47,8 @@ def write_atomically(
             os.fchmod(handle.fileno(), mode)
             handle.write(data)
             handle.flush()
-            os.fsync(handle.fileno())
+            if durable:
+                os.fsync(handle.fileno())
         if crash_point is not None:
             crash_points.reached(crash_point)
         os.replace(temporary, path)
@@ -47,7 +56,8 @@ def write_atomically(
         with contextlib.suppress(FileNotFoundError):
             os.unlink(temporary)
         raise
-    fsync_directory(directory)
+    if durable:
+        fsync_directory(directory)
 
 
 def remove_durably(path: Path) -> bool:

@@ -1,13 +1,17 @@
-"""The plugin's record of prepared claims: ``<data_dir>/gpu-dra-checkpoint.json``, durable.
+"""The plugin's record of prepared claims: ``<data_dir>/gpu-dra-checkpoint.json``.
 
 `Checkpoint` loads the file for this boot (one from an earlier boot is discarded), reads it, and
 changes one claim's entry at a time with `update` (`put` and `remove` are its shorthands). A
-change returns once a write containing it is durable; changes of concurrent threads share writes
-(group commit). Methods are thread-safe, serialize with other processes through ``flock`` on
-``<data_dir>/checkpoint.lock`` and block (call them through ``asyncio.to_thread``). Entries
-handed out are shared with the parsed file kept in memory: treat them as read-only. Plugin code
-changes claims only through `claim_records.ClaimRecords.update`. Format (`checkpoint_format`),
-group commit, caching and locking: docs/architecture.md, "The checkpoint".
+change returns once a write containing it is in the file, which every process on the node then
+reads; changes of concurrent threads share writes (group commit). The file is durable for the
+boot: writes are atomic but not fsynced, as a reboot discards the file anyway, and the boot
+marker ``<data_dir>/gpu-dra-checkpoint.boot``, written durably at `load`, tells a file a power
+loss left torn from a corrupt one. Methods are thread-safe, serialize with other processes
+through ``flock`` on ``<data_dir>/checkpoint.lock`` and block (call them through
+``asyncio.to_thread``). Entries handed out are shared with the parsed file kept in memory: treat
+them as read-only. Plugin code changes claims only through `claim_records.ClaimRecords.update`.
+Format (`checkpoint_format`), durability, group commit, caching and locking:
+docs/architecture.md, "The checkpoint".
 """
 
 from __future__ import annotations
@@ -49,6 +53,7 @@ from gpu_dra.kubelet_plugin.checkpoint_format import (
 
 __all__ = [
     "BOOT_ID_PATH",
+    "BOOT_MARKER_FILE",
     "CHECKPOINT_FILE",
     "LOCK_FILE",
     "SCHEMA_VERSION",
@@ -71,6 +76,9 @@ log = logging.getLogger(__name__)
 # Not NVIDIA's "checkpoint.json": a node switched from NVIDIA's plugin starts clean instead of
 # failing on a file of another format in the same directory.
 CHECKPOINT_FILE: Final = "gpu-dra-checkpoint.json"
+BOOT_MARKER_FILE: Final = "gpu-dra-checkpoint.boot"
+"""The boot ID of the last `Checkpoint.load`, written durably before the first write of that
+boot that is not."""
 LOCK_FILE: Final = "checkpoint.lock"
 BOOT_ID_PATH: Final = Path("/proc/sys/kernel/random/boot_id")
 
@@ -149,6 +157,7 @@ class Checkpoint:
     ) -> None:
         self.data_dir = data_dir
         self.path = data_dir / CHECKPOINT_FILE
+        self.marker_path = data_dir / BOOT_MARKER_FILE
         self.lock_path = data_dir / LOCK_FILE
         self._read_boot_id = boot_id
         self._lock_timeout_s = lock_timeout_s
@@ -167,39 +176,75 @@ class Checkpoint:
         """Open the checkpoint for this boot; call once before the other methods.
 
         A checkpoint from an earlier boot is replaced by an empty one and reported in the
-        result. Temporary files of interrupted writes of the checkpoint are removed (under the
-        lock, which every checkpoint writer holds); those of the data dir's other files are not,
-        as another plugin instance may be writing them (the preparer's recovery removes them
-        while no instance works). Raises :class:`CheckpointCorruptError` or
-        :class:`CheckpointVersionError` for a file it cannot trust.
+        result; so is one that cannot be read when the boot marker names an earlier boot (a
+        power loss cut its last write short). Then the marker is set to this boot, durably,
+        before any write that is not. Temporary files of interrupted writes of the checkpoint
+        and the marker are removed (under the lock, which every checkpoint writer holds); those
+        of the data dir's other files are not, as another plugin instance may be writing them
+        (the preparer's recovery removes them while no instance works). Raises
+        :class:`CheckpointCorruptError` or :class:`CheckpointVersionError` for a file it cannot
+        trust.
         """
         boot_id = self._read_boot_id()
         if not boot_id:
             raise CheckpointError("node boot ID is empty; cannot tell whether the node rebooted")
         self.data_dir.mkdir(mode=0o750, parents=True, exist_ok=True)
         with self._locked():
-            remove_temporaries(self.data_dir, lambda target: target == CHECKPOINT_FILE)
+            remove_temporaries(self.data_dir, lambda t: t in (CHECKPOINT_FILE, BOOT_MARKER_FILE))
             self._forget()  # the first read of this boot is a full one
-            document = self._read()
-            if document.boot_id is not None and document.boot_id != boot_id:
-                discarded = tuple(sorted(document.entries))
-                log.warning(
-                    "checkpoint is from an earlier boot, starting clean path=%s "
-                    "checkpoint_boot_id=%s boot_id=%s discarded_claims=%d",
-                    self.path,
-                    document.boot_id,
-                    boot_id,
-                    len(discarded),
-                )
-                self._write(Document(boot_id, {}, {}), boot_id)
-                self._boot_id = boot_id
-                return LoadResult({}, boot_id, document.boot_id, discarded)
-            if document.boot_id is None and self.path.exists():
-                log.info("checkpoint has no boot ID, adopting it path=%s", self.path)
-                self._write(document, boot_id)
+            marker = self._read_marker()
+            result = self._load_for(boot_id, marker)
+            if marker != boot_id:
+                write_atomically(self.marker_path, f"{boot_id}\n".encode(), mode=0o600)
             self._boot_id = boot_id
-            log.info("checkpoint loaded path=%s claims=%d", self.path, len(document.entries))
-            return LoadResult(dict(document.entries), boot_id)
+            return result
+
+    def _load_for(self, boot_id: str, marker: str | None) -> LoadResult:
+        """Read the file for boot ``boot_id``: kept, adopted or replaced (durably)."""
+        try:
+            document = self._read()
+        except CheckpointCorruptError as err:
+            if marker is None or marker == boot_id:
+                raise  # not torn by a power loss: no write of this boot skips the fsync before
+            log.warning(
+                "checkpoint of an earlier boot is unreadable, starting clean path=%s "
+                "marker_boot_id=%s boot_id=%s: %s",
+                self.path,
+                marker,
+                boot_id,
+                err,
+            )
+            self._write(Document(boot_id, {}, {}), boot_id, durable=True)
+            return LoadResult({}, boot_id, marker)
+        if document.boot_id is not None and document.boot_id != boot_id:
+            discarded = tuple(sorted(document.entries))
+            log.warning(
+                "checkpoint is from an earlier boot, starting clean path=%s "
+                "checkpoint_boot_id=%s boot_id=%s discarded_claims=%d",
+                self.path,
+                document.boot_id,
+                boot_id,
+                len(discarded),
+            )
+            self._write(Document(boot_id, {}, {}), boot_id, durable=True)
+            return LoadResult({}, boot_id, document.boot_id, discarded)
+        if document.boot_id is None and self.path.exists():
+            log.info("checkpoint has no boot ID, adopting it path=%s", self.path)
+            self._write(document, boot_id, durable=True)
+        log.info("checkpoint loaded path=%s claims=%d", self.path, len(document.entries))
+        return LoadResult(dict(document.entries), boot_id)
+
+    def _read_marker(self) -> str | None:
+        """The boot ID in the boot marker; None without one (no plugin of this version loaded
+        here yet: every write was durable) or when it is unreadable."""
+        try:
+            text = self.marker_path.read_text(encoding="ascii").strip()
+        except FileNotFoundError:
+            return None
+        except (OSError, UnicodeDecodeError) as err:
+            log.warning("boot marker unreadable, ignored path=%s: %s", self.marker_path, err)
+            return None
+        return text or None
 
     def get(self, uid: str) -> CheckpointEntry | None:
         self._require_loaded()
@@ -213,7 +258,7 @@ class Checkpoint:
 
     def update(self, uid: str, mutate: Mutation) -> CheckpointEntry | None:
         """Set the entry of ``uid`` to ``mutate(entry now, or None)``; None removes it. Returns
-        the entry kept (as a later read returns it) once that is on disk.
+        the entry kept (as a later read returns it) once that is in the file.
 
         ``mutate`` runs under the checkpoint's locks in the thread that writes the batch: it must
         be quick and must not call the checkpoint. What it raises, or `ValueError` for an entry
@@ -226,7 +271,7 @@ class Checkpoint:
         return change.result
 
     def put(self, entry: CheckpointEntry) -> None:
-        """Insert or replace the entry of ``entry.uid``; returns once that is on disk."""
+        """Insert or replace the entry of ``entry.uid``; returns once that is in the file."""
         boot_id = self._require_loaded()
         stored = as_read_back(entry)  # also refuses a value that is not JSON, before queueing
         change = _Change(entry.uid, lambda _: stored, check=False)
@@ -257,7 +302,7 @@ class Checkpoint:
             log.info("checkpoint removed claim_uid=%s", change.uid)
 
     def _commit(self, change: _Change, boot_id: str) -> None:
-        """Queue ``change``; return once a write containing it is durable (group commit)."""
+        """Queue ``change``; return once a write containing it is done (group commit)."""
         with self._queue:
             self._pending.append(change)
             while self._writing and not change.done:
@@ -303,7 +348,7 @@ class Checkpoint:
                     del document.entries[change.uid]
                 changed = changed or entry is not None or current is not None
             if changed:
-                self._write(document, boot_id)
+                self._write(document, boot_id, durable=False)
 
     def _require_loaded(self) -> str:
         if self._boot_id is None:
@@ -381,7 +426,8 @@ class Checkpoint:
         except SchemaError as err:
             raise self._corrupt(str(err)) from err
 
-    def _write(self, document: Document, boot_id: str) -> None:
+    def _write(self, document: Document, boot_id: str, *, durable: bool) -> None:
+        """Replace the file; ``durable`` only at `load`, before the boot marker is set."""
         data = encode_document(document, boot_id)
         self._forget()
         write_atomically(
@@ -389,6 +435,7 @@ class Checkpoint:
             (data + "\n").encode(),
             mode=0o600,
             crash_point=crash_points.CHECKPOINT_BEFORE_RENAME,
+            durable=durable,
         )
         # Nobody else writes while we hold the lock: what is there now is what we wrote.
         fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)

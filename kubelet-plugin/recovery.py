@@ -20,7 +20,12 @@ from gpu_dra.kubelet_plugin import crash_points
 from gpu_dra.kubelet_plugin.atomic_file import remove_temporaries
 from gpu_dra.kubelet_plugin.blocking import in_thread_to_completion
 from gpu_dra.kubelet_plugin.cdi import ClaimSpecStore
-from gpu_dra.kubelet_plugin.checkpoint import CHECKPOINT_FILE, CheckpointEntry, ClaimPhase
+from gpu_dra.kubelet_plugin.checkpoint import (
+    BOOT_MARKER_FILE,
+    CHECKPOINT_FILE,
+    CheckpointEntry,
+    ClaimPhase,
+)
 from gpu_dra.kubelet_plugin.claim_records import ClaimRecords
 from gpu_dra.kubelet_plugin.mig import MigError
 from gpu_dra.kubelet_plugin.mps import MpsError
@@ -117,9 +122,9 @@ def _sweep(tiers: Sequence[Tier], entries: Mapping[str, CheckpointEntry]) -> Non
 
 
 def _not_the_checkpoint(target: str) -> bool:
-    """Whether temporary files of writes of ``target`` are recovery's to remove (the
-    checkpoint's own are `Checkpoint.load`'s, under the checkpoint lock)."""
-    return target != CHECKPOINT_FILE
+    """Whether temporary files of writes of ``target`` are recovery's to remove (those of the
+    checkpoint and its boot marker are `Checkpoint.load`'s, under the checkpoint lock)."""
+    return target not in (CHECKPOINT_FILE, BOOT_MARKER_FILE)
 
 
 def missing_parts(
