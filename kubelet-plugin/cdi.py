@@ -316,7 +316,7 @@ class ClaimSpecStore:
         write_atomically(
             path, data.encode(), mode=SPEC_FILE_MODE, crash_point=crash_points.CDI_BEFORE_RENAME
         )
-        log.info("cdi spec written claim_uid=%s path=%s devices=%d", claim_uid, path, len(devices))
+        log.debug("cdi spec written claim_uid=%s path=%s devices=%d", claim_uid, path, len(devices))
         return path
 
     def make_mounts_read_only(self, claim_uid: str, host_paths: Collection[str]) -> list[str]:
@@ -356,7 +356,7 @@ class ClaimSpecStore:
         path = self.path_for(claim_uid)
         removed = remove_durably(path)
         if removed:
-            log.info("cdi spec removed claim_uid=%s path=%s", claim_uid, path)
+            log.debug("cdi spec removed claim_uid=%s path=%s", claim_uid, path)
         return removed
 
     def remove_temporaries(self) -> list[str]:

@@ -290,7 +290,7 @@ class Checkpoint:
     def _log(change: _Change) -> None:
         entry = change.result
         if entry is not None:
-            log.info(
+            log.debug(
                 "checkpoint put claim_uid=%s namespace=%s name=%s phase=%s devices=%d",
                 entry.uid,
                 entry.claim.namespace,
@@ -299,7 +299,7 @@ class Checkpoint:
                 len(entry.devices),
             )
         elif change.existed:
-            log.info("checkpoint removed claim_uid=%s", change.uid)
+            log.debug("checkpoint removed claim_uid=%s", change.uid)
 
     def _commit(self, change: _Change, boot_id: str) -> None:
         """Queue ``change``; return once a write containing it is done (group commit)."""

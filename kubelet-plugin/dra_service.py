@@ -208,13 +208,17 @@ def _pick(
         )
         return failure(f"{operation} returned no result for this claim (driver bug); retrying")
     result = outcome[claim.uid]
-    log.info(
+    ok = succeeded(result)
+    # A success is logged by the preparer ("prepared ..."/"unprepared ..."); a failure too, at
+    # WARNING or above, but this line names the claim as the kubelet asked for it.
+    log.log(
+        logging.DEBUG if ok else logging.INFO,
         "%s done claim_uid=%s namespace=%s name=%s ok=%s",
         operation,
         claim.uid,
         claim.namespace,
         claim.name,
-        succeeded(result),
+        ok,
     )
     return result
 
