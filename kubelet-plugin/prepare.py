@@ -7,20 +7,18 @@ the claim's GPU locks, `PrepareStarted` is recorded, the tiers apply, the CDI sp
 `recover()`. A new claim whose plans change nothing on the node (`TierPlan.changes_node`: whole
 GPUs, static MIG devices) gets no `PrepareStarted` record: what a crash leaves of it (its CDI
 spec and claim files) is removed by `recover()`, by its next prepare or by its unprepare.
-Unprepare works from the record alone. Records change only through `ClaimRecords.update`. See
-docs/architecture.md: "Prepare and unprepare", "Claims without a PrepareStarted record" and
-"Two instances on one node".
+Unprepare works from the record alone. Records change only through `ClaimRecords.update`; the
+locks (claim, GPUs, node-wide) are `prepare_locks.PrepareLocks`. See docs/architecture.md:
+"Prepare and unprepare", "Claims without a PrepareStarted record" and "Two instances on one node".
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import shutil
 import time
-import weakref
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,13 +31,7 @@ from gpu_dra.driver.config import (
 )
 from gpu_dra.driver.config.errors import DomainError
 from gpu_dra.driver.model import MigDevice, MigPartition
-from gpu_dra.driver.naming import (
-    InvalidNameError,
-    MigDeviceName,
-    gpu_device_name,
-    parse_device_name,
-    validate_claim_uid,
-)
+from gpu_dra.driver.naming import InvalidNameError, gpu_device_name, validate_claim_uid
 from gpu_dra.kubelet_plugin import crash_points
 from gpu_dra.kubelet_plugin.blocking import in_thread_to_completion
 from gpu_dra.kubelet_plugin.cdi import (
@@ -72,6 +64,7 @@ from gpu_dra.kubelet_plugin.claim_records import (
 from gpu_dra.kubelet_plugin.kubeapi import ClaimReader, ClaimReadError, ResourceClaim
 from gpu_dra.kubelet_plugin.node_devices import NodeInventory
 from gpu_dra.kubelet_plugin.plugin_instances import PluginInstance
+from gpu_dra.kubelet_plugin.prepare_locks import PrepareLocks, lock_names
 from gpu_dra.kubelet_plugin.prepare_protocol import ClaimRef, PreparedDevice, PrepareResult
 from gpu_dra.kubelet_plugin.recovery import TIER_ERRORS, UNDOING, missing_parts, recover_claims
 from gpu_dra.kubelet_plugin.tiers.assembly import NodeTiers
@@ -129,7 +122,7 @@ class NodeClaimPreparer:
         self._claims = claims
         self._uncached_claims = uncached_claims
         self._instance = instance
-        self._recovery_wait_s = recovery_wait_s
+        self._locks = PrepareLocks(instance, recovery_wait_s)
         self._records = records
         self._cdi = cdi
         self._data_dir = records.data_dir
@@ -141,13 +134,6 @@ class NodeClaimPreparer:
         self._dynamic_mig = tiers.dynamic_mig
         self.shared_daemons = tiers.shared_daemons
         """The shared MPS daemons of the share tier (None without MPS), for the warmer."""
-        # Locks live while someone holds them: no growth with the number of claims ever seen.
-        self._device_locks: weakref.WeakValueDictionary[str, asyncio.Lock] = (
-            weakref.WeakValueDictionary()
-        )
-        self._claim_locks: weakref.WeakValueDictionary[str, asyncio.Lock] = (
-            weakref.WeakValueDictionary()
-        )
 
     # ---- ClaimPreparer -------------------------------------------------------------------------
     async def prepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, PrepareResult]:
@@ -169,7 +155,7 @@ class NodeClaimPreparer:
         would be taken for a leftover. Other instances' calls are waited for (the node lock,
         exclusive); their `PrepareStarted` and `UnprepareStarted` records, and what those name,
         are left to them while they run."""
-        async with self._exclusive():
+        async with self._locks.exclusive():
             await recover_claims(
                 records=self._records,
                 tiers=self._tiers,
@@ -185,7 +171,7 @@ class NodeClaimPreparer:
         GPUs still not swept (UUID -> why)."""
         names = {gpu.uuid: gpu_device_name(gpu.minor) for gpu in self._inventory.gpus}
         for uuid in sorted(self._dynamic_mig.unswept()):
-            async with self._operation(), self._locked_devices([names[uuid]]):
+            async with self._locks.operation(), self._locks.devices([names[uuid]]):
                 why = await in_thread_to_completion(self._dynamic_mig.sweep_again, uuid)
             if why is not None:
                 log.warning("mig sweep of gpu_uuid=%s failed again: %s", uuid, why)
@@ -200,7 +186,7 @@ class NodeClaimPreparer:
         where = f"claim {claim.namespace}/{claim.name} ({claim.uid})"
         try:
             validate_claim_uid(claim.uid)
-            async with self._operation(), self._claim_lock(claim.uid):
+            async with self._locks.operation(), self._locks.claim(claim.uid):
                 devices = await self._prepare_locked(claim)
         except (PrepareError, ConfigError, InvalidNameError) as error:
             log.warning("prepare failed claim_uid=%s error=%s", claim.uid, error)
@@ -245,7 +231,7 @@ class NodeClaimPreparer:
             else:
                 log.info("%s claim_uid=%s", UNDOING[existing.phase], claim.uid)
             try:
-                async with self._locked_devices(self._lock_names(existing)):
+                async with self._locks.devices(lock_names(existing)):
                     await in_thread_to_completion(self._undo, claim.uid)
                 resource_claim = await asyncio.to_thread(self._read_claim, claim)
                 # The kubelet may still run containers with what the undone record handed out:
@@ -267,7 +253,7 @@ class NodeClaimPreparer:
         request = self._request(claim, resource_claim)
         plans = self._plan(request)
         record = record or any(plan.changes_node for plan in plans)
-        async with self._locked_devices([r.device for r in request.results]):
+        async with self._locks.devices([r.device for r in request.results]):
             return await in_thread_to_completion(self._check_and_commit, request, plans, record)
 
     def _request(self, claim: ClaimRef, resource_claim: ResourceClaim) -> ClaimRequest:
@@ -397,11 +383,11 @@ class NodeClaimPreparer:
     async def _unprepare_one(self, claim: ClaimRef) -> str | None:
         try:
             validate_claim_uid(claim.uid)
-            async with self._operation(), self._claim_lock(claim.uid):
+            async with self._locks.operation(), self._locks.claim(claim.uid):
                 entry = await asyncio.to_thread(self._entry_or_leftovers, claim.uid)
                 if entry is None:
                     return None
-                async with self._locked_devices(self._lock_names(entry)):
+                async with self._locks.devices(lock_names(entry)):
                     await in_thread_to_completion(self._undo, claim.uid)
         except (InvalidNameError, OSError, DomainError, CheckpointError, *TIER_ERRORS) as error:
             log.exception("unprepare failed claim_uid=%s", claim.uid)
@@ -504,72 +490,8 @@ class NodeClaimPreparer:
             results.append(result)
         return results
 
-    # ---- locks -----------------------------------------------------------------------------------
-    def _lock_names(self, entry: CheckpointEntry) -> list[str]:
-        """The devices whose locks an undo of ``entry`` takes: those it records (a
-        `PrepareStarted` entry of schema 1 records none; recovery, under the exclusive node
-        lock, rolls those back before this instance serves)."""
-        return sorted({d.device_name for d in entry.devices})
-
-    @contextlib.asynccontextmanager
-    async def _operation(self) -> AsyncIterator[None]:
-        """One claim's prepare or unprepare: the node lock, shared (recovery takes it
-        exclusive)."""
-        if self._instance is None:
-            yield
-            return
-        async with self._instance.locks.operation():
-            yield
-
-    @contextlib.asynccontextmanager
-    async def _exclusive(self) -> AsyncIterator[None]:
-        if self._instance is None:
-            yield
-            return
-        async with self._instance.locks.exclusive(self._recovery_wait_s):
-            yield
-
-    @contextlib.asynccontextmanager
-    async def _claim_lock(self, uid: str) -> AsyncIterator[None]:
-        lock = self._claim_locks.get(uid)
-        if lock is None:
-            lock = self._claim_locks[uid] = asyncio.Lock()
-        async with lock:
-            if self._instance is None:
-                yield
-                return
-            async with self._instance.locks.claim(uid):
-                yield
-
-    @contextlib.asynccontextmanager
-    async def _locked_devices(self, devices: Sequence[str]) -> AsyncIterator[None]:
-        """The locks of the GPUs ``devices`` are on (a MIG device's is its parent's: a whole GPU
-        and a MIG device of it are checked one after the other), in name order; node-wide
-        too with an instance."""
-        names = sorted({_gpu_of(device) for device in devices})
-        async with contextlib.AsyncExitStack() as stack:
-            held = []  # strong references while held
-            for name in names:
-                lock = self._device_locks.get(name)
-                if lock is None:
-                    lock = self._device_locks[name] = asyncio.Lock()
-                held.append(lock)
-                await stack.enter_async_context(lock)
-            if self._instance is not None:
-                await stack.enter_async_context(self._instance.locks.devices(names))
-            yield
-
 
 def _failure(message: str, error: BaseException) -> PrepareResult:
     """The failed result with ``message``, and the context notes ``error`` carries."""
     notes = getattr(error, "__notes__", [])
     return PrepareResult.failure("".join([message, *(f" [{note}]" for note in notes)]))
-
-
-def _gpu_of(device: str) -> str:
-    """``gpu-<minor>`` of a GPU or MIG device name (any other name as it is)."""
-    try:
-        name = parse_device_name(device)
-    except InvalidNameError:
-        return device
-    return gpu_device_name(name.parent_minor) if isinstance(name, MigDeviceName) else device

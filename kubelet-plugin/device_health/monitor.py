@@ -8,12 +8,12 @@ worker thread (``wait_timeout_ms`` at a time); it reads the GPUs' ECC counters t
 and marks the ones that answer so as lost. A GPU that cannot be registered is "unmonitored"
 (health Unknown, no taint); repeated wait failures make every GPU so until a wait works again.
 With MPS shares, every ``mps_interval_s`` and at once on `mps_changed`, the `MpsLiveness`
-verdicts (the MPS daemon supervisor's) mark the share device of a GPU whose shared daemon is
-down. Listeners (`add_listener`) get every new per-device snapshot: `__main__` republishes the
-slices with taints, the DRA health service streams it. With a `HealthRecord`, NVML's problems
-are kept on disk: the monitor starts from the recorded ones (a restarted plugin keeps a GPU's
-taints), writes every change of them, and applies the operator's clear requests
-(`record.request_clear`). See docs/architecture.md, "Health monitor".
+verdicts (the MPS daemon supervisor's, read by `mps_watch.MpsWatch`) mark the share device of a
+GPU whose shared daemon is down. Listeners (`add_listener`) get every new per-device snapshot:
+`__main__` republishes the slices with taints, the DRA health service streams it. With a
+`HealthRecord`, NVML's problems are kept on disk: the monitor starts from the recorded ones (a
+restarted plugin keeps a GPU's taints), writes every change of them, and applies the operator's
+clear requests (`record.request_clear`). See docs/architecture.md, "Health monitor".
 """
 
 from __future__ import annotations
@@ -60,6 +60,7 @@ from gpu_dra.driver.nvml.interface import (
 )
 from gpu_dra.kubelet_plugin.device_health.ecc import EccWatch
 from gpu_dra.kubelet_plugin.device_health.monitor_inputs import MonitorTiming, MpsLiveness
+from gpu_dra.kubelet_plugin.device_health.mps_watch import MpsWatch
 from gpu_dra.kubelet_plugin.device_health.record import HealthRecord, split_by_gpu
 
 log = logging.getLogger(__name__)
@@ -123,10 +124,9 @@ class HealthMonitor:
         self._ecc = EccWatch(nvml, list(self._gpus))
         self._scopes = tuple(scopes)
         self._policy = policy
-        self._shared_gpus = tuple(shared_gpus)
-        self._shared_migs = dict(shared_migs or {})
-        self._partition_daemons = partition_daemons
-        self._mps = mps
+        self._mps = (
+            None if mps is None else MpsWatch(mps, shared_gpus, shared_migs, partition_daemons)
+        )
         self._timing = timing or MonitorTiming()
         self._clock = clock
         self._record = record
@@ -144,8 +144,6 @@ class HealthMonitor:
         self._listeners: list[Listener] = []
         self._stopping = asyncio.Event()
         self._started = asyncio.Event()
-        self._mps_dead: set[str] = set()
-        self._mps_poke = asyncio.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._registration_problems: set[str] = set()
         self._report_unwatched = report_unwatched
@@ -205,8 +203,8 @@ class HealthMonitor:
         """Read the MPS liveness now, not at the next interval (a daemon went down or came
         back). Any thread; before `run` it does nothing."""
         loop = self._loop
-        if loop is not None:
-            loop.call_soon_threadsafe(self._mps_poke.set)
+        if loop is not None and self._mps is not None:
+            loop.call_soon_threadsafe(self._mps.poke)
 
     async def run(self) -> None:
         """Watch until `stop`; NVML is initialised for the monitor's lifetime."""
@@ -223,10 +221,9 @@ class HealthMonitor:
         if event_set is not None:
             self._beat("nvml")
             workers.append(asyncio.create_task(self._watch_events(event_set), name="health-nvml"))
-        watched = self._shared_gpus or self._shared_migs or self._partition_daemons is not None
-        if self._mps is not None and watched:
+        if self._mps is not None and self._mps.watches_any:
             self._beat("mps")
-            workers.append(asyncio.create_task(self._watch_mps(), name="health-mps"))
+            workers.append(asyncio.create_task(self._watch_mps(self._mps), name="health-mps"))
         if event_set is not None:
             workers.append(asyncio.create_task(self._watch_ecc(), name="health-ecc"))
         if self._unwatched and self._report_unwatched is not None:
@@ -430,46 +427,13 @@ class HealthMonitor:
             self._set_state(state)
 
     # ---- MPS ----------------------------------------------------------------------------------
-    async def _watch_mps(self) -> None:
-        assert self._mps is not None
+    async def _watch_mps(self, mps: MpsWatch) -> None:
+        """Take the share daemons' verdicts at once, then after every `MpsWatch.pause`."""
         while not self._stopping.is_set():
-            try:
-                dead, migs = await asyncio.to_thread(self._mps_verdicts)
-            except Exception:
-                log.exception("health: checking the MPS share daemons failed")
-            else:
+            if await mps.check():
                 self._beat("mps")
-                for uuid in sorted(set(dead) - self._mps_dead):
-                    log.warning("health: MPS daemon of GPU %s not running: %s", uuid, dead[uuid])
-                for uuid in sorted(self._mps_dead - set(dead)):
-                    log.info("health: MPS daemon of GPU %s is no longer judged dead", uuid)
-                self._mps_dead = set(dead)
-                state = self._state.with_mps_daemons(self._shared_gpus, dead, self._clock(), migs)
-                self._set_state(state)
-            await self._pause_mps()
-
-    def _mps_verdicts(self) -> tuple[Mapping[str, str], Mapping[str, Target]]:
-        """The down share daemons (UUID -> why) and the MIG devices whose daemons count: the
-        static ones offered, and those made from partitions offered (blocking)."""
-        assert self._mps is not None
-        dead = self._mps.dead_shared_daemons()
-        partitions = self._partition_daemons() if self._partition_daemons is not None else {}
-        return dead, {**self._shared_migs, **partitions}
-
-    async def _pause_mps(self) -> None:
-        """Until the MPS interval passed, `mps_changed` was called or the monitor stops."""
-        waits = [
-            asyncio.ensure_future(self._stopping.wait()),
-            asyncio.ensure_future(self._mps_poke.wait()),
-        ]
-        try:
-            await asyncio.wait(
-                waits, timeout=self._timing.mps_interval_s, return_when=asyncio.FIRST_COMPLETED
-            )
-        finally:
-            for wait in waits:
-                wait.cancel()
-        self._mps_poke.clear()
+                self._set_state(mps.applied_to(self._state, self._clock()))
+            await mps.pause(self._stopping, self._timing.mps_interval_s)
 
     async def _watch_ecc(self) -> None:
         """Read the ECC counters at once and every ``ecc_interval_s`` (`ecc.EccWatch`)."""
