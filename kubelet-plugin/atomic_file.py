@@ -3,16 +3,21 @@
 A reader sees either the old or the new content, never a mix: the data goes to a temporary
 file in the same directory and is renamed over the target. A durable write (the default) also
 fsyncs the file before the rename and the directory after it, so that the new content survives
-a power loss; ``durable=False`` leaves that to the kernel's writeback, for files whose content
+a power loss. ``durable=False`` leaves that to the kernel's writeback, for files whose content
 is discarded after a reboot anyway (the checkpoint: docs/architecture.md, "Durable for the
-boot"). Temporary files are named
-``.<target>.<random>.tmp``, which CDI spec scanners (``*.yaml``/``*.json``) ignore; a writer
-that dies before its rename leaves one, which `remove_temporaries` removes at start-up.
+boot"); it swaps the files (``renameat2`` with ``RENAME_EXCHANGE``) and removes the old one,
+because ext4 starts writing back a file renamed over another at the rename, which the write
+would then wait for, and falls back to the rename where the swap is not available. Temporary
+files are named ``.<target>.<random>.tmp``, which CDI spec scanners (``*.yaml``/``*.json``)
+ignore; a writer that dies before its rename, or after a swap before the removal, leaves one,
+which `remove_temporaries` removes at start-up.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import errno
 import logging
 import os
 import tempfile
@@ -25,6 +30,45 @@ from gpu_dra.kubelet_plugin import crash_points
 log = logging.getLogger(__name__)
 
 TEMPORARY_SUFFIX: Final = ".tmp"
+_AT_FDCWD: Final = -100  # <fcntl.h>
+_RENAME_EXCHANGE: Final = 2  # <linux/fs.h>
+_NO_EXCHANGE: Final = frozenset({errno.ENOENT, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP})
+"""What ``renameat2`` answers when it cannot swap (no target yet, a file system or kernel
+without ``RENAME_EXCHANGE``): rename instead."""
+
+
+def _load_renameat2() -> Callable[[int, bytes, int, bytes, int], int] | None:
+    try:
+        function = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):  # a C library without it (glibc before 2.28)
+        return None
+    function.argtypes = (
+        ctypes.c_int,
+        ctypes.c_char_p,
+        ctypes.c_int,
+        ctypes.c_char_p,
+        ctypes.c_uint,
+    )
+    function.restype = ctypes.c_int
+    renameat2: Callable[[int, bytes, int, bytes, int], int] = function
+    return renameat2
+
+
+_renameat2 = _load_renameat2()
+
+
+def exchange(first: str | Path, second: str | Path) -> bool:
+    """Swap the two files atomically; False, and nothing changed, when this kernel, C library
+    or file system cannot, or when ``second`` does not exist."""
+    if _renameat2 is None:
+        return False
+    first_name, second_name = os.fsencode(first), os.fsencode(second)
+    if _renameat2(_AT_FDCWD, first_name, _AT_FDCWD, second_name, _RENAME_EXCHANGE) == 0:
+        return True
+    error = ctypes.get_errno()
+    if error in _NO_EXCHANGE:
+        return False
+    raise OSError(error, os.strerror(error), os.fsdecode(second))
 
 
 def write_atomically(
@@ -51,13 +95,26 @@ def write_atomically(
                 os.fsync(handle.fileno())
         if crash_point is not None:
             crash_points.reached(crash_point)
-        os.replace(temporary, path)
+        swapped = not durable and exchange(temporary, path)
+        if not swapped:
+            os.replace(temporary, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(temporary)
         raise
+    if swapped:
+        _remove_old_content(temporary)
     if durable:
         fsync_directory(directory)
+
+
+def _remove_old_content(temporary: str) -> None:
+    """Remove what a swap left under the temporary name: the target's old content. The write
+    is done whatever happens here; a file left is removed at the next start."""
+    try:
+        os.unlink(temporary)
+    except OSError as error:
+        log.warning("old content of a replaced file left path=%s: %s", temporary, error)
 
 
 def remove_durably(path: Path) -> bool:
