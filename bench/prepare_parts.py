@@ -13,7 +13,11 @@ Attributes the numbers of ``prepare_latency`` and ``prepare_throughput``:
 * one ``asyncio.to_thread`` round trip, and one write + fsync of a small file and its directory;
 * one whole-GPU claim prepared and unprepared by the preparer as the plugin wires it, awaited in
   this process (no gRPC, no servicer, no logging set up): wall time per call (median), CPU of the
-  process per prepare + unprepare, and the fsyncs each makes (independent of the machine's load).
+  process per prepare + unprepare, and the fsyncs each makes (independent of the machine's load);
+* the parts of those prepares, each timed where it runs (``part_*``, median ms): checkpoint
+  lookup and claim read, config resolve, planning, check and commit, and inside the commit the
+  claim directory, a simulated GPU's fact file, the CDI spec and the checkpoint's write (the
+  metrics docs/performance.md's table of one prepare's parts comes from).
 
 The checkpoint lives in ``$TMPDIR`` (disk, as under /var/lib/kubelet on a node), the CDI specs
 on /dev/shm (tmpfs, as /var/run/cdi), like ``bench/plugin.py``'s default layout.
@@ -25,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import functools
 import json
 import os
@@ -34,7 +39,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Final
 
@@ -46,8 +51,11 @@ from bench.report import Reporter
 from gpu_dra.driver.discovery import discover_gpus
 from gpu_dra.driver.naming import gpu_device_name
 from gpu_dra.driver.nvml.simulated import SimulatedHost
+from gpu_dra.kubelet_plugin import checkpoint as checkpoint_module
+from gpu_dra.kubelet_plugin import prepare as prepare_module
 from gpu_dra.kubelet_plugin.cdi import CdiDevice, ClaimSpecStore, build_claim_spec
 from gpu_dra.kubelet_plugin.checkpoint import Checkpoint, CheckpointEntry, ClaimPhase
+from gpu_dra.kubelet_plugin.claim_records import ClaimRecords
 from gpu_dra.kubelet_plugin.node_devices import NodeInventory
 from gpu_dra.kubelet_plugin.prepare_protocol import ClaimRef, PreparedDevice
 
@@ -213,6 +221,97 @@ def preparer_costs(reporter: Reporter, directory: Path, iterations: int) -> None
     reporter.metric("preparer_fsyncs_per_unprepare", statistics.median(unprepare_fsyncs), "fsyncs")
 
 
+PREPARER_PARTS: Final = (
+    # (metric, owner, attribute): what is timed, where it is looked up.
+    ("part_lookup_and_claim_read", prepare_module.NodeClaimPreparer, "_lookup"),
+    ("part_config_resolve", prepare_module.NodeClaimPreparer, "_request"),
+    ("part_planning", prepare_module.NodeClaimPreparer, "_plan"),
+    ("part_check_and_commit", prepare_module.NodeClaimPreparer, "_check_and_commit"),
+    ("part_others_records", ClaimRecords, "others"),
+    ("part_claim_files_and_cdi_spec", prepare_module.NodeClaimPreparer, "_write_spec"),
+    ("part_simulated_fact_file", NodeInventory, "container_edits"),
+    ("part_cdi_spec", ClaimSpecStore, "write"),
+    ("part_checkpoint_file_write", checkpoint_module, "write_atomically"),
+)
+
+
+@contextlib.contextmanager
+def timed_parts(samples: dict[str, list[float]]) -> Iterator[None]:
+    """Time every call of the `PREPARER_PARTS` (ms, into ``samples``) while in the block."""
+    originals = [(owner, name, getattr(owner, name)) for _, owner, name in PREPARER_PARTS]
+
+    def timer(metric: str, original: Callable[..., Any]) -> Callable[..., Any]:
+        if asyncio.iscoroutinefunction(original):
+
+            async def timed_async(*args: Any, **kwargs: Any) -> Any:
+                started = time.perf_counter()
+                try:
+                    return await original(*args, **kwargs)
+                finally:
+                    samples[metric].append((time.perf_counter() - started) * 1000)
+
+            return timed_async
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            started = time.perf_counter()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                samples[metric].append((time.perf_counter() - started) * 1000)
+
+        return timed
+
+    for (metric, owner, name), (_, _, original) in zip(PREPARER_PARTS, originals, strict=True):
+        samples[metric] = []
+        setattr(owner, name, timer(metric, original))
+    try:
+        yield
+    finally:
+        for owner, name, original in originals:
+            setattr(owner, name, original)
+
+
+def preparer_parts(reporter: Reporter, directory: Path, iterations: int) -> None:
+    """`PREPARER_PARTS` of ``iterations`` whole-GPU prepares (each claim unprepared after it;
+    the checkpoint writes of unprepares are left out), and the prepare itself."""
+    warmup = max(iterations // 10, 5)
+    cdi_root = Path(tempfile.mkdtemp(prefix="gpu-dra-bench-cdi-", dir=DEFAULT_CDI_PARENT))
+    preparer, instance, _ = bench_preparer(
+        directory / "parts", cdi_root, "hgx-h100", iterations + warmup
+    )
+    samples: dict[str, list[float]] = {}
+    prepare_ms: list[float] = []
+
+    async def run() -> None:
+        await preparer.recover()
+        for index in range(iterations + warmup):
+            claim = claim_ref(index)
+            if index == warmup:
+                for values in samples.values():
+                    values.clear()
+            started = time.perf_counter()
+            results = await preparer.prepare([claim])
+            if index >= warmup:
+                prepare_ms.append((time.perf_counter() - started) * 1000)
+            if not results[claim.uid].ok:
+                raise RuntimeError(f"prepare failed: {results[claim.uid]}")
+            writes = len(samples["part_checkpoint_file_write"])
+            errors = await preparer.unprepare([claim])
+            del samples["part_checkpoint_file_write"][writes:]
+            if errors[claim.uid] is not None:
+                raise RuntimeError(f"unprepare failed: {errors[claim.uid]}")
+
+    try:
+        with timed_parts(samples):
+            asyncio.run(run())
+    finally:
+        instance.close()
+        shutil.rmtree(cdi_root, ignore_errors=True)
+    reporter.metric("part_prepare_total", statistics.median(prepare_ms), "ms")
+    for metric, _, _ in PREPARER_PARTS:
+        reporter.metric(metric, statistics.median(samples[metric]), "ms")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=100, help="calls per batch (100)")
@@ -236,6 +335,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         cdi_costs(reporter, inventory, directory, args.calls)
         io_costs(reporter, directory, args.calls)
         preparer_costs(reporter, directory, args.prepares)
+        preparer_parts(reporter, directory, args.prepares)
     return 0
 
 
