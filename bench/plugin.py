@@ -49,6 +49,7 @@ from gpu_dra.kubelet_plugin.node_devices import NodeInventory
 from gpu_dra.kubelet_plugin.plugin_instances import InstanceRegistry, PluginInstance
 from gpu_dra.kubelet_plugin.plugin_sockets import PluginServer
 from gpu_dra.kubelet_plugin.prepare import NodeClaimPreparer
+from gpu_dra.kubelet_plugin.simulated_facts import SIMULATED_FACTS_DIR, SharedFactFiles
 from gpu_dra.kubelet_plugin.tiers.assembly import node_tiers
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -217,7 +218,9 @@ def bench_preparer(
     ``0..claim_count-1``; with its plugin instance (close it) and the GPUs' device names."""
     host = SimulatedHost.load(machine, NODE_NAME)
     gpus = discover_gpus(host.nvml, host.pci)
-    inventory = NodeInventory(tuple(gpus), simulated=True)
+    inventory = NodeInventory(
+        tuple(gpus), simulated=True, fact_files=SharedFactFiles(state_dir / SIMULATED_FACTS_DIR)
+    )
     devices = [gpu_device_name(gpu.minor) for gpu in inventory.gpus]
     checkpoint = Checkpoint(state_dir)
     checkpoint.load()

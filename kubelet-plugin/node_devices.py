@@ -32,6 +32,7 @@ from gpu_dra.kubelet_plugin.nvidia_userspace import (
     gpu_device_edits,
     mig_capability_nodes,
 )
+from gpu_dra.kubelet_plugin.simulated_facts import SharedFactFiles
 
 # Where simulated devices' fact files appear inside containers.
 CONTAINER_DEVICE_DIR = "/run/gpu-dra/devices"
@@ -170,6 +171,9 @@ class NodeInventory:
     (`shares.default_share`), for every kind of offered device."""
     cdi_hook_path: str = DEFAULT_CDI_HOOK_PATH
     disabled_cdi_hooks: frozenset[str] = frozenset()
+    fact_files: SharedFactFiles | None = None
+    """Simulated only: where the fact files of the node's own devices are kept and linked from
+    (`simulated_facts`); without it each claim gets a file of its own."""
     _by_name: dict[str, PublishedDevice] = field(
         init=False, repr=False, compare=False, default_factory=dict
     )
@@ -222,6 +226,7 @@ class NodeInventory:
         share_replicas: int = shares.DEFAULT_SHARE_REPLICAS,
         cdi_hook_path: str = DEFAULT_CDI_HOOK_PATH,
         disabled_cdi_hooks: frozenset[str] = frozenset(),
+        fact_files: SharedFactFiles | None = None,
     ) -> NodeInventory:
         """The inventory of what `discover_devices` found (with ``mig_profiles=dynamic_mig``);
         `mps_shares` picks the GPUs offered as MPS shares, `capped_shares` those offered as
@@ -272,6 +277,7 @@ class NodeInventory:
             share_replicas=share_replicas,
             cdi_hook_path=cdi_hook_path,
             disabled_cdi_hooks=disabled_cdi_hooks,
+            fact_files=fact_files,
         )
 
     def _offered(self) -> list[PublishedDevice]:
@@ -384,8 +390,15 @@ class NodeInventory:
                 scopes.append(DeviceScope(device["name"], found.uuid))
         return scopes
 
+    def _discovered(self, device: InventoryDevice) -> bool:
+        """Whether ``device`` is one the node had at start (not a MIG device made since)."""
+        if isinstance(device, Gpu):
+            return True
+        return any(static.uuid == device.uuid for static in self.mig_devices)
+
     def container_edits(self, device: InventoryDevice, claim_dir: Path) -> ContainerEdits:
-        """Edits for one device; simulated ones write their fact file under `claim_dir`.
+        """Edits for one device; simulated ones get their fact file under `claim_dir` (linked
+        from `fact_files` for a device of the node's own, written for a MIG device made).
 
         Real devices get their own device nodes only (those missing under the ``/dev`` root are
         left out and logged); the driver's common edits are `nvidia_userspace.CommonEdits`.
@@ -407,8 +420,12 @@ class NodeInventory:
             env = {f"{prefix}_UUID": gpu.uuid, f"{prefix}_PRODUCT": gpu.product_name}
         if self.simulated:
             facts = claim_dir / f"{name}.json"
-            facts.write_text(json.dumps(_facts(device), indent=2, sort_keys=True) + "\n")
-            facts.chmod(0o644)
+            text = json.dumps(_facts(device), indent=2, sort_keys=True) + "\n"
+            if self.fact_files is not None and self._discovered(device):
+                self.fact_files.link(name, text, facts)
+            else:
+                facts.write_text(text)
+                facts.chmod(0o644)
             return ContainerEdits(
                 env={**env, f"{prefix}_SIMULATED": "true"},
                 mounts=(

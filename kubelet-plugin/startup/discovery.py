@@ -20,6 +20,7 @@ from gpu_dra.kubelet_plugin.mig.claims import DynamicMig
 from gpu_dra.kubelet_plugin.node_devices import NodeInventory
 from gpu_dra.kubelet_plugin.node_locks import NodeLocks
 from gpu_dra.kubelet_plugin.settings import KubeletPluginSettings
+from gpu_dra.kubelet_plugin.simulated_facts import SIMULATED_FACTS_DIR, SharedFactFiles
 from gpu_dra.kubelet_plugin.startup import StartupError
 from gpu_dra.kubelet_plugin.startup.userspace import driver_root
 
@@ -148,6 +149,11 @@ def node_inventory(settings: KubeletPluginSettings, devices: NodeDevices) -> Nod
         mig_policy=settings.dynamic_mig_profiles,
         cdi_hook_path=settings.nvidia_cdi_hook_path,
         disabled_cdi_hooks=settings.disable_cdi_hooks,
+        fact_files=(
+            None
+            if settings.simulate is None
+            else SharedFactFiles(settings.state_dir / SIMULATED_FACTS_DIR)
+        ),
     )
     log.info(
         "discovered %d GPU(s) (%d left out) and %d MIG device(s) node=%s simulated=%s "

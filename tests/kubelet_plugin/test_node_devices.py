@@ -32,6 +32,7 @@ from gpu_dra.kubelet_plugin.node_devices import (
 )
 from gpu_dra.kubelet_plugin.nvidia_driver_root import DriverRoot, DriverUserspaceError
 from gpu_dra.kubelet_plugin.prepare_protocol import ClaimRef
+from gpu_dra.kubelet_plugin.simulated_facts import SharedFactFiles
 from tests.fakes.claim_reader import InMemoryClaimReader, allocation_result, resource_claim
 from tests.kubelet_plugin.nodes import new_preparer
 
@@ -654,3 +655,86 @@ def test_static_mig_devices_offered_as_shares_unless_dynamic_mig_partitions_thei
             dynamic_mig=True,
             mps_shares_on_mig=MigShareSelection.parse(found.mig_devices[0].uuid),
         )
+
+
+# --- fact files shared through hard links (simulated devices the node has from its start) ---
+
+
+def test_claims_of_a_discovered_gpu_link_one_durably_written_fact_file(
+    gpus: tuple[Gpu, ...], tmp_path: Path
+) -> None:
+    shared_dir = tmp_path / "simulated-facts"
+    inventory = NodeInventory(gpus, simulated=True, fact_files=SharedFactFiles(shared_dir))
+    gpu = gpu_named(inventory, "gpu-6")
+    claims = [tmp_path / "claims" / uid for uid in ("a", "b")]
+    for claim_dir in claims:
+        claim_dir.mkdir(parents=True)
+        (mount,) = inventory.container_edits(gpu, claim_dir).mounts
+        assert mount.host_path == str(claim_dir / "gpu-6.json")
+        assert mount.container_path == "/run/gpu-dra/devices/gpu-6.json"
+
+    (shared,) = shared_dir.iterdir()
+    assert shared.name.startswith("gpu-6-")
+    assert shared.name.endswith(".json")
+    first, second = (claim_dir / "gpu-6.json" for claim_dir in claims)
+    assert first.stat().st_ino == second.stat().st_ino == shared.stat().st_ino
+    assert shared.stat().st_nlink == 3
+    assert stat.S_IMODE(shared.stat().st_mode) == 0o644
+    facts = json.loads(first.read_text())
+    assert (facts["name"], facts["uuid"]) == ("gpu-6", gpu.uuid)
+
+
+def test_a_fact_file_is_linked_again_over_an_old_one_and_rewritten_when_removed(
+    gpus: tuple[Gpu, ...], tmp_path: Path
+) -> None:
+    shared_dir = tmp_path / "simulated-facts"
+    inventory = NodeInventory(gpus, simulated=True, fact_files=SharedFactFiles(shared_dir))
+    gpu = gpu_named(inventory, "gpu-2")
+    claim_dir = tmp_path / "claim"
+    claim_dir.mkdir()
+    (claim_dir / "gpu-2.json").write_text("left by an earlier prepare")
+    inventory.container_edits(gpu, claim_dir)
+    assert json.loads((claim_dir / "gpu-2.json").read_text())["uuid"] == gpu.uuid
+
+    for shared in shared_dir.iterdir():
+        shared.unlink()  # removed behind the plugin's back
+    (claim_dir / "gpu-2.json").unlink()
+    inventory.container_edits(gpu, claim_dir)
+    assert json.loads((claim_dir / "gpu-2.json").read_text())["uuid"] == gpu.uuid
+    (shared,) = shared_dir.iterdir()
+    assert shared.stat().st_ino == (claim_dir / "gpu-2.json").stat().st_ino
+
+
+def test_other_facts_of_a_device_get_a_file_of_their_own(tmp_path: Path) -> None:
+    shared_dir = tmp_path / "simulated-facts"
+    fact_files = SharedFactFiles(shared_dir)
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir()
+    b.mkdir()
+    fact_files.link("gpu-0", '{"uuid": "GPU-1"}\n', a / "gpu-0.json")
+    fact_files.link("gpu-0", '{"uuid": "GPU-2"}\n', b / "gpu-0.json")  # another machine
+    assert len(list(shared_dir.iterdir())) == 2
+    assert (a / "gpu-0.json").read_text() == '{"uuid": "GPU-1"}\n'
+    assert (b / "gpu-0.json").read_text() == '{"uuid": "GPU-2"}\n'
+
+
+def test_a_mig_device_made_for_a_claim_gets_a_fact_file_of_its_own(
+    mig_devices: NodeDevices, tmp_path: Path
+) -> None:
+    shared_dir = tmp_path / "simulated-facts"
+    inventory = NodeInventory.from_discovery(
+        mig_devices, simulated=True, fact_files=SharedFactFiles(shared_dir)
+    )
+    static = inventory.mig_devices[0]
+    made = replace(static, uuid="MIG-made-for-this-claim")
+    claim_dir = tmp_path / "claim"
+    claim_dir.mkdir()
+    (static_mount,) = inventory.container_edits(static, claim_dir).mounts
+    assert Path(static_mount.host_path).stat().st_nlink == 2  # linked from the shared directory
+    other_dir = tmp_path / "other"
+    other_dir.mkdir()
+    (mount,) = inventory.container_edits(made, other_dir).mounts
+    written = Path(mount.host_path)
+    assert written.stat().st_nlink == 1  # not linked from the shared directory
+    assert json.loads(written.read_text())["uuid"] == "MIG-made-for-this-claim"
+    assert len(list(shared_dir.iterdir())) == 1  # the static device's file only
