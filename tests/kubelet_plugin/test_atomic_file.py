@@ -46,6 +46,13 @@ def fsyncs(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     return calls
 
 
+def old_file(directory: Path) -> Path:
+    """``state.json`` in ``directory``, holding ``old``: the file a write replaces."""
+    target = directory / "state.json"
+    target.write_bytes(b"old")
+    return target
+
+
 def names(directory: Path) -> list[str]:
     return sorted(p.name for p in directory.iterdir())
 
@@ -54,8 +61,7 @@ def names(directory: Path) -> list[str]:
 def test_a_write_that_is_not_durable_swaps_the_files_and_removes_the_old_one(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    target = tmp_path / "state.json"
-    target.write_bytes(b"old")
+    target = old_file(tmp_path)
     synced = fsyncs(monkeypatch)
     swaps = Renameat2(monkeypatch)
     with target.open("rb") as reader_of_old_version:
@@ -83,8 +89,7 @@ def test_a_first_write_that_is_not_durable_renames(
 def test_a_file_system_without_the_swap_gets_a_rename(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, answer: int
 ) -> None:
-    target = tmp_path / "state.json"
-    target.write_bytes(b"old")
+    target = old_file(tmp_path)
     swaps = Renameat2(monkeypatch, answer)
     write_atomically(target, b"new", durable=False)
     assert len(swaps.calls) == 1
@@ -96,8 +101,7 @@ def test_a_c_library_without_renameat2_gets_a_rename(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(atomic_file, "_renameat2", None)
-    target = tmp_path / "state.json"
-    target.write_bytes(b"old")
+    target = old_file(tmp_path)
     write_atomically(target, b"new", durable=False)
     assert target.read_bytes() == b"new"
     assert names(tmp_path) == ["state.json"]
@@ -106,8 +110,7 @@ def test_a_c_library_without_renameat2_gets_a_rename(
 def test_a_failed_swap_leaves_the_old_file_and_no_temporary_file(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    target = tmp_path / "state.json"
-    target.write_bytes(b"old")
+    target = old_file(tmp_path)
     Renameat2(monkeypatch, errno.EIO)
     with pytest.raises(OSError, match="Input/output error") as failure:
         write_atomically(target, b"new", durable=False)
@@ -120,8 +123,7 @@ def test_a_failed_swap_leaves_the_old_file_and_no_temporary_file(
 def test_a_swap_whose_old_content_cannot_be_removed_is_still_done(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    target = tmp_path / "state.json"
-    target.write_bytes(b"old")
+    target = old_file(tmp_path)
     real_unlink = os.unlink
 
     def unlink(path: str | Path, *args: object, **kwargs: object) -> None:
@@ -142,8 +144,7 @@ def test_a_swap_whose_old_content_cannot_be_removed_is_still_done(
 def test_a_durable_write_renames_and_fsyncs_the_file_and_its_directory(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    target = tmp_path / "state.json"
-    target.write_bytes(b"old")
+    target = old_file(tmp_path)
     synced = fsyncs(monkeypatch)
     swaps = Renameat2(monkeypatch)
     write_atomically(target, b"new")

@@ -660,11 +660,16 @@ def test_static_mig_devices_offered_as_shares_unless_dynamic_mig_partitions_thei
 # --- fact files shared through hard links (simulated devices the node has from its start) ---
 
 
+def linked(gpus: tuple[Gpu, ...], tmp_path: Path) -> tuple[NodeInventory, Path]:
+    """A simulated inventory whose fact files are shared from ``<tmp_path>/simulated-facts``."""
+    shared_dir = tmp_path / "simulated-facts"
+    return NodeInventory(gpus, simulated=True, fact_files=SharedFactFiles(shared_dir)), shared_dir
+
+
 def test_claims_of_a_discovered_gpu_link_one_durably_written_fact_file(
     gpus: tuple[Gpu, ...], tmp_path: Path
 ) -> None:
-    shared_dir = tmp_path / "simulated-facts"
-    inventory = NodeInventory(gpus, simulated=True, fact_files=SharedFactFiles(shared_dir))
+    inventory, shared_dir = linked(gpus, tmp_path)
     gpu = gpu_named(inventory, "gpu-6")
     claims = [tmp_path / "claims" / uid for uid in ("a", "b")]
     for claim_dir in claims:
@@ -687,8 +692,7 @@ def test_claims_of_a_discovered_gpu_link_one_durably_written_fact_file(
 def test_a_fact_file_is_linked_again_over_an_old_one_and_rewritten_when_removed(
     gpus: tuple[Gpu, ...], tmp_path: Path
 ) -> None:
-    shared_dir = tmp_path / "simulated-facts"
-    inventory = NodeInventory(gpus, simulated=True, fact_files=SharedFactFiles(shared_dir))
+    inventory, shared_dir = linked(gpus, tmp_path)
     gpu = gpu_named(inventory, "gpu-2")
     claim_dir = tmp_path / "claim"
     claim_dir.mkdir()
