@@ -171,7 +171,7 @@ class NodeInventory:
     (`shares.default_share`), for every kind of offered device."""
     cdi_hook_path: str = DEFAULT_CDI_HOOK_PATH
     disabled_cdi_hooks: frozenset[str] = frozenset()
-    fact_files: SharedFactFiles | None = None
+    fact_files: SharedFactFiles | None = field(default=None, compare=False, repr=False)
     """Simulated only: where the fact files of the node's own devices are kept and linked from
     (`simulated_facts`); without it each claim gets a file of its own."""
     _by_name: dict[str, PublishedDevice] = field(

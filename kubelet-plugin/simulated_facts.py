@@ -6,7 +6,8 @@ facts of a device the node has from its start (a whole GPU, a static MIG device)
 so `SharedFactFiles` writes each once, durably, to ``<directory>/<device>-<digest>.json`` and
 hard-links it into every claim's directory instead of creating a file per claim. The digest of
 the content is in the name, so a node simulated as another machine later gets new files and a
-link never shows other facts. A MIG device made for one claim keeps a file of its own. See
+link never shows other facts; files of facts no longer current stay (a few hundred bytes each,
+one per device and machine simulated). A MIG device made for one claim keeps a file of its own. See
 docs/architecture.md, "What a container gets".
 """
 
