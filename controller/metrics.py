@@ -8,7 +8,7 @@ and each test, decides where they are exported.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -135,35 +135,42 @@ class IdlePolicyCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         with self._lock:
             idle, namespaces, stale = self._idle, self._namespaces, self._stale
-        idle_gauge = GaugeMetricFamily(
+        yield _gauge(
             "gpu_dra_idle_policy_idle_claims",
             "Claims of an opted-in namespace whose every gpu.nvidia.com device has been idle "
             "for the namespace's window, at the idle policy's last pass.",
-            labels=["namespace"],
+            ["namespace"],
+            (((namespace,), value) for namespace, value in idle.items()),
         )
-        for namespace, value in sorted(idle.items()):
-            idle_gauge.add_metric([namespace], value)
-        yield idle_gauge
-        stale_gauge = GaugeMetricFamily(
+        yield _gauge(
             "gpu_dra_idle_policy_stale_claims",
             "Claims of an opted-in namespace whose activity report (status.devices Active and "
             "data.sampledAt) is older than the idle policy's bound or names no sample, at its "
             "last pass: their pods are neither warned nor evicted.",
-            labels=["namespace"],
+            ["namespace"],
+            (((namespace,), value) for namespace, value in stale.items()),
         )
-        for namespace, value in sorted(stale.items()):
-            stale_gauge.add_metric([namespace], value)
-        yield stale_gauge
-        namespace_gauge = GaugeMetricFamily(
+        yield _gauge(
             "gpu_dra_idle_policy_namespaces",
             "1 per namespace labelled gpu.nvidia.com/idle-reclaim, by mode (enabled, dry-run, "
             "invalid: a label or annotation the policy cannot use; it leaves the namespace "
             "alone).",
-            labels=["namespace", "mode"],
+            ["namespace", "mode"],
+            namespaces.items(),
         )
-        for (namespace, mode), value in sorted(namespaces.items()):
-            namespace_gauge.add_metric([namespace, mode], value)
-        yield namespace_gauge
+
+
+def _gauge(
+    name: str,
+    documentation: str,
+    labels: list[str],
+    samples: Iterable[tuple[tuple[str, ...], int]],
+) -> GaugeMetricFamily:
+    """A gauge family with one sample per (label values, value), sorted by label values."""
+    gauge = GaugeMetricFamily(name, documentation, labels=labels)
+    for label_values, value in sorted(samples):
+        gauge.add_metric(list(label_values), value)
+    return gauge
 
 
 class IdleReclaimMetrics:
