@@ -3,8 +3,9 @@
 A real grpc.aio client calls the plugin (``bench.plugin``: real PluginServer, NodeClaimPreparer,
 Checkpoint and CDI store on the simulated ``hgx-h100``) over its Unix socket, the way the kubelet
 does: prepare one claim, then unprepare it, one call at a time. Each iteration uses a new claim
-(claim ``i`` holds GPU ``i % 8``), so every prepare does the full work: claim files, CDI spec
-(fsynced, on tmpfs by default), checkpoint PrepareCompleted (not fsynced: docs/architecture.md
+(claim ``i`` holds GPU ``i % 8``), so every prepare does the full work: the fact file (shared
+by the claims of a GPU: docs/architecture.md "What a container gets"), CDI spec (fsynced, on
+tmpfs by default), checkpoint PrepareCompleted (not fsynced: docs/architecture.md
 "Durable for the boot"; a whole GPU has no PrepareStarted record, "Claims without a
 PrepareStarted record").
 

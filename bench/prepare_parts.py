@@ -9,14 +9,15 @@ Attributes the numbers of ``prepare_latency`` and ``prepare_throughput``:
   pure-Python ``safe_dump`` (what cdi.py uses) and with libyaml's ``CSafeDumper``;
 * the checkpoint's JSON encoding at 64 entries with ``indent=2`` (which makes ``json`` fall back
   to its pure-Python encoder) and compact (what checkpoint.py writes);
-* ``NodeInventory.container_edits`` of a simulated GPU (it writes the device's fact file);
+* ``NodeInventory.container_edits`` of a simulated GPU (it finds the device's shared fact file,
+  written at the first prepare of the device);
 * one ``asyncio.to_thread`` round trip, and one write + fsync of a small file and its directory;
 * one whole-GPU claim prepared and unprepared by the preparer as the plugin wires it, awaited in
   this process (no gRPC, no servicer, no logging set up): wall time per call (median), CPU of the
   process per prepare + unprepare, and the fsyncs each makes (independent of the machine's load);
 * the parts of those prepares, each timed where it runs (``part_*``, median ms): checkpoint
-  lookup and claim read, config resolve, planning, check and commit, and inside the commit the
-  claim directory, a simulated GPU's fact file, the CDI spec and the checkpoint's write (the
+  lookup and claim read, config resolve, planning, check and commit, and inside the commit a
+  simulated GPU's fact file, the CDI spec and the checkpoint's write (the
   metrics docs/performance.md's table of one prepare's parts comes from).
 
 The checkpoint lives in ``$TMPDIR`` (disk, as under /var/lib/kubelet on a node), the CDI specs
@@ -119,7 +120,6 @@ def cdi_costs(reporter: Reporter, inventory: NodeInventory, directory: Path, cal
     uid = str(uuid.uuid4())
     gpu = inventory.gpus[0]
     claim_dir = directory / "claims" / uid
-    claim_dir.mkdir(parents=True)
     edits = inventory.container_edits(gpu, claim_dir)
     devices = [CdiDevice(gpu_device_name(gpu.minor), edits)]
     spec = build_claim_spec(uid, devices)

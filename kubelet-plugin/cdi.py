@@ -331,25 +331,31 @@ class ClaimSpecStore:
         except FileNotFoundError:
             return []
         changed: list[str] = []
-        edits = [("common", spec.get("containerEdits"))] if isinstance(spec, dict) else []
-        devices = spec.get("devices") if isinstance(spec, dict) else None
-        for device in devices if isinstance(devices, list) else []:
-            if isinstance(device, dict):
-                edits.append((str(device.get("name")), device.get("containerEdits")))
-        for where, container_edits in edits:
-            mounts = container_edits.get("mounts") if isinstance(container_edits, dict) else None
-            for mount in mounts if isinstance(mounts, list) else []:
-                if not isinstance(mount, dict) or mount.get("hostPath") not in host_paths:
-                    continue
-                options = mount.get("options")
-                if isinstance(options, list) and "rw" in options:
-                    mount["options"] = ["ro" if o == "rw" else o for o in options]
-                    changed.append(f"{where}: {mount.get('containerPath')}")
+        for where, mount in _spec_mounts(spec):
+            if mount.get("hostPath") not in host_paths:
+                continue
+            options = mount.get("options")
+            if isinstance(options, list) and "rw" in options:
+                mount["options"] = ["ro" if o == "rw" else o for o in options]
+                changed.append(f"{where}: {mount.get('containerPath')}")
         if changed:
             data = _dump_spec(spec)
             write_atomically(path, data.encode(), mode=SPEC_FILE_MODE)
             log.info("cdi spec mounts made read-only claim_uid=%s %s", claim_uid, changed)
         return changed
+
+    def mounted_host_paths(self, claim_uid: str) -> list[str]:
+        """The host paths the claim's spec mounts (per device or common), in spec order; none
+        when there is no spec."""
+        try:
+            spec = yaml.safe_load(self.path_for(claim_uid).read_text())
+        except FileNotFoundError:
+            return []
+        return [
+            host_path
+            for _, mount in _spec_mounts(spec)
+            if isinstance(host_path := mount.get("hostPath"), str)
+        ]
 
     def remove(self, claim_uid: str) -> bool:
         """Delete the claim's spec file; ``False`` if there was none (idempotent)."""
@@ -384,6 +390,23 @@ class ClaimSpecStore:
             except InvalidNameError:
                 continue  # another vendor's spec, a temporary file, ...
         return sorted(uids)
+
+
+def _spec_mounts(spec: object) -> list[tuple[str, dict[str, Any]]]:
+    """The mounts of a parsed spec, each with where it is (``common`` or its device's name);
+    parts that are not of the spec's shape are skipped."""
+    edits = [("common", spec.get("containerEdits"))] if isinstance(spec, dict) else []
+    devices = spec.get("devices") if isinstance(spec, dict) else None
+    for device in devices if isinstance(devices, list) else []:
+        if isinstance(device, dict):
+            edits.append((str(device.get("name")), device.get("containerEdits")))
+    found = []
+    for where, container_edits in edits:
+        mounts = container_edits.get("mounts") if isinstance(container_edits, dict) else None
+        for mount in mounts if isinstance(mounts, list) else []:
+            if isinstance(mount, dict):
+                found.append((where, mount))
+    return found
 
 
 def _dump_spec(spec: dict[str, Any]) -> str:

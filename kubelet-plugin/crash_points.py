@@ -27,7 +27,7 @@ TEST_CRASH_ENV: Final = "GPU_DRA_TEST_CRASH_AT"
 
 # prepare (prepare.py): the records and files around the tiers' work
 PREPARE_AFTER_STARTED: Final = "prepare-after-started"
-PREPARE_AFTER_CLAIM_DIR: Final = "prepare-after-claim-dir"
+PREPARE_AFTER_CLAIM_FILES: Final = "prepare-after-claim-files"
 CDI_BEFORE_RENAME: Final = "cdi-before-rename"
 PREPARE_AFTER_CDI_SPEC: Final = "prepare-after-cdi-spec"
 PREPARE_AFTER_COMPLETED: Final = "prepare-after-completed"
@@ -66,7 +66,7 @@ HEALTH_RECORD_BEFORE_RENAME: Final = "health-record-before-rename"
 POINTS: Final = frozenset(
     {
         PREPARE_AFTER_STARTED,
-        PREPARE_AFTER_CLAIM_DIR,
+        PREPARE_AFTER_CLAIM_FILES,
         CDI_BEFORE_RENAME,
         PREPARE_AFTER_CDI_SPEC,
         PREPARE_AFTER_COMPLETED,

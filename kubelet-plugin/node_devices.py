@@ -172,8 +172,8 @@ class NodeInventory:
     cdi_hook_path: str = DEFAULT_CDI_HOOK_PATH
     disabled_cdi_hooks: frozenset[str] = frozenset()
     fact_files: SharedFactFiles | None = field(default=None, compare=False, repr=False)
-    """Simulated only: where the fact files of the node's own devices are kept and linked from
-    (`simulated_facts`); without it each claim gets a file of its own."""
+    """Simulated only: where the fact files of the node's own devices are kept, mounted by
+    every claim of them (`simulated_facts`); without it each claim gets a file of its own."""
     _by_name: dict[str, PublishedDevice] = field(
         init=False, repr=False, compare=False, default_factory=dict
     )
@@ -397,8 +397,9 @@ class NodeInventory:
         return any(static.uuid == device.uuid for static in self.mig_devices)
 
     def container_edits(self, device: InventoryDevice, claim_dir: Path) -> ContainerEdits:
-        """Edits for one device; simulated ones get their fact file under `claim_dir` (linked
-        from `fact_files` for a device of the node's own, written for a MIG device made).
+        """Edits for one device; simulated ones get their fact file mounted: the shared one of
+        `fact_files` for a device of the node's own, else one written to `claim_dir` (made
+        when missing; no other device puts a file there).
 
         Real devices get their own device nodes only (those missing under the ``/dev`` root are
         left out and logged); the driver's common edits are `nvidia_userspace.CommonEdits`.
@@ -419,11 +420,13 @@ class NodeInventory:
             gpu = device
             env = {f"{prefix}_UUID": gpu.uuid, f"{prefix}_PRODUCT": gpu.product_name}
         if self.simulated:
-            facts = claim_dir / f"{name}.json"
             text = json.dumps(_facts(device), indent=2, sort_keys=True) + "\n"
             if self.fact_files is not None and self._discovered(device):
-                self.fact_files.link(name, text, facts)
+                facts = self.fact_files.path(name, text)
             else:
+                claim_dir.mkdir(parents=True, exist_ok=True)
+                claim_dir.chmod(0o755)
+                facts = claim_dir / f"{name}.json"
                 facts.write_text(text)
                 facts.chmod(0o644)
             return ContainerEdits(

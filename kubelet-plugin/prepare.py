@@ -127,6 +127,9 @@ class NodeClaimPreparer:
         self._cdi = cdi
         self._data_dir = records.data_dir
         self._claims_dir = claims_dir
+        fact_files = inventory.fact_files
+        # Files claims share (simulated fact files), written by any instance.
+        self._shared_dirs = () if fact_files is None else (fact_files.directory,)
         self._common_edits = common_edits
         self._test_prepare_delay_s = test_prepare_delay_s
         self._tiers = tiers.acting
@@ -149,7 +152,7 @@ class NodeClaimPreparer:
         """Roll back half-done prepares and finish half-done unprepares, let the tiers adopt
         what prepared claims hold (MPS daemons) and sweep what no record owns (MPS daemons, MIG
         instances), and remove CDI specs, temporary files of interrupted writes (CDI specs, the
-        data dir's files) and claim files nobody owns.
+        data dir's files, shared fact files) and claim files nobody owns.
 
         Run it before serving: what a prepare running beside it has made but not recorded yet
         would be taken for a leftover. Other instances' calls are waited for (the node lock,
@@ -162,6 +165,7 @@ class NodeClaimPreparer:
                 cdi=self._cdi,
                 data_dir=self._data_dir,
                 claims_dir=self._claims_dir,
+                shared_dirs=self._shared_dirs,
                 owner_alive=self._owner_alive,
                 undo=self._undo,
             )
@@ -219,7 +223,11 @@ class NodeClaimPreparer:
             lost: list[str] = []
             if existing.phase is ClaimPhase.PREPARE_COMPLETED:
                 lost = await asyncio.to_thread(
-                    missing_parts, existing, self._cdi, self._claims_dir, self._tiers
+                    missing_parts,
+                    existing,
+                    self._cdi,
+                    (self._claims_dir, *self._shared_dirs),
+                    self._tiers,
                 )
                 if not lost:
                     return existing.devices
@@ -365,11 +373,9 @@ class NodeClaimPreparer:
         self, request: ClaimRequest, run: PrepareRun, common: ContainerEdits | None
     ) -> None:
         """The claim's CDI spec (a CDI device per allocated device: its own edits, then those
-        the tiers added) and claim files."""
+        the tiers added) and claim files (only a simulated MIG device made for the claim has
+        any: the claim directory is made for them)."""
         claim_dir = self._claims_dir / request.claim.uid
-        claim_dir.mkdir(parents=True, exist_ok=True)
-        claim_dir.chmod(0o755)
-        crash_points.reached(crash_points.PREPARE_AFTER_CLAIM_DIR)
         cdi_devices = []
         for device in run.devices:
             name = device.device_name
@@ -377,6 +383,7 @@ class NodeClaimPreparer:
             if name in run.edits:
                 edits = merged_edits(edits, run.edits[name])
             cdi_devices.append(CdiDevice(name, edits))
+        crash_points.reached(crash_points.PREPARE_AFTER_CLAIM_FILES)
         self._cdi.write(request.claim.uid, cdi_devices, common_edits=common)
 
     # ---- unprepare -------------------------------------------------------------------------------

@@ -54,12 +54,13 @@ async def recover_claims(
     cdi: ClaimSpecStore,
     data_dir: Path,
     claims_dir: Path,
+    shared_dirs: Sequence[Path],
     owner_alive: Callable[[str | None], bool],
     undo: Callable[[str], None],
 ) -> None:
-    """Undo, adopt, sweep and remove as the module says; ``undo`` removes one claim's
-    everything (`NodeClaimPreparer._undo`), ``owner_alive`` tells whether a record's owner
-    still runs."""
+    """Undo, adopt, sweep and remove as the module says; ``shared_dirs`` hold files claims
+    share (simulated fact files), ``undo`` removes one claim's everything
+    (`NodeClaimPreparer._undo`), ``owner_alive`` tells whether a record's owner still runs."""
     entries = await asyncio.to_thread(records.all)
     for uid, entry in entries.items():
         if entry.phase is ClaimPhase.PREPARE_COMPLETED:
@@ -84,9 +85,11 @@ async def recover_claims(
     remaining = await asyncio.to_thread(records.all)  # what the rollbacks left
     await in_thread_to_completion(_sweep, tiers, remaining)
     await asyncio.to_thread(cdi.remove_temporaries)
-    # The data dir's other files (simulated MIG state, time slices) are written by any
-    # instance: their temporaries are removed only here, while no instance works.
+    # The data dir's other files (simulated MIG state, time slices, shared fact files) are
+    # written by any instance: their temporaries are removed only here, while none works.
     await asyncio.to_thread(remove_temporaries, data_dir, _not_the_checkpoint)
+    for directory in shared_dirs:
+        await asyncio.to_thread(remove_temporaries, directory)
     owned = {
         uid
         for uid, e in remaining.items()
@@ -128,15 +131,21 @@ def _not_the_checkpoint(target: str) -> bool:
 
 
 def missing_parts(
-    entry: CheckpointEntry, cdi: ClaimSpecStore, claims_dir: Path, tiers: Sequence[Tier]
+    entry: CheckpointEntry,
+    cdi: ClaimSpecStore,
+    file_dirs: Sequence[Path],
+    tiers: Sequence[Tier],
 ) -> list[str]:
-    """What of the prepared claim ``entry`` is gone: its CDI spec, its claim files, what
-    the tiers made (daemons, MIG devices). Raises when a tier cannot tell."""
+    """What of the prepared claim ``entry`` is gone: its CDI spec, a file the plugin made
+    that the spec mounts (one under ``file_dirs``: claim files, shared fact files), what the
+    tiers made (daemons, MIG devices). Raises when a tier cannot tell."""
     missing = []
     if not cdi.path_for(entry.uid).exists():
         missing.append("its CDI spec is gone")
-    if not (claims_dir / entry.uid).is_dir():
-        missing.append("its claim files are gone")
+    for host_path in cdi.mounted_host_paths(entry.uid):
+        path = Path(host_path)
+        if any(path.is_relative_to(d) for d in file_dirs) and not path.exists():
+            missing.append(f"its file {host_path} is gone")
     for tier in tiers:
         missing += tier.missing(entry)
     return missing

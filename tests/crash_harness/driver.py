@@ -347,7 +347,7 @@ class NodeRun:
 
 
 _PREPARE = (
-    crash_points.PREPARE_AFTER_STARTED, crash_points.PREPARE_AFTER_CLAIM_DIR,
+    crash_points.PREPARE_AFTER_STARTED, crash_points.PREPARE_AFTER_CLAIM_FILES,
     crash_points.CDI_BEFORE_RENAME, crash_points.PREPARE_AFTER_CDI_SPEC,
     crash_points.PREPARE_AFTER_COMPLETED, crash_points.CHECKPOINT_BEFORE_RENAME,
 )  # fmt: skip

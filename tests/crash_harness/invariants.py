@@ -27,6 +27,7 @@ from gpu_dra.kubelet_plugin.checkpoint import CHECKPOINT_FILE
 from gpu_dra.kubelet_plugin.mig import SIMULATED_STATE_FILE, MigLifecycle, SimulatedMigStateFile
 from gpu_dra.kubelet_plugin.mps.process import start_time
 from gpu_dra.kubelet_plugin.node_devices import NodeInventory
+from gpu_dra.kubelet_plugin.simulated_facts import SIMULATED_FACTS_DIR
 from gpu_dra.kubelet_plugin.tiers.state import (
     handles_from_state,
     intents_from_state,
@@ -91,11 +92,13 @@ def check(
     for path in sorted(claims_dir.iterdir()) if claims_dir.exists() else []:
         if path.name not in entries:
             problems.append(f"leaked claim files {path.name}")
+    plugin_files = (claims_dir, data / SIMULATED_FACTS_DIR)
     for uid in completed:
         if not cdi.path_for(uid).exists():
             problems.append(f"prepared claim {uid} has no CDI spec")
-        if not (claims_dir / uid).is_dir():
-            problems.append(f"prepared claim {uid} has no claim files")
+        for host_path in map(Path, cdi.mounted_host_paths(uid)):
+            if any(host_path.is_relative_to(d) for d in plugin_files) and not host_path.exists():
+                problems.append(f"prepared claim {uid} mounts {host_path}, which is gone")
     for path in data.rglob("*.tmp") if data.exists() else []:
         problems.append(f"leaked temporary file {path.relative_to(root)}")
 

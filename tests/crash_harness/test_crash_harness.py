@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 
 from gpu_dra.kubelet_plugin import crash_points
 from tests.crash_harness.driver import NodeRun, Result, run
@@ -54,6 +55,7 @@ def test_the_checker_reports_what_a_plugin_left_behind(root: Path) -> None:
         made = node.new_claim_of(tier, offers[tier], rng)
         assert made is not None
         claims.append(made)
+    mig_claim = claims[1]
     node.run_calls(node.calls(rng, claims, []))
     assert node.result.problems == []
     assert all(node.beliefs[c.uid] is Belief.PREPARED for c in claims)
@@ -65,7 +67,8 @@ def test_the_checker_reports_what_a_plugin_left_behind(root: Path) -> None:
     for claim in claims:
         assert f"checkpoint entry {claim.uid}" in problems
         assert f"leaked CDI spec of claim {claim.uid}" in problems
-        assert f"leaked claim files {claim.uid}" in problems
+    # Of these, only a simulated MIG device made for its claim has a file of the claim's own.
+    assert f"leaked claim files {mig_claim.uid}" in problems
     assert "leaked MPS daemon dir" in problems
     assert "leaked MPS process" in problems
     assert "leaked MIG instance" in problems
@@ -96,3 +99,31 @@ def test_the_checker_reports_a_prepared_claim_without_its_parts(root: Path) -> N
 
     assert f"prepared claim {claim.uid} has no CDI spec" in problems
     assert f"prepared claim {claim.uid}: MPS daemon" in problems
+
+
+def test_the_checker_reports_a_prepared_claim_whose_mounted_file_is_gone(root: Path) -> None:
+    node = NodeRun(DYNAMIC, root / "dyn", Result())
+    rng = random.Random(5)
+    assert node.start(rng, armed=False)
+    offers = dict(node.offers)
+    claims = []
+    for tier in ("dynamic-mig", "mps"):
+        made = node.new_claim_of(tier, offers[tier], rng)
+        assert made is not None
+        claims.append(made)
+    node.run_calls(node.calls(rng, claims, []))
+    assert node.plugin is not None
+    node.plugin.kill()
+    gone = []
+    for claim, kept_in in zip(claims, ("claims", "simulated-facts"), strict=True):
+        spec = yaml.safe_load(node.cdi_path(claim.uid).read_text())
+        (mount,) = spec["devices"][0]["containerEdits"]["mounts"][:1]
+        path = Path(mount["hostPath"])
+        assert path.relative_to(root / "dyn").parts[1] == kept_in
+        path.unlink()
+        gone.append(f"prepared claim {claim.uid} mounts {path}, which is gone")
+
+    problems = check(DYNAMIC, root / "dyn", node.inventory, node.beliefs, after_restart=False)
+
+    assert set(gone) <= set(problems)
+    kill_processes_under(root)

@@ -11,6 +11,7 @@ builds the preparer."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import inspect
 import shutil
 import threading
@@ -42,6 +43,7 @@ from gpu_dra.kubelet_plugin.node_devices import NodeInventory
 from gpu_dra.kubelet_plugin.plugin_instances import PluginInstance
 from gpu_dra.kubelet_plugin.prepare import NodeClaimPreparer
 from gpu_dra.kubelet_plugin.prepare_protocol import ClaimRef, PreparedDevice, PrepareResult
+from gpu_dra.kubelet_plugin.simulated_facts import SIMULATED_FACTS_DIR, SharedFactFiles
 from gpu_dra.kubelet_plugin.tiers.assembly import node_tiers
 from gpu_dra.kubelet_plugin.tiers.state import claims_using, handles_from_state
 from tests.doubles import nvidia_cuda_mps_control as double
@@ -148,6 +150,16 @@ class RecordingSpecStore(ClaimSpecStore):
         return super().write(claim_uid, devices, common_edits=common_edits)
 
 
+def as_shipped(inventory: NodeInventory, data_dir: Path) -> NodeInventory:
+    """``inventory`` as the plugin builds it (`startup.discovery`): a simulated one keeps the
+    fact files of its own devices in ``<data_dir>/simulated-facts``."""
+    if not inventory.simulated or inventory.fact_files is not None:
+        return inventory
+    return dataclasses.replace(
+        inventory, fact_files=SharedFactFiles(data_dir / SIMULATED_FACTS_DIR)
+    )
+
+
 class PluginOnNode:
     """What every test node has: the plugin's inventory, claims, checkpoint, CDI store and data
     dir, and the preparer built over them (`build_preparer`, at each restart)."""
@@ -189,10 +201,10 @@ class Node(PluginOnNode):
 
     def __init__(self, root: Path, inventory: NodeInventory) -> None:
         self.root = root
-        self.inventory = inventory
         self.api = InMemoryClaimReader()
         self.boot = Boot()
         self.data_dir = root / "data"
+        self.inventory = as_shipped(inventory, self.data_dir)
         self.claims_dir = self.data_dir / "claims"
         self.cdi_root = root / "cdi"
         self.fail_cdi_writes = False
@@ -422,7 +434,11 @@ class DynamicMigNode(PluginOnNode):
         )
         found = discover_devices(self.host.nvml, self.host.pci, mig_profiles=True)
         self.inventory = NodeInventory.from_discovery(
-            found, simulated=True, dynamic_mig=True, **self.inventory_options
+            found,
+            simulated=True,
+            dynamic_mig=True,
+            fact_files=SharedFactFiles(self.data_dir / SIMULATED_FACTS_DIR),
+            **self.inventory_options,
         )
         self.checkpoint = Checkpoint(self.data_dir, boot_id=lambda: "boot-1")
         self.checkpoint.load()

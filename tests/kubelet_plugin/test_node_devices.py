@@ -657,72 +657,62 @@ def test_static_mig_devices_offered_as_shares_unless_dynamic_mig_partitions_thei
         )
 
 
-# --- fact files shared through hard links (simulated devices the node has from its start) ---
+# --- fact files shared by the claims of a device (simulated devices the node has from its start)
 
 
-def linked(gpus: tuple[Gpu, ...], tmp_path: Path) -> tuple[NodeInventory, Path]:
+def shared(gpus: tuple[Gpu, ...], tmp_path: Path) -> tuple[NodeInventory, Path]:
     """A simulated inventory whose fact files are shared from ``<tmp_path>/simulated-facts``."""
     shared_dir = tmp_path / "simulated-facts"
     return NodeInventory(gpus, simulated=True, fact_files=SharedFactFiles(shared_dir)), shared_dir
 
 
-def test_claims_of_a_discovered_gpu_link_one_durably_written_fact_file(
+def test_claims_of_a_discovered_gpu_mount_one_durably_written_fact_file(
     gpus: tuple[Gpu, ...], tmp_path: Path
 ) -> None:
-    inventory, shared_dir = linked(gpus, tmp_path)
+    inventory, shared_dir = shared(gpus, tmp_path)
     gpu = gpu_named(inventory, "gpu-6")
     claims = [tmp_path / "claims" / uid for uid in ("a", "b")]
-    for claim_dir in claims:
-        claim_dir.mkdir(parents=True)
-        (mount,) = inventory.container_edits(gpu, claim_dir).mounts
-        assert mount.host_path == str(claim_dir / "gpu-6.json")
-        assert mount.container_path == "/run/gpu-dra/devices/gpu-6.json"
+    mounts = [inventory.container_edits(gpu, claim_dir).mounts for claim_dir in claims]
 
-    (shared,) = shared_dir.iterdir()
-    assert shared.name.startswith("gpu-6-")
-    assert shared.name.endswith(".json")
-    first, second = (claim_dir / "gpu-6.json" for claim_dir in claims)
-    assert first.stat().st_ino == second.stat().st_ino == shared.stat().st_ino
-    assert shared.stat().st_nlink == 3
-    assert stat.S_IMODE(shared.stat().st_mode) == 0o644
-    facts = json.loads(first.read_text())
+    (file,) = shared_dir.iterdir()
+    assert file.name.startswith("gpu-6-")
+    assert file.name.endswith(".json")
+    for (mount,) in mounts:
+        assert mount.host_path == str(file)
+        assert mount.container_path == "/run/gpu-dra/devices/gpu-6.json"
+        assert mount.options == ("ro", "nosuid", "nodev", "bind")
+    assert not (tmp_path / "claims").exists()  # no claim directory, no file per claim
+    assert stat.S_IMODE(file.stat().st_mode) == 0o644
+    facts = json.loads(file.read_text())
     assert (facts["name"], facts["uuid"]) == ("gpu-6", gpu.uuid)
 
 
-def test_a_fact_file_is_linked_again_over_an_old_one_and_rewritten_when_removed(
-    gpus: tuple[Gpu, ...], tmp_path: Path
-) -> None:
-    inventory, shared_dir = linked(gpus, tmp_path)
+def test_a_shared_fact_file_removed_is_written_again(gpus: tuple[Gpu, ...], tmp_path: Path) -> None:
+    inventory, shared_dir = shared(gpus, tmp_path)
     gpu = gpu_named(inventory, "gpu-2")
-    claim_dir = tmp_path / "claim"
-    claim_dir.mkdir()
-    (claim_dir / "gpu-2.json").write_text("left by an earlier prepare")
-    inventory.container_edits(gpu, claim_dir)
-    assert json.loads((claim_dir / "gpu-2.json").read_text())["uuid"] == gpu.uuid
+    (first,) = inventory.container_edits(gpu, tmp_path / "claim").mounts
+    assert Path(first.host_path).parent == shared_dir
+    Path(first.host_path).unlink()  # removed behind the plugin's back
 
-    for shared in shared_dir.iterdir():
-        shared.unlink()  # removed behind the plugin's back
-    (claim_dir / "gpu-2.json").unlink()
-    inventory.container_edits(gpu, claim_dir)
-    assert json.loads((claim_dir / "gpu-2.json").read_text())["uuid"] == gpu.uuid
-    (shared,) = shared_dir.iterdir()
-    assert shared.stat().st_ino == (claim_dir / "gpu-2.json").stat().st_ino
+    (again,) = inventory.container_edits(gpu, tmp_path / "claim").mounts
+
+    assert again.host_path == first.host_path
+    assert json.loads(Path(again.host_path).read_text())["uuid"] == gpu.uuid
 
 
 def test_other_facts_of_a_device_get_a_file_of_their_own(tmp_path: Path) -> None:
     shared_dir = tmp_path / "simulated-facts"
     fact_files = SharedFactFiles(shared_dir)
-    a, b = tmp_path / "a", tmp_path / "b"
-    a.mkdir()
-    b.mkdir()
-    fact_files.link("gpu-0", '{"uuid": "GPU-1"}\n', a / "gpu-0.json")
-    fact_files.link("gpu-0", '{"uuid": "GPU-2"}\n', b / "gpu-0.json")  # another machine
-    assert len(list(shared_dir.iterdir())) == 2
-    assert (a / "gpu-0.json").read_text() == '{"uuid": "GPU-1"}\n'
-    assert (b / "gpu-0.json").read_text() == '{"uuid": "GPU-2"}\n'
+    first = fact_files.path("gpu-0", '{"uuid": "GPU-1"}\n')
+    other = fact_files.path("gpu-0", '{"uuid": "GPU-2"}\n')  # another machine
+    assert fact_files.path("gpu-0", '{"uuid": "GPU-1"}\n') == first
+    assert first != other
+    assert sorted(shared_dir.iterdir()) == sorted([first, other])
+    assert first.read_text() == '{"uuid": "GPU-1"}\n'
+    assert other.read_text() == '{"uuid": "GPU-2"}\n'
 
 
-def test_a_mig_device_made_for_a_claim_gets_a_fact_file_of_its_own(
+def test_a_mig_device_made_for_a_claim_gets_a_fact_file_in_the_claim_directory(
     mig_devices: NodeDevices, tmp_path: Path
 ) -> None:
     shared_dir = tmp_path / "simulated-facts"
@@ -731,14 +721,16 @@ def test_a_mig_device_made_for_a_claim_gets_a_fact_file_of_its_own(
     )
     static = inventory.mig_devices[0]
     made = replace(static, uuid="MIG-made-for-this-claim")
-    claim_dir = tmp_path / "claim"
-    claim_dir.mkdir()
-    (static_mount,) = inventory.container_edits(static, claim_dir).mounts
-    assert Path(static_mount.host_path).stat().st_nlink == 2  # linked from the shared directory
-    other_dir = tmp_path / "other"
-    other_dir.mkdir()
-    (mount,) = inventory.container_edits(made, other_dir).mounts
+    (static_mount,) = inventory.container_edits(static, tmp_path / "claim").mounts
+    assert Path(static_mount.host_path).parent == shared_dir
+    claim_dir = tmp_path / "claims" / "other"
+
+    (mount,) = inventory.container_edits(made, claim_dir).mounts
+
     written = Path(mount.host_path)
-    assert written.stat().st_nlink == 1  # not linked from the shared directory
+    assert written.parent == claim_dir
+    assert stat.S_IMODE(claim_dir.stat().st_mode) == 0o755
+    assert stat.S_IMODE(written.stat().st_mode) == 0o644
     assert json.loads(written.read_text())["uuid"] == "MIG-made-for-this-claim"
     assert len(list(shared_dir.iterdir())) == 1  # the static device's file only
+    assert not (tmp_path / "claim").exists()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import re
 import shutil
 import threading
 import time
@@ -91,8 +92,9 @@ def test_prepare_writes_one_cdi_spec_for_the_claim_with_a_device_per_gpu(node: N
         assert device_env(spec_device)[f"GPU_DRA_GPU_{number}_UUID"] == node.uuid_of(gpu)
 
 
-def test_each_cdi_device_mounts_a_fact_file_of_its_own_gpu(node: Node) -> None:
+def test_each_cdi_device_mounts_the_shared_fact_file_of_its_own_gpu(node: Node) -> None:
     claim = node.add_gpus(UID_A, "claim-a", "gpu-5")
+    other = node.add_gpus(UID_B, "claim-b", "gpu-5")
 
     node.prepare(claim)
 
@@ -101,9 +103,13 @@ def test_each_cdi_device_mounts_a_fact_file_of_its_own_gpu(node: Node) -> None:
     assert mount["containerPath"] == "/run/gpu-dra/devices/gpu-5.json"
     assert "ro" in mount["options"]
     host_file = Path(mount["hostPath"])
-    assert host_file.parent == node.claims_dir / UID_A
+    assert host_file.parent == node.data_dir / "simulated-facts"
     facts = json.loads(host_file.read_text())
     assert (facts["name"], facts["uuid"]) == ("gpu-5", node.uuid_of("gpu-5"))
+    assert node.claim_dirs() == []  # nothing of the claim's own to keep
+    node.unprepare(claim)
+    node.prepare(other)
+    assert node.spec(UID_B)["devices"][0]["containerEdits"]["mounts"] == [mount]
 
 
 def test_first_available_subrequest_is_reported_under_its_base_request(node: Node) -> None:
@@ -197,9 +203,10 @@ def test_prepare_after_a_plugin_restart_returns_the_recorded_devices(node: Node)
             lambda node: node.cdi.path_for(UID_A).unlink(), "its CDI spec is gone", id="cdi-spec"
         ),
         pytest.param(
-            lambda node: shutil.rmtree(node.claims_dir / UID_A),
-            "its claim files are gone",
-            id="claim-files",
+            lambda node: shutil.rmtree(node.data_dir / "simulated-facts"),
+            r"its file {facts}/gpu-0-[0-9a-f]{{16}}\.json is gone; "
+            r"its file {facts}/gpu-1-[0-9a-f]{{16}}\.json is gone",
+            id="fact-file",
         ),
     ],
 )
@@ -215,8 +222,9 @@ def test_a_prepared_claim_that_lost_its_files_is_prepared_again(
 
     assert node.cdi.writes == [UID_A, UID_A]
     assert node.spec(UID_A) == spec
-    assert (node.claims_dir / UID_A / "gpu-0.json").exists()
-    assert f"prepared claim lost {lost}; unpreparing and preparing it again" in caplog.text
+    assert all(Path(path).exists() for path in node.cdi.mounted_host_paths(UID_A))
+    lost = lost.format(facts=re.escape(str(node.data_dir / "simulated-facts")))
+    assert re.search(f"prepared claim lost {lost}; unpreparing and preparing it again", caplog.text)
 
 
 def test_a_prepared_claim_that_cannot_be_prepared_again_fails_naming_what_it_lost(
@@ -542,7 +550,9 @@ def test_unprepare_removes_cdi_spec_claim_files_and_checkpoint_entry(node: Node)
     claim = node.add_gpus(UID_A, "claim-a", "gpu-0", "gpu-1")
     keep = node.add_gpus(UID_B, "claim-b", "gpu-2")
     node.prepare(claim, keep)
-    assert (node.claims_dir / UID_A).is_dir()
+    for uid in (UID_A, UID_B):  # claim files, as a simulated MIG device made for it has
+        (node.claims_dir / uid).mkdir(parents=True)
+        (node.claims_dir / uid / "mig-0.json").write_text("{}\n")
 
     assert node.unprepare(claim) == {UID_A: None}
 
@@ -649,6 +659,22 @@ def test_recover_removes_temporary_files_of_interrupted_writes_in_the_data_dir(
     assert set(kept) <= names
 
 
+def test_recover_removes_temporary_files_of_interrupted_shared_fact_file_writes(
+    node: Node,
+) -> None:
+    claim = node.add_gpus(UID_A, "claim-a", "gpu-0")
+    ok(node.prepare(claim)[UID_A])
+    facts = node.data_dir / "simulated-facts"
+    (mounted,) = facts.iterdir()
+    left = facts / ".gpu-1-0123456789abcdef.json.k3j4h5.tmp"  # a write killed before its rename
+    left.write_text("half a")
+
+    node.restart()
+    node.recover()
+
+    assert list(facts.iterdir()) == [mounted]
+
+
 def test_recover_keeps_completed_claims(node: Node) -> None:
     claim = node.add_gpus(UID_A, "claim-a", "gpu-0")
     devices = ok(node.prepare(claim)[UID_A])
@@ -658,7 +684,6 @@ def test_recover_keeps_completed_claims(node: Node) -> None:
     node.recover()
 
     assert node.spec(UID_A) == spec
-    assert node.claim_dirs() == [UID_A]
     entry = node.checkpoint.get(UID_A)
     assert entry is not None
     assert (entry.phase, entry.devices) == (ClaimPhase.PREPARE_COMPLETED, devices)
@@ -673,7 +698,7 @@ def test_prepare_rolls_back_an_interrupted_prepare_of_the_same_claim_first(node:
 
     assert [d.device_name for d in devices] == ["gpu-3"]
     assert [d["name"] for d in node.spec(UID_A)["devices"]] == [f"{UID_A}-gpu-3"]
-    assert sorted(p.name for p in (node.claims_dir / UID_A).iterdir()) == ["gpu-3.json"]
+    assert node.claim_dirs() == []  # the dead prepare's claim files are gone
 
 
 def test_a_whole_gpu_prepare_writes_one_record_after_its_cdi_spec(
@@ -749,7 +774,7 @@ def killed_at(node: Node, point: str) -> Iterator[None]:
 
 
 WHOLE_GPU_PREPARE_POINTS = [
-    crash_points.PREPARE_AFTER_CLAIM_DIR,
+    crash_points.PREPARE_AFTER_CLAIM_FILES,
     crash_points.CDI_BEFORE_RENAME,
     crash_points.PREPARE_AFTER_CDI_SPEC,
     crash_points.CHECKPOINT_BEFORE_RENAME,
@@ -765,7 +790,6 @@ def test_a_whole_gpu_prepare_killed_before_its_record_leaves_nothing_after_recov
     with killed_at(node, point):
         node.prepare(claim)
     assert node.checkpoint.get(UID_A) is None  # no record names what it left
-    assert node.claim_dirs() == [UID_A]
 
     node.recover()
 
@@ -787,13 +811,14 @@ def test_the_retry_of_a_whole_gpu_prepare_killed_after_its_cdi_spec_prepares_it_
     claim = node.add_gpus(UID_A, "claim-a", "gpu-0")
     with killed_at(node, crash_points.PREPARE_AFTER_CDI_SPEC):
         node.prepare(claim)
+    (node.claims_dir / UID_A).mkdir(parents=True)
     (node.claims_dir / UID_A / "gpu-5.json").write_text("{}\n")
 
     devices = ok(node.prepare(claim)[UID_A])
 
     assert [d.device_name for d in devices] == ["gpu-0"]
     assert [d["name"] for d in node.spec(UID_A)["devices"]] == [f"{UID_A}-gpu-0"]
-    assert sorted(p.name for p in (node.claims_dir / UID_A).iterdir()) == ["gpu-0.json"]
+    assert node.claim_dirs() == []
     entry = node.checkpoint.get(UID_A)
     assert entry is not None
     assert (entry.phase, entry.devices) == (ClaimPhase.PREPARE_COMPLETED, devices)
@@ -960,7 +985,6 @@ def test_concurrent_prepares_of_the_same_claim_prepare_it_once(node: Node) -> No
     assert ok(first[UID_A]) == ok(second[UID_A])
     assert node.cdi.writes == [UID_A]
     assert list(node.checkpoint.all()) == [UID_A]
-    assert node.claim_dirs() == [UID_A]
 
 
 def test_cancelled_prepare_finishes_before_an_unprepare_of_the_claim_runs(node: Node) -> None:
