@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from gpu_dra.kubelet_plugin import crash_points
-from tests.crash_harness.driver import NodeRun, Result, run
+from tests.crash_harness.driver import Claim, NodeRun, Result, run
 from tests.crash_harness.invariants import Belief, check
 from tests.crash_harness.nodes import DYNAMIC
 from tests.doubles.mps_helpers import kill_processes_under, processes_under
@@ -45,16 +45,22 @@ def root() -> Iterator[Path]:
     shutil.rmtree(path, ignore_errors=True)
 
 
-def test_the_checker_reports_what_a_plugin_left_behind(root: Path) -> None:
+def started(root: Path, rng: random.Random, *tiers: str) -> tuple[NodeRun, list[Claim]]:
+    """A dynamic-MIG node's plugin, started unarmed, and a new claim of each of ``tiers``."""
     node = NodeRun(DYNAMIC, root / "dyn", Result())
-    rng = random.Random(3)
     assert node.start(rng, armed=False)
     offers = dict(node.offers)
     claims = []
-    for tier in ("mps", "dynamic-mig", "time-slicing"):
+    for tier in tiers:
         made = node.new_claim_of(tier, offers[tier], rng)
         assert made is not None
         claims.append(made)
+    return node, claims
+
+
+def test_the_checker_reports_what_a_plugin_left_behind(root: Path) -> None:
+    rng = random.Random(3)
+    node, claims = started(root, rng, "mps", "dynamic-mig", "time-slicing")
     mig_claim = claims[1]
     node.run_calls(node.calls(rng, claims, []))
     assert node.result.problems == []
@@ -79,11 +85,8 @@ def test_the_checker_reports_what_a_plugin_left_behind(root: Path) -> None:
 
 
 def test_the_checker_reports_a_prepared_claim_without_its_parts(root: Path) -> None:
-    node = NodeRun(DYNAMIC, root / "dyn", Result())
     rng = random.Random(4)
-    assert node.start(rng, armed=False)
-    claim = node.new_claim_of("mps", dict(node.offers)["mps"], rng)
-    assert claim is not None
+    node, (claim,) = started(root, rng, "mps")
     node.run_calls(node.calls(rng, [claim], []))
     assert node.plugin is not None
     node.plugin.kill()
@@ -102,15 +105,8 @@ def test_the_checker_reports_a_prepared_claim_without_its_parts(root: Path) -> N
 
 
 def test_the_checker_reports_a_prepared_claim_whose_mounted_file_is_gone(root: Path) -> None:
-    node = NodeRun(DYNAMIC, root / "dyn", Result())
     rng = random.Random(5)
-    assert node.start(rng, armed=False)
-    offers = dict(node.offers)
-    claims = []
-    for tier in ("dynamic-mig", "mps"):
-        made = node.new_claim_of(tier, offers[tier], rng)
-        assert made is not None
-        claims.append(made)
+    node, claims = started(root, rng, "dynamic-mig", "mps")
     node.run_calls(node.calls(rng, claims, []))
     assert node.plugin is not None
     node.plugin.kill()
