@@ -374,8 +374,16 @@ class NodeClaimPreparer:
     ) -> None:
         """The claim's CDI spec (a CDI device per allocated device: its own edits, then those
         the tiers added) and claim files (only a simulated MIG device made for the claim has
-        any: the claim directory is made for them)."""
+        any: the claim directory is made for them).
+
+        A recorded prepare (its tiers change the node) gets its claim directory in any case:
+        plugins of the previous version, during a rolling update or after a downgrade, take a
+        prepared claim without one for a claim that lost its files and prepare it again,
+        which would stop the MPS daemon or destroy the MIG device its running pods use."""
         claim_dir = self._claims_dir / request.claim.uid
+        if run.recorded:
+            claim_dir.mkdir(parents=True, exist_ok=True)
+            claim_dir.chmod(0o755)
         cdi_devices = []
         for device in run.devices:
             name = device.device_name

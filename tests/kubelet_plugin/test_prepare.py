@@ -698,7 +698,8 @@ def test_prepare_rolls_back_an_interrupted_prepare_of_the_same_claim_first(node:
 
     assert [d.device_name for d in devices] == ["gpu-3"]
     assert [d["name"] for d in node.spec(UID_A)["devices"]] == [f"{UID_A}-gpu-3"]
-    assert node.claim_dirs() == []  # the dead prepare's claim files are gone
+    # The dead prepare's claim files are gone (a recorded prepare keeps an empty directory).
+    assert list((node.claims_dir / UID_A).iterdir()) == []
 
 
 def test_a_whole_gpu_prepare_writes_one_record_after_its_cdi_spec(

@@ -7,6 +7,7 @@ daemon manager with the ``nvidia-cuda-mps-control`` test double.
 from __future__ import annotations
 
 import logging
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -125,6 +126,20 @@ def mig_node(tmp_path: Path, mps_root: Path) -> TsNode:
 
 
 # ---- prepare -------------------------------------------------------------------------------
+
+
+def test_a_claim_whose_tiers_change_the_node_keeps_a_claim_directory(node: TsNode) -> None:
+    # For plugins of the previous version: they would prepare it again without one.
+    sliced = node.add_sliced(UID_A, "gpu-0")
+    whole = node.add_gpus(UID_B, "claim-b", "gpu-1")
+
+    node.prepare(sliced, whole)
+
+    assert node.claim_dirs() == [UID_A]
+    assert list((node.claims_dir / UID_A).iterdir()) == []
+    assert stat.S_IMODE((node.claims_dir / UID_A).stat().st_mode) == 0o755
+    node.unprepare(sliced)
+    node.assert_nothing_left(UID_A)
 
 
 def test_the_interval_is_applied_to_every_full_gpu_of_the_group(node: TsNode) -> None:
