@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from e2e.cluster import Cluster, images, versions
@@ -431,6 +432,13 @@ class Driver:
     def metric(self, name: str, **labels: str) -> float:
         """A sample from the plugin's /metrics endpoint (`metrics_url`)."""
         return read_metric(self.metrics_url, name, **labels)
+
+    def cdi_spec(self, claim_uid: str) -> dict[str, Any]:
+        """The claim's CDI spec, parsed."""
+        spec: dict[str, Any] = yaml.safe_load(
+            (CDI_ROOT / f"k8s.gpu.nvidia.com-claim_{claim_uid}.yaml").read_text()
+        )
+        return spec
 
     def cdi_spec_claims(self) -> set[str]:
         prefix = "k8s.gpu.nvidia.com-claim_"

@@ -27,6 +27,12 @@ def daemons(driver: Driver) -> list[int]:
     return processes_under(driver.data_dir / "mps")
 
 
+def daemon_processes(driver: Driver) -> list[int]:
+    """`daemons` but the control clients in flight: the daemon and server processes, as the
+    plugin's supervision may send a daemon a command at any time."""
+    return daemon_processes_under(driver.data_dir / "mps")
+
+
 def daemon_ids(driver: Driver) -> dict[int, str]:
     """The daemon id of each daemon or server process under the plugin's data dir: the
     directory its ``CUDA_MPS_PIPE_DIRECTORY`` (``<data dir>/mps/<id>/pipe``) names. Control

@@ -27,7 +27,13 @@ from e2e.driver import PLUGIN, Driver
 from e2e.health import HEALTH_ARGS, XID_KEY, inject, wait_tainted, wait_untainted
 from e2e.kube import Kube, wait_for
 from e2e.mig import mig_instances, mig_modes, mig_request, reset_simulated_gpus
-from e2e.mps import MPS_CONFIG, assert_unprepared_without_daemon, daemon_pid, daemons
+from e2e.mps import (
+    MPS_CONFIG,
+    assert_unprepared_without_daemon,
+    daemon_pid,
+    daemon_processes,
+    daemons,
+)
 from e2e.workloads import (
     allocated_devices,
     claim_uid,
@@ -153,7 +159,7 @@ def test_the_node_serves_through_an_apiserver_outage_and_converges_after_it(
         assert (health("liveness"), health("readiness")) == ("SERVING", "SERVING")
         while (left := back_at - time.monotonic()) > 0:
             assert cluster.pid(PLUGIN) == plugin_pid, "the plugin restarted during the outage"
-            assert daemons(driver) == [daemon]
+            assert daemon_processes(driver) == [daemon]
             time.sleep(min(left, 5.0))
         assert cluster.pid(PLUGIN) == plugin_pid, "the plugin restarted during the outage"
         assert (health("liveness"), health("readiness")) == ("SERVING", "SERVING")
@@ -171,7 +177,7 @@ def test_the_node_serves_through_an_apiserver_outage_and_converges_after_it(
     assert gpus_seen(kube, "steady", namespace) == seen
     (after,) = driver.mps_daemon_pods().values()
     assert after["metadata"]["uid"] == daemon_pod["metadata"]["uid"]
-    assert daemons(driver) == [daemon]
+    assert daemon_processes(driver) == [daemon]
     assert cluster.pid(PLUGIN) == plugin_pid
     # The finished pod's status reaches the API.
     wait_for(

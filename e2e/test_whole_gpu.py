@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 
@@ -155,7 +156,11 @@ def test_deleting_pods_unprepares_their_claims(driver: Driver, kube: Kube, names
     uid = kube.get("resource.k8s.io/v1", "ResourceClaim", "gpu", namespace)["metadata"]["uid"]
     assert uid in driver.checkpoint_claims()
     assert uid in driver.cdi_spec_claims()
-    assert (driver.state_dir / "claims" / uid).is_dir()
+    # The simulated GPU's facts come from its shared file; the claim has no files of its own.
+    (device,) = driver.cdi_spec(uid)["devices"]
+    (mount,) = device["containerEdits"]["mounts"]
+    assert Path(mount["hostPath"]).parent == driver.state_dir / "simulated-facts"
+    assert not (driver.state_dir / "claims" / uid).exists()
 
     kube.delete("v1", "Pod", "pod", namespace)
     kube.wait_gone("v1", "Pod", "pod", namespace)
