@@ -159,7 +159,7 @@ def test_deleting_pods_unprepares_their_claims(driver: Driver, kube: Kube, names
     # The simulated GPU's facts come from its shared file; the claim has no files of its own.
     (device,) = driver.cdi_spec(uid)["devices"]
     (mount,) = device["containerEdits"]["mounts"]
-    assert Path(mount["hostPath"]).parent == driver.state_dir / "simulated-facts"
+    assert Path(mount["hostPath"]).parent == driver.data_dir / "simulated-facts"
     assert not (driver.state_dir / "claims" / uid).exists()
 
     kube.delete("v1", "Pod", "pod", namespace)
