@@ -56,6 +56,7 @@ DEVICE_NODE_TYPES: Final = frozenset({"c", "b", "u", "p"})
 # PyYAML built without libyaml falls back to the pure-Python SafeDumper.
 _SPEC_DUMPER: Final[type[yaml.SafeDumper]] = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
 
+
 # `_dump_spec` writes a spec itself when every key and string is a plain scalar to the emitter:
 # these characters (single spaces inside values only), no leading indicator, no ': ' and no ':' at
 # the end, read back as a string (`_plain`), on a line the emitter does not fold (`_LINE_WIDTH`).
@@ -327,7 +328,7 @@ class ClaimSpecStore:
         new mounts; running ones keep theirs."""
         path = self.path_for(claim_uid)
         try:
-            spec = yaml.safe_load(path.read_text())
+            spec = _load_spec(path.read_text())
         except FileNotFoundError:
             return []
         changed: list[str] = []
@@ -348,7 +349,7 @@ class ClaimSpecStore:
         """The host paths the claim's spec mounts (per device or common), in spec order; none
         when there is no spec."""
         try:
-            spec = yaml.safe_load(self.path_for(claim_uid).read_text())
+            spec = _load_spec(self.path_for(claim_uid).read_text())
         except FileNotFoundError:
             return []
         return [
@@ -390,6 +391,14 @@ class ClaimSpecStore:
             except InvalidNameError:
                 continue  # another vendor's spec, a temporary file, ...
         return sorted(uids)
+
+
+def _load_spec(text: str) -> Any:
+    """A spec parsed with libyaml where PyYAML has it (a real node's spec, the driver's
+    userspace, is long, and every prepare of a prepared claim reads it)."""
+    if yaml.__with_libyaml__:
+        return yaml.load(text, Loader=yaml.CSafeLoader)
+    return yaml.safe_load(text)
 
 
 def _spec_mounts(spec: object) -> list[tuple[str, dict[str, Any]]]:
